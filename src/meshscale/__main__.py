@@ -1,0 +1,3 @@
+from meshscale.cli import main
+
+raise SystemExit(main())

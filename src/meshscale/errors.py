@@ -1,0 +1,12 @@
+"""User-facing errors: one clear line on stderr, exit code 2, never a traceback."""
+
+import sys
+
+
+class UserError(ValueError):
+    """Bad input from the user. The message says what is wrong and how to fix it."""
+
+
+def fail(message: str) -> "NoReturn":  # noqa: F821
+    print(f"meshscale: error: {message}", file=sys.stderr)
+    raise SystemExit(2)

@@ -1,0 +1,184 @@
+"""Layout: how one training step is spread over devices. The contract between planner and runtime.
+
+String form (the same everywhere, CLI, JSON, planner output):
+    tp=8,pp=16,dp=64,zero=1,mbs=1,schedule=1f1b,recompute=selective,sp=true
+`fsdp=N` is shorthand for dp=N,zero=3. Keys left out take defaults; dp fills the devices left over.
+
+Mesh order, outermost to innermost: pp, dp, cp, tp. TP is innermost so it stays inside the fast domain.
+Expert parallelism borrows its ranks from dp*cp (it does not add devices).
+"""
+
+from dataclasses import dataclass, fields, replace
+
+from meshscale.errors import UserError
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb", "zbv", "dualpipev")
+RECOMPUTE = ("none", "selective", "full")
+# Schedules that place two model chunks on each pipeline rank (a "V": down then back up).
+V_SCHEDULES = ("zbv", "dualpipev")
+_INT_KEYS = ("dp", "zero", "tp", "pp", "vpp", "cp", "ep", "mbs")
+_KEY_ORDER = ("dp", "zero", "tp", "sp", "pp", "vpp", "schedule", "cp", "ep", "mbs", "recompute")
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int = 1
+    zero: int = 0  # 0: DDP, 1: optimizer states sharded, 2: + gradients, 3: + parameters (FSDP)
+    tp: int = 1
+    sp: bool = False  # sequence parallelism over the TP group (Korthikanti et al. 2022)
+    pp: int = 1
+    vpp: int = 1  # model chunks per pipeline rank
+    schedule: str = "1f1b"
+    cp: int = 1  # context parallelism (ring attention)
+    ep: int = 1  # expert parallelism, carved out of dp*cp
+    mbs: int = 0  # micro-batch size in sequences; 0: resolved from the batch (see `resolve_mbs`)
+    recompute: str = "none"
+
+    def __post_init__(self):
+        for key in _INT_KEYS:
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if key in ("zero", "mbs") else 1):
+                raise UserError(f"layout: {key} must be a {'non-negative' if key in ('zero', 'mbs') else 'positive'} "
+                                f"integer, got {value!r}")
+        if self.zero > 3:
+            raise UserError(f"layout: zero must be 0, 1, 2 or 3, got {self.zero}")
+        if self.schedule not in SCHEDULES:
+            raise UserError(f"layout: unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+        if self.recompute not in RECOMPUTE:
+            raise UserError(f"layout: unknown recompute {self.recompute!r}; choose one of {', '.join(RECOMPUTE)}")
+        if self.sp and self.tp == 1:
+            raise UserError("layout: sp=true shards activations over the TP group, so it needs tp > 1")
+        if self.pp > 1:
+            if self.schedule == "interleaved" and self.vpp < 2:
+                raise UserError("layout: schedule=interleaved needs vpp >= 2 model chunks per pipeline rank")
+            if self.schedule in V_SCHEDULES and self.vpp not in (1, 2):
+                raise UserError(f"layout: schedule={self.schedule} places exactly 2 chunks per rank; drop vpp")
+            if self.schedule in ("gpipe", "1f1b", "zb") and self.vpp > 1:
+                raise UserError(f"layout: vpp={self.vpp} needs schedule=interleaved (or zbv/dualpipev for 2)")
+        elif self.vpp > 1:
+            raise UserError("layout: vpp > 1 needs pp > 1")
+        if self.schedule in V_SCHEDULES and self.pp > 1 and self.vpp == 1:
+            object.__setattr__(self, "vpp", 2)
+
+    # ---- derived sizes ------------------------------------------------------------------
+    @property
+    def devices(self) -> int:
+        return self.dp * self.cp * self.pp * self.tp
+
+    @property
+    def stages(self) -> int:
+        """Model chunks in the whole pipeline (pp ranks times chunks per rank)."""
+        return self.pp * self.vpp
+
+    @property
+    def fsdp(self) -> bool:
+        return self.zero == 3 and self.dp > 1
+
+    def resolve_mbs(self, global_batch: int) -> "Layout":
+        """Fill mbs when left out: one micro-batch per DP rank without a pipeline; with one, as many
+        micro-batches as possible (mbs=1) to shrink the bubble."""
+        if self.mbs:
+            return self
+        per_rank = global_batch // self.dp
+        return replace(self, mbs=max(1, per_rank if self.pp == 1 else 1))
+
+    def microbatches(self, global_batch: int) -> int:
+        """Micro-batches each DP replica runs per step (gradient-accumulation steps, or pipeline depth)."""
+        return global_batch // (self.dp * (self.mbs or 1))
+
+    # ---- text form ----------------------------------------------------------------------
+    def __str__(self) -> str:
+        """Canonical text: dp always, then every key that differs from its default."""
+        default = Layout()
+        parts = []
+        for key in _KEY_ORDER:
+            value = getattr(self, key)
+            if key != "dp" and value == getattr(default, key) and not (key == "schedule" and self.pp > 1):
+                continue
+            if (key in ("vpp", "schedule") and self.pp == 1) or (key == "vpp" and self.schedule in V_SCHEDULES):
+                continue
+            parts.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
+        return ",".join(parts)
+
+    @classmethod
+    def parse(cls, text: str, devices: int | None = None) -> "Layout":
+        """Parse the string form; with `devices`, dp fills what is left and the product is checked."""
+        values: dict = {}
+        fsdp = None
+        for item in filter(None, (p.strip() for p in text.replace(" ", "").split(","))):
+            key, sep, raw = item.partition("=")
+            if not sep or not raw:
+                raise UserError(f"layout: {item!r} is not key=value (example: tp=8,pp=4,dp=16,zero=1)")
+            if key in values or (key == "fsdp" and fsdp is not None):
+                raise UserError(f"layout: {key} given twice")
+            if key == "fsdp":
+                fsdp = _parse_int(key, raw)
+            elif key in _INT_KEYS:
+                values[key] = _parse_int(key, raw)
+            elif key == "sp":
+                if raw.lower() not in ("true", "false", "1", "0"):
+                    raise UserError(f"layout: sp must be true or false, got {raw!r}")
+                values[key] = raw.lower() in ("true", "1")
+            elif key in ("schedule", "recompute"):
+                values[key] = raw.lower()
+            else:
+                known = ", ".join(_KEY_ORDER + ("fsdp",))
+                raise UserError(f"layout: unknown key {key!r}; known keys: {known}")
+        if fsdp is not None:
+            if values.get("dp", fsdp) != fsdp or values.get("zero", 3) != 3:
+                raise UserError("layout: fsdp=N means dp=N,zero=3; do not combine it with a different dp or zero")
+            values.update(dp=fsdp, zero=3)
+        if devices is not None and "dp" not in values:
+            rest = values.get("tp", 1) * values.get("pp", 1) * values.get("cp", 1)
+            if devices % rest:
+                raise UserError(f"layout: tp*pp*cp = {rest} does not divide {devices} devices; "
+                                "choose degrees whose product divides the device count")
+            values["dp"] = devices // rest
+        layout = cls(**values)
+        if devices is not None and layout.devices != devices:
+            raise UserError(f"layout: dp*cp*pp*tp = {layout.devices} but there are {devices} devices; "
+                            "make the product equal the device count (or leave dp out to fill it)")
+        return layout
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _parse_int(key: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise UserError(f"layout: {key} must be an integer, got {raw!r}") from None
+
+
+def check_against(layout: Layout, model, global_batch: int | None = None) -> None:
+    """Rules that tie a layout to a model and batch. Each failure names the rule and the fix."""
+    t = layout.tp
+    if model.heads % t or model.kv_heads % t:
+        raise UserError(f"layout: tp={t} must divide heads ({model.heads}) and kv_heads ({model.kv_heads}) "
+                        f"of {model.name}; pick a tp that divides {model.kv_heads}")
+    if model.ffn % t or (model.is_moe and model.expert_ffn % t):
+        raise UserError(f"layout: tp={t} must divide the MLP width ({model.ffn}) of {model.name}")
+    if layout.stages > model.layers:
+        raise UserError(f"layout: pp*vpp = {layout.stages} pipeline chunks but {model.name} has only "
+                        f"{model.layers} layers; lower pp or vpp")
+    if layout.cp > 1 and model.seq % (2 * layout.cp):
+        raise UserError(f"layout: cp={layout.cp} needs seq ({model.seq}) divisible by 2*cp for load-balanced "
+                        "causal ring attention; pick cp accordingly")
+    if layout.sp and model.seq % t:
+        raise UserError(f"layout: sp=true splits seq ({model.seq}) over tp={t}; they must divide")
+    if layout.ep > 1:
+        if not model.is_moe:
+            raise UserError(f"layout: ep={layout.ep} needs a mixture-of-experts model; {model.name} is dense")
+        if model.experts % layout.ep:
+            raise UserError(f"layout: ep={layout.ep} must divide the expert count ({model.experts})")
+        if (layout.dp * layout.cp) % layout.ep:
+            raise UserError(f"layout: ep={layout.ep} must divide dp*cp = {layout.dp * layout.cp}")
+    if global_batch is not None:
+        mbs = layout.mbs or 1
+        if global_batch % (layout.dp * mbs):
+            raise UserError(f"layout: global batch of {global_batch} sequences does not split into dp={layout.dp} "
+                            f"x mbs={mbs}; use a batch divisible by {layout.dp * mbs}")
+        if layout.pp > 1 and layout.schedule != "gpipe" and layout.microbatches(global_batch) < layout.pp:
+            raise UserError(f"layout: schedule={layout.schedule} needs at least pp={layout.pp} micro-batches per "
+                            f"step, got {layout.microbatches(global_batch)}; raise the batch or lower mbs")

@@ -1,0 +1,37 @@
+"""Read JSON or TOML files into dicts, turning every read or parse failure into a UserError."""
+
+import json
+import tomllib
+from pathlib import Path
+
+from meshscale.errors import UserError
+
+
+def read_mapping(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"file not found: {path}; pass an existing .json or .toml file")
+    text = path.read_text()
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
+        raise UserError(f"cannot parse {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} must hold an object/table at the top level")
+    return data
+
+
+def looks_like_path(name: str) -> bool:
+    return name.endswith((".json", ".toml")) or "/" in name
+
+
+def build(cls, fields: dict, source: str):
+    """Construct dataclass `cls` from `fields`, naming unknown keys instead of raising TypeError."""
+    known = set(cls.__dataclass_fields__)
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise UserError(f"{source}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    try:
+        return cls(**fields)
+    except TypeError as e:
+        raise UserError(f"{source}: {e}") from None

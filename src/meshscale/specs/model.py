@@ -1,0 +1,223 @@
+"""ModelSpec: the shape of a decoder-only transformer, dense or mixture-of-experts.
+
+Field names are the JSON names. Parameter counts follow directly from the shapes (see
+`param_count`), which is how the presets are checked against their published sizes.
+"""
+
+from dataclasses import asdict, dataclass, replace
+
+from meshscale.errors import UserError
+from meshscale.specs.loading import build, looks_like_path, read_mapping
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    ffn: int
+    vocab: int
+    seq: int = 2048
+    kv_heads: int = 0  # 0 means heads (multi-head attention); fewer means grouped-query attention
+    head_dim: int = 0  # 0 means hidden // heads
+    mlp: str = "swiglu"  # "swiglu": 3 matrices (gate, up, down); "gelu": 2 (up, down)
+    tied_embeddings: bool = False
+    learned_positions: bool = False  # GPT-style absolute position table (seq x hidden) instead of RoPE
+    biases: bool = False  # GPT-style biases on every linear layer
+    # Mixture of experts (experts == 0: dense).
+    experts: int = 0
+    top_k: int = 0
+    expert_ffn: int = 0  # 0 means ffn
+    shared_experts: int = 0
+    first_dense_layers: int = 0  # DeepSeek keeps its first layers dense
+    moe_every: int = 1  # every n-th layer after those is MoE (1: all of them)
+    # Multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank == 0 means ordinary attention.
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    rope_head_dim: int = 0
+    v_head_dim: int = 0
+
+    def __post_init__(self):
+        if self.kv_heads == 0:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.head_dim == 0:
+            object.__setattr__(self, "head_dim", self.hidden // max(self.heads, 1))
+        if self.experts and self.expert_ffn == 0:
+            object.__setattr__(self, "expert_ffn", self.ffn)
+        self.validate()
+
+    def validate(self):
+        for key in ("layers", "hidden", "heads", "ffn", "vocab", "seq"):
+            if getattr(self, key) <= 0:
+                raise UserError(f"model {self.name}: {key} must be a positive integer, got {getattr(self, key)}")
+        if self.mlp not in ("swiglu", "gelu"):
+            raise UserError(f"model {self.name}: mlp must be 'swiglu' or 'gelu', got {self.mlp!r}")
+        if self.heads % self.kv_heads:
+            raise UserError(f"model {self.name}: heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        if self.experts:
+            if not 0 < self.top_k <= self.experts:
+                raise UserError(f"model {self.name}: top_k must be in 1..experts ({self.experts}), got {self.top_k}")
+        elif self.top_k or self.shared_experts:
+            raise UserError(f"model {self.name}: top_k/shared_experts need experts > 0")
+
+    # ---- shape helpers -------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def uses_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def mlp_matrices(self) -> int:
+        return 3 if self.mlp == "swiglu" else 2
+
+    def is_moe_layer(self, i: int) -> bool:
+        return self.is_moe and i >= self.first_dense_layers and (i - self.first_dense_layers) % self.moe_every == 0
+
+    @property
+    def moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.layers))
+
+    @property
+    def dense_layers(self) -> int:
+        return self.layers - self.moe_layers
+
+    # ---- parameter counts -----------------------------------------------------------------
+    def attention_params(self) -> int:
+        h, a, d = self.hidden, self.heads, self.head_dim
+        if self.uses_mla:
+            # DeepSeek-V2 (arXiv:2405.04434) sec. 2.1.2: low-rank q and joint kv compression, decoupled RoPE key.
+            v = self.v_head_dim or d
+            q = h * a * (d + self.rope_head_dim) if not self.q_lora_rank else (
+                h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * a * (d + self.rope_head_dim))
+            kv = h * (self.kv_lora_rank + self.rope_head_dim) + self.kv_lora_rank + self.kv_lora_rank * a * (d + v)
+            return q + kv + a * v * h
+        qkvo = h * a * d * 2 + h * self.kv_heads * d * 2
+        bias = (a * d + 2 * self.kv_heads * d + h) if self.biases else 0
+        return qkvo + bias
+
+    def dense_mlp_params(self) -> int:
+        bias = (self.ffn * (self.mlp_matrices - 1) + self.hidden) if self.biases else 0
+        return self.mlp_matrices * self.hidden * self.ffn + bias
+
+    def expert_params(self) -> int:
+        """One routed (or shared) expert."""
+        return self.mlp_matrices * self.hidden * self.expert_ffn
+
+    def moe_mlp_params(self) -> int:
+        return (self.experts + self.shared_experts) * self.expert_params() + self.hidden * self.experts  # + router
+
+    def norm_params(self) -> int:
+        return self.hidden * (2 if not self.biases else 4)  # two norms per layer (LayerNorm has a bias too)
+
+    def embedding_params(self) -> int:
+        table = self.vocab * self.hidden
+        pos = self.seq * self.hidden if self.learned_positions else 0
+        head = 0 if self.tied_embeddings else self.vocab * self.hidden
+        final_norm = self.hidden * (2 if self.biases else 1)
+        return table + pos + head + final_norm
+
+    def layer_params(self, i: int) -> int:
+        mlp = self.moe_mlp_params() if self.is_moe_layer(i) else self.dense_mlp_params()
+        return self.attention_params() + mlp + self.norm_params()
+
+    def param_count(self) -> int:
+        return self.embedding_params() + sum(self.layer_params(i) for i in range(self.layers))
+
+    def active_param_count(self) -> int:
+        """Parameters touched per token: routed experts count top_k of `experts` times."""
+        if not self.is_moe:
+            return self.param_count()
+        idle = (self.experts - self.top_k) * self.expert_params()
+        return self.param_count() - self.moe_layers * idle
+
+    def with_seq(self, seq: int) -> "ModelSpec":
+        return replace(self, seq=seq)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _llama(name, layers, hidden, heads, kv_heads, ffn, vocab, seq, **kw) -> ModelSpec:
+    return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn,
+                     vocab=vocab, seq=seq, mlp="swiglu", **kw)
+
+
+# Shapes from each model's published config (Hugging Face config.json or the paper's table).
+PRESETS: dict[str, ModelSpec] = {
+    # Tiny models sized for CPU runs: every TP degree up to 4 divides heads/kv_heads/ffn/vocab,
+    # and 8 layers allow pp*vpp up to 8.
+    "tiny": _llama("tiny", 8, 64, 8, 4, 176, 256, 64),
+    "small": _llama("small", 8, 256, 8, 4, 688, 256, 256),
+    # Touvron et al. 2023, "Llama 2", Table 1 / HF configs.
+    "llama2-7b": _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
+    "llama2-13b": _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
+    "llama2-70b": _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
+    # Dubey et al. 2024, "The Llama 3 Herd of Models", Table 3.
+    "llama3-8b": _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
+    "llama3-70b": _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+    "llama3-405b": _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+    # Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1.
+    "gpt3-175b": ModelSpec(name="gpt3-175b", layers=96, hidden=12288, heads=96, ffn=49152, vocab=50257,
+                           seq=2048, mlp="gelu", tied_embeddings=True, learned_positions=True, biases=True),
+    # Jiang et al. 2024, "Mixtral of Experts", Table 1.
+    "mixtral-8x7b": _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 4096, experts=8, top_k=2),
+    # DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", sec. 4.2 (671B total, 37B active).
+    "deepseek-v3": _llama("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, 4096, head_dim=128,
+                          experts=256, top_k=8, expert_ffn=2048, shared_experts=1, first_dense_layers=3,
+                          q_lora_rank=1536, kv_lora_rank=512, rope_head_dim=64, v_head_dim=128),
+}
+
+
+def from_hf_config(cfg: dict, name: str) -> ModelSpec:
+    """Read a Hugging Face config.json of a Llama, Mistral, Mixtral or DeepSeek-V3 model."""
+    try:
+        heads = cfg["num_attention_heads"]
+        experts = cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0
+        kw = dict(
+            name=name,
+            layers=cfg["num_hidden_layers"],
+            hidden=cfg["hidden_size"],
+            heads=heads,
+            kv_heads=cfg.get("num_key_value_heads") or heads,
+            ffn=cfg["intermediate_size"],
+            vocab=cfg["vocab_size"],
+            seq=cfg.get("max_position_embeddings", 4096),
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            mlp="gelu" if cfg.get("hidden_act", "silu") in ("gelu", "gelu_new") else "swiglu",
+        )
+    except KeyError as e:
+        raise UserError(f"{name}: Hugging Face config lacks field {e.args[0]!r}") from None
+    if cfg.get("head_dim"):
+        kw["head_dim"] = cfg["head_dim"]
+    if experts:
+        kw.update(experts=experts, top_k=cfg.get("num_experts_per_tok", 2),
+                  expert_ffn=cfg.get("moe_intermediate_size") or cfg["intermediate_size"],
+                  shared_experts=cfg.get("n_shared_experts") or 0,
+                  first_dense_layers=cfg.get("first_k_dense_replace") or 0,
+                  moe_every=cfg.get("moe_layer_freq") or 1)
+    if cfg.get("kv_lora_rank"):
+        kw.update(kv_lora_rank=cfg["kv_lora_rank"], q_lora_rank=cfg.get("q_lora_rank") or 0,
+                  rope_head_dim=cfg.get("qk_rope_head_dim", 64), head_dim=cfg.get("qk_nope_head_dim", 128),
+                  v_head_dim=cfg.get("v_head_dim", 128))
+    return ModelSpec(**kw)
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A preset name, a meshscale JSON/TOML ModelSpec, or a Hugging Face config.json."""
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    if not looks_like_path(name_or_path):
+        raise UserError(f"unknown model preset {name_or_path!r}; choose one of {', '.join(PRESETS)} "
+                        "or pass a .json/.toml file")
+    data = read_mapping(name_or_path)
+    if "num_hidden_layers" in data:
+        return from_hf_config(data, data.get("_name_or_path") or name_or_path)
+    data.setdefault("name", name_or_path)
+    return build(ModelSpec, data, name_or_path)
+
+
+__all__ = ["ModelSpec", "PRESETS", "load_model", "from_hf_config"]
