@@ -1,0 +1,30 @@
+import pytest
+
+from multirank import run_ranks
+
+
+def _sum_ranks(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    return t.item()
+
+
+def _fail_on_rank1(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    if rank == 1:
+        raise RuntimeError("boom on purpose")
+    dist.barrier()
+
+
+def test_all_reduce_over_real_gloo_ranks():
+    assert run_ranks(3, _sum_ranks) == [6.0, 6.0, 6.0]
+
+
+def test_failure_in_one_rank_is_reported_not_hung():
+    with pytest.raises(AssertionError, match="boom on purpose"):
+        run_ranks(2, _fail_on_rank1, timeout=60)
