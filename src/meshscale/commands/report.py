@@ -1,0 +1,77 @@
+"""Human-readable tables of a Prediction (shared by predict and plan)."""
+
+from rich.console import Console
+from rich.table import Table
+
+
+def gb(x: float) -> str:
+    return f"{x / 1e9:,.2f} GB"
+
+
+def si_bytes(x: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if x >= scale:
+            return f"{x / scale:,.2f} {unit}"
+    return f"{x:,.0f} B"
+
+
+def ms(x: float) -> str:
+    return f"{x * 1e3:,.2f} ms"
+
+
+def make_console() -> Console:
+    """Rich console; 120 columns when piped so that tables are not truncated."""
+    console = Console()
+    return console if console.is_terminal else Console(width=120)
+
+
+def print_prediction(pred, console: Console | None = None) -> None:
+    console = console or make_console()
+    console.print(f"[bold]{pred.model}[/] on {pred.devices} x {pred.cluster}, layout [bold]{pred.layout}[/], "
+                  f"{pred.global_batch} x {pred.seq} tokens per step, {pred.microbatches} micro-batch(es) "
+                  f"per DP rank, {pred.precision}")
+    t = Table(title="step time", title_justify="left")
+    t.add_column("part"), t.add_column("time", justify="right"), t.add_column("share", justify="right")
+    rows = [("compute", pred.compute_s), ("exposed communication", pred.exposed_comm_s),
+            ("pipeline bubble", pred.bubble_s), ("optimizer update", pred.optimizer_s)]
+    for name, v in rows:
+        t.add_row(name, ms(v), f"{v / pred.step_time_s:.1%}")
+    t.add_row("[bold]step[/]", f"[bold]{ms(pred.step_time_s)}[/]", "")
+    console.print(t)
+    if pred.comm:
+        c = Table(title="communication per device per step", title_justify="left")
+        for col in ("axis", "collective", "bytes", "calls", "group", "tier", "time", "exposed"):
+            c.add_column(col, justify="left" if col in ("axis", "collective", "tier") else "right")
+        for e in pred.comm:
+            c.add_row(e["axis"], e["collective"], si_bytes(e["bytes"]), str(e["calls"]), str(e["group"]),
+                      e["tier"], ms(e["time_s"]), ms(e["exposed_s"]))
+        console.print(c)
+    mem = pred.memory_per_device_bytes
+    m = Table(title=f"memory per device (HBM {gb(pred.hbm_bytes)})", title_justify="left")
+    m.add_column("kind"), m.add_column("bytes", justify="right")
+    for k in ("params", "grads", "optimizer", "activations"):
+        m.add_row(k, gb(mem[k]))
+    m.add_row("[bold]total[/]", f"[bold]{gb(mem['total'])}[/] "
+              + ("fits" if pred.fits else "[red]DOES NOT FIT[/]"))
+    console.print(m)
+    console.print(f"MFU {pred.mfu:.1%} (HFU {pred.hfu:.1%}), {pred.tokens_per_s:,.0f} tokens/s; model FLOPs "
+                  f"{pred.model_flops_per_step:.3e} per step (6PT rule: {pred.six_pt_flops_per_step:.3e})")
+    console.print(bound_sentence(pred))
+
+
+def bound_sentence(pred) -> str:
+    r = pred.regime
+    why = f"{pred.bound}-bound"
+    comm_total = sum(e["time_s"] for e in pred.comm)
+    if pred.bound == "memory":
+        why += f": needs {gb(pred.memory_per_device_bytes['total'])} per device, HBM holds {gb(pred.hbm_bytes)}"
+    elif pred.bound == "communication":
+        why += f": collectives take {ms(comm_total)} against {ms(pred.compute_s)} of compute"
+    elif pred.bound == "bubble":
+        why += f": the pipeline idles {pred.bubble_fraction:.0%} of the step"
+    else:
+        why += f": compute {ms(pred.compute_s)} covers collectives of {ms(comm_total)}"
+    if r.get("critical_tokens"):
+        why += (f". {r['strategy']}: {r['per_device_tokens']:,.0f} tokens per device vs a critical batch of "
+                f"{r['critical_tokens']:,.0f} ({r['side']} side of the roofline)")
+    return why + "."

@@ -1,0 +1,190 @@
+"""Every collective a layout issues in one step: its contract bytes, the tier it crosses, its time.
+
+Bytes follow the comm-accounting contract (notes/common.md): per-rank payload per optimizer step, a call
+counting the FULL buffer the collective operates on; send_recv counts sends only. Wire factors such as a
+ring's 2(n-1)/n are applied to time only.
+
+Time is the alpha-beta model (Hockney 1994): steps * alpha + wire bytes / bus bandwidth, with the ring
+volumes of Patarasuk & Yuan 2009 (all-reduce 2(n-1)/n V, all-gather / reduce-scatter (n-1)/n V) and, for
+all-reduce latency, NCCL's double binary tree (2 log2 n steps) when shorter than the ring's 2(n-1).
+"""
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from meshscale.specs.cluster import ClusterSpec
+from meshscale.specs.layout import Layout
+from meshscale.specs.model import ModelSpec
+
+DDP_BUCKET_BYTES = 25e6  # torch DDP's default bucket_cap_mb=25: one all-reduce launch per bucket
+
+
+@dataclass(frozen=True)
+class Link:
+    tier: str
+    bandwidth: float  # effective bytes/s per device for this group (efficiency applied)
+    raw_bandwidth: float  # the same before efficiency (for the scaling book's rooflines)
+    latency: float
+    steps: int  # latency steps of one ring pass over the group
+
+
+# ---- what is communicated ----------------------------------------------------------------------------
+
+def data_parallel_ops(zero: int, params: float, m: int, param_bytes: int, units: int) -> list[tuple]:
+    """The data-parallel family per optimizer step (the contract's rule, in one place).
+    params: parameters on the rank; m: micro-batches per DP rank; gradients travel in fp32 (4 B/param);
+    units: FSDP wrapping units (layers + root). Returns (collective, bytes, calls, overlap)."""
+    grads = 4 * params
+    buckets = max(1, math.ceil(grads / DDP_BUCKET_BYTES))
+    if zero == 0:  # DDP: one all-reduce after the last micro-batch (no_sync before)
+        return [("all_reduce", grads, buckets, "backward")]
+    if zero == 1:  # reduce-scatter the gradient once; all-gather the updated fp32 params
+        return [("reduce_scatter", grads, buckets, "backward"), ("all_gather", 4 * params, buckets, "none")]
+    if zero == 2:  # nobody holds a full gradient: reduce-scatter every micro-batch
+        return [("reduce_scatter", grads * m, buckets * m, "each_backward"),
+                ("all_gather", 4 * params, buckets, "none")]
+    # zero=3 (FSDP2): gather params (compute dtype) in forward and again in backward, per micro-batch.
+    return [("all_gather", 2 * m * param_bytes * params, 2 * m * units, "fsdp"),
+            ("reduce_scatter", m * grads, m * units, "fsdp")]
+
+
+def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, n_layers: int,
+                        first: bool, last: bool, m: int) -> list[tuple]:
+    """Megatron TP (Shoeybi et al. 2019; Korthikanti et al. 2022 sec. 4.2.2), per micro-batch of `tokens`.
+    Per layer: 2 all-reduces forward + 2 backward; with SP each becomes an all-gather + reduce-scatter pair
+    (so 4 AG and 4 RS per layer). Full recompute repeats the forward's. The vocab-parallel embedding adds one
+    forward all-reduce (SP: RS, and its AG in backward); the column-parallel head one backward all-reduce
+    (SP: AG forward, RS backward). Each call moves the full s*b*h activation."""
+    if layout.tp == 1:
+        return []
+    v = tokens * model.hidden * act_bytes
+    per_layer = 4 + (2 if layout.recompute == "full" else 0)
+    if not layout.sp:
+        calls = (n_layers * per_layer + first + last) * m
+        return [("all_reduce", v * calls, calls, "none")]
+    calls = (n_layers * per_layer + first + last) * m
+    return [("all_gather", v * calls, calls, "none"), ("reduce_scatter", v * calls, calls, "none")]
+
+
+def pipeline_sends(layout: Layout, rank: int) -> int:
+    """Sends per micro-batch from `rank`: forward from each chunk whose successor lives elsewhere, backward
+    from each chunk whose predecessor does (V schedules keep the turn of the V on one rank)."""
+    chunks = layout.stages
+    if layout.schedule in ("zbv", "dualpipev"):
+        owner = [c if c < layout.pp else chunks - 1 - c for c in range(chunks)]
+    else:
+        owner = [c % layout.pp for c in range(chunks)]
+    fwd = sum(1 for c in range(chunks - 1) if owner[c] == rank and owner[c + 1] != rank)
+    bwd = sum(1 for c in range(1, chunks) if owner[c] == rank and owner[c - 1] != rank)
+    return fwd + bwd
+
+
+def pipeline_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, m: int) -> list[tuple]:
+    """Activations forward and their gradients backward at each stage boundary. Each TP rank sends only
+    its 1/tp slice (its SP shard, or Megatron's scatter/gather optimisation, Narayanan et al. 2021 sec. 4.1,
+    the receiver re-assembling it over the fast tier). Bytes of the busiest rank."""
+    if layout.pp == 1:
+        return []
+    v = tokens * model.hidden * act_bytes / layout.tp
+    sends = max(pipeline_sends(layout, r) for r in range(layout.pp)) * m
+    return [("send_recv", v * sends, sends, "none")]
+
+
+def context_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, n_layers: int,
+                         m: int) -> list[tuple]:
+    """Ring attention (Liu et al. 2023; Megatron CP): each layer passes the local K,V block around the ring,
+    cp-1 sends forward; backward passes K,V and their gradients (2x). Hidden behind the attention core."""
+    if layout.cp == 1:
+        return []
+    kv_block = 2 * tokens * model.kv_heads * model.head_dim / layout.tp * act_bytes
+    passes = 3 + (1 if layout.recompute == "full" else 0)
+    sends = n_layers * m * (layout.cp - 1) * passes
+    return [("send_recv", kv_block * sends, sends, "attention")]
+
+
+def expert_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, moe_layers: int,
+                        m: int) -> list[tuple]:
+    """Token dispatch and combine all-to-alls per MoE layer, forward and backward (Lepikhin et al. 2020,
+    GShard; DeepSeek-V3 sec. 3.2); each sends top_k copies of the rank's tokens."""
+    if layout.ep == 1 or not moe_layers:
+        return []
+    local = tokens / (layout.tp if layout.sp else 1)
+    v = local * model.top_k * model.hidden * act_bytes
+    calls = moe_layers * m * (4 + (2 if layout.recompute == "full" else 0))
+    return [("all_to_all", v * calls, calls, "none")]
+
+
+# ---- where it travels ------------------------------------------------------------------------------
+
+def torus_shape(cluster: ClusterSpec, devices: int) -> tuple:
+    """The slice a job of `devices` chips gets: grow the smallest axis by doubling (cubes first)."""
+    if devices >= math.prod(cluster.torus):
+        return cluster.torus
+    dims = [1] * len(cluster.torus)
+    while math.prod(dims) < devices:
+        i = min((i for i in range(len(dims)) if dims[i] < cluster.torus[i]), key=lambda i: dims[i])
+        dims[i] *= 2
+    return tuple(dims) if math.prod(dims) == devices else (devices,)
+
+
+def group_link(cluster: ClusterSpec, devices: int, size: int, stride: int) -> Link:
+    """The link a group of `size` ranks, `stride` apart in the mesh, communicates over."""
+    fast, slow = cluster.tiers[0], cluster.tiers[-1]
+    if cluster.torus:
+        return _torus_link(cluster, devices, size, stride)
+    domain = min(fast.size or devices, devices)
+    if size * stride <= domain or len(cluster.tiers) == 1:
+        return Link(fast.name, fast.bandwidth * fast.efficiency, fast.bandwidth, fast.latency, size - 1)
+    if stride >= domain:
+        return Link(slow.name, slow.bandwidth * slow.efficiency, slow.bandwidth, slow.latency, size - 1)
+    # Hierarchical: k members per domain share k NICs, so the scale-out part runs at k x NIC bandwidth
+    # (nccl-tests multi-node busbw on DGX ~ 8 x NIC), capped by the fast tier.
+    k = domain // stride
+    bw = min(fast.bandwidth * fast.efficiency, k * slow.bandwidth * slow.efficiency)
+    raw = min(fast.bandwidth, k * slow.bandwidth)
+    return Link(f"{fast.name}+{slow.name}", bw, raw, slow.latency, size - 1)
+
+
+def _torus_link(cluster: ClusterSpec, devices: int, size: int, stride: int) -> Link:
+    """Scaling book Part 2: a collective over M torus axes gets M times one axis's bandwidth; an axis
+    covered only partly has no wraparound and gets half. Rings run per axis, so latency steps add up."""
+    ici, dcn = cluster.tiers[0], cluster.tiers[-1]
+    dims = torus_shape(cluster, devices)
+    slice_size = math.prod(dims)
+    if stride >= slice_size:
+        return Link(dcn.name, dcn.bandwidth * dcn.efficiency, dcn.bandwidth, dcn.latency, size - 1)
+    inside = min(size, slice_size // stride)
+    axes, steps = _axes_spanned(dims, stride, inside)
+    bw_raw = ici.bandwidth * axes
+    if inside < size:  # the group spans slices: DCN between them, `inside` chips per slice share it
+        bw = min(bw_raw * ici.efficiency, inside * dcn.bandwidth * dcn.efficiency)
+        return Link(f"{ici.name}+{dcn.name}", bw, min(bw_raw, inside * dcn.bandwidth), dcn.latency,
+                    steps + size // inside)
+    return Link(ici.name, bw_raw * ici.efficiency, bw_raw, ici.latency, steps)
+
+
+@lru_cache(maxsize=4096)
+def _axes_spanned(dims: tuple, stride: int, size: int) -> tuple[float, int]:
+    """Members are i*stride for i < size, the first dim innermost. Returns (axis weight, ring steps):
+    a fully covered axis counts 1, a partly covered one 1/2."""
+    axes, steps, block = 0.0, 0, 1
+    for d in dims:
+        touched = len({(i * stride // block) % d for i in range(size)})
+        if touched > 1:
+            axes += 1.0 if touched == d else 0.5
+            steps += touched - 1
+        block *= d
+    return max(axes, 0.5), max(steps, 1)
+
+
+def collective_time(collective: str, nbytes: float, calls: int, n: int, link: Link) -> float:
+    if n <= 1 or nbytes == 0:
+        return 0.0
+    bw, alpha = link.bandwidth, link.latency
+    if collective == "all_reduce":
+        steps = min(2 * link.steps, 2 * math.ceil(math.log2(n)))
+        return 2 * (n - 1) / n * nbytes / bw + calls * steps * alpha
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n * nbytes / bw + calls * link.steps * alpha
+    return nbytes / bw + calls * alpha  # send_recv: point to point

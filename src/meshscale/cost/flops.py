@@ -1,0 +1,61 @@
+"""FLOPs of one training step, counted from the model's shapes.
+
+A matmul of (m x k) by (k x n) costs 2mkn FLOPs; backward costs twice the forward (input and weight
+gradients), Kaplan et al. 2020 sec. 2.1 and Narayanan et al. 2021 (arXiv:2104.04473) sec. 5.1.
+"""
+
+from meshscale.specs.model import ModelSpec
+
+
+def attention_projection_flops(model: ModelSpec) -> float:
+    """Q, K, V and output projections per token, forward."""
+    return 2.0 * model.attention_params()
+
+
+def attention_core_flops(model: ModelSpec, seq: int, causal_skip: bool = True) -> float:
+    """QK^T and AV per token, forward. With causal masking a token attends to (seq+1)/2 positions on
+    average, and fused kernels skip the masked blocks (Dao 2023, FlashAttention-2 sec. 3.1); unfused
+    kernels compute the full s x s scores (Narayanan et al. 2021 eq. 3 counts those)."""
+    qk_dim = model.head_dim + (model.rope_head_dim if model.uses_mla else 0)
+    v_dim = (model.v_head_dim or model.head_dim) if model.uses_mla else model.head_dim
+    attended = (seq + 1) / 2 if causal_skip else seq
+    return 2.0 * model.heads * (qk_dim + v_dim) * attended
+
+
+def mlp_flops(model: ModelSpec, layer: int) -> float:
+    """Per token, forward. A MoE layer runs top_k routed plus the shared experts, and the router."""
+    if model.is_moe_layer(layer):
+        return 2.0 * ((model.top_k + model.shared_experts) * model.expert_params() + model.hidden * model.experts)
+    return 2.0 * model.mlp_matrices * model.hidden * model.ffn
+
+
+def layer_flops(model: ModelSpec, layer: int, seq: int, causal_skip: bool = True) -> float:
+    return attention_projection_flops(model) + attention_core_flops(model, seq, causal_skip) + mlp_flops(model, layer)
+
+
+def logits_flops(model: ModelSpec) -> float:
+    return 2.0 * model.hidden * model.vocab
+
+
+def forward_flops_per_token(model: ModelSpec, seq: int) -> float:
+    return sum(layer_flops(model, i, seq) for i in range(model.layers)) + logits_flops(model)
+
+
+def model_flops_per_step(model: ModelSpec, tokens: int) -> float:
+    """Forward + backward, no recomputation: the numerator of MFU (Chowdhery et al. 2022, PaLM, app. B)."""
+    return 3.0 * forward_flops_per_token(model, model.seq) * tokens
+
+
+def six_pt(model: ModelSpec, tokens: int) -> float:
+    """The 6PT rule (Kaplan et al. 2020): 6 x active parameters x tokens, ignoring attention's seq term."""
+    return 6.0 * model.active_param_count() * tokens
+
+
+def recompute_flops_per_token(model: ModelSpec, recompute: str, layers: range) -> float:
+    """Extra forward work per token. Full: the whole layer again; selective: only the attention core
+    (Korthikanti et al. 2022, arXiv:2205.05198, sec. 5)."""
+    if recompute == "full":
+        return sum(layer_flops(model, i, model.seq) for i in layers)
+    if recompute == "selective":
+        return len(layers) * attention_core_flops(model, model.seq)
+    return 0.0

@@ -1,0 +1,142 @@
+"""Bytes each device holds: parameters, gradients, optimizer states and activations.
+
+Mixed-precision Adam (Rajbhandari et al. 2020, ZeRO, sec. 3.1): bf16 params (2) + bf16 grads (2) + fp32
+master, momentum and variance (12) = 16 bytes/param, sharded by ZeRO stage (ZeRO sec. 5: stage 1 shards the
+12, stage 2 also the grads, stage 3 also the params). Activations follow Korthikanti et al. 2022
+(arXiv:2205.05198) Table 2, generalised from GPT's 4h GeLU MLP to the model's own widths.
+"""
+
+from dataclasses import dataclass
+
+from meshscale.specs.layout import Layout
+from meshscale.specs.model import ModelSpec
+
+# (params, grads, optimizer) bytes per parameter, and the dtype activations and gathered params travel in.
+PRECISIONS = {
+    "bf16": dict(params=2, grads=2, optimizer=12, compute=2),  # ZeRO's 16 bytes/param
+    "bf16-pure": dict(params=2, grads=0, optimizer=8, compute=2),  # scaling book: 10 bytes/param, no master
+    "fp8": dict(params=2, grads=2, optimizer=12, compute=2),  # fp8 GEMMs, bf16 weights kept (TE recipe)
+    "fp32": dict(params=4, grads=4, optimizer=8, compute=4),  # no separate master copy
+}
+
+
+@dataclass(frozen=True)
+class Memory:
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations
+
+    def to_dict(self) -> dict:
+        return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer,
+                "activations": self.activations, "total": self.total}
+
+
+def stage_layers(model: ModelSpec, layout: Layout, rank: int) -> list[int]:
+    """Layers a pipeline rank owns: chunk c of pp*vpp holds a contiguous run; rank r holds chunks r, r+pp, ...
+    (interleaved, Narayanan et al. 2021 sec. 2.2) or, for V schedules, r and 2pp-1-r."""
+    chunks = layout.stages
+    bounds = [round(i * model.layers / chunks) for i in range(chunks + 1)]
+    if layout.schedule in ("zbv", "dualpipev") and layout.pp > 1:
+        owned = (rank, chunks - 1 - rank)
+    else:
+        owned = range(rank, chunks, layout.pp)
+    return [i for c in owned for i in range(bounds[c], bounds[c + 1])]
+
+
+def params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
+    """Parameters one device holds before ZeRO sharding. Megatron TP splits every matrix (and the
+    vocabulary) by tp and replicates norms; EP splits routed experts by ep."""
+    t = layout.tp
+    total = 0.0
+    for i in stage_layers(model, layout, rank):
+        routed = model.experts * model.expert_params() if model.is_moe_layer(i) else 0
+        dense = model.layer_params(i) - routed - model.norm_params()
+        total += dense / t + routed / (t * layout.ep) + model.norm_params()
+    table = model.vocab * model.hidden / t
+    last = 0 if layout.schedule in ("zbv", "dualpipev") and layout.pp > 1 else layout.pp - 1
+    if rank == 0:
+        total += table + (model.seq * model.hidden if model.learned_positions else 0)
+    if rank == last:  # final norm, and the output head (a second copy of a tied table under PP)
+        total += model.hidden + (table if not model.tied_embeddings or layout.pp > 1 else 0)
+    return total
+
+
+def busiest_rank(model: ModelSpec, layout: Layout) -> int:
+    return max(range(layout.pp), key=lambda r: params_on_rank(model, layout, r))
+
+
+def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: int) -> float:
+    """One layer, one micro-batch of `tokens` (= s*b) on one device, 2-byte activations.
+
+    Korthikanti et al. 2022 eq. 2: s*b*h*(34 + 5*a*s/h), of which 10*s*b*h (norms, block inputs, dropout
+    masks) is not split by TP unless SP is on; the 5*a*s^2*b attention scores vanish with selective
+    recompute (sec. 5) and with flash attention. Full recompute keeps only each layer's input, 2*s*b*h.
+    """
+    h, s, t = model.hidden, model.seq, layout.tp
+    if layout.recompute == "full":
+        return 2 * tokens * h / (t if layout.sp else 1)
+    kv = model.kv_heads * model.head_dim
+    # Attention block: qkv input 2h, Q 2h(q width), K and V 2kv each, out-proj input 2h, dropout mask h.
+    q = model.heads * model.head_dim
+    attn_split = 2 * q + 4 * kv + 2 * q
+    if model.mlp == "gelu":
+        mlp_split = 4 * model.ffn  # GeLU input and output (2 bytes each)
+    else:
+        mlp_split = 6 * model.ffn  # gate, up and their product (the down projection's input)
+    if model.is_moe:
+        mlp_split *= (model.top_k + model.shared_experts) * model.expert_ffn / model.ffn
+    unsplit = 10 * h  # two norms' inputs (4h), attention and MLP inputs (4h), two dropout masks (2h)
+    scores = 5 * model.heads * s if layout.recompute == "none" else 0
+    per_token = unsplit / (t if layout.sp else 1) + (attn_split + mlp_split + scores) / t
+    return per_token * tokens
+
+
+def inflight_microbatches(layout: Layout, m: int) -> float:
+    """Micro-batches whose activations the first pipeline rank holds at its peak.
+    GPipe: all m. 1F1B and ZB-H1: p (Narayanan et al. 2021 sec. 2.2.1). Interleaved: p*(1 + (p-1)/(p*v))
+    (Korthikanti et al. 2022 sec. 4.2.3). ZB-V: p (Qi et al. 2024). DualPipeV: p+1 (DeepSeek-V3 Table 2)."""
+    p, v = layout.pp, layout.vpp
+    if p == 1:
+        return 1
+    if layout.schedule == "gpipe":
+        return m
+    if layout.schedule == "interleaved":
+        return min(m, p) * (1 + (p - 1) / (p * v))
+    if layout.schedule == "dualpipev":
+        return min(m, p + 1)
+    return min(m, p)
+
+
+def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, precision: str = "bf16") -> Memory:
+    layout = layout.resolve_mbs(global_batch)
+    m = layout.microbatches(global_batch)
+    bytes_ = PRECISIONS[precision]
+    rank = busiest_rank(model, layout)
+    p = params_on_rank(model, layout, rank)
+    shard = layout.dp * layout.cp  # ZeRO/FSDP shards over every rank that holds the same parameters
+    params = p * bytes_["params"] / (shard if layout.zero >= 3 else 1)
+    grads = p * bytes_["grads"] / (shard if layout.zero >= 2 else 1)
+    optimizer = p * bytes_["optimizer"] / (shard if layout.zero >= 1 else 1)
+    tokens = layout.mbs * model.seq / layout.cp
+    scale = bytes_["compute"] / 2
+    # The first rank (busiest in activations) holds ~layers/pp layers for each micro-batch in flight.
+    per_layer = activation_bytes_per_layer(model, layout, tokens) * scale
+    n_layers = model.layers / layout.pp
+    acts = per_layer * n_layers * inflight_microbatches(layout, m)
+    if layout.recompute == "full":  # one layer is rebuilt at a time during backward
+        full = activation_bytes_per_layer(model, Layout(tp=layout.tp, sp=layout.sp, recompute="selective"), tokens)
+        acts += full * scale
+    # fp32 logits for the loss on the last stage (counted once: its micro-batch is freed right away).
+    acts += 4 * tokens * model.vocab / layout.tp
+    return Memory(params=params, grads=grads, optimizer=optimizer, activations=acts)
+
+
+def checkpointed_activation_bytes(model: ModelSpec, tokens: int, widths: tuple, dtype_bytes: int = 2) -> float:
+    """Activations when only the inputs of a few matmuls per layer are saved (the scaling book's
+    'checkpoint 3 matmuls per layer': widths = (ffn, ffn, hidden)): dtype * layers * tokens * sum(widths)."""
+    return dtype_bytes * model.layers * tokens * sum(widths)

@@ -1,0 +1,220 @@
+"""One training step on one device: compute, exposed communication, pipeline bubble, optimizer update.
+
+step = (compute + TP + PP + EP + unhidden CP) * (1 + bubble ratio) + unhidden data-parallel traffic
+       + optimizer update
+(the composition of Narayanan et al. 2021 sec. 3 with the overlap rules of each collective below).
+"""
+
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+
+from meshscale.cost import comm, critical, flops
+from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, memory_per_device, params_on_rank,
+                                   stage_layers)
+from meshscale.cost.pipeline import bubble_ratio
+from meshscale.errors import UserError
+from meshscale.specs.cluster import ClusterSpec
+from meshscale.specs.layout import Layout, check_against
+from meshscale.specs.model import ModelSpec
+
+
+@dataclass
+class CommEntry:
+    axis: str
+    collective: str
+    bytes: float
+    time_s: float
+    exposed_s: float
+    tier: str
+    calls: int
+    group: int
+
+
+@dataclass
+class Prediction:
+    model: str
+    cluster: str
+    layout: str
+    devices: int
+    global_batch: int  # sequences
+    seq: int
+    precision: str
+    microbatches: int
+    step_time_s: float
+    compute_s: float
+    bubble_s: float
+    exposed_comm_s: float
+    optimizer_s: float
+    mfu: float
+    hfu: float
+    tokens_per_s: float
+    model_flops_per_step: float
+    six_pt_flops_per_step: float
+    hardware_flops_per_step: float
+    bubble_fraction: float
+    fits: bool
+    hbm_bytes: float
+    memory_per_device_bytes: dict
+    comm: list = field(default_factory=list)
+    bound: str = "compute"  # compute | communication | bubble (and memory when it does not fit)
+    regime: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@lru_cache(maxsize=64)
+def _layer_tables(model: ModelSpec, fused: bool) -> tuple:
+    """Per-layer forward FLOPs per token and attention-core FLOPs (seq fixed by the model)."""
+    layer = tuple(flops.layer_flops(model, i, model.seq, fused) for i in range(model.layers))
+    return layer, flops.attention_core_flops(model, model.seq, fused)
+
+
+def _stage_flops(model: ModelSpec, layout: Layout, rank: int, fused: bool) -> tuple[float, float, float]:
+    """Forward FLOPs per token on `rank` (before TP/CP splitting), its attention-core part, recompute extra."""
+    layer, core = _layer_tables(model, fused)
+    owned = stage_layers(model, layout, rank)
+    fwd = sum(layer[i] for i in owned)
+    last = 0 if layout.schedule in ("zbv", "dualpipev") and layout.pp > 1 else layout.pp - 1
+    if rank == last:
+        fwd += flops.logits_flops(model)
+    extra = {"full": sum(layer[i] for i in owned), "selective": len(owned) * core}.get(layout.recompute, 0.0)
+    return fwd, len(owned) * core, extra
+
+
+def _axis_group(layout: Layout, axis: str) -> tuple[int, int]:
+    """(size, stride) of an axis's group in the mesh (pp, dp, cp, tp), tp innermost. ZeRO/FSDP and EP use
+    the dp*cp ranks that hold the same parameters."""
+    t, c, d = layout.tp, layout.cp, layout.dp
+    return {"tp": (t, 1), "cp": (c, t), "dp": (d * c, t), "ep": (layout.ep, t), "pp": (2, t * c * d)}[axis]
+
+
+def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch: int,
+            precision: str = "bf16") -> Prediction:
+    """Predict one optimizer step of `global_batch` sequences (of model.seq tokens) under `layout`."""
+    if precision not in PRECISIONS:
+        raise UserError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    check_against(layout, model, global_batch)
+    layout = layout.resolve_mbs(global_batch)
+    m = layout.microbatches(global_batch)
+    devices = layout.devices
+    act_bytes = PRECISIONS[precision]["compute"]
+    peak = cluster.peak_flops(precision)
+    rate = peak * cluster.matmul_efficiency
+    tokens = layout.mbs * model.seq / layout.cp  # per device per micro-batch, before TP
+    split = layout.tp * layout.cp  # TP splits every matmul, CP the sequence
+
+    # Compute on the slowest pipeline rank.
+    work = [_stage_flops(model, layout, r, cluster.fused_attention) for r in range(layout.pp)]
+    slow = max(range(layout.pp), key=lambda r: 3 * work[r][0] + work[r][2])
+    fwd, core, extra = work[slow]
+    compute_s = m * layout.mbs * model.seq * (3 * fwd + extra) / split / rate
+    compute_s += m * elementwise_seconds(model, cluster, layout, tokens, act_bytes)
+    attention_s = m * layout.mbs * model.seq * (3 * core + (core if layout.recompute != "none" else 0)) / split / rate
+
+    # Communication: what each axis sends, on which link, how long.
+    rank = max(range(layout.pp), key=lambda r: params_on_rank(model, layout, r))
+    params = params_on_rank(model, layout, rank)
+    owned = stage_layers(model, layout, rank)
+    n_layers = len(owned)
+    moe_layers = sum(model.is_moe_layer(i) for i in owned)
+    first, last = rank == 0, rank == (0 if layout.schedule in ("zbv", "dualpipev") and layout.pp > 1
+                                      else layout.pp - 1)
+    ops = []
+    if layout.dp * layout.cp > 1:
+        ops += [("dp",) + op for op in comm.data_parallel_ops(layout.zero, params, m, act_bytes, n_layers + 1)]
+    ops += [("tp",) + op for op in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, first,
+                                                          last, m)]
+    ops += [("pp",) + op for op in comm.pipeline_ops(model, layout, tokens, act_bytes, m)]
+    ops += [("cp",) + op for op in comm.context_parallel_ops(model, layout, tokens, act_bytes, n_layers, m)]
+    ops += [("ep",) + op for op in comm.expert_parallel_ops(model, layout, tokens, act_bytes, moe_layers, m)]
+
+    backward_mb = compute_s / m * 2 / 3  # backward is two thirds of a micro-batch's work
+    entries, critical_path, dp_exposed = [], 0.0, 0.0
+    fsdp_time = sum(_time(cluster, devices, layout, a, c, b, n) for a, c, b, n, o in ops if o == "fsdp")
+    for axis, collective, nbytes, calls, overlap in ops:
+        size, stride = _axis_group(layout, axis)
+        link = comm.group_link(cluster, devices, size, stride)
+        t = comm.collective_time(collective, nbytes, calls, size, link)
+        if overlap == "none":
+            exposed = t
+        elif overlap == "attention":  # ring steps hide behind the attention blocks they feed
+            exposed = max(0.0, t - attention_s)
+        elif overlap == "backward":  # bucketed, behind the last micro-batch's backward; the last bucket shows
+            exposed = max(t - backward_mb, t / calls)
+        elif overlap == "each_backward":
+            exposed = max(t - backward_mb * m, t / calls)
+        else:  # fsdp: prefetched one unit ahead, behind all compute; the first gather and last RS show
+            exposed = t * max(fsdp_time - compute_s, fsdp_time / calls) / fsdp_time if fsdp_time else 0.0
+        if axis == "dp":
+            dp_exposed += exposed
+        else:
+            critical_path += exposed
+        entries.append(CommEntry(axis, collective, nbytes, t, exposed, link.tier, calls, size))
+
+    ratio = bubble_ratio(layout, m)
+    bubble_s = ratio * (compute_s + critical_path)
+    mem = memory_per_device(model, layout, global_batch, precision)
+    optimizer_s = 2 * (mem.params + mem.grads + mem.optimizer) / cluster.hbm_bandwidth  # read + write
+    step = compute_s + critical_path + bubble_s + dp_exposed + optimizer_s
+
+    n_tokens = global_batch * model.seq
+    model_flops = flops.model_flops_per_step(model, n_tokens)
+    hw_flops = model_flops + n_tokens * flops.recompute_flops_per_token(model, layout.recompute,
+                                                                         range(model.layers))
+    comm_total = sum(e.time_s for e in entries)
+    bound = max((("compute", compute_s), ("communication", comm_total if comm_total > compute_s else 0.0),
+                 ("bubble", bubble_s)), key=lambda kv: kv[1])[0]
+    fits = mem.total <= cluster.hbm_bytes
+    return Prediction(
+        model=model.name, cluster=cluster.name, layout=str(layout), devices=devices, global_batch=global_batch,
+        seq=model.seq, precision=precision, microbatches=m, step_time_s=step, compute_s=compute_s,
+        bubble_s=bubble_s, exposed_comm_s=critical_path + dp_exposed, optimizer_s=optimizer_s,
+        mfu=model_flops / (step * devices * peak), hfu=hw_flops / (step * devices * peak),
+        tokens_per_s=n_tokens / step, model_flops_per_step=model_flops,
+        six_pt_flops_per_step=flops.six_pt(model, n_tokens), hardware_flops_per_step=hw_flops,
+        bubble_fraction=bubble_s / step, fits=fits, hbm_bytes=cluster.hbm_bytes,
+        memory_per_device_bytes=mem.to_dict(), comm=[asdict(e) for e in entries],
+        bound=bound if fits else "memory", regime=regime(model, cluster, layout, n_tokens))
+
+
+def elementwise_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float,
+                        act_bytes: int) -> float:
+    """Memory-bound kernels (norms, activations, softmax, dropout, residuals) per micro-batch: they move
+    about what a layer stores for backward, written and read once per pass (Ivanov et al. 2021, "Data
+    movement is all you need": these take a third of BERT's time at 0.2% of its FLOPs). Passes: forward,
+    backward (2x), and the recomputed forward."""
+    no_scores = Layout(tp=layout.tp, sp=layout.sp, recompute="selective")
+    stored = activation_bytes_per_layer(model, no_scores, tokens)
+    scores = 0.0
+    if not cluster.fused_attention:
+        scores = activation_bytes_per_layer(model, Layout(tp=layout.tp, sp=layout.sp), tokens) - stored
+    passes = 3 + (1 if layout.recompute == "full" else 0)
+    score_passes = passes + (1 if layout.recompute == "selective" else 0)
+    n_layers = model.layers / layout.pp
+    return 2 * n_layers * (stored * passes + scores * score_passes) * act_bytes / 2 / cluster.hbm_bandwidth
+
+
+def _time(cluster, devices, layout, axis, collective, nbytes, calls) -> float:
+    size, stride = _axis_group(layout, axis)
+    return comm.collective_time(collective, nbytes, calls, size, comm.group_link(cluster, devices, size, stride))
+
+
+def regime(model: ModelSpec, cluster: ClusterSpec, layout: Layout, batch_tokens: float) -> dict:
+    """Which side of its strategy's critical batch size the layout sits on (scaling book rooflines)."""
+    devices = layout.devices
+    per_device = batch_tokens / devices
+    peak = cluster.peak_flops_bf16
+    dp_size, dp_stride = _axis_group(layout, "dp")
+    w_dp = comm.group_link(cluster, devices, dp_size, dp_stride).raw_bandwidth
+    if layout.tp > 1:
+        w_tp = comm.group_link(cluster, devices, layout.tp, 1).raw_bandwidth
+        strategy = ("FSDP" if layout.zero == 3 else "DP") + "+TP"
+        crit = critical.fsdp_tp_critical(peak, model.ffn, w_dp, w_tp) if dp_size > 1 else None
+    else:
+        strategy = "FSDP" if layout.zero == 3 else "DP"
+        crit = critical.dp_critical(peak, w_dp) if dp_size > 1 else None
+    if layout.pp > 1:
+        strategy += "+PP"
+    side = None if crit is None else ("compute" if per_device >= crit else "communication")
+    return {"strategy": strategy, "per_device_tokens": per_device, "critical_tokens": crit, "side": side}

@@ -1,0 +1,176 @@
+"""ClusterSpec: the accelerator and the interconnect hierarchy a layout is placed on.
+
+A GPU cluster is a list of tiers, fastest first: an NVLink domain of `size` devices, then the scale-out
+network that joins the domains. A TPU slice is a torus of ICI links (`torus` dims) with DCN between slices.
+Every achievable-efficiency factor is a named field with the public figure it comes from; nothing is fitted
+to one training run.
+"""
+
+from dataclasses import asdict, dataclass, replace
+
+from meshscale.errors import UserError
+from meshscale.specs.loading import build, looks_like_path, read_mapping
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    size: int  # devices inside one domain of this tier (8 for a DGX NVLink node); 0: the whole cluster
+    bandwidth: float  # bytes/s per device, one direction (TPU ICI: per torus axis, both links, as the book)
+    latency: float  # seconds per message step (alpha of the alpha-beta model)
+    efficiency: float  # achievable fraction of `bandwidth` for large collectives (nccl-tests bus bandwidth)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    accelerator: str
+    peak_flops_bf16: float  # dense, FLOP/s per device
+    peak_flops_fp8: float
+    peak_flops_fp32: float
+    hbm_bytes: float
+    hbm_bandwidth: float  # bytes/s
+    matmul_efficiency: float  # achieved fraction of peak on a transformer layer's large GEMMs
+    tiers: tuple = ()  # Tier, fastest first
+    torus: tuple = ()  # TPU: ICI torus dims of the largest slice (tier 0 is then ICI, per axis)
+    default_devices: int = 8
+    price_per_device_hour: float = 0.0  # USD, public on-demand list price, for `plan --objective cost`
+    # Software: a fused attention kernel (FlashAttention, Dao et al. 2022) skips masked blocks and never
+    # stores the s x s scores. False describes 2021-22 Megatron-LM (the published A100 runs).
+    fused_attention: bool = True
+
+    def __post_init__(self):
+        tiers = tuple(t if isinstance(t, Tier) else build(Tier, dict(t), f"cluster {self.name} tier")
+                      for t in self.tiers)
+        object.__setattr__(self, "tiers", tiers)
+        object.__setattr__(self, "torus", tuple(self.torus))
+        self.validate()
+
+    def validate(self):
+        for key in ("peak_flops_bf16", "hbm_bytes", "hbm_bandwidth"):
+            if not getattr(self, key) > 0:
+                raise UserError(f"cluster {self.name}: {key} must be positive")
+        if not 0 < self.matmul_efficiency <= 1:
+            raise UserError(f"cluster {self.name}: matmul_efficiency must be in (0, 1]")
+        if not self.tiers:
+            raise UserError(f"cluster {self.name}: give at least one interconnect tier")
+        for t in self.tiers:
+            if not (t.bandwidth > 0 and 0 < t.efficiency <= 1 and t.latency >= 0 and t.size >= 0):
+                raise UserError(f"cluster {self.name}: tier {t.name} needs bandwidth > 0, efficiency in (0, 1], "
+                                "latency >= 0, size >= 0")
+
+    def peak_flops(self, precision: str) -> float:
+        peak = {"bf16": self.peak_flops_bf16, "fp8": self.peak_flops_fp8 or self.peak_flops_bf16,
+                "fp32": self.peak_flops_fp32 or self.peak_flops_bf16 / 2}
+        return peak.get(precision, self.peak_flops_bf16)
+
+    @property
+    def fast_domain(self) -> int:
+        """Devices joined by the fastest tier (NVLink domain, or the whole ICI slice on a TPU)."""
+        if self.torus:
+            return _prod(self.torus)
+        return self.tiers[0].size or 1 << 62
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+GB = 1e9
+
+
+def _gpu(name, accel, bf16, fp8, fp32, hbm, hbm_bw, eff, nvlink, nvlink_size, nic, price, nvlink_eff=0.80,
+         nic_eff=0.85, **kw) -> ClusterSpec:
+    # Latencies: NCCL ring step ~1-2 us inside NVLink, ~5 us across InfiniBand (nccl-tests small-message
+    # all_reduce on DGX systems: ~10-20 us for 8 GPUs, ~30-60 us across nodes).
+    tiers = (Tier("nvlink", nvlink_size, nvlink, 1.5e-6, nvlink_eff), Tier("ib", 0, nic, 5e-6, nic_eff))
+    return ClusterSpec(name=name, accelerator=accel, peak_flops_bf16=bf16, peak_flops_fp8=fp8,
+                       peak_flops_fp32=fp32, hbm_bytes=hbm, hbm_bandwidth=hbm_bw, matmul_efficiency=eff,
+                       tiers=tiers, default_devices=nvlink_size, price_per_device_hour=price, **kw)
+
+
+def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, eff=0.60) -> ClusterSpec:
+    # ICI figure per torus axis with wraparound (two links, both directions), as the scaling book's W_ici;
+    # ICI hop latency ~1 us; DCN per chip (host NIC bandwidth / chips per host).
+    tiers = (Tier("ici", _prod(torus), ici_axis, 1e-6, 0.90), Tier("dcn", 0, dcn, 10e-6, 0.80))
+    return ClusterSpec(name=name, accelerator=accel, peak_flops_bf16=bf16, peak_flops_fp8=fp8,
+                       peak_flops_fp32=bf16 / 2, hbm_bytes=hbm, hbm_bandwidth=hbm_bw, matmul_efficiency=eff,
+                       tiers=tiers, torus=torus, default_devices=_prod(torus), price_per_device_hour=price)
+
+
+# matmul_efficiency: achieved fraction of the dense peak on a transformer layer's GEMMs (large bf16 GEMMs plus
+# the attention and element-wise kernels around them). A100: Narayanan et al. 2021 (arXiv:2104.04473) report
+# 60-70% of peak for their layer GEMMs at h >= 8192 and MLPerf/cuBLAS bf16 GEMMs reach ~230-250 of 312 TFLOP/s;
+# we take 0.65. H100: cuBLAS bf16 GEMMs reach ~600-700 of 989 TFLOP/s (NVIDIA Hopper tuning guide, public
+# GEMM benchmarks), and whole layers run lower (Megatron-Core H100 runs report 40-50% MFU); we take 0.60.
+# Bus-bandwidth efficiencies are nccl-tests all_reduce busbw over the link rate on DGX systems:
+# A100 NVLink3 ~230 of 300 GB/s (0.78), H100 NVLink4 ~360-380 of 450 GB/s (0.80), HDR/NDR IB ~0.85.
+PRESETS: dict[str, ClusterSpec] = {
+    # NVIDIA A100 datasheet: 312 TFLOP/s bf16, 19.5 fp32 (156 TF32), 80 GB HBM2e at 2.039 TB/s;
+    # DGX A100: NVLink3 600 GB/s bidirectional per GPU (300 one way), 8x HDR 200 Gb/s NICs (25 GB/s per GPU).
+    "a100-80gb": _gpu("a100-80gb", "A100-SXM4-80GB", 312e12, 312e12, 19.5e12, 80 * GB, 2.039e12, 0.65,
+                      300 * GB, 8, 25 * GB, 1.8, nvlink_eff=0.78),
+    # NVIDIA H100 SXM datasheet: 989 TFLOP/s bf16 dense, 1979 fp8, 67 fp32; 80 GB HBM3 at 3.35 TB/s;
+    # DGX H100: NVLink4 900 GB/s bidirectional (450 one way), 8x ConnectX-7 NDR 400 Gb/s (50 GB/s per GPU).
+    "h100-80gb": _gpu("h100-80gb", "H100-SXM5-80GB", 989e12, 1979e12, 67e12, 80 * GB, 3.35e12, 0.60,
+                      450 * GB, 8, 50 * GB, 2.5),
+    # NVIDIA H200 datasheet: same compute as H100, 141 GB HBM3e at 4.8 TB/s; DGX H200 same fabric as DGX H100.
+    "h200": _gpu("h200", "H200-SXM-141GB", 989e12, 1979e12, 67e12, 141 * GB, 4.8e12, 0.60,
+                 450 * GB, 8, 50 * GB, 3.5),
+    # NVIDIA B200 (DGX B200 datasheet): 2.25 PFLOP/s bf16 dense, 4.5 fp8, 180 GB HBM3e at 8 TB/s (per GPU of
+    # the 1440 GB system), NVLink5 1.8 TB/s bidirectional (900 one way), 8x ConnectX-7 400 Gb/s.
+    "b200": _gpu("b200", "B200-180GB", 2.25e15, 4.5e15, 75e12, 180 * GB, 8e12, 0.55,
+                 900 * GB, 8, 50 * GB, 5.0),
+    # GB200 NVL72 datasheet: 72 GPUs in one NVLink domain, 2.5 PFLOP/s bf16 dense, 5 fp8 per GPU,
+    # 186 GB HBM3e at 8 TB/s, NVLink5 900 GB/s one way; ConnectX-8 800 Gb/s (100 GB/s) per GPU across racks.
+    "gb200-nvl72": _gpu("gb200-nvl72", "GB200", 2.5e15, 5e15, 80e12, 186 * GB, 8e12, 0.55,
+                        900 * GB, 72, 100 * GB, 6.0),
+    # TPU v5p (Cloud TPU docs, scaling book Part 2): 4.59e14 bf16, 9.18e14 int8, 95 GB HBM at 2.765 TB/s,
+    # ICI 9e10 B/s bidirectional per link, so 1.8e11 per torus axis with wraparound (the book's W_ici);
+    # pods of up to 8960 chips, 16x16x16 = 4096 per slice here; DCN ~6.25e9 B/s per chip.
+    "tpu-v5p": _tpu("tpu-v5p", "TPU v5p", 4.59e14, 9.18e14, 95 * GB, 2.765e12, 1.8e11, 6.25e9,
+                    (16, 16, 16), 4.2),
+    # TPU v5e: 1.97e14 bf16, 3.94e14 int8, 16 GB HBM at 8.1e11 B/s, 2D torus 16x16, ICI 4.5e10 per link
+    # bidirectional (9e10 per axis with wraparound), DCN ~3.1e9 per chip.
+    "tpu-v5e": _tpu("tpu-v5e", "TPU v5e", 1.97e14, 3.94e14, 16 * GB, 8.1e11, 9e10, 3.125e9, (16, 16), 1.2),
+    # TPU v4: 2.75e14 bf16, 32 GB HBM at 1.2e12 B/s, 3D torus up to 16x16x16 (4096), ICI 4.5e10 per link
+    # bidirectional (9e10 per axis), DCN ~6.25e9 per chip.
+    "tpu-v4": _tpu("tpu-v4", "TPU v4", 2.75e14, 2.75e14, 32 * GB, 1.2e12, 9e10, 6.25e9, (16, 16, 16), 3.2),
+    # This machine: 2 AMD EPYC cores, 23 GB RAM, torch CPU kernels, gloo over loopback TCP. Rough figures:
+    # fp32 matmul ~3e10 FLOP/s per rank process for the tiny/small models (small GEMMs, one core each);
+    # gloo loopback ~1 GB/s per rank with ~50 us per message step. Issue 4's trainer measures these.
+    "local-cpu": ClusterSpec(name="local-cpu", accelerator="cpu (2 cores)", peak_flops_bf16=1e10,
+                             peak_flops_fp8=0.0, peak_flops_fp32=3e10, hbm_bytes=8 * GB, hbm_bandwidth=10e9,
+                             matmul_efficiency=1.0, tiers=(Tier("loopback", 0, 1e9, 50e-6, 1.0),),
+                             default_devices=2),
+}
+
+
+def load_cluster(name_or_path: str) -> ClusterSpec:
+    """A preset name, or a JSON/TOML file holding ClusterSpec fields (tiers as a list of tables)."""
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    if not looks_like_path(name_or_path):
+        raise UserError(f"unknown cluster preset {name_or_path!r}; choose one of {', '.join(PRESETS)} "
+                        "or pass a .json/.toml file")
+    data = read_mapping(name_or_path)
+    data.setdefault("name", name_or_path)
+    base = data.pop("base", None)  # {"base": "h100-80gb", "matmul_efficiency": 0.5} overrides a preset
+    if base is not None:
+        if base not in PRESETS:
+            raise UserError(f"{name_or_path}: unknown base preset {base!r}; choose one of {', '.join(PRESETS)}")
+        known = set(ClusterSpec.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise UserError(f"{name_or_path}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return replace(PRESETS[base], **data)
+    return build(ClusterSpec, data, name_or_path)
+
+
+__all__ = ["ClusterSpec", "Tier", "PRESETS", "load_cluster"]

@@ -1,0 +1,69 @@
+"""The seeds' worked numbers (shared/seeds/001, 003, 004), reproduced by the cost model."""
+
+import math
+
+import pytest
+
+from meshscale.cost import comm, critical, flops, pipeline
+from meshscale.cost.memory import checkpointed_activation_bytes, memory_per_device
+from meshscale.specs.cluster import load_cluster
+from meshscale.specs.layout import Layout
+from meshscale.specs.model import load_model
+
+V5P = load_cluster("tpu-v5p")
+L13 = load_model("llama2-13b")
+
+
+def test_dp_critical_batch_2550_on_one_v5p_axis():
+    assert critical.dp_critical(4.59e14, 1.8e11) == pytest.approx(2550, rel=1e-3)
+    link = comm.group_link(V5P, 4096, 16, 1)  # a DP group along one full torus axis
+    assert critical.dp_critical(V5P.peak_flops_bf16, link.raw_bandwidth) == pytest.approx(2550, rel=1e-3)
+
+
+def test_fsdp_critical_batch_850_over_three_axes():
+    link = comm.group_link(V5P, 4096, 4096, 1)
+    assert link.raw_bandwidth == pytest.approx(3 * 1.8e11)
+    assert critical.dp_critical(V5P.peak_flops_bf16, link.raw_bandwidth) == pytest.approx(850, rel=1e-3)
+
+
+def test_fsdp_tp_critical_235_and_x_opt_1333_for_llama2_13b():
+    assert critical.fsdp_tp_critical(4.59e14, L13.ffn, 1.8e11, 1.8e11) == pytest.approx(235, rel=0.01)
+    # X_opt = sqrt(B N M_X / (M_Y F)) with M_X = 2, M_Y = 1 as in the seed.
+    assert critical.optimal_fsdp(3e6, 4096, L13.ffn, 2 * 1.8e11, 1.8e11) == pytest.approx(1333, rel=0.01)
+
+
+def test_llama2_13b_memory_26gb_params_104gb_adam_and_42tb_activations():
+    mem = memory_per_device(L13, Layout(dp=1), 1, precision="bf16-pure")
+    assert mem.params == pytest.approx(26e9, rel=0.01)
+    assert mem.optimizer == pytest.approx(104e9, rel=0.01)
+    acts = checkpointed_activation_bytes(L13, 16e6, (L13.ffn, L13.ffn, L13.hidden))
+    assert acts == pytest.approx(42e12, rel=0.01)
+    assert acts / mem.params > 1600  # "activations are 1,615x larger than parameters"
+    # The default mixed precision keeps an fp32 master copy too: 16 bytes/param.
+    full = memory_per_device(L13, Layout(dp=1), 1)
+    assert (full.params + full.grads + full.optimizer) / L13.param_count() == pytest.approx(16)
+
+
+def test_300ms_per_step_at_40_percent_mfu():
+    seconds = flops.six_pt(L13, 3e6) / (V5P.peak_flops_bf16 * 4096 * 0.4)
+    assert seconds == pytest.approx(0.30, rel=0.05)
+
+
+def test_three_stages_three_microbatches_use_18_of_30_slots():
+    assert pipeline.slots(3, 3) == (18, 30)
+    assert pipeline.utilisation(3, 3) == pytest.approx(0.6)
+    # the 12 idle slots against 18 busy: GPipe's (p-1)/m
+    assert pipeline.bubble_ratio(Layout(dp=1, pp=3, schedule="gpipe"), 3) == pytest.approx(12 / 18)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 64])
+def test_ring_all_reduce_moves_2_n_minus_1_over_n(n):
+    link = comm.Link("x", bandwidth=1e9, raw_bandwidth=1e9, latency=0.0, steps=n - 1)
+    t = comm.collective_time("all_reduce", 1e9, 1, n, link)
+    assert t == pytest.approx(2 * (n - 1) / n)
+    assert comm.collective_time("all_gather", 1e9, 1, n, link) == pytest.approx((n - 1) / n)
+
+
+def test_param_counts_feed_the_6pt_rule():
+    assert L13.param_count() == pytest.approx(13.0e9, rel=0.01)
+    assert math.isclose(flops.six_pt(L13, 1), 6 * L13.param_count())
