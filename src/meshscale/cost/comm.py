@@ -70,14 +70,14 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
 def pipeline_sends(layout: Layout, rank: int) -> int:
     """Sends per micro-batch from `rank`: forward from each chunk whose successor lives elsewhere, backward
     from each chunk whose predecessor does (V schedules keep the turn of the V on one rank)."""
-    chunks = layout.stages
-    if layout.schedule in ("zbv", "dualpipev"):
-        owner = [c if c < layout.pp else chunks - 1 - c for c in range(chunks)]
-    else:
-        owner = [c % layout.pp for c in range(chunks)]
-    fwd = sum(1 for c in range(chunks - 1) if owner[c] == rank and owner[c + 1] != rank)
-    bwd = sum(1 for c in range(1, chunks) if owner[c] == rank and owner[c - 1] != rank)
-    return fwd + bwd
+    return _sends(layout.pp, layout.stages, layout.schedule in ("zbv", "dualpipev"))[rank]
+
+
+@lru_cache(maxsize=4096)
+def _sends(pp: int, chunks: int, v_shape: bool) -> tuple:
+    owner = [(c if c < pp else chunks - 1 - c) if v_shape else c % pp for c in range(chunks)]
+    return tuple(sum(1 for c in range(chunks - 1) if owner[c] == r and owner[c + 1] != r)
+                 + sum(1 for c in range(1, chunks) if owner[c] == r and owner[c - 1] != r) for r in range(pp))
 
 
 def pipeline_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, m: int) -> list[tuple]:
@@ -87,7 +87,7 @@ def pipeline_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int
     if layout.pp == 1:
         return []
     v = tokens * model.hidden * act_bytes / layout.tp
-    sends = max(pipeline_sends(layout, r) for r in range(layout.pp)) * m
+    sends = max(_sends(layout.pp, layout.stages, layout.schedule in ("zbv", "dualpipev"))) * m
     return [("send_recv", v * sends, sends, "none")]
 
 

@@ -4,6 +4,8 @@ A matmul of (m x k) by (k x n) costs 2mkn FLOPs; backward costs twice the forwar
 gradients), Kaplan et al. 2020 sec. 2.1 and Narayanan et al. 2021 (arXiv:2104.04473) sec. 5.1.
 """
 
+from functools import lru_cache
+
 from meshscale.specs.model import ModelSpec
 
 
@@ -37,6 +39,7 @@ def logits_flops(model: ModelSpec) -> float:
     return 2.0 * model.hidden * model.vocab
 
 
+@lru_cache(maxsize=256)
 def forward_flops_per_token(model: ModelSpec, seq: int) -> float:
     return sum(layer_flops(model, i, seq) for i in range(model.layers)) + logits_flops(model)
 
@@ -48,9 +51,15 @@ def model_flops_per_step(model: ModelSpec, tokens: int) -> float:
 
 def six_pt(model: ModelSpec, tokens: int) -> float:
     """The 6PT rule (Kaplan et al. 2020): 6 x active parameters x tokens, ignoring attention's seq term."""
-    return 6.0 * model.active_param_count() * tokens
+    return 6.0 * _active_params(model) * tokens
 
 
+@lru_cache(maxsize=256)
+def _active_params(model: ModelSpec) -> int:
+    return model.active_param_count()
+
+
+@lru_cache(maxsize=1024)
 def recompute_flops_per_token(model: ModelSpec, recompute: str, layers: range) -> float:
     """Extra forward work per token. Full: the whole layer again; selective: only the attention core
     (Korthikanti et al. 2022, arXiv:2205.05198, sec. 5)."""

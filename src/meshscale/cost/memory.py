@@ -7,6 +7,7 @@ master, momentum and variance (12) = 16 bytes/param, sharded by ZeRO stage (ZeRO
 """
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import ModelSpec
@@ -36,38 +37,57 @@ class Memory:
                 "activations": self.activations, "total": self.total}
 
 
-def stage_layers(model: ModelSpec, layout: Layout, rank: int) -> list[int]:
+def stage_layers(model: ModelSpec, layout: Layout, rank: int) -> tuple:
     """Layers a pipeline rank owns: chunk c of pp*vpp holds a contiguous run; rank r holds chunks r, r+pp, ...
     (interleaved, Narayanan et al. 2021 sec. 2.2) or, for V schedules, r and 2pp-1-r."""
-    chunks = layout.stages
-    bounds = [round(i * model.layers / chunks) for i in range(chunks + 1)]
-    if layout.schedule in ("zbv", "dualpipev") and layout.pp > 1:
-        owned = (rank, chunks - 1 - rank)
-    else:
-        owned = range(rank, chunks, layout.pp)
-    return [i for c in owned for i in range(bounds[c], bounds[c + 1])]
+    return _stage_layers(model.layers, layout.pp, layout.stages, is_v(layout), rank)
+
+
+def is_v(layout: Layout) -> bool:
+    return layout.schedule in ("zbv", "dualpipev") and layout.pp > 1
+
+
+def last_rank(layout: Layout) -> int:
+    """The rank holding the final norm and the output head (rank 0 when the V turns back)."""
+    return 0 if is_v(layout) else layout.pp - 1
+
+
+@lru_cache(maxsize=65536)
+def _stage_layers(layers: int, pp: int, chunks: int, v_shape: bool, rank: int) -> tuple:
+    bounds = [round(i * layers / chunks) for i in range(chunks + 1)]
+    owned = (rank, chunks - 1 - rank) if v_shape else range(rank, chunks, pp)
+    return tuple(i for c in owned for i in range(bounds[c], bounds[c + 1]))
 
 
 def params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
     """Parameters one device holds before ZeRO sharding. Megatron TP splits every matrix (and the
     vocabulary) by tp and replicates norms; EP splits routed experts by ep."""
-    t = layout.tp
-    total = 0.0
-    for i in stage_layers(model, layout, rank):
+    return _params_per_rank(model, layout.tp, layout.ep, layout.pp, layout.stages, is_v(layout))[rank]
+
+
+@lru_cache(maxsize=4096)
+def _params_per_rank(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_shape: bool) -> tuple:
+    norms = model.norm_params()
+    per_layer = []
+    for i in range(model.layers):
         routed = model.experts * model.expert_params() if model.is_moe_layer(i) else 0
-        dense = model.layer_params(i) - routed - model.norm_params()
-        total += dense / t + routed / (t * layout.ep) + model.norm_params()
-    table = model.vocab * model.hidden / t
-    last = 0 if layout.schedule in ("zbv", "dualpipev") and layout.pp > 1 else layout.pp - 1
-    if rank == 0:
-        total += table + (model.seq * model.hidden if model.learned_positions else 0)
-    if rank == last:  # final norm, and the output head (a second copy of a tied table under PP)
-        total += model.hidden + (table if not model.tied_embeddings or layout.pp > 1 else 0)
-    return total
+        per_layer.append((model.layer_params(i) - routed - norms) / tp + routed / (tp * ep) + norms)
+    table = model.vocab * model.hidden / tp
+    last = 0 if v_shape else pp - 1
+    out = []
+    for rank in range(pp):
+        total = sum(per_layer[i] for i in _stage_layers(model.layers, pp, chunks, v_shape, rank))
+        if rank == 0:
+            total += table + (model.seq * model.hidden if model.learned_positions else 0)
+        if rank == last:  # final norm, and the output head (a second copy of a tied table under PP)
+            total += model.hidden + (table if not model.tied_embeddings or pp > 1 else 0)
+        out.append(total)
+    return tuple(out)
 
 
 def busiest_rank(model: ModelSpec, layout: Layout) -> int:
-    return max(range(layout.pp), key=lambda r: params_on_rank(model, layout, r))
+    per_rank = _params_per_rank(model, layout.tp, layout.ep, layout.pp, layout.stages, is_v(layout))
+    return max(range(layout.pp), key=per_rank.__getitem__)
 
 
 def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: int) -> float:

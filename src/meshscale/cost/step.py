@@ -5,12 +5,12 @@ step = (compute + TP + PP + EP + unhidden CP) * (1 + bubble ratio) + unhidden da
 (the composition of Narayanan et al. 2021 sec. 3 with the overlap rules of each collective below).
 """
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from meshscale.cost import comm, critical, flops
-from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, memory_per_device, params_on_rank,
-                                   stage_layers)
+from meshscale.cost.memory import (PRECISIONS, _stage_layers, activation_bytes_per_layer, busiest_rank, is_v,
+                                   last_rank, memory_per_device, params_on_rank, stage_layers)
 from meshscale.cost.pipeline import bubble_ratio
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
@@ -60,7 +60,8 @@ class Prediction:
     regime: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**self.__dict__, "memory_per_device_bytes": dict(self.memory_per_device_bytes),
+                "comm": [dict(e) for e in self.comm], "regime": dict(self.regime)}
 
 
 @lru_cache(maxsize=64)
@@ -70,15 +71,20 @@ def _layer_tables(model: ModelSpec, fused: bool) -> tuple:
     return layer, flops.attention_core_flops(model, model.seq, fused)
 
 
-def _stage_flops(model: ModelSpec, layout: Layout, rank: int, fused: bool) -> tuple[float, float, float]:
+@lru_cache(maxsize=4096)
+def _slowest_stage(model, pp, chunks, v_shape, recompute, fused) -> tuple[float, float, float]:
+    return max((_stage_flops(model, pp, chunks, v_shape, recompute, fused, r) for r in range(pp)),
+               key=lambda w: 3 * w[0] + w[2])
+
+
+def _stage_flops(model, pp, chunks, v_shape, recompute, fused, rank) -> tuple[float, float, float]:
     """Forward FLOPs per token on `rank` (before TP/CP splitting), its attention-core part, recompute extra."""
     layer, core = _layer_tables(model, fused)
-    owned = stage_layers(model, layout, rank)
+    owned = _stage_layers(model.layers, pp, chunks, v_shape, rank)
     fwd = sum(layer[i] for i in owned)
-    last = 0 if layout.schedule in ("zbv", "dualpipev") and layout.pp > 1 else layout.pp - 1
-    if rank == last:
+    if rank == (0 if v_shape else pp - 1):
         fwd += flops.logits_flops(model)
-    extra = {"full": sum(layer[i] for i in owned), "selective": len(owned) * core}.get(layout.recompute, 0.0)
+    extra = {"full": sum(layer[i] for i in owned), "selective": len(owned) * core}.get(recompute, 0.0)
     return fwd, len(owned) * core, extra
 
 
@@ -105,21 +111,19 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     split = layout.tp * layout.cp  # TP splits every matmul, CP the sequence
 
     # Compute on the slowest pipeline rank.
-    work = [_stage_flops(model, layout, r, cluster.fused_attention) for r in range(layout.pp)]
-    slow = max(range(layout.pp), key=lambda r: 3 * work[r][0] + work[r][2])
-    fwd, core, extra = work[slow]
+    fwd, core, extra = _slowest_stage(model, layout.pp, layout.stages, is_v(layout), layout.recompute,
+                                      cluster.fused_attention)
     compute_s = m * layout.mbs * model.seq * (3 * fwd + extra) / split / rate
     compute_s += m * elementwise_seconds(model, cluster, layout, tokens, act_bytes)
     attention_s = m * layout.mbs * model.seq * (3 * core + (core if layout.recompute != "none" else 0)) / split / rate
 
     # Communication: what each axis sends, on which link, how long.
-    rank = max(range(layout.pp), key=lambda r: params_on_rank(model, layout, r))
+    rank = busiest_rank(model, layout)
     params = params_on_rank(model, layout, rank)
     owned = stage_layers(model, layout, rank)
     n_layers = len(owned)
-    moe_layers = sum(model.is_moe_layer(i) for i in owned)
-    first, last = rank == 0, rank == (0 if layout.schedule in ("zbv", "dualpipev") and layout.pp > 1
-                                      else layout.pp - 1)
+    moe_layers = sum(model.is_moe_layer(i) for i in owned) if model.is_moe else 0
+    first, last = rank == 0, rank == last_rank(layout)
     ops = []
     if layout.dp * layout.cp > 1:
         ops += [("dp",) + op for op in comm.data_parallel_ops(layout.zero, params, m, act_bytes, n_layers + 1)]
@@ -174,7 +178,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         tokens_per_s=n_tokens / step, model_flops_per_step=model_flops,
         six_pt_flops_per_step=flops.six_pt(model, n_tokens), hardware_flops_per_step=hw_flops,
         bubble_fraction=bubble_s / step, fits=fits, hbm_bytes=cluster.hbm_bytes,
-        memory_per_device_bytes=mem.to_dict(), comm=[asdict(e) for e in entries],
+        memory_per_device_bytes=mem.to_dict(), comm=[dict(e.__dict__) for e in entries],
         bound=bound if fits else "memory", regime=regime(model, cluster, layout, n_tokens))
 
 
