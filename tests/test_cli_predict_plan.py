@@ -70,3 +70,33 @@ def test_bad_input_is_one_line_exit_2(args, needle):
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], r.stderr
+
+
+def test_plan_json_and_emit_torchrun():
+    args = ["--model", "llama3-8b", "--cluster", "h100-80gb", "--devices", "16", "--global-batch", "64"]
+    r = cli("plan", *args, "--json", "--top", "3")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["evaluated"] > 0 and len(d["ranked"]) == 3
+    assert all("layout" in p and "step_time_s" in p for p in d["ranked"])
+    times = [p["step_time_s"] for p in d["ranked"]]
+    assert times == sorted(times)
+    r = cli("plan", *args, "--emit", "torchrun")
+    assert r.returncode == 0, r.stderr
+    line = r.stdout.strip()
+    assert line.startswith("torchrun --nnodes 2 --nproc-per-node 8 ")
+    assert f"-m meshscale train --model llama3-8b --layout {d['ranked'][0]['layout']} --global-batch 64" in line
+
+
+def test_plan_nothing_fits_is_one_line_exit_2():
+    r = cli("plan", "--model", "llama3-405b", "--cluster", "h100-80gb", "--devices", "8", "--global-batch", "8")
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "nothing fits" in lines[0] and "GB" in lines[0]
+
+
+def test_plan_human_output_explains():
+    r = cli("plan", "--model", "llama2-13b", "--cluster", "tpu-v5p", "--devices", "4096",
+            "--global-batch-tokens", "3145728", "--seq", "32768")
+    assert r.returncode == 0, r.stderr
+    assert "costed" in r.stdout and "Pure DP is rejected for memory" in r.stdout

@@ -24,6 +24,7 @@ from meshscale.specs.model import ModelSpec
 
 MAX_VPP = 8
 MAX_MBS = 64
+ALTERNATIVES = 6  # distinct parallel shapes kept for the explanation
 
 
 def runnable(layout: Layout, model: ModelSpec, global_batch: int) -> bool:
@@ -45,7 +46,7 @@ class Plan:
     seconds: float
     smallest: tuple = ()  # (bytes, layout string) of the least memory any layout needs
     objective: str = "time"
-    rejected: list = field(default_factory=list)  # (Prediction, reason) of nearby layouts that lost
+    rejected: list = field(default_factory=list)  # best layouts of the runner-up parallel shapes
 
     def to_dict(self) -> dict:
         return {"evaluated": self.evaluated, "enumerated": self.enumerated, "fitting": self.fitting,
@@ -89,8 +90,9 @@ def _schedules(model: ModelSpec, pp: int) -> list[tuple[str, int]]:
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: int, precision: str = "bf16",
-           top: int = 5, headroom: float = 0.1, cross_tp: bool = False, prune: bool = True) -> Plan:
-    """Rank the layouts that fit; `prune=False` costs every one in full (for checking the bound)."""
+           top: int = 5, headroom: float = 0.1, cross_tp: bool = False, prune: bool = True, where=None) -> Plan:
+    """Rank the layouts that fit. `where(tp, pp, cp, dp, ep)` restricts the parallel shapes (the explanation
+    asks for neighbours of the winner); `prune=False` costs every layout in full (to check the bound)."""
     start = time.perf_counter()
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
@@ -102,6 +104,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
     smallest = (math.inf, "")
     bounds, keys = [], []
     for tp, pp, cp, dp, ep in shapes(model, cluster, devices, global_batch, cross_tp):
+        if where is not None and not where(tp, pp, cp, dp, ep):
+            continue
         per_rank = global_batch // dp
         mbs_opts = [b for b in _divisors(per_rank) if b <= MAX_MBS]
         scheds = _schedules(model, pp)
@@ -171,12 +175,14 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         return Plan([], enumerated, 0, 0, time.perf_counter() - start, smallest)
 
     order = np.argsort(np.array(bounds), kind="stable")
-    best: list[Prediction] = []
+    best: list[Prediction] = []  # the top K
+    by_shape: dict = {}  # the best layout of each parallel shape: the alternatives the explanation cites
     evaluated = 0
-    keep = max(top, 8)
     for i in order:
-        if prune and len(best) >= keep and bounds[i] >= best[-1].step_time_s:
-            break
+        if prune and len(best) >= top and len(by_shape) >= ALTERNATIVES:
+            cutoff = max(best[-1].step_time_s, sorted(p.step_time_s for p in by_shape.values())[ALTERNATIVES - 1])
+            if bounds[i] >= cutoff:
+                break
         tp, pp, cp, dp, ep, z, sp, (sched, v), mbs, rec = keys[i]
         layout = Layout(dp=dp, zero=int(z), tp=tp, sp=sp, pp=pp, vpp=v, schedule=sched, cp=cp, ep=ep, mbs=mbs,
                         recompute=rec)
@@ -186,11 +192,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         evaluated += 1
         if pred.memory_per_device_bytes["total"] > capacity:
             continue
-        best.append(pred)
-        best.sort(key=lambda p: p.step_time_s)
-        del best[keep:]
-    return Plan(best[:top], enumerated, fitting, evaluated, time.perf_counter() - start, smallest,
-                rejected=best[top:])
+        best = sorted(best + [pred], key=lambda p: p.step_time_s)[:top]
+        shape = (tp, pp, cp, dp, ep, int(z))
+        if shape not in by_shape or pred.step_time_s < by_shape[shape].step_time_s:
+            by_shape[shape] = pred
+    alternatives = sorted(by_shape.values(), key=lambda p: p.step_time_s)[1:ALTERNATIVES]
+    return Plan(best, enumerated, fitting, evaluated, time.perf_counter() - start, smallest,
+                rejected=alternatives)
 
 
 def _work(model, pp, chunks, v_shape, recompute, fused) -> float:

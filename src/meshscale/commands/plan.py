@@ -1,0 +1,105 @@
+"""`meshscale plan`: search every hybrid layout, rank by predicted step time (or cost), explain the winner."""
+
+import json
+import math
+
+from meshscale.commands.predict import add_batch_arguments, resolve_inputs
+from meshscale.errors import UserError
+
+
+def add_arguments(p):
+    p.add_argument("--model", required=True, help="preset name, meshscale JSON/TOML, or HF config.json")
+    p.add_argument("--cluster", required=True, help="preset name or JSON/TOML ClusterSpec")
+    p.add_argument("--devices", type=int, help="device count (default: the cluster preset's)")
+    add_batch_arguments(p)
+    p.add_argument("--precision", default="bf16", help="bf16 (16 B/param), bf16-pure (10 B/param), fp8, fp32")
+    p.add_argument("--top", type=int, default=5, help="how many layouts to show")
+    p.add_argument("--memory-headroom", type=float, default=0.1, help="fraction of HBM kept free (default 0.1)")
+    p.add_argument("--objective", choices=("time", "cost"), default="time",
+                   help="time: fastest step; cost: fewest dollars per step, also trying 1/2, 1/4, 1/8 of the devices")
+    p.add_argument("--allow-cross-tp", action="store_true", help="let TP span beyond the fast (NVLink) domain")
+    p.add_argument("--emit", choices=("torchrun",), help="print the command that runs the winning layout")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args) -> int:
+    from meshscale.plan.search import search
+
+    model, cluster, devices, batch = resolve_inputs(args)
+    if args.top < 1:
+        raise UserError(f"--top must be at least 1, got {args.top}")
+    if not 0 <= args.memory_headroom < 1:
+        raise UserError(f"--memory-headroom must be in [0, 1), got {args.memory_headroom}")
+    counts = [devices]
+    if args.objective == "cost":
+        if not cluster.price_per_device_hour:
+            raise UserError(f"cluster {cluster.name} has no price_per_device_hour; use --objective time")
+        counts += [devices // k for k in (2, 4, 8) if devices % k == 0 and batch % 1 == 0]
+    plans = [(n, search(model, cluster, n, batch, args.precision, top=args.top, headroom=args.memory_headroom,
+                        cross_tp=args.allow_cross_tp)) for n in counts]
+    plan = plans[0][1]
+    if args.objective == "cost":
+        plan = _merge_by_cost(plans, cluster, args.top)
+    if not plan.ranked:
+        need, where = min((p.smallest for _, p in plans), key=lambda s: s[0])
+        raise UserError(f"nothing fits: the smallest memory per device any layout needs is {need / 1e9:,.1f} GB "
+                        f"(at {where}), but {cluster.name} offers {cluster.hbm_bytes * (1 - args.memory_headroom) / 1e9:,.1f} GB "
+                        f"after {args.memory_headroom:.0%} headroom; add devices or pick a larger accelerator")
+    win_devices = plan.ranked[0].devices
+    if args.emit == "torchrun":
+        print(torchrun_command(args, cluster, win_devices, plan.ranked[0].layout, batch))
+        return 0
+    if args.json:
+        print(json.dumps(plan.to_dict()))
+        return 0
+    from meshscale.plan.explain import explain, rejected
+    _print_human(plan, explain(plan, model, cluster, win_devices, batch, args.precision, args.memory_headroom),
+                 rejected(plan), cluster)
+    return 0
+
+
+def _merge_by_cost(plans, cluster, top):
+    """Rank layouts from every device count by dollars per step (devices x price x step time)."""
+    dollars = lambda p: p.devices * cluster.price_per_device_hour * p.step_time_s / 3600  # noqa: E731
+    merged = sorted((p for _, plan in plans for p in plan.ranked), key=dollars)
+    best = plans[0][1]
+    best.ranked, best.rejected = merged[:top], merged[top:top + 3]
+    best.evaluated = sum(p.evaluated for _, p in plans)
+    best.enumerated = sum(p.enumerated for _, p in plans)
+    best.objective = "cost"
+    return best
+
+
+def torchrun_command(args, cluster, devices: int, layout: str, batch: int) -> str:
+    """torchrun line for `meshscale train`: one process per device, nodes of the fast-domain size."""
+    per_node = min(devices, cluster.tiers[0].size or devices) if not cluster.torus else min(devices, 4)
+    nodes = math.ceil(devices / per_node)
+    rdzv = " --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29500" if nodes > 1 else ""
+    seq = f" --seq {args.seq}" if args.seq else ""
+    return (f"torchrun --nnodes {nodes} --nproc-per-node {per_node}{rdzv} -m meshscale train --model {args.model} "
+            f"--layout {layout} --global-batch {batch}{seq} --precision {args.precision}")
+
+
+def _print_human(plan, lines, losers, cluster):
+    from rich.table import Table
+
+    from meshscale.commands.report import make_console
+
+    console = make_console()
+    console.print(f"searched {plan.enumerated:,} layouts ({plan.fitting:,} fit in memory), costed {plan.evaluated:,} "
+                  f"in full, in {plan.seconds:.2f} s; objective: {plan.objective}")
+    t = Table(title=f"top {len(plan.ranked)} layouts", title_justify="left")
+    for col in ("#", "layout", "memory / HBM", "step", "MFU", "tokens/s", "bound"):
+        t.add_column(col, justify="left" if col in ("layout", "bound") else "right")
+    for i, p in enumerate(plan.ranked, 1):
+        mem = p.memory_per_device_bytes["total"]
+        t.add_row(str(i), p.layout, f"{mem / 1e9:,.1f} / {cluster.hbm_bytes / 1e9:,.0f} GB",
+                  f"{p.step_time_s * 1e3:,.1f} ms", f"{p.mfu:.1%}", f"{p.tokens_per_s:,.0f}", p.bound)
+    console.print(t)
+    console.print("[bold]Why[/]")
+    for line in lines:
+        console.print(f"- {line}")
+    if losers:
+        console.print("[bold]Nearest alternatives (best of other parallel shapes)[/]")
+        for layout, reason in losers[:5]:
+            console.print(f"- {layout}: {reason}")

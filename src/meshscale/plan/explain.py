@@ -1,0 +1,135 @@
+"""Why the winner won, in the seeds' terms: memory, critical batch sizes, the fast domain, the bubble."""
+
+from meshscale.cost import critical, predict
+from meshscale.cost.comm import group_link
+from meshscale.cost.memory import PRECISIONS, params_on_rank
+from meshscale.plan.search import Plan, search
+from meshscale.specs.layout import Layout
+
+
+def gb(x: float) -> str:
+    return f"{x / 1e9:,.1f} GB"
+
+
+def ms(x: float) -> str:
+    return f"{x * 1e3:,.1f} ms"
+
+
+def components(pred) -> dict:
+    parts = {"compute": pred.compute_s, "bubble": pred.bubble_s, "optimizer": pred.optimizer_s}
+    for e in pred.comm:
+        key = f"{e['axis']} {e['collective']}"
+        parts[key] = parts.get(key, 0.0) + e["exposed_s"]
+    return parts
+
+
+def explain(plan: Plan, model, cluster, devices: int, global_batch: int, precision: str = "bf16",
+            headroom: float = 0.1) -> list[str]:
+    win = plan.ranked[0]
+    layout = Layout.parse(win.layout, devices)
+    capacity = cluster.hbm_bytes * (1 - headroom)
+    tokens = global_batch * model.seq
+    per_device = tokens / devices
+    lines = [f"Winner {win.layout}: {ms(win.step_time_s)} per step, MFU {win.mfu:.1%}, "
+             f"{win.memory_per_device_bytes['total'] / 1e9:,.1f} of {cluster.hbm_bytes / 1e9:,.0f} GB per device; "
+             f"{_dominant(win)}."]
+    lines.append(_pure_dp(model, cluster, devices, global_batch, precision, capacity, per_device))
+    lines.append(_pure_fsdp(model, cluster, devices, global_batch, precision, headroom, per_device, win))
+    lines.append(_why_tp(model, cluster, devices, global_batch, precision, headroom, layout, win))
+    lines.append(_across_nodes(model, layout, win, global_batch, precision))
+    r = win.regime
+    if r.get("critical_tokens"):
+        lines.append(f"Critical batch: {r['strategy']} is compute-bound above {r['critical_tokens']:,.0f} tokens per "
+                     f"device; this batch gives {r['per_device_tokens']:,.0f} ({r['side']} side).")
+    return [line for line in lines if line]
+
+
+def rejected(plan: Plan) -> list[tuple[str, str]]:
+    """The best layout of each runner-up parallel shape and the part of the step where it lost most."""
+    win = plan.ranked[0]
+    base = components(win)
+    out = []
+    for alt in plan.rejected:
+        diff = {k: v - base.get(k, 0.0) for k, v in components(alt).items()}
+        worst = max(diff, key=diff.get)
+        out.append((alt.layout, f"+{ms(alt.step_time_s - win.step_time_s)}: {worst} {ms(diff[worst])} longer"))
+    return out
+
+
+def _dominant(pred) -> str:
+    parts = sorted(components(pred).items(), key=lambda kv: -kv[1])
+    shown = ", ".join(f"{k} {v / pred.step_time_s:.0%}" for k, v in parts[:3] if v > 0)
+    return f"time goes to {shown}"
+
+
+def _pure_dp(model, cluster, devices, batch, precision, capacity, per_device) -> str:
+    b = PRECISIONS[precision]
+    state = model.param_count() * (b["params"] + b["grads"] + b["optimizer"])
+    if state > capacity:
+        return (f"Pure DP is rejected for memory: every replica holds params + grads + optimizer = {gb(state)} "
+                f"(16 B/param) against {gb(capacity)} usable HBM per device.")
+    if batch % devices:
+        return f"Pure DP cannot split {batch} sequences over {devices} devices (it needs dp to divide the batch)."
+    pred = predict(model, cluster, Layout(dp=devices, mbs=1, recompute="full"), batch, precision)
+    crit = pred.regime.get("critical_tokens") or 0
+    side = "below" if per_device < crit else "above"
+    return (f"Pure DP fits ({gb(pred.memory_per_device_bytes['total'])}) with {per_device:,.0f} tokens per device, "
+            f"{side} its critical batch {crit:,.0f} (C/W); predicted {ms(pred.step_time_s)}.")
+
+
+def _pure_fsdp(model, cluster, devices, batch, precision, headroom, per_device, win) -> str:
+    if devices == 1:
+        return ""
+    sub = search(model, cluster, devices, batch, precision, top=1, headroom=headroom,
+                 where=lambda tp, pp, cp, dp, ep: tp == 1 and pp == 1 and dp * cp == devices)
+    fsdp = [p for p in sub.ranked if "zero=3" in p.layout]
+    if not fsdp:
+        return "Pure FSDP (tp=pp=1 over every device) has no layout that fits or divides the batch."
+    p = fsdp[0]
+    comm_total = sum(e["time_s"] for e in p.comm)
+    w = group_link(cluster, devices, devices, 1).raw_bandwidth
+    crit = critical.dp_critical(cluster.peak_flops_bf16, w)
+    verdict = ("communication-bound" if comm_total > p.compute_s else "compute-bound")
+    return (f"Pure FSDP ({p.layout}) fits ({gb(p.memory_per_device_bytes['total'])}) but is {verdict}: its collectives "
+            f"take {ms(comm_total)} against {ms(p.compute_s)} of compute; {per_device:,.0f} tokens per device vs its "
+            f"critical batch C/W = {crit:,.0f}; predicted {ms(p.step_time_s)} vs the winner's "
+            f"{ms(win.step_time_s)}.")
+
+
+def _why_tp(model, cluster, devices, batch, precision, headroom, layout, win) -> str:
+    tp = layout.tp
+    tier = next((e["tier"] for e in win.comm if e["axis"] == "tp"), None)
+    domain = cluster.tiers[0].name
+    neighbours = []
+    for other in sorted({max(1, tp // 2), tp * 2} - {tp}):
+        sub = search(model, cluster, devices, batch, precision, top=1, headroom=headroom, cross_tp=True,
+                     where=lambda t, pp, cp, dp, ep, o=other: t == o)
+        if sub.ranked:
+            neighbours.append(f"tp={other} at best {ms(sub.ranked[0].step_time_s)}")
+        else:
+            neighbours.append(f"tp={other} fits nowhere")
+    cap = critical.max_tp(cluster.peak_flops_bf16, model.ffn, cluster.tiers[0].bandwidth)
+    where = f"inside the {domain} domain" if tier == domain or tp == 1 else f"across tiers ({tier})"
+    head = f"TP={tp} stays {where}" if tp > 1 else "No TP: the batch alone keeps every device busy"
+    return (f"{head}; neighbours: {', '.join(neighbours)}. TP stays compute-bound up to about F*W/C = {cap:,.0f}-way "
+            f"over the fast links.")
+
+
+def _across_nodes(model, layout, win, batch, precision) -> str:
+    parts = []
+    if layout.pp > 1:
+        parts.append(f"PP={layout.pp} ({layout.schedule}, {win.microbatches} micro-batches) splits the layers, "
+                     f"leaving a {win.bubble_fraction:.1%} bubble")
+    if layout.zero:
+        b = PRECISIONS[precision]
+        p = params_on_rank(model, layout, 0)
+        full = p * (b["params"] + b["grads"] + b["optimizer"])
+        mem = win.memory_per_device_bytes
+        parts.append(f"ZeRO-{layout.zero} over dp*cp = {layout.dp * layout.cp} ranks cuts the model state from "
+                     f"{gb(full)} to {gb(mem['params'] + mem['grads'] + mem['optimizer'])} per device")
+    if layout.cp > 1:
+        parts.append(f"CP={layout.cp} splits each {model.seq}-token sequence so {batch} sequences cover "
+                     f"{layout.dp * layout.cp} data-parallel ranks")
+    if not parts:
+        return ""
+    return "; ".join(parts) + "."

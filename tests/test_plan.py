@@ -1,0 +1,90 @@
+"""The planner: the seed's Problem 3, pure DP for small models, nothing-fits, the fast domain, the bound."""
+
+import importlib
+
+import pytest
+
+from meshscale.plan import search
+from meshscale.plan.explain import explain, rejected
+from meshscale.specs.cluster import load_cluster
+from meshscale.specs.layout import Layout
+from meshscale.specs.model import ModelSpec, load_model
+
+search_mod = importlib.import_module("meshscale.plan.search")  # the module (the package exports the function)
+
+H100 = load_cluster("h100-80gb")
+
+
+@pytest.fixture(scope="module")
+def problem3():
+    """Seed 003, Problem 3: LLaMA-2 13B, 3M-token batch at 32K context, TPU v5p 16x16x16."""
+    model, cluster = load_model("llama2-13b").with_seq(32768), load_cluster("tpu-v5p")
+    plan = search(model, cluster, 4096, 3145728 // 32768)
+    return plan, explain(plan, model, cluster, 4096, 96)
+
+
+def test_problem3_winner_mixes_fsdp_and_4way_tp(problem3):
+    plan, _ = problem3
+    win = Layout.parse(plan.ranked[0].layout, 4096)
+    assert win.zero == 3 and win.tp == 4  # 4096 / 4 = 1024 ranks share params and batch (X_opt ~ 1333)
+    assert plan.ranked[0].fits and plan.evaluated < plan.enumerated
+
+
+def test_problem3_explanation_rejects_pure_dp_for_memory_and_pure_fsdp_as_comm_bound(problem3):
+    _, lines = problem3
+    text = "\n".join(lines)
+    assert "Pure DP is rejected for memory" in text
+    fsdp = next(line for line in lines if line.startswith("Pure FSDP"))
+    assert "communication-bound" in fsdp and "850" in fsdp  # 768 tokens/chip < 850 (3-axis FSDP)
+    assert "235" in text  # the FSDP+TP critical batch the winner clears
+
+
+def test_small_model_with_large_batch_picks_pure_dp():
+    gpt2 = ModelSpec(name="gpt2-125m", layers=12, hidden=768, heads=12, ffn=3072, vocab=50257, seq=1024,
+                     mlp="gelu", tied_embeddings=True, learned_positions=True, biases=True)
+    plan = search(gpt2, H100, 8, 512)
+    win = Layout.parse(plan.ranked[0].layout, 8)
+    assert (win.dp, win.tp, win.pp, win.cp) == (8, 1, 1, 1)
+
+
+def test_tp_stays_inside_nvlink_unless_allowed():
+    model = load_model("gpt3-175b")  # 96 heads: tp=16 is possible, and would cross DGX nodes
+    plan = search(model, H100, 64, 256)
+    for p in plan.ranked:
+        assert Layout.parse(p.layout, 64).tp <= 8
+        assert all(e["tier"] == "nvlink" for e in p.comm if e["axis"] == "tp")
+    wide = search(model, H100, 64, 256, cross_tp=True, where=lambda tp, pp, cp, dp, ep: tp == 16)
+    assert wide.ranked and all(e["tier"] == "nvlink+ib" for e in wide.ranked[0].comm if e["axis"] == "tp")
+    assert wide.ranked[0].step_time_s > plan.ranked[0].step_time_s
+
+
+def test_nothing_fits_reports_the_smallest_need():
+    plan = search(load_model("llama3-405b"), H100, 8, 8)
+    assert not plan.ranked
+    need, layout = plan.smallest
+    assert need > 0.9 * H100.hbm_bytes and "zero=3" in layout
+
+
+def test_pruning_keeps_the_exhaustive_ranking():
+    model, cpu = load_model("tiny"), load_cluster("local-cpu")
+    fast = search(model, cpu, 8, 32, top=5)
+    full = search(model, cpu, 8, 32, top=5, prune=False)
+    assert [p.layout for p in fast.ranked] == [p.layout for p in full.ranked]
+    assert fast.evaluated < full.evaluated
+
+
+def test_one_predicate_narrows_the_candidates(monkeypatch):
+    model = load_model("llama3-8b")
+    plan = search(model, H100, 16, 64)
+    zero = Layout.parse(plan.ranked[0].layout, 16).zero
+    real = search_mod.runnable
+    monkeypatch.setattr(search_mod, "runnable", lambda layout, m, b: layout.zero != zero and real(layout, m, b))
+    narrowed = search_mod.search(model, H100, 16, 64)
+    assert narrowed.ranked and all(Layout.parse(p.layout, 16).zero != zero for p in narrowed.ranked)
+
+
+def test_alternatives_name_why_they_lost(problem3):
+    plan, _ = problem3
+    reasons = rejected(plan)
+    assert reasons and all("ms longer" in r for _, r in reasons)
+    assert len({Layout.parse(p.layout, 4096).tp for p in plan.rejected} | {4}) >= 1
