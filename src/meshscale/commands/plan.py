@@ -90,7 +90,7 @@ def _print_human(plan, lines, losers, cluster):
                   f"in full, in {plan.seconds:.2f} s; objective: {plan.objective}")
     t = Table(title=f"top {len(plan.ranked)} layouts", title_justify="left")
     for col in ("#", "layout", "memory / HBM", "step", "MFU", "tokens/s", "bound"):
-        t.add_column(col, justify="left" if col in ("layout", "bound") else "right")
+        t.add_column(col, justify="left" if col in ("layout", "bound") else "right", overflow="fold")
     for i, p in enumerate(plan.ranked, 1):
         mem = p.memory_per_device_bytes["total"]
         t.add_row(str(i), p.layout, f"{mem / 1e9:,.1f} / {cluster.hbm_bytes / 1e9:,.0f} GB",

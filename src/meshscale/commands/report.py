@@ -66,11 +66,13 @@ def bound_sentence(pred) -> str:
     if pred.bound == "memory":
         why += f": needs {gb(pred.memory_per_device_bytes['total'])} per device, HBM holds {gb(pred.hbm_bytes)}"
     elif pred.bound == "communication":
-        why += f": collectives take {ms(comm_total)} against {ms(pred.compute_s)} of compute"
+        why += (f": {ms(pred.exposed_comm_s)} of collectives stay exposed (of {ms(comm_total)}) against "
+                f"{ms(pred.compute_s)} of compute")
     elif pred.bound == "bubble":
         why += f": the pipeline idles {pred.bubble_fraction:.0%} of the step"
     else:
-        why += f": compute {ms(pred.compute_s)} covers collectives of {ms(comm_total)}"
+        why += (f": compute {ms(pred.compute_s)}; collectives take {ms(comm_total)}, "
+                f"{ms(pred.exposed_comm_s)} of it exposed")
     if r.get("critical_tokens"):
         why += (f". {r['strategy']}: {r['per_device_tokens']:,.0f} tokens per device vs a critical batch of "
                 f"{r['critical_tokens']:,.0f} ({r['side']} side of the roofline)")

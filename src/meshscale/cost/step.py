@@ -166,9 +166,9 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     model_flops = flops.model_flops_per_step(model, n_tokens)
     hw_flops = model_flops + n_tokens * flops.recompute_flops_per_token(model, layout.recompute,
                                                                          range(model.layers))
-    comm_total = sum(e.time_s for e in entries)
-    bound = max((("compute", compute_s), ("communication", comm_total if comm_total > compute_s else 0.0),
-                 ("bubble", bubble_s)), key=lambda kv: kv[1])[0]
+    # What bounds the step: the largest of compute, communication left exposed, and the bubble.
+    bound = max((("compute", compute_s), ("communication", critical_path + dp_exposed), ("bubble", bubble_s)),
+                key=lambda kv: kv[1])[0]
     fits = mem.total <= cluster.hbm_bytes
     return Prediction(
         model=model.name, cluster=cluster.name, layout=str(layout), devices=devices, global_batch=global_batch,
