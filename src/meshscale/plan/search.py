@@ -192,13 +192,20 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         evaluated += 1
         if pred.memory_per_device_bytes["total"] > capacity:
             continue
-        best = sorted(best + [pred], key=lambda p: p.step_time_s)[:top]
+        best = sorted(best + [pred], key=rank_key)[:top]
         shape = (tp, pp, cp, dp, ep, int(z))
-        if shape not in by_shape or pred.step_time_s < by_shape[shape].step_time_s:
+        if shape not in by_shape or rank_key(pred) < rank_key(by_shape[shape]):
             by_shape[shape] = pred
-    alternatives = sorted(by_shape.values(), key=lambda p: p.step_time_s)[1:ALTERNATIVES]
+    alternatives = sorted(by_shape.values(), key=rank_key)[1:ALTERNATIVES]
     return Plan(best, enumerated, fitting, evaluated, time.perf_counter() - start, smallest,
                 rejected=alternatives)
+
+
+def rank_key(pred: Prediction) -> tuple:
+    """Fastest first; on a tie, the simpler layout (fewer parallel axes, lower ZeRO stage, less memory)."""
+    layout = Layout.parse(pred.layout)
+    axes = sum(d > 1 for d in (layout.tp, layout.pp, layout.cp, layout.ep))
+    return pred.step_time_s, axes, layout.zero, pred.memory_per_device_bytes["total"]
 
 
 def _work(model, pp, chunks, v_shape, recompute, fused) -> float:
