@@ -90,12 +90,12 @@ def busiest_rank(model: ModelSpec, layout: Layout) -> int:
     return max(range(layout.pp), key=per_rank.__getitem__)
 
 
-def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: int) -> float:
+def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, fused_attention: bool = False) -> float:
     """One layer, one micro-batch of `tokens` (= s*b) on one device, 2-byte activations.
 
     Korthikanti et al. 2022 eq. 2: s*b*h*(34 + 5*a*s/h), of which 10*s*b*h (norms, block inputs, dropout
     masks) is not split by TP unless SP is on; the 5*a*s^2*b attention scores vanish with selective
-    recompute (sec. 5) and with flash attention. Full recompute keeps only each layer's input, 2*s*b*h.
+    recompute (sec. 5) and with a fused (flash) attention kernel. Full recompute keeps each layer's input, 2*s*b*h.
     """
     h, s, t = model.hidden, model.seq, layout.tp
     if layout.recompute == "full":
@@ -111,7 +111,7 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: int) ->
     if model.is_moe:
         mlp_split *= (model.top_k + model.shared_experts) * model.expert_ffn / model.ffn
     unsplit = 10 * h  # two norms' inputs (4h), attention and MLP inputs (4h), two dropout masks (2h)
-    scores = 5 * model.heads * s if layout.recompute == "none" else 0
+    scores = 5 * model.heads * s if layout.recompute == "none" and not fused_attention else 0
     per_token = unsplit / (t if layout.sp else 1) + (attn_split + mlp_split + scores) / t
     return per_token * tokens
 
@@ -132,7 +132,8 @@ def inflight_microbatches(layout: Layout, m: int) -> float:
     return min(m, p)
 
 
-def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, precision: str = "bf16") -> Memory:
+def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, precision: str = "bf16",
+                      fused_attention: bool = True) -> Memory:
     layout = layout.resolve_mbs(global_batch)
     m = layout.microbatches(global_batch)
     bytes_ = PRECISIONS[precision]
@@ -145,7 +146,7 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
     tokens = layout.mbs * model.seq / layout.cp
     scale = bytes_["compute"] / 2
     # The first rank (busiest in activations) holds ~layers/pp layers for each micro-batch in flight.
-    per_layer = activation_bytes_per_layer(model, layout, tokens) * scale
+    per_layer = activation_bytes_per_layer(model, layout, tokens, fused_attention) * scale
     n_layers = model.layers / layout.pp
     acts = per_layer * n_layers * inflight_microbatches(layout, m)
     if layout.recompute == "full":  # one layer is rebuilt at a time during backward

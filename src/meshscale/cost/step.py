@@ -158,7 +158,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
 
     ratio = bubble_ratio(layout, m)
     bubble_s = ratio * (compute_s + critical_path)
-    mem = memory_per_device(model, layout, global_batch, precision)
+    mem = memory_per_device(model, layout, global_batch, precision, cluster.fused_attention)
     optimizer_s = 2 * (mem.params + mem.grads + mem.optimizer) / cluster.hbm_bandwidth  # read + write
     step = compute_s + critical_path + bubble_s + dp_exposed + optimizer_s
 

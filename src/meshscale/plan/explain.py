@@ -64,10 +64,11 @@ def _dominant(pred) -> str:
 
 def _pure_dp(model, cluster, devices, batch, precision, capacity, per_device) -> str:
     b = PRECISIONS[precision]
-    state = model.param_count() * (b["params"] + b["grads"] + b["optimizer"])
+    per_param = b["params"] + b["grads"] + b["optimizer"]
+    state = model.param_count() * per_param
     if state > capacity:
         return (f"Pure DP is rejected for memory: every replica holds params + grads + optimizer = {gb(state)} "
-                f"(16 B/param) against {gb(capacity)} usable HBM per device.")
+                f"({per_param} B/param) against {gb(capacity)} usable HBM per device.")
     if batch % devices:
         return f"Pure DP cannot split {batch} sequences over {devices} devices (it needs dp to divide the batch)."
     pred = predict(model, cluster, Layout(dp=devices, mbs=1, recompute="full"), batch, precision)

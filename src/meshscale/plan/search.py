@@ -127,7 +127,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         static = params * (bytes_["params"] / np.where(z >= 3, shard, 1) + bytes_["grads"] / np.where(z >= 2, shard, 1)
                            + bytes_["optimizer"] / np.where(z >= 1, shard, 1))
         scale = bytes_["compute"] / 2
-        per_token = np.array([[activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute=r), 1)
+        per_token = np.array([[activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute=r), 1,
+                                                          cluster.fused_attention)
                                for r in RECOMPUTE] for sp in sps]) * scale
         rebuild = np.array([activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute="selective"), 1)
                             for sp in sps]) * scale
