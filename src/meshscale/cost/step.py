@@ -205,20 +205,25 @@ def _time(cluster, devices, layout, axis, collective, nbytes, calls) -> float:
 
 
 def regime(model: ModelSpec, cluster: ClusterSpec, layout: Layout, batch_tokens: float) -> dict:
-    """Which side of its strategy's critical batch size the layout sits on (scaling book rooflines)."""
+    """Which side of its strategy's critical batch size the layout sits on (scaling book rooflines), with
+    every strategy's threshold over this layout's groups for comparison."""
     devices = layout.devices
     per_device = batch_tokens / devices
     peak = cluster.peak_flops_bf16
     dp_size, dp_stride = _axis_group(layout, "dp")
     w_dp = comm.group_link(cluster, devices, dp_size, dp_stride).raw_bandwidth
+    w_tp = comm.group_link(cluster, devices, max(layout.tp, 2), 1).raw_bandwidth
+    thresholds = {"DP or FSDP": critical.dp_critical(peak, w_dp),
+                  "FSDP+TP": critical.fsdp_tp_critical(peak, model.ffn, w_dp, w_tp),
+                  "largest compute-bound TP degree": critical.max_tp(peak, model.ffn, cluster.tiers[0].bandwidth)}
     if layout.tp > 1:
-        w_tp = comm.group_link(cluster, devices, layout.tp, 1).raw_bandwidth
         strategy = ("FSDP" if layout.zero == 3 else "DP") + "+TP"
-        crit = critical.fsdp_tp_critical(peak, model.ffn, w_dp, w_tp) if dp_size > 1 else None
+        crit = thresholds["FSDP+TP"] if dp_size > 1 else None
     else:
         strategy = "FSDP" if layout.zero == 3 else "DP"
-        crit = critical.dp_critical(peak, w_dp) if dp_size > 1 else None
+        crit = thresholds["DP or FSDP"] if dp_size > 1 else None
     if layout.pp > 1:
         strategy += "+PP"
     side = None if crit is None else ("compute" if per_device >= crit else "communication")
-    return {"strategy": strategy, "per_device_tokens": per_device, "critical_tokens": crit, "side": side}
+    return {"strategy": strategy, "per_device_tokens": per_device, "critical_tokens": crit, "side": side,
+            "thresholds": thresholds}
