@@ -42,6 +42,9 @@ def run(args) -> int:
         plan = _merge_by_cost(plans, cluster, args.top)
     if not plan.ranked:
         need, where = min((p.smallest for _, p in plans), key=lambda s: s[0])
+        if not where:
+            raise UserError(f"no layout of {devices} devices splits {batch} sequences of {model.seq} tokens "
+                            "(dp must divide the batch, cp the sequence); change the batch or the device count")
         raise UserError(f"nothing fits: the smallest memory per device any layout needs is {need / 1e9:,.1f} GB "
                         f"(at {where}), but {cluster.name} offers {cluster.hbm_bytes * (1 - args.memory_headroom) / 1e9:,.1f} GB "
                         f"after {args.memory_headroom:.0%} headroom; add devices or pick a larger accelerator")

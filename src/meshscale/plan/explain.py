@@ -111,7 +111,7 @@ def _why_tp(model, cluster, devices, batch, precision, headroom, layout, win) ->
             neighbours.append(f"tp={other} fits nowhere")
     cap = critical.max_tp(cluster.peak_flops_bf16, model.ffn, cluster.tiers[0].bandwidth)
     where = f"inside the {domain} domain" if tier == domain or tp == 1 else f"across tiers ({tier})"
-    head = f"TP={tp} stays {where}" if tp > 1 else "No TP: the batch alone keeps every device busy"
+    head = f"TP={tp} stays {where}" if tp > 1 else "No TP: the other axes fit the model and keep devices busy"
     return (f"{head}; neighbours: {', '.join(neighbours)}. TP stays compute-bound up to about F*W/C = {cap:,.0f}-way "
             f"over the fast links.")
 
