@@ -142,11 +142,12 @@ PRESETS: dict[str, ClusterSpec] = {
     # TPU v4: 2.75e14 bf16, 32 GB HBM at 1.2e12 B/s, 3D torus up to 16x16x16 (4096), ICI 4.5e10 per link
     # bidirectional (9e10 per axis), DCN ~6.25e9 per chip.
     "tpu-v4": _tpu("tpu-v4", "TPU v4", 2.75e14, 2.75e14, 32 * GB, 1.2e12, 9e10, 6.25e9, (16, 16, 16), 3.2),
-    # This machine: 2 AMD EPYC cores, 23 GB RAM, torch CPU kernels, gloo over loopback TCP. Rough figures:
-    # fp32 matmul ~3e10 FLOP/s per rank process for the tiny/small models (small GEMMs, one core each);
-    # gloo loopback ~1 GB/s per rank with ~50 us per message step. Issue 4's trainer measures these.
+    # This machine: 2 AMD EPYC cores, 23 GB RAM, torch CPU kernels, gloo over loopback TCP, one core per rank.
+    # fp32: measured 3.3-3.5e10 FLOP/s for single-thread torch GEMMs from 512x64x176 (tiny's shapes) to
+    # 1024^3 (2026-11-23); bf16 has no native CPU GEMM here, rough 1e10. gloo loopback: rough 1 GB/s per rank,
+    # ~50 us per message step. Issue 4's trainer measures whole steps against these.
     "local-cpu": ClusterSpec(name="local-cpu", accelerator="cpu (2 cores)", peak_flops_bf16=1e10,
-                             peak_flops_fp8=0.0, peak_flops_fp32=3e10, hbm_bytes=8 * GB, hbm_bandwidth=10e9,
+                             peak_flops_fp8=0.0, peak_flops_fp32=3.4e10, hbm_bytes=8 * GB, hbm_bandwidth=10e9,
                              matmul_efficiency=1.0, tiers=(Tier("loopback", 0, 1e9, 50e-6, 1.0),),
                              default_devices=2),
 }
