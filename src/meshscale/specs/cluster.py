@@ -144,11 +144,12 @@ PRESETS: dict[str, ClusterSpec] = {
     "tpu-v4": _tpu("tpu-v4", "TPU v4", 2.75e14, 2.75e14, 32 * GB, 1.2e12, 9e10, 6.25e9, (16, 16, 16), 3.2),
     # This machine: 2 AMD EPYC cores, 23 GB RAM, torch CPU kernels, gloo over loopback TCP, one core per rank.
     # fp32: measured 3.3-3.5e10 FLOP/s for single-thread torch GEMMs from 512x64x176 (tiny's shapes) to
-    # 1024^3 (2026-11-23); bf16 has no native CPU GEMM here, rough 1e10. gloo loopback: rough 1 GB/s per rank,
-    # ~50 us per message step. Issue 4's trainer measures whole steps against these.
+    # 1024^3 (2026-11-23); bf16 has no native CPU GEMM here, rough 1e10. gloo all_reduce over loopback,
+    # 2 ranks (tests/multirank.py): 0.77-0.87 GB/s bus bandwidth for 4-16 MB, 0.77 ms for 4 bytes (two ring
+    # steps, ~0.35 ms each) while three engineers shared the cores. Issue 4's trainer measures whole steps.
     "local-cpu": ClusterSpec(name="local-cpu", accelerator="cpu (2 cores)", peak_flops_bf16=1e10,
                              peak_flops_fp8=0.0, peak_flops_fp32=3.4e10, hbm_bytes=8 * GB, hbm_bandwidth=10e9,
-                             matmul_efficiency=1.0, tiers=(Tier("loopback", 0, 1e9, 50e-6, 1.0),),
+                             matmul_efficiency=1.0, tiers=(Tier("loopback", 0, 0.87e9, 3.5e-4, 1.0),),
                              default_devices=2),
 }
 
