@@ -93,7 +93,11 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
         from meshscale.runtime.data import check_tokens, load_tokens
 
         check_tokens(load_tokens(cfg.data), spec.vocab, spec.seq, f"--data {cfg.data}")
-    if cfg.metrics_out and Path(cfg.metrics_out).exists() and not cfg.overwrite:
+    if cfg.metrics_out and not Path(cfg.metrics_out).absolute().parent.is_dir():
+        raise UserError(f"--metrics-out {cfg.metrics_out}: directory {Path(cfg.metrics_out).parent} does not exist")
+    # Under an outer torchrun only rank 0 checks: it is the one that creates the file.
+    if (cfg.metrics_out and os.environ.get("RANK", "0") == "0" and Path(cfg.metrics_out).exists()
+            and not cfg.overwrite):
         raise UserError(f"--metrics-out {cfg.metrics_out} already exists; choose a new file or pass --overwrite")
     if cfg.device not in ("auto", "cpu", "cuda"):
         raise UserError(f"--device must be auto, cpu or cuda, got {cfg.device!r}")

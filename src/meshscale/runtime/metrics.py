@@ -51,3 +51,55 @@ class MetricsLog:
             self._progress.stop()
         if self.file:
             self.file.close()
+
+
+def predicted(run) -> dict:
+    """The cost model's prediction for this run (imported only here: --predict)."""
+    try:
+        from meshscale.cost import predict
+        from meshscale.specs.cluster import load_cluster
+    except ImportError as e:
+        raise RuntimeError(f"--predict needs the cost model (meshscale.cost), which is not installed here: {e}") from e
+    prediction = predict(run.spec, load_cluster("local-cpu"), run.layout, run.config.global_batch,
+                         run.config.precision)
+    return prediction.to_dict()
+
+
+def _ratio(measured: float, predicted_value: float) -> str:
+    return f"{measured / predicted_value:.2f}" if predicted_value else "-"
+
+
+def report(run, result: dict, prediction: dict | None = None) -> str:
+    """The closing summary: loss first and last, validation loss, measured comm of the last step,
+    and, given a prediction, bytes per (collective, axis) beside it with memory and time ratios."""
+    from meshscale.runtime.ledger import compare_comm, format_comparison
+
+    rows = result["rows"]
+    steady = sorted(r["step_time_s"] for r in rows[1:]) or [rows[0]["step_time_s"]]
+    step_time = steady[len(steady) // 2]  # median, skipping the first (warm-up) step
+    peak = max(r["peak_memory_bytes"] for r in rows)
+    lines = [f"layout {run.layout}  model {run.spec.name}  precision {run.config.precision}",
+             f"loss {rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f} over {len(rows)} steps; "
+             f"validation loss {result['val_loss']:.4f}",
+             f"step time {step_time * 1e3:.1f} ms (median)  peak memory {peak / 2**20:.0f} MiB (rank 0)"]
+    measured = result["comm"][-1]
+    if prediction is None:
+        lines.append("communication per step (rank 0, last step):")
+        lines += [f"  {c['collective']:<15}{c['axis']:<4}{c['bytes']:>14,} B  {c['calls']:>4} calls  "
+                  f"{c['time_s'] * 1e3:8.2f} ms" for c in measured] or ["  none (one data-parallel replica)"]
+        return "\n".join(lines)
+    rows_cmp = compare_comm(measured, prediction["comm"])
+    mem = prediction["memory_per_device_bytes"]
+    mem_pred = mem.get("total", max(mem.values())) if isinstance(mem, dict) else float(mem)
+    lines += ["predicted vs measured communication per step (bytes must agree exactly):",
+              format_comparison(rows_cmp),
+              "comm bytes: " + ("all agree" if all(r["match"] for r in rows_cmp) else "MISMATCH"),
+              f"step time: measured {step_time:.4f} s, predicted {prediction['step_time_s']:.4f} s, "
+              f"ratio {_ratio(step_time, prediction['step_time_s'])}",
+              f"memory: measured peak {peak / 2**20:.0f} MiB (process RSS on CPU), predicted "
+              f"{mem_pred / 2**20:.1f} MiB, ratio {_ratio(peak, mem_pred)}"]
+    return "\n".join(lines)
+
+
+def print_report(run, result: dict) -> None:
+    print(report(run, result, predicted(run) if run.config.predict else None), flush=True)
