@@ -7,6 +7,7 @@ Batches depend only on (seed, step): every rank draws the same global batch of w
 its contiguous slice of rows, so the tokens of a step and their order never depend on the layout.
 """
 
+import os
 import sysconfig
 from pathlib import Path
 
@@ -19,12 +20,15 @@ VAL_FRACTION = 0.05
 STDLIB_BYTES = 8 << 20  # enough real text for CPU runs, read in well under a second
 
 
-def stdlib_files() -> list[Path]:
-    root = Path(sysconfig.get_paths()["stdlib"])
-    return sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts)
+def stdlib_files():
+    """The standard library's .py files in a fixed order (installed packages and caches pruned), lazily:
+    reading stops once the corpus budget is met."""
+    for folder, subdirs, names in os.walk(sysconfig.get_paths()["stdlib"]):
+        subdirs[:] = sorted(d for d in subdirs if d not in ("site-packages", "__pycache__"))
+        yield from (Path(folder, n) for n in sorted(names) if n.endswith(".py"))
 
 
-def _read_text_files(files: list[Path], budget: int | None = None) -> np.ndarray:
+def _read_text_files(files, budget: int | None = None) -> np.ndarray:
     chunks, total = [], 0
     for f in files:
         raw = f.read_bytes()
