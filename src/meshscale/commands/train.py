@@ -16,6 +16,7 @@ _HELP = {
     "bucket_mb": "gradient bucket size in MiB (DDP, ZeRO)",
     "data": "text file, directory of text files, or .bin token file (default: Python's standard library)",
     "val_batches": "global batches of held-out text for the final validation loss",
+    "log_every": "print every n-th step",
     "metrics_out": "write one JSON object per step to this new file",
     "device": "auto, cpu or cuda",
 }
@@ -27,7 +28,7 @@ def add_arguments(parser) -> None:
         flag = "--" + name.replace("_", "-")
         if name in _FLAGS:
             continue
-        kind = {"nproc": int, "steps": int, "global_batch": int, "seq": int, "seed": int, "val_batches": int,
+        kind = {"nproc": int, "steps": int, "global_batch": int, "seq": int, "seed": int, "val_batches": int, "log_every": int,
                 "lr": float, "min_lr": float, "warmup": int, "weight_decay": float, "clip": float,
                 "bucket_mb": float}.get(name, str)
         parser.add_argument(flag, type=kind, default=None, help=_HELP.get(name))

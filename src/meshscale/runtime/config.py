@@ -29,6 +29,7 @@ class TrainConfig:
     bucket_mb: float = 1.0  # DDP / ZeRO gradient bucket size
     data: str | None = None  # None: the Python standard library's sources
     val_batches: int = 4
+    log_every: int = 1  # print every n-th step (the JSONL file gets them all)
     metrics_out: str | None = None
     overwrite: bool = False
     predict: bool = False

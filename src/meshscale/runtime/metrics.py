@@ -17,8 +17,8 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 class MetricsLog:
-    def __init__(self, steps: int, path: str | None, enabled: bool, overwrite: bool = False):
-        self.enabled = enabled
+    def __init__(self, steps: int, path: str | None, enabled: bool, overwrite: bool = False, every: int = 1):
+        self.enabled, self.every, self.steps = enabled, max(1, every), steps
         self.file = open(path, "w" if overwrite else "x") if (path and enabled) else None
         self.rows: list[dict] = []
         self._progress = None
@@ -40,10 +40,12 @@ class MetricsLog:
         line = (f"step {row['step']:>4}  loss {row['loss']:.4f}  lr {row['lr']:.2e}  grad_norm {row['grad_norm']:.3f}"
                 f"  {row['tokens_per_s']:,.0f} tok/s  {row['step_time_s'] * 1e3:.0f} ms"
                 f"  peak {row['peak_memory_bytes'] / 2**20:.0f} MiB")
+        shown = row["step"] % self.every == 0 or row["step"] == self.steps - 1
         if self._progress:
             self._progress.update(self._task, advance=1, description=f"loss {row['loss']:.4f}")
-            self._progress.console.print(line)
-        else:
+            if shown:
+                self._progress.console.print(line)
+        elif shown:
             print(line, flush=True)
 
     def close(self) -> None:

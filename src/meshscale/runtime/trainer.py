@@ -48,7 +48,7 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
     data = TokenData(load_tokens(cfg.data) if tokens is None else tokens, spec.seq, cfg.seed)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
     m = layout.microbatches(cfg.global_batch)
-    metrics = MetricsLog(cfg.steps, cfg.metrics_out, is_logger, cfg.overwrite)
+    metrics = MetricsLog(cfg.steps, cfg.metrics_out, is_logger, cfg.overwrite, cfg.log_every)
 
     def loss_of(batch: torch.Tensor) -> torch.Tensor:
         batch = batch.to(device)
