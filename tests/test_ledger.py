@@ -45,7 +45,7 @@ def _measure(rank, world, cases):
     from meshscale.runtime.trainer import train
 
     tokens = load_tokens(None)[: 1 << 20]
-    return {case: train(_run(case), torch.device("cpu"), tokens, log=False)["comm"] for case in cases}
+    return {case: train(_run(case), torch.device("cpu"), tokens, log=False) for case in cases}
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def test_measured_bytes_equal_the_contract(case, measured):
     m = run.layout.microbatches(run.config.global_batch)
     want = expected_comm(run.spec, run.layout.zero, m, run.config.precision)
     for rank, per_step in enumerate(measured):
-        for step, summary in enumerate(per_step[case]):
+        for step, summary in enumerate(per_step[case]["comm"]):
             got = {(e["collective"], e["axis"]): e["bytes"] for e in summary}
             assert got == want, f"{case}: rank {rank} step {step}: {got} != {want}"
             assert all(e["time_s"] >= 0 for e in summary)
@@ -75,14 +75,14 @@ def test_measured_bytes_equal_the_contract(case, measured):
 
 def test_fsdp_calls_per_microbatch(measured):
     # 8 blocks gathered twice + the root once = 17 all-gathers; 8 blocks + root = 9 reduce-scatters.
-    summary = {(e["collective"]): e["calls"] for e in measured[0]["zero=3,mbs=2"][-1]}
+    summary = {(e["collective"]): e["calls"] for e in measured[0]["zero=3,mbs=2"]["comm"][-1]}
     assert summary == {"all_gather": 2 * 17, "reduce_scatter": 2 * 9}
 
 
 def test_comparison_flags_any_byte_difference(measured):
     from meshscale.runtime.ledger import compare_comm, format_comparison
 
-    summary = measured[0]["zero=2,mbs=1"][-1]
+    summary = measured[0]["zero=2,mbs=1"]["comm"][-1]
     exact = [{"axis": e["axis"], "collective": e["collective"], "bytes": e["bytes"], "time_s": 0.01} for e in summary]
     rows = compare_comm(summary, exact)
     assert all(r["match"] for r in rows) and len(rows) == 2
@@ -106,3 +106,19 @@ def test_ledger_requires_named_groups():
     ledger.record("tp", "all_reduce", 100, 0.5)
     ledger.record("tp", "all_reduce", 28, 0.25)
     assert ledger.summary() == [{"collective": "all_reduce", "axis": "tp", "bytes": 128, "calls": 2, "time_s": 0.75}]
+
+
+def test_report_puts_prediction_beside_measurement(measured):
+    from meshscale.runtime.metrics import report
+
+    case = "zero=2,mbs=1"
+    run, result = _run(case), measured[0][case]
+    m = run.layout.microbatches(run.config.global_batch)
+    exact = [{"collective": c, "axis": a, "bytes": b, "time_s": 1e-3}
+             for (c, a), b in expected_comm(run.spec, 2, m, "fp32").items()]
+    prediction = {"comm": exact, "step_time_s": 0.05, "memory_per_device_bytes": {"total": 2**20}}
+    text = report(run, result, prediction)
+    assert "comm bytes: all agree" in text and "ratio" in text and "validation loss" in text
+    wrong = dict(prediction, comm=[dict(e, bytes=e["bytes"] * 2) for e in exact])
+    assert "MISMATCH" in report(run, result, wrong)
+    assert "predicted" not in report(run, result)

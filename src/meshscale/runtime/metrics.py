@@ -8,12 +8,18 @@ import sys
 import torch
 
 
-def peak_memory_bytes(device: torch.device) -> int:
-    """Peak memory of this rank: allocator peak on GPU; peak resident set size on CPU (ru_maxrss, KiB
-    on Linux), which includes the interpreter and torch itself."""
+def current_rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def peak_memory_bytes(device: torch.device, baseline: int = 0) -> int:
+    """Peak memory of this rank: the allocator's peak on GPU; on CPU the peak resident set size
+    (ru_maxrss, KiB on Linux) above `baseline`, the RSS before the model was built, so the
+    interpreter and torch's own libraries are not counted."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return max(0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline)
 
 
 class MetricsLog:
@@ -39,7 +45,7 @@ class MetricsLog:
             self.file.flush()
         line = (f"step {row['step']:>4}  loss {row['loss']:.4f}  lr {row['lr']:.2e}  grad_norm {row['grad_norm']:.3f}"
                 f"  {row['tokens_per_s']:,.0f} tok/s  {row['step_time_s'] * 1e3:.0f} ms"
-                f"  peak {row['peak_memory_bytes'] / 2**20:.0f} MiB")
+                f"  peak {row['peak_memory_bytes'] / 2**20:.1f} MiB")
         shown = row["step"] % self.every == 0 or row["step"] == self.steps - 1
         if self._progress:
             self._progress.update(self._task, advance=1, description=f"loss {row['loss']:.4f}")
@@ -79,11 +85,12 @@ def report(run, result: dict, prediction: dict | None = None) -> str:
     rows = result["rows"]
     steady = sorted(r["step_time_s"] for r in rows[1:]) or [rows[0]["step_time_s"]]
     step_time = steady[len(steady) // 2]  # median, skipping the first (warm-up) step
-    peak = max(r["peak_memory_bytes"] for r in rows)
+    peak = max(result["peak_memory_per_rank"])
     lines = [f"layout {run.layout}  model {run.spec.name}  precision {run.config.precision}",
              f"loss {rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f} over {len(rows)} steps; "
              f"validation loss {result['val_loss']:.4f}",
-             f"step time {step_time * 1e3:.1f} ms (median)  peak memory {peak / 2**20:.0f} MiB (rank 0)"]
+             f"step time {step_time * 1e3:.1f} ms (median)  peak memory per rank "
+             + ", ".join(f"{b / 2**20:.1f}" for b in result["peak_memory_per_rank"]) + " MiB"]
     measured = result["comm"][-1]
     if prediction is None:
         lines.append("communication per step (rank 0, last step):")
@@ -98,7 +105,7 @@ def report(run, result: dict, prediction: dict | None = None) -> str:
               "comm bytes: " + ("all agree" if all(r["match"] for r in rows_cmp) else "MISMATCH"),
               f"step time: measured {step_time:.4f} s, predicted {prediction['step_time_s']:.4f} s, "
               f"ratio {_ratio(step_time, prediction['step_time_s'])}",
-              f"memory: measured peak {peak / 2**20:.0f} MiB (process RSS on CPU), predicted "
+              f"memory: measured peak {peak / 2**20:.1f} MiB (highest rank; on CPU: RSS growth), predicted "
               f"{mem_pred / 2**20:.1f} MiB, ratio {_ratio(peak, mem_pred)}"]
     return "\n".join(lines)
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from meshscale.runtime.config import Resolved
 from meshscale.runtime.data import TokenData, load_tokens, rank_microbatches
 from meshscale.runtime.ledger import CommLedger
-from meshscale.runtime.metrics import MetricsLog, peak_memory_bytes
+from meshscale.runtime.metrics import MetricsLog, current_rss_bytes, peak_memory_bytes
 from meshscale.runtime.model import build_model
 from meshscale.runtime.optim import build_optimizer, clip_gradients, lr_at, set_lr
 
@@ -42,6 +42,7 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
     is_logger = (dist.get_rank() if multi else 0) == 0 and log
 
     ledger = CommLedger()
+    baseline = current_rss_bytes() if device.type == "cpu" else 0
     model = build_model(spec, cfg.seed, device)
     strategy = apply_layout(model, layout, mesh, ledger, cfg.precision, cfg.bucket_mb)
     optimizer = build_optimizer(strategy.optim_params(), cfg.lr, cfg.weight_decay)
@@ -75,10 +76,15 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
         elapsed = time.perf_counter() - start
         metrics.log({"step": step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm,
                      "tokens_per_s": cfg.global_batch * spec.seq / elapsed, "step_time_s": elapsed,
-                     "peak_memory_bytes": peak_memory_bytes(device)})
+                     "peak_memory_bytes": peak_memory_bytes(device, baseline)})
     val_loss = evaluate(strategy, data, cfg, layout, dp_rank, dp_group, loss_of)
     metrics.close()
-    return {"rows": metrics.rows, "val_loss": val_loss,
+    peaks = torch.tensor([peak_memory_bytes(device, baseline)], dtype=torch.int64, device=device)
+    if multi:
+        gathered = [torch.zeros_like(peaks) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, peaks)  # once, after training: not step traffic
+        peaks = torch.cat(gathered)
+    return {"rows": metrics.rows, "val_loss": val_loss, "peak_memory_per_rank": peaks.tolist(),
             "comm": [ledger.summary(s) for s in range(cfg.steps)], "records": ledger.records}
 
 
