@@ -122,3 +122,27 @@ def test_report_puts_prediction_beside_measurement(measured):
     wrong = dict(prediction, comm=[dict(e, bytes=e["bytes"] * 2) for e in exact])
     assert "MISMATCH" in report(run, result, wrong)
     assert "predicted" not in report(run, result)
+
+
+def _functional(rank, world):
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    from meshscale.runtime.ledger import CommLedger
+
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    ledger = CommLedger()
+    ledger.name_mesh(mesh)
+    x = distribute_tensor(torch.ones(8, 4), mesh, [Shard(0)])
+    with ledger.tap():
+        full = x.redistribute(mesh, [Replicate()]).to_local()  # all-gather of a 8x4 fp32 tensor
+        partial = DTensor.from_local(torch.ones(8, 4), mesh, [Partial()])
+        partial.redistribute(mesh, [Replicate()]).to_local()  # all-reduce of 8x4 fp32
+    return float(full.sum()), [(e["collective"], e["axis"], e["bytes"]) for e in ledger.records]
+
+
+def test_tap_records_dtensor_functional_collectives():
+    for total, records in run_ranks(2, _functional):
+        assert total == 32.0
+        assert records == [("all_gather", "tp", 128), ("all_reduce", "tp", 128)]

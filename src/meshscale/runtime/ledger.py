@@ -31,6 +31,8 @@ class CommLedger:
         """Declare which mesh axis a process group spans (so tapped calls can be attributed)."""
         assert axis in AXES, axis
         self._axis_of_group[group] = axis
+        if hasattr(group, "group_name"):  # functional collectives (DTensor) name groups by string
+            self._axis_of_group[group.group_name] = axis
 
     def name_mesh(self, mesh) -> None:
         """Name the group of every dimension of a DeviceMesh with the dimension's name."""
@@ -118,10 +120,43 @@ class CommLedger:
         for name, fn in saved.items():
             setattr(dist, name, wrap(name, fn))
         try:
-            yield self
+            with _functional_tap(self):
+                yield self
         finally:
             for name, fn in saved.items():
                 setattr(dist, name, fn)
+
+
+def _functional_tap(ledger: CommLedger):
+    """A dispatch mode recording torch's functional collectives (what DTensor redistributions and
+    tensor-parallel layers issue), which never pass through the torch.distributed functions.
+    Time is the launch only: these ops complete at a later wait_tensor."""
+    import torch
+    import torch.distributed._functional_collectives  # noqa: F401 - registers the ops
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ops = torch.ops._c10d_functional
+    # op -> (collective, argument index of the group name, payload bytes from (input, args))
+    specs = {
+        ops.all_reduce.default: ("all_reduce", 2, lambda t, a: t.numel() * t.element_size()),
+        ops.all_gather_into_tensor.default: ("all_gather", 2, lambda t, a: t.numel() * t.element_size() * a[1]),
+        ops.reduce_scatter_tensor.default: ("reduce_scatter", 3, lambda t, a: t.numel() * t.element_size()),
+        ops.all_to_all_single.default: ("all_to_all", 3, lambda t, a: t.numel() * t.element_size()),
+    }
+
+    class FunctionalTap(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            spec = specs.get(func)
+            if spec is None:
+                return func(*args, **(kwargs or {}))
+            collective, group_index, payload = spec
+            start = time.perf_counter()
+            out = func(*args, **(kwargs or {}))
+            ledger.record(ledger.axis_of(args[group_index]), collective, payload(args[0], args),
+                          time.perf_counter() - start)
+            return out
+
+    return FunctionalTap()
 
 
 def compare_comm(measured: list[dict], predicted: list[dict]) -> list[dict]:
