@@ -6,7 +6,7 @@ import importlib.util
 import subprocess
 import sys
 
-TRAIN = ["train", "--config", "configs/tiny.toml", "--layout", "dp=2,zero=2,mbs=4", "--nproc", "2", "--steps", "120",
+TRAIN = ["train", "--model", "tiny", "--layout", "dp=2,zero=2,mbs=4", "--nproc", "2", "--steps", "120",
          "--global-batch", "16", "--log-every", "10"]
 
 
