@@ -30,9 +30,10 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
 
     check_runtime(layout)
     apply_recompute(model, layout.recompute)
+    if mesh is not None:
+        ledger.name_mesh(mesh)
     if layout.dp == 1:
         return Local(model)
-    ledger.name_mesh(mesh)
     if layout.zero == 0:
         return DDP(model, mesh, ledger, bucket_mb)
     if layout.zero in (1, 2):

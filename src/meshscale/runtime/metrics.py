@@ -50,7 +50,7 @@ class MetricsLog:
         if self._progress:
             self._progress.update(self._task, advance=1, description=f"loss {row['loss']:.4f}")
             if shown:
-                self._progress.console.print(line)
+                self._progress.console.print(line, highlight=False)
         elif shown:
             print(line, flush=True)
 
