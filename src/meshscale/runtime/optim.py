@@ -8,7 +8,9 @@ import torch
 
 
 def build_optimizer(params: list, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    # Same elementwise update on a whole parameter or on a flat ZeRO shard of it.
+    # Same elementwise update on a whole parameter or on a flat ZeRO shard of it. Weight decay applies to
+    # every parameter (norm gains included): a flat shard mixes parameters, and one rule keeps every
+    # layout's update identical.
     return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=weight_decay, foreach=False)
 
 
