@@ -30,11 +30,12 @@ class _Bucket:
         numel = sum(p.numel() for p in params)
         self.shard_numel = -(-numel // world)
         self.flat = torch.zeros(self.shard_numel * world, dtype=torch.float32, device=params[0].device)
-        offset = 0
+        self.offsets, offset = {}, 0
         for p in params:  # each parameter becomes a view into the bucket
             n = p.numel()
             self.flat[offset:offset + n].copy_(p.detach().reshape(-1))
             p.data = self.flat[offset:offset + n].view_as(p)
+            self.offsets[p] = offset
             offset += n
         mine = slice(rank * self.shard_numel, (rank + 1) * self.shard_numel)
         self.shard = torch.nn.Parameter(self.flat[mine].clone())  # fp32 master shard
@@ -47,12 +48,8 @@ class _Bucket:
         return self.grad_flat
 
     def grad_view(self, p) -> torch.Tensor:
-        offset = 0
-        for q in self.params:
-            if q is p:
-                return self.grad_flat[offset:offset + p.numel()].view_as(p)
-            offset += q.numel()
-        raise KeyError(p)
+        offset = self.offsets[p]
+        return self.grad_flat[offset:offset + p.numel()].view_as(p)
 
 
 class Zero:

@@ -3,7 +3,7 @@ made before a process starts (so bad input costs one line and exit code 2, not a
 
 import importlib.util
 import os
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from meshscale.errors import UserError
@@ -53,9 +53,6 @@ class Resolved:
     config: TrainConfig
     spec: ModelSpec
     layout: Layout
-
-    def to_dict(self) -> dict:
-        return asdict(self.config)
 
 
 def world_from_env() -> int | None:
@@ -111,5 +108,3 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
 def config_fields() -> list[str]:
     return [f.name for f in fields(TrainConfig)]
 
-
-__all__ = ["TrainConfig", "Resolved", "load_config", "resolve", "world_from_env", "config_fields", "replace"]

@@ -77,7 +77,7 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
         metrics.log({"step": step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm,
                      "tokens_per_s": cfg.global_batch * spec.seq / elapsed, "step_time_s": elapsed,
                      "peak_memory_bytes": peak_memory_bytes(device, baseline)})
-    val_loss = evaluate(strategy, data, cfg, layout, dp_rank, dp_group, loss_of)
+    val_loss = evaluate(strategy, data, cfg, layout, dp_rank, dp_group, loss_of, device)
     metrics.close()
     peaks = torch.tensor([peak_memory_bytes(device, baseline)], dtype=torch.int64, device=device)
     if multi:
@@ -89,11 +89,12 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
 
 
 @torch.no_grad()
-def evaluate(strategy, data: TokenData, cfg, layout, dp_rank: int, dp_group, loss_of) -> float:
+def evaluate(strategy, data: TokenData, cfg, layout, dp_rank: int, dp_group, loss_of, device) -> float:
+    """Mean loss over `val_batches` held-out global batches (each rank its slice, then averaged)."""
     strategy.model.eval()
-    total = torch.zeros(())
+    total = 0.0
     for i in range(cfg.val_batches):
         rows = rank_microbatches(data.global_batch(i, cfg.global_batch, "val"), dp_rank, layout.dp, layout.mbs)
         total += sum(float(loss_of(mb)) for mb in rows) / len(rows)
     strategy.model.train()
-    return _all_mean(total.to(next(iter(strategy.optim_params())).device), dp_group, layout.dp) / cfg.val_batches
+    return _all_mean(torch.tensor(total / cfg.val_batches, device=device), dp_group, layout.dp)
