@@ -135,7 +135,7 @@ def _functional(rank, world):
     ledger = CommLedger()
     ledger.name_mesh(mesh)
     x = distribute_tensor(torch.ones(8, 4), mesh, [Shard(0)])
-    with ledger.tap():
+    with ledger.tap(functional=True):
         full = x.redistribute(mesh, [Replicate()]).to_local()  # all-gather of a 8x4 fp32 tensor
         partial = DTensor.from_local(torch.ones(8, 4), mesh, [Partial()])
         partial.redistribute(mesh, [Replicate()]).to_local()  # all-reduce of 8x4 fp32

@@ -14,7 +14,7 @@ Three ways in, one record format:
 import inspect
 import time
 from collections import defaultdict
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 AXES = ("pp", "dp", "cp", "tp", "ep")
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "send_recv", "all_to_all")
@@ -85,9 +85,11 @@ class CommLedger:
 
     # ---- tapping torch.distributed ---------------------------------------------------------
     @contextmanager
-    def tap(self):
+    def tap(self, functional: bool = False):
         """Record every tensor collective torch.distributed runs inside the block (FSDP2 calls
-        `dist.all_gather_single` / `dist.reduce_scatter_single`, or the *_tensor names on older torch)."""
+        `dist.all_gather_single` / `dist.reduce_scatter_single`, or the *_tensor names on older torch).
+        functional=True also records torch's functional collectives (DTensor, TP) through a dispatch
+        mode, which costs a Python call per operator, so it is off where nothing issues them."""
         import torch.distributed as dist
 
         # name -> (collective, the argument whose size is the contract payload)
@@ -120,7 +122,7 @@ class CommLedger:
         for name, fn in saved.items():
             setattr(dist, name, wrap(name, fn))
         try:
-            with _functional_tap(self):
+            with (_functional_tap(self) if functional else nullcontext()):
                 yield self
         finally:
             for name, fn in saved.items():
