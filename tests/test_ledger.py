@@ -146,3 +146,14 @@ def test_tap_records_dtensor_functional_collectives():
     for total, records in run_ranks(2, _functional):
         assert total == 32.0
         assert records == [("all_gather", "tp", 128), ("all_reduce", "tp", 128)]
+
+
+def test_module_level_record_goes_to_the_active_ledger():
+    from meshscale.runtime.ledger import CommLedger, record
+
+    ledger = CommLedger()
+    record("tp", "all_gather", 64)  # no active ledger: dropped
+    with ledger.active():
+        record("tp", "all_gather", 64, 0.1)
+    record("tp", "all_gather", 64)
+    assert [(r["axis"], r["bytes"]) for r in ledger.records] == [("tp", 64)]

@@ -17,6 +17,7 @@ from collections import defaultdict
 from contextlib import contextmanager, nullcontext
 
 AXES = ("pp", "dp", "cp", "tp", "ep")
+_active: "CommLedger | None" = None  # the ledger of the running training loop (see `CommLedger.active`)
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "send_recv", "all_to_all")
 
 
@@ -69,6 +70,17 @@ class CommLedger:
         except RuntimeError:
             return
         future.then(lambda fut: entry.__setitem__("time_s", time.perf_counter() - start))
+
+    @contextmanager
+    def active(self):
+        """Make this the ledger that the module-level `record` writes to (code that holds no ledger
+        object, e.g. tensor-parallel autograd functions, records through it)."""
+        global _active
+        previous, _active = _active, self
+        try:
+            yield self
+        finally:
+            _active = previous
 
     # ---- summaries ---------------------------------------------------------------------
     def summary(self, step: int | None = None) -> list[dict]:
@@ -159,6 +171,12 @@ def _functional_tap(ledger: CommLedger):
             return out
 
     return FunctionalTap()
+
+
+def record(axis: str, collective: str, nbytes: int, seconds: float = 0.0) -> None:
+    """Record into the active ledger, if a training loop has one; otherwise a no-op."""
+    if _active is not None:
+        _active.record(axis, collective, nbytes, seconds)
 
 
 def compare_comm(measured: list[dict], predicted: list[dict]) -> list[dict]:

@@ -57,7 +57,7 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
             logits = strategy.model(batch[:, :-1])
         return F.cross_entropy(logits.float().reshape(-1, spec.vocab), batch[:, 1:].reshape(-1))
 
-    for step in range(cfg.steps):
+    def run_step(step: int) -> dict:
         start = time.perf_counter()
         ledger.begin_step(step)
         lr = lr_at(step, cfg.steps, cfg.lr, cfg.min_lr, cfg.warmup)
@@ -74,9 +74,13 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
         strategy.after_step()
         loss_value = _all_mean(loss_sum, dp_group, layout.dp)
         elapsed = time.perf_counter() - start
-        metrics.log({"step": step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm,
-                     "tokens_per_s": cfg.global_batch * spec.seq / elapsed, "step_time_s": elapsed,
-                     "peak_memory_bytes": peak_memory_bytes(device, baseline)})
+        return {"step": step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm,
+                "tokens_per_s": cfg.global_batch * spec.seq / elapsed, "step_time_s": elapsed,
+                "peak_memory_bytes": peak_memory_bytes(device, baseline)}
+
+    with ledger.active():  # code without a ledger handle (TP functions) records through it
+        for step in range(cfg.steps):
+            metrics.log(run_step(step))
     val_loss = evaluate(strategy, data, cfg, layout, dp_rank, dp_group, loss_of, device)
     metrics.close()
     peaks = torch.tensor([peak_memory_bytes(device, baseline)], dtype=torch.int64, device=device)
