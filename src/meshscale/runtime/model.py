@@ -58,13 +58,18 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, s, -1, self.head_dim)
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
+        return self.wo(self.core(q, k, v, cos, sin).reshape(b, s, -1))
+
+    def core(self, q, k, v, cos, sin):
+        """The parameter-free part (RoPE, scores, softmax, weighted sum): what selective recompute reruns.
+        (batch, seq, heads, head_dim) in and out."""
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if k.shape[1] != q.shape[1]:  # grouped-query attention: share each kv head among a group
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
             v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+        return out.transpose(1, 2)
 
 
 class FeedForward(nn.Module):

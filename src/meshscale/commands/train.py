@@ -1,0 +1,55 @@
+"""`meshscale train`: check everything, then run here, as N local processes, or as one worker of an
+outer torchrun."""
+
+from meshscale.runtime.config import config_fields, load_config, resolve, world_from_env
+
+_HELP = {
+    "config": "TOML file of train options (top level or a [train] table); flags override it",
+    "model": "model preset or ModelSpec file (default tiny)",
+    "layout": "layout string, e.g. dp=2,zero=2 or fsdp=2 (dp fills the processes when left out)",
+    "nproc": "local processes to start through torch.distributed's launcher (default 1)",
+    "steps": "optimizer steps", "global_batch": "sequences per optimizer step",
+    "seq": "sequence length (default: the model's)", "seed": "initialisation and data seed",
+    "precision": "fp32 or bf16 (bf16 autocast, fp32 master weights and reductions)",
+    "lr": "peak learning rate", "min_lr": "final learning rate of the cosine decay",
+    "warmup": "linear warm-up steps", "weight_decay": "AdamW weight decay", "clip": "gradient-norm clip (0: off)",
+    "bucket_mb": "gradient bucket size in MiB (DDP, ZeRO)",
+    "data": "text file, directory of text files, or .bin token file (default: Python's standard library)",
+    "val_batches": "global batches of held-out text for the final validation loss",
+    "log_every": "print every n-th step",
+    "metrics_out": "write one JSON object per step to this new file",
+    "device": "auto, cpu or cuda",
+}
+_FLAGS = ("overwrite", "predict")
+
+
+def add_arguments(parser) -> None:
+    for name in config_fields():
+        flag = "--" + name.replace("_", "-")
+        if name in _FLAGS:
+            continue
+        kind = {"nproc": int, "steps": int, "global_batch": int, "seq": int, "seed": int, "val_batches": int, "log_every": int,
+                "lr": float, "min_lr": float, "warmup": int, "weight_decay": float, "clip": float,
+                "bucket_mb": float}.get(name, str)
+        parser.add_argument(flag, type=kind, default=None, help=_HELP.get(name))
+    parser.add_argument("--config", default=None, help=_HELP["config"])
+    parser.add_argument("--overwrite", action="store_true", default=None, help="allow replacing --metrics-out")
+    parser.add_argument("--predict", action="store_true", default=None,
+                        help="print the cost model's prediction beside what was measured")
+
+
+def run(args) -> int:
+    from meshscale.runtime import launch
+
+    overrides = {name: getattr(args, name, None) for name in config_fields()}
+    cfg = load_config(args.config, overrides)
+    outer = world_from_env()
+    if outer is not None:  # one worker of an outer torchrun: every process checks, then trains
+        launch.run_here(resolve(cfg, outer))
+        return 0
+    checked = resolve(cfg, cfg.nproc)
+    if cfg.nproc == 1:
+        launch.run_here(checked)
+    else:
+        launch.launch_local(checked)
+    return 0

@@ -1,0 +1,75 @@
+"""DDP (zero=0): torch's DistributedDataParallel, whose bucketed gradient all-reduce overlaps the
+backward pass. Our comm hook does the same all-reduce as torch's default hook and records it in the
+ledger; `no_sync` skips it on every micro-batch but the last (gradient accumulation)."""
+
+import inspect
+import time
+from contextlib import contextmanager, nullcontext
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+
+class _HookState:
+    def __init__(self, group, ledger):
+        self.group, self.ledger, self.world = group, ledger, dist.get_world_size(group)
+
+
+def _recorded_all_reduce(state: _HookState, bucket) -> torch.futures.Future[torch.Tensor]:
+    buf = bucket.buffer()
+    buf.div_(state.world)  # average, as DDP's default hook does
+    start = time.perf_counter()
+    work = dist.all_reduce(buf, group=state.group, async_op=True)
+    state.ledger.record_async("dp", "all_reduce", buf.numel() * buf.element_size(), work, start)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+class DDP:
+    sharded = False
+
+    def __init__(self, model, mesh, ledger, bucket_mb: float):
+        group = mesh["dp"].get_group()
+        # Buffers (RoPE tables) are computed identically on every rank: no per-step broadcast.
+        self.module = model
+        no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
+                          inspect.signature(DistributedDataParallel).parameters else {"broadcast_buffers": False})
+        self.model = DistributedDataParallel(model, process_group=group, bucket_cap_mb=bucket_mb,
+                                             gradient_as_bucket_view=True, **no_buffer_sync)
+        self.model.register_comm_hook(_HookState(group, ledger), _recorded_all_reduce)
+
+    def accumulate(self, last: bool):
+        return nullcontext() if last else self.model.no_sync()
+
+    def optim_params(self) -> list:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def grad_sq_norm(self) -> torch.Tensor:
+        return sum(p.grad.float().pow(2).sum() for p in self.optim_params())
+
+    def after_step(self) -> None:
+        for p in self.optim_params():
+            p.grad = None
+
+
+class Local:
+    """One data-parallel replica (dp=1): nothing to communicate."""
+
+    sharded = False
+
+    def __init__(self, model):
+        self.model = self.module = model
+
+    @contextmanager
+    def accumulate(self, last: bool):
+        yield
+
+    def optim_params(self) -> list:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def grad_sq_norm(self) -> torch.Tensor:
+        return sum(p.grad.float().pow(2).sum() for p in self.optim_params())
+
+    def after_step(self) -> None:
+        for p in self.optim_params():
+            p.grad = None

@@ -1,0 +1,44 @@
+"""ZeRO-3 through FSDP2 `fully_shard`: every block is its own unit (its parameters all-gathered just
+before use, with prefetch, and freed after), then the root holds the embeddings, final norm and head.
+
+Under bf16 the gathered parameters are bf16 while the sharded masters, and the gradient
+reduce-scatter, stay fp32. FSDP2 is torch's code, so its collectives reach the ledger through
+`ledger.tap()`, which wraps the torch.distributed functions it calls.
+"""
+
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+class FSDP:
+    sharded = True
+
+    def __init__(self, model, mesh, ledger, precision: str):
+        self.ledger, self.group = ledger, mesh["dp"].get_group()
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None,
+                                  reduce_dtype=torch.float32)
+        for block in model.layers.values():
+            fully_shard(block, mesh=mesh["dp"], mp_policy=mp)
+        fully_shard(model, mesh=mesh["dp"], mp_policy=mp)
+        self.model = self.module = model
+
+    @contextmanager
+    def accumulate(self, last: bool):
+        # Gradients are reduce-scattered on every micro-batch (nobody keeps a full one).
+        with self.ledger.tap():
+            yield
+
+    def optim_params(self) -> list:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def grad_sq_norm(self) -> torch.Tensor:
+        local = sum(p.grad.to_local().float().pow(2).sum() for p in self.optim_params())
+        dist.all_reduce(local, group=self.group)  # control scalar, not gradient traffic
+        return local
+
+    def after_step(self) -> None:
+        for p in self.optim_params():
+            p.grad = None

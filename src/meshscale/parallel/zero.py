@@ -1,0 +1,144 @@
+"""ZeRO stages 1 and 2 (Rajbhandari et al. 2020, "ZeRO", sec. 5.1-5.2), our own code.
+
+Parameters live in flat fp32 buckets, each padded to a multiple of the DP degree; every parameter is a
+view into its bucket. Rank r owns slice r of each bucket: its optimizer updates that slice (a fp32
+master shard with its own Adam state), then an all-gather of each bucket refreshes every parameter.
+
+  stage 1: full gradients accumulate in flat per-bucket buffers over the micro-batches; after the last
+           one each bucket is reduce-scattered once.
+  stage 2: when backward has produced a bucket's gradients (post-accumulate-grad hooks), the bucket is
+           reduce-scattered at once, on every micro-batch, into the owner's shard gradient and the
+           full gradients are freed: no rank ever holds the whole gradient.
+
+(torch's ZeroRedundancyOptimizer all-reduces then broadcasts, which is not this scheme.)
+"""
+
+import time
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+# torch >= 2.12 names these *_single; older releases only have the *_tensor spellings.
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class _Bucket:
+    def __init__(self, params: list, world: int, rank: int):
+        self.params = params
+        numel = sum(p.numel() for p in params)
+        self.shard_numel = -(-numel // world)
+        self.flat = torch.zeros(self.shard_numel * world, dtype=torch.float32, device=params[0].device)
+        self.offsets, offset = {}, 0
+        for p in params:  # each parameter becomes a view into the bucket
+            n = p.numel()
+            self.flat[offset:offset + n].copy_(p.detach().reshape(-1))
+            p.data = self.flat[offset:offset + n].view_as(p)
+            self.offsets[p] = offset
+            offset += n
+        mine = slice(rank * self.shard_numel, (rank + 1) * self.shard_numel)
+        self.shard = torch.nn.Parameter(self.flat[mine].clone())  # fp32 master shard
+        self.shard.grad = torch.zeros_like(self.shard)
+        self.grad_flat = None
+        self.ready = 0
+
+    def new_grad_flat(self) -> torch.Tensor:
+        self.grad_flat = torch.zeros_like(self.flat)
+        return self.grad_flat
+
+    def grad_view(self, p) -> torch.Tensor:
+        offset = self.offsets[p]
+        return self.grad_flat[offset:offset + p.numel()].view_as(p)
+
+
+class Zero:
+    sharded = True
+
+    def __init__(self, model, mesh, ledger, stage: int, bucket_mb: float):
+        assert stage in (1, 2)
+        self.model = self.module = model
+        self.stage, self.ledger = stage, ledger
+        self.group = mesh["dp"].get_group()
+        self.world, self.rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        self.buckets = self._make_buckets([p for p in model.parameters() if p.requires_grad], bucket_mb)
+        self._pending: list = []
+        if stage == 1:  # gradients accumulate straight into the flat buffers
+            for b in self.buckets:
+                b.new_grad_flat()
+                for p in b.params:
+                    p.grad = b.grad_view(p)
+        else:
+            self._bucket_of = {p: b for b in self.buckets for p in b.params}
+            for p in self._bucket_of:
+                p.register_post_accumulate_grad_hook(self._on_grad)
+
+    def _make_buckets(self, params: list, bucket_mb: float) -> list[_Bucket]:
+        # Reverse registration order is roughly the order backward produces gradients in.
+        limit = int(bucket_mb * 2**20) // 4
+        groups, current, size = [], [], 0
+        for p in reversed(params):
+            current.append(p)
+            size += p.numel()
+            if size >= limit:
+                groups.append(current)
+                current, size = [], 0
+        if current:
+            groups.append(current)
+        return [_Bucket(g, self.world, self.rank) for g in groups]
+
+    # ---- gradients ---------------------------------------------------------------------
+    def _reduce_scatter(self, bucket: _Bucket) -> None:
+        out = torch.empty_like(bucket.shard)
+        start = time.perf_counter()
+        work = _reduce_scatter(out, bucket.grad_flat, group=self.group, async_op=True)
+        self._pending.append((work, start, out, bucket, bucket.grad_flat))
+
+    def _drain(self) -> None:
+        """Wait for the launched reduce-scatters; add each result to its owner's shard gradient."""
+        for work, start, out, bucket, grad_flat in self._pending:
+            work.wait()
+            self.ledger.record("dp", "reduce_scatter", grad_flat.numel() * 4, time.perf_counter() - start)
+            bucket.shard.grad.add_(out, alpha=1.0 / self.world)
+        self._pending.clear()  # drops stage 2's full-gradient buffers
+
+    def _on_grad(self, p) -> None:  # stage 2: post-accumulate-grad hook
+        bucket = self._bucket_of[p]
+        if bucket.grad_flat is None:
+            bucket.new_grad_flat()
+        bucket.grad_view(p).copy_(p.grad)
+        p.grad = None  # free the full gradient right away
+        bucket.ready += 1
+        if bucket.ready == len(bucket.params):
+            self._reduce_scatter(bucket)
+            bucket.grad_flat, bucket.ready = None, 0
+
+    @contextmanager
+    def accumulate(self, last: bool):
+        yield
+        if self.stage == 1 and last:
+            for b in self.buckets:
+                self._reduce_scatter(b)
+        self._drain()
+
+    # ---- update ------------------------------------------------------------------------
+    def optim_params(self) -> list:
+        return [b.shard for b in self.buckets]
+
+    def grad_sq_norm(self) -> torch.Tensor:
+        local = sum(b.shard.grad.pow(2).sum() for b in self.buckets)
+        dist.all_reduce(local, group=self.group)  # control scalar, not gradient traffic
+        return local
+
+    def after_step(self) -> None:
+        launched = []
+        for b in self.buckets:
+            start = time.perf_counter()
+            launched.append((_all_gather(b.flat, b.shard.detach(), group=self.group, async_op=True), start, b))
+        for work, start, b in launched:
+            work.wait()
+            self.ledger.record("dp", "all_gather", b.flat.numel() * 4, time.perf_counter() - start)
+        for b in self.buckets:
+            b.shard.grad.zero_()
+            if self.stage == 1:
+                b.grad_flat.zero_()

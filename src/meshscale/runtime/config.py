@@ -1,0 +1,110 @@
+"""Training configuration: defaults < TOML file < command-line flags, then every check that can be
+made before a process starts (so bad input costs one line and exit code 2, not a crashed job)."""
+
+import importlib.util
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from meshscale.errors import UserError
+from meshscale.specs.layout import Layout, check_against
+from meshscale.specs.loading import build, read_mapping
+from meshscale.specs.model import ModelSpec, load_model
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: str = "tiny"
+    layout: str = ""  # empty: dp over every process
+    nproc: int = 1
+    steps: int = 20
+    global_batch: int = 8  # sequences per optimizer step
+    seq: int = 0  # 0: the model's own sequence length
+    seed: int = 0
+    precision: str = "fp32"
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup: int = 5
+    weight_decay: float = 0.1
+    clip: float = 1.0
+    bucket_mb: float = 1.0  # DDP / ZeRO gradient bucket size
+    data: str | None = None  # None: the Python standard library's sources
+    val_batches: int = 4
+    log_every: int = 1  # print every n-th step (the JSONL file gets them all)
+    metrics_out: str | None = None
+    overwrite: bool = False
+    predict: bool = False
+    device: str = "auto"  # auto: cuda when available, else cpu
+
+
+def load_config(path: str | None, overrides: dict) -> TrainConfig:
+    """Defaults, then the TOML file (top level or a [train] table), then non-None overrides."""
+    values: dict = {}
+    if path:
+        data = read_mapping(path)
+        values.update(data.get("train", data))
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return build(TrainConfig, values, path or "train options")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A checked config with what it implies: the model (at the run's seq) and the full layout."""
+    config: TrainConfig
+    spec: ModelSpec
+    layout: Layout
+
+
+def world_from_env() -> int | None:
+    """The process count when launched by an outer torchrun, else None."""
+    return int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ and "RANK" in os.environ else None
+
+
+def resolve(cfg: TrainConfig, world: int) -> Resolved:
+    """Every pre-launch check. `world` is the number of processes that will run the job."""
+    from meshscale.parallel.apply import check_runtime
+
+    if cfg.precision not in ("fp32", "bf16"):
+        raise UserError(f"--precision must be fp32 or bf16, got {cfg.precision!r}")
+    for key in ("steps", "global_batch", "nproc"):
+        if getattr(cfg, key) < 1:
+            raise UserError(f"--{key.replace('_', '-')} must be at least 1, got {getattr(cfg, key)}")
+    spec = load_model(cfg.model)
+    if cfg.seq:
+        spec = spec.with_seq(cfg.seq)
+    if spec.is_moe or spec.uses_mla or spec.mlp != "swiglu":
+        raise UserError(f"model {spec.name}: the trainer runs dense LLaMA-style (SwiGLU) models only")
+    layout = Layout.parse(cfg.layout, devices=world)
+    check_runtime(layout)
+    per_rank = cfg.global_batch // layout.dp
+    if cfg.global_batch % layout.dp:
+        raise UserError(f"global batch {cfg.global_batch} does not split over dp={layout.dp}; "
+                        f"use a multiple of {layout.dp}")
+    layout = layout.resolve_mbs(cfg.global_batch)
+    if layout.mbs > per_rank:
+        raise UserError(f"layout: mbs={layout.mbs} exceeds the {per_rank} sequences each DP rank gets "
+                        f"(global batch {cfg.global_batch} / dp={layout.dp}); lower mbs")
+    check_against(layout, spec, cfg.global_batch)
+    if cfg.data is not None and not Path(cfg.data).exists():
+        raise UserError(f"--data {cfg.data}: no such file or directory; pass a text file, a directory of "
+                        "text files, or a .bin token file")
+    if cfg.data is not None:
+        from meshscale.runtime.data import check_tokens, load_tokens
+
+        check_tokens(load_tokens(cfg.data), spec.vocab, spec.seq, f"--data {cfg.data}")
+    if cfg.metrics_out and not Path(cfg.metrics_out).absolute().parent.is_dir():
+        raise UserError(f"--metrics-out {cfg.metrics_out}: directory {Path(cfg.metrics_out).parent} does not exist")
+    # Under an outer torchrun only rank 0 checks: it is the one that creates the file.
+    if (cfg.metrics_out and os.environ.get("RANK", "0") == "0" and Path(cfg.metrics_out).exists()
+            and not cfg.overwrite):
+        raise UserError(f"--metrics-out {cfg.metrics_out} already exists; choose a new file or pass --overwrite")
+    if cfg.predict and importlib.util.find_spec("meshscale.cost") is None:
+        raise UserError("--predict needs the cost model (meshscale.cost), which this checkout lacks; drop --predict")
+    if cfg.device not in ("auto", "cpu", "cuda"):
+        raise UserError(f"--device must be auto, cpu or cuda, got {cfg.device!r}")
+    return Resolved(cfg, spec, layout)
+
+
+def config_fields() -> list[str]:
+    return [f.name for f in fields(TrainConfig)]
+

@@ -1,0 +1,97 @@
+"""Start a checked run: in this process (one process), as N local processes through torch's own
+launcher (torch.distributed.launcher, what `torchrun` runs), or as one worker of an outer torchrun.
+
+A worker that fails writes its error to torchelastic's per-worker error file and exits; the launcher
+then stops the other workers (no rank is left hanging in a collective) and we print the error of the
+rank that failed first, once.
+"""
+
+import json
+import logging
+import os
+import pickle
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+
+from meshscale.errors import UserError
+from meshscale.runtime.config import Resolved
+
+
+def run_here(run: Resolved) -> dict:
+    """Run in this process: alone, or as one worker under an outer torchrun (RANK/WORLD_SIZE set)."""
+    import torch.distributed as dist
+
+    from meshscale.runtime.metrics import print_report
+    from meshscale.runtime.trainer import pick_device, train
+
+    device = pick_device(run.config.device, int(os.environ.get("LOCAL_RANK", 0)))
+    if run.layout.devices > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        if os.environ.get("MESHSCALE_FAIL_RANK") == os.environ.get("RANK", "0"):  # fault injection for tests
+            raise RuntimeError("failure injected by MESHSCALE_FAIL_RANK")
+        result = train(run, device)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            print_report(run, result)
+        return result
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def launch_local(run: Resolved) -> None:
+    """Start run.config.nproc local workers with torch.distributed's elastic launcher (standalone
+    rendezvous on a free port, no restarts) and wait for them."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # N workers share the cores
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # we report failures ourselves
+    with tempfile.TemporaryDirectory(prefix="meshscale-") as tmp:
+        spec_file = os.path.join(tmp, "run.pkl")
+        with open(spec_file, "wb") as f:
+            pickle.dump(run, f)
+        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=run.config.nproc, run_id=str(uuid.uuid4()),
+                              rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
+                              monitor_interval=0.1)
+        try:
+            elastic_launch(config, sys.executable)("-m", "meshscale.runtime.launch", spec_file)
+        except ChildFailedError as e:
+            raise UserError(_first_failure(e)) from None
+
+
+def _first_failure(error) -> str:
+    """The message of the rank that failed first (by our fine-grained timestamp), not of the ranks that
+    died after it because a peer vanished."""
+    ours = [(f.error_file_data.get("meshscale_t", float("inf")), rank, f) for rank, f in error.failures.items()
+            if isinstance(f.error_file_data, dict)]
+    if ours:
+        _, rank, failure = min(ours, key=lambda x: (x[0], x[1]))
+    else:
+        rank, failure = error.get_first_failure()
+    message = failure.message if isinstance(failure.message, str) else json.dumps(failure.message)
+    return f"rank {rank} failed: {message}"
+
+
+def _worker(spec_file: str) -> int:
+    with open(spec_file, "rb") as f:
+        run = pickle.load(f)
+    try:
+        run_here(run)
+        return 0
+    except BaseException as e:  # noqa: BLE001 - every failure must reach the launcher, once
+        message = str(e) if isinstance(e, UserError) else traceback.format_exc().rstrip()
+        error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+        if error_file:
+            with open(error_file, "w") as f:
+                json.dump({"message": message, "timestamp": int(time.time()), "meshscale_t": time.time()}, f)
+        else:
+            print(f"meshscale: error: {message}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(_worker(sys.argv[1]))

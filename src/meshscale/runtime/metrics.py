@@ -1,0 +1,114 @@
+"""Per-step metrics: printed by rank 0 (a rich progress bar on a terminal, plain lines otherwise) and
+written as JSONL with --metrics-out."""
+
+import json
+import resource
+import sys
+
+import torch
+
+
+def current_rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def peak_memory_bytes(device: torch.device, baseline: int = 0) -> int:
+    """Peak memory of this rank: the allocator's peak on GPU; on CPU the peak resident set size
+    (ru_maxrss, KiB on Linux) above `baseline`, the RSS before the model was built, so the
+    interpreter and torch's own libraries are not counted."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return max(0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline)
+
+
+class MetricsLog:
+    def __init__(self, steps: int, path: str | None, enabled: bool, overwrite: bool = False, every: int = 1):
+        self.enabled, self.every, self.steps = enabled, max(1, every), steps
+        self.file = open(path, "w" if overwrite else "x") if (path and enabled) else None
+        self.rows: list[dict] = []
+        self._progress = None
+        if enabled and sys.stdout.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                                      TextColumn("{task.description}"), TimeElapsedColumn())
+            self._task = self._progress.add_task("", total=steps)
+            self._progress.start()
+
+    def log(self, row: dict) -> None:
+        self.rows.append(row)
+        if not self.enabled:
+            return
+        if self.file:
+            self.file.write(json.dumps(row) + "\n")
+            self.file.flush()
+        line = (f"step {row['step']:>4}  loss {row['loss']:.4f}  lr {row['lr']:.2e}  grad_norm {row['grad_norm']:.3f}"
+                f"  {row['tokens_per_s']:,.0f} tok/s  {row['step_time_s'] * 1e3:.0f} ms"
+                f"  peak {row['peak_memory_bytes'] / 2**20:.1f} MiB")
+        shown = row["step"] % self.every == 0 or row["step"] == self.steps - 1
+        if self._progress:
+            self._progress.update(self._task, advance=1, description=f"loss {row['loss']:.4f}")
+            if shown:
+                self._progress.console.print(line, highlight=False)
+        elif shown:
+            print(line, flush=True)
+
+    def close(self) -> None:
+        if self._progress:
+            self._progress.stop()
+        if self.file:
+            self.file.close()
+
+
+def predicted(run) -> dict:
+    """The cost model's prediction for this run (imported only here: --predict)."""
+    try:
+        from meshscale.cost import predict
+        from meshscale.specs.cluster import load_cluster
+    except ImportError as e:
+        raise RuntimeError(f"--predict needs the cost model (meshscale.cost), which is not installed here: {e}") from e
+    prediction = predict(run.spec, load_cluster("local-cpu"), run.layout, run.config.global_batch,
+                         run.config.precision)
+    return prediction.to_dict()
+
+
+def _ratio(measured: float, predicted_value: float) -> str:
+    return f"{measured / predicted_value:.2f}" if predicted_value else "-"
+
+
+def report(run, result: dict, prediction: dict | None = None) -> str:
+    """The closing summary: loss first and last, validation loss, measured comm of the last step,
+    and, given a prediction, bytes per (collective, axis) beside it with memory and time ratios."""
+    from meshscale.runtime.ledger import compare_comm, format_comparison
+
+    rows = result["rows"]
+    steady = sorted(r["step_time_s"] for r in rows[1:]) or [rows[0]["step_time_s"]]
+    step_time = steady[len(steady) // 2]  # median, skipping the first (warm-up) step
+    peak = max(result["peak_memory_per_rank"])
+    lines = [f"layout {run.layout}  model {run.spec.name}  precision {run.config.precision}",
+             f"loss {rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f} over {len(rows)} steps; "
+             f"validation loss {result['val_loss']:.4f}",
+             f"step time {step_time * 1e3:.1f} ms (median)  peak memory per rank "
+             + ", ".join(f"{b / 2**20:.1f}" for b in result["peak_memory_per_rank"]) + " MiB"]
+    measured = result["comm"][-1]
+    if prediction is None:
+        lines.append("communication per step (rank 0, last step):")
+        lines += [f"  {c['collective']:<15}{c['axis']:<4}{c['bytes']:>14,} B  {c['calls']:>4} calls  "
+                  f"{c['time_s'] * 1e3:8.2f} ms" for c in measured] or ["  none (one data-parallel replica)"]
+        return "\n".join(lines)
+    rows_cmp = compare_comm(measured, prediction["comm"])
+    mem = prediction["memory_per_device_bytes"]
+    mem_pred = mem.get("total", max(mem.values())) if isinstance(mem, dict) else float(mem)
+    lines += ["predicted vs measured communication per step (bytes must agree exactly):",
+              format_comparison(rows_cmp),
+              "comm bytes: " + ("all agree" if all(r["match"] for r in rows_cmp) else "MISMATCH"),
+              f"step time: measured {step_time:.4f} s, predicted {prediction['step_time_s']:.4f} s, "
+              f"ratio {_ratio(step_time, prediction['step_time_s'])}",
+              f"memory: measured peak {peak / 2**20:.1f} MiB (highest rank; on CPU: RSS growth), predicted "
+              f"{mem_pred / 2**20:.1f} MiB, ratio {_ratio(peak, mem_pred)}"]
+    return "\n".join(lines)
+
+
+def print_report(run, result: dict) -> None:
+    print(report(run, result, predicted(run) if run.config.predict else None), flush=True)

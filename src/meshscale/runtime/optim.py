@@ -1,0 +1,37 @@
+"""AdamW (Loshchilov & Hutter 2019) with linear warm-up then cosine decay to min_lr, and gradient-norm
+clipping over the full gradient whatever the sharding (each strategy sums its shard's squares and
+reduces them over the DP group)."""
+
+import math
+
+import torch
+
+
+def build_optimizer(params: list, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    # Same elementwise update on a whole parameter or on a flat ZeRO shard of it. Weight decay applies to
+    # every parameter (norm gains included): a flat shard mixes parameters, and one rule keeps every
+    # layout's update identical.
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=weight_decay, foreach=False)
+
+
+def lr_at(step: int, steps: int, lr: float, min_lr: float, warmup: int) -> float:
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+@torch.no_grad()
+def clip_gradients(strategy, max_norm: float) -> float:
+    """Scale every gradient so the full gradient's norm is at most max_norm; return the norm before."""
+    norm = float(strategy.grad_sq_norm().sqrt())
+    coef = max_norm / (norm + 1e-6)
+    if max_norm > 0 and coef < 1.0:
+        for p in strategy.optim_params():
+            p.grad.mul_(coef)
+    return norm

@@ -1,0 +1,58 @@
+"""Data: the stdlib corpus, user files (text and .bin), the split, and layout-independent batches."""
+
+import numpy as np
+import pytest
+
+from meshscale.errors import UserError
+from meshscale.runtime.data import TokenData, check_tokens, load_tokens, rank_microbatches
+
+
+def test_stdlib_corpus_is_real_deterministic_text():
+    a, b = load_tokens(None), load_tokens(None)
+    assert len(a) > 1_000_000 and np.array_equal(a, b)
+    assert b"def " in a[:200_000].tobytes()
+
+
+def test_text_file_and_directory(tmp_path):
+    (tmp_path / "a.txt").write_text("hello world")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.txt").write_text("!")
+    (tmp_path / "blob.dat").write_bytes(b"\0\1\2")  # binary: skipped
+    assert load_tokens(str(tmp_path / "a.txt")).tobytes() == b"hello world"
+    assert load_tokens(str(tmp_path)).tobytes() == b"hello world!"
+
+
+def test_bin_token_files_are_memory_mapped(tmp_path):
+    ids = np.arange(1000, dtype=np.uint16)
+    ids.tofile(tmp_path / "toks.bin")
+    got = load_tokens(str(tmp_path / "toks.bin"))
+    assert isinstance(got, np.memmap) and np.array_equal(got, ids)
+    np.arange(70000, 70010, dtype=np.uint32).tofile(tmp_path / "big.u32.bin")
+    assert load_tokens(str(tmp_path / "big.u32.bin"))[0] == 70000
+    (tmp_path / "odd.bin").write_bytes(b"\1\2\3")
+    with pytest.raises(UserError, match="whole number"):
+        load_tokens(str(tmp_path / "odd.bin"))
+
+
+def test_missing_path_and_bad_tokens_are_user_errors(tmp_path):
+    with pytest.raises(UserError, match="no such file"):
+        load_tokens(str(tmp_path / "nope"))
+    with pytest.raises(UserError, match="vocabulary"):
+        check_tokens(np.full(100_000, 300, dtype=np.uint16), 256, 64, "x")
+    with pytest.raises(UserError, match="too little"):
+        check_tokens(np.zeros(100, dtype=np.uint8), 256, 64, "x")
+
+
+def test_split_and_batches_do_not_depend_on_the_layout():
+    tokens = np.arange(100_000) % 251
+    data = TokenData(tokens, seq=16, seed=3)
+    assert len(data.train) + len(data.val) == len(tokens) and len(data.val) > 0
+    batch = data.global_batch(7, 8)
+    assert batch.shape == (8, 17) and np.array_equal(batch, data.global_batch(7, 8))
+    assert not np.array_equal(batch, data.global_batch(8, 8))
+    for dp, mbs in [(1, 8), (2, 4), (2, 1), (4, 2), (8, 1)]:
+        rows = [mb for r in range(dp) for mb in rank_microbatches(batch, r, dp, mbs)]
+        assert all(mb.shape[0] == mbs for mb in rows)
+        assert np.array_equal(np.concatenate(rows), batch)  # same tokens, same order
+    val = data.global_batch(0, 4, "val")
+    assert val.min() >= 0 and not np.array_equal(val, data.global_batch(0, 4))

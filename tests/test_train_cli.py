@@ -1,0 +1,85 @@
+"""`meshscale train` end to end: bad input refused before any process starts (one line, exit 2), a
+real 2-process run through torch's launcher (TOML + flag overrides, JSONL metrics), the same under an
+outer torchrun, and a failing rank ending the job promptly with its error shown once."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _meshscale(*args, env=None, timeout=240, module=("-m", "meshscale")):
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})}
+    return subprocess.run([sys.executable, *module, *args], capture_output=True, text=True, env=full_env,
+                          timeout=timeout, cwd=ROOT)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--layout", "dp=2,zero=1,foo=3", "--nproc", "2"], "unknown key 'foo'"),
+    (["--layout", "dp=2", "--nproc", "3"], "but there are 3 devices"),
+    (["--nproc", "2", "--global-batch", "7"], "does not split over dp=2"),
+    (["--nproc", "2", "--layout", "mbs=8"], "exceeds the 4 sequences"),
+    (["--nproc", "2", "--layout", "mbs=3"], "does not split into dp=2 x mbs=3"),
+    (["--data", "/no/such/corpus"], "no such file or directory"),
+    (["--nproc", "2", "--layout", "tp=2"], "does not run tp=2 yet"),
+    (["--nproc", "4", "--layout", "pp=2,dp=2"], "does not run pp=2 yet"),
+    (["--precision", "fp8"], "fp32 or bf16"),
+    (["--config", "/no/such.toml"], "file not found"),
+])
+def test_bad_input_is_one_line_before_any_process(args, message):
+    start = time.perf_counter()
+    out = _meshscale("train", *args)
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+    assert out.stdout == "" and time.perf_counter() - start < 30
+
+
+def test_existing_metrics_file_is_never_overwritten_silently(tmp_path):
+    target = tmp_path / "m.jsonl"
+    target.write_text("keep me\n")
+    out = _meshscale("train", "--metrics-out", str(target), "--steps", "1")
+    assert out.returncode == 2 and "--overwrite" in out.stderr and target.read_text() == "keep me\n"
+
+
+def test_two_processes_through_the_launcher(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text('[train]\nlayout = "dp=2,zero=0"\nnproc = 2\nsteps = 99\nlr = 3e-3\n')
+    metrics = tmp_path / "m.jsonl"
+    out = _meshscale("train", "--config", str(config), "--layout", "fsdp=2", "--steps", "8",
+                     "--metrics-out", str(metrics))
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(8))  # --steps beat the TOML's 99
+    assert {"step", "loss", "lr", "tokens_per_s", "step_time_s", "grad_norm", "peak_memory_bytes"} <= set(rows[0])
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.3
+    assert "layout dp=2,zero=3" in out.stdout and "validation loss" in out.stdout
+    assert "all_gather" in out.stdout and "reduce_scatter" in out.stdout
+    assert out.stdout.count("step    7") == 1  # only rank 0 prints
+
+
+def test_runs_unchanged_under_an_outer_torchrun():
+    out = _meshscale("--nproc-per-node", "2", "--standalone", "-m", "meshscale", "train", "--layout", "dp=2,zero=1",
+                     "--steps", "3", module=("-m", "torch.distributed.run"))
+    assert out.returncode == 0, out.stderr
+    assert "layout dp=2,zero=1" in out.stdout and out.stdout.count("validation loss") == 1
+
+
+def test_failing_rank_ends_the_job_with_its_error_once():
+    start = time.perf_counter()
+    out = _meshscale("train", "--nproc", "2", "--steps", "50", env={"MESHSCALE_FAIL_RANK": "1"}, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.count("RuntimeError: failure injected by MESHSCALE_FAIL_RANK") == 1
+    assert "rank 1 failed" in out.stderr and time.perf_counter() - start < 60
+
+
+@pytest.mark.skipif(__import__("importlib.util").util.find_spec("meshscale.cost") is not None,
+                    reason="the cost model is present in this checkout")
+def test_predict_without_cost_model_is_refused_up_front():
+    out = _meshscale("train", "--predict", "--nproc", "2")
+    assert out.returncode == 2 and "meshscale.cost" in out.stderr and out.stdout == ""
