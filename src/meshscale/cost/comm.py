@@ -31,10 +31,12 @@ class Link:
 
 # ---- what is communicated ----------------------------------------------------------------------------
 
-def data_parallel_ops(zero: int, params: float, m: int, param_bytes: int, units: int) -> list[tuple]:
+def data_parallel_ops(zero: int, params: float, m: int, param_bytes: int, units: int,
+                      root_params: float = 0.0) -> list[tuple]:
     """The data-parallel family per optimizer step (the contract's rule, in one place).
     params: parameters on the rank; m: micro-batches per DP rank; gradients travel in fp32 (4 B/param);
-    units: FSDP wrapping units (layers + root). Returns (collective, bytes, calls, overlap)."""
+    units: FSDP wrapping units (layers + root); root_params: those in the root unit (embedding, final norm,
+    head). Returns (collective, bytes, calls, overlap)."""
     grads = 4 * params
     buckets = max(1, math.ceil(grads / DDP_BUCKET_BYTES))
     if zero == 0:  # DDP: one all-reduce after the last micro-batch (no_sync before)
@@ -44,8 +46,11 @@ def data_parallel_ops(zero: int, params: float, m: int, param_bytes: int, units:
     if zero == 2:  # nobody holds a full gradient: reduce-scatter every micro-batch
         return [("reduce_scatter", grads * m, buckets * m, "each_backward"),
                 ("all_gather", 4 * params, buckets, "none")]
-    # zero=3 (FSDP2): gather params (compute dtype) in forward and again in backward, per micro-batch.
-    return [("all_gather", 2 * m * param_bytes * params, 2 * m * units, "fsdp"),
+    # zero=3 (FSDP2, measured on torch 2.13): each block is gathered (compute dtype) in forward and again in
+    # backward, per micro-batch; the root is not resharded after forward, so it is gathered once.
+    # Recompute adds no gather: the backward gather is already in place when the block re-runs.
+    gathered = 2 * params - root_params
+    return [("all_gather", m * param_bytes * gathered, m * (2 * units - 1), "fsdp"),
             ("reduce_scatter", m * grads, m * units, "fsdp")]
 
 

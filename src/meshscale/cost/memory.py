@@ -65,6 +65,22 @@ def params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
     return _params_per_rank(model, layout.tp, layout.ep, layout.pp, layout.stages, is_v(layout))[rank]
 
 
+def root_params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
+    """Parameters outside the transformer blocks (embedding, final norm, output head) on one device.
+    FSDP wraps them in the root unit, which is gathered once per micro-batch (see comm.data_parallel_ops)."""
+    return _root_params(model, layout.tp, layout.pp, is_v(layout), rank)
+
+
+def _root_params(model: ModelSpec, tp: int, pp: int, v_shape: bool, rank: int) -> float:
+    table = model.vocab * model.hidden / tp
+    total = 0.0
+    if rank == 0:
+        total += table + (model.seq * model.hidden if model.learned_positions else 0)
+    if rank == (0 if v_shape else pp - 1):  # final norm, and the output head (a second copy of a tied table under PP)
+        total += model.hidden + (table if not model.tied_embeddings or pp > 1 else 0)
+    return total
+
+
 @lru_cache(maxsize=4096)
 def _params_per_rank(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_shape: bool) -> tuple:
     norms = model.norm_params()
@@ -72,17 +88,8 @@ def _params_per_rank(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v
     for i in range(model.layers):
         routed = model.experts * model.expert_params() if model.is_moe_layer(i) else 0
         per_layer.append((model.layer_params(i) - routed - norms) / tp + routed / (tp * ep) + norms)
-    table = model.vocab * model.hidden / tp
-    last = 0 if v_shape else pp - 1
-    out = []
-    for rank in range(pp):
-        total = sum(per_layer[i] for i in _stage_layers(model.layers, pp, chunks, v_shape, rank))
-        if rank == 0:
-            total += table + (model.seq * model.hidden if model.learned_positions else 0)
-        if rank == last:  # final norm, and the output head (a second copy of a tied table under PP)
-            total += model.hidden + (table if not model.tied_embeddings or pp > 1 else 0)
-        out.append(total)
-    return tuple(out)
+    return tuple(sum(per_layer[i] for i in _stage_layers(model.layers, pp, chunks, v_shape, rank))
+                 + _root_params(model, tp, pp, v_shape, rank) for rank in range(pp))
 
 
 def busiest_rank(model: ModelSpec, layout: Layout) -> int:

@@ -10,7 +10,8 @@ from functools import lru_cache
 
 from meshscale.cost import comm, critical, flops
 from meshscale.cost.memory import (PRECISIONS, _stage_layers, activation_bytes_per_layer, busiest_rank, is_v,
-                                   last_rank, memory_per_device, params_on_rank, stage_layers)
+                                   last_rank, memory_per_device, params_on_rank, root_params_on_rank,
+                                   stage_layers)
 from meshscale.cost.pipeline import bubble_ratio
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
@@ -126,7 +127,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     first, last = rank == 0, rank == last_rank(layout)
     ops = []
     if layout.dp * layout.cp > 1:
-        ops += [("dp",) + op for op in comm.data_parallel_ops(layout.zero, params, m, act_bytes, n_layers + 1)]
+        ops += [("dp",) + op for op in comm.data_parallel_ops(layout.zero, params, m, act_bytes, n_layers + 1,
+                                                                  root_params_on_rank(model, layout, rank))]
     ops += [("tp",) + op for op in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, first,
                                                           last, m)]
     ops += [("pp",) + op for op in comm.pipeline_ops(model, layout, tokens, act_bytes, m)]
