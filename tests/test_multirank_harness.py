@@ -13,7 +13,6 @@ def _sum_ranks(rank, world):
 
 
 def _fail_on_rank1(rank, world):
-    import torch
     import torch.distributed as dist
 
     if rank == 1:

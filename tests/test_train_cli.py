@@ -76,10 +76,3 @@ def test_failing_rank_ends_the_job_with_its_error_once():
     assert out.returncode == 2
     assert out.stderr.count("RuntimeError: failure injected by MESHSCALE_FAIL_RANK") == 1
     assert "rank 1 failed" in out.stderr and time.perf_counter() - start < 60
-
-
-@pytest.mark.skipif(__import__("importlib.util").util.find_spec("meshscale.cost") is not None,
-                    reason="the cost model is present in this checkout")
-def test_predict_without_cost_model_is_refused_up_front():
-    out = _meshscale("train", "--predict", "--nproc", "2")
-    assert out.returncode == 2 and "meshscale.cost" in out.stderr and out.stdout == ""

@@ -99,7 +99,6 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
     capacity = cluster.hbm_bytes * (1 - headroom)
     bytes_ = PRECISIONS[precision]
     rate = cluster.peak_flops(precision) * cluster.matmul_efficiency
-    tokens_step = global_batch * model.seq
     enumerated = fitting = 0
     smallest = (math.inf, "")
     bounds, keys = [], []

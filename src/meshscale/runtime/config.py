@@ -1,7 +1,6 @@
 """Training configuration: defaults < TOML file < command-line flags, then every check that can be
 made before a process starts (so bad input costs one line and exit code 2, not a crashed job)."""
 
-import importlib.util
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -98,8 +97,6 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
     if (cfg.metrics_out and os.environ.get("RANK", "0") == "0" and Path(cfg.metrics_out).exists()
             and not cfg.overwrite):
         raise UserError(f"--metrics-out {cfg.metrics_out} already exists; choose a new file or pass --overwrite")
-    if cfg.predict and importlib.util.find_spec("meshscale.cost") is None:
-        raise UserError("--predict needs the cost model (meshscale.cost), which this checkout lacks; drop --predict")
     if cfg.device not in ("auto", "cpu", "cuda"):
         raise UserError(f"--device must be auto, cpu or cuda, got {cfg.device!r}")
     return Resolved(cfg, spec, layout)

@@ -63,11 +63,9 @@ class MetricsLog:
 
 def predicted(run) -> dict:
     """The cost model's prediction for this run (imported only here: --predict)."""
-    try:
-        from meshscale.cost import predict
-        from meshscale.specs.cluster import load_cluster
-    except ImportError as e:
-        raise RuntimeError(f"--predict needs the cost model (meshscale.cost), which is not installed here: {e}") from e
+    from meshscale.cost import predict
+    from meshscale.specs.cluster import load_cluster
+
     prediction = predict(run.spec, load_cluster("local-cpu"), run.layout, run.config.global_batch,
                          run.config.precision)
     return prediction.to_dict()
