@@ -73,6 +73,19 @@ def test_measured_bytes_equal_the_contract(case, measured):
             assert all(e["time_s"] >= 0 for e in summary)
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_cost_model_predicts_the_measured_bytes(case, measured):
+    """The closed loop: `meshscale train --predict` compares these, and they must agree exactly."""
+    from meshscale.cost import predict
+    from meshscale.specs.cluster import load_cluster
+
+    run = _run(case)
+    pred = predict(run.spec, load_cluster("local-cpu"), run.layout, run.config.global_batch, run.config.precision)
+    want = {(e["collective"], e["axis"]): e["bytes"] for e in pred.to_dict()["comm"]}
+    got = {(e["collective"], e["axis"]): e["bytes"] for e in measured[0][case]["comm"][-1]}
+    assert got == want
+
+
 def test_fsdp_calls_per_microbatch(measured):
     # 8 blocks gathered twice + the root once = 17 all-gathers; 8 blocks + root = 9 reduce-scatters.
     summary = {(e["collective"]): e["calls"] for e in measured[0]["zero=3,mbs=2"]["comm"][-1]}
