@@ -58,6 +58,7 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, s, -1, self.head_dim)
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
+        cos, sin = cos[:s], sin[:s]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if k.shape[1] != q.shape[1]:  # grouped-query attention: share each kv head among a group
@@ -109,10 +110,10 @@ class Transformer(nn.Module):
         """Token ids (first stage) or hidden states (later pipeline stages) in; logits (last stage)
         or hidden states out."""
         h = self.tok_embeddings(tokens_or_hidden) if self.tok_embeddings is not None else tokens_or_hidden
-        s = h.shape[1]
-        cos, sin = self.rope_cos[:s], self.rope_sin[:s]
+        # Whole tables: attention slices them to its own sequence length, which under sequence
+        # parallelism is longer than the (sequence-sharded) residual stream seen here.
         for block in self.layers.values():
-            h = block(h, cos, sin)
+            h = block(h, self.rope_cos, self.rope_sin)
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h
