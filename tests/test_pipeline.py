@@ -5,9 +5,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from meshscale.parallel.comm import recording
 from meshscale.parallel.pipeline import PipelineRunner, pipeline_chunks, schedule_refusal, split_layers
 from meshscale.parallel.tensor import apply_tensor_parallel, vocab_parallel_cross_entropy
+from meshscale.runtime.ledger import CommLedger
 from meshscale.runtime.model import build_model
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import PRESETS
@@ -71,7 +71,7 @@ def pp_case(layout: Layout, pp_group, tp_group, ref_loss, ref_grads) -> dict:
     m = layout.microbatches(BATCH)
     runner = PipelineRunner(chunks, layout, pp_group, loss_fn, m)
     tokens, targets = batch()
-    with recording() as log:
+    with CommLedger().active() as ledger:
         loss = runner.step(tokens, targets)
     grad_err, names = 0.0, []
     for _, module in chunks:
@@ -81,7 +81,9 @@ def pp_case(layout: Layout, pp_group, tp_group, ref_loss, ref_grads) -> dict:
                 expect = expect.chunk(t, dim=1 if name.endswith(ROW_PARALLEL) else 0)[tp_rank]
             grad_err = max(grad_err, rel_err(p.grad, expect))
             names.append(name)
-    sent = sum(b for axis, kind, b in log if axis == "pp" and kind == "send_recv")
+    assert {(e["axis"], e["collective"]) for e in ledger.records} <= {("pp", "send_recv"), ("tp", "all_reduce"),
+                                                                      ("tp", "all_gather"), ("tp", "reduce_scatter")}
+    sent = sum(e["bytes"] for e in ledger.records if e["axis"] == "pp")
     kinds = {k: sum(e["kind"] == k for e in runner.events) for k in "FBW"}
     return {"loss_err": abs(loss.item() - ref_loss) / ref_loss, "grad_err": grad_err, "names": names,
             "sent": sent, "expected_sent": expected_send_bytes(layout, pp_rank, m), "kinds": kinds}

@@ -4,9 +4,9 @@ loss over a few AdamW steps, for `tiny` in fp32 on real gloo ranks."""
 import torch
 import torch.distributed as dist
 
-from meshscale.parallel.comm import recording
 from meshscale.parallel.tensor import (apply_tensor_parallel, is_tp_replicated, local_grad_norm_sq,
                                        vocab_parallel_cross_entropy)
+from meshscale.runtime.ledger import CommLedger
 from meshscale.runtime.model import build_model
 from meshscale.specs.model import PRESETS
 from tests.multirank import run_ranks
@@ -55,11 +55,11 @@ def tp_case(group, sp: bool, steps: int, ref_losses, ref_grads) -> dict:
     out = {"loss_err": 0.0, "grad_err": 0.0, "norm_err": 0.0}
     for step in range(steps):
         tokens, targets = batch(step)
-        with recording() as log:
+        with CommLedger().active() as ledger:
             loss = vocab_parallel_cross_entropy(model(tokens), targets, group)
             loss.backward()
         if step == 0:
-            out["comm"] = log
+            out["comm"] = [(e["axis"], e["collective"], e["bytes"]) for e in ledger.records]
             for name, p in model.named_parameters():
                 expect = reference_shard(name, ref_grads[name], rank, t)
                 assert p.grad.shape == expect.shape, name

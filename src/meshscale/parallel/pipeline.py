@@ -16,7 +16,7 @@ from torch import nn
 from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
                                           ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble)
 
-from meshscale.parallel.comm import record
+from meshscale.runtime.ledger import record
 from meshscale.runtime.model import Transformer
 from meshscale.specs.layout import V_SCHEDULES, Layout
 

@@ -11,25 +11,35 @@ local shard (so FSDP2 over "dp" and our flat-buffer ZeRO-1/2 see plain tensors),
 plain `torch.distributed` call whose payload goes straight into the comm ledger.
 """
 
+import time
+
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from meshscale.parallel.comm import record
+from meshscale.runtime.ledger import record
 from meshscale.runtime.model import RMSNorm, Transformer
 
 # Parameters left whole on every TP rank (norm weights); everything else is a TP shard.
 _REPLICATED_SUFFIX = "norm.weight"
 
+# Bound once at import: these calls record themselves below, so `ledger.tap()` (which wraps the
+# torch.distributed functions for code we do not own, FSDP2) must not count them a second time.
+_all_reduce_fn = dist.all_reduce
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def _timed(collective: str, nbytes: int, fn, *args, **kwargs) -> None:
+    start = time.perf_counter()
+    fn(*args, **kwargs)
+    record("tp", collective, nbytes, time.perf_counter() - start)
 
 
 # ---- collectives on the TP group (each one recorded with the contract's payload) ------------------------
 def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
     x = x.contiguous().clone()
-    record("tp", "all_reduce", x.numel() * x.element_size())
-    dist.all_reduce(x, group=group)
+    _timed("all_reduce", x.numel() * x.element_size(), _all_reduce_fn, x, group=group)
     return x
 
 
@@ -38,8 +48,7 @@ def _gather_seq(x: torch.Tensor, group) -> torch.Tensor:
     t = dist.get_world_size(group)
     local = x.transpose(0, 1).contiguous()
     out = local.new_empty((t * local.shape[0], *local.shape[1:]))
-    record("tp", "all_gather", out.numel() * out.element_size())
-    _all_gather(out, local, group=group)
+    _timed("all_gather", out.numel() * out.element_size(), _all_gather, out, local, group=group)
     return out.transpose(0, 1)
 
 
@@ -48,8 +57,7 @@ def _reduce_scatter_seq(x: torch.Tensor, group) -> torch.Tensor:
     t = dist.get_world_size(group)
     full = x.transpose(0, 1).contiguous()
     out = full.new_empty((full.shape[0] // t, *full.shape[1:]))
-    record("tp", "reduce_scatter", full.numel() * full.element_size())
-    _reduce_scatter(out, full, group=group)
+    _timed("reduce_scatter", full.numel() * full.element_size(), _reduce_scatter, out, full, group=group)
     return out.transpose(0, 1)
 
 
@@ -242,8 +250,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
 def _all_reduce_max(x: torch.Tensor, group) -> torch.Tensor:
     x = x.contiguous().clone()
-    record("tp", "all_reduce", x.numel() * x.element_size())
-    dist.all_reduce(x, op=dist.ReduceOp.MAX, group=group)
+    _timed("all_reduce", x.numel() * x.element_size(), _all_reduce_fn, x, op=dist.ReduceOp.MAX, group=group)
     return x
 
 
