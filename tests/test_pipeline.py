@@ -8,6 +8,7 @@ import torch.distributed as dist
 from meshscale.parallel.pipeline import PipelineRunner, pipeline_chunks, schedule_refusal, split_layers
 from meshscale.parallel.tensor import apply_tensor_parallel, vocab_parallel_cross_entropy
 from meshscale.runtime.ledger import CommLedger
+from meshscale.runtime.trace import analytic_bubble, chrome_trace, measured_bubble
 from meshscale.runtime.model import build_model
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import PRESETS
@@ -86,7 +87,8 @@ def pp_case(layout: Layout, pp_group, tp_group, ref_loss, ref_grads) -> dict:
     sent = sum(e["bytes"] for e in ledger.records if e["axis"] == "pp")
     kinds = {k: sum(e["kind"] == k for e in runner.events) for k in "FBW"}
     return {"loss_err": abs(loss.item() - ref_loss) / ref_loss, "grad_err": grad_err, "names": names,
-            "sent": sent, "expected_sent": expected_send_bytes(layout, pp_rank, m), "kinds": kinds}
+            "sent": sent, "expected_sent": expected_send_bytes(layout, pp_rank, m), "kinds": kinds,
+            "events": runner.events, "span": runner.step_span}
 
 
 PP_LAYOUTS = [f"pp={p},dp=1,mbs=1,schedule={s}" for p in (2, 4) for s in ("gpipe", "1f1b", "zb", "zbv", "dualpipev")]
@@ -135,6 +137,7 @@ def test_pipeline_schedules_match_single_device(layouts):
                 assert 0 < r["kinds"]["W"] < runs, (case, r["kinds"])
             else:
                 assert r["kinds"]["W"] == 0, (case, r["kinds"])
+        check_trace(layout, per_rank)
         # every parameter of the model lives on exactly one pipeline rank of each TP/DP replica
         replica = [per_rank[r]["names"] for r in range(4) if r % 2 == 0] if layout.tp > 1 else \
             [per_rank[r]["names"] for r in range(layout.pp)]
@@ -157,4 +160,24 @@ def test_refusals_name_the_reason():
     assert schedule_refusal(Layout.parse("pp=4,schedule=dualpipev"), 4) == \
         "schedule=dualpipev needs at least pp*2 = 8 micro-batches, got 4"
     assert "divisible by pp=4" in schedule_refusal(Layout.parse("pp=4,vpp=2,schedule=interleaved"), 6)
+    assert "divisible by pp=2" in schedule_refusal(Layout.parse("pp=2,schedule=zb"), 5)
     assert schedule_refusal(Layout.parse("pp=4,schedule=1f1b"), 4) is None
+
+
+def check_trace(layout: Layout, per_rank: list[dict]) -> None:
+    """One row per rank; within a rank, compute runs never overlap and lie inside the step."""
+    trace = chrome_trace([r["events"] for r in per_rank])["traceEvents"]
+    assert {e["pid"] for e in trace} == set(range(len(per_rank)))
+    for r in per_rank:
+        runs = sorted(r["events"], key=lambda e: e["start"])
+        assert all(a["end"] <= b["start"] for a, b in zip(runs, runs[1:]))
+        assert r["span"][0] <= runs[0]["start"] and runs[-1]["end"] <= r["span"][1]
+        assert 0.0 <= measured_bubble(r["events"], r["span"]) < 1.0
+    assert sum(e["ph"] == "X" for e in trace) == sum(len(r["events"]) for r in per_rank)
+
+
+def test_analytic_bubble():
+    assert analytic_bubble("1f1b", 4, 8) == pytest.approx((3 / 8) / (1 + 3 / 8))
+    assert analytic_bubble("interleaved", 4, 8, vpp=2) == pytest.approx((3 / 16) / (1 + 3 / 16))
+    assert analytic_bubble("zb", 4, 8) < analytic_bubble("1f1b", 4, 8)
+    assert analytic_bubble("gpipe", 1, 8) == 0.0

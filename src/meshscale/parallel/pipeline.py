@@ -45,9 +45,9 @@ def schedule_refusal(layout: Layout, n_microbatches: int) -> str | None:
         return f"schedule={layout.schedule} needs a torch with torch.distributed.pipelining.{layout.schedule}"
     if layout.schedule != "gpipe" and n_microbatches < layout.pp:
         return f"schedule={layout.schedule} needs at least pp={layout.pp} micro-batches, got {n_microbatches}"
-    if layout.schedule == "interleaved" and n_microbatches % layout.pp:
-        # torch's interleaved 1F1B runs micro-batches in rounds of pp
-        return f"schedule=interleaved needs micro-batches ({n_microbatches}) divisible by pp={layout.pp}"
+    if layout.schedule in ("interleaved", "zb") and n_microbatches % layout.pp:
+        # torch runs these in rounds of pp micro-batches; parity is verified for whole rounds only
+        return f"schedule={layout.schedule} needs micro-batches ({n_microbatches}) divisible by pp={layout.pp}"
     if layout.schedule == "dualpipev" and n_microbatches < layout.stages:
         return f"schedule=dualpipev needs at least pp*2 = {layout.stages} micro-batches, got {n_microbatches}"
     return None
