@@ -118,3 +118,61 @@ def test_tensor_and_sequence_parallel_match_single_device():
                 assert axis == "tp"
                 measured[kind] = measured.get(kind, 0) + nbytes
             assert measured == expected_tp_bytes(t, sp), case
+
+
+def fsdp_tp_matrix(rank, world):
+    """dp=2 x tp=2 on one DeviceMesh, FSDP2 (fully_shard) over "dp" on top of TP: global batch of 4
+    sequences, 2 per DP rank."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    steps = 3
+    model = build_model(SPEC, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ref_losses, ref_grads = [], None
+    for step in range(steps):
+        tokens, targets = batch(step, n=4)
+        loss = torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), targets.flatten())
+        loss.backward()
+        ref_grads = ref_grads or {n: p.grad.clone() for n, p in model.named_parameters()}
+        opt.step()
+        opt.zero_grad()
+        ref_losses.append(loss.item())
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    dp_rank, tp_rank = mesh["dp"].get_local_rank(), mesh["tp"].get_local_rank()
+    results = {}
+    for sp in (False, True):
+        model = apply_tensor_parallel(build_model(SPEC, seed=0), mesh["tp"], sequence_parallel=sp)
+        for block in model.layers.values():
+            fully_shard(block, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        out = {"loss_err": 0.0, "grad_err": 0.0}
+        for step in range(steps):
+            tokens, targets = batch(step, n=4)
+            mine = slice(2 * dp_rank, 2 * dp_rank + 2)
+            loss = vocab_parallel_cross_entropy(model(tokens[mine]), targets[mine], mesh["tp"])
+            loss.backward()
+            if step == 0:
+                for name, p in model.named_parameters():
+                    expect = reference_shard(name, ref_grads[name], tp_rank, 2)
+                    out["grad_err"] = max(out["grad_err"], rel_err(p.grad.full_tensor(), expect))
+                norm_sq = local_grad_norm_sq(model, mesh["tp"])
+                dist.all_reduce(norm_sq)  # gradients are disjoint shards over both dp and tp
+                ref_norm = torch.stack([g.pow(2).sum() for g in ref_grads.values()]).sum().sqrt()
+                out["norm_err"] = rel_err(norm_sq.sqrt(), ref_norm)
+            opt.step()
+            opt.zero_grad()
+            global_loss = loss.detach().clone()
+            dist.all_reduce(global_loss, group=mesh["dp"].get_group())
+            out["loss_err"] = max(out["loss_err"], abs(global_loss.item() / 2 - ref_losses[step]) / ref_losses[step])
+        results[sp] = out
+    return results
+
+
+def test_tensor_parallel_composes_with_fsdp2_over_dp():
+    for rank, per_rank in enumerate(run_ranks(4, fsdp_tp_matrix)):
+        for sp, r in per_rank.items():
+            assert r["loss_err"] < 1e-5 and r["grad_err"] < 1e-5 and r["norm_err"] < 1e-5, (rank, sp, r)
