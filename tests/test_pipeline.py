@@ -1,6 +1,8 @@
 """Pipeline schedules against a single device: loss and every gradient of one step for `tiny` in fp32 on real
 gloo ranks, alone and composed with tensor/sequence parallelism; stage cutting; PP send bytes."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -10,7 +12,8 @@ from meshscale.parallel.tensor import apply_tensor_parallel, vocab_parallel_cros
 from meshscale.runtime.ledger import CommLedger
 from meshscale.runtime.trace import analytic_bubble, chrome_trace, measured_bubble
 from meshscale.runtime.model import build_model
-from meshscale.specs.layout import Layout
+from meshscale.errors import UserError
+from meshscale.specs.layout import Layout, check_against
 from meshscale.specs.model import PRESETS
 from tests.multirank import run_ranks
 from tests.test_tensor_parallel import ROW_PARALLEL, rel_err
@@ -158,10 +161,14 @@ def test_split_layers_balances_embedding_and_head():
 
 def test_refusals_name_the_reason():
     assert schedule_refusal(Layout.parse("pp=4,schedule=dualpipev"), 4) == \
-        "schedule=dualpipev needs at least pp*2 = 8 micro-batches, got 4"
+        "schedule=dualpipev needs at least 2*pp = 8 micro-batches per step, got 4"
     assert "divisible by pp=4" in schedule_refusal(Layout.parse("pp=4,vpp=2,schedule=interleaved"), 6)
     assert "divisible by pp=2" in schedule_refusal(Layout.parse("pp=2,schedule=zb"), 5)
     assert schedule_refusal(Layout.parse("pp=4,schedule=1f1b"), 4) is None
+    with pytest.raises(UserError, match="dualpipev needs at least 2\\*pp = 4"):
+        check_against(Layout.parse("pp=2,mbs=1,schedule=dualpipev"), SPEC, global_batch=2)
+    with pytest.raises(UserError, match="vocabulary"):
+        check_against(Layout.parse("tp=3"), replace(SPEC, heads=6, kv_heads=3, ffn=174, vocab=256))
 
 
 def check_trace(layout: Layout, per_rank: list[dict]) -> None:

@@ -18,7 +18,7 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleG
 
 from meshscale.runtime.ledger import record
 from meshscale.runtime.model import Transformer
-from meshscale.specs.layout import V_SCHEDULES, Layout
+from meshscale.specs.layout import V_SCHEDULES, Layout, pipeline_refusal
 
 try:  # both exist in torch 2.11 and 2.13; guarded so an older torch refuses them instead of failing to import
     from torch.distributed.pipelining import ScheduleDualPipeV, ScheduleZBVZeroBubble
@@ -37,20 +37,11 @@ SCHEDULE_CLASSES = {
 
 
 def schedule_refusal(layout: Layout, n_microbatches: int) -> str | None:
-    """Why this runtime cannot run `layout`'s pipeline with `n_microbatches`, or None if it can.
-    Called by the Layout validator so that the refusal is one line before any process starts."""
-    if layout.pp == 1:
-        return None
-    if SCHEDULE_CLASSES[layout.schedule] is None:
-        return f"schedule={layout.schedule} needs a torch with torch.distributed.pipelining.{layout.schedule}"
-    if layout.schedule != "gpipe" and n_microbatches < layout.pp:
-        return f"schedule={layout.schedule} needs at least pp={layout.pp} micro-batches, got {n_microbatches}"
-    if layout.schedule in ("interleaved", "zb") and n_microbatches % layout.pp:
-        # torch runs these in rounds of pp micro-batches; parity is verified for whole rounds only
-        return f"schedule={layout.schedule} needs micro-batches ({n_microbatches}) divisible by pp={layout.pp}"
-    if layout.schedule == "dualpipev" and n_microbatches < layout.stages:
-        return f"schedule=dualpipev needs at least pp*2 = {layout.stages} micro-batches, got {n_microbatches}"
-    return None
+    """Why this runtime cannot run `layout`'s pipeline with `n_microbatches`, or None if it can: the
+    torch-free rules the Layout validator applies (`pipeline_refusal`), and the schedule's presence in torch."""
+    if layout.pp > 1 and SCHEDULE_CLASSES[layout.schedule] is None:
+        return f"schedule={layout.schedule} needs a newer torch (torch.distributed.pipelining lacks it)"
+    return pipeline_refusal(layout, n_microbatches)
 
 
 # ---- cutting the model -------------------------------------------------------------------------------
