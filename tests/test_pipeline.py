@@ -57,11 +57,18 @@ def _stages(layout, r):
     return stage_indices(r, layout)
 
 
-def pp_case(layout: Layout, pp_group, tp_group, ref_loss, ref_grads) -> dict:
+def pp_case(layout: Layout, pp_group, tp_group, ref_loss, ref_grads, dp_mesh=None) -> dict:
+    """dp_mesh: FSDP2 over it, each DP replica taking its half of the batch."""
     pp_rank = dist.get_rank(pp_group)
     t = dist.get_world_size(tp_group) if tp_group is not None else 1
     tp_rank = dist.get_rank(tp_group) if tp_group is not None else 0
     chunks = pipeline_chunks(build_model(SPEC, seed=0), layout, pp_rank)
+    if dp_mesh is not None:
+        from torch.distributed.fsdp import fully_shard
+        for _, module in chunks:
+            for block in module.layers.values():
+                fully_shard(block, mesh=dp_mesh)
+            fully_shard(module, mesh=dp_mesh)
     if t > 1:
         for _, module in chunks:
             apply_tensor_parallel(module, tp_group, sequence_parallel=layout.sp)
@@ -75,6 +82,9 @@ def pp_case(layout: Layout, pp_group, tp_group, ref_loss, ref_grads) -> dict:
     m = layout.microbatches(BATCH)
     runner = PipelineRunner(chunks, layout, pp_group, loss_fn, m)
     tokens, targets = batch()
+    if dp_mesh is not None:
+        mine = slice(dp_mesh.get_local_rank() * BATCH // 2, (dp_mesh.get_local_rank() + 1) * BATCH // 2)
+        tokens, targets = tokens[mine], targets[mine]
     with CommLedger().active() as ledger:
         loss = runner.step(tokens, targets)
     grad_err, names = 0.0, []
@@ -83,12 +93,16 @@ def pp_case(layout: Layout, pp_group, tp_group, ref_loss, ref_grads) -> dict:
             expect = ref_grads[name]
             if t > 1 and not name.endswith("norm.weight"):
                 expect = expect.chunk(t, dim=1 if name.endswith(ROW_PARALLEL) else 0)[tp_rank]
-            grad_err = max(grad_err, rel_err(p.grad, expect))
+            grad = p.grad.full_tensor() if dp_mesh is not None else p.grad
+            grad_err = max(grad_err, rel_err(grad, expect))
             names.append(name)
     assert {(e["axis"], e["collective"]) for e in ledger.records} <= {("pp", "send_recv"), ("tp", "all_reduce"),
                                                                       ("tp", "all_gather"), ("tp", "reduce_scatter")}
     sent = sum(e["bytes"] for e in ledger.records if e["axis"] == "pp")
     kinds = {k: sum(e["kind"] == k for e in runner.events) for k in "FBW"}
+    if dp_mesh is not None:  # the step's loss is this replica's; the reference is the whole batch's
+        dist.all_reduce(loss, group=dp_mesh.get_group())
+        loss = loss / dp_mesh.size()
     return {"loss_err": abs(loss.item() - ref_loss) / ref_loss, "grad_err": grad_err, "names": names,
             "sent": sent, "expected_sent": expected_send_bytes(layout, pp_rank, m), "kinds": kinds,
             "events": runner.events, "span": runner.step_span}
@@ -99,6 +113,8 @@ PP_LAYOUTS += ["pp=2,dp=1,mbs=1,schedule=interleaved,vpp=2", "pp=2,dp=1,mbs=1,sc
                "pp=4,dp=1,mbs=1,schedule=interleaved,vpp=2"]
 TP_PP_LAYOUTS = ["pp=2,tp=2,dp=1,mbs=1,schedule=1f1b", "pp=2,tp=2,sp=true,dp=1,mbs=1,schedule=interleaved,vpp=2",
                  "pp=2,tp=2,sp=true,dp=1,mbs=1,schedule=zbv"]
+FSDP_PP_LAYOUTS = ["pp=2,dp=2,zero=3,mbs=1,schedule=1f1b", "pp=2,dp=2,zero=3,mbs=1,schedule=interleaved,vpp=2",
+                   "pp=2,dp=2,zero=3,mbs=1,schedule=gpipe"]
 
 
 def pp_matrix(rank, world, layouts):
@@ -108,10 +124,14 @@ def pp_matrix(rank, world, layouts):
     pp_of = {2: [dist.new_group([0, 1]), dist.new_group([2, 3])], 4: [dist.new_group([0, 1, 2, 3])]}
     pp_outer = [dist.new_group([0, 2]), dist.new_group([1, 3])]  # pp=2 with tp=2: ranks r and r+2
     tp_inner = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    from torch.distributed.device_mesh import init_device_mesh
+    pp_dp = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
     results = {}
     for text in layouts:
         layout = Layout.parse(text)
-        if layout.tp > 1:
+        if layout.dp > 1:
+            results[text] = pp_case(layout, pp_dp["pp"].get_group(), None, ref_loss, ref_grads, pp_dp["dp"])
+        elif layout.tp > 1:
             results[text] = pp_case(layout, pp_outer[rank % 2], tp_inner[rank // 2], ref_loss, ref_grads)
         else:
             group = pp_of[layout.pp][rank // layout.pp if layout.pp == 2 else 0]
@@ -119,7 +139,7 @@ def pp_matrix(rank, world, layouts):
     return results
 
 
-@pytest.mark.parametrize("layouts", [PP_LAYOUTS + TP_PP_LAYOUTS])
+@pytest.mark.parametrize("layouts", [PP_LAYOUTS + TP_PP_LAYOUTS + FSDP_PP_LAYOUTS])
 def test_pipeline_schedules_match_single_device(layouts):
     results = run_ranks(4, pp_matrix, layouts)
     for text in layouts:
@@ -142,7 +162,7 @@ def test_pipeline_schedules_match_single_device(layouts):
                 assert r["kinds"]["W"] == 0, (case, r["kinds"])
         check_trace(layout, per_rank)
         # every parameter of the model lives on exactly one pipeline rank of each TP/DP replica
-        replica = [per_rank[r]["names"] for r in range(4) if r % 2 == 0] if layout.tp > 1 else \
+        replica = [per_rank[r]["names"] for r in range(4) if r % 2 == 0] if layout.tp > 1 or layout.dp > 1 else \
             [per_rank[r]["names"] for r in range(layout.pp)]
         owned = sorted(n for names in replica for n in names)
         assert owned == sorted(n for n, _ in build_model(SPEC).named_parameters()), text
@@ -165,6 +185,7 @@ def test_refusals_name_the_reason():
     assert "divisible by pp=4" in schedule_refusal(Layout.parse("pp=4,vpp=2,schedule=interleaved"), 6)
     assert "divisible by pp=2" in schedule_refusal(Layout.parse("pp=2,schedule=zb"), 5)
     assert schedule_refusal(Layout.parse("pp=4,schedule=1f1b"), 4) is None
+    assert "wrong weight gradients" in schedule_refusal(Layout.parse("pp=2,dp=2,zero=3,schedule=zbv"), 4)
     with pytest.raises(UserError, match="dualpipev needs at least 2\\*pp = 4"):
         check_against(Layout.parse("pp=2,mbs=1,schedule=dualpipev"), SPEC, global_batch=2)
     with pytest.raises(UserError, match="vocabulary"):
