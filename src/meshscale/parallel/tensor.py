@@ -9,6 +9,14 @@ pointwise work are sharded along the sequence, g becomes a reduce-scatter and f 
 We use our own autograd functions on plain tensors rather than DTensor: every parameter stays an ordinary
 local shard (so FSDP2 over "dp" and our flat-buffer ZeRO-1/2 see plain tensors), and every collective is a
 plain `torch.distributed` call whose payload goes straight into the comm ledger.
+
+Bytes per micro-batch of b x s tokens on a stage with L blocks (A = b*s*hidden*activation bytes, the full
+residual-stream buffer; emb/head = 1 where the stage holds the embedding / output head, else 0):
+  sp off: all_reduce tp  2*(2L + emb + head) * A    (g forward and f backward of every region)
+  sp on:  all_gather tp  (4L + emb + head) * A,  reduce_scatter tp  (4L + emb + head) * A,
+          all_reduce tp  (2L + head) * hidden * 4   (norm-weight gradients, fp32)
+  loss (stage with the head): all_reduce tp  3 * b*s*4  (max, sum of exponentials, target logit)
+Recomputed blocks run their forward collectives again in backward.
 """
 
 import time
