@@ -181,7 +181,8 @@ def test_split_layers_balances_embedding_and_head():
 
 def test_refusals_name_the_reason():
     assert schedule_refusal(Layout.parse("pp=4,schedule=dualpipev"), 4) == \
-        "schedule=dualpipev needs at least 2*pp = 8 micro-batches per step, got 4"
+        ("schedule=dualpipev needs at least 2*pp = 8 micro-batches per step, got 4; "
+                                                                     "raise the batch or lower mbs")
     assert "divisible by pp=4" in schedule_refusal(Layout.parse("pp=4,vpp=2,schedule=interleaved"), 6)
     assert "divisible by pp=2" in schedule_refusal(Layout.parse("pp=2,schedule=zb"), 5)
     assert schedule_refusal(Layout.parse("pp=4,schedule=1f1b"), 4) is None

@@ -184,7 +184,7 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
                             f"x mbs={mbs}; use a batch divisible by {layout.dp * mbs}")
         reason = pipeline_refusal(layout, layout.microbatches(global_batch))
         if reason:
-            raise UserError(f"layout: {reason}; raise the batch or lower mbs")
+            raise UserError(f"layout: {reason}")
 
 
 def pipeline_refusal(layout: Layout, n_microbatches: int) -> str | None:
@@ -194,15 +194,18 @@ def pipeline_refusal(layout: Layout, n_microbatches: int) -> str | None:
     if p == 1:
         return None
     if layout.schedule != "gpipe" and m < p:
-        return f"schedule={layout.schedule} needs at least pp={p} micro-batches per step, got {m}"
+        return (f"schedule={layout.schedule} needs at least pp={p} micro-batches per step, got {m}; "
+                "raise the batch or lower mbs")
     if layout.schedule in ("interleaved", "zb") and m % p:
         # torch runs these in rounds of pp micro-batches; parity is verified for whole rounds only
-        return f"schedule={layout.schedule} needs micro-batches per step ({m}) divisible by pp={p}"
+        return (f"schedule={layout.schedule} needs micro-batches per step ({m}) divisible by pp={p}; "
+                "adjust the batch or mbs")
     if layout.schedule in ("zb", "zbv", "dualpipev") and layout.fsdp:
         # measured on torch 2.13: under FSDP2, zb/zbv leave a stage's first block without weight gradients
         # and dualpipev's gradients are wrong (tests/test_pipeline.py checks the schedules it does accept)
         return (f"schedule={layout.schedule} with zero=3 gets wrong weight gradients from torch's split backward "
                 "under FSDP2; use zero<=2, or schedule=gpipe/1f1b/interleaved with zero=3")
     if layout.schedule == "dualpipev" and m < 2 * p:
-        return f"schedule=dualpipev needs at least 2*pp = {2 * p} micro-batches per step, got {m}"
+        return (f"schedule=dualpipev needs at least 2*pp = {2 * p} micro-batches per step, got {m}; "
+                "raise the batch or lower mbs")
     return None
