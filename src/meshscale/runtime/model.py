@@ -58,6 +58,7 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, s, -1, self.head_dim)
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
+        cos, sin = cos[:s], sin[:s]  # under SP the residual stream is sharded but attention sees all of s
         return self.wo(self.core(q, k, v, cos, sin).reshape(b, s, -1))
 
     def core(self, q, k, v, cos, sin):
@@ -114,10 +115,10 @@ class Transformer(nn.Module):
         """Token ids (first stage) or hidden states (later pipeline stages) in; logits (last stage)
         or hidden states out."""
         h = self.tok_embeddings(tokens_or_hidden) if self.tok_embeddings is not None else tokens_or_hidden
-        s = h.shape[1]
-        cos, sin = self.rope_cos[:s], self.rope_sin[:s]
+        # Whole tables: attention slices them to its own sequence length, which under sequence
+        # parallelism is longer than the (sequence-sharded) residual stream seen here.
         for block in self.layers.values():
-            h = block(h, cos, sin)
+            h = block(h, self.rope_cos, self.rope_sin)
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h

@@ -159,6 +159,9 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
                         f"of {model.name}; pick a tp that divides {model.kv_heads}")
     if model.ffn % t or (model.is_moe and model.expert_ffn % t):
         raise UserError(f"layout: tp={t} must divide the MLP width ({model.ffn}) of {model.name}")
+    if model.vocab % t:
+        raise UserError(f"layout: tp={t} must divide the vocabulary ({model.vocab}) of {model.name}, which the "
+                        "embedding and output head shard; pick a tp that divides it")
     if layout.stages > model.layers:
         raise UserError(f"layout: pp*vpp = {layout.stages} pipeline chunks but {model.name} has only "
                         f"{model.layers} layers; lower pp or vpp")
@@ -179,6 +182,30 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
         if global_batch % (layout.dp * mbs):
             raise UserError(f"layout: global batch of {global_batch} sequences does not split into dp={layout.dp} "
                             f"x mbs={mbs}; use a batch divisible by {layout.dp * mbs}")
-        if layout.pp > 1 and layout.schedule != "gpipe" and layout.microbatches(global_batch) < layout.pp:
-            raise UserError(f"layout: schedule={layout.schedule} needs at least pp={layout.pp} micro-batches per "
-                            f"step, got {layout.microbatches(global_batch)}; raise the batch or lower mbs")
+        reason = pipeline_refusal(layout, layout.microbatches(global_batch))
+        if reason:
+            raise UserError(f"layout: {reason}")
+
+
+def pipeline_refusal(layout: Layout, n_microbatches: int) -> str | None:
+    """Why the runtime's pipeline schedules cannot run `layout` with `n_microbatches`, or None. These are
+    the shapes whose gradients were verified against one device (tests/test_pipeline.py)."""
+    p, m = layout.pp, n_microbatches
+    if p == 1:
+        return None
+    if layout.schedule != "gpipe" and m < p:
+        return (f"schedule={layout.schedule} needs at least pp={p} micro-batches per step, got {m}; "
+                "raise the batch or lower mbs")
+    if layout.schedule in ("interleaved", "zb") and m % p:
+        # torch runs these in rounds of pp micro-batches; parity is verified for whole rounds only
+        return (f"schedule={layout.schedule} needs micro-batches per step ({m}) divisible by pp={p}; "
+                "adjust the batch or mbs")
+    if layout.schedule in ("zb", "zbv", "dualpipev") and layout.fsdp:
+        # measured on torch 2.13: under FSDP2, zb/zbv leave a stage's first block without weight gradients
+        # and dualpipev's gradients are wrong (tests/test_pipeline.py checks the schedules it does accept)
+        return (f"schedule={layout.schedule} with zero=3 gets wrong weight gradients from torch's split backward "
+                "under FSDP2; use zero<=2, or schedule=gpipe/1f1b/interleaved with zero=3")
+    if layout.schedule == "dualpipev" and m < 2 * p:
+        return (f"schedule=dualpipev needs at least 2*pp = {2 * p} micro-batches per step, got {m}; "
+                "raise the batch or lower mbs")
+    return None

@@ -1,0 +1,178 @@
+"""Pipeline parallelism: cut the model into stages by layers, place them on the PP ranks, and run one
+training step under a torch.distributed.pipelining schedule.
+
+The model is cut into pp*vpp chunks. Rank r holds chunks r, r+pp, r+2pp, ... (looped placement, as the
+interleaved 1F1B of Narayanan et al. 2021, sec. 2.2, needs), or chunks r and 2pp-1-r for the V-shaped
+schedules (ZB-V, Qi et al. 2023, sec. 6; DualPipeV, DeepSeek-V3 report sec. 3.2.1), so that the first
+and last chunk share rank 0.
+"""
+
+import copy
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                          ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble)
+
+from meshscale.runtime.ledger import record
+from meshscale.runtime.model import Transformer
+from meshscale.specs.layout import V_SCHEDULES, Layout, pipeline_refusal
+
+try:  # both exist in torch 2.11 and 2.13; guarded so an older torch refuses them instead of failing to import
+    from torch.distributed.pipelining import ScheduleDualPipeV, ScheduleZBVZeroBubble
+except ImportError:  # pragma: no cover
+    ScheduleDualPipeV = ScheduleZBVZeroBubble = None
+
+# "zb" is ZB-H1 (Qi et al. 2023, sec. 3.1): torch's interleaved zero-bubble schedule with one stage per rank.
+SCHEDULE_CLASSES = {
+    "gpipe": ScheduleGPipe,
+    "1f1b": Schedule1F1B,
+    "interleaved": ScheduleInterleaved1F1B,
+    "zb": ScheduleInterleavedZeroBubble,
+    "zbv": ScheduleZBVZeroBubble,
+    "dualpipev": ScheduleDualPipeV,
+}
+
+
+def schedule_refusal(layout: Layout, n_microbatches: int) -> str | None:
+    """Why this runtime cannot run `layout`'s pipeline with `n_microbatches`, or None if it can: the
+    torch-free rules the Layout validator applies (`pipeline_refusal`), and the schedule's presence in torch."""
+    if layout.pp > 1 and SCHEDULE_CLASSES[layout.schedule] is None:
+        return f"schedule={layout.schedule} needs a newer torch (torch.distributed.pipelining lacks it)"
+    return pipeline_refusal(layout, n_microbatches)
+
+
+# ---- cutting the model -------------------------------------------------------------------------------
+def split_layers(n_layers: int, n_chunks: int) -> list[range]:
+    """Contiguous layer ranges, one per chunk, balanced over n_layers + 2 units: the embedding counts as one
+    layer on the first chunk and the output head (final norm + vocabulary projection) as one on the last.
+    Leftover units go to the inner chunks first, so the chunks carrying embedding or head stay lighter."""
+    if not 1 <= n_chunks <= n_layers:
+        raise ValueError(f"cannot cut {n_layers} layers into {n_chunks} pipeline chunks")
+    units = n_layers + 2
+    sizes = [units // n_chunks] * n_chunks
+    inner_first = list(range(1, n_chunks - 1)) + [0, n_chunks - 1]
+    for i in inner_first[:units % n_chunks]:
+        sizes[i] += 1
+    sizes[0] -= 1  # the embedding's unit
+    sizes[-1] -= 1  # the head's unit
+    starts = [sum(sizes[:i]) for i in range(n_chunks)]
+    return [range(start, start + size) for start, size in zip(starts, sizes)]
+
+
+def stage_indices(pp_rank: int, layout: Layout) -> list[int]:
+    """Global chunk (stage) indices held by `pp_rank`, in the order the schedules expect."""
+    p = layout.pp
+    if layout.schedule in V_SCHEDULES:
+        return [pp_rank, 2 * p - 1 - pp_rank]
+    return [pp_rank + k * p for k in range(layout.vpp)]
+
+
+def pipeline_chunks(model: Transformer, layout: Layout, pp_rank: int) -> list[tuple[int, Transformer]]:
+    """This rank's chunks as (stage index, module): copies of `model` keeping only their own layers (by
+    their global names) and the embedding / final norm and head where they belong. Apply TP and data
+    parallelism to each module afterwards, then hand them to `PipelineRunner`."""
+    n_chunks = layout.stages
+    ranges = split_layers(model.spec.layers, n_chunks)
+    chunks = []
+    for stage in stage_indices(pp_rank, layout):
+        chunk = copy.deepcopy(model)
+        keep = {str(i) for i in ranges[stage]}
+        for name in list(chunk.layers):
+            if name not in keep:
+                del chunk.layers[name]
+        if stage != 0:
+            chunk.tok_embeddings = None
+        if stage != n_chunks - 1:
+            chunk.norm, chunk.output = None, None
+        chunks.append((stage, chunk))
+    return chunks
+
+
+# ---- one stage, timed --------------------------------------------------------------------------------
+class TimedStage(PipelineStage):
+    """A PipelineStage that notes when each micro-batch's forward (F), backward (B: full, or input-gradient
+    only under zero-bubble schedules) and weight-gradient (W) ran, and records every activation or gradient
+    it sends as PP send_recv bytes."""
+
+    def __init__(self, module: nn.Module, stage_index: int, num_stages: int, device, group, events: list):
+        super().__init__(module, stage_index, num_stages, device, group=group)
+        self.events = events
+
+    def _timed(self, kind: str, chunk_id: int, fn, *args, **kwargs):
+        start = time.time()
+        out = fn(*args, **kwargs)
+        self.events.append({"kind": kind, "mb": chunk_id, "stage": self.stage_index, "start": start,
+                            "end": time.time()})
+        return out
+
+    def forward_one_chunk(self, fwd_chunk_id, *args, **kwargs):
+        return self._timed("F", fwd_chunk_id, super().forward_one_chunk, fwd_chunk_id, *args, **kwargs)
+
+    def backward_one_chunk(self, bwd_chunk_id, *args, **kwargs):
+        return self._timed("B", bwd_chunk_id, super().backward_one_chunk, bwd_chunk_id, *args, **kwargs)
+
+    def backward_weight_one_chunk(self, bwd_chunk_id, *args, **kwargs):
+        return self._timed("W", bwd_chunk_id, super().backward_weight_one_chunk, bwd_chunk_id, *args, **kwargs)
+
+    def get_fwd_send_ops(self, fwd_chunk_id):
+        return _recorded(super().get_fwd_send_ops(fwd_chunk_id))
+
+    def get_bwd_send_ops(self, bwd_chunk_id):
+        return _recorded(super().get_bwd_send_ops(bwd_chunk_id))
+
+
+def _recorded(ops: list) -> list:
+    for op in ops:
+        record("pp", "send_recv", op.tensor.numel() * op.tensor.element_size())
+    return ops
+
+
+# ---- the runner --------------------------------------------------------------------------------------
+class PipelineRunner:
+    """Runs one optimizer step's forward and backward through the pipeline.
+
+    chunks: this rank's (stage index, module) pairs from `pipeline_chunks` (after TP / FSDP are applied).
+    loss_fn(output, target) -> mean loss of one micro-batch; gradients are divided by n_microbatches, so
+    they are those of the mean loss over the whole batch. `step` returns that mean loss on every PP rank.
+    After a step, `events` holds this rank's timed F/B/W records and `step_span` its (start, end).
+    """
+
+    def __init__(self, chunks: list[tuple[int, nn.Module]], layout: Layout, pp_mesh, loss_fn,
+                 n_microbatches: int, device: torch.device | str = "cpu"):
+        reason = schedule_refusal(layout, n_microbatches)
+        if reason:
+            raise ValueError(reason)
+        self.group = pp_mesh.get_group() if hasattr(pp_mesh, "get_group") else pp_mesh
+        self.layout = layout
+        self.events: list = []
+        self.step_span = (0.0, 0.0)
+        device = torch.device(device)
+        self.stages = [TimedStage(module, index, layout.stages, device, self.group, self.events)
+                       for index, module in chunks]
+        schedule_cls = SCHEDULE_CLASSES[layout.schedule]
+        if layout.schedule in ("gpipe", "1f1b"):
+            self.schedule = schedule_cls(self.stages[0], n_microbatches, loss_fn=loss_fn)
+        else:
+            self.schedule = schedule_cls(self.stages, n_microbatches, loss_fn=loss_fn)
+        self.has_first = any(s.is_first for s in self.stages)
+        self.has_last = any(s.is_last for s in self.stages)
+        last_rank = 0 if layout.schedule in V_SCHEDULES else layout.pp - 1
+        self.loss_src = dist.get_global_rank(self.group, last_rank)
+
+    def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """tokens, targets: this DP replica's batch (n_microbatches * mbs sequences); every PP rank passes
+        them, and only the ranks holding the first or last stage use them."""
+        self.events.clear()
+        losses: list = []
+        args = (tokens,) if self.has_first else ()
+        kwargs = {"target": targets, "losses": losses} if self.has_last else {}
+        start = time.time()
+        self.schedule.step(*args, **kwargs)
+        self.step_span = (start, time.time())
+        loss = torch.stack(losses).mean().detach() if self.has_last else torch.zeros((), device=tokens.device)
+        # Bookkeeping, not training traffic: one number so every rank can log the loss.
+        dist.broadcast(loss, src=self.loss_src, group=self.group)
+        return loss

@@ -1,0 +1,291 @@
+"""Tensor parallelism (Megatron column/row split) and sequence parallelism over one TP process group.
+
+Shoeybi et al. 2019, "Megatron-LM", sec. 3: a column-parallel matmul followed by a row-parallel one needs
+one collective in forward and one in backward, placed by the conjugate operators f (identity forward,
+all-reduce backward) and g (all-reduce forward, identity backward). Korthikanti et al. 2022, "Reducing
+Activation Recomputation", sec. 4.2.2: with sequence parallelism the residual stream, norms and
+pointwise work are sharded along the sequence, g becomes a reduce-scatter and f an all-gather.
+
+We use our own autograd functions on plain tensors rather than DTensor: every parameter stays an ordinary
+local shard (so FSDP2 over "dp" and our flat-buffer ZeRO-1/2 see plain tensors), and every collective is a
+plain `torch.distributed` call whose payload goes straight into the comm ledger.
+
+Bytes per micro-batch of b x s tokens on a stage with L blocks (A = b*s*hidden*activation bytes, the full
+residual-stream buffer; emb/head = 1 where the stage holds the embedding / output head, else 0):
+  sp off: all_reduce tp  2*(2L + emb + head) * A    (g forward and f backward of every region)
+  sp on:  all_gather tp  (4L + emb + head) * A,  reduce_scatter tp  (4L + emb + head) * A,
+          all_reduce tp  (2L + head) * hidden * 4   (norm-weight gradients, fp32)
+  loss (stage with the head): all_reduce tp  3 * b*s*4  (max, sum of exponentials, target logit)
+Recomputed blocks run their forward collectives again in backward.
+"""
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from meshscale.runtime.ledger import record
+from meshscale.runtime.model import RMSNorm, Transformer
+
+# Parameters left whole on every TP rank (norm weights); everything else is a TP shard.
+_REPLICATED_SUFFIX = "norm.weight"
+
+# Bound once at import: these calls record themselves below, so `ledger.tap()` (which wraps the
+# torch.distributed functions for code we do not own, FSDP2) must not count them a second time.
+_all_reduce_fn = dist.all_reduce
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def _timed(collective: str, nbytes: int, fn, *args, **kwargs) -> None:
+    start = time.perf_counter()
+    fn(*args, **kwargs)
+    record("tp", collective, nbytes, time.perf_counter() - start)
+
+
+# ---- collectives on the TP group (each one recorded with the contract's payload) ------------------------
+def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
+    x = x.contiguous().clone()
+    _timed("all_reduce", x.numel() * x.element_size(), _all_reduce_fn, x, group=group)
+    return x
+
+
+def _gather_seq(x: torch.Tensor, group) -> torch.Tensor:
+    """(b, s/t, ...) -> (b, s, ...), concatenating the ranks' sequence chunks in rank order."""
+    t = dist.get_world_size(group)
+    local = x.transpose(0, 1).contiguous()
+    out = local.new_empty((t * local.shape[0], *local.shape[1:]))
+    _timed("all_gather", out.numel() * out.element_size(), _all_gather, out, local, group=group)
+    return out.transpose(0, 1)
+
+
+def _reduce_scatter_seq(x: torch.Tensor, group) -> torch.Tensor:
+    """(b, s, ...) partial sums -> (b, s/t, ...) of the summed sequence chunk this rank owns."""
+    t = dist.get_world_size(group)
+    full = x.transpose(0, 1).contiguous()
+    out = full.new_empty((full.shape[0] // t, *full.shape[1:]))
+    _timed("reduce_scatter", full.numel() * full.element_size(), _reduce_scatter, out, full, group=group)
+    return out.transpose(0, 1)
+
+
+class _CopyToTP(torch.autograd.Function):
+    """Megatron's f: the input is replicated, so its gradient is the sum of every rank's partial one."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_reduce(grad, ctx.group), None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """Megatron's g: sum the partial outputs of a row-parallel matmul."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        return _all_reduce(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _GatherSeq(torch.autograd.Function):
+    """SP's f: all-gather the sequence before a column-parallel matmul; reduce-scatter its gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _gather_seq(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter_seq(grad, ctx.group), None
+
+
+class _ReduceScatterSeq(torch.autograd.Function):
+    """SP's g: reduce-scatter the partial sums of a row-parallel matmul along the sequence."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _reduce_scatter_seq(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_seq(grad, ctx.group), None
+
+
+# ---- modules ----------------------------------------------------------------------------------------
+class VocabParallelEmbedding(nn.Module):
+    """Each rank holds rows [lo, hi) of the table; tokens outside it look up zeros, and the sum over ranks
+    (all-reduce, or reduce-scatter along the sequence with SP) completes every row."""
+
+    def __init__(self, weight: torch.Tensor, lo: int, group, sequence_parallel: bool):
+        super().__init__()
+        self.weight = nn.Parameter(weight)
+        self.lo, self.group, self.sequence_parallel = lo, group, sequence_parallel
+
+    def forward(self, tokens):
+        local = tokens - self.lo
+        outside = (local < 0) | (local >= self.weight.shape[0])
+        h = nn.functional.embedding(local.masked_fill(outside, 0), self.weight)
+        h = h.masked_fill(outside.unsqueeze(-1), 0.0)
+        if self.sequence_parallel:
+            return _ReduceScatterSeq.apply(h, self.group)
+        return _ReduceFromTP.apply(h, self.group)
+
+
+class SequenceParallelRMSNorm(RMSNorm):
+    """RMSNorm over a sequence chunk: each rank's weight gradient covers only its tokens, so the gradient
+    of the (replicated) weight is summed over the TP group, exactly as f does for a replicated input."""
+
+    def __init__(self, norm: RMSNorm, group):
+        super().__init__(norm.weight.shape[0], norm.eps)
+        self.weight = norm.weight
+        self.group = group
+
+    def forward(self, x):
+        xf = x.float()
+        normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)
+        return normed * _CopyToTP.apply(self.weight, self.group)
+
+
+def _shard(linear: nn.Linear, dim: int, rank: int, t: int) -> None:
+    """Keep this rank's contiguous slice of the weight: dim 0 (output features) for a column-parallel
+    matmul, dim 1 (input features) for a row-parallel one. Contiguous slices keep whole heads together,
+    and whole kv-head groups with their query heads."""
+    weight = linear.weight.detach()
+    linear.weight = nn.Parameter(weight.chunk(t, dim=dim)[rank].clone())
+
+
+def _enter_region(module: nn.Module, group, sequence_parallel: bool) -> None:
+    """Input boundary of a column-parallel region: f (or the SP all-gather) on the first argument."""
+    op = _GatherSeq if sequence_parallel else _CopyToTP
+    module.register_forward_pre_hook(lambda _m, args: (op.apply(args[0], group), *args[1:]))
+
+
+def _leave_region(module: nn.Module, group, sequence_parallel: bool) -> None:
+    """Output boundary of a row-parallel region: g (or the SP reduce-scatter)."""
+    op = _ReduceScatterSeq if sequence_parallel else _ReduceFromTP
+    module.register_forward_hook(lambda _m, _args, out: op.apply(out, group))
+
+
+def _group_of(tp_mesh):
+    return tp_mesh.get_group() if hasattr(tp_mesh, "get_group") else tp_mesh
+
+
+def apply_tensor_parallel(model: Transformer, tp_mesh, sequence_parallel: bool = False) -> Transformer:
+    """Shard `model` (a whole model or one pipeline stage of it) in place over the TP group.
+
+    tp_mesh: a 1-D DeviceMesh (e.g. mesh["tp"]) or a ProcessGroup. Parameter names do not change.
+    The model then returns vocabulary-sharded logits: use `vocab_parallel_cross_entropy` as the loss.
+    With SP, activations between blocks (and between pipeline stages) are sharded along the sequence.
+    """
+    group = _group_of(tp_mesh)
+    t, rank = dist.get_world_size(group), dist.get_rank(group)
+    if t == 1:
+        return model
+    spec = model.spec
+    if spec.heads % t or spec.kv_heads % t or spec.ffn % t or spec.vocab % t:
+        raise ValueError(f"tp={t} must divide heads, kv_heads, ffn and vocab of {spec.name}")
+    sp = sequence_parallel
+    if sp and spec.seq % t:
+        raise ValueError(f"sequence parallelism needs tp={t} to divide seq={spec.seq}")
+
+    def norm(module):
+        return SequenceParallelRMSNorm(module, group) if sp else module
+
+    if model.tok_embeddings is not None:
+        rows = spec.vocab // t
+        table = model.tok_embeddings.weight.detach()[rank * rows:(rank + 1) * rows].clone()
+        model.tok_embeddings = VocabParallelEmbedding(table, rank * rows, group, sp)
+    for block in model.layers.values():
+        block.attention_norm, block.ffn_norm = norm(block.attention_norm), norm(block.ffn_norm)
+        for column in (block.attention.wq, block.attention.wk, block.attention.wv,
+                       block.feed_forward.w1, block.feed_forward.w3):
+            _shard(column, 0, rank, t)
+        for row in (block.attention.wo, block.feed_forward.w2):
+            _shard(row, 1, rank, t)
+        for region in (block.attention, block.feed_forward):
+            _enter_region(region, group, sp)
+            _leave_region(region, group, sp)
+    if model.norm is not None:
+        model.norm = norm(model.norm)
+    if model.output is not None:
+        _shard(model.output, 0, rank, t)  # vocabulary-parallel head: logits stay sharded by vocabulary
+        _enter_region(model.output, group, sp)
+    return model
+
+
+# ---- loss --------------------------------------------------------------------------------------------
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Cross-entropy over logits sharded along the vocabulary (Megatron-LM, sec. 3: fusing the loss with
+    the parallel head so the full (tokens x vocab) logits are never gathered). Three all-reduces of one
+    number per token: the max, the sum of exponentials, the target's logit."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, group):
+        logits = logits.float()
+        vocab_local = logits.shape[-1]
+        lo = dist.get_rank(group) * vocab_local
+        row_max = _all_reduce_max(logits.detach().amax(-1), group)
+        shifted = logits - row_max.unsqueeze(-1)
+        local = targets - lo
+        outside = (local < 0) | (local >= vocab_local)
+        target_logit = shifted.gather(-1, local.clamp(0, vocab_local - 1).unsqueeze(-1)).squeeze(-1)
+        target_logit = _all_reduce(target_logit.masked_fill(outside, 0.0), group)
+        exp = shifted.exp()
+        sum_exp = _all_reduce(exp.sum(-1), group)
+        loss = sum_exp.log() - target_logit
+        softmax = exp / sum_exp.unsqueeze(-1)
+        ctx.save_for_backward(softmax, local, outside)
+        return loss.mean()
+
+    @staticmethod
+    def backward(ctx, grad):
+        softmax, local, outside = ctx.saved_tensors
+        # d(mean CE)/d logits = (softmax - onehot(target)) / tokens
+        g = softmax.clone()
+        onehot = (~outside).to(g.dtype)
+        g.scatter_add_(-1, local.clamp(0, g.shape[-1] - 1).unsqueeze(-1), -onehot.unsqueeze(-1))
+        return g * (grad / local.numel()), None, None
+
+
+def _all_reduce_max(x: torch.Tensor, group) -> torch.Tensor:
+    x = x.contiguous().clone()
+    _timed("all_reduce", x.numel() * x.element_size(), _all_reduce_fn, x, op=dist.ReduceOp.MAX, group=group)
+    return x
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, tp_mesh) -> torch.Tensor:
+    """Mean cross-entropy of vocabulary-sharded logits (b, s, vocab/t) against global targets (b, s)."""
+    group = _group_of(tp_mesh)
+    if dist.get_world_size(group) == 1:
+        return nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+    return _VocabParallelCrossEntropy.apply(logits, targets, group)
+
+
+# ---- gradient norm -----------------------------------------------------------------------------------
+def is_tp_replicated(name: str) -> bool:
+    """True for parameters every TP rank holds whole (norm weights): count them once in a global norm."""
+    return name.endswith(_REPLICATED_SUFFIX)
+
+
+def local_grad_norm_sq(model: nn.Module, tp_mesh) -> torch.Tensor:
+    """Sum of squared gradients this rank must contribute to the global norm: TP shards always, replicated
+    parameters only on TP rank 0. Sum the result over the TP, PP (and, where gradients are sharded,
+    DP) groups, then take the square root. DTensor gradients (FSDP2) contribute their local shard."""
+    group = _group_of(tp_mesh)
+    first = dist.get_rank(group) == 0 if dist.get_world_size(group) > 1 else True
+    total = torch.zeros((), dtype=torch.float32)
+    for name, p in model.named_parameters():
+        if p.grad is None or (is_tp_replicated(name) and not first):
+            continue
+        g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+        total = total.to(g.device) + g.float().pow(2).sum()
+    return total

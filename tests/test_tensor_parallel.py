@@ -1,0 +1,178 @@
+"""Tensor and sequence parallelism against a single device: loss and every gradient after one step, then the
+loss over a few AdamW steps, for `tiny` in fp32 on real gloo ranks."""
+
+import torch
+import torch.distributed as dist
+
+from meshscale.parallel.tensor import (apply_tensor_parallel, is_tp_replicated, local_grad_norm_sq,
+                                       vocab_parallel_cross_entropy)
+from meshscale.runtime.ledger import CommLedger
+from meshscale.runtime.model import build_model
+from meshscale.specs.model import PRESETS
+from tests.multirank import run_ranks
+
+SPEC = PRESETS["tiny"]
+ROW_PARALLEL = ("wo.weight", "w2.weight")  # sharded along input features; every other shard is along rows
+
+
+def batch(seed: int, n: int = 2):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, SPEC.vocab, (n, SPEC.seq + 1), generator=g)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def reference_shard(name: str, full: torch.Tensor, rank: int, t: int) -> torch.Tensor:
+    if is_tp_replicated(name):
+        return full
+    return full.chunk(t, dim=1 if name.endswith(ROW_PARALLEL) else 0)[rank]
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def reference(steps: int):
+    """Single-device losses over `steps` AdamW steps and the gradients of the first step."""
+    model = build_model(SPEC, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses, grads = [], None
+    for step in range(steps):
+        tokens, targets = batch(step)
+        loss = torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), targets.flatten())
+        loss.backward()
+        if grads is None:
+            grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, grads
+
+
+def tp_case(group, sp: bool, steps: int, ref_losses, ref_grads) -> dict:
+    t, rank = dist.get_world_size(group), dist.get_rank(group)
+    model = apply_tensor_parallel(build_model(SPEC, seed=0), group, sequence_parallel=sp)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    out = {"loss_err": 0.0, "grad_err": 0.0, "norm_err": 0.0}
+    for step in range(steps):
+        tokens, targets = batch(step)
+        with CommLedger().active() as ledger:
+            loss = vocab_parallel_cross_entropy(model(tokens), targets, group)
+            loss.backward()
+        if step == 0:
+            out["comm"] = [(e["axis"], e["collective"], e["bytes"]) for e in ledger.records]
+            for name, p in model.named_parameters():
+                expect = reference_shard(name, ref_grads[name], rank, t)
+                assert p.grad.shape == expect.shape, name
+                out["grad_err"] = max(out["grad_err"], rel_err(p.grad, expect))
+            norm_sq = local_grad_norm_sq(model, group)
+            dist.all_reduce(norm_sq, group=group)
+            ref_norm = torch.stack([g.pow(2).sum() for g in ref_grads.values()]).sum().sqrt()
+            out["norm_err"] = rel_err(norm_sq.sqrt(), ref_norm)
+        opt.step()
+        opt.zero_grad()
+        out["loss_err"] = max(out["loss_err"], abs(loss.item() - ref_losses[step]) / ref_losses[step])
+    return out
+
+
+def tp_matrix(rank, world):
+    torch.manual_seed(0)
+    steps = 3
+    ref_losses, ref_grads = reference(steps)
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    whole = dist.new_group(list(range(world)))
+    results = {}
+    for sp in (False, True):
+        results[(2, sp)] = tp_case(pairs[rank // 2], sp, steps, ref_losses, ref_grads)
+        results[(4, sp)] = tp_case(whole, sp, steps, ref_losses, ref_grads)
+    return results
+
+
+def expected_tp_bytes(t: int, sp: bool, b: int = 2) -> dict:
+    """Per-rank payloads of one forward+backward, by the comm contract (full buffer per call)."""
+    act = b * SPEC.seq * SPEC.hidden * 4  # one fp32 activation of the residual stream, whole sequence
+    tokens = b * SPEC.seq * 4
+    regions = 2 * SPEC.layers  # attention and MLP per block
+    if sp:
+        norms = 2 * SPEC.layers + 1
+        return {
+            # forward: all-gather into each region and the head; backward: all-gather of the
+            # reduce-scatter's gradient (regions and embedding)
+            "all_gather": act * (regions + 1) + act * (regions + 1),
+            "reduce_scatter": act * (regions + 1) + act * (regions + 1),
+            # norm-weight gradients, and the loss's three per-token reductions
+            "all_reduce": norms * SPEC.hidden * 4 + 3 * tokens,
+        }
+    return {"all_reduce": act * (regions + 1) + act * (regions + 1) + 3 * tokens}
+
+
+def test_tensor_and_sequence_parallel_match_single_device():
+    results = run_ranks(4, tp_matrix)
+    for rank, per_rank in enumerate(results):
+        for (t, sp), r in per_rank.items():
+            case = f"rank {rank} tp={t} sp={sp}"
+            assert r["loss_err"] < 1e-5, (case, r)
+            assert r["grad_err"] < 1e-5, (case, r)
+            assert r["norm_err"] < 1e-5, (case, r)
+            measured = {}
+            for axis, kind, nbytes in r["comm"]:
+                assert axis == "tp"
+                measured[kind] = measured.get(kind, 0) + nbytes
+            assert measured == expected_tp_bytes(t, sp), case
+
+
+def fsdp_tp_matrix(rank, world):
+    """dp=2 x tp=2 on one DeviceMesh, FSDP2 (fully_shard) over "dp" on top of TP: global batch of 4
+    sequences, 2 per DP rank."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    steps = 3
+    model = build_model(SPEC, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ref_losses, ref_grads = [], None
+    for step in range(steps):
+        tokens, targets = batch(step, n=4)
+        loss = torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), targets.flatten())
+        loss.backward()
+        ref_grads = ref_grads or {n: p.grad.clone() for n, p in model.named_parameters()}
+        opt.step()
+        opt.zero_grad()
+        ref_losses.append(loss.item())
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    dp_rank, tp_rank = mesh["dp"].get_local_rank(), mesh["tp"].get_local_rank()
+    results = {}
+    for sp in (False, True):
+        model = apply_tensor_parallel(build_model(SPEC, seed=0), mesh["tp"], sequence_parallel=sp)
+        for block in model.layers.values():
+            fully_shard(block, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        out = {"loss_err": 0.0, "grad_err": 0.0}
+        for step in range(steps):
+            tokens, targets = batch(step, n=4)
+            mine = slice(2 * dp_rank, 2 * dp_rank + 2)
+            loss = vocab_parallel_cross_entropy(model(tokens[mine]), targets[mine], mesh["tp"])
+            loss.backward()
+            if step == 0:
+                for name, p in model.named_parameters():
+                    expect = reference_shard(name, ref_grads[name], tp_rank, 2)
+                    out["grad_err"] = max(out["grad_err"], rel_err(p.grad.full_tensor(), expect))
+                norm_sq = local_grad_norm_sq(model, mesh["tp"])
+                dist.all_reduce(norm_sq)  # gradients are disjoint shards over both dp and tp
+                ref_norm = torch.stack([g.pow(2).sum() for g in ref_grads.values()]).sum().sqrt()
+                out["norm_err"] = rel_err(norm_sq.sqrt(), ref_norm)
+            opt.step()
+            opt.zero_grad()
+            global_loss = loss.detach().clone()
+            dist.all_reduce(global_loss, group=mesh["dp"].get_group())
+            out["loss_err"] = max(out["loss_err"], abs(global_loss.item() / 2 - ref_losses[step]) / ref_losses[step])
+        results[sp] = out
+    return results
+
+
+def test_tensor_parallel_composes_with_fsdp2_over_dp():
+    for rank, per_rank in enumerate(run_ranks(4, fsdp_tp_matrix)):
+        for sp, r in per_rank.items():
+            assert r["loss_err"] < 1e-5 and r["grad_err"] < 1e-5 and r["norm_err"] < 1e-5, (rank, sp, r)
