@@ -23,11 +23,23 @@ def problem3():
     return plan, explain(plan, model, cluster, 4096, 96)
 
 
-def test_problem3_winner_mixes_fsdp_and_4way_tp(problem3):
+def test_problem3_winner_pairs_4way_tp_with_1024way_sharding(problem3):
     plan, _ = problem3
     win = Layout.parse(plan.ranked[0].layout, 4096)
-    assert win.zero == 3 and win.tp == 4  # 4096 / 4 = 1024 ranks share params and batch (X_opt ~ 1333)
+    # 4096 / 4 = 1024 ranks share the batch (X_opt ~ 1333 rounds to 1024). 96 whole 32K sequences cannot
+    # cover 1024 ranks by dp alone, so cp (and a short pipeline) take part of that axis.
+    assert win.tp == 4 and win.cp > 1
     assert plan.ranked[0].fits and plan.evaluated < plan.enumerated
+
+
+def test_problem3_without_a_pipeline_is_fsdp_times_tp():
+    """The seed's answer proper: with no pipeline the winner shards parameters (ZeRO-3) across the data
+    axis and splits matrices with TP inside the ICI domain. (With one, torch's zero-bubble schedules,
+    which the runtime cannot combine with FSDP2, win by their smaller bubble.)"""
+    model, cluster = load_model("llama2-13b").with_seq(32768), load_cluster("tpu-v5p")
+    plan = search(model, cluster, 4096, 96, where=lambda tp, pp, cp, dp, ep: pp == 1)
+    win = Layout.parse(plan.ranked[0].layout, 4096)
+    assert win.zero == 3 and win.tp in (4, 8)
 
 
 def test_problem3_explanation_rejects_pure_dp_for_memory_and_pure_fsdp_as_comm_bound(problem3):

@@ -159,9 +159,6 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
                         f"of {model.name}; pick a tp that divides {model.kv_heads}")
     if model.ffn % t or (model.is_moe and model.expert_ffn % t):
         raise UserError(f"layout: tp={t} must divide the MLP width ({model.ffn}) of {model.name}")
-    if model.vocab % t:
-        raise UserError(f"layout: tp={t} must divide the vocabulary ({model.vocab}) of {model.name}, which the "
-                        "embedding and output head shard; pick a tp that divides it")
     if layout.stages > model.layers:
         raise UserError(f"layout: pp*vpp = {layout.stages} pipeline chunks but {model.name} has only "
                         f"{model.layers} layers; lower pp or vpp")
