@@ -5,7 +5,8 @@ showing the loss falling, the validation loss and the communication measured bes
 import subprocess
 import sys
 
-PLAN = ["plan", "--model", "tiny", "--cluster", "local-cpu", "--devices", "2", "--global-batch", "16", "--top", "3"]
+PLAN = ["plan", "--model", "tiny", "--cluster", "local-cpu", "--devices", "2", "--global-batch", "16", "--top", "3",
+        "--precision", "fp32"]
 TRAIN = ["train", "--model", "tiny", "--layout", "dp=2,zero=2,mbs=4", "--nproc", "2", "--steps", "120",
          "--global-batch", "16", "--log-every", "10"]
 
