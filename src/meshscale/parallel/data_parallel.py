@@ -44,12 +44,18 @@ class DDP:
     def optim_params(self) -> list:
         return [p for p in self.model.parameters() if p.requires_grad]
 
-    def grad_sq_norm(self) -> torch.Tensor:
-        return sum(p.grad.float().pow(2).sum() for p in self.optim_params())
+    def local_grad_sq(self, skip) -> torch.Tensor:
+        return _grad_sq(self.module, skip)
 
     def after_step(self) -> None:
         for p in self.optim_params():
             p.grad = None
+
+
+def _grad_sq(module, skip) -> torch.Tensor:
+    """Sum of squared gradients of `module`'s parameters, leaving out those `skip(name)` is true for."""
+    return sum((p.grad.float().pow(2).sum() for name, p in module.named_parameters()
+                if p.grad is not None and not skip(name)), torch.zeros(()))
 
 
 class Local:
@@ -67,8 +73,8 @@ class Local:
     def optim_params(self) -> list:
         return [p for p in self.model.parameters() if p.requires_grad]
 
-    def grad_sq_norm(self) -> torch.Tensor:
-        return sum(p.grad.float().pow(2).sum() for p in self.optim_params())
+    def local_grad_sq(self, skip) -> torch.Tensor:
+        return _grad_sq(self.module, skip)
 
     def after_step(self) -> None:
         for p in self.optim_params():

@@ -74,7 +74,7 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
     if spec.is_moe or spec.uses_mla or spec.mlp != "swiglu":
         raise UserError(f"model {spec.name}: the trainer runs dense LLaMA-style (SwiGLU) models only")
     layout = Layout.parse(cfg.layout, devices=world)
-    check_runtime(layout)
+    check_runtime(layout, spec)
     per_rank = cfg.global_batch // layout.dp
     if cfg.global_batch % layout.dp:
         raise UserError(f"global batch {cfg.global_batch} does not split over dp={layout.dp}; "

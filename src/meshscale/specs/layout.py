@@ -184,6 +184,21 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
             raise UserError(f"layout: {reason}")
 
 
+def split_layers(n_layers: int, n_chunks: int) -> list[range]:
+    """Contiguous layer ranges, one per chunk: Megatron's even cut (Narayanan et al. 2021, sec. 2.2), which
+    the published step times we hold the cost model against were measured with. Layers left over go to the
+    inner chunks first, so the chunks also carrying the embedding or the output head stay lighter. The
+    runtime (parallel/pipeline.py) and the cost model (cost/memory.py) both cut with this function."""
+    if not 1 <= n_chunks <= n_layers:
+        raise ValueError(f"cannot cut {n_layers} layers into {n_chunks} pipeline chunks")
+    sizes = [n_layers // n_chunks] * n_chunks
+    inner_first = list(range(1, n_chunks - 1)) + [0, n_chunks - 1]
+    for i in inner_first[:n_layers % n_chunks]:
+        sizes[i] += 1
+    starts = [sum(sizes[:i]) for i in range(n_chunks)]
+    return [range(start, start + size) for start, size in zip(starts, sizes)]
+
+
 def pipeline_refusal(layout: Layout, n_microbatches: int) -> str | None:
     """Why the runtime's pipeline schedules cannot run `layout` with `n_microbatches`, or None. These are
     the shapes whose gradients were verified against one device (tests/test_pipeline.py)."""
