@@ -3,7 +3,8 @@
   1. pipeline split: this PP rank's chunks (copies of the model keeping their own layers),
   2. tensor (and sequence) parallelism on each chunk over mesh["tp"],
   3. activation recompute (it wraps the block forwards, TP collectives included, so they rerun),
-  4. the data-parallel family over mesh["dp"] on each chunk: DDP, our ZeRO-1/2 over the chunk's local
+  4. the data-parallel family over mesh["dp"] on each chunk: DDP (our bucketed all-reduce after the
+     schedule inside a pipeline), our ZeRO-1/2 over the chunk's local
      (TP-sharded) parameters, or FSDP2 on its blocks and root.
 
 `runtime_supports` is the one place that says what the runtime can run; combinations that cannot be made
@@ -107,12 +108,12 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
 
 def _data_parallel(module, layout: Layout, mesh, ledger, precision: str, bucket_mb: float):
     """The data-parallel strategy for one chunk (see data_parallel.Local for its interface)."""
-    from meshscale.parallel.data_parallel import DDP, Local
+    from meshscale.parallel.data_parallel import DDP, Local, PipelinedDDP
 
     if layout.dp == 1:
         return Local(module)
     if layout.zero == 0:
-        return DDP(module, mesh, ledger, bucket_mb)
+        return (PipelinedDDP if layout.pp > 1 else DDP)(module, mesh, ledger, bucket_mb)
     if layout.zero in (1, 2):
         from meshscale.parallel.zero import Zero
 

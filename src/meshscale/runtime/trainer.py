@@ -137,8 +137,7 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
     if multi:  # once, after training: not step traffic
         result["comm"] = _gather(summaries)[described_rank(run)]
         if layout.pp > 1:
-            result["trace"] = _gather({"events": step_fn.runner.events, "span": step_fn.runner.step_span,
-                                       "pp_rank": mesh["pp"].get_local_rank()})
+            result["bubble"] = pipeline_trace(run, step_fn.runner, m)
     result["peak_memory_per_rank"] = _gather(peak_memory_bytes(device, baseline)) if multi else \
         [peak_memory_bytes(device, baseline)]
     return result
@@ -156,6 +155,21 @@ def described_rank(run: Resolved) -> int:
 
     layout = run.layout
     return busiest_rank(run.spec, layout) * layout.dp * layout.cp * layout.tp
+
+
+def pipeline_trace(run: Resolved, runner, m: int) -> dict:
+    """Gather the last step's F/B/W runs of the first rank of each pipeline stage, write them as a Chrome
+    trace (rank 0, with --trace), and return the measured bubble per PP rank beside the predicted one."""
+    from meshscale.runtime.trace import analytic_bubble, measured_bubble, write_chrome_trace
+
+    layout = run.layout
+    per_rank = _gather((runner.events, runner.step_span))
+    stride = layout.dp * layout.cp * layout.tp
+    stages = [per_rank[r * stride] for r in range(layout.pp)]
+    if run.config.trace and dist.get_rank() == 0:
+        write_chrome_trace(run.config.trace, [events for events, _ in stages])
+    return {"measured": [measured_bubble(events, span) for events, span in stages],
+            "predicted": analytic_bubble(layout.schedule, layout.pp, m, layout.vpp)}
 
 
 @torch.no_grad()

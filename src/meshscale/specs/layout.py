@@ -217,6 +217,11 @@ def pipeline_refusal(layout: Layout, n_microbatches: int) -> str | None:
         # and dualpipev's gradients are wrong (tests/test_pipeline.py checks the schedules it does accept)
         return (f"schedule={layout.schedule} with zero=3 gets wrong weight gradients from torch's split backward "
                 "under FSDP2; use zero<=2, or schedule=gpipe/1f1b/interleaved with zero=3")
+    if layout.dp > 1 and layout.zero == 2 and layout.schedule in ("zb", "zbv", "dualpipev"):
+        # ZeRO-2 reduce-scatters a bucket once backward has accumulated its gradients; zero-bubble schedules
+        # compute weight gradients with autograd.grad, which never triggers that hook
+        return (f"schedule={layout.schedule} computes weight gradients apart from backward, which zero=2 cannot "
+                "reduce-scatter as they form; use zero=1 (or gpipe/1f1b/interleaved with zero=2)")
     if layout.schedule == "dualpipev" and m < 2 * p:
         return (f"schedule=dualpipev needs at least 2*pp = {2 * p} micro-batches per step, got {m}; "
                 "raise the batch or lower mbs")
