@@ -7,14 +7,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from meshscale.parallel.apply import runtime_supports
 from meshscale.parallel.pipeline import PipelineRunner, pipeline_chunks, schedule_refusal, split_layers
 from meshscale.parallel.tensor import apply_tensor_parallel, vocab_parallel_cross_entropy
 from meshscale.runtime.ledger import CommLedger
 from meshscale.runtime.trace import analytic_bubble, chrome_trace, measured_bubble
 from meshscale.runtime.model import build_model
 from meshscale.errors import UserError
-from meshscale.specs.layout import Layout, check_against
+from meshscale.specs.layout import Layout, check_against, trainer_refusal
 from meshscale.specs.model import PRESETS
 from tests.multirank import run_ranks
 from tests.test_tensor_parallel import ROW_PARALLEL, rel_err
@@ -195,7 +194,7 @@ def test_refusals_name_the_reason():
     # the cost model pads the vocabulary for any tp; the trainer's vocabulary-parallel head needs tp | vocab
     odd = replace(SPEC, heads=6, kv_heads=3, ffn=174, vocab=256)
     check_against(Layout.parse("tp=3"), odd)
-    assert "must divide the vocabulary (256)" in runtime_supports(Layout.parse("tp=3"), odd)
+    assert "must divide the vocabulary (256)" in trainer_refusal(Layout.parse("tp=3"), odd)
 
 
 def check_trace(layout: Layout, per_rank: list[dict]) -> None:

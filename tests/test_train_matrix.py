@@ -2,8 +2,8 @@
 schedule, each zero stage with PP and TP, SP on and off) trains with the single-process loss curve to 1e-5
 relative in fp32, and the comm ledger measures exactly the bytes the cost model predicts for it.
 
-Cases come from the planner's own predicate (plan.search.runnable) and the runtime's (runtime_supports),
-deduplicated over mbs (1 with a pipeline, the most micro-batches; the default without) and recompute (none;
+Cases come from the planner's own predicate (plan.search.runnable) and the trainer's
+(specs.layout.trainer_refusal), deduplicated over mbs (1 with a pipeline, the most micro-batches; the default without) and recompute (none;
 tests/test_train_parity.py and test_ledger.py cover recompute). Each world runs its cases in two spawned
 process groups. World 8 is sampled (see `sampled`)."""
 
@@ -19,9 +19,8 @@ WORLDS = (4, 8)
 
 
 def cases(world: int) -> list[str]:
-    from meshscale.parallel.apply import runtime_supports
     from meshscale.plan.search import runnable
-    from meshscale.specs.layout import Layout
+    from meshscale.specs.layout import Layout, trainer_refusal
     from meshscale.specs.model import PRESETS
 
     spec = PRESETS["tiny"]
@@ -36,7 +35,7 @@ def cases(world: int) -> list[str]:
                     for schedule, vpp in SCHEDULES if pp > 1 else [("1f1b", 1)]:
                         layout = Layout(dp=dp, zero=zero, tp=tp, sp=sp, pp=pp, vpp=vpp, schedule=schedule,
                                         mbs=1 if pp > 1 else 0)
-                        if runnable(layout, spec, BATCH) and runtime_supports(layout, spec) is None:
+                        if runnable(layout, spec, BATCH) and trainer_refusal(layout, spec) is None:
                             out.append(str(layout))
     return out
 

@@ -7,8 +7,8 @@
      schedule inside a pipeline), our ZeRO-1/2 over the chunk's local
      (TP-sharded) parameters, or FSDP2 on its blocks and root.
 
-`runtime_supports` is the one place that says what the runtime can run; combinations that cannot be made
-correct are refused earlier, torch-free, by specs.layout (so the planner never emits them)."""
+What the trainer runs is said torch-free in specs.layout: `trainer_refusal` (not built yet: CP, EP) and
+`pipeline_refusal` (cannot be made correct; the planner never emits those)."""
 
 from contextlib import ExitStack
 
@@ -16,24 +16,11 @@ import torch
 import torch.distributed as dist
 
 from meshscale.errors import UserError
-from meshscale.specs.layout import Layout
+from meshscale.specs.layout import Layout, trainer_refusal
 
 
-def runtime_supports(layout: Layout, model=None) -> str | None:
-    """None when the runtime can run `layout` (for `model`); otherwise the reason it cannot."""
-    missing = [f"{key}={getattr(layout, key)}" for key in ("cp", "ep") if getattr(layout, key) > 1]
-    if missing:
-        return (f"the trainer does not run {', '.join(missing)} yet (context and expert parallelism); "
-                "set those degrees to 1")
-    if model is not None and layout.tp > 1 and model.vocab % layout.tp:
-        # the cost model pads the vocabulary like Megatron; our vocabulary-parallel embedding does not
-        return (f"tp={layout.tp} must divide the vocabulary ({model.vocab}) of {model.name} for the trainer's "
-                "vocabulary-parallel embedding and loss; pick a tp that divides it")
-    return None
-
-
-def check_runtime(layout: Layout, model=None) -> None:
-    reason = runtime_supports(layout, model)
+def check_runtime(layout: Layout, model) -> None:
+    reason = trainer_refusal(layout, model)
     if reason:
         raise UserError(f"layout {layout}: {reason}")
 

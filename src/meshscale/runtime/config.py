@@ -72,8 +72,6 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
     spec = load_model(cfg.model)
     if cfg.seq:
         spec = spec.with_seq(cfg.seq)
-    if spec.is_moe or spec.uses_mla or spec.mlp != "swiglu":
-        raise UserError(f"model {spec.name}: the trainer runs dense LLaMA-style (SwiGLU) models only")
     layout = Layout.parse(cfg.layout, devices=world)
     check_runtime(layout, spec)
     per_rank = cfg.global_batch // layout.dp

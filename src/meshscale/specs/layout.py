@@ -226,3 +226,20 @@ def pipeline_refusal(layout: Layout, n_microbatches: int) -> str | None:
         return (f"schedule=dualpipev needs at least 2*pp = {2 * p} micro-batches per step, got {m}; "
                 "raise the batch or lower mbs")
     return None
+
+
+def trainer_refusal(layout: Layout, model) -> str | None:
+    """Why `meshscale train` cannot run `layout` of `model` yet, or None. Torch-free, so `plan --emit torchrun`
+    can pick the best layout the trainer runs. (What it runs, it runs with the single-device loss:
+    tests/test_train_matrix.py.)"""
+    if model.is_moe or model.uses_mla or model.mlp != "swiglu":
+        return f"model {model.name}: the trainer runs dense LLaMA-style (SwiGLU) models only"
+    missing = [f"{key}={getattr(layout, key)}" for key in ("cp", "ep") if getattr(layout, key) > 1]
+    if missing:
+        return (f"the trainer does not run {', '.join(missing)} yet (context and expert parallelism); "
+                "set those degrees to 1")
+    if model.vocab % layout.tp:
+        # the cost model pads the vocabulary like Megatron; the trainer's vocabulary-parallel embedding does not
+        return (f"tp={layout.tp} must divide the vocabulary ({model.vocab}) of {model.name} for the trainer's "
+                "vocabulary-parallel embedding and loss; pick a tp that divides it")
+    return None
