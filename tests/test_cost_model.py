@@ -37,20 +37,27 @@ def test_tensor_parallel_bytes_per_layer_korthikanti():
     layout = Layout(dp=1, tp=2, mbs=2)
     ar = entries(predict(TINY, CPU, layout, batch, "fp32"), "tp")[("tp", "all_reduce")]
     act = tokens * TINY.hidden * 4
+    loss = 3 * tokens * 4  # the vocab-parallel loss: max, sum of exponentials, target logit per token (fp32)
     # 2 forward + 2 backward per layer, embedding forward and head backward, for 2 micro-batches
-    assert ar == 2 * (4 * TINY.layers + 2) * act
+    assert ar == 2 * ((4 * TINY.layers + 2) * act + loss)
     sp = entries(predict(TINY, CPU, Layout(dp=1, tp=2, sp=True, mbs=2), batch, "fp32"), "tp")
     assert sp[("tp", "all_gather")] == sp[("tp", "reduce_scatter")] == 2 * (4 * TINY.layers + 2) * act
+    # SP: the replicated norm weights' gradients (2 per layer and the final norm) are summed over TP
+    assert sp[("tp", "all_reduce")] == 2 * (loss + (2 * TINY.layers + 1) * TINY.hidden * 4)
     full = entries(predict(TINY, CPU, Layout(dp=1, tp=2, mbs=2, recompute="full"), batch, "fp32"), "tp")
-    assert full[("tp", "all_reduce")] == 2 * (6 * TINY.layers + 2) * act
+    assert full[("tp", "all_reduce")] == 2 * ((6 * TINY.layers + 2) * act + loss)
 
 
 def test_pipeline_sends_per_rank():
     assert [pipeline_sends(Layout(pp=4), r) for r in range(4)] == [1, 2, 2, 1]
     assert [pipeline_sends(Layout(pp=2, vpp=2, schedule="interleaved"), r) for r in range(2)] == [3, 3]
     assert [pipeline_sends(Layout(pp=2, schedule="zbv"), r) for r in range(2)] == [2, 2]
+    # bytes of the rank the cost model describes, the busiest (the last, with the head): it sends gradients
+    # back only, one full activation per micro-batch (no SP); the busiest sender (a middle rank) sends two
     pred = predict(TINY, CPU, Layout(pp=4, mbs=1), 8, "fp32")
-    assert entries(pred) == {("pp", "send_recv"): 8 * 2 * TINY.seq * TINY.hidden * 4}
+    assert entries(pred) == {("pp", "send_recv"): 8 * 1 * TINY.seq * TINY.hidden * 4}
+    sp = predict(TINY, CPU, Layout(pp=2, tp=2, sp=True, mbs=1), 8, "fp32")
+    assert entries(sp, "pp") == {("pp", "send_recv"): 8 * 1 * TINY.seq // 2 * TINY.hidden * 4}
 
 
 def test_pipeline_ranks_hold_all_parameters_once():

@@ -27,8 +27,9 @@ def _meshscale(*args, env=None, timeout=240, module=("-m", "meshscale")):
     (["--nproc", "2", "--layout", "mbs=8"], "exceeds the 4 sequences"),
     (["--nproc", "2", "--layout", "mbs=3"], "does not split into dp=2 x mbs=3"),
     (["--data", "/no/such/corpus"], "no such file or directory"),
-    (["--nproc", "2", "--layout", "tp=2"], "does not run tp=2 yet"),
-    (["--nproc", "4", "--layout", "pp=2,dp=2"], "does not run pp=2 yet"),
+    (["--nproc", "2", "--layout", "cp=2"], "does not run cp=2 yet"),
+    (["--nproc", "4", "--layout", "pp=2,dp=2,zero=2,schedule=zbv,mbs=1"], "zero=2 cannot reduce-scatter"),
+    (["--trace", "t.json"], "needs a layout with pp > 1"),
     (["--precision", "fp8"], "fp32 or bf16"),
     (["--config", "/no/such.toml"], "file not found"),
 ])
@@ -76,3 +77,15 @@ def test_failing_rank_ends_the_job_with_its_error_once():
     assert out.returncode == 2
     assert out.stderr.count("RuntimeError: failure injected by MESHSCALE_FAIL_RANK") == 1
     assert "rank 1 failed" in out.stderr and time.perf_counter() - start < 60
+
+
+def test_pipeline_trace_and_closed_loop(tmp_path):
+    trace = tmp_path / "t.json"
+    out = _meshscale("train", "--nproc", "4", "--layout", "pp=2,tp=2,sp=true,mbs=1", "--steps", "3",
+                     "--trace", str(trace), "--predict")
+    assert out.returncode == 0, out.stderr
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["pid"] for e in events} == {0, 1} and sum(e["ph"] == "X" for e in events) == 2 * 2 * 8  # F+B, 8 mbs
+    assert "pipeline bubble (last step): measured" in out.stdout and "comm bytes: all agree" in out.stdout
+    again = _meshscale("train", "--nproc", "4", "--layout", "pp=2,tp=2,mbs=1", "--steps", "1", "--trace", str(trace))
+    assert again.returncode == 2 and "--overwrite" in again.stderr

@@ -34,7 +34,7 @@ def run(args) -> int:
     if args.objective == "cost":
         if not cluster.price_per_device_hour:
             raise UserError(f"cluster {cluster.name} has no price_per_device_hour; use --objective time")
-        counts += [devices // k for k in (2, 4, 8) if devices % k == 0 and batch % 1 == 0]
+        counts += [devices // k for k in (2, 4, 8) if devices % k == 0]
     plans = [(n, search(model, cluster, n, batch, args.precision, top=args.top, headroom=args.memory_headroom,
                         cross_tp=args.allow_cross_tp)) for n in counts]
     plan = plans[0][1]
@@ -50,7 +50,7 @@ def run(args) -> int:
                         f"after {args.memory_headroom:.0%} headroom; add devices or pick a larger accelerator")
     win_devices = plan.ranked[0].devices
     if args.emit == "torchrun":
-        print(torchrun_command(args, cluster, win_devices, plan.ranked[0].layout, batch))
+        print(_emit(args, model, cluster, plan.ranked[0], batch))
         return 0
     if args.json:
         print(json.dumps(plan.to_dict()))
@@ -71,6 +71,29 @@ def _merge_by_cost(plans, cluster, top):
     best.enumerated = sum(p.enumerated for _, p in plans)
     best.objective = "cost"
     return best
+
+
+def _emit(args, model, cluster, winner, batch: int) -> str:
+    """The torchrun line for the winner or, when the trainer cannot run it yet, for the best layout it can
+    run (a `#` line above says why, so the output still pastes into a shell)."""
+    from meshscale.plan.search import search
+    from meshscale.specs.layout import Layout, trainer_refusal
+
+    reason = trainer_refusal(Layout.parse(winner.layout), model)
+    if reason is None:
+        return torchrun_command(args, cluster, winner.devices, winner.layout, batch)
+    if trainer_refusal(Layout(), model):
+        raise UserError(f"--emit torchrun: {trainer_refusal(Layout(), model)}")
+    trainable = search(model, cluster, winner.devices, batch, args.precision, top=1, headroom=args.memory_headroom,
+                       cross_tp=args.allow_cross_tp,
+                       where=lambda tp, pp, cp, dp, ep: cp == ep == 1 and model.vocab % tp == 0)
+    if not trainable.ranked:
+        raise UserError(f"--emit torchrun: the winner {winner.layout} cannot be trained yet ({reason}) and no "
+                        "layout the trainer runs fits; add devices or lower the batch")
+    best = trainable.ranked[0]
+    return (f"# {winner.layout} is predicted fastest ({winner.step_time_s * 1e3:,.1f} ms) but meshscale train "
+            f"cannot run it yet ({reason}); the fastest layout it runs ({best.step_time_s * 1e3:,.1f} ms):\n"
+            + torchrun_command(args, cluster, best.devices, best.layout, batch))
 
 
 def torchrun_command(args, cluster, devices: int, layout: str, batch: int) -> str:

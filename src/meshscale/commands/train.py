@@ -18,6 +18,8 @@ _HELP = {
     "val_batches": "global batches of held-out text for the final validation loss",
     "log_every": "print every n-th step",
     "metrics_out": "write one JSON object per step to this new file",
+    "trace": "write the last step's pipeline forward/backward runs as Chrome-trace JSON to this new file "
+             "(pp > 1) and print the measured bubble beside the predicted one",
     "device": "auto, cpu or cuda",
 }
 _FLAGS = ("overwrite", "predict")
@@ -33,7 +35,7 @@ def add_arguments(parser) -> None:
                 "bucket_mb": float}.get(name, str)
         parser.add_argument(flag, type=kind, default=None, help=_HELP.get(name))
     parser.add_argument("--config", default=None, help=_HELP["config"])
-    parser.add_argument("--overwrite", action="store_true", default=None, help="allow replacing --metrics-out")
+    parser.add_argument("--overwrite", action="store_true", default=None, help="allow replacing --metrics-out and --trace")
     parser.add_argument("--predict", action="store_true", default=None,
                         help="print the cost model's prediction beside what was measured")
 

@@ -32,11 +32,11 @@ class Link:
 # ---- what is communicated ----------------------------------------------------------------------------
 
 def data_parallel_ops(zero: int, params: float, m: int, param_bytes: int, units: int,
-                      root_params: float = 0.0) -> list[tuple]:
+                      root_params: float = 0.0, pipelined: bool = False) -> list[tuple]:
     """The data-parallel family per optimizer step (the contract's rule, in one place).
     params: parameters on the rank; m: micro-batches per DP rank; gradients travel in fp32 (4 B/param);
     units: FSDP wrapping units (layers + root); root_params: those in the root unit (embedding, final norm,
-    head). Returns (collective, bytes, calls, overlap)."""
+    head); pipelined: inside a pipeline schedule (pp > 1). Returns (collective, bytes, calls, overlap)."""
     grads = 4 * params
     buckets = max(1, math.ceil(grads / DDP_BUCKET_BYTES))
     if zero == 0:  # DDP: one all-reduce after the last micro-batch (no_sync before)
@@ -46,6 +46,13 @@ def data_parallel_ops(zero: int, params: float, m: int, param_bytes: int, units:
     if zero == 2:  # nobody holds a full gradient: reduce-scatter every micro-batch
         return [("reduce_scatter", grads * m, buckets * m, "each_backward"),
                 ("all_gather", 4 * params, buckets, "none")]
+    blocks = params - root_params
+    if pipelined:
+        # FSDP2 inside torch's pipeline stages (measured on torch 2.13): the stage defers gradient sync and
+        # backward resharding to the last micro-batch, so each block is gathered in every forward and once
+        # for all backwards, the root once, and gradients are reduce-scattered once.
+        return [("all_gather", param_bytes * ((m + 1) * blocks + root_params), (m + 1) * (units - 1) + 1, "fsdp"),
+                ("reduce_scatter", grads, units, "fsdp")]
     # zero=3 (FSDP2, measured on torch 2.13): each block is gathered (compute dtype) in forward and again in
     # backward, per micro-batch; the root is not resharded after forward, so it is gathered once.
     # Recompute adds no gather: the backward gather is already in place when the block re-runs.
@@ -56,20 +63,27 @@ def data_parallel_ops(zero: int, params: float, m: int, param_bytes: int, units:
 
 def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, n_layers: int,
                         first: bool, last: bool, m: int) -> list[tuple]:
-    """Megatron TP (Shoeybi et al. 2019; Korthikanti et al. 2022 sec. 4.2.2), per micro-batch of `tokens`.
-    Per layer: 2 all-reduces forward + 2 backward; with SP each becomes an all-gather + reduce-scatter pair
-    (so 4 AG and 4 RS per layer). Full recompute repeats the forward's. The vocab-parallel embedding adds one
-    forward all-reduce (SP: RS, and its AG in backward); the column-parallel head one backward all-reduce
-    (SP: AG forward, RS backward). Each call moves the full s*b*h activation."""
+    """Megatron TP (Shoeybi et al. 2019, sec. 3; Korthikanti et al. 2022, sec. 4.2.2), per micro-batch of
+    `tokens`, as parallel/tensor.py runs it (the ledger measures exactly these bytes).
+    Per layer: 2 all-reduces forward (g) + 2 backward (f); with SP each becomes an all-gather +
+    reduce-scatter pair (4 AG and 4 RS per layer). Full recompute repeats the forward's 2 per layer. The
+    vocab-parallel embedding adds one forward all-reduce (SP: RS forward, AG backward); the column-parallel
+    head one backward all-reduce (SP: AG forward, RS backward). Each of these moves the full s*b*h activation.
+    Small ones, in fp32: SP's replicated norm weights sum their gradient over TP (2 per layer, and the final
+    norm), and the vocab-parallel loss all-reduces 3 numbers per token (max, sum of exponentials, target
+    logit; Megatron-LM sec. 3)."""
     if layout.tp == 1:
         return []
     v = tokens * model.hidden * act_bytes
     per_layer = 4 + (2 if layout.recompute == "full" else 0)
-    if not layout.sp:
-        calls = (n_layers * per_layer + first + last) * m
-        return [("all_reduce", v * calls, calls, "none")]
     calls = (n_layers * per_layer + first + last) * m
-    return [("all_gather", v * calls, calls, "none"), ("reduce_scatter", v * calls, calls, "none")]
+    small_calls = 3 * m if last else 0
+    small = small_calls * tokens * 4
+    if not layout.sp:
+        return [("all_reduce", v * calls + small, calls + small_calls, "none")]
+    norm_calls = (2 * n_layers + last) * m
+    return [("all_gather", v * calls, calls, "none"), ("reduce_scatter", v * calls, calls, "none"),
+            ("all_reduce", small + norm_calls * model.hidden * 4, small_calls + norm_calls, "none")]
 
 
 def pipeline_sends(layout: Layout, rank: int) -> int:
@@ -85,14 +99,17 @@ def _sends(pp: int, chunks: int, v_shape: bool) -> tuple:
                  + sum(1 for c in range(1, chunks) if owner[c] == r and owner[c - 1] != r) for r in range(pp))
 
 
-def pipeline_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, m: int) -> list[tuple]:
-    """Activations forward and their gradients backward at each stage boundary. Each TP rank sends only
-    its 1/tp slice (its SP shard, or Megatron's scatter/gather optimisation, Narayanan et al. 2021 sec. 4.1,
-    the receiver re-assembling it over the fast tier). Bytes of the busiest rank."""
+def pipeline_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, m: int,
+                 rank: int | None = None) -> list[tuple]:
+    """Activations forward and their gradients backward at each stage boundary, from pipeline rank `rank`
+    (None: the rank sending most). As the runtime does it: with SP each TP rank sends its 1/tp sequence
+    shard; without SP every TP rank sends the whole activation (we do not implement Megatron's
+    scatter/gather of it, Narayanan et al. 2021 sec. 4.1)."""
     if layout.pp == 1:
         return []
-    v = tokens * model.hidden * act_bytes / layout.tp
-    sends = max(_sends(layout.pp, layout.stages, layout.schedule in ("zbv", "dualpipev"))) * m
+    v = tokens * model.hidden * act_bytes / (layout.tp if layout.sp else 1)
+    per_rank = _sends(layout.pp, layout.stages, layout.schedule in ("zbv", "dualpipev"))
+    sends = (max(per_rank) if rank is None else per_rank[rank]) * m
     return [("send_recv", v * sends, sends, "none")]
 
 

@@ -9,7 +9,7 @@ master, momentum and variance (12) = 16 bytes/param, sharded by ZeRO stage (ZeRO
 from dataclasses import dataclass
 from functools import lru_cache
 
-from meshscale.specs.layout import Layout
+from meshscale.specs.layout import Layout, split_layers
 from meshscale.specs.model import ModelSpec
 
 # (params, grads, optimizer) bytes per parameter, and the dtype activations and gathered params travel in.
@@ -54,9 +54,9 @@ def last_rank(layout: Layout) -> int:
 
 @lru_cache(maxsize=65536)
 def _stage_layers(layers: int, pp: int, chunks: int, v_shape: bool, rank: int) -> tuple:
-    bounds = [round(i * layers / chunks) for i in range(chunks + 1)]
+    ranges = split_layers(layers, chunks)  # the runtime's cut (embedding and head count as a layer each)
     owned = (rank, chunks - 1 - rank) if v_shape else range(rank, chunks, pp)
-    return tuple(i for c in owned for i in range(bounds[c], bounds[c + 1]))
+    return tuple(i for c in owned for i in ranges[c])
 
 
 def params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:

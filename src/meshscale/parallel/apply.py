@@ -1,45 +1,110 @@
-"""Apply a Layout to a built model: recompute first (it changes no parameter), then the data-parallel
-wrapper that owns gradient and parameter communication. Tensor/pipeline/context/expert parallelism
-plug in here (their mesh axes already exist, see mesh.py); `runtime_supports` is the one place that
-says what the runtime can run today."""
+"""Apply a Layout to a built model, on one DeviceMesh (pp, dp, cp, tp; TP innermost), in this order:
+
+  1. pipeline split: this PP rank's chunks (copies of the model keeping their own layers),
+  2. tensor (and sequence) parallelism on each chunk over mesh["tp"],
+  3. activation recompute (it wraps the block forwards, TP collectives included, so they rerun),
+  4. the data-parallel family over mesh["dp"] on each chunk: DDP (our bucketed all-reduce after the
+     schedule inside a pipeline), our ZeRO-1/2 over the chunk's local
+     (TP-sharded) parameters, or FSDP2 on its blocks and root.
+
+What the trainer runs is said torch-free in specs.layout: `trainer_refusal` (not built yet: CP, EP) and
+`pipeline_refusal` (cannot be made correct; the planner never emits those)."""
+
+from contextlib import ExitStack
+
+import torch
+import torch.distributed as dist
 
 from meshscale.errors import UserError
-from meshscale.specs.layout import Layout
+from meshscale.specs.layout import Layout, trainer_refusal
 
 
-def runtime_supports(layout: Layout) -> str | None:
-    """None when the runtime can run `layout`; otherwise the reason it cannot, naming what is missing."""
-    missing = [f"{key}={getattr(layout, key)}" for key in ("tp", "pp", "cp", "ep") if getattr(layout, key) > 1]
-    if missing:
-        return (f"the trainer does not run {', '.join(missing)} yet (data parallelism only: dp with zero=0..3); "
-                "set those degrees to 1")
-    return None
-
-
-def check_runtime(layout: Layout) -> None:
-    reason = runtime_supports(layout)
+def check_runtime(layout: Layout, model) -> None:
+    reason = trainer_refusal(layout, model)
     if reason:
         raise UserError(f"layout {layout}: {reason}")
 
 
-def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", bucket_mb: float = 1.0):
-    """Wrap `model` for `layout`; returns the data-parallel strategy (see data_parallel.Local for its
-    interface: model, accumulate(last), optim_params(), grad_sq_norm(), after_step())."""
-    from meshscale.parallel.data_parallel import DDP, Local
+class Parallel:
+    """This rank's part of the model with the layout applied: `chunks` [(stage index, module the pipeline
+    or the loop calls)], one data-parallel strategy per chunk, and the optimizer-facing operations over
+    all of them. Without a pipeline there is one chunk, `model`."""
+
+    def __init__(self, chunks: list, strategies: list, layout: Layout, mesh):
+        self.chunks, self.strategies, self.layout, self.mesh = chunks, strategies, layout, mesh
+        self.model = chunks[0][1]
+        tp_rank = mesh["tp"].get_local_rank() if mesh is not None else 0
+        self._skip = _tp_replicated if tp_rank > 0 else (lambda name: False)
+
+    def accumulate(self, last: bool):
+        stack = ExitStack()
+        for s in self.strategies:
+            stack.enter_context(s.accumulate(last))
+        return stack
+
+    def optim_params(self) -> list:
+        return [p for s in self.strategies for p in s.optim_params()]
+
+    def grad_sq_norm(self) -> torch.Tensor:
+        """Squared norm of the whole model's gradient, identical to one device: each rank sums its TP shards
+        (replicated norm weights on TP rank 0 only), then the sum runs over TP, PP and, when gradients are
+        sharded, DP (control scalars, not ledger traffic)."""
+        total = sum(s.local_grad_sq(self._skip) for s in self.strategies).float()
+        axes = [a for a in ("tp", "pp") if getattr(self.layout, a) > 1]
+        if self.strategies[0].sharded:
+            axes.append("dp")
+        for axis in axes:
+            dist.all_reduce(total, group=self.mesh[axis].get_group())
+        return total
+
+    def after_step(self) -> None:
+        for s in self.strategies:
+            s.after_step()
+
+
+def _tp_replicated(name: str) -> bool:
+    from meshscale.parallel.tensor import is_tp_replicated
+
+    return is_tp_replicated(name)
+
+
+def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", bucket_mb: float = 1.0) -> Parallel:
     from meshscale.parallel.recompute import apply_recompute
 
-    check_runtime(layout)
-    apply_recompute(model, layout.recompute)
+    check_runtime(layout, model.spec)
     if mesh is not None:
         ledger.name_mesh(mesh)
+    if layout.pp > 1:
+        from meshscale.parallel.pipeline import pipeline_chunks
+
+        chunks = pipeline_chunks(model, layout, mesh["pp"].get_local_rank())
+    else:
+        chunks = [(0, model)]
+    wrapped, strategies = [], []
+    for stage, module in chunks:
+        if layout.tp > 1:
+            from meshscale.parallel.tensor import apply_tensor_parallel
+
+            apply_tensor_parallel(module, mesh["tp"], layout.sp)
+        apply_recompute(module, layout.recompute)
+        strategy = _data_parallel(module, layout, mesh, ledger, precision, bucket_mb)
+        wrapped.append((stage, strategy.model))
+        strategies.append(strategy)
+    return Parallel(wrapped, strategies, layout, mesh)
+
+
+def _data_parallel(module, layout: Layout, mesh, ledger, precision: str, bucket_mb: float):
+    """The data-parallel strategy for one chunk (see data_parallel.Local for its interface)."""
+    from meshscale.parallel.data_parallel import DDP, Local, PipelinedDDP
+
     if layout.dp == 1:
-        return Local(model)
+        return Local(module)
     if layout.zero == 0:
-        return DDP(model, mesh, ledger, bucket_mb)
+        return (PipelinedDDP if layout.pp > 1 else DDP)(module, mesh, ledger, bucket_mb)
     if layout.zero in (1, 2):
         from meshscale.parallel.zero import Zero
 
-        return Zero(model, mesh, ledger, layout.zero, bucket_mb)
+        return Zero(module, mesh, ledger, layout.zero, bucket_mb)
     from meshscale.parallel.fsdp import FSDP
 
-    return FSDP(model, mesh, ledger, precision)
+    return FSDP(module, mesh, ledger, precision)

@@ -9,7 +9,6 @@ reduce-scatter, stay fp32. FSDP2 is torch's code, so its collectives reach the l
 from contextlib import contextmanager
 
 import torch
-import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 
@@ -34,10 +33,10 @@ class FSDP:
     def optim_params(self) -> list:
         return [p for p in self.model.parameters() if p.requires_grad]
 
-    def grad_sq_norm(self) -> torch.Tensor:
-        local = sum(p.grad.to_local().float().pow(2).sum() for p in self.optim_params())
-        dist.all_reduce(local, group=self.group)  # control scalar, not gradient traffic
-        return local
+    def local_grad_sq(self, skip) -> torch.Tensor:
+        """This rank's shards only: sum the result over the DP group."""
+        return sum((p.grad.to_local().float().pow(2).sum() for name, p in self.model.named_parameters()
+                    if p.grad is not None and not skip(name)), torch.zeros(()))
 
     def after_step(self) -> None:
         for p in self.optim_params():

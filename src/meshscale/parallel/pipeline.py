@@ -18,7 +18,7 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleG
 
 from meshscale.runtime.ledger import record
 from meshscale.runtime.model import Transformer
-from meshscale.specs.layout import V_SCHEDULES, Layout, pipeline_refusal
+from meshscale.specs.layout import V_SCHEDULES, Layout, pipeline_refusal, split_layers
 
 try:  # both exist in torch 2.11 and 2.13; guarded so an older torch refuses them instead of failing to import
     from torch.distributed.pipelining import ScheduleDualPipeV, ScheduleZBVZeroBubble
@@ -45,23 +45,6 @@ def schedule_refusal(layout: Layout, n_microbatches: int) -> str | None:
 
 
 # ---- cutting the model -------------------------------------------------------------------------------
-def split_layers(n_layers: int, n_chunks: int) -> list[range]:
-    """Contiguous layer ranges, one per chunk, balanced over n_layers + 2 units: the embedding counts as one
-    layer on the first chunk and the output head (final norm + vocabulary projection) as one on the last.
-    Leftover units go to the inner chunks first, so the chunks carrying embedding or head stay lighter."""
-    if not 1 <= n_chunks <= n_layers:
-        raise ValueError(f"cannot cut {n_layers} layers into {n_chunks} pipeline chunks")
-    units = n_layers + 2
-    sizes = [units // n_chunks] * n_chunks
-    inner_first = list(range(1, n_chunks - 1)) + [0, n_chunks - 1]
-    for i in inner_first[:units % n_chunks]:
-        sizes[i] += 1
-    sizes[0] -= 1  # the embedding's unit
-    sizes[-1] -= 1  # the head's unit
-    starts = [sum(sizes[:i]) for i in range(n_chunks)]
-    return [range(start, start + size) for start, size in zip(starts, sizes)]
-
-
 def stage_indices(pp_rank: int, layout: Layout) -> list[int]:
     """Global chunk (stage) indices held by `pp_rank`, in the order the schedules expect."""
     p = layout.pp
@@ -153,14 +136,22 @@ class PipelineRunner:
         self.stages = [TimedStage(module, index, layout.stages, device, self.group, self.events)
                        for index, module in chunks]
         schedule_cls = SCHEDULE_CLASSES[layout.schedule]
-        if layout.schedule in ("gpipe", "1f1b"):
-            self.schedule = schedule_cls(self.stages[0], n_microbatches, loss_fn=loss_fn)
-        else:
-            self.schedule = schedule_cls(self.stages, n_microbatches, loss_fn=loss_fn)
+        # Each micro-batch's loss is divided by m inside autograd (rather than torch scaling .grad after the
+        # step), so the gradients are those of the batch mean whatever data-parallel wrapper holds them:
+        # ZeRO-2 reduce-scatters (and frees) every micro-batch's gradient before torch could scale it.
+        self.n_microbatches = n_microbatches
+        self.loss_fn = loss_fn
+
+        def scaled_loss(output, target):
+            return loss_fn(output, target) / n_microbatches
+
+        stages = self.stages[0] if layout.schedule in ("gpipe", "1f1b") else self.stages
+        self.schedule = schedule_cls(stages, n_microbatches, loss_fn=scaled_loss, scale_grads=False)
         self.has_first = any(s.is_first for s in self.stages)
         self.has_last = any(s.is_last for s in self.stages)
         last_rank = 0 if layout.schedule in V_SCHEDULES else layout.pp - 1
         self.loss_src = dist.get_global_rank(self.group, last_rank)
+        self.owner = {stage: rank for rank in range(layout.pp) for stage in stage_indices(rank, layout)}
 
     def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """tokens, targets: this DP replica's batch (n_microbatches * mbs sequences); every PP rank passes
@@ -172,7 +163,34 @@ class PipelineRunner:
         start = time.time()
         self.schedule.step(*args, **kwargs)
         self.step_span = (start, time.time())
-        loss = torch.stack(losses).mean().detach() if self.has_last else torch.zeros((), device=tokens.device)
+        loss = torch.stack(losses).sum().detach() if self.has_last else torch.zeros((), device=tokens.device)
+        return self._share(loss)
+
+    @torch.no_grad()
+    def evaluate(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean loss of a batch, forward only: the chunks run in stage order, each rank sending its chunk's
+        output (in fp32) to the rank holding the next chunk. Nothing to overlap, so no schedule."""
+        me = dist.get_rank(self.group)
+        modules = {s.stage_index: s.submod for s in self.stages}
+        spec = getattr(next(iter(modules.values())), "module", next(iter(modules.values()))).spec
+        seq = tokens.shape[1] // (self.layout.tp if self.layout.sp else 1)
+        shape = (tokens.shape[0], seq, spec.hidden)
+        x, loss = tokens, torch.zeros((), device=tokens.device)
+        for stage in range(self.layout.stages):
+            if self.owner[stage] != me:
+                continue
+            if stage > 0 and self.owner[stage - 1] != me:
+                x = torch.empty(shape, dtype=torch.float32, device=tokens.device)
+                dist.recv(x, src=dist.get_global_rank(self.group, self.owner[stage - 1]), group=self.group)
+            x = modules[stage](x)
+            if stage == self.layout.stages - 1:
+                loss = self.loss_fn(x, targets).detach()
+            elif self.owner[stage + 1] != me:
+                dist.send(x.float().contiguous(), dst=dist.get_global_rank(self.group, self.owner[stage + 1]),
+                          group=self.group)
+        return self._share(loss)
+
+    def _share(self, loss: torch.Tensor) -> torch.Tensor:
         # Bookkeeping, not training traffic: one number so every rank can log the loss.
         dist.broadcast(loss, src=self.loss_src, group=self.group)
         return loss

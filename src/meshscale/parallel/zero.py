@@ -63,6 +63,8 @@ class Zero:
         self.world, self.rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         self.buckets = self._make_buckets([p for p in model.parameters() if p.requires_grad], bucket_mb)
         self._pending: list = []
+        self._names = {p: name for name, p in model.named_parameters()}
+        self._mask = None
         if stage == 1:  # gradients accumulate straight into the flat buffers
             for b in self.buckets:
                 b.new_grad_flat()
@@ -125,10 +127,19 @@ class Zero:
     def optim_params(self) -> list:
         return [b.shard for b in self.buckets]
 
-    def grad_sq_norm(self) -> torch.Tensor:
-        local = sum(b.shard.grad.pow(2).sum() for b in self.buckets)
-        dist.all_reduce(local, group=self.group)  # control scalar, not gradient traffic
-        return local
+    def local_grad_sq(self, skip) -> torch.Tensor:
+        """This rank's shards only (sum the result over the DP group), leaving out the elements of the
+        parameters `skip(name)` is true for (a flat shard mixes parameters, so mask them)."""
+        if self._mask is None:
+            self._mask = [self._shard_mask(b, skip) for b in self.buckets]
+        return sum(((b.shard.grad * m).pow(2).sum() for b, m in zip(self.buckets, self._mask)), torch.zeros(()))
+
+    def _shard_mask(self, bucket: _Bucket, skip) -> torch.Tensor:
+        mask = torch.ones_like(bucket.flat)
+        for p in bucket.params:
+            if skip(self._names[p]):
+                mask[bucket.offsets[p]:bucket.offsets[p] + p.numel()] = 0.0
+        return mask[self.rank * bucket.shard_numel:(self.rank + 1) * bucket.shard_numel]
 
     def after_step(self) -> None:
         launched = []

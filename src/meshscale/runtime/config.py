@@ -31,6 +31,7 @@ class TrainConfig:
     val_batches: int = 4
     log_every: int = 1  # print every n-th step (the JSONL file gets them all)
     metrics_out: str | None = None
+    trace: str | None = None  # Chrome-trace JSON of the last step's pipeline runs
     overwrite: bool = False
     predict: bool = False
     device: str = "auto"  # auto: cuda when available, else cpu
@@ -71,10 +72,8 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
     spec = load_model(cfg.model)
     if cfg.seq:
         spec = spec.with_seq(cfg.seq)
-    if spec.is_moe or spec.uses_mla or spec.mlp != "swiglu":
-        raise UserError(f"model {spec.name}: the trainer runs dense LLaMA-style (SwiGLU) models only")
     layout = Layout.parse(cfg.layout, devices=world)
-    check_runtime(layout)
+    check_runtime(layout, spec)
     per_rank = cfg.global_batch // layout.dp
     if cfg.global_batch % layout.dp:
         raise UserError(f"global batch {cfg.global_batch} does not split over dp={layout.dp}; "
@@ -97,6 +96,13 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
     if (cfg.metrics_out and os.environ.get("RANK", "0") == "0" and Path(cfg.metrics_out).exists()
             and not cfg.overwrite):
         raise UserError(f"--metrics-out {cfg.metrics_out} already exists; choose a new file or pass --overwrite")
+    if cfg.trace:
+        if layout.pp == 1:
+            raise UserError("--trace records the pipeline's forward/backward runs; it needs a layout with pp > 1")
+        if not Path(cfg.trace).absolute().parent.is_dir():
+            raise UserError(f"--trace {cfg.trace}: directory {Path(cfg.trace).parent} does not exist")
+        if os.environ.get("RANK", "0") == "0" and Path(cfg.trace).exists() and not cfg.overwrite:
+            raise UserError(f"--trace {cfg.trace} already exists; choose a new file or pass --overwrite")
     if cfg.device not in ("auto", "cpu", "cuda"):
         raise UserError(f"--device must be auto, cpu or cuda, got {cfg.device!r}")
     return Resolved(cfg, spec, layout)

@@ -26,6 +26,7 @@ class CommLedger:
         self.step = 0
         self.records: list[dict] = []
         self._axis_of_group: dict = {}
+        self._tapping = False
 
     # ---- naming ------------------------------------------------------------------------
     def name_group(self, group, axis: str) -> None:
@@ -104,6 +105,9 @@ class CommLedger:
         mode, which costs a Python call per operator, so it is off where nothing issues them."""
         import torch.distributed as dist
 
+        if self._tapping:  # nested (one FSDP per pipeline chunk): the outer tap already records
+            yield self
+            return
         # name -> (collective, the argument whose size is the contract payload)
         specs = {"all_gather_single": ("all_gather", "output_tensor"),
                  "all_gather_into_tensor": ("all_gather", "output_tensor"),
@@ -133,10 +137,12 @@ class CommLedger:
 
         for name, fn in saved.items():
             setattr(dist, name, wrap(name, fn))
+        self._tapping = True
         try:
             with (_functional_tap(self) if functional else nullcontext()):
                 yield self
         finally:
+            self._tapping = False
             for name, fn in saved.items():
                 setattr(dist, name, fn)
 

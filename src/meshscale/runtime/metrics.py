@@ -89,9 +89,14 @@ def report(run, result: dict, prediction: dict | None = None) -> str:
              f"validation loss {result['val_loss']:.4f}",
              f"step time {step_time * 1e3:.1f} ms (median)  peak memory per rank "
              + ", ".join(f"{b / 2**20:.1f}" for b in result["peak_memory_per_rank"]) + " MiB"]
+    if "bubble" in result:
+        bubble = result["bubble"]
+        lines.append(f"pipeline bubble (last step): measured {sum(bubble['measured']) / len(bubble['measured']):.2f} "
+                     f"(per pp rank {', '.join(f'{b:.2f}' for b in bubble['measured'])}), predicted "
+                     f"{bubble['predicted']:.2f}" + (f"; trace written to {run.config.trace}" if run.config.trace else ""))
     measured = result["comm"][-1]
     if prediction is None:
-        lines.append("communication per step (rank 0, last step):")
+        lines.append("communication per step (the rank the cost model describes, last step):")
         lines += [f"  {c['collective']:<15}{c['axis']:<4}{c['bytes']:>14,} B  {c['calls']:>4} calls  "
                   f"{c['time_s'] * 1e3:8.2f} ms" for c in measured] or ["  none (one data-parallel replica)"]
         return "\n".join(lines)

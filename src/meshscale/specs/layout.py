@@ -184,6 +184,21 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
             raise UserError(f"layout: {reason}")
 
 
+def split_layers(n_layers: int, n_chunks: int) -> list[range]:
+    """Contiguous layer ranges, one per chunk: Megatron's even cut (Narayanan et al. 2021, sec. 2.2), which
+    the published step times we hold the cost model against were measured with. Layers left over go to the
+    inner chunks first, so the chunks also carrying the embedding or the output head stay lighter. The
+    runtime (parallel/pipeline.py) and the cost model (cost/memory.py) both cut with this function."""
+    if not 1 <= n_chunks <= n_layers:
+        raise ValueError(f"cannot cut {n_layers} layers into {n_chunks} pipeline chunks")
+    sizes = [n_layers // n_chunks] * n_chunks
+    inner_first = list(range(1, n_chunks - 1)) + [0, n_chunks - 1]
+    for i in inner_first[:n_layers % n_chunks]:
+        sizes[i] += 1
+    starts = [sum(sizes[:i]) for i in range(n_chunks)]
+    return [range(start, start + size) for start, size in zip(starts, sizes)]
+
+
 def pipeline_refusal(layout: Layout, n_microbatches: int) -> str | None:
     """Why the runtime's pipeline schedules cannot run `layout` with `n_microbatches`, or None. These are
     the shapes whose gradients were verified against one device (tests/test_pipeline.py)."""
@@ -202,7 +217,29 @@ def pipeline_refusal(layout: Layout, n_microbatches: int) -> str | None:
         # and dualpipev's gradients are wrong (tests/test_pipeline.py checks the schedules it does accept)
         return (f"schedule={layout.schedule} with zero=3 gets wrong weight gradients from torch's split backward "
                 "under FSDP2; use zero<=2, or schedule=gpipe/1f1b/interleaved with zero=3")
+    if layout.dp > 1 and layout.zero == 2 and layout.schedule in ("zb", "zbv", "dualpipev"):
+        # ZeRO-2 reduce-scatters a bucket once backward has accumulated its gradients; zero-bubble schedules
+        # compute weight gradients with autograd.grad, which never triggers that hook
+        return (f"schedule={layout.schedule} computes weight gradients apart from backward, which zero=2 cannot "
+                "reduce-scatter as they form; use zero=1 (or gpipe/1f1b/interleaved with zero=2)")
     if layout.schedule == "dualpipev" and m < 2 * p:
         return (f"schedule=dualpipev needs at least 2*pp = {2 * p} micro-batches per step, got {m}; "
                 "raise the batch or lower mbs")
+    return None
+
+
+def trainer_refusal(layout: Layout, model) -> str | None:
+    """Why `meshscale train` cannot run `layout` of `model` yet, or None. Torch-free, so `plan --emit torchrun`
+    can pick the best layout the trainer runs. (What it runs, it runs with the single-device loss:
+    tests/test_train_matrix.py.)"""
+    if model.is_moe or model.uses_mla or model.mlp != "swiglu":
+        return f"model {model.name}: the trainer runs dense LLaMA-style (SwiGLU) models only"
+    missing = [f"{key}={getattr(layout, key)}" for key in ("cp", "ep") if getattr(layout, key) > 1]
+    if missing:
+        return (f"the trainer does not run {', '.join(missing)} yet (context and expert parallelism); "
+                "set those degrees to 1")
+    if model.vocab % layout.tp:
+        # the cost model pads the vocabulary like Megatron; the trainer's vocabulary-parallel embedding does not
+        return (f"tp={layout.tp} must divide the vocabulary ({model.vocab}) of {model.name} for the trainer's "
+                "vocabulary-parallel embedding and loss; pick a tp that divides it")
     return None
