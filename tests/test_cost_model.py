@@ -53,11 +53,17 @@ def test_pipeline_sends_per_rank():
     assert [pipeline_sends(Layout(pp=2, vpp=2, schedule="interleaved"), r) for r in range(2)] == [3, 3]
     assert [pipeline_sends(Layout(pp=2, schedule="zbv"), r) for r in range(2)] == [2, 2]
     # bytes of the rank the cost model describes, the busiest (the last, with the head): it sends gradients
-    # back only, one full activation per micro-batch (no SP); the busiest sender (a middle rank) sends two
+    # back only, one activation per micro-batch
+    act = TINY.seq * TINY.hidden * 4
     pred = predict(TINY, CPU, Layout(pp=4, mbs=1), 8, "fp32")
-    assert entries(pred) == {("pp", "send_recv"): 8 * 1 * TINY.seq * TINY.hidden * 4}
-    sp = predict(TINY, CPU, Layout(pp=2, tp=2, sp=True, mbs=1), 8, "fp32")
-    assert entries(sp, "pp") == {("pp", "send_recv"): 8 * 1 * TINY.seq // 2 * TINY.hidden * 4}
+    assert entries(pred) == {("pp", "send_recv"): 8 * act}
+    # with TP each rank sends 1/tp: its SP shard, or (no SP) a slice the receiver all-gathers over TP
+    for sp in (True, False):
+        assert entries(predict(TINY, CPU, Layout(pp=2, tp=2, sp=sp, mbs=1), 8, "fp32"), "pp") == \
+            {("pp", "send_recv"): 8 * act // 2}
+    # the last rank's one boundary gathers once per micro-batch (in forward)
+    no_sp = entries(predict(TINY, CPU, Layout(pp=2, tp=2, mbs=1), 8, "fp32"), "tp")
+    assert no_sp[("tp", "all_gather")] == 8 * act
 
 
 def test_pipeline_ranks_hold_all_parameters_once():

@@ -62,7 +62,7 @@ def data_parallel_ops(zero: int, params: float, m: int, param_bytes: int, units:
 
 
 def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, n_layers: int,
-                        first: bool, last: bool, m: int) -> list[tuple]:
+                        first: bool, last: bool, m: int, crossings: int = 0) -> list[tuple]:
     """Megatron TP (Shoeybi et al. 2019, sec. 3; Korthikanti et al. 2022, sec. 4.2.2), per micro-batch of
     `tokens`, as parallel/tensor.py runs it (the ledger measures exactly these bytes).
     Per layer: 2 all-reduces forward (g) + 2 backward (f); with SP each becomes an all-gather +
@@ -71,7 +71,8 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     head one backward all-reduce (SP: AG forward, RS backward). Each of these moves the full s*b*h activation.
     Small ones, in fp32: SP's replicated norm weights sum their gradient over TP (2 per layer, and the final
     norm), and the vocab-parallel loss all-reduces 3 numbers per token (max, sum of exponentials, target
-    logit; Megatron-LM sec. 3)."""
+    logit; Megatron-LM sec. 3). Without SP, each of the rank's `crossings` pipeline boundaries per
+    micro-batch (see pipeline_ops) all-gathers the activation the TP ranks sent in slices."""
     if layout.tp == 1:
         return []
     v = tokens * model.hidden * act_bytes
@@ -80,7 +81,9 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     small_calls = 3 * m if last else 0
     small = small_calls * tokens * 4
     if not layout.sp:
-        return [("all_reduce", v * calls + small, calls + small_calls, "none")]
+        gathers = crossings * m
+        return [("all_reduce", v * calls + small, calls + small_calls, "none")] + \
+            ([("all_gather", v * gathers, gathers, "none")] if gathers else [])
     norm_calls = (2 * n_layers + last) * m
     return [("all_gather", v * calls, calls, "none"), ("reduce_scatter", v * calls, calls, "none"),
             ("all_reduce", small + norm_calls * model.hidden * 4, small_calls + norm_calls, "none")]
@@ -102,12 +105,12 @@ def _sends(pp: int, chunks: int, v_shape: bool) -> tuple:
 def pipeline_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, m: int,
                  rank: int | None = None) -> list[tuple]:
     """Activations forward and their gradients backward at each stage boundary, from pipeline rank `rank`
-    (None: the rank sending most). As the runtime does it: with SP each TP rank sends its 1/tp sequence
-    shard; without SP every TP rank sends the whole activation (we do not implement Megatron's
-    scatter/gather of it, Narayanan et al. 2021 sec. 4.1)."""
+    (None: the rank sending most). Each TP rank sends 1/tp of the activation: its SP sequence shard, or
+    without SP a slice the receiver all-gathers over TP (Megatron's scatter/gather, Narayanan et al. 2021,
+    sec. 4.1; tensor_parallel_ops counts the gather)."""
     if layout.pp == 1:
         return []
-    v = tokens * model.hidden * act_bytes / (layout.tp if layout.sp else 1)
+    v = tokens * model.hidden * act_bytes / layout.tp
     per_rank = _sends(layout.pp, layout.stages, layout.schedule in ("zbv", "dualpipev"))
     sends = (max(per_rank) if rank is None else per_rank[rank]) * m
     return [("send_recv", v * sends, sends, "none")]

@@ -130,8 +130,9 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         ops += [("dp",) + op for op in comm.data_parallel_ops(layout.zero, params, m, act_bytes, n_layers + 1,
                                                                   root_params_on_rank(model, layout, rank),
                                                               layout.pp > 1)]
+    crossings = comm.pipeline_sends(layout, rank) if layout.pp > 1 else 0
     ops += [("tp",) + op for op in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, first,
-                                                          last, m)]
+                                                          last, m, crossings)]
     ops += [("pp",) + op for op in comm.pipeline_ops(model, layout, tokens, act_bytes, m, rank)]
     ops += [("cp",) + op for op in comm.context_parallel_ops(model, layout, tokens, act_bytes, n_layers, m)]
     ops += [("ep",) + op for op in comm.expert_parallel_ops(model, layout, tokens, act_bytes, moe_layers, m)]

@@ -83,9 +83,13 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
     wrapped, strategies = [], []
     for stage, module in chunks:
         if layout.tp > 1:
-            from meshscale.parallel.tensor import apply_tensor_parallel
+            from meshscale.parallel.tensor import apply_tensor_parallel, scatter_gather_stage
 
             apply_tensor_parallel(module, mesh["tp"], layout.sp)
+            if layout.pp > 1 and not layout.sp:
+                from meshscale.parallel.pipeline import crosses_ranks
+
+                scatter_gather_stage(module, mesh["tp"], *crosses_ranks(stage, layout))
         apply_recompute(module, layout.recompute)
         strategy = _data_parallel(module, layout, mesh, ledger, precision, bucket_mb)
         wrapped.append((stage, strategy.model))

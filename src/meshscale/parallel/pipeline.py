@@ -53,6 +53,14 @@ def stage_indices(pp_rank: int, layout: Layout) -> list[int]:
     return [pp_rank + k * p for k in range(layout.vpp)]
 
 
+def crosses_ranks(stage: int, layout: Layout) -> tuple[bool, bool]:
+    """(input comes from another PP rank, output goes to another PP rank) for chunk `stage`; the turn of
+    a V keeps two chunks on one rank."""
+    owner = {s: r for r in range(layout.pp) for s in stage_indices(r, layout)}
+    return (stage > 0 and owner[stage - 1] != owner[stage],
+            stage < layout.stages - 1 and owner[stage + 1] != owner[stage])
+
+
 def pipeline_chunks(model: Transformer, layout: Layout, pp_rank: int) -> list[tuple[int, Transformer]]:
     """This rank's chunks as (stage index, module): copies of `model` keeping only their own layers (by
     their global names) and the embedding / final norm and head where they belong. Apply TP and data
@@ -173,8 +181,9 @@ class PipelineRunner:
         me = dist.get_rank(self.group)
         modules = {s.stage_index: s.submod for s in self.stages}
         spec = getattr(next(iter(modules.values())), "module", next(iter(modules.values()))).spec
-        seq = tokens.shape[1] // (self.layout.tp if self.layout.sp else 1)
-        shape = (tokens.shape[0], seq, spec.hidden)
+        b, s, tp = tokens.shape[0], tokens.shape[1], self.layout.tp
+        # what crosses a rank boundary: an SP shard, a TP slice (tensor.scatter_gather_stage) or all of it
+        shape = (b, s * spec.hidden // tp) if tp > 1 and not self.layout.sp else (b, s // tp, spec.hidden)
         x, loss = tokens, torch.zeros((), device=tokens.device)
         for stage in range(self.layout.stages):
             if self.owner[stage] != me:

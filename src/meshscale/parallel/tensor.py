@@ -16,6 +16,8 @@ residual-stream buffer; emb/head = 1 where the stage holds the embedding / outpu
   sp on:  all_gather tp  (4L + emb + head) * A,  reduce_scatter tp  (4L + emb + head) * A,
           all_reduce tp  (2L + head) * hidden * 4   (norm-weight gradients, fp32)
   loss (stage with the head): all_reduce tp  3 * b*s*4  (max, sum of exponentials, target logit)
+  pp > 1, sp off: all_gather tp  A  per boundary crossing to another pipeline rank (the receiver's forward,
+          the sender's backward: Megatron's scatter/gather, `scatter_gather_stage`)
 Recomputed blocks run their forward collectives again in backward.
 """
 
@@ -120,6 +122,38 @@ class _ReduceScatterSeq(torch.autograd.Function):
         return _gather_seq(grad, ctx.group), None
 
 
+class _ScatterToNextStage(torch.autograd.Function):
+    """Megatron's scatter at a pipeline boundary (Narayanan et al. 2021, sec. 4.1): without SP the stage's
+    output is replicated over TP, so each TP rank sends only its 1/t slice (b, s*h/t); the gradient comes
+    back in slices and is all-gathered."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group, ctx.shape = group, x.shape
+        t, rank = dist.get_world_size(group), dist.get_rank(group)
+        # a copy, never a view: zero-bubble schedules detach stage outputs in place
+        return x.reshape(x.shape[0], t, -1)[:, rank].clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_seq(grad, ctx.group).reshape(ctx.shape), None
+
+
+class _GatherFromPreviousStage(torch.autograd.Function):
+    """The receiving side of the scatter: all-gather the slices over the fast TP links; the gradient is
+    replicated over TP (the first block's f sums it), so each rank returns its own slice."""
+
+    @staticmethod
+    def forward(ctx, x, group, hidden):
+        ctx.group = group
+        return _gather_seq(x, group).reshape(x.shape[0], -1, hidden)
+
+    @staticmethod
+    def backward(ctx, grad):
+        t, rank = dist.get_world_size(ctx.group), dist.get_rank(ctx.group)
+        return grad.reshape(grad.shape[0], t, -1)[:, rank].contiguous(), None, None
+
+
 # ---- modules ----------------------------------------------------------------------------------------
 class VocabParallelEmbedding(nn.Module):
     """Each rank holds rows [lo, hi) of the table; tokens outside it look up zeros, and the sum over ranks
@@ -220,6 +254,18 @@ def apply_tensor_parallel(model: Transformer, tp_mesh, sequence_parallel: bool =
         _shard(model.output, 0, rank, t)  # vocabulary-parallel head: logits stay sharded by vocabulary
         _enter_region(model.output, group, sp)
     return model
+
+
+def scatter_gather_stage(chunk: Transformer, tp_mesh, receives: bool, sends: bool) -> None:
+    """Without SP, send 1/t of each stage boundary's activation per TP rank and all-gather it on arrival
+    (`receives`/`sends`: the chunk's input comes from / its output goes to another pipeline rank). With SP
+    the boundary is already sharded along the sequence."""
+    group = _group_of(tp_mesh)
+    if receives:
+        chunk.register_forward_pre_hook(
+            lambda _m, args: (_GatherFromPreviousStage.apply(args[0], group, chunk.spec.hidden), *args[1:]))
+    if sends:
+        chunk.register_forward_hook(lambda _m, _args, out: _ScatterToNextStage.apply(out, group))
 
 
 # ---- loss --------------------------------------------------------------------------------------------
