@@ -1,6 +1,7 @@
 """DDP (zero=0): torch's DistributedDataParallel, whose bucketed gradient all-reduce overlaps the
 backward pass. Our comm hook does the same all-reduce as torch's default hook and records it in the
-ledger; `no_sync` skips it on every micro-batch but the last (gradient accumulation)."""
+ledger; `no_sync` skips it on every micro-batch but the last (gradient accumulation). Inside a pipeline,
+PipelinedDDP does the same all-reduce once the schedule is done. Local (dp=1) is their common base."""
 
 import inspect
 import time
@@ -25,94 +26,9 @@ def _recorded_all_reduce(state: _HookState, bucket) -> torch.futures.Future[torc
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
-class DDP:
-    sharded = False
-
-    def __init__(self, model, mesh, ledger, bucket_mb: float):
-        group = mesh["dp"].get_group()
-        # Buffers (RoPE tables) are computed identically on every rank: no per-step broadcast.
-        self.module = model
-        no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
-                          inspect.signature(DistributedDataParallel).parameters else {"broadcast_buffers": False})
-        self.model = DistributedDataParallel(model, process_group=group, bucket_cap_mb=bucket_mb,
-                                             gradient_as_bucket_view=True, **no_buffer_sync)
-        self.model.register_comm_hook(_HookState(group, ledger), _recorded_all_reduce)
-
-    def accumulate(self, last: bool):
-        return nullcontext() if last else self.model.no_sync()
-
-    def optim_params(self) -> list:
-        return [p for p in self.model.parameters() if p.requires_grad]
-
-    def local_grad_sq(self, skip) -> torch.Tensor:
-        return _grad_sq(self.module, skip)
-
-    def after_step(self) -> None:
-        for p in self.optim_params():
-            p.grad = None
-
-
-def _grad_sq(module, skip) -> torch.Tensor:
-    """Sum of squared gradients of `module`'s parameters, leaving out those `skip(name)` is true for."""
-    return sum((p.grad.float().pow(2).sum() for name, p in module.named_parameters()
-                if p.grad is not None and not skip(name)), torch.zeros(()))
-
-
-class PipelinedDDP:
-    """zero=0 inside a pipeline schedule. torch's DDP reducer expects one backward per forward and sees
-    several per step there (measured on torch 2.13: an internal assert under interleaving, wrong bucket
-    rebuilds under GPipe, no reduction at all for zero-bubble's split weight gradients). So this does what
-    DDP does, once the schedule has run every micro-batch's backward: all-reduce the gradient in buckets,
-    averaged over the DP group, one all-reduce of 4P bytes per step (the contract's zero=0 rule)."""
-
-    sharded = False
-
-    def __init__(self, model, mesh, ledger, bucket_mb: float):
-        self.model = self.module = model
-        self.group, self.ledger = mesh["dp"].get_group(), ledger
-        self.world = dist.get_world_size(self.group)
-        self.limit = max(1, int(bucket_mb * 2**20) // 4)
-
-    @contextmanager
-    def accumulate(self, last: bool):
-        yield
-        if last:
-            self._all_reduce()
-
-    def _all_reduce(self) -> None:
-        bucket, size = [], 0
-        for p in reversed(self.optim_params()):
-            bucket.append(p)
-            size += p.numel()
-            if size >= self.limit:
-                self._reduce_bucket(bucket)
-                bucket, size = [], 0
-        if bucket:
-            self._reduce_bucket(bucket)
-
-    def _reduce_bucket(self, params: list) -> None:
-        flat = torch.cat([p.grad.reshape(-1) for p in params]).div_(self.world)
-        start = time.perf_counter()
-        dist.all_reduce(flat, group=self.group)
-        self.ledger.record("dp", "all_reduce", flat.numel() * flat.element_size(), time.perf_counter() - start)
-        offset = 0
-        for p in params:
-            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
-            offset += p.numel()
-
-    def optim_params(self) -> list:
-        return [p for p in self.model.parameters() if p.requires_grad]
-
-    def local_grad_sq(self, skip) -> torch.Tensor:
-        return _grad_sq(self.module, skip)
-
-    def after_step(self) -> None:
-        for p in self.optim_params():
-            p.grad = None
-
-
 class Local:
-    """One data-parallel replica (dp=1): nothing to communicate."""
+    """One data-parallel replica (dp=1): nothing to communicate. The base of the strategies that keep whole
+    gradients on every rank."""
 
     sharded = False
 
@@ -124,11 +40,75 @@ class Local:
         yield
 
     def optim_params(self) -> list:
-        return [p for p in self.model.parameters() if p.requires_grad]
+        return [p for p in self.module.parameters() if p.requires_grad]
 
     def local_grad_sq(self, skip) -> torch.Tensor:
-        return _grad_sq(self.module, skip)
+        """Sum of squared gradients of the module's parameters, leaving out those `skip(name)` is true for."""
+        return sum((p.grad.float().pow(2).sum() for name, p in self.module.named_parameters()
+                    if p.grad is not None and not skip(name)), torch.zeros(()))
 
     def after_step(self) -> None:
         for p in self.optim_params():
             p.grad = None
+
+
+def grad_buckets(params: list, bucket_mb: float) -> list[list]:
+    """Parameters in buckets of about `bucket_mb` MiB of fp32 gradient, in reverse registration order
+    (roughly the order backward produces gradients in)."""
+    limit = int(bucket_mb * 2**20) // 4
+    buckets, current, size = [], [], 0
+    for p in reversed(params):
+        current.append(p)
+        size += p.numel()
+        if size >= limit:
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+class DDP(Local):
+    def __init__(self, model, mesh, ledger, bucket_mb: float):
+        group = mesh["dp"].get_group()
+        super().__init__(model)
+        # Buffers (RoPE tables) are computed identically on every rank: no per-step broadcast.
+        no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
+                          inspect.signature(DistributedDataParallel).parameters else {"broadcast_buffers": False})
+        self.model = DistributedDataParallel(model, process_group=group, bucket_cap_mb=bucket_mb,
+                                             gradient_as_bucket_view=True, **no_buffer_sync)
+        self.model.register_comm_hook(_HookState(group, ledger), _recorded_all_reduce)
+
+    def accumulate(self, last: bool):
+        return nullcontext() if last else self.model.no_sync()
+
+
+class PipelinedDDP(Local):
+    """zero=0 inside a pipeline schedule. torch's DDP reducer expects one backward per forward and sees
+    several per step there (measured on torch 2.13: an internal assert under interleaving, wrong bucket
+    rebuilds under GPipe, no reduction at all for zero-bubble's split weight gradients). So this does what
+    DDP does, once the schedule has run every micro-batch's backward: all-reduce the gradient in buckets,
+    averaged over the DP group, one all-reduce of 4P bytes per step (the contract's zero=0 rule)."""
+
+    def __init__(self, model, mesh, ledger, bucket_mb: float):
+        super().__init__(model)
+        self.group, self.ledger = mesh["dp"].get_group(), ledger
+        self.world = dist.get_world_size(self.group)
+        self.buckets = grad_buckets(self.optim_params(), bucket_mb)
+
+    @contextmanager
+    def accumulate(self, last: bool):
+        yield
+        if last:
+            for bucket in self.buckets:
+                self._reduce_bucket(bucket)
+
+    def _reduce_bucket(self, params: list) -> None:
+        flat = torch.cat([p.grad.reshape(-1) for p in params]).div_(self.world)
+        start = time.perf_counter()
+        dist.all_reduce(flat, group=self.group)
+        self.ledger.record("dp", "all_reduce", flat.numel() * flat.element_size(), time.perf_counter() - start)
+        offset = 0
+        for p in params:
+            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+            offset += p.numel()

@@ -188,13 +188,14 @@ class PipelineRunner:
         for stage in range(self.layout.stages):
             if self.owner[stage] != me:
                 continue
-            if stage > 0 and self.owner[stage - 1] != me:
+            receives, sends = crosses_ranks(stage, self.layout)
+            if receives:
                 x = torch.empty(shape, dtype=torch.float32, device=tokens.device)
                 dist.recv(x, src=dist.get_global_rank(self.group, self.owner[stage - 1]), group=self.group)
             x = modules[stage](x)
             if stage == self.layout.stages - 1:
                 loss = self.loss_fn(x, targets).detach()
-            elif self.owner[stage + 1] != me:
+            elif sends:
                 dist.send(x.float().contiguous(), dst=dist.get_global_rank(self.group, self.owner[stage + 1]),
                           group=self.group)
         return self._share(loss)

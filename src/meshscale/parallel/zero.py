@@ -19,6 +19,8 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
+from meshscale.parallel.data_parallel import grad_buckets
+
 # torch >= 2.12 names these *_single; older releases only have the *_tensor spellings.
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -61,7 +63,8 @@ class Zero:
         self.stage, self.ledger = stage, ledger
         self.group = mesh["dp"].get_group()
         self.world, self.rank = dist.get_world_size(self.group), dist.get_rank(self.group)
-        self.buckets = self._make_buckets([p for p in model.parameters() if p.requires_grad], bucket_mb)
+        self.buckets = [_Bucket(g, self.world, self.rank)
+                        for g in grad_buckets([p for p in model.parameters() if p.requires_grad], bucket_mb)]
         self._pending: list = []
         self._names = {p: name for name, p in model.named_parameters()}
         self._mask = None
@@ -74,20 +77,6 @@ class Zero:
             self._bucket_of = {p: b for b in self.buckets for p in b.params}
             for p in self._bucket_of:
                 p.register_post_accumulate_grad_hook(self._on_grad)
-
-    def _make_buckets(self, params: list, bucket_mb: float) -> list[_Bucket]:
-        # Reverse registration order is roughly the order backward produces gradients in.
-        limit = int(bucket_mb * 2**20) // 4
-        groups, current, size = [], [], 0
-        for p in reversed(params):
-            current.append(p)
-            size += p.numel()
-            if size >= limit:
-                groups.append(current)
-                current, size = [], 0
-        if current:
-            groups.append(current)
-        return [_Bucket(g, self.world, self.rank) for g in groups]
 
     # ---- gradients ---------------------------------------------------------------------
     def _reduce_scatter(self, bucket: _Bucket) -> None:

@@ -9,7 +9,7 @@ to one training run.
 from dataclasses import asdict, dataclass, replace
 
 from meshscale.errors import UserError
-from meshscale.specs.loading import build, looks_like_path, read_mapping
+from meshscale.specs.loading import build, read_spec_file
 
 
 @dataclass(frozen=True)
@@ -158,10 +158,7 @@ def load_cluster(name_or_path: str) -> ClusterSpec:
     """A preset name, or a JSON/TOML file holding ClusterSpec fields (tiers as a list of tables)."""
     if name_or_path in PRESETS:
         return PRESETS[name_or_path]
-    if not looks_like_path(name_or_path):
-        raise UserError(f"unknown cluster preset {name_or_path!r}; choose one of {', '.join(PRESETS)} "
-                        "or pass a .json/.toml file")
-    data = read_mapping(name_or_path)
+    data = read_spec_file(name_or_path, PRESETS, "cluster")
     data.setdefault("name", name_or_path)
     base = data.pop("base", None)  # {"base": "h100-80gb", "matmul_efficiency": 0.5} overrides a preset
     if base is not None:

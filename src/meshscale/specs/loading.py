@@ -25,6 +25,15 @@ def looks_like_path(name: str) -> bool:
     return name.endswith((".json", ".toml")) or "/" in name
 
 
+def read_spec_file(name_or_path: str, presets: dict, kind: str) -> dict:
+    """The mapping in a spec file, for a name that is not one of `presets`; a name that does not look like a
+    path either is a UserError listing them."""
+    if not looks_like_path(name_or_path):
+        raise UserError(f"unknown {kind} preset {name_or_path!r}; choose one of {', '.join(presets)} "
+                        "or pass a .json/.toml file")
+    return read_mapping(name_or_path)
+
+
 def build(cls, fields: dict, source: str):
     """Construct dataclass `cls` from `fields`, naming unknown keys instead of raising TypeError."""
     known = set(cls.__dataclass_fields__)

@@ -7,7 +7,7 @@ Field names are the JSON names. Parameter counts follow directly from the shapes
 from dataclasses import asdict, dataclass, replace
 
 from meshscale.errors import UserError
-from meshscale.specs.loading import build, looks_like_path, read_mapping
+from meshscale.specs.loading import build, read_spec_file
 
 
 @dataclass(frozen=True)
@@ -210,10 +210,7 @@ def load_model(name_or_path: str) -> ModelSpec:
     """A preset name, a meshscale JSON/TOML ModelSpec, or a Hugging Face config.json."""
     if name_or_path in PRESETS:
         return PRESETS[name_or_path]
-    if not looks_like_path(name_or_path):
-        raise UserError(f"unknown model preset {name_or_path!r}; choose one of {', '.join(PRESETS)} "
-                        "or pass a .json/.toml file")
-    data = read_mapping(name_or_path)
+    data = read_spec_file(name_or_path, PRESETS, "model")
     if "num_hidden_layers" in data:
         return from_hf_config(data, data.get("_name_or_path") or name_or_path)
     data.setdefault("name", name_or_path)
