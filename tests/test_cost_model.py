@@ -131,3 +131,23 @@ def test_too_big_model_does_not_fit_and_bad_precision_is_refused():
         predict(TINY, CPU, Layout(dp=1), 1, "int3")
     with pytest.raises(UserError, match="does not split"):
         predict(TINY, CPU, Layout(dp=2), 3)
+
+
+@pytest.mark.parametrize("layout", ["dp=8", "dp=8,zero=3", "tp=8", "dp=2,tp=2,pp=2", "dp=2,pp=4"])
+def test_checkpoint_writes_every_weight_and_optimizer_state_once(layout):
+    from meshscale.cost.checkpoint import checkpoint_bytes
+
+    model = load_model("llama2-7b")
+    per_device, total = checkpoint_bytes(model, Layout.parse(layout), "bf16")
+    assert total == model.param_count() * 14  # bf16 weights + fp32 master, momentum, variance
+    # Spread evenly except for replicated norms and the stage that also holds the embedding or head.
+    assert total / 8 <= per_device < total / 8 * 1.06
+
+
+def test_checkpoint_size_counts_each_expert_once_under_expert_parallelism():
+    from meshscale.cost.checkpoint import checkpoint_bytes
+
+    model = load_model("mixtral-8x7b")
+    with_ep, total = checkpoint_bytes(model, Layout(dp=8, ep=8), "fp32")
+    assert total == model.param_count() * 12
+    assert with_ep == pytest.approx(checkpoint_bytes(model, Layout(dp=8), "fp32")[0]) == pytest.approx(total / 8)

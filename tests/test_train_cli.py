@@ -73,9 +73,9 @@ def test_runs_unchanged_under_an_outer_torchrun():
 
 def test_failing_rank_ends_the_job_with_its_error_once():
     start = time.perf_counter()
-    out = _meshscale("train", "--nproc", "2", "--steps", "50", env={"MESHSCALE_FAIL_RANK": "1"}, timeout=120)
+    out = _meshscale("train", "--nproc", "2", "--steps", "50", env={"MESHSCALE_FAULT": "raise@step=2,rank=1"}, timeout=120)
     assert out.returncode == 2
-    assert out.stderr.count("RuntimeError: failure injected by MESHSCALE_FAIL_RANK") == 1
+    assert out.stderr.count("RuntimeError: failure injected by MESHSCALE_FAULT at step 2 on rank 1") == 1
     assert "rank 1 failed" in out.stderr and time.perf_counter() - start < 60
 
 

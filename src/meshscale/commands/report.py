@@ -54,6 +54,8 @@ def print_prediction(pred, console: Console | None = None) -> None:
     m.add_row("[bold]total[/]", f"[bold]{gb(mem['total'])}[/] "
               + ("fits" if pred.fits else "[red]DOES NOT FIT[/]"))
     console.print(m)
+    console.print(f"checkpoint: {gb(pred.checkpoint_bytes_per_device)} per device, "
+                  f"{gb(pred.checkpoint_bytes_total)} in all (weights and optimizer states, each written once)")
     console.print(f"MFU {pred.mfu:.1%} (HFU {pred.hfu:.1%}), {pred.tokens_per_s:,.0f} tokens/s; model FLOPs "
                   f"{pred.model_flops_per_step:.3e} per step (6PT rule: {pred.six_pt_flops_per_step:.3e})")
     console.print(bound_sentence(pred))

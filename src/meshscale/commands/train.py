@@ -43,6 +43,9 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from meshscale.runtime import launch
 
+    from meshscale.runtime import faults
+
+    faults.from_env()  # a malformed MESHSCALE_FAULT is bad input: one line before any process starts
     overrides = {name: getattr(args, name, None) for name in config_fields()}
     cfg = load_config(args.config, overrides)
     outer = world_from_env()

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from meshscale.cost import comm, critical, flops
+from meshscale.cost.checkpoint import checkpoint_bytes
 from meshscale.cost.memory import (PRECISIONS, _stage_layers, activation_bytes_per_layer, busiest_rank, is_v,
                                    last_rank, memory_per_device, params_on_rank, root_params_on_rank,
                                    stage_layers)
@@ -59,6 +60,8 @@ class Prediction:
     comm: list = field(default_factory=list)
     bound: str = "compute"  # compute | communication | bubble (and memory when it does not fit)
     regime: dict = field(default_factory=dict)
+    checkpoint_bytes_per_device: float = 0.0  # what one checkpoint writes (cost/checkpoint.py)
+    checkpoint_bytes_total: float = 0.0
 
     def to_dict(self) -> dict:
         return {**self.__dict__, "memory_per_device_bytes": dict(self.memory_per_device_bytes),
@@ -174,6 +177,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     bound = max((("compute", compute_s), ("communication", critical_path + dp_exposed), ("bubble", bubble_s)),
                 key=lambda kv: kv[1])[0]
     fits = mem.total <= cluster.hbm_bytes
+    ckpt_device, ckpt_total = checkpoint_bytes(model, layout, precision)
     return Prediction(
         model=model.name, cluster=cluster.name, layout=str(layout), devices=devices, global_batch=global_batch,
         seq=model.seq, precision=precision, microbatches=m, step_time_s=step, compute_s=compute_s,
@@ -183,7 +187,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         six_pt_flops_per_step=flops.six_pt(model, n_tokens), hardware_flops_per_step=hw_flops,
         bubble_fraction=bubble_s / step, fits=fits, hbm_bytes=cluster.hbm_bytes,
         memory_per_device_bytes=mem.to_dict(), comm=[dict(e.__dict__) for e in entries],
-        bound=bound if fits else "memory", regime=regime(model, cluster, layout, n_tokens))
+        bound=bound if fits else "memory", regime=regime(model, cluster, layout, n_tokens),
+        checkpoint_bytes_per_device=ckpt_device, checkpoint_bytes_total=ckpt_total)
 
 
 def elementwise_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float,

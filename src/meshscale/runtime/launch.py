@@ -31,8 +31,6 @@ def run_here(run: Resolved) -> dict:
     if run.layout.devices > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:
-        if os.environ.get("MESHSCALE_FAIL_RANK") == os.environ.get("RANK", "0"):  # fault injection for tests
-            raise RuntimeError("failure injected by MESHSCALE_FAIL_RANK")
         result = train(run, device)
         if not dist.is_initialized() or dist.get_rank() == 0:
             print_report(run, result)

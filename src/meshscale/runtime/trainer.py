@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from meshscale.runtime.config import Resolved
 from meshscale.runtime.data import TokenData, load_tokens, rank_microbatches
+from meshscale.runtime.faults import Injector, from_env
 from meshscale.runtime.ledger import CommLedger
 from meshscale.runtime.metrics import MetricsLog, current_rss_bytes, peak_memory_bytes
 from meshscale.runtime.model import build_model
@@ -110,8 +111,10 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
     step_fn = (PipelineStep(par, layout, mesh, loss_fn, m, autocast, device) if layout.pp > 1
                else AccumulatedStep(par, loss_fn, autocast, device))
     metrics = MetricsLog(cfg.steps, cfg.metrics_out, is_logger, cfg.overwrite, cfg.log_every)
+    faults = Injector(from_env(), dist.get_rank() if multi else 0)
 
     def run_step(step: int) -> dict:
+        faults.at_step_start(step)
         start = time.perf_counter()
         ledger.begin_step(step)
         lr = lr_at(step, cfg.steps, cfg.lr, cfg.min_lr, cfg.warmup)
