@@ -10,6 +10,7 @@ from functools import lru_cache
 
 from meshscale.cost import comm, critical, flops
 from meshscale.cost.checkpoint import checkpoint_bytes
+from meshscale.cost.kernels import Passes, microbatch_seconds
 from meshscale.cost.memory import (PRECISIONS, _stage_layers, activation_bytes_per_layer, busiest_rank, is_v,
                                    last_rank, memory_per_device, params_on_rank, root_params_on_rank,
                                    stage_layers)
@@ -110,16 +111,15 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     devices = layout.devices
     act_bytes = PRECISIONS[precision]["compute"]
     peak = cluster.peak_flops(precision)
-    rate = peak * cluster.matmul_efficiency
     tokens = layout.mbs * model.seq / layout.cp  # per device per micro-batch, before TP
-    split = layout.tp * layout.cp  # TP splits every matmul, CP the sequence
+    sw = cluster.software
 
-    # Compute on the slowest pipeline rank.
-    fwd, core, extra = _slowest_stage(model, layout.pp, layout.stages, is_v(layout), layout.recompute,
-                                      cluster.fused_attention)
-    compute_s = m * layout.mbs * model.seq * (3 * fwd + extra) / split / rate
-    compute_s += m * elementwise_seconds(model, cluster, layout, tokens, act_bytes)
-    attention_s = m * layout.mbs * model.seq * (3 * core + (core if layout.recompute != "none" else 0)) / split / rate
+    # Compute on the slowest pipeline rank: shape-aware kernels plus the memory-bound element-wise work.
+    passes = stage_passes(model, cluster, layout, precision)
+    elementwise = elementwise_seconds(model, cluster, layout, tokens, act_bytes)
+    compute_s = m * (passes.total + elementwise)
+    attention_s = m * passes.attention
+    gemm_s = compute_s - attention_s - m * elementwise
 
     # Communication: what each axis sends, on which link, how long.
     rank = busiest_rank(model, layout)
@@ -140,23 +140,30 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     ops += [("cp",) + op for op in comm.context_parallel_ops(model, layout, tokens, act_bytes, n_layers, m)]
     ops += [("ep",) + op for op in comm.expert_parallel_ops(model, layout, tokens, act_bytes, moe_layers, m)]
 
-    backward_mb = compute_s / m * 2 / 3  # backward is two thirds of a micro-batch's work
+    forward_mb = passes.forward + elementwise / 3
+    backward_mb = passes.backward + passes.weight + elementwise * 2 / 3
     entries, critical_path, dp_exposed = [], 0.0, 0.0
     fsdp_time = sum(_time(cluster, devices, layout, a, c, b, n) for a, c, b, n, o in ops if o == "fsdp")
     for axis, collective, nbytes, calls, overlap in ops:
         size, stride = _axis_group(layout, axis)
         link = comm.group_link(cluster, devices, size, stride)
         t = comm.collective_time(collective, nbytes, calls, size, link)
-        if overlap == "none":
-            exposed = t
-        elif overlap == "attention":  # ring steps hide behind the attention blocks they feed
+        exposed = t
+        if overlap == "attention":  # ring steps hide behind the attention blocks they feed
             exposed = max(0.0, t - attention_s)
-        elif overlap == "backward":  # bucketed, behind the last micro-batch's backward; the last bucket shows
-            exposed = max(t - backward_mb, t / calls)
-        elif overlap == "each_backward":
+        elif overlap == "backward" and sw.grad_reduce_overlap:  # buckets behind the last micro-batch's backward
+            exposed = max(t - backward_mb, t / calls)  # the last bucket shows
+        elif overlap == "each_backward" and sw.grad_reduce_overlap:
             exposed = max(t - backward_mb * m, t / calls)
-        else:  # fsdp: prefetched one unit ahead, behind all compute; the first gather and last RS show
+        elif overlap == "forward" and sw.param_gather_overlap:  # ZeRO-1/2 gather behind the next forward
+            exposed = max(t - forward_mb, t / calls)
+        elif overlap == "fsdp" and sw.fsdp_prefetch:  # one unit ahead, behind all compute; first and last show
             exposed = t * max(fsdp_time - compute_s, fsdp_time / calls) / fsdp_time if fsdp_time else 0.0
+        elif overlap == "gemm" and sw.tp_comm_overlap:
+            # TP collectives decomposed into tp ring steps, each behind a slice of the GEMM it feeds (Wang et
+            # al. 2023, ASPLOS, "Overlap communication with dependent computation via decomposition"; Megatron-
+            # Core --tp-comm-overlap); the first step shows.
+            exposed = max(t - gemm_s, t / layout.tp)
         if axis == "dp":
             dp_exposed += exposed
         else:
@@ -189,6 +196,16 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         memory_per_device_bytes=mem.to_dict(), comm=[dict(e.__dict__) for e in entries],
         bound=bound if fits else "memory", regime=regime(model, cluster, layout, n_tokens),
         checkpoint_bytes_per_device=ckpt_device, checkpoint_bytes_total=ckpt_total)
+
+
+def stage_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision: str = "bf16") -> Passes:
+    """F, B, W of one micro-batch on the slowest pipeline rank (cost/kernels.py), elementwise work excluded
+    (see elementwise_seconds). `layout` must have its mbs resolved."""
+    peak = cluster.peak_flops(precision)
+    act_bytes = PRECISIONS[precision]["compute"]
+    head = last_rank(layout)
+    return max((microbatch_seconds(model, cluster, layout, stage_layers(model, layout, r), r == head, peak,
+                                   act_bytes) for r in range(layout.pp)), key=lambda p: p.total)
 
 
 def elementwise_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float,

@@ -15,7 +15,7 @@ from itertools import product
 import numpy as np
 
 from meshscale.cost import comm, flops, predict
-from meshscale.cost.memory import PRECISIONS, _params_per_rank, activation_bytes_per_layer
+from meshscale.cost.memory import PRECISIONS, _held, _params_per_rank, activation_bytes_per_layer
 from meshscale.cost.step import Prediction, _slowest_stage, elementwise_seconds
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
@@ -132,9 +132,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         rebuild = np.array([activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute="selective"), 1)
                             for sp in sps]) * scale
         tokens = mbs * model.seq / cp
-        inflight = _inflight(names, k_i, pp, v, m)
-        acts = (per_token[s_i, r_i] * model.layers / pp * inflight + np.where(r_i == 2, rebuild[s_i], 0.0)
-                + 4 * model.vocab / tp) * tokens
+        held = {(k, mm): _held(model.layers, pp, scheds[k][1], names[k], names[k] in ("zbv", "dualpipev") and pp > 1,
+                               int(mm)) for k, mm in set(zip(k_i.tolist(), m.tolist()))}
+        held = np.array([held[k, mm] for k, mm in zip(k_i.tolist(), m.tolist())])
+        logits = np.where(is_v | (pp == 1), 4 * model.vocab / tp, 0.0)  # the head on the first rank
+        acts = (per_token[s_i, r_i] * held + np.where(r_i == 2, rebuild[s_i], 0.0) + logits) * tokens
         total = static + acts
         ok = total <= capacity
         if pp > 1:  # all schedules but GPipe need at least pp micro-batches in flight
@@ -157,7 +159,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         shape = (model, cluster, devices, tp, pp, cp, dp, ep, per_rank, bytes_["compute"], rate)
         floor_r = np.array([_floor_tp_cp(*shape, r) for r in RECOMPUTE])
         floor_k = np.array([_floor_pp(*shape, n, vv) for n, vv in scheds])
-        gather = _time_no_latency(cluster, devices, "all_gather", 4 * p_std, dp * cp, tp) if dp * cp > 1 else 0.0
+        gather = _time_no_latency(cluster, devices, "all_gather", 4 * p_std, dp * cp, tp) \
+            if dp * cp > 1 and not cluster.software.param_gather_overlap else 0.0
         ratio = _bubble(names, k_i, pp, v, m)
         bound = (compute + floor_r[r_i] + floor_k[k_i]) * (1 + ratio) + np.where((z == 1) | (z == 2), gather, 0.0)
         if dp * cp > 1:  # gradient reduction not hidden by backward (zero 0-2) or FSDP traffic beyond compute
@@ -223,7 +226,8 @@ def _floor_tp_cp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_byte
     tokens = per_rank * model.seq / cp
     n_layers = model.layers // pp
     t = sum(_time_no_latency(cluster, devices, c, b, tp, 1)
-            for c, b, _, _ in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, False, False, 1))
+            for c, b, _, o in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, False, False, 1)
+            if not (o == "gemm" and cluster.software.tp_comm_overlap))
     moe = model.moe_layers // pp
     t += sum(_time_no_latency(cluster, devices, c, b, ep, tp)
              for c, b, _, _ in comm.expert_parallel_ops(model, layout, tokens, act_bytes, moe, 1))
@@ -240,17 +244,6 @@ def _floor_pp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, 
     layout = Layout(dp=dp, tp=tp, cp=cp, pp=pp, vpp=vpp, schedule=schedule)
     ops = comm.pipeline_ops(model, layout, per_rank * model.seq / cp, act_bytes, 1)
     return sum(_time_no_latency(cluster, devices, c, b, 2, tp * cp * dp) for c, b, _, _ in ops)
-
-
-def _inflight(names, k_i, pp, v, m):
-    """Vectorised `memory.inflight_microbatches`."""
-    if pp == 1:
-        return np.ones_like(m)
-    sched = np.array(names)[k_i]
-    base = np.minimum(m, pp)
-    out = np.where(sched == "gpipe", m, base)
-    out = np.where(sched == "interleaved", base * (1 + (pp - 1) / (pp * v)), out)
-    return np.where(sched == "dualpipev", np.minimum(m, pp + 1), out)
 
 
 def _bubble(names, k_i, pp, v, m):
