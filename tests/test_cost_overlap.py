@@ -22,7 +22,7 @@ def run(layout: str, devices: int, batch: int, **software):
 
 def test_defaults_follow_megatron_core_and_fsdp2():
     assert H100.software == Software(grad_reduce_overlap=True, param_gather_overlap=True, fsdp_prefetch=True,
-                                     tp_comm_overlap=False)
+                                     tp_comm_overlap=False, ep_comm_overlap=False)
 
 
 def test_gradient_reduction_hides_behind_backward_only_when_overlapped():
@@ -70,3 +70,17 @@ def test_software_section_in_a_cluster_file_overrides_the_base_key_by_key(tmp_pa
     bad.write_text('base = "h100-80gb"\n[software]\noverlap_everything = true\n')
     with pytest.raises(UserError, match="overlap_everything"):
         load_cluster(str(bad))
+
+
+def test_moe_all_to_all_hides_behind_another_micro_batch():
+    mixtral = load_model("mixtral-8x7b")
+    layout = Layout.parse("dp=8,ep=8,pp=2,mbs=1", 16)
+    ops = {}
+    for overlap in (False, True):
+        cluster = replace(H100, software=replace(H100.software, ep_comm_overlap=overlap))
+        ops[overlap] = next(e for e in predict(mixtral, cluster, layout, 64).comm if e["axis"] == "ep")
+    assert ops[False]["exposed_s"] == ops[False]["time_s"]
+    assert ops[True]["exposed_s"] < ops[True]["time_s"]
+    dualpipe = predict(mixtral, H100, Layout.parse("dp=8,ep=8,pp=2,schedule=dualpipev,mbs=1", 16), 64)
+    ep = next(e for e in dualpipe.comm if e["axis"] == "ep")
+    assert ep["exposed_s"] < ep["time_s"]  # DualPipe pairs a forward with a backward chunk by design

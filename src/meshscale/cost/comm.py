@@ -137,7 +137,7 @@ def expert_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     local = tokens / (layout.tp if layout.sp else 1)
     v = local * model.top_k * model.hidden * act_bytes
     calls = moe_layers * m * (4 + (2 if layout.recompute == "full" else 0))
-    return [("all_to_all", v * calls, calls, "none")]
+    return [("all_to_all", v * calls, calls, "other_microbatch")]
 
 
 # ---- where it travels ------------------------------------------------------------------------------

@@ -159,6 +159,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
             exposed = max(t - forward_mb, t / calls)
         elif overlap == "fsdp" and sw.fsdp_prefetch:  # one unit ahead, behind all compute; first and last show
             exposed = t * max(fsdp_time - compute_s, fsdp_time / calls) / fsdp_time if fsdp_time else 0.0
+        elif overlap == "other_microbatch" and (sw.ep_comm_overlap or layout.schedule == "dualpipev") and m > 1:
+            exposed = max(t - compute_s * (m - 1) / m, t / m)  # the first micro-batch has no partner
         elif overlap == "gemm" and sw.tp_comm_overlap:
             # TP collectives decomposed into tp ring steps, each behind a slice of the GEMM it feeds (Wang et
             # al. 2023, ASPLOS, "Overlap communication with dependent computation via decomposition"; Megatron-

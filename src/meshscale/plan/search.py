@@ -221,16 +221,14 @@ def _time_no_latency(cluster, devices, collective, nbytes, size, stride) -> floa
 
 
 def _floor_tp_cp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, rate, recompute) -> float:
-    """Bandwidth time of TP, EP and unhidden CP traffic for the whole step on the lightest rank."""
+    """Bandwidth time of TP and unhidden CP traffic for the whole step on the lightest rank."""
     layout = Layout(dp=dp, tp=tp, cp=cp, ep=ep, recompute=recompute)
     tokens = per_rank * model.seq / cp
     n_layers = model.layers // pp
     t = sum(_time_no_latency(cluster, devices, c, b, tp, 1)
             for c, b, _, o in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, False, False, 1)
             if not (o == "gemm" and cluster.software.tp_comm_overlap))
-    moe = model.moe_layers // pp
-    t += sum(_time_no_latency(cluster, devices, c, b, ep, tp)
-             for c, b, _, _ in comm.expert_parallel_ops(model, layout, tokens, act_bytes, moe, 1))
+    # EP all-to-alls are left out: another micro-batch's compute may hide them (dualpipev, ep_comm_overlap)
     for c, b, _, _ in comm.context_parallel_ops(model, layout, tokens, act_bytes, n_layers, 1):
         core = flops.attention_core_flops(model, model.seq, cluster.fused_attention) * n_layers
         attention = per_rank * model.seq * core * (3 + (recompute != "none")) / (tp * cp) / rate

@@ -31,6 +31,9 @@ class Software:
     param_gather_overlap: bool = True  # ZeRO-1/2 parameter all-gather runs during the next forward
     fsdp_prefetch: bool = True  # ZeRO-3 gathers the next unit while the current one computes
     tp_comm_overlap: bool = False  # TP/SP all-gather and reduce-scatter split into chunks behind their GEMMs
+    # MoE dispatch/combine all-to-alls of one micro-batch behind another's compute (Megatron-Core
+    # `--overlap-moe-expert-parallel-comm`; schedule=dualpipev always does, DeepSeek-V3 sec. 3.2.1)
+    ep_comm_overlap: bool = False
 
 
 @dataclass(frozen=True)
