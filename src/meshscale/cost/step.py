@@ -117,7 +117,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     # Compute on the slowest pipeline rank: shape-aware kernels plus the memory-bound element-wise work.
     passes = stage_passes(model, cluster, layout, precision)
     elementwise = elementwise_seconds(model, cluster, layout, tokens, act_bytes)
-    compute_s = m * (passes.total + elementwise)
+    compute_s = m * passes.total
     attention_s = m * passes.attention
     gemm_s = compute_s - attention_s - m * elementwise
 
@@ -140,8 +140,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     ops += [("cp",) + op for op in comm.context_parallel_ops(model, layout, tokens, act_bytes, n_layers, m)]
     ops += [("ep",) + op for op in comm.expert_parallel_ops(model, layout, tokens, act_bytes, moe_layers, m)]
 
-    forward_mb = passes.forward + elementwise / 3
-    backward_mb = passes.backward + passes.weight + elementwise * 2 / 3
+    forward_mb = passes.forward
+    backward_mb = passes.backward + passes.weight
     entries, critical_path, dp_exposed = [], 0.0, 0.0
     fsdp_time = sum(_time(cluster, devices, layout, a, c, b, n) for a, c, b, n, o in ops if o == "fsdp")
     for axis, collective, nbytes, calls, overlap in ops:
@@ -200,14 +200,22 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         checkpoint_bytes_per_device=ckpt_device, checkpoint_bytes_total=ckpt_total)
 
 
-def stage_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision: str = "bf16") -> Passes:
-    """F, B, W of one micro-batch on the slowest pipeline rank (cost/kernels.py), elementwise work excluded
-    (see elementwise_seconds). `layout` must have its mbs resolved."""
+def rank_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: int,
+                precision: str = "bf16") -> Passes:
+    """F, B, W of one micro-batch on pipeline rank `rank`: its layers' kernels (cost/kernels.py) and its
+    element-wise work, a third in forward and two thirds in backward. `layout` must have its mbs resolved."""
     peak = cluster.peak_flops(precision)
     act_bytes = PRECISIONS[precision]["compute"]
-    head = last_rank(layout)
-    return max((microbatch_seconds(model, cluster, layout, stage_layers(model, layout, r), r == head, peak,
-                                   act_bytes) for r in range(layout.pp)), key=lambda p: p.total)
+    tokens = layout.mbs * model.seq / layout.cp
+    kernels = microbatch_seconds(model, cluster, layout, stage_layers(model, layout, rank), rank == last_rank(layout),
+                                 peak, act_bytes)
+    elementwise = elementwise_seconds(model, cluster, layout, tokens, act_bytes)
+    return kernels + Passes(elementwise / 3, elementwise * 2 / 3)
+
+
+def stage_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision: str = "bf16") -> Passes:
+    """F, B, W of one micro-batch on the slowest pipeline rank (what the step waits for)."""
+    return max((rank_passes(model, cluster, layout, r, precision) for r in range(layout.pp)), key=lambda p: p.total)
 
 
 def elementwise_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float,
