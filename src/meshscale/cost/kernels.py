@@ -10,8 +10,8 @@ ceiling is the best GEMM's measured fraction of peak (`ClusterSpec.matmul_effici
 GEMMs (small hidden sizes, a TP- or EP-sharded matrix, few tokens per expert) therefore reach less of the peak,
 and never more than the ceiling.
 
-`microbatch_seconds` gives one micro-batch's forward, input-gradient and weight-gradient time on a pipeline
-rank, the F, B, W of the pipeline schedules, for the step assembly and for simulators.
+`microbatch_seconds` gives one micro-batch's forward, input-gradient and weight-gradient time (the F, B, W of
+the pipeline schedules) through a rank's layers; `step.rank_passes` adds the rank's element-wise work.
 """
 
 import math
@@ -131,8 +131,8 @@ def microbatch_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, l
                        peak: float, dtype_bytes: int) -> Passes:
     """F, B, W of one micro-batch (layout.mbs sequences) through `layers` (and the output head when `head`)
     on one rank: shape-aware GEMMs, the attention core, and recompute's extra forward work inside B."""
-    shape = Layout(tp=layout.tp, cp=layout.cp, ep=layout.ep, mbs=layout.mbs, recompute=layout.recompute,
-                   dp=layout.ep)  # only what changes kernel shapes, for the caches
+    # Only what changes kernel shapes, so the caches hit across layouts (dp=ep keeps it a valid layout).
+    shape = Layout(tp=layout.tp, cp=layout.cp, ep=layout.ep, dp=layout.ep, mbs=layout.mbs, recompute=layout.recompute)
     moe = sum(model.is_moe_layer(i) for i in layers) if model.is_moe else 0
     out = Passes()
     for is_moe, count in ((False, len(layers) - moe), (True, moe)):

@@ -11,7 +11,7 @@ from functools import lru_cache
 from meshscale.cost import comm, critical, flops
 from meshscale.cost.checkpoint import checkpoint_bytes
 from meshscale.cost.kernels import Passes, microbatch_seconds
-from meshscale.cost.memory import (PRECISIONS, _stage_layers, activation_bytes_per_layer, busiest_rank, is_v,
+from meshscale.cost.memory import (PRECISIONS, _stage_layers, activation_bytes_per_layer, busiest_rank,
                                    last_rank, memory_per_device, params_on_rank, root_params_on_rank,
                                    stage_layers)
 from meshscale.cost.pipeline import bubble_ratio
