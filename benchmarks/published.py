@@ -29,6 +29,7 @@ class Run:
     hardware: str
     software: Software = Software()
     fused_attention: bool = True
+    nic: float = 0.0  # scale-out bytes/s per GPU where the site differs from the preset's (0: the preset's)
 
     @property
     def moe(self) -> bool:
@@ -180,6 +181,20 @@ def mixtral_runs():
               megatron_core_flops(model, 256) / (64 * 438e12), "H100")
 
 
+def bloom_runs():
+    """BigScience 2022 (arXiv:2211.05100 sec. 3.4 and the BigScience 176B model page): BLOOM on 48 nodes of 8
+    A100 80GB (Jean Zay: NVLink inside a node, 4 x 100 Gb/s Omni-Path per node, 6.25 GB/s per GPU), TP4 x PP12
+    x DP8 with ZeRO-1 (Megatron-DeepSpeed, 1F1B, full recomputation, micro-batch 2), 2048 sequences of 2048,
+    "about 150 TFLOP/s" per GPU in Narayanan et al.'s count. ALiBi (no position table), tied embeddings."""
+    model = ModelSpec(name="bloom-176b", layers=70, hidden=14336, heads=112, ffn=4 * 14336, vocab=250880,
+                      seq=2048, mlp="gelu", tied_embeddings=True, biases=True)
+    cluster = "a100-80gb"
+    seconds = narayanan_seconds(14336, 70, 2048, 384, 150, v=250880)
+    yield Run("BLOOM paper / model page", "BLOOM 176B", model, cluster,
+              "dp=8,zero=1,tp=4,pp=12,mbs=2,recompute=full", 384, 2048, seconds, "A100", MEGATRON_2021, False,
+              nic=6.25e9)
+
+
 def runs():
     yield from megatron_runs()
     yield from torchtitan_runs()
@@ -187,12 +202,15 @@ def runs():
     yield from llama3_runs()
     yield from qwen3_runs()
     yield from mixtral_runs()
+    yield from bloom_runs()
 
 
 def rows():
     """(run, layout, predicted seconds, measured seconds, prediction)."""
     for run in runs():
         cluster = replace(load_cluster(run.cluster), software=run.software, fused_attention=run.fused_attention)
+        if run.nic:
+            cluster = replace(cluster, tiers=(cluster.tiers[0], replace(cluster.tiers[-1], bandwidth=run.nic)))
         layout = Layout.parse(run.layout, run.devices)
         pred = predict(run.model, cluster, layout, run.batch)
         yield run, layout, pred.step_time_s, run.seconds, pred
