@@ -85,6 +85,14 @@ def test_pruning_keeps_the_exhaustive_ranking():
     assert fast.evaluated < full.evaluated
 
 
+def test_pruning_keeps_the_exhaustive_ranking_on_an_accelerator():
+    """The bound must stay below the shape-aware prediction with pipelines, FSDP and CP in play."""
+    model, v5e = load_model("llama2-7b"), load_cluster("tpu-v5e")
+    fast = search(model, v5e, 16, 64, top=5)
+    full = search(model, v5e, 16, 64, top=5, prune=False)
+    assert [p.layout for p in fast.ranked] == [p.layout for p in full.ranked]
+
+
 def test_one_predicate_narrows_the_candidates(monkeypatch):
     model = load_model("llama3-8b")
     plan = search(model, H100, 16, 64)

@@ -14,8 +14,9 @@ from itertools import product
 
 import numpy as np
 
-from meshscale.cost import comm, flops, predict
-from meshscale.cost.memory import PRECISIONS, _held, _params_per_rank, activation_bytes_per_layer
+from meshscale.cost import comm, predict
+from meshscale.cost.memory import (PRECISIONS, _held, _params_per_rank, activation_bytes_per_layer,
+                                   root_params_on_rank)
 from meshscale.cost.step import Prediction, _slowest_stage, elementwise_seconds
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
@@ -153,11 +154,16 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         stage = np.array([[_work(model, pp, pp * vv, n in ("zbv", "dualpipev"), r, cluster.fused_attention)
                            for r in RECOMPUTE] for n, vv in scheds])
         compute = per_rank * model.seq * stage[k_i, r_i] / (tp * cp) / rate
-        compute = compute + per_rank * np.array([[elementwise_seconds(
+        elementwise = per_rank * np.array([[elementwise_seconds(
             model, cluster, Layout(tp=tp, sp=sp, recompute=r, pp=pp), model.seq / cp, bytes_["compute"])
             for r in RECOMPUTE] for sp in sps])[s_i, r_i]
+        compute = compute + elementwise
+        # the forward alone (no recompute): what is left of a micro-batch once its backward has started
+        forward = np.array([_slowest_stage(model, pp, pp * vv, n in ("zbv", "dualpipev"), "none",
+                                           cluster.fused_attention)[0] for n, vv in scheds])
+        forward = per_rank * model.seq * forward[k_i] / (tp * cp) / rate + elementwise / 3
         shape = (model, cluster, devices, tp, pp, cp, dp, ep, per_rank, bytes_["compute"], rate)
-        floor_r = np.array([_floor_tp_cp(*shape, r) for r in RECOMPUTE])
+        floor_r = np.array([_floor_tp(*shape, r) for r in RECOMPUTE])
         floor_k = np.array([_floor_pp(*shape, n, vv) for n, vv in scheds])
         gather = _time_no_latency(cluster, devices, "all_gather", 4 * p_std, dp * cp, tp) \
             if dp * cp > 1 and not cluster.software.param_gather_overlap else 0.0
@@ -165,9 +171,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         bound = (compute + floor_r[r_i] + floor_k[k_i]) * (1 + ratio) + np.where((z == 1) | (z == 2), gather, 0.0)
         if dp * cp > 1:  # gradient reduction not hidden by backward (zero 0-2) or FSDP traffic beyond compute
             grads = _time_no_latency(cluster, devices, "reduce_scatter", 4 * p_std, dp * cp, tp)
-            backward = compute * 2 / 3
-            fsdp = m * (grads + _time_no_latency(cluster, devices, "all_gather", 2 * bytes_["compute"] * p_std,
-                                                 dp * cp, tp))
+            backward = compute - forward
+            # ZeRO-3 gathers the blocks twice per micro-batch and the root once without a pipeline; inside one
+            # the rule differs (comm.data_parallel_ops: once per forward and once for all backwards), so no
+            # FSDP term there.
+            gathered = 2 * p_std - root_params_on_rank(model, Layout(tp=tp), 0)
+            fsdp = m * (grads + _time_no_latency(cluster, devices, "all_gather", bytes_["compute"] * gathered,
+                                                 dp * cp, tp)) if pp == 1 else 0.0
             unhidden = np.select([z == 0, z == 1, z == 2], [2 * grads - backward / m, grads - backward / m,
                                                              m * grads - backward], fsdp - compute)
             bound = bound + np.maximum(unhidden, 0.0)
@@ -220,27 +230,24 @@ def _time_no_latency(cluster, devices, collective, nbytes, size, stride) -> floa
     return comm.collective_time(collective, nbytes, 0, size, comm.group_link(cluster, devices, size, stride))
 
 
-def _floor_tp_cp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, rate, recompute) -> float:
-    """Bandwidth time of TP and unhidden CP traffic for the whole step on the lightest rank."""
+def _floor_tp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, rate, recompute) -> float:
+    """Bandwidth time of the TP traffic for the whole step on the lightest rank. EP all-to-alls and CP ring
+    steps are left out: another micro-batch's compute (dualpipev, ep_comm_overlap) or the attention they feed
+    may hide them, and this bound's compute is too short to say how much."""
     layout = Layout(dp=dp, tp=tp, cp=cp, ep=ep, recompute=recompute)
     tokens = per_rank * model.seq / cp
     n_layers = model.layers // pp
-    t = sum(_time_no_latency(cluster, devices, c, b, tp, 1)
-            for c, b, _, o in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, False, False, 1)
-            if not (o == "gemm" and cluster.software.tp_comm_overlap))
-    # EP all-to-alls are left out: another micro-batch's compute may hide them (dualpipev, ep_comm_overlap)
-    for c, b, _, _ in comm.context_parallel_ops(model, layout, tokens, act_bytes, n_layers, 1):
-        core = flops.attention_core_flops(model, model.seq, cluster.fused_attention) * n_layers
-        attention = per_rank * model.seq * core * (3 + (recompute != "none")) / (tp * cp) / rate
-        t += max(0.0, _time_no_latency(cluster, devices, c, b, cp, tp) - attention)
-    return t
+    return sum(_time_no_latency(cluster, devices, c, b, tp, 1)
+               for c, b, _, o in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, False, False, 1)
+               if not (o == "gemm" and cluster.software.tp_comm_overlap))
 
 
 def _floor_pp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, rate, schedule, vpp) -> float:
     if pp == 1:
         return 0.0
     layout = Layout(dp=dp, tp=tp, cp=cp, pp=pp, vpp=vpp, schedule=schedule)
-    ops = comm.pipeline_ops(model, layout, per_rank * model.seq / cp, act_bytes, 1)
+    quietest = min(range(pp), key=lambda r: comm.pipeline_sends(layout, r))  # predict costs one rank's sends
+    ops = comm.pipeline_ops(model, layout, per_rank * model.seq / cp, act_bytes, 1, quietest)
     return sum(_time_no_latency(cluster, devices, c, b, 2, tp * cp * dp) for c, b, _, _ in ops)
 
 
