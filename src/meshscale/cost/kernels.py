@@ -131,11 +131,22 @@ def microbatch_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, l
                        peak: float, dtype_bytes: int) -> Passes:
     """F, B, W of one micro-batch (layout.mbs sequences) through `layers` (and the output head when `head`)
     on one rank: shape-aware GEMMs, the attention core, and recompute's extra forward work inside B."""
-    # Only what changes kernel shapes, so the caches hit across layouts (dp=ep keeps it a valid layout).
-    shape = Layout(tp=layout.tp, cp=layout.cp, ep=layout.ep, dp=layout.ep, mbs=layout.mbs, recompute=layout.recompute)
     moe = sum(model.is_moe_layer(i) for i in layers) if model.is_moe else 0
+    return counted_seconds(model, cluster, kernel_shape(layout), len(layers) - moe, moe, head, peak, dtype_bytes)
+
+
+@lru_cache(maxsize=65536)
+def kernel_shape(layout: Layout) -> Layout:
+    """Only what changes kernel shapes, so the caches hit across layouts (dp=ep keeps it a valid layout)."""
+    return Layout(tp=layout.tp, cp=layout.cp, ep=layout.ep, dp=layout.ep, mbs=layout.mbs, recompute=layout.recompute)
+
+
+@lru_cache(maxsize=65536)
+def counted_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Layout, dense: int, moe: int, head: bool,
+                    peak: float, dtype_bytes: int) -> Passes:
+    """`dense` dense and `moe` MoE layers, and the output head when `head`, under a `kernel_shape`."""
     out = Passes()
-    for is_moe, count in ((False, len(layers) - moe), (True, moe)):
+    for is_moe, count in ((False, dense), (True, moe)):
         if count:
             out = out + layer_passes(model, cluster, shape, is_moe, peak, dtype_bytes) * count
     if head:

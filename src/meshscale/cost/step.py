@@ -10,7 +10,7 @@ from functools import lru_cache
 
 from meshscale.cost import comm, critical, flops
 from meshscale.cost.checkpoint import checkpoint_bytes
-from meshscale.cost.kernels import Passes, microbatch_seconds
+from meshscale.cost.kernels import Passes, counted_seconds, kernel_shape
 from meshscale.cost.memory import (PRECISIONS, _stage_layers, activation_bytes_per_layer, busiest_rank,
                                    last_rank, memory_per_device, params_on_rank, root_params_on_rank,
                                    stage_layers)
@@ -204,18 +204,34 @@ def rank_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: in
                 precision: str = "bf16") -> Passes:
     """F, B, W of one micro-batch on pipeline rank `rank`: its layers' kernels (cost/kernels.py) and its
     element-wise work, a third in forward and two thirds in backward. `layout` must have its mbs resolved."""
-    peak = cluster.peak_flops(precision)
-    act_bytes = PRECISIONS[precision]["compute"]
-    tokens = layout.mbs * model.seq / layout.cp
-    kernels = microbatch_seconds(model, cluster, layout, stage_layers(model, layout, rank), rank == last_rank(layout),
-                                 peak, act_bytes)
-    elementwise = elementwise_seconds(model, cluster, layout, tokens, act_bytes)
-    return kernels + Passes(elementwise / 3, elementwise * 2 / 3)
+    kinds = _rank_kinds(model, layout.pp, layout.vpp, layout.schedule)
+    return _passes(model, cluster, layout, precision, kinds[rank])
 
 
 def stage_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision: str = "bf16") -> Passes:
     """F, B, W of one micro-batch on the slowest pipeline rank (what the step waits for)."""
-    return max((rank_passes(model, cluster, layout, r, precision) for r in range(layout.pp)), key=lambda p: p.total)
+    kinds = set(_rank_kinds(model, layout.pp, layout.vpp, layout.schedule))
+    return max((_passes(model, cluster, layout, precision, kind) for kind in kinds), key=lambda p: p.total)
+
+
+def _passes(model, cluster, layout, precision, kind) -> Passes:
+    peak = cluster.peak_flops(precision)
+    act_bytes = PRECISIONS[precision]["compute"]
+    kernels = counted_seconds(model, cluster, kernel_shape(layout), *kind, peak, act_bytes)
+    elementwise = elementwise_seconds(model, cluster, layout, layout.mbs * model.seq / layout.cp, act_bytes)
+    return kernels + Passes(elementwise / 3, elementwise * 2 / 3)
+
+
+@lru_cache(maxsize=4096)
+def _rank_kinds(model: ModelSpec, pp: int, vpp: int, schedule: str) -> tuple:
+    """(dense layers, MoE layers, holds the head) of each pipeline rank."""
+    layout = Layout(pp=pp, vpp=vpp, schedule=schedule)
+    out = []
+    for r in range(pp):
+        owned = stage_layers(model, layout, r)
+        moe = sum(model.is_moe_layer(i) for i in owned) if model.is_moe else 0
+        out.append((len(owned) - moe, moe, r == last_rank(layout)))
+    return tuple(out)
 
 
 def elementwise_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float,
@@ -224,15 +240,19 @@ def elementwise_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, 
     about what a layer stores for backward, written and read once per pass (Ivanov et al. 2021, "Data
     movement is all you need": these take a third of BERT's time at 0.2% of its FLOPs). Passes: forward,
     backward (2x), and the recomputed forward."""
-    no_scores = Layout(tp=layout.tp, sp=layout.sp, recompute="selective")
-    stored = activation_bytes_per_layer(model, no_scores, tokens)
-    scores = 0.0
-    if not cluster.fused_attention:
-        scores = activation_bytes_per_layer(model, Layout(tp=layout.tp, sp=layout.sp), tokens) - stored
-    passes = 3 + (1 if layout.recompute == "full" else 0)
-    score_passes = passes + (1 if layout.recompute == "selective" else 0)
-    n_layers = model.layers / layout.pp
-    return 2 * n_layers * (stored * passes + scores * score_passes) * act_bytes / 2 / cluster.hbm_bandwidth
+    per_token = _elementwise_per_token(model, cluster.fused_attention, layout.tp, layout.sp, layout.recompute)
+    return model.layers / layout.pp * tokens * per_token * act_bytes / cluster.hbm_bandwidth
+
+
+@lru_cache(maxsize=4096)
+def _elementwise_per_token(model: ModelSpec, fused: bool, tp: int, sp: bool, recompute: str) -> float:
+    """Bytes (per byte of activation) one layer's element-wise kernels move per token: written and read once
+    per pass, the 2-byte accounting of activation_bytes_per_layer scaled to one byte."""
+    stored = activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute="selective"), 1)
+    scores = 0.0 if fused else activation_bytes_per_layer(model, Layout(tp=tp, sp=sp), 1) - stored
+    passes = 3 + (1 if recompute == "full" else 0)
+    score_passes = passes + (1 if recompute == "selective" else 0)
+    return stored * passes + scores * score_passes
 
 
 def _time(cluster, devices, layout, axis, collective, nbytes, calls) -> float:

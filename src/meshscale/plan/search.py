@@ -15,8 +15,9 @@ from itertools import product
 import numpy as np
 
 from meshscale.cost import comm, predict
-from meshscale.cost.memory import (PRECISIONS, _held, _params_per_rank, activation_bytes_per_layer,
-                                   root_params_on_rank)
+from meshscale.cost.kernels import attention_core_seconds
+from meshscale.cost.memory import (PRECISIONS, _held, _params_per_rank, activation_bytes_per_layer, busiest_rank,
+                                   params_on_rank, root_params_on_rank, stage_layers)
 from meshscale.cost.step import Prediction, _slowest_stage, elementwise_seconds
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
@@ -163,21 +164,30 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
                                            cluster.fused_attention)[0] for n, vv in scheds])
         forward = per_rank * model.seq * forward[k_i] / (tp * cp) / rate + elementwise / 3
         shape = (model, cluster, devices, tp, pp, cp, dp, ep, per_rank, bytes_["compute"], rate)
-        floor_r = np.array([_floor_tp(*shape, r) for r in RECOMPUTE])
+        layouts = [Layout(tp=tp, pp=pp, vpp=vv, schedule=n) for n, vv in scheds]
+        owned = [len(stage_layers(model, lay, r)) for lay in layouts for r in range(pp)]
+        floor_r = np.array([_floor_tp(*shape, r) + _floor_cp(*shape, r, min(owned), max(owned)) for r in RECOMPUTE])
         floor_k = np.array([_floor_pp(*shape, n, vv) for n, vv in scheds])
-        gather = _time_no_latency(cluster, devices, "all_gather", 4 * p_std, dp * cp, tp) \
-            if dp * cp > 1 and not cluster.software.param_gather_overlap else 0.0
+        # per schedule, the busiest rank's parameters and those of its root unit: what predict charges
+        busy = [busiest_rank(model, lay) for lay in layouts]
+        p_k = np.array([params_on_rank(model, lay, r) for lay, r in zip(layouts, busy)])[k_i]
+        root_k = np.array([root_params_on_rank(model, lay, r) for lay, r in zip(layouts, busy)])[k_i]
+        ag = _time_no_latency(cluster, devices, "all_gather", 1.0, dp * cp, tp)  # seconds per byte
+        rs = _time_no_latency(cluster, devices, "reduce_scatter", 1.0, dp * cp, tp)
+        gather = ag * 4 * p_k if not cluster.software.param_gather_overlap else 0.0
         ratio = _bubble(names, k_i, pp, v, m)
         bound = (compute + floor_r[r_i] + floor_k[k_i]) * (1 + ratio) + np.where((z == 1) | (z == 2), gather, 0.0)
         if dp * cp > 1:  # gradient reduction not hidden by backward (zero 0-2) or FSDP traffic beyond compute
-            grads = _time_no_latency(cluster, devices, "reduce_scatter", 4 * p_std, dp * cp, tp)
+            grads = rs * 4 * p_k
             backward = compute - forward
-            # ZeRO-3 gathers the blocks twice per micro-batch and the root once without a pipeline; inside one
-            # the rule differs (comm.data_parallel_ops: once per forward and once for all backwards), so no
-            # FSDP term there.
-            gathered = 2 * p_std - root_params_on_rank(model, Layout(tp=tp), 0)
-            fsdp = m * (grads + _time_no_latency(cluster, devices, "all_gather", bytes_["compute"] * gathered,
-                                                 dp * cp, tp)) if pp == 1 else 0.0
+            # ZeRO-3 (comm.data_parallel_ops): without a pipeline each micro-batch gathers the blocks twice and
+            # the root once and reduce-scatters the gradient; inside one, every forward gathers the blocks, all
+            # backwards gather them once more, and the gradient is reduce-scattered once.
+            blocks = p_k - root_k
+            if pp == 1:
+                fsdp = m * (grads + ag * bytes_["compute"] * (2 * blocks + root_k))
+            else:
+                fsdp = grads + ag * bytes_["compute"] * ((m + 1) * blocks + root_k)
             unhidden = np.select([z == 0, z == 1, z == 2], [2 * grads - backward / m, grads - backward / m,
                                                              m * grads - backward], fsdp - compute)
             bound = bound + np.maximum(unhidden, 0.0)
@@ -231,15 +241,31 @@ def _time_no_latency(cluster, devices, collective, nbytes, size, stride) -> floa
 
 
 def _floor_tp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, rate, recompute) -> float:
-    """Bandwidth time of the TP traffic for the whole step on the lightest rank. EP all-to-alls and CP ring
-    steps are left out: another micro-batch's compute (dualpipev, ep_comm_overlap) or the attention they feed
-    may hide them, and this bound's compute is too short to say how much."""
+    """Bandwidth time of the TP traffic for the whole step on the lightest rank. EP all-to-alls are left out:
+    another micro-batch's compute may hide them (dualpipev, ep_comm_overlap)."""
     layout = Layout(dp=dp, tp=tp, cp=cp, ep=ep, recompute=recompute)
     tokens = per_rank * model.seq / cp
     n_layers = model.layers // pp
     return sum(_time_no_latency(cluster, devices, c, b, tp, 1)
                for c, b, _, o in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, False, False, 1)
                if not (o == "gemm" and cluster.software.tp_comm_overlap))
+
+
+def _floor_cp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, rate, recompute, fewest,
+              most) -> float:
+    """The CP ring time the attention cannot hide: the ring of the rank with the `fewest` layers against the
+    attention of the `most`. A fused kernel's time is linear in the tokens, so it does not depend on mbs; the
+    batched GEMMs of unfused attention are not, and get no CP term."""
+    if cp == 1 or not cluster.fused_attention:
+        return 0.0
+    layout = Layout(dp=dp, tp=tp, cp=cp, ep=ep, recompute=recompute, mbs=1)
+    f, b = attention_core_seconds(model, cluster, layout, model.seq / cp, rate / cluster.matmul_efficiency,
+                                  act_bytes)
+    attention = per_rank * most * (f + b + (f if recompute != "none" else 0.0))
+    tokens = per_rank * model.seq / cp
+    ring = sum(_time_no_latency(cluster, devices, c, nbytes, cp, tp)
+               for c, nbytes, _, _ in comm.context_parallel_ops(model, layout, tokens, act_bytes, fewest, 1))
+    return max(0.0, ring - attention)
 
 
 def _floor_pp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, rate, schedule, vpp) -> float:
