@@ -45,7 +45,7 @@ class ClusterSpec:
     peak_flops_fp32: float
     hbm_bytes: float
     hbm_bandwidth: float  # bytes/s
-    matmul_efficiency: float  # fraction of peak the largest GEMMs reach (cuBLAS/XLA matmul micro-benchmarks)
+    matmul_efficiency: float  # fraction of peak the best-shaped GEMM sustains (matmul micro-benchmarks)
     tiers: tuple = ()  # Tier, fastest first
     torus: tuple = ()  # TPU: ICI torus dims of the largest slice (tier 0 is then ICI, per axis)
     default_devices: int = 8
