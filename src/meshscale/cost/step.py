@@ -8,7 +8,7 @@ step = (compute + TP + PP + EP + unhidden CP) * (1 + bubble ratio) + unhidden da
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from meshscale.cost import comm, critical, flops
+from meshscale.cost import comm, critical, flops, overhead
 from meshscale.cost.checkpoint import checkpoint_bytes
 from meshscale.cost.memory import (PRECISIONS, _stage_layers, activation_bytes_per_layer, busiest_rank, is_v,
                                    last_rank, memory_per_device, params_on_rank, root_params_on_rank,
@@ -117,8 +117,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     # Compute on the slowest pipeline rank.
     fwd, core, extra = _slowest_stage(model, layout.pp, layout.stages, is_v(layout), layout.recompute,
                                       cluster.fused_attention)
-    compute_s = m * layout.mbs * model.seq * (3 * fwd + extra) / split / rate
-    compute_s += m * elementwise_seconds(model, cluster, layout, tokens, act_bytes)
+    matmul_s = m * layout.mbs * model.seq * (3 * fwd + extra) / split / rate
+    compute_s = matmul_s + m * elementwise_seconds(model, cluster, layout, tokens, act_bytes)
     attention_s = m * layout.mbs * model.seq * (3 * core + (core if layout.recompute != "none" else 0)) / split / rate
 
     # Communication: what each axis sends, on which link, how long.
@@ -128,6 +128,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     n_layers = len(owned)
     moe_layers = sum(model.is_moe_layer(i) for i in owned) if model.is_moe else 0
     first, last = rank == 0, rank == last_rank(layout)
+    compute_s += overhead.compute_seconds(model, cluster, layout, m, n_layers, first or last, matmul_s, attention_s,
+                                          rate)
     ops = []
     if layout.dp * layout.cp > 1:
         ops += [("dp",) + op for op in comm.data_parallel_ops(layout.zero, params, m, act_bytes, n_layers + 1,
@@ -145,7 +147,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     fsdp_time = sum(_time(cluster, devices, layout, a, c, b, n) for a, c, b, n, o in ops if o == "fsdp")
     for axis, collective, nbytes, calls, overlap in ops:
         size, stride = _axis_group(layout, axis)
-        link = comm.group_link(cluster, devices, size, stride)
+        link = overhead.measured_link(cluster, collective, comm.group_link(cluster, devices, size, stride))
         t = comm.collective_time(collective, nbytes, calls, size, link)
         if overlap == "none":
             exposed = t
@@ -167,6 +169,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     bubble_s = ratio * (compute_s + critical_path)
     mem = memory_per_device(model, layout, global_batch, precision, cluster.fused_attention)
     optimizer_s = 2 * (mem.params + mem.grads + mem.optimizer) / cluster.hbm_bandwidth  # read + write
+    optimizer_s += overhead.optimizer_seconds(cluster, n_layers, first or last)
     step = compute_s + critical_path + bubble_s + dp_exposed + optimizer_s
 
     n_tokens = global_batch * model.seq
@@ -210,7 +213,8 @@ def elementwise_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, 
 
 def _time(cluster, devices, layout, axis, collective, nbytes, calls) -> float:
     size, stride = _axis_group(layout, axis)
-    return comm.collective_time(collective, nbytes, calls, size, comm.group_link(cluster, devices, size, stride))
+    link = overhead.measured_link(cluster, collective, comm.group_link(cluster, devices, size, stride))
+    return comm.collective_time(collective, nbytes, calls, size, link)
 
 
 def regime(model: ModelSpec, cluster: ClusterSpec, layout: Layout, batch_tokens: float) -> dict:

@@ -38,12 +38,24 @@ class ClusterSpec:
     # Software: a fused attention kernel (FlashAttention, Dao et al. 2022) skips masked blocks and never
     # stores the s x s scores. False describes 2021-22 Megatron-LM (the published A100 runs).
     fused_attention: bool = True
+    # Measured on the machine in hand by `meshscale calibrate` (runtime/calibrate.py); presets leave them
+    # empty. cost/overhead.py turns them into time.
+    op_overhead_s: float = 0.0  # host time per framework operator (Python, dispatch, autograd), tiny tensors
+    attention_rates: tuple = ()  # (seq, head_dim, FLOP/s): causal attention forward + backward
+    gemm_rates: tuple = ()  # (m, n, k, FLOP/s): GEMM throughput over shapes, in the compute precision
+    collectives: tuple = ()  # (collective, latency per step s, bus bandwidth B/s) over tier 0
+    calibration: tuple = ()  # provenance, (key, value): date, host, torch, nproc, method
 
     def __post_init__(self):
         tiers = tuple(t if isinstance(t, Tier) else build(Tier, dict(t), f"cluster {self.name} tier")
                       for t in self.tiers)
         object.__setattr__(self, "tiers", tiers)
         object.__setattr__(self, "torus", tuple(self.torus))
+        for key in ("attention_rates", "gemm_rates", "collectives"):  # TOML arrays and tables -> hashable rows
+            rows = getattr(self, key)
+            object.__setattr__(self, key, tuple(tuple(r.values()) if isinstance(r, dict) else tuple(r) for r in rows))
+        if isinstance(self.calibration, dict):
+            object.__setattr__(self, "calibration", tuple((k, str(v)) for k, v in self.calibration.items()))
         self.validate()
 
     def validate(self):
@@ -58,6 +70,12 @@ class ClusterSpec:
             if not (t.bandwidth > 0 and 0 < t.efficiency <= 1 and t.latency >= 0 and t.size >= 0):
                 raise UserError(f"cluster {self.name}: tier {t.name} needs bandwidth > 0, efficiency in (0, 1], "
                                 "latency >= 0, size >= 0")
+
+        if self.op_overhead_s < 0 or any(r[-1] <= 0 for r in self.attention_rates + self.gemm_rates):
+            raise UserError(f"cluster {self.name}: op_overhead_s must be >= 0 and measured rates positive")
+        if any(len(c) != 3 or c[1] < 0 or c[2] <= 0 for c in self.collectives):
+            raise UserError(f"cluster {self.name}: each of collectives needs collective, latency >= 0, "
+                            "bandwidth > 0")
 
     def peak_flops(self, precision: str) -> float:
         peak = {"bf16": self.peak_flops_bf16, "fp8": self.peak_flops_fp8 or self.peak_flops_bf16,
