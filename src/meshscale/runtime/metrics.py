@@ -38,9 +38,12 @@ def memory_bytes(device: torch.device, baseline: int = 0) -> int:
 
 
 class MemoryProbe:
-    """The CPU allocator's peak during one step: the heap in use at its start, plus the highest rise of
-    torch's CPU allocations during it, from the profiler's memory events (every allocation and free that
-    c10's CPU allocator makes, in order). The profiled step runs slower, so its time is not counted."""
+    """The CPU allocator's peak during one step: the heap in use when it starts plus the highest rise of the
+    running total of the profiler's memory events (every allocation and free c10's CPU allocator makes, in
+    order) during it. A block allocated before the step and freed inside it has no event (its free is not
+    seen), so on pipelines, whose receive buffers outlive a step, this is an upper bound. The profiler's own
+    buffers live in the heap too, hence the start, not the end, as anchor. The profiled step runs slower,
+    so its time is not counted; its stderr is silenced (kineto and c10 log lines about the profiler)."""
 
     def __init__(self, baseline: int):
         self.baseline, self.peak = baseline, 0
@@ -51,20 +54,19 @@ class MemoryProbe:
 
         start = max(0, heap_bytes() - self.baseline)
         prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-        with _quiet_stderr():  # kineto prints a line when it starts and stops
+        with _quiet_stderr():
             prof.start()
-        try:
-            yield
-        finally:
-            with _quiet_stderr():
+            try:
+                yield
+            finally:
                 prof.stop()
         events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
                         key=lambda e: e.start_ns())
-        level = rise = 0
+        level = highest = 0
         for e in events:
             level += e.nbytes()
-            rise = max(rise, level)
-        self.peak = start + rise
+            highest = max(highest, level)
+        self.peak = start + highest
 
 
 @contextmanager
