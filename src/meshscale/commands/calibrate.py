@@ -39,7 +39,7 @@ def summary(path: str) -> str:
     rates = ", ".join(f"{m}x{n}x{k} {r / 1e9:.1f}" for m, n, k, r in c.gemm_rates)
     attn = ", ".join(f"s={s} d={d} {r / 1e9:.2f}" for s, d, r in c.attention_rates)
     return (f"wrote {path} ({c.name}, base {dict(c.calibration).get('device', '')})\n"
-            f"GEMM GFLOP/s: {rates}; matmul_efficiency {c.matmul_efficiency:.2f}\n"
+            f"GEMM GFLOP/s: {rates}\n"
             f"attention GFLOP/s: {attn}\nmemory bandwidth {c.hbm_bandwidth / 1e9:.1f} GB/s; "
             f"{c.op_overhead_s * 1e6:.1f} us per operator\n"
             + (f"collectives (bus bandwidth, latency per step): {kinds}" if kinds else "collectives: one process, none measured"))

@@ -101,8 +101,7 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
 
     ledger = CommLedger()
     data = TokenData(load_tokens(cfg.data) if tokens is None else tokens, spec.seq, cfg.seed)
-    probing = device.type == "cpu" and (cfg.predict or cfg.metrics_out)
-    if probing:
+    if device.type == "cpu":
         _import_setup()
     baseline = heap_bytes() if device.type == "cpu" else 0  # the corpus is not the model's memory
     model = build_model(spec, cfg.seed, device)
@@ -117,7 +116,7 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
     faults = Injector(from_env(), dist.get_rank() if multi else 0)
     # On CPU the allocator's peak inside a step needs the profiler: the last step runs under it when the
     # memory is reported (--predict, --metrics-out).
-    probe = MemoryProbe(baseline) if probing else None
+    probe = MemoryProbe(baseline) if device.type == "cpu" and (cfg.predict or cfg.metrics_out) else None
 
     def run_step(step: int) -> dict:
         faults.at_step_start(step)

@@ -41,8 +41,8 @@ class ClusterSpec:
     # Measured on the machine in hand by `meshscale calibrate` (runtime/calibrate.py); presets leave them
     # empty. cost/overhead.py turns them into time.
     op_overhead_s: float = 0.0  # host time per framework operator (Python, dispatch, autograd), tiny tensors
-    attention_rates: tuple = ()  # (seq, head_dim, FLOP/s): causal attention forward + backward
-    gemm_rates: tuple = ()  # (m, n, k, FLOP/s): GEMM throughput over shapes, in the compute precision
+    attention_rates: tuple = ()  # (seq, head_dim, FLOP/s): fp32 causal attention forward + backward
+    gemm_rates: tuple = ()  # (m, n, k, FLOP/s): fp32 GEMM throughput over shapes
     collectives: tuple = ()  # (collective, latency per step s, bus bandwidth B/s) over tier 0
     calibration: tuple = ()  # provenance, (key, value): date, host, torch, nproc, method
 
