@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from contextlib import contextmanager
+from functools import lru_cache
 
 import torch
 
@@ -19,13 +20,21 @@ def heap_bytes() -> int:
     """Bytes glibc's malloc has handed out and not taken back (mallinfo2: in-use arena chunks plus mmapped
     blocks). torch's CPU allocator takes every tensor from malloc, so this counts tensors (and the few other
     heap objects of the process), not freed or fragmented pages as RSS does. 0 where glibc is absent."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallinfo2.restype = _MallInfo2
-    except (OSError, AttributeError):
+    mallinfo2 = _mallinfo2()
+    if mallinfo2 is None:
         return 0
-    info = libc.mallinfo2()
+    info = mallinfo2()
     return info.uordblks + info.hblkhd
+
+
+@lru_cache(maxsize=1)
+def _mallinfo2():
+    try:
+        function = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    function.restype = _MallInfo2
+    return function
 
 
 def memory_bytes(device: torch.device, baseline: int = 0) -> int:
