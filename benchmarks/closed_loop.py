@@ -1,9 +1,10 @@
 """The closed loop on this machine: train each target layout with `--predict --cluster FILE` and print
 measured vs predicted step time and memory (the summary object `train` writes at the end of --metrics-out).
 
-    python benchmarks/closed_loop.py [--cluster runs/local-cpu.toml] [--models tiny,small]
+    python benchmarks/closed_loop.py [--cluster FILE.toml] [--models tiny,small]
 
-Calibrates into --cluster first when the file does not exist. Takes several minutes; run it by hand.
+Without --cluster it first runs `meshscale calibrate --nproc 2` into a temporary file, so that the machine
+is measured in the same state (load, clocks) as the runs it predicts. Takes several minutes; run it by hand.
 """
 
 import argparse
@@ -34,23 +35,28 @@ def summary(model: str, layout: str, nproc: int, cluster: str) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cluster", default="runs/local-cpu.toml")
+    parser.add_argument("--cluster", help="a `meshscale calibrate` file (default: calibrate now)")
     parser.add_argument("--models", default="tiny,small")
     args = parser.parse_args()
-    if not Path(args.cluster).exists():
-        Path(args.cluster).parent.mkdir(parents=True, exist_ok=True)
-        meshscale("calibrate", "--nproc", "2", "--out", args.cluster)
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = args.cluster or os.path.join(tmp, "local.toml")
+        if not args.cluster:
+            meshscale("calibrate", "--nproc", "2", "--out", cluster)
+        table(args.models.split(","), cluster)
+    return 0
+
+
+def table(models: list[str], cluster: str) -> None:
     print(f"{'model':<6} {'layout':<26} {'step meas.':>10} {'pred.':>9} {'ratio':>6}   "
           f"{'memory meas.':>12} {'pred.':>9} {'ratio':>6}", flush=True)
-    for model in args.models.split(","):
+    for model in models:
         for layout, nproc in LAYOUTS:
-            s = summary(model, layout, nproc, args.cluster)
+            s = summary(model, layout, nproc, cluster)
             mib = 2**20
             print(f"{model:<6} {layout:<26} {s['step_time_s'] * 1e3:>8.1f}ms {s['predicted_step_time_s'] * 1e3:>7.1f}ms "
                   f"{s['step_time_s'] / s['predicted_step_time_s']:>6.2f}   "
                   f"{s['peak_memory_bytes'] / mib:>9.1f}MiB {s['predicted_memory_bytes'] / mib:>6.1f}MiB "
                   f"{s['peak_memory_bytes'] / s['predicted_memory_bytes']:>6.2f}", flush=True)
-    return 0
 
 
 if __name__ == "__main__":
