@@ -35,11 +35,12 @@ def test_problem3_winner_pairs_4way_tp_with_1024way_sharding(problem3):
 def test_problem3_without_a_pipeline_is_fsdp_times_tp():
     """The seed's answer proper: with no pipeline the winner shards parameters (ZeRO-3) across the data
     axis and splits matrices with TP inside the ICI domain. (With one, torch's zero-bubble schedules,
-    which the runtime cannot combine with FSDP2, win by their smaller bubble.)"""
+    which the runtime cannot combine with FSDP2, win by their smaller bubble.) `plan --fix pp=1`."""
     model, cluster = load_model("llama2-13b").with_seq(32768), load_cluster("tpu-v5p")
-    plan = search(model, cluster, 4096, 96, where=lambda tp, pp, cp, dp, ep: pp == 1)
+    plan = search(model, cluster, 4096, 96, fix=search_mod.parse_fix("pp=1"))
     win = Layout.parse(plan.ranked[0].layout, 4096)
     assert win.zero == 3 and win.tp in (4, 8)
+    assert all(Layout.parse(p.layout).pp == 1 for p in plan.ranked + plan.rejected)
 
 
 def test_problem3_explanation_rejects_pure_dp_for_memory_and_pure_fsdp_as_comm_bound(problem3):

@@ -1,4 +1,4 @@
-"""`meshscale` command line: predict, plan, train.
+"""`meshscale` command line: predict, plan, train, calibrate.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args) -> int`;
 they are imported lazily so `predict` and `plan` never import torch.
@@ -14,6 +14,7 @@ COMMANDS = {
     "predict": ("meshscale.commands.predict", "predict one layout's step: compute, memory, every collective"),
     "plan": ("meshscale.commands.plan", "search every hybrid layout and explain the best"),
     "train": ("meshscale.commands.train", "train on torch.distributed with a layout; measure beside prediction"),
+    "calibrate": ("meshscale.commands.calibrate", "measure this machine and write it as a ClusterSpec file"),
 }
 
 

@@ -18,13 +18,15 @@ def add_arguments(p):
     p.add_argument("--objective", choices=("time", "cost"), default="time",
                    help="time: fastest step; cost: fewest dollars per step, also trying 1/2, 1/4, 1/8 of the devices")
     p.add_argument("--allow-cross-tp", action="store_true", help="let TP span beyond the fast (NVLink) domain")
+    p.add_argument("--fix", help="search only layouts with these values, e.g. pp=1,tp=8 or zero=3,schedule=1f1b")
     p.add_argument("--emit", choices=("torchrun",), help="print the command that runs the winning layout")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run(args) -> int:
-    from meshscale.plan.search import search
+    from meshscale.plan.search import parse_fix, search
 
+    fix = parse_fix(args.fix) if args.fix is not None else {}
     model, cluster, devices, batch = resolve_inputs(args)
     if args.top < 1:
         raise UserError(f"--top must be at least 1, got {args.top}")
@@ -36,12 +38,15 @@ def run(args) -> int:
             raise UserError(f"cluster {cluster.name} has no price_per_device_hour; use --objective time")
         counts += [devices // k for k in (2, 4, 8) if devices % k == 0]
     plans = [(n, search(model, cluster, n, batch, args.precision, top=args.top, headroom=args.memory_headroom,
-                        cross_tp=args.allow_cross_tp)) for n in counts]
+                        cross_tp=args.allow_cross_tp, fix=fix)) for n in counts]
     plan = plans[0][1]
     if args.objective == "cost":
         plan = _merge_by_cost(plans, cluster, args.top)
     if not plan.ranked:
         need, where = min((p.smallest for _, p in plans), key=lambda s: s[0])
+        if fix and not where:
+            raise UserError(f"no layout of {devices} devices has --fix {args.fix} and splits {batch} sequences of "
+                            f"{model.seq} tokens; relax --fix or change the batch or the device count")
         if not where:
             raise UserError(f"no layout of {devices} devices splits {batch} sequences of {model.seq} tokens "
                             "(dp must divide the batch, cp the sequence); change the batch or the device count")
@@ -50,7 +55,7 @@ def run(args) -> int:
                         f"after {args.memory_headroom:.0%} headroom; add devices or pick a larger accelerator")
     win_devices = plan.ranked[0].devices
     if args.emit == "torchrun":
-        print(_emit(args, model, cluster, plan.ranked[0], batch))
+        print(_emit(args, model, cluster, plan.ranked[0], batch, fix))
         return 0
     if args.json:
         print(json.dumps(plan.to_dict()))
@@ -73,7 +78,7 @@ def _merge_by_cost(plans, cluster, top):
     return best
 
 
-def _emit(args, model, cluster, winner, batch: int) -> str:
+def _emit(args, model, cluster, winner, batch: int, fix: dict) -> str:
     """The torchrun line for the winner or, when the trainer cannot run it yet, for the best layout it can
     run (a `#` line above says why, so the output still pastes into a shell)."""
     from meshscale.plan.search import search
@@ -85,7 +90,7 @@ def _emit(args, model, cluster, winner, batch: int) -> str:
     if trainer_refusal(Layout(), model):
         raise UserError(f"--emit torchrun: {trainer_refusal(Layout(), model)}")
     trainable = search(model, cluster, winner.devices, batch, args.precision, top=1, headroom=args.memory_headroom,
-                       cross_tp=args.allow_cross_tp,
+                       cross_tp=args.allow_cross_tp, fix=fix,
                        where=lambda tp, pp, cp, dp, ep: cp == ep == 1 and model.vocab % tp == 0)
     if not trainable.ranked:
         raise UserError(f"--emit torchrun: the winner {winner.layout} cannot be trained yet ({reason}) and no "

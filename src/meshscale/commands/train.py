@@ -21,6 +21,7 @@ _HELP = {
     "trace": "write the last step's pipeline forward/backward runs as Chrome-trace JSON to this new file "
              "(pp > 1) and print the measured bubble beside the predicted one",
     "device": "auto, cpu or cuda",
+    "cluster": "ClusterSpec that --predict uses: a preset or a file from `meshscale calibrate` (default local-cpu)",
 }
 _FLAGS = ("overwrite", "predict")
 

@@ -32,6 +32,9 @@ def gemm_seconds(cluster: ClusterSpec, m: float, n: float, k: float, peak: float
     """`batch` independent (m x k) @ (k x n) GEMMs in one launch (a batched or grouped GEMM)."""
     if min(m, n, k) <= 0:
         return 0.0
+    measured = nearest(cluster.gemm_rates, (m, n, k))
+    if measured:  # a calibrated machine: its own GEMM rate at the nearest measured shape
+        return batch * 2.0 * m * n * k / measured
     rate = peak * cluster.matmul_efficiency
     tm, tn = cluster.gemm_tile
 
@@ -46,6 +49,16 @@ def gemm_seconds(cluster: ClusterSpec, m: float, n: float, k: float, peak: float
     best = min(compute(r, c, w) for r, c in ((m, n), (n, m)) for w in widths)
     traffic = batch * dtype_bytes * (m * k + k * n + m * n) / cluster.hbm_bandwidth
     return max(best, traffic)
+
+
+def nearest(rows: tuple, shape: tuple) -> float:
+    """The rate (last column) of the measured row (`meshscale calibrate`) whose shape is nearest `shape` in log
+    distance; 0 when nothing was measured. The rows span transformer GEMM and attention shapes; between them
+    the nearest measurement stands in for a curve."""
+    if not rows:
+        return 0.0
+    near = min(rows, key=lambda r: sum(abs(math.log(a / b)) for a, b in zip(r[:-1], shape)))
+    return near[-1]
 
 
 def gemm_efficiency(cluster: ClusterSpec, m: float, n: float, k: float, peak: float) -> float:
@@ -180,6 +193,10 @@ def attention_core_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layou
     forward and their two gradients each (the softmax is memory-bound work, see step.elementwise_seconds)."""
     fused = cluster.fused_attention
     core = tokens * flops.attention_core_flops(model, model.seq, fused) / layout.tp
+    measured = nearest(cluster.attention_rates, (model.seq / layout.cp, model.head_dim))
+    if fused and measured:  # calibrated: forward + backward measured as 3x the forward FLOPs
+        total = 3 * core / measured
+        return total / 3, total * 2 / 3
     if fused:
         total = attention_seconds(cluster, core, model.seq, peak)
         return total / 3.5, total * 2.5 / 3.5

@@ -8,7 +8,7 @@ step = (compute + TP + PP + EP + unhidden CP) * (1 + bubble ratio) + unhidden da
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from meshscale.cost import comm, critical, flops
+from meshscale.cost import comm, critical, flops, overhead
 from meshscale.cost.checkpoint import checkpoint_bytes
 from meshscale.cost.kernels import Passes, counted_seconds, kernel_shape
 from meshscale.cost.memory import (PRECISIONS, _stage_layers, activation_bytes_per_layer, busiest_rank,
@@ -128,6 +128,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     n_layers = len(owned)
     moe_layers = sum(model.is_moe_layer(i) for i in owned) if model.is_moe else 0
     first, last = rank == 0, rank == last_rank(layout)
+    compute_s += overhead.compute_seconds(model, cluster, layout, m, n_layers, first or last)
     ops = []
     if layout.dp * layout.cp > 1:
         ops += [("dp",) + op for op in comm.data_parallel_ops(layout.zero, params, m, act_bytes, n_layers + 1,
@@ -146,7 +147,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     fsdp_time = sum(_time(cluster, devices, layout, a, c, b, n) for a, c, b, n, o in ops if o == "fsdp")
     for axis, collective, nbytes, calls, overlap in ops:
         size, stride = _axis_group(layout, axis)
-        link = comm.group_link(cluster, devices, size, stride)
+        link = overhead.measured_link(cluster, collective, comm.group_link(cluster, devices, size, stride))
         t = comm.collective_time(collective, nbytes, calls, size, link)
         exposed = t
         if overlap == "attention":  # ring steps hide behind the attention blocks they feed
@@ -176,6 +177,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     bubble_s = ratio * (compute_s + critical_path)
     mem = memory_per_device(model, layout, global_batch, precision, cluster.fused_attention)
     optimizer_s = 2 * (mem.params + mem.grads + mem.optimizer) / cluster.hbm_bandwidth  # read + write
+    optimizer_s += overhead.optimizer_seconds(cluster, n_layers, first or last)
     step = compute_s + critical_path + bubble_s + dp_exposed + optimizer_s
 
     n_tokens = global_batch * model.seq
@@ -257,7 +259,8 @@ def _elementwise_per_token(model: ModelSpec, fused: bool, tp: int, sp: bool, rec
 
 def _time(cluster, devices, layout, axis, collective, nbytes, calls) -> float:
     size, stride = _axis_group(layout, axis)
-    return comm.collective_time(collective, nbytes, calls, size, comm.group_link(cluster, devices, size, stride))
+    link = overhead.measured_link(cluster, collective, comm.group_link(cluster, devices, size, stride))
+    return comm.collective_time(collective, nbytes, calls, size, link)
 
 
 def regime(model: ModelSpec, cluster: ClusterSpec, layout: Layout, batch_tokens: float) -> dict:

@@ -30,18 +30,25 @@ def explain(plan: Plan, model, cluster, devices: int, global_batch: int, precisi
     capacity = cluster.hbm_bytes * (1 - headroom)
     tokens = global_batch * model.seq
     per_device = tokens / devices
-    lines = [f"Winner {win.layout}: {ms(win.step_time_s)} per step, MFU {win.mfu:.1%}, "
+    lines = [_fixed(plan)] if plan.fixed else []
+    lines += [f"Winner {win.layout}: {ms(win.step_time_s)} per step, MFU {win.mfu:.1%}, "
              f"{win.memory_per_device_bytes['total'] / 1e9:,.1f} of {cluster.hbm_bytes / 1e9:,.0f} GB per device; "
              f"{_dominant(win)}."]
     lines.append(_pure_dp(model, cluster, devices, global_batch, precision, capacity, per_device))
-    lines.append(_pure_fsdp(model, cluster, devices, global_batch, precision, headroom, per_device, win))
-    lines.append(_why_tp(model, cluster, devices, global_batch, precision, headroom, layout, win))
+    lines.append(_pure_fsdp(model, cluster, devices, global_batch, precision, headroom, per_device, win, plan))
+    lines.append(_why_tp(model, cluster, devices, global_batch, precision, headroom, layout, win, plan.fixed))
     lines.append(_across_nodes(model, layout, win, global_batch, precision))
     r = win.regime
     if r.get("critical_tokens"):
         lines.append(f"Critical batch: {r['strategy']} is compute-bound above {r['critical_tokens']:,.0f} tokens per "
                      f"device; this batch gives {r['per_device_tokens']:,.0f} ({r['side']} side).")
     return [line for line in lines if line]
+
+
+def _fixed(plan: Plan) -> str:
+    values = ", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in plan.fixed.items())
+    return (f"Fixed by --fix: {values}; only layouts with these values were searched "
+            f"({plan.enumerated:,} of them), so the winner is the best of the rest.")
 
 
 def rejected(plan: Plan) -> list[tuple[str, str]]:
@@ -78,11 +85,12 @@ def _pure_dp(model, cluster, devices, batch, precision, capacity, per_device) ->
             f"{side} its critical batch {crit:,.0f} (C/W); predicted {ms(pred.step_time_s)}.")
 
 
-def _pure_fsdp(model, cluster, devices, batch, precision, headroom, per_device, win) -> str:
+def _pure_fsdp(model, cluster, devices, batch, precision, headroom, per_device, win, plan) -> str:
     if devices == 1:
         return ""
     sub = search(model, cluster, devices, batch, precision, top=1, headroom=headroom,
-                 where=lambda tp, pp, cp, dp, ep: tp == 1 and pp == 1 and dp * cp == devices)
+                 where=lambda tp, pp, cp, dp, ep: tp == 1 and pp == 1 and dp * cp == devices,
+                 fix=_except(plan.fixed, "tp", "pp", "dp", "cp", "zero"))
     fsdp = [p for p in sub.ranked if "zero=3" in p.layout]
     if not fsdp:
         return "Pure FSDP (tp=pp=1 over every device) has no layout that fits or divides the batch."
@@ -97,14 +105,19 @@ def _pure_fsdp(model, cluster, devices, batch, precision, headroom, per_device, 
             f"{ms(win.step_time_s)}.")
 
 
-def _why_tp(model, cluster, devices, batch, precision, headroom, layout, win) -> str:
+def _except(fixed: dict, *keys) -> dict:
+    """The --fix values that still apply to a comparison which sets `keys` itself."""
+    return {k: v for k, v in fixed.items() if k not in keys}
+
+
+def _why_tp(model, cluster, devices, batch, precision, headroom, layout, win, fixed) -> str:
     tp = layout.tp
     tier = next((e["tier"] for e in win.comm if e["axis"] == "tp"), None)
     domain = cluster.tiers[0].name
     neighbours = []
     for other in sorted({max(1, tp // 2), tp * 2} - {tp}):
         sub = search(model, cluster, devices, batch, precision, top=1, headroom=headroom, cross_tp=True,
-                     where=lambda t, pp, cp, dp, ep, o=other: t == o)
+                     where=lambda t, pp, cp, dp, ep, o=other: t == o, fix=_except(fixed, "tp", "dp"))
         if sub.ranked:
             neighbours.append(f"tp={other} at best {ms(sub.ranked[0].step_time_s)}")
         else:

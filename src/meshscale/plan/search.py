@@ -21,7 +21,7 @@ from meshscale.cost.memory import (PRECISIONS, _held, _params_per_rank, activati
 from meshscale.cost.step import Prediction, _slowest_stage, elementwise_seconds
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
-from meshscale.specs.layout import RECOMPUTE, Layout, check_against
+from meshscale.specs.layout import RECOMPUTE, SCHEDULES, Layout, check_against
 from meshscale.specs.model import ModelSpec
 
 MAX_VPP = 8
@@ -39,6 +39,46 @@ def runnable(layout: Layout, model: ModelSpec, global_batch: int) -> bool:
     return True
 
 
+_FIXABLE = ("dp", "zero", "tp", "sp", "pp", "vpp", "schedule", "cp", "ep", "mbs", "recompute")
+
+
+def parse_fix(text: str) -> dict:
+    """`--fix pp=1,tp=8` as {key: value}: the layout values every searched layout must have."""
+    fixed: dict = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        key, _, raw = item.partition("=")
+        key, raw = key.strip(), raw.strip().lower()
+        if key == "fsdp":
+            fixed.update(parse_fix(f"dp={raw},zero=3"))
+            continue
+        if key not in _FIXABLE or not raw:
+            raise UserError(f"--fix: {item!r} is not key=value with a layout key ({', '.join(_FIXABLE)}, fsdp); "
+                            "example: --fix pp=1,tp=8")
+        if key == "sp":
+            if raw not in ("true", "false", "1", "0"):
+                raise UserError(f"--fix: sp must be true or false, got {raw!r}")
+            value = raw in ("true", "1")
+        elif key in ("schedule", "recompute"):
+            choices = SCHEDULES if key == "schedule" else RECOMPUTE
+            if raw not in choices:
+                raise UserError(f"--fix: unknown {key} {raw!r}; choose one of {', '.join(choices)}")
+            value = raw
+        else:
+            if not raw.isdigit() or int(raw) < (0 if key == "zero" else 1) or (key == "zero" and int(raw) > 3):
+                raise UserError(f"--fix: {key} must be a whole number {'0-3' if key == 'zero' else '>= 1'}, got {raw!r}")
+            value = int(raw)
+        if fixed.get(key, value) != value:
+            raise UserError(f"--fix: {key} fixed to two values ({fixed[key]} and {value})")
+        fixed[key] = value
+    if not fixed:
+        raise UserError("--fix needs key=value pairs, e.g. --fix pp=1,tp=8")
+    return fixed
+
+
+def _allowed(fix: dict, key: str, value) -> bool:
+    return key not in fix or fix[key] == value
+
+
 @dataclass
 class Plan:
     ranked: list  # Prediction, best first
@@ -49,6 +89,7 @@ class Plan:
     smallest: tuple = ()  # (bytes, layout string) of the least memory any layout needs
     objective: str = "time"
     rejected: list = field(default_factory=list)  # best layouts of the runner-up parallel shapes
+    fixed: dict = field(default_factory=dict)  # the --fix values every searched layout has
 
     def to_dict(self) -> dict:
         return {"evaluated": self.evaluated, "enumerated": self.enumerated, "fitting": self.fitting,
@@ -92,9 +133,12 @@ def _schedules(model: ModelSpec, pp: int) -> list[tuple[str, int]]:
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: int, precision: str = "bf16",
-           top: int = 5, headroom: float = 0.1, cross_tp: bool = False, prune: bool = True, where=None) -> Plan:
+           top: int = 5, headroom: float = 0.1, cross_tp: bool = False, prune: bool = True, where=None,
+           fix: dict | None = None) -> Plan:
     """Rank the layouts that fit. `where(tp, pp, cp, dp, ep)` restricts the parallel shapes (the explanation
-    asks for neighbours of the winner); `prune=False` costs every layout in full (to check the bound)."""
+    asks for neighbours of the winner); `fix` ({key: value}, `parse_fix`) restricts every choice inside the
+    enumeration; `prune=False` costs every layout in full (to check the bound)."""
+    fix = fix or {}
     start = time.perf_counter()
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
@@ -107,12 +151,19 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
     for tp, pp, cp, dp, ep in shapes(model, cluster, devices, global_batch, cross_tp):
         if where is not None and not where(tp, pp, cp, dp, ep):
             continue
+        if not all(_allowed(fix, k, v) for k, v in zip(("tp", "pp", "cp", "dp", "ep"), (tp, pp, cp, dp, ep))):
+            continue
         per_rank = global_batch // dp
-        mbs_opts = [b for b in _divisors(per_rank) if b <= MAX_MBS]
-        scheds = _schedules(model, pp)
-        zeros = range(4) if dp * cp > 1 else [0]
+        mbs_opts = [b for b in _divisors(per_rank) if b <= MAX_MBS and _allowed(fix, "mbs", b)]
+        scheds = [(n, v) for n, v in _schedules(model, pp) if _allowed(fix, "schedule", n) and
+                  _allowed(fix, "vpp", v)]
+        zeros = [z for z in (range(4) if dp * cp > 1 else [0]) if _allowed(fix, "zero", z)]
         sps = (False, True) if tp > 1 else (False,)
-        grid = np.array(list(product(zeros, range(len(sps)), range(len(scheds)), mbs_opts, range(3))), dtype=float)
+        sp_idx = [i for i, sp in enumerate(sps) if _allowed(fix, "sp", sp)]
+        rec_idx = [i for i, r in enumerate(RECOMPUTE) if _allowed(fix, "recompute", r)]
+        grid = np.array(list(product(zeros, sp_idx, range(len(scheds)), mbs_opts, rec_idx)), dtype=float)
+        if not len(grid):
+            continue
         z, s_i, k_i, mbs, r_i = grid.T
         k_i, s_i, r_i, z = k_i.astype(int), s_i.astype(int), r_i.astype(int), z.astype(int)
         enumerated += len(grid)
@@ -195,7 +246,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
             bounds.append(bound[i])
             keys.append((tp, pp, cp, dp, ep, z[i], sps[s_i[i]], scheds[k_i[i]], int(mbs[i]), RECOMPUTE[r_i[i]]))
     if not keys:
-        return Plan([], enumerated, 0, 0, time.perf_counter() - start, smallest)
+        return Plan([], enumerated, 0, 0, time.perf_counter() - start, smallest, fixed=fix)
 
     order = np.argsort(np.array(bounds), kind="stable")
     best: list[Prediction] = []  # the top K
@@ -221,7 +272,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
             by_shape[shape] = pred
     alternatives = sorted(by_shape.values(), key=rank_key)[1:ALTERNATIVES]
     return Plan(best, enumerated, fitting, evaluated, time.perf_counter() - start, smallest,
-                rejected=alternatives)
+                rejected=alternatives, fixed=fix)
 
 
 def rank_key(pred: Prediction) -> tuple:

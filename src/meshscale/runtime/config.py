@@ -34,6 +34,7 @@ class TrainConfig:
     trace: str | None = None  # Chrome-trace JSON of the last step's pipeline runs
     overwrite: bool = False
     predict: bool = False
+    cluster: str = "local-cpu"  # the ClusterSpec --predict uses (a preset or a `meshscale calibrate` file)
     device: str = "auto"  # auto: cuda when available, else cpu
 
 
@@ -103,6 +104,10 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
             raise UserError(f"--trace {cfg.trace}: directory {Path(cfg.trace).parent} does not exist")
         if os.environ.get("RANK", "0") == "0" and Path(cfg.trace).exists() and not cfg.overwrite:
             raise UserError(f"--trace {cfg.trace} already exists; choose a new file or pass --overwrite")
+    if cfg.predict:
+        from meshscale.specs.cluster import load_cluster
+
+        load_cluster(cfg.cluster)  # a bad --cluster file is one line now, not an error after training
     if cfg.device not in ("auto", "cpu", "cuda"):
         raise UserError(f"--device must be auto, cpu or cuda, got {cfg.device!r}")
     return Resolved(cfg, spec, layout)

@@ -1,25 +1,93 @@
 """Per-step metrics: printed by rank 0 (a rich progress bar on a terminal, plain lines otherwise) and
-written as JSONL with --metrics-out."""
+written as JSONL with --metrics-out; memory as the allocator sees it."""
 
+import ctypes
 import json
-import resource
+import os
 import sys
+from contextlib import contextmanager
+from functools import lru_cache
 
 import torch
 
 
-def current_rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
-def peak_memory_bytes(device: torch.device, baseline: int = 0) -> int:
-    """Peak memory of this rank: the allocator's peak on GPU; on CPU the peak resident set size
-    (ru_maxrss, KiB on Linux) above `baseline`, the RSS before the model was built, so the
-    interpreter and torch's own libraries are not counted."""
+def heap_bytes() -> int:
+    """Bytes glibc's malloc has handed out and not taken back (mallinfo2: in-use arena chunks plus mmapped
+    blocks). torch's CPU allocator takes every tensor from malloc, so this counts tensors (and the few other
+    heap objects of the process), not freed or fragmented pages as RSS does. 0 where glibc is absent."""
+    mallinfo2 = _mallinfo2()
+    if mallinfo2 is None:
+        return 0
+    info = mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+@lru_cache(maxsize=1)
+def _mallinfo2():
+    try:
+        function = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    function.restype = _MallInfo2
+    return function
+
+
+def memory_bytes(device: torch.device, baseline: int = 0) -> int:
+    """This rank's memory: on GPU the allocator's peak; on CPU the heap in use above `baseline` (the heap
+    before the model was built). Sampled between steps on CPU, it misses the activations; `MemoryProbe`
+    gives the CPU peak inside a step."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
-    return max(0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline)
+    return max(0, heap_bytes() - baseline)
+
+
+class MemoryProbe:
+    """The CPU allocator's peak during one step: the heap in use when it starts plus the highest rise of the
+    running total of the profiler's memory events (every allocation and free c10's CPU allocator makes, in
+    order) during it. A block allocated before the step and freed inside it has no event (its free is not
+    seen), so on pipelines, whose receive buffers outlive a step, this is an upper bound. The profiler's own
+    buffers live in the heap too, hence the start, not the end, as anchor. The profiled step runs slower,
+    so its time is not counted; its stderr is silenced (kineto and c10 log lines about the profiler)."""
+
+    def __init__(self, baseline: int):
+        self.baseline, self.peak = baseline, 0
+
+    @contextmanager
+    def step(self):
+        from torch.profiler import ProfilerActivity, profile
+
+        start = max(0, heap_bytes() - self.baseline)
+        prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        with _quiet_stderr():
+            prof.start()
+            try:
+                yield
+            finally:
+                prof.stop()
+        events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                        key=lambda e: e.start_ns())
+        level = highest = 0
+        for e in events:
+            level += e.nbytes()
+            highest = max(highest, level)
+        self.peak = start + highest
+
+
+@contextmanager
+def _quiet_stderr():
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved), os.close(null)
 
 
 class MetricsLog:
@@ -45,7 +113,7 @@ class MetricsLog:
             self.file.flush()
         line = (f"step {row['step']:>4}  loss {row['loss']:.4f}  lr {row['lr']:.2e}  grad_norm {row['grad_norm']:.3f}"
                 f"  {row['tokens_per_s']:,.0f} tok/s  {row['step_time_s'] * 1e3:.0f} ms"
-                f"  peak {row['peak_memory_bytes'] / 2**20:.1f} MiB")
+                f"  mem {row['peak_memory_bytes'] / 2**20:.1f} MiB")
         shown = row["step"] % self.every == 0 or row["step"] == self.steps - 1
         if self._progress:
             self._progress.update(self._task, advance=1, description=f"loss {row['loss']:.4f}")
@@ -66,7 +134,7 @@ def predicted(run) -> dict:
     from meshscale.cost import predict
     from meshscale.specs.cluster import load_cluster
 
-    prediction = predict(run.spec, load_cluster("local-cpu"), run.layout, run.config.global_batch,
+    prediction = predict(run.spec, load_cluster(run.config.cluster), run.layout, run.config.global_batch,
                          run.config.precision)
     return prediction.to_dict()
 
@@ -75,14 +143,31 @@ def _ratio(measured: float, predicted_value: float) -> str:
     return f"{measured / predicted_value:.2f}" if predicted_value else "-"
 
 
+def median_step_time(rows: list[dict]) -> float:
+    """Median step time, skipping the first (warm-up) step and a profiled one (`MemoryProbe`)."""
+    steady = sorted(r["step_time_s"] for r in rows[1:] if not r.get("memory_probe"))
+    return steady[len(steady) // 2] if steady else rows[0]["step_time_s"]
+
+
+def summary(result: dict, prediction: dict) -> dict:
+    """The closed loop as one object (the last line of --metrics-out with --predict)."""
+    from meshscale.runtime.ledger import compare_comm
+
+    return {"summary": True, "step_time_s": median_step_time(result["rows"]),
+            "predicted_step_time_s": prediction["step_time_s"],
+            "peak_memory_bytes": max(result["peak_memory_per_rank"]),
+            "predicted_memory_bytes": prediction["memory_per_device_bytes"]["total"],
+            "comm": [{k: r[k] for k in ("collective", "axis", "measured_bytes", "predicted_bytes")}
+                     for r in compare_comm(result["comm"][-1], prediction["comm"])]}
+
+
 def report(run, result: dict, prediction: dict | None = None) -> str:
     """The closing summary: loss first and last, validation loss, measured comm of the last step,
     and, given a prediction, bytes per (collective, axis) beside it with memory and time ratios."""
     from meshscale.runtime.ledger import compare_comm, format_comparison
 
     rows = result["rows"]
-    steady = sorted(r["step_time_s"] for r in rows[1:]) or [rows[0]["step_time_s"]]
-    step_time = steady[len(steady) // 2]  # median, skipping the first (warm-up) step
+    step_time = median_step_time(rows)
     peak = max(result["peak_memory_per_rank"])
     lines = [f"layout {run.layout}  model {run.spec.name}  precision {run.config.precision}",
              f"loss {rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f} over {len(rows)} steps; "
@@ -108,10 +193,14 @@ def report(run, result: dict, prediction: dict | None = None) -> str:
               "comm bytes: " + ("all agree" if all(r["match"] for r in rows_cmp) else "MISMATCH"),
               f"step time: measured {step_time:.4f} s, predicted {prediction['step_time_s']:.4f} s, "
               f"ratio {_ratio(step_time, prediction['step_time_s'])}",
-              f"memory: measured peak {peak / 2**20:.1f} MiB (highest rank; on CPU: RSS growth), predicted "
+              f"memory: measured peak {peak / 2**20:.1f} MiB (highest rank; allocator peak), predicted "
               f"{mem_pred / 2**20:.1f} MiB, ratio {_ratio(peak, mem_pred)}"]
     return "\n".join(lines)
 
 
 def print_report(run, result: dict) -> None:
-    print(report(run, result, predicted(run) if run.config.predict else None), flush=True)
+    prediction = predicted(run) if run.config.predict else None
+    print(report(run, result, prediction), flush=True)
+    if prediction is not None and run.config.metrics_out:
+        with open(run.config.metrics_out, "a") as f:
+            f.write(json.dumps(summary(result, prediction)) + "\n")

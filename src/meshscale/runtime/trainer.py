@@ -11,7 +11,7 @@ from meshscale.runtime.config import Resolved
 from meshscale.runtime.data import TokenData, load_tokens, rank_microbatches
 from meshscale.runtime.faults import Injector, from_env
 from meshscale.runtime.ledger import CommLedger
-from meshscale.runtime.metrics import MetricsLog, current_rss_bytes, peak_memory_bytes
+from meshscale.runtime.metrics import MemoryProbe, MetricsLog, heap_bytes, memory_bytes
 from meshscale.runtime.model import build_model
 from meshscale.runtime.optim import build_optimizer, clip_gradients, lr_at, set_lr
 
@@ -100,11 +100,13 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
     is_logger = (dist.get_rank() if multi else 0) == 0 and log
 
     ledger = CommLedger()
-    baseline = current_rss_bytes() if device.type == "cpu" else 0
+    data = TokenData(load_tokens(cfg.data) if tokens is None else tokens, spec.seq, cfg.seed)
+    if device.type == "cpu":
+        _import_setup()
+    baseline = heap_bytes() if device.type == "cpu" else 0  # the corpus is not the model's memory
     model = build_model(spec, cfg.seed, device)
     par = apply_layout(model, layout, mesh, ledger, cfg.precision, cfg.bucket_mb)
     optimizer = build_optimizer(par.optim_params(), cfg.lr, cfg.weight_decay)
-    data = TokenData(load_tokens(cfg.data) if tokens is None else tokens, spec.seq, cfg.seed)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
     m = layout.microbatches(cfg.global_batch)
     loss_fn = loss_function(mesh["tp"].get_group() if layout.tp > 1 else None)
@@ -112,6 +114,9 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
                else AccumulatedStep(par, loss_fn, autocast, device))
     metrics = MetricsLog(cfg.steps, cfg.metrics_out, is_logger, cfg.overwrite, cfg.log_every)
     faults = Injector(from_env(), dist.get_rank() if multi else 0)
+    # On CPU the allocator's peak inside a step needs the profiler: the last step runs under it when the
+    # memory is reported (--predict, --metrics-out).
+    probe = MemoryProbe(baseline) if device.type == "cpu" and (cfg.predict or cfg.metrics_out) else None
 
     def run_step(step: int) -> dict:
         faults.at_step_start(step)
@@ -128,11 +133,16 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
         elapsed = time.perf_counter() - start
         return {"step": step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm,
                 "tokens_per_s": cfg.global_batch * spec.seq / elapsed, "step_time_s": elapsed,
-                "peak_memory_bytes": peak_memory_bytes(device, baseline)}
+                "peak_memory_bytes": memory_bytes(device, baseline)}
 
     with ledger.active():  # code without a ledger handle (TP functions) records through it
         for step in range(cfg.steps):
-            metrics.log(run_step(step))
+            if probe is not None and step == cfg.steps - 1:
+                with probe.step():
+                    row = run_step(step)
+                metrics.log(dict(row, peak_memory_bytes=probe.peak, memory_probe=True))
+            else:
+                metrics.log(run_step(step))
     val_loss = evaluate(step_fn, par, data, cfg, layout, dp_rank, dp_group, device)
     metrics.close()
     summaries = [ledger.summary(s) for s in range(cfg.steps)]
@@ -141,9 +151,21 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
         result["comm"] = _gather(summaries)[described_rank(run)]
         if layout.pp > 1:
             result["bubble"] = pipeline_trace(run, step_fn.runner, m)
-    result["peak_memory_per_rank"] = _gather(peak_memory_bytes(device, baseline)) if multi else \
-        [peak_memory_bytes(device, baseline)]
+    peak = max(r["peak_memory_bytes"] for r in metrics.rows)
+    result["peak_memory_per_rank"] = _gather(peak) if multi else [peak]
     return result
+
+
+def _import_setup() -> None:
+    """Import what setting up a run imports lazily (torch.optim's first optimizer pulls in torch._dynamo,
+    about 20 MiB of Python heap; the parallel wrappers; the profiler), so that the heap baseline holds
+    code and the memory measured above it is the run's."""
+    import torch.profiler  # noqa: F401
+
+    import meshscale.parallel.data_parallel, meshscale.parallel.fsdp, meshscale.parallel.pipeline  # noqa: F401
+    import meshscale.parallel.recompute, meshscale.parallel.tensor, meshscale.parallel.zero  # noqa: F401
+
+    build_optimizer([torch.zeros(1, requires_grad=True)], 0.0, 0.0)
 
 
 def _gather(obj) -> list:

@@ -62,6 +62,13 @@ class ClusterSpec:
     gemm_k_overhead: int = 0
     attention_efficiency: float = 0.0
     software: Software = Software()
+    # Measured on the machine in hand by `meshscale calibrate` (runtime/calibrate.py); presets leave them
+    # empty. cost/kernels.py uses the rates, cost/overhead.py the operator and collective figures.
+    op_overhead_s: float = 0.0  # host time per framework operator (Python, dispatch, autograd), tiny tensors
+    attention_rates: tuple = ()  # (seq, head_dim, FLOP/s): fp32 causal attention forward + backward
+    gemm_rates: tuple = ()  # (m, n, k, FLOP/s): fp32 GEMM throughput over shapes
+    collectives: tuple = ()  # (collective, latency per step s, bus bandwidth B/s) over tier 0
+    calibration: tuple = ()  # provenance, (key, value): date, host, torch, nproc, method
 
     def __post_init__(self):
         tiers = tuple(t if isinstance(t, Tier) else build(Tier, dict(t), f"cluster {self.name} tier")
@@ -71,6 +78,11 @@ class ClusterSpec:
         object.__setattr__(self, "gemm_tile", tuple(self.gemm_tile))
         if isinstance(self.software, dict):
             object.__setattr__(self, "software", build(Software, self.software, f"cluster {self.name} [software]"))
+        for key in ("attention_rates", "gemm_rates", "collectives"):  # TOML arrays and tables -> hashable rows
+            rows = getattr(self, key)
+            object.__setattr__(self, key, tuple(tuple(r.values()) if isinstance(r, dict) else tuple(r) for r in rows))
+        if isinstance(self.calibration, dict):
+            object.__setattr__(self, "calibration", tuple((k, str(v)) for k, v in self.calibration.items()))
         self.validate()
 
     def validate(self):
@@ -90,6 +102,12 @@ class ClusterSpec:
             if not (t.bandwidth > 0 and 0 < t.efficiency <= 1 and t.latency >= 0 and t.size >= 0):
                 raise UserError(f"cluster {self.name}: tier {t.name} needs bandwidth > 0, efficiency in (0, 1], "
                                 "latency >= 0, size >= 0")
+
+        if self.op_overhead_s < 0 or any(r[-1] <= 0 for r in self.attention_rates + self.gemm_rates):
+            raise UserError(f"cluster {self.name}: op_overhead_s must be >= 0 and measured rates positive")
+        if any(len(c) != 3 or c[1] < 0 or c[2] <= 0 for c in self.collectives):
+            raise UserError(f"cluster {self.name}: each of collectives needs collective, latency >= 0, "
+                            "bandwidth > 0")
 
     def peak_flops(self, precision: str) -> float:
         peak = {"bf16": self.peak_flops_bf16, "fp8": self.peak_flops_fp8 or self.peak_flops_bf16,

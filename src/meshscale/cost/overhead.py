@@ -1,0 +1,49 @@
+"""What a calibrated machine spends beyond the FLOP and byte rooflines: per-operator host time and each
+collective's own alpha-beta figures (measured by `meshscale calibrate`; its GEMM and attention rates are
+used by cost/kernels.py).
+
+Eager frameworks pay a fixed host cost per operator (Python, the dispatcher, autograd bookkeeping) whatever
+the tensor size; for small per-device work it dominates (Lumos, Liang et al. 2025, and the PyTorch
+profiler's own CPU-time accounting attribute eager training steps largely to launch overhead at small
+sizes). We charge it per operator of our runtime's LLaMA block. A preset ClusterSpec measures none of this
+and every term below is then zero (or the tier's figure).
+"""
+
+from meshscale.cost.comm import Link
+from meshscale.specs.cluster import ClusterSpec
+from meshscale.specs.layout import Layout
+from meshscale.specs.model import ModelSpec
+
+# aten operators of runtime/model.py, counted with a TorchDispatchMode (tests/test_calibrate.py recounts them):
+FORWARD_OPS_PER_LAYER = 94  # one block: two RMSNorms, q/k/v/o, RoPE, SDPA, SwiGLU, residuals
+BACKWARD_OPS_PER_LAYER = 150
+SELECTIVE_OPS_PER_LAYER = 12  # the attention core (RoPE, SDPA, reshapes) run again before backward
+ROOT_OPS = 20 + 34  # embedding, final norm, head, cross-entropy: forward + backward
+OPTIMIZER_OPS_PER_TENSOR = 10  # AdamW with foreach=False (runtime/optim.py): one update per tensor
+TENSORS_PER_LAYER = 9  # two norm gains, four attention and three MLP weights
+ROOT_TENSORS = 3  # embedding, final norm, head
+
+
+def compute_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, m: int, n_layers: int,
+                    root: bool) -> float:
+    """Host time of the operators one rank runs for its m micro-batches."""
+    recompute = {"full": FORWARD_OPS_PER_LAYER, "selective": SELECTIVE_OPS_PER_LAYER}.get(layout.recompute, 0)
+    ops = m * (n_layers * (FORWARD_OPS_PER_LAYER + BACKWARD_OPS_PER_LAYER + recompute) + (ROOT_OPS if root else 0))
+    return ops * cluster.op_overhead_s
+
+
+def optimizer_seconds(cluster: ClusterSpec, n_layers: int, root: bool) -> float:
+    """Host time of the per-tensor optimizer update on one rank."""
+    tensors = n_layers * TENSORS_PER_LAYER + (ROOT_TENSORS if root else 0)
+    return tensors * OPTIMIZER_OPS_PER_TENSOR * cluster.op_overhead_s
+
+
+def measured_link(cluster: ClusterSpec, collective: str, link: Link) -> Link:
+    """A collective kind measured over tier 0 uses its own latency and bus bandwidth (gloo's reduce-scatter,
+    for one, is not a ring over the same link as its all-reduce)."""
+    if link.tier != cluster.tiers[0].name:
+        return link
+    for kind, latency, bandwidth in cluster.collectives:
+        if kind == collective:
+            return Link(link.tier, bandwidth, link.raw_bandwidth, latency, link.steps)
+    return link

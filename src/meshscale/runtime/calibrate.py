@@ -1,0 +1,261 @@
+"""Measure the machine in hand and write it as a ClusterSpec file (`meshscale calibrate`).
+
+Every rank measures at once, as in training (one thread per rank on a CPU): GEMM throughput over
+transformer-like shapes, causal attention (forward + backward), memory bandwidth of element-wise work, the
+host time per framework operator, and every collective kind over message sizes, reduced to the alpha-beta
+figures `cost/comm.py` uses. Rank 0 writes the file: the base preset plus the measured fields and their
+provenance. Nothing here looks at a training step: those are what the file is then checked against.
+"""
+
+import datetime
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+GEMM_SHAPES = ((512, 64, 176), (512, 176, 64), (2048, 256, 688), (2048, 688, 256), (2048, 256, 256),
+               (1024, 1024, 1024))  # (m, n, k): tiny's and small's layer GEMMs, then a square one
+ATTENTION_SHAPES = ((64, 8), (256, 32), (1024, 64))  # (seq, head_dim)
+MESSAGE_BYTES = (4 * 2**10, 64 * 2**10, 1 * 2**20, 8 * 2**20)
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # torch < 2.13
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _timed(fn, device, repeat: int) -> float:
+    """Median seconds of `fn` after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def gemm_rates(device, dtype, repeat: int) -> list[tuple]:
+    out = []
+    for m, n, k in GEMM_SHAPES:
+        a, b = torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
+        out.append((m, n, k, 2 * m * n * k / _timed(lambda: a @ b, device, repeat)))
+    return out
+
+
+def attention_rates(device, dtype, repeat: int) -> list[tuple]:
+    """Causal SDPA forward + backward at 8 heads; FLOPs counted as cost/flops.py does (QK^T and AV over
+    the (s+1)/2 positions a token attends to, backward twice forward)."""
+    out = []
+    for seq, head_dim in ATTENTION_SHAPES:
+        batch = max(1, 4096 // seq)
+        q, k, v = (torch.randn(batch, 8, seq, head_dim, device=device, dtype=dtype, requires_grad=True)
+                   for _ in range(3))
+
+        def step():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+
+        flops = 3 * 2.0 * 8 * 2 * head_dim * (seq + 1) / 2 * batch * seq
+        out.append((seq, head_dim, flops / _timed(step, device, repeat)))
+    return out
+
+
+def memory_bandwidth(device, repeat: int) -> float:
+    """Bytes/s of an out-of-place add of 16 MiB tensors (two reads, one write)."""
+    a, b = torch.randn(2**22, device=device), torch.randn(2**22, device=device)
+    out = torch.empty_like(a)
+    return 3 * a.nbytes / _timed(lambda: torch.add(a, b, out=out), device, repeat)
+
+
+def op_overhead(device, repeat: int) -> float:
+    """Seconds per operator of a forward + backward chain of element-wise ops on 8-element tensors: the
+    host cost (Python, dispatch, autograd) with no arithmetic to speak of. Operators are counted by
+    autograd's own graph: each forward op adds one node, run once more in backward."""
+    x = torch.randn(8, device=device, requires_grad=True)
+    n = 100
+
+    def chain():
+        y = x
+        for _ in range(n):
+            y = y * 1.0001
+        y.sum().backward()
+
+    return _timed(chain, device, repeat) / (2 * n + 2)
+
+
+def collective_times(device, repeat: int, sizes=MESSAGE_BYTES) -> dict:
+    """{kind: [(bytes, seconds)]} for the world group, bytes as the comm ledger counts them (the full
+    buffer; send_recv: what one rank sends, ranks pairing up 0-1, 2-3, ...)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    out = {kind: [] for kind in KINDS}
+    for nbytes in sizes:
+        numel = nbytes // 4 // world * world
+        full = torch.randn(numel, device=device)
+        part = torch.empty(numel // world, device=device)
+        peer = rank ^ 1
+
+        def send_recv():
+            if peer >= world:
+                return
+            ops = [dist.P2POp(dist.isend, full, peer), dist.P2POp(dist.irecv, torch.empty_like(full), peer)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+
+        calls = {"all_reduce": lambda: dist.all_reduce(full),
+                 "all_gather": lambda: _all_gather(full, part),
+                 "reduce_scatter": lambda: _reduce_scatter(part, full),
+                 "all_to_all": lambda: dist.all_to_all_single(torch.empty_like(full), full),
+                 "send_recv": send_recv}
+        for kind, fn in calls.items():
+            dist.barrier()
+            out[kind].append((full.nbytes, _timed(fn, device, repeat)))
+    return out
+
+
+def alpha_beta(kind: str, samples: list[tuple], n: int) -> tuple[float, float]:
+    """(latency per step, bus bandwidth) in cost/comm.py's terms: the smallest message gives alpha (its
+    time over the algorithm's latency steps), the largest the bandwidth of what remains (Hockney 1994)."""
+    wire = {"all_reduce": 2 * (n - 1) / n, "send_recv": 1.0}.get(kind, (n - 1) / n)
+    steps = {"all_reduce": min(2 * (n - 1), 2 * math.ceil(math.log2(n))), "send_recv": 1}.get(kind, n - 1)
+    (_, t_small), (big, t_big) = samples[0], samples[-1]
+    alpha = t_small / steps
+    return alpha, wire * big / max(t_big - steps * alpha, t_big / 2)
+
+
+def measure(device, quick: bool) -> dict:
+    """This rank's measurements."""
+    repeat = 3 if quick else 10
+    dtype = torch.float32  # `train`'s default precision; the rates are written as the fp32 figures
+    result = {"gemm": gemm_rates(device, dtype, repeat), "attention": attention_rates(device, dtype, repeat),
+              "bandwidth": memory_bandwidth(device, repeat), "op_overhead": op_overhead(device, repeat)}
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        sizes = MESSAGE_BYTES[::3] if quick else MESSAGE_BYTES
+        result["collectives"] = collective_times(device, repeat, sizes)
+    return result
+
+
+def cluster_fields(per_rank: list[dict], device, nproc: int, method: str) -> dict:
+    """The ClusterSpec fields measured, each the median over ranks (they ran at once)."""
+    med = statistics.median
+    first = per_rank[0]
+    gemm = [(*first["gemm"][i][:3], med(r["gemm"][i][3] for r in per_rank)) for i in range(len(first["gemm"]))]
+    attention = [(*first["attention"][i][:2], med(r["attention"][i][2] for r in per_rank))
+                 for i in range(len(first["attention"]))]
+    best = max(g[3] for g in gemm)
+    fields = {"base": "local-cpu" if device.type == "cpu" else _gpu_base(device),
+              "name": f"calibrated-{platform.node() or 'host'}",
+              "hbm_bandwidth": med(r["bandwidth"] for r in per_rank),
+              # The best GEMM measured is the peak; each layout's shapes get their own measured rate
+              # (cost/overhead.py), never above it, so the planner's bound at the peak stays a bound.
+              "peak_flops_fp32": best,
+              "matmul_efficiency": 1.0,
+              "op_overhead_s": med(r["op_overhead"] for r in per_rank),
+              "attention_rates": attention, "gemm_rates": gemm, "default_devices": nproc}
+    if "collectives" in first:
+        kinds = []
+        for kind in KINDS:
+            samples = [(b, med(r["collectives"][kind][i][1] for r in per_rank))
+                       for i, (b, _) in enumerate(first["collectives"][kind])]
+            kinds.append((kind, *alpha_beta(kind, samples, nproc)))
+        ar = next(k for k in kinds if k[0] == "all_reduce")
+        # The tier carries the fastest kind's bandwidth, so the planner's latency-free bound stays a bound.
+        fields["tiers"] = [{"name": "nvlink" if device.type == "cuda" else "loopback", "size": 0,
+                            "bandwidth": max(k[2] for k in kinds), "latency": ar[1], "efficiency": 1.0}]
+        fields["collectives"] = kinds
+    fields["calibration"] = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                             "host": platform.node(), "torch": torch.__version__, "nproc": nproc,
+                             "device": torch.cuda.get_device_name(device) if device.type == "cuda"
+                             else f"cpu ({os.cpu_count()} cores)", "method": method}
+    return fields
+
+
+def _gpu_base(device) -> str:
+    name = torch.cuda.get_device_name(device)
+    return next((preset for key, preset in (("H200", "h200"), ("H100", "h100-80gb"), ("A100", "a100-80gb"),
+                                             ("B200", "b200")) if key in name), "h100-80gb")
+
+
+def to_toml(fields: dict) -> str:
+    """TOML text of the fields (numbers, strings, arrays of rows, one table of tiers, one of provenance)."""
+    def value(v):
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return repr(v)
+
+    lines = ["# Written by `meshscale calibrate`: the base preset with what was measured on this machine."]
+    tables = {k: fields[k] for k in ("tiers", "calibration") if k in fields}
+    for key, v in fields.items():
+        if key in tables:
+            continue
+        if key in ("gemm_rates", "attention_rates", "collectives"):
+            lines.append(f"{key} = [\n" + "".join(f"  {value(row)},\n" for row in v) + "]")
+        else:
+            lines.append(f"{key} = {value(v)}")
+    for tier in tables.get("tiers", []):
+        lines += ["", "[[tiers]]"] + [f"{k} = {value(x)}" for k, x in tier.items()]
+    if "calibration" in tables:
+        lines += ["", "[calibration]"] + [f"{k} = {value(x)}" for k, x in tables["calibration"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def launch(nproc: int, out: str, quick: bool) -> None:
+    """Run the measurement on `nproc` local processes (torch.distributed's elastic launcher, as `train`)."""
+    import logging
+    import uuid
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from meshscale.errors import UserError
+    from meshscale.runtime.launch import _first_failure
+
+    method = f"meshscale calibrate, {nproc} process(es), {'quick' if quick else 'full'} sweep"
+    if nproc == 1:
+        _worker(out, quick, method)
+        return
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # ranks share the cores, as in training
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1)
+    try:
+        elastic_launch(config, sys.executable)("-m", "meshscale.runtime.calibrate", out,
+                                               "quick" if quick else "full", method)
+    except ChildFailedError as e:
+        raise UserError(_first_failure(e)) from None
+
+
+def _worker(out: str, quick: bool, method: str) -> int:
+    from meshscale.runtime.trainer import pick_device
+
+    device = pick_device("auto", int(os.environ.get("LOCAL_RANK", 0)))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        mine = measure(device, quick)
+        per_rank = [None] * world
+        if world > 1:
+            dist.all_gather_object(per_rank, mine)
+        else:
+            per_rank = [mine]
+        if int(os.environ.get("RANK", 0)) == 0:
+            with open(out, "w") as f:  # the command checked that `out` may be written
+                f.write(to_toml(cluster_fields(per_rank, device, world, method)))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_worker(sys.argv[1], sys.argv[2] == "quick", sys.argv[3]))
