@@ -61,7 +61,8 @@ def _stage_layers(layers: int, pp: int, chunks: int, v_shape: bool, rank: int) -
 
 def params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
     """Parameters one device holds before ZeRO sharding. Megatron TP splits every matrix (and the
-    vocabulary) by tp and replicates norms; EP splits routed experts by ep."""
+    vocabulary) by tp and replicates norms, the row-parallel biases and the MoE router; EP splits routed
+    experts by ep."""
     return _params_per_rank(model, layout.tp, layout.ep, layout.pp, layout.stages, is_v(layout))[rank]
 
 
@@ -83,13 +84,27 @@ def _root_params(model: ModelSpec, tp: int, pp: int, v_shape: bool, rank: int) -
 
 @lru_cache(maxsize=4096)
 def _params_per_rank(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_shape: bool) -> tuple:
-    norms = model.norm_params()
     per_layer = []
     for i in range(model.layers):
         routed = model.experts * model.expert_params() if model.is_moe_layer(i) else 0
-        per_layer.append((model.layer_params(i) - routed - norms) / tp + routed / (tp * ep) + norms)
+        whole = _tp_replicated_params(model, i)
+        per_layer.append((model.layer_params(i) - routed - whole) / tp + routed / (tp * ep) + whole)
     return tuple(sum(per_layer[i] for i in _stage_layers(model.layers, pp, chunks, v_shape, rank))
                  + _root_params(model, tp, pp, v_shape, rank) for rank in range(pp))
+
+
+def _tp_replicated_params(model: ModelSpec, layer: int) -> float:
+    """Parameters of a layer every TP rank holds whole: norms, the biases added after a row-parallel sum
+    (attention output and MLP down projection), the router."""
+    return (model.norm_params() + (2 * model.hidden if model.biases else 0)
+            + (model.hidden * model.experts if model.is_moe_layer(layer) else 0))
+
+
+def expert_params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
+    """Routed expert parameters one device holds (split by tp and ep): what EP reduces over the expert
+    data-parallel group rather than over dp*cp."""
+    moe = sum(model.is_moe_layer(i) for i in stage_layers(model, layout, rank))
+    return moe * model.experts * model.expert_params() / (layout.tp * layout.ep)
 
 
 def busiest_rank(model: ModelSpec, layout: Layout) -> int:

@@ -10,9 +10,9 @@ from functools import lru_cache
 
 from meshscale.cost import comm, critical, flops
 from meshscale.cost.checkpoint import checkpoint_bytes
-from meshscale.cost.memory import (PRECISIONS, _stage_layers, activation_bytes_per_layer, busiest_rank, is_v,
-                                   last_rank, memory_per_device, params_on_rank, root_params_on_rank,
-                                   stage_layers)
+from meshscale.cost.memory import (PRECISIONS, _stage_layers, activation_bytes_per_layer, busiest_rank,
+                                   expert_params_on_rank, is_v, last_rank, memory_per_device, params_on_rank,
+                                   root_params_on_rank, stage_layers)
 from meshscale.cost.pipeline import bubble_ratio
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
@@ -93,10 +93,12 @@ def _stage_flops(model, pp, chunks, v_shape, recompute, fused, rank) -> tuple[fl
 
 
 def _axis_group(layout: Layout, axis: str) -> tuple[int, int]:
-    """(size, stride) of an axis's group in the mesh (pp, dp, cp, tp), tp innermost. ZeRO/FSDP and EP use
-    the dp*cp ranks that hold the same parameters."""
-    t, c, d = layout.tp, layout.cp, layout.dp
-    return {"tp": (t, 1), "cp": (c, t), "dp": (d * c, t), "ep": (layout.ep, t), "pp": (2, t * c * d)}[axis]
+    """(size, stride) of an axis's group in the mesh (pp, dp, cp, tp), tp innermost. ZeRO/FSDP use the dp*cp
+    ranks that hold the same parameters; EP and the expert data-parallel group (edp) are the inner and outer
+    split of those (specs.layout.expert_mesh_shape)."""
+    t, c, d, e = layout.tp, layout.cp, layout.dp, layout.ep
+    return {"tp": (t, 1), "cp": (c, t), "dp": (d * c, t), "ep": (e, t), "edp": (d * c // e, t * e),
+            "pp": (2, t * c * d)}[axis]
 
 
 def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch: int,
@@ -129,13 +131,18 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     moe_layers = sum(model.is_moe_layer(i) for i in owned) if model.is_moe else 0
     first, last = rank == 0, rank == last_rank(layout)
     ops = []
+    # Under EP the routed experts reduce over their own replicas (edp), the rest over dp*cp.
+    experts = expert_params_on_rank(model, layout, rank) if layout.ep > 1 else 0.0
     if layout.dp * layout.cp > 1:
-        ops += [("dp",) + op for op in comm.data_parallel_ops(layout.zero, params, m, act_bytes, n_layers + 1,
-                                                                  root_params_on_rank(model, layout, rank),
+        ops += [("dp",) + op for op in comm.data_parallel_ops(layout.zero, params - experts, m, act_bytes,
+                                                              n_layers + 1, root_params_on_rank(model, layout, rank),
                                                               layout.pp > 1)]
+    if experts and layout.dp * layout.cp > layout.ep:
+        ops += [("edp",) + op for op in comm.data_parallel_ops(layout.zero, experts, m, act_bytes, moe_layers,
+                                                               0.0, layout.pp > 1)]
     crossings = comm.pipeline_sends(layout, rank) if layout.pp > 1 else 0
     ops += [("tp",) + op for op in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, first,
-                                                          last, m, crossings)]
+                                                          last, m, crossings, moe_layers)]
     ops += [("pp",) + op for op in comm.pipeline_ops(model, layout, tokens, act_bytes, m, rank)]
     ops += [("cp",) + op for op in comm.context_parallel_ops(model, layout, tokens, act_bytes, n_layers, m)]
     ops += [("ep",) + op for op in comm.expert_parallel_ops(model, layout, tokens, act_bytes, moe_layers, m)]
@@ -157,7 +164,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
             exposed = max(t - backward_mb * m, t / calls)
         else:  # fsdp: prefetched one unit ahead, behind all compute; the first gather and last RS show
             exposed = t * max(fsdp_time - compute_s, fsdp_time / calls) / fsdp_time if fsdp_time else 0.0
-        if axis == "dp":
+        if axis in ("dp", "edp"):
             dp_exposed += exposed
         else:
             critical_path += exposed

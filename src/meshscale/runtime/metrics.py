@@ -43,7 +43,8 @@ class MetricsLog:
         if self.file:
             self.file.write(json.dumps(row) + "\n")
             self.file.flush()
-        line = (f"step {row['step']:>4}  loss {row['loss']:.4f}  lr {row['lr']:.2e}  grad_norm {row['grad_norm']:.3f}"
+        aux = f"  aux {row['aux_loss']:.4f}" if "aux_loss" in row else ""
+        line = (f"step {row['step']:>4}  loss {row['loss']:.4f}{aux}  lr {row['lr']:.2e}  grad_norm {row['grad_norm']:.3f}"
                 f"  {row['tokens_per_s']:,.0f} tok/s  {row['step_time_s'] * 1e3:.0f} ms"
                 f"  peak {row['peak_memory_bytes'] / 2**20:.1f} MiB")
         shown = row["step"] % self.every == 0 or row["step"] == self.steps - 1
