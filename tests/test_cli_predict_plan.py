@@ -101,7 +101,12 @@ def test_emit_falls_back_to_a_layout_the_trainer_runs():
     assert layout.cp == 1 and layout.devices == 4096
     r = cli("plan", "--model", "mixtral-8x7b", "--cluster", "h100-80gb", "--devices", "64", "--global-batch", "256",
             "--emit", "torchrun")
-    assert r.returncode == 2 and "dense LLaMA-style" in r.stderr
+    assert r.returncode == 0, r.stderr
+    layout = Layout.parse(r.stdout.strip().splitlines()[-1].split("--layout ")[1].split()[0])
+    assert layout.ep > 1 and layout.devices == 64  # the trainer runs expert parallelism
+    r = cli("plan", "--model", "deepseek-v3", "--cluster", "h100-80gb", "--devices", "1024", "--global-batch",
+            "1024", "--emit", "torchrun")
+    assert r.returncode == 2 and "multi-head latent attention" in r.stderr
 
 
 def test_plan_nothing_fits_is_one_line_exit_2():

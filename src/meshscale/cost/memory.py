@@ -78,7 +78,8 @@ def _root_params(model: ModelSpec, tp: int, pp: int, v_shape: bool, rank: int) -
     if rank == 0:
         total += table + (model.seq * model.hidden if model.learned_positions else 0)
     if rank == (0 if v_shape else pp - 1):  # final norm, and the output head (a second copy of a tied table under PP)
-        total += model.hidden + (table if not model.tied_embeddings or pp > 1 else 0)
+        final_norm = model.hidden * (2 if model.biases else 1)  # LayerNorm has a bias
+        total += final_norm + (table if not model.tied_embeddings or pp > 1 else 0)
     return total
 
 
