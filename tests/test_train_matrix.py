@@ -163,7 +163,7 @@ def test_cost_model_predicts_the_measured_bytes(measured):
 FAMILY_STEPS = 3
 FAMILY_CASES = {
     "tiny-moe": ["dp=4,ep=2", "dp=4,ep=4", "dp=4,ep=2,zero=1", "dp=4,ep=2,zero=2", "dp=2,tp=2,ep=2",
-                 "dp=2,pp=2,schedule=1f1b,ep=2,mbs=1", "dp=2,zero=3,tp=2,ep=2"],
+                 "dp=2,pp=2,schedule=1f1b,ep=2,mbs=1", "dp=2,zero=3,tp=2,ep=2", "dp=4,zero=3,ep=2"],
     "tiny-gpt": ["dp=4", "dp=4,zero=1", "dp=4,zero=2", "dp=4,zero=3", "dp=2,zero=1,tp=2", "tp=4"],
 }
 

@@ -138,8 +138,9 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
                                                               n_layers + 1, root_params_on_rank(model, layout, rank),
                                                               layout.pp > 1)]
     if experts and layout.dp * layout.cp > layout.ep:
-        ops += [("edp",) + op for op in comm.data_parallel_ops(layout.zero, experts, m, act_bytes, moe_layers,
-                                                               0.0, layout.pp > 1)]
+        units = moe_layers * model.experts // layout.ep + 1  # zero=3: each expert is an FSDP unit (+ a root)
+        ops += [("edp",) + op for op in comm.data_parallel_ops(layout.zero, experts, m, act_bytes, units, 0.0,
+                                                               layout.pp > 1)]
     crossings = comm.pipeline_sends(layout, rank) if layout.pp > 1 else 0
     ops += [("tp",) + op for op in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, first,
                                                           last, m, crossings, moe_layers)]

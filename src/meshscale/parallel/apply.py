@@ -109,7 +109,7 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
             def dense(select, module=module):
                 return _data_parallel(module, layout, mesh, ledger, precision, bucket_mb, select)
 
-            strategy = expert_data_parallel(module, layout, mesh, emesh, ledger, bucket_mb, dense)
+            strategy = expert_data_parallel(module, layout, mesh, emesh, ledger, bucket_mb, precision, dense)
         else:
             strategy = _data_parallel(module, layout, mesh, ledger, precision, bucket_mb)
         wrapped.append((stage, strategy.model))

@@ -150,21 +150,48 @@ class _AveragedLocal(Local):
                     p.grad.div_(self.divide)
 
 
-def expert_data_parallel(module, layout: Layout, mesh, emesh, ledger, bucket_mb: float, dense_strategy):
+class _ShardedExperts(Local):
+    """zero=3 for the experts: FSDP2 `fully_shard` on each expert over the expert data-parallel group, its
+    gradient reduce-scatter averaged over dp*cp. Built before the dense FSDP, which then leaves them out;
+    the dense strategy's ledger tap records their collectives (axis edp)."""
+
+    sharded = True
+
+    def __init__(self, model, edp, divide: int, precision: str):
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        super().__init__(model, is_expert_param)
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None,
+                                  reduce_dtype=torch.float32)
+        for moe in moe_layers(model):
+            for expert in moe.experts.values():
+                unit = fully_shard(expert, mesh=edp, mp_policy=mp)
+                unit.set_gradient_divide_factor(divide)
+                unit.set_force_sum_reduction_for_comms(True)  # a sum, then the division (gloo has no PREMUL_SUM)
+
+    def local_grad_sq(self, skip) -> torch.Tensor:
+        return sum((p.grad.to_local().float().pow(2).sum() for name, p in self.named_params()
+                    if p.grad is not None and not skip(name)), torch.zeros(()))
+
+
+def expert_data_parallel(module, layout: Layout, mesh, emesh, ledger, bucket_mb: float, precision: str,
+                         dense_strategy):
     """Wrap the layout's strategy for the dense parameters (`dense_strategy(select)`) and add the experts'
     own over the expert data-parallel group, averaged over dp*cp."""
     from meshscale.parallel.data_parallel import PipelinedDDP
     from meshscale.parallel.zero import Zero
 
-    dense = dense_strategy(lambda name: not is_expert_param(name))
     divide, edp = layout.dp * layout.cp, emesh["edp"]
     if edp.size() == 1:
         experts = _AveragedLocal(module, is_expert_param, divide)
     elif layout.zero == 0:
         experts = PipelinedDDP(module, mesh, ledger, bucket_mb, is_expert_param, edp.get_group(), "edp", divide)
+    elif layout.zero == 3:
+        experts = _ShardedExperts(module, edp, divide, precision)
     else:
         experts = Zero(module, mesh, ledger, layout.zero, bucket_mb, is_expert_param, edp.get_group(), "edp",
                        divide)
+    dense = dense_strategy(lambda name: not is_expert_param(name))
     return ExpertSplit(dense, experts, mesh["dp"].get_group(), edp.get_local_rank())
 
 

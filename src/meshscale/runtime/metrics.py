@@ -95,6 +95,9 @@ def report(run, result: dict, prediction: dict | None = None) -> str:
         lines.append(f"pipeline bubble (last step): measured {sum(bubble['measured']) / len(bubble['measured']):.2f} "
                      f"(per pp rank {', '.join(f'{b:.2f}' for b in bubble['measured'])}), predicted "
                      f"{bubble['predicted']:.2f}" + (f"; trace written to {run.config.trace}" if run.config.trace else ""))
+    if "ep_imbalance" in result:
+        lines.append(f"expert parallelism: ep all_to_all bytes are the EP group's mean; the busiest rank sent "
+                     f"{result['ep_imbalance']:.2f}x that (routing imbalance, last step)")
     measured = result["comm"][-1]
     if prediction is None:
         lines.append("communication per step (the rank the cost model describes, last step):")

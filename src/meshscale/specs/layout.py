@@ -252,9 +252,6 @@ def trainer_refusal(layout: Layout, model) -> str | None:
         return "cp>1 is not built for MoE models (the balance loss is per whole sequence); use cp=1"
     if model.is_moe and model.biases and layout.tp > 1:
         return "tp>1 is not built for MoE experts with biases (their row-parallel bias); use tp=1"
-    if layout.ep > 1 and layout.zero == 3 and layout.dp * layout.cp > layout.ep:
-        return (f"zero=3 shards experts only when ep = dp*cp (here {layout.ep} < {layout.dp * layout.cp}); "
-                "set ep = dp*cp, or use zero<=2")
     if layout.pp > 1 and model.tied_embeddings:
         return f"pp>1 with tied embeddings ({model.name}) is not built; use pp=1"
     if layout.cp > 1:
