@@ -158,13 +158,17 @@ def test_cost_model_predicts_the_measured_bytes(measured):
 
 # ---- mixture of experts (tiny-moe) and GPT-style blocks (tiny-gpt) -----------------------------------------
 # The layouts the issue names, on 4 processes, in one spawned group per model; 3 steps each (the dense matrix
-# above already covers the schedules and stages these share). Expert-parallel all-to-all bytes are the EP
+# above covers the rest of what these share with `tiny`). Expert-parallel all-to-all bytes are the EP
 # group's mean (parallel/expert.py), which equals the cost model's under dropless routing.
 FAMILY_STEPS = 3
 FAMILY_CASES = {
     "tiny-moe": ["dp=4,ep=2", "dp=4,ep=4", "dp=4,ep=2,zero=1", "dp=4,ep=2,zero=2", "dp=2,tp=2,ep=2",
                  "dp=2,pp=2,schedule=1f1b,ep=2,mbs=1", "dp=2,zero=3,tp=2,ep=2", "dp=4,zero=3,ep=2"],
-    "tiny-gpt": ["dp=4", "dp=4,zero=1", "dp=4,zero=2", "dp=4,zero=3", "dp=2,zero=1,tp=2", "tp=4"],
+    # every zero stage without a pipeline, every schedule with one (tied embeddings: zero<=1 there)
+    "tiny-gpt": ["dp=4", "dp=4,zero=2", "dp=4,zero=3", "dp=2,zero=1,tp=2", "tp=4",
+                 "dp=2,pp=2,schedule=gpipe,mbs=1", "pp=4,schedule=1f1b,mbs=1",
+                 "tp=2,pp=2,schedule=interleaved,vpp=2,mbs=1", "dp=2,zero=1,pp=2,schedule=zb,mbs=1",
+                 "dp=2,zero=1,pp=2,schedule=zbv,mbs=1", "dp=2,pp=2,schedule=dualpipev,mbs=1"],
 }
 
 

@@ -118,6 +118,15 @@ def pipeline_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int
     return [("send_recv", v * sends, sends, "none")]
 
 
+def tied_embedding_ops(model: ModelSpec, layout: Layout, holds_an_end: bool) -> list[tuple]:
+    """Tied input and output embeddings split over a pipeline: the first and last stages sum their copies'
+    gradients once per step (Megatron's embedding group, Narayanan et al. 2021), fp32, the table's TP shard.
+    V schedules keep both ends on one rank: nothing travels."""
+    if not (model.tied_embeddings and layout.pp > 1 and holds_an_end) or layout.schedule in ("zbv", "dualpipev"):
+        return []
+    return [("all_reduce", 4 * model.vocab * model.hidden / layout.tp, 1, "none")]
+
+
 def context_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, n_layers: int,
                          m: int) -> list[tuple]:
     """Ring attention (Liu et al. 2023; Megatron CP): each layer passes the local K,V block around the ring,

@@ -145,6 +145,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     ops += [("tp",) + op for op in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, first,
                                                           last, m, crossings, moe_layers)]
     ops += [("pp",) + op for op in comm.pipeline_ops(model, layout, tokens, act_bytes, m, rank)]
+    ops += [("pp",) + op for op in comm.tied_embedding_ops(model, layout, first or last)]
     ops += [("cp",) + op for op in comm.context_parallel_ops(model, layout, tokens, act_bytes, n_layers, m)]
     ops += [("ep",) + op for op in comm.expert_parallel_ops(model, layout, tokens, act_bytes, moe_layers, m)]
 

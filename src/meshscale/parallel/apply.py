@@ -36,12 +36,21 @@ class Parallel:
         self.chunks, self.strategies, self.layout, self.mesh = chunks, strategies, layout, mesh
         self.model = chunks[0][1]
         tp_rank = mesh["tp"].get_local_rank() if mesh is not None else 0
-        self._skip = _tp_replicated if tp_rank > 0 else (lambda name: False)
+        skip_tp = _tp_replicated if tp_rank > 0 else (lambda name: False)
+        self.tied = None
+        if layout.pp > 1 and self.model.spec.tied_embeddings:
+            from meshscale.parallel.tied import TiedEmbeddings
+
+            self.tied = TiedEmbeddings(chunks, layout)
+        # the head's copy of a tied table counts once, as the embedding's
+        self._skip = (lambda name: skip_tp(name) or name == "output.weight") if self.tied else skip_tp
 
     def accumulate(self, last: bool):
         stack = ExitStack()
         for s in self.strategies:
             stack.enter_context(s.accumulate(last))
+        if self.tied is not None:  # entered last, leaves first: summed before the strategies reduce
+            stack.enter_context(self.tied.accumulate(last))
         return stack
 
     def optim_params(self) -> list:

@@ -252,8 +252,9 @@ def trainer_refusal(layout: Layout, model) -> str | None:
         return "cp>1 is not built for MoE models (the balance loss is per whole sequence); use cp=1"
     if model.is_moe and model.biases and layout.tp > 1:
         return "tp>1 is not built for MoE experts with biases (their row-parallel bias); use tp=1"
-    if layout.pp > 1 and model.tied_embeddings:
-        return f"pp>1 with tied embeddings ({model.name}) is not built; use pp=1"
+    if layout.pp > 1 and model.tied_embeddings and layout.dp > 1 and layout.zero >= 2:
+        # the two copies' gradients are summed after the schedule; zero>=2 reduce-scatters them during it
+        return f"pp>1 with tied embeddings ({model.name}) needs zero<=1; use zero=0 or 1"
     if layout.cp > 1:
         return f"the trainer does not run cp={layout.cp} yet (context parallelism); set cp=1"
     if model.vocab % layout.tp:
