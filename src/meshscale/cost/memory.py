@@ -102,10 +102,24 @@ def _tp_replicated_params(model: ModelSpec, layer: int) -> float:
 
 
 def expert_params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
-    """Routed expert parameters one device holds (split by tp and ep): what EP reduces over the expert
-    data-parallel group rather than over dp*cp."""
-    moe = sum(model.is_moe_layer(i) for i in stage_layers(model, layout, rank))
-    return moe * model.experts * model.expert_params() / (layout.tp * layout.ep)
+    """Routed expert parameters one device holds (split by tp and ep): what EP reduces, and ZeRO shards, over
+    the expert data-parallel group (dp*cp/ep ranks) rather than over dp*cp."""
+    return _expert_params_per_rank(model, layout.tp, layout.ep, layout.pp, layout.stages, is_v(layout))[rank]
+
+
+@lru_cache(maxsize=4096)
+def _expert_params_per_rank(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_shape: bool) -> tuple:
+    one_layer = model.experts * model.expert_params() / (tp * ep)
+    return tuple(one_layer * sum(model.is_moe_layer(i) for i in _stage_layers(model.layers, pp, chunks, v_shape, r))
+                 for r in range(pp))
+
+
+def zero_held(params: float, experts: float, zero: int, stage: int, shard: int, ep: int) -> float:
+    """Of `params` on a device (`experts` of them routed experts), what it keeps when ZeRO stage `stage` shards
+    this kind of state: dense ones over the dp*cp ranks (`shard`), experts over their dp*cp/ep replicas."""
+    if zero < stage:
+        return params
+    return (params - experts) / shard + experts / (shard // ep)
 
 
 def busiest_rank(model: ModelSpec, layout: Layout) -> int:
@@ -161,11 +175,11 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
     m = layout.microbatches(global_batch)
     bytes_ = PRECISIONS[precision]
     rank = busiest_rank(model, layout)
-    p = params_on_rank(model, layout, rank)
+    p, e = params_on_rank(model, layout, rank), expert_params_on_rank(model, layout, rank)
     shard = layout.dp * layout.cp  # ZeRO/FSDP shards over every rank that holds the same parameters
-    params = p * bytes_["params"] / (shard if layout.zero >= 3 else 1)
-    grads = p * bytes_["grads"] / (shard if layout.zero >= 2 else 1)
-    optimizer = p * bytes_["optimizer"] / (shard if layout.zero >= 1 else 1)
+    params = zero_held(p, e, layout.zero, 3, shard, layout.ep) * bytes_["params"]
+    grads = zero_held(p, e, layout.zero, 2, shard, layout.ep) * bytes_["grads"]
+    optimizer = zero_held(p, e, layout.zero, 1, shard, layout.ep) * bytes_["optimizer"]
     tokens = layout.mbs * model.seq / layout.cp
     scale = bytes_["compute"] / 2
     # The first rank (busiest in activations) holds ~layers/pp layers for each micro-batch in flight.

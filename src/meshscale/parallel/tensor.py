@@ -223,16 +223,18 @@ class RowParallelLinear(nn.Module):
         return out + self.bias if self.bias is not None else out
 
 
-def _shard_mlp(mlp: nn.Module, rank: int, t: int) -> None:
-    for column in (mlp.w1, mlp.w3):
+def _shard_columns(mlp: nn.Module, rank: int, t: int) -> None:
+    for column in (mlp.w1, mlp.w3):  # w3 is None in a GeLU MLP
         if column is not None:
             _shard(column, 0, rank, t)
-    _shard(mlp.w2, 1, rank, t)
 
 
 def _shard_moe(moe: MoE, group, rank: int, t: int, sequence_parallel: bool) -> None:
+    """Each expert (and the shared one) split like a dense MLP; their partial outputs meet in the combine,
+    summed by the region's g."""
     for mlp in [*moe.experts.values(), *([moe.shared] if moe.shared is not None else [])]:
-        _shard_mlp(mlp, rank, t)
+        _shard_columns(mlp, rank, t)
+        _shard(mlp.w2, 1, rank, t)
     moe.router.copy_weight = lambda w: _CopyToTP.apply(w, group)
     if rank:
         moe.aux_weight = 0.0
@@ -291,9 +293,7 @@ def apply_tensor_parallel(model: Transformer, tp_mesh, sequence_parallel: bool =
         if isinstance(mlp, MoE):
             _shard_moe(mlp, group, rank, t, sp)
             continue
-        for column in (mlp.w1, mlp.w3):
-            if column is not None:
-                _shard(column, 0, rank, t)
+        _shard_columns(mlp, rank, t)
         mlp.w2 = RowParallelLinear(mlp.w2, rank, t, group, sp)
         _enter_region(mlp, group, sp)
     if model.norm is not None:

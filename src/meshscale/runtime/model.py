@@ -182,8 +182,11 @@ class MoE(nn.Module):
         choice = experts.reshape(-1)[keep]
         order = keep[choice.argsort(stable=True)]  # assignments (token * top_k + j) sorted by expert
         counts = torch.bincount(choice, minlength=self.n_experts)
-        ys = self.dispatch(flat[order // self.top_k], counts, self.experts)
-        per_assignment = flat.new_zeros(flat.shape[0] * self.top_k, h).index_copy(0, order, ys)
+        xs = flat[order // self.top_k]
+        if torch.is_autocast_enabled(xs.device.type):  # tokens travel in the compute dtype, as the experts' outputs
+            xs = xs.to(torch.get_autocast_dtype(xs.device.type))
+        ys = self.dispatch(xs, counts, self.experts)
+        per_assignment = ys.new_zeros(flat.shape[0] * self.top_k, h).index_copy(0, order, ys)
         out = (per_assignment.view(-1, self.top_k, h) * weights.unsqueeze(-1)).sum(1)
         if self.shared is not None:
             out = out + self.shared(flat)
