@@ -99,9 +99,15 @@ def test_emit_falls_back_to_a_layout_the_trainer_runs():
     assert why.startswith("# ") and "cp=" in why and "cannot run it yet" in why
     layout = Layout.parse(command.split("--layout ")[1].split()[0])
     assert layout.cp == 1 and layout.devices == 4096
-    r = cli("plan", "--model", "mixtral-8x7b", "--cluster", "h100-80gb", "--devices", "64", "--global-batch", "256",
-            "--emit", "torchrun")
-    assert r.returncode == 2 and "dense LLaMA-style" in r.stderr
+    mixtral = ("plan", "--model", "mixtral-8x7b", "--cluster", "h100-80gb", "--devices", "64", "--global-batch", "256")
+    winner = json.loads(cli(*mixtral, "--json").stdout)["ranked"][0]["layout"]
+    r = cli(*mixtral, "--emit", "torchrun")
+    assert r.returncode == 0, r.stderr
+    [command] = r.stdout.strip().splitlines()  # the trainer runs MoE models: the true winner, no fallback
+    assert f"--layout {winner} " in command
+    r = cli("plan", "--model", "deepseek-v3", "--cluster", "h100-80gb", "--devices", "1024", "--global-batch",
+            "1024", "--emit", "torchrun")
+    assert r.returncode == 2 and "multi-head latent attention" in r.stderr
 
 
 def test_plan_nothing_fits_is_one_line_exit_2():

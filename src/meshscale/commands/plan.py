@@ -89,13 +89,15 @@ def _emit(args, model, cluster, winner, batch: int, fix: dict) -> str:
         return torchrun_command(args, cluster, winner.devices, winner.layout, batch)
     if trainer_refusal(Layout(), model):
         raise UserError(f"--emit torchrun: {trainer_refusal(Layout(), model)}")
-    trainable = search(model, cluster, winner.devices, batch, args.precision, top=1, headroom=args.memory_headroom,
+    # the shape filter prunes the search; the full rule (sp, zero, schedule per model family) picks among the top
+    trainable = search(model, cluster, winner.devices, batch, args.precision, top=64, headroom=args.memory_headroom,
                        cross_tp=args.allow_cross_tp, fix=fix,
-                       where=lambda tp, pp, cp, dp, ep: cp == ep == 1 and model.vocab % tp == 0)
-    if not trainable.ranked:
+                       where=lambda tp, pp, cp, dp, ep: cp == 1 and model.vocab % tp == 0)
+    runs = [p for p in trainable.ranked if trainer_refusal(Layout.parse(p.layout), model) is None]
+    if not runs:
         raise UserError(f"--emit torchrun: the winner {winner.layout} cannot be trained yet ({reason}) and no "
                         "layout the trainer runs fits; add devices or lower the batch")
-    best = trainable.ranked[0]
+    best = runs[0]
     return (f"# {winner.layout} is predicted fastest ({winner.step_time_s * 1e3:,.1f} ms) but meshscale train "
             f"cannot run it yet ({reason}); the fastest layout it runs ({best.step_time_s * 1e3:,.1f} ms):\n"
             + torchrun_command(args, cluster, best.devices, best.layout, batch))

@@ -62,7 +62,7 @@ def data_parallel_ops(zero: int, params: float, m: int, param_bytes: int, units:
 
 
 def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, n_layers: int,
-                        first: bool, last: bool, m: int, crossings: int = 0) -> list[tuple]:
+                        first: bool, last: bool, m: int, crossings: int = 0, moe_layers: int = 0) -> list[tuple]:
     """Megatron TP (Shoeybi et al. 2019, sec. 3; Korthikanti et al. 2022, sec. 4.2.2), per micro-batch of
     `tokens`, as parallel/tensor.py runs it (the ledger measures exactly these bytes).
     Per layer: 2 all-reduces forward (g) + 2 backward (f); with SP each becomes an all-gather +
@@ -72,14 +72,16 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     Small ones, in fp32: SP's replicated norm weights sum their gradient over TP (2 per layer, and the final
     norm), and the vocab-parallel loss all-reduces 3 numbers per token (max, sum of exponentials, target
     logit; Megatron-LM sec. 3). Without SP, each of the rank's `crossings` pipeline boundaries per
-    micro-batch (see pipeline_ops) all-gathers the activation the TP ranks sent in slices."""
+    micro-batch (see pipeline_ops) all-gathers the activation the TP ranks sent in slices. A MoE layer is one
+    TP region like a dense MLP, and its whole router weight sums its gradient over TP (experts*hidden, fp32)."""
     if layout.tp == 1:
         return []
     v = tokens * model.hidden * act_bytes
     per_layer = 4 + (2 if layout.recompute == "full" else 0)
     calls = (n_layers * per_layer + first + last) * m
     small_calls = 3 * m if last else 0
-    small = small_calls * tokens * 4
+    small = small_calls * tokens * 4 + moe_layers * m * model.experts * model.hidden * 4
+    small_calls += moe_layers * m
     if not layout.sp:
         gathers = crossings * m
         return [("all_reduce", v * calls + small, calls + small_calls, "none")] + \
@@ -116,6 +118,15 @@ def pipeline_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int
     return [("send_recv", v * sends, sends, "none")]
 
 
+def tied_embedding_ops(model: ModelSpec, layout: Layout, holds_an_end: bool) -> list[tuple]:
+    """Tied input and output embeddings split over a pipeline: the first and last stages sum their copies'
+    gradients once per step (Megatron's embedding group, Narayanan et al. 2021), fp32, the table's TP shard.
+    V schedules keep both ends on one rank: nothing travels."""
+    if not (model.tied_embeddings and layout.pp > 1 and holds_an_end) or layout.schedule in ("zbv", "dualpipev"):
+        return []
+    return [("all_reduce", 4 * model.vocab * model.hidden / layout.tp, 1, "none")]
+
+
 def context_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, n_layers: int,
                          m: int) -> list[tuple]:
     """Ring attention (Liu et al. 2023; Megatron CP): each layer passes the local K,V block around the ring,
@@ -131,7 +142,9 @@ def context_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_by
 def expert_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, moe_layers: int,
                         m: int) -> list[tuple]:
     """Token dispatch and combine all-to-alls per MoE layer, forward and backward (Lepikhin et al. 2020,
-    GShard; DeepSeek-V3 sec. 3.2); each sends top_k copies of the rank's tokens."""
+    GShard; DeepSeek-V3 sec. 3.2); each sends top_k copies of the rank's tokens. Exact for the mean rank of an
+    EP group under dropless routing (what a group sends, it receives); one rank's share depends on the routing
+    (parallel/expert.py). Under TP without SP every TP rank sends its own copy (experts are TP-split)."""
     if layout.ep == 1 or not moe_layers:
         return []
     local = tokens / (layout.tp if layout.sp else 1)

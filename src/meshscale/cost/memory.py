@@ -61,7 +61,8 @@ def _stage_layers(layers: int, pp: int, chunks: int, v_shape: bool, rank: int) -
 
 def params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
     """Parameters one device holds before ZeRO sharding. Megatron TP splits every matrix (and the
-    vocabulary) by tp and replicates norms; EP splits routed experts by ep."""
+    vocabulary) by tp and replicates norms, the row-parallel biases and the MoE router; EP splits routed
+    experts by ep."""
     return _params_per_rank(model, layout.tp, layout.ep, layout.pp, layout.stages, is_v(layout))[rank]
 
 
@@ -77,19 +78,48 @@ def _root_params(model: ModelSpec, tp: int, pp: int, v_shape: bool, rank: int) -
     if rank == 0:
         total += table + (model.seq * model.hidden if model.learned_positions else 0)
     if rank == (0 if v_shape else pp - 1):  # final norm, and the output head (a second copy of a tied table under PP)
-        total += model.hidden + (table if not model.tied_embeddings or pp > 1 else 0)
+        final_norm = model.hidden * (2 if model.biases else 1)  # LayerNorm has a bias
+        total += final_norm + (table if not model.tied_embeddings or pp > 1 else 0)
     return total
 
 
 @lru_cache(maxsize=4096)
 def _params_per_rank(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_shape: bool) -> tuple:
-    norms = model.norm_params()
     per_layer = []
     for i in range(model.layers):
         routed = model.experts * model.expert_params() if model.is_moe_layer(i) else 0
-        per_layer.append((model.layer_params(i) - routed - norms) / tp + routed / (tp * ep) + norms)
+        whole = _tp_replicated_params(model, i)
+        per_layer.append((model.layer_params(i) - routed - whole) / tp + routed / (tp * ep) + whole)
     return tuple(sum(per_layer[i] for i in _stage_layers(model.layers, pp, chunks, v_shape, rank))
                  + _root_params(model, tp, pp, v_shape, rank) for rank in range(pp))
+
+
+def _tp_replicated_params(model: ModelSpec, layer: int) -> float:
+    """Parameters of a layer every TP rank holds whole: norms, the biases added after a row-parallel sum
+    (attention output and MLP down projection), the router."""
+    return (model.norm_params() + (2 * model.hidden if model.biases else 0)
+            + (model.hidden * model.experts if model.is_moe_layer(layer) else 0))
+
+
+def expert_params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
+    """Routed expert parameters one device holds (split by tp and ep): what EP reduces, and ZeRO shards, over
+    the expert data-parallel group (dp*cp/ep ranks) rather than over dp*cp."""
+    return _expert_params_per_rank(model, layout.tp, layout.ep, layout.pp, layout.stages, is_v(layout))[rank]
+
+
+@lru_cache(maxsize=4096)
+def _expert_params_per_rank(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_shape: bool) -> tuple:
+    one_layer = model.experts * model.expert_params() / (tp * ep)
+    return tuple(one_layer * sum(model.is_moe_layer(i) for i in _stage_layers(model.layers, pp, chunks, v_shape, r))
+                 for r in range(pp))
+
+
+def zero_held(params: float, experts: float, zero: int, stage: int, shard: int, ep: int) -> float:
+    """Of `params` on a device (`experts` of them routed experts), what it keeps when ZeRO stage `stage` shards
+    this kind of state: dense ones over the dp*cp ranks (`shard`), experts over their dp*cp/ep replicas."""
+    if zero < stage:
+        return params
+    return (params - experts) / shard + experts / (shard // ep)
 
 
 def busiest_rank(model: ModelSpec, layout: Layout) -> int:
@@ -168,11 +198,11 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
     m = layout.microbatches(global_batch)
     bytes_ = PRECISIONS[precision]
     rank = busiest_rank(model, layout)
-    p = params_on_rank(model, layout, rank)
+    p, e = params_on_rank(model, layout, rank), expert_params_on_rank(model, layout, rank)
     shard = layout.dp * layout.cp  # ZeRO/FSDP shards over every rank that holds the same parameters
-    params = p * bytes_["params"] / (shard if layout.zero >= 3 else 1)
-    grads = p * bytes_["grads"] / (shard if layout.zero >= 2 else 1)
-    optimizer = p * bytes_["optimizer"] / (shard if layout.zero >= 1 else 1)
+    params = zero_held(p, e, layout.zero, 3, shard, layout.ep) * bytes_["params"]
+    grads = zero_held(p, e, layout.zero, 2, shard, layout.ep) * bytes_["grads"]
+    optimizer = zero_held(p, e, layout.zero, 1, shard, layout.ep) * bytes_["optimizer"]
     tokens = layout.mbs * model.seq / layout.cp
     scale = bytes_["compute"] / 2
     # The first rank (busiest in activations) holds its layers for each micro-batch in flight; the embedding

@@ -12,8 +12,8 @@ from meshscale.cost import comm, critical, flops, overhead
 from meshscale.cost.checkpoint import checkpoint_bytes
 from meshscale.cost.kernels import Passes, counted_seconds, kernel_shape
 from meshscale.cost.memory import (PRECISIONS, _stage_layers, activation_bytes_per_layer, busiest_rank,
-                                   last_rank, memory_per_device, params_on_rank, root_params_on_rank,
-                                   stage_layers)
+                                   expert_params_on_rank, last_rank, memory_per_device, params_on_rank,
+                                   root_params_on_rank, stage_layers)
 from meshscale.cost.pipeline import bubble_ratio
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
@@ -94,10 +94,12 @@ def _stage_flops(model, pp, chunks, v_shape, recompute, fused, rank) -> tuple[fl
 
 
 def _axis_group(layout: Layout, axis: str) -> tuple[int, int]:
-    """(size, stride) of an axis's group in the mesh (pp, dp, cp, tp), tp innermost. ZeRO/FSDP and EP use
-    the dp*cp ranks that hold the same parameters."""
-    t, c, d = layout.tp, layout.cp, layout.dp
-    return {"tp": (t, 1), "cp": (c, t), "dp": (d * c, t), "ep": (layout.ep, t), "pp": (2, t * c * d)}[axis]
+    """(size, stride) of an axis's group in the mesh (pp, dp, cp, tp), tp innermost. ZeRO/FSDP use the dp*cp
+    ranks that hold the same parameters; EP and the expert data-parallel group (edp) are the inner and outer
+    split of those (specs.layout.expert_mesh_shape)."""
+    t, c, d, e = layout.tp, layout.cp, layout.dp, layout.ep
+    return {"tp": (t, 1), "cp": (c, t), "dp": (d * c, t), "ep": (e, t), "edp": (d * c // e, t * e),
+            "pp": (2, t * c * d)}[axis]
 
 
 def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch: int,
@@ -130,14 +132,21 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     first, last = rank == 0, rank == last_rank(layout)
     compute_s += overhead.compute_seconds(model, cluster, layout, m, n_layers, first or last)
     ops = []
+    # Under EP the routed experts reduce over their own replicas (edp), the rest over dp*cp.
+    experts = expert_params_on_rank(model, layout, rank) if layout.ep > 1 else 0.0
     if layout.dp * layout.cp > 1:
-        ops += [("dp",) + op for op in comm.data_parallel_ops(layout.zero, params, m, act_bytes, n_layers + 1,
-                                                                  root_params_on_rank(model, layout, rank),
+        ops += [("dp",) + op for op in comm.data_parallel_ops(layout.zero, params - experts, m, act_bytes,
+                                                              n_layers + 1, root_params_on_rank(model, layout, rank),
                                                               layout.pp > 1)]
+    if experts and layout.dp * layout.cp > layout.ep:
+        units = moe_layers * model.experts // layout.ep + 1  # zero=3: each expert is an FSDP unit (+ a root)
+        ops += [("edp",) + op for op in comm.data_parallel_ops(layout.zero, experts, m, act_bytes, units, 0.0,
+                                                               layout.pp > 1)]
     crossings = comm.pipeline_sends(layout, rank) if layout.pp > 1 else 0
     ops += [("tp",) + op for op in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, first,
-                                                          last, m, crossings)]
+                                                          last, m, crossings, moe_layers)]
     ops += [("pp",) + op for op in comm.pipeline_ops(model, layout, tokens, act_bytes, m, rank)]
+    ops += [("pp",) + op for op in comm.tied_embedding_ops(model, layout, first or last)]
     ops += [("cp",) + op for op in comm.context_parallel_ops(model, layout, tokens, act_bytes, n_layers, m)]
     ops += [("ep",) + op for op in comm.expert_parallel_ops(model, layout, tokens, act_bytes, moe_layers, m)]
 
@@ -167,7 +176,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
             # al. 2023, ASPLOS, "Overlap communication with dependent computation via decomposition"; Megatron-
             # Core --tp-comm-overlap); the first step shows.
             exposed = max(t - gemm_s, t / layout.tp)
-        if axis == "dp":
+        if axis in ("dp", "edp"):
             dp_exposed += exposed
         else:
             critical_path += exposed

@@ -1,13 +1,15 @@
 """Apply a Layout to a built model, on one DeviceMesh (pp, dp, cp, tp; TP innermost), in this order:
 
-  1. pipeline split: this PP rank's chunks (copies of the model keeping their own layers),
+  1. pipeline split: this PP rank's chunks (copies of the model keeping their own layers), then expert
+     parallelism: each keeps its EP rank's experts (parallel/expert.py),
   2. tensor (and sequence) parallelism on each chunk over mesh["tp"],
   3. activation recompute (it wraps the block forwards, TP collectives included, so they rerun),
   4. the data-parallel family over mesh["dp"] on each chunk: DDP (our bucketed all-reduce after the
      schedule inside a pipeline), our ZeRO-1/2 over the chunk's local
-     (TP-sharded) parameters, or FSDP2 on its blocks and root.
+     (TP-sharded) parameters, or FSDP2 on its blocks and root; under EP the routed experts get their own
+     strategy over the expert data-parallel group (expert.expert_data_parallel).
 
-What the trainer runs is said torch-free in specs.layout: `trainer_refusal` (not built yet: CP, EP) and
+What the trainer runs is said torch-free in specs.layout: `trainer_refusal` (not built yet) and
 `pipeline_refusal` (cannot be made correct; the planner never emits those)."""
 
 from contextlib import ExitStack
@@ -34,12 +36,21 @@ class Parallel:
         self.chunks, self.strategies, self.layout, self.mesh = chunks, strategies, layout, mesh
         self.model = chunks[0][1]
         tp_rank = mesh["tp"].get_local_rank() if mesh is not None else 0
-        self._skip = _tp_replicated if tp_rank > 0 else (lambda name: False)
+        skip_tp = _tp_replicated if tp_rank > 0 else (lambda name: False)
+        self.tied = None
+        if layout.pp > 1 and self.model.spec.tied_embeddings:
+            from meshscale.parallel.tied import TiedEmbeddings
+
+            self.tied = TiedEmbeddings(chunks, layout)
+        # the head's copy of a tied table counts once, as the embedding's
+        self._skip = (lambda name: skip_tp(name) or name == "output.weight") if self.tied else skip_tp
 
     def accumulate(self, last: bool):
         stack = ExitStack()
         for s in self.strategies:
             stack.enter_context(s.accumulate(last))
+        if self.tied is not None:  # entered last, leaves first: summed before the strategies reduce
+            stack.enter_context(self.tied.accumulate(last))
         return stack
 
     def optim_params(self) -> list:
@@ -72,14 +83,24 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
     from meshscale.parallel.recompute import apply_recompute
 
     check_runtime(layout, model.spec)
-    if mesh is not None:
-        ledger.name_mesh(mesh)
     if layout.pp > 1:
         from meshscale.parallel.pipeline import pipeline_chunks
 
         chunks = pipeline_chunks(model, layout, mesh["pp"].get_local_rank())
     else:
         chunks = [(0, model)]
+    emesh = None
+    if layout.ep > 1:
+        from meshscale.parallel.expert import apply_expert_parallel, build_expert_mesh
+
+        emesh = build_expert_mesh(layout, mesh.device_type)
+        for axis in ("ep", "edp"):
+            if emesh[axis].size() > 1:
+                ledger.name_group(emesh[axis].get_group(), axis)
+        for _, module in chunks:
+            apply_expert_parallel(module, emesh)
+    if mesh is not None:  # after EP's: where torch shares one group between dims, the main mesh's name wins
+        ledger.name_mesh(mesh)
     wrapped, strategies = [], []
     for stage, module in chunks:
         if layout.tp > 1:
@@ -91,24 +112,33 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
 
                 scatter_gather_stage(module, mesh["tp"], *crosses_ranks(stage, layout))
         apply_recompute(module, layout.recompute)
-        strategy = _data_parallel(module, layout, mesh, ledger, precision, bucket_mb)
+        if emesh is not None:
+            from meshscale.parallel.expert import expert_data_parallel
+
+            def dense(select, module=module):
+                return _data_parallel(module, layout, mesh, ledger, precision, bucket_mb, select)
+
+            strategy = expert_data_parallel(module, layout, mesh, emesh, ledger, bucket_mb, precision, dense)
+        else:
+            strategy = _data_parallel(module, layout, mesh, ledger, precision, bucket_mb)
         wrapped.append((stage, strategy.model))
         strategies.append(strategy)
     return Parallel(wrapped, strategies, layout, mesh)
 
 
-def _data_parallel(module, layout: Layout, mesh, ledger, precision: str, bucket_mb: float):
-    """The data-parallel strategy for one chunk (see data_parallel.Local for its interface)."""
+def _data_parallel(module, layout: Layout, mesh, ledger, precision: str, bucket_mb: float, select=None):
+    """The data-parallel strategy for one chunk (see data_parallel.Local for its interface), over the
+    parameters `select(name)` picks (default all)."""
     from meshscale.parallel.data_parallel import DDP, Local, PipelinedDDP
 
     if layout.dp == 1:
-        return Local(module)
+        return Local(module, select)
     if layout.zero == 0:
-        return (PipelinedDDP if layout.pp > 1 else DDP)(module, mesh, ledger, bucket_mb)
+        return (PipelinedDDP if layout.pp > 1 else DDP)(module, mesh, ledger, bucket_mb, select)
     if layout.zero in (1, 2):
         from meshscale.parallel.zero import Zero
 
-        return Zero(module, mesh, ledger, layout.zero, bucket_mb)
+        return Zero(module, mesh, ledger, layout.zero, bucket_mb, select)
     from meshscale.parallel.fsdp import FSDP
 
-    return FSDP(module, mesh, ledger, precision)
+    return FSDP(module, mesh, ledger, precision, select)

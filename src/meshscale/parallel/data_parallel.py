@@ -32,19 +32,24 @@ class Local:
 
     sharded = False
 
-    def __init__(self, model):
+    def __init__(self, model, select=None):
+        """select(name): the parameters this strategy owns (default all; expert parallelism splits them)."""
         self.model = self.module = model
+        self.select = select or (lambda name: True)
 
     @contextmanager
     def accumulate(self, last: bool):
         yield
 
+    def named_params(self) -> list:
+        return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad and self.select(n)]
+
     def optim_params(self) -> list:
-        return [p for p in self.module.parameters() if p.requires_grad]
+        return [p for _, p in self.named_params()]
 
     def local_grad_sq(self, skip) -> torch.Tensor:
         """Sum of squared gradients of the module's parameters, leaving out those `skip(name)` is true for."""
-        return sum((p.grad.float().pow(2).sum() for name, p in self.module.named_parameters()
+        return sum((p.grad.float().pow(2).sum() for name, p in self.named_params()
                     if p.grad is not None and not skip(name)), torch.zeros(()))
 
     def after_step(self) -> None:
@@ -69,9 +74,12 @@ def grad_buckets(params: list, bucket_mb: float) -> list[list]:
 
 
 class DDP(Local):
-    def __init__(self, model, mesh, ledger, bucket_mb: float):
+    def __init__(self, model, mesh, ledger, bucket_mb: float, select=None):
         group = mesh["dp"].get_group()
-        super().__init__(model)
+        super().__init__(model, select)
+        ignored = [n for n, _ in model.named_parameters() if not self.select(n)]
+        if ignored:
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)
         # Buffers (RoPE tables) are computed identically on every rank: no per-step broadcast.
         no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
                           inspect.signature(DistributedDataParallel).parameters else {"broadcast_buffers": False})
@@ -90,10 +98,13 @@ class PipelinedDDP(Local):
     DDP does, once the schedule has run every micro-batch's backward: all-reduce the gradient in buckets,
     averaged over the DP group, one all-reduce of 4P bytes per step (the contract's zero=0 rule)."""
 
-    def __init__(self, model, mesh, ledger, bucket_mb: float):
-        super().__init__(model)
-        self.group, self.ledger = mesh["dp"].get_group(), ledger
-        self.world = dist.get_world_size(self.group)
+    def __init__(self, model, mesh, ledger, bucket_mb: float, select=None, group=None, axis: str = "dp",
+                 divide: int | None = None):
+        """group/axis/divide: another group (expert data parallelism), its ledger axis, and the number of
+        replicas the gradient averages over (default the group's size)."""
+        super().__init__(model, select)
+        self.group, self.ledger, self.axis = group or mesh["dp"].get_group(), ledger, axis
+        self.world = divide or dist.get_world_size(self.group)
         self.buckets = grad_buckets(self.optim_params(), bucket_mb)
 
     @contextmanager
@@ -107,7 +118,7 @@ class PipelinedDDP(Local):
         flat = torch.cat([p.grad.reshape(-1) for p in params]).div_(self.world)
         start = time.perf_counter()
         dist.all_reduce(flat, group=self.group)
-        self.ledger.record("dp", "all_reduce", flat.numel() * flat.element_size(), time.perf_counter() - start)
+        self.ledger.record(self.axis, "all_reduce", flat.numel() * flat.element_size(), time.perf_counter() - start)
         offset = 0
         for p in params:
             p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))

@@ -15,13 +15,17 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 class FSDP:
     sharded = True
 
-    def __init__(self, model, mesh, ledger, precision: str):
+    def __init__(self, model, mesh, ledger, precision: str, select=None):
+        """select(name): the parameters to shard (default all); the others stay whole on the rank and are
+        another strategy's (expert parallelism's routed experts)."""
         self.ledger, self.group = ledger, mesh["dp"].get_group()
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None,
                                   reduce_dtype=torch.float32)
+        self.select = select or (lambda name: True)
+        ignored = {p for n, p in model.named_parameters() if not self.select(n)} or None
         for block in model.layers.values():
-            fully_shard(block, mesh=mesh["dp"], mp_policy=mp)
-        fully_shard(model, mesh=mesh["dp"], mp_policy=mp)
+            fully_shard(block, mesh=mesh["dp"], mp_policy=mp, ignored_params=ignored)
+        fully_shard(model, mesh=mesh["dp"], mp_policy=mp, ignored_params=ignored)
         self.model = self.module = model
 
     @contextmanager
@@ -31,12 +35,12 @@ class FSDP:
             yield
 
     def optim_params(self) -> list:
-        return [p for p in self.model.parameters() if p.requires_grad]
+        return [p for n, p in self.model.named_parameters() if p.requires_grad and self.select(n)]
 
     def local_grad_sq(self, skip) -> torch.Tensor:
         """This rank's shards only: sum the result over the DP group."""
         return sum((p.grad.to_local().float().pow(2).sum() for name, p in self.model.named_parameters()
-                    if p.grad is not None and not skip(name)), torch.zeros(()))
+                    if p.grad is not None and self.select(name) and not skip(name)), torch.zeros(()))
 
     def after_step(self) -> None:
         for p in self.optim_params():

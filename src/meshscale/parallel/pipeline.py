@@ -75,7 +75,7 @@ def pipeline_chunks(model: Transformer, layout: Layout, pp_rank: int) -> list[tu
             if name not in keep:
                 del chunk.layers[name]
         if stage != 0:
-            chunk.tok_embeddings = None
+            chunk.tok_embeddings = chunk.pos_embeddings = None
         if stage != n_chunks - 1:
             chunk.norm, chunk.output = None, None
         chunks.append((stage, chunk))

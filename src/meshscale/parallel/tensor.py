@@ -19,6 +19,13 @@ residual-stream buffer; emb/head = 1 where the stage holds the embedding / outpu
   pp > 1, sp off: all_gather tp  A  per boundary crossing to another pipeline rank (the receiver's forward,
           the sender's backward: Megatron's scatter/gather, `scatter_gather_stage`)
 Recomputed blocks run their forward collectives again in backward.
+
+Biases (GPT-style): a column-parallel bias is split with its output features; a row-parallel one is added
+once, after the sum (Megatron's RowParallelLinear). A MoE layer is one region: f before the router and the
+experts, g after the weighted combine; each expert is column/row split like a dense MLP. The router weight
+stays whole: its gradient, partial on each rank (the combine weights meet partial expert outputs), is summed
+by an f on the weight, as SP does for norm weights (all_reduce tp  experts*hidden*4 per MoE layer), and only
+TP rank 0 sends the balance loss's gradient (every rank computes the same one).
 """
 
 import time
@@ -28,10 +35,12 @@ import torch.distributed as dist
 from torch import nn
 
 from meshscale.runtime.ledger import record
-from meshscale.runtime.model import RMSNorm, Transformer
+from meshscale.runtime.model import MoE, RMSNorm, Transformer
 
-# Parameters left whole on every TP rank (norm weights); everything else is a TP shard.
-_REPLICATED_SUFFIX = "norm.weight"
+# Parameters left whole on every TP rank (norms, router, position table, row-parallel biases); everything
+# else is a TP shard.
+_REPLICATED_SUFFIXES = ("norm.weight", "norm.bias", "router.weight", "pos_embeddings.weight", "wo.bias",
+                        "w2.bias")
 
 # Bound once at import: these calls record themselves below, so `ledger.tap()` (which wraps the
 # torch.distributed functions for code we do not own, FSDP2) must not count them a second time.
@@ -192,9 +201,45 @@ class SequenceParallelRMSNorm(RMSNorm):
 def _shard(linear: nn.Linear, dim: int, rank: int, t: int) -> None:
     """Keep this rank's contiguous slice of the weight: dim 0 (output features) for a column-parallel
     matmul, dim 1 (input features) for a row-parallel one. Contiguous slices keep whole heads together,
-    and whole kv-head groups with their query heads."""
+    and whole kv-head groups with their query heads. A column-parallel bias is split the same way."""
     weight = linear.weight.detach()
     linear.weight = nn.Parameter(weight.chunk(t, dim=dim)[rank].clone())
+    if dim == 0 and linear.bias is not None:
+        linear.bias = nn.Parameter(linear.bias.detach().chunk(t)[rank].clone())
+
+
+class RowParallelLinear(nn.Module):
+    """A row-parallel matmul ending its region: g (or SP's reduce-scatter) on the partial products, then the
+    bias, added once. Holds `weight` and `bias` under their original names."""
+
+    def __init__(self, linear: nn.Linear, rank: int, t: int, group, sequence_parallel: bool):
+        super().__init__()
+        _shard(linear, 1, rank, t)
+        self.weight, self.bias = linear.weight, linear.bias
+        self.group, self.op = group, _ReduceScatterSeq if sequence_parallel else _ReduceFromTP
+
+    def forward(self, x):
+        out = self.op.apply(nn.functional.linear(x, self.weight), self.group)
+        return out + self.bias if self.bias is not None else out
+
+
+def _shard_columns(mlp: nn.Module, rank: int, t: int) -> None:
+    for column in (mlp.w1, mlp.w3):  # w3 is None in a GeLU MLP
+        if column is not None:
+            _shard(column, 0, rank, t)
+
+
+def _shard_moe(moe: MoE, group, rank: int, t: int, sequence_parallel: bool) -> None:
+    """Each expert (and the shared one) split like a dense MLP; their partial outputs meet in the combine,
+    summed by the region's g."""
+    for mlp in [*moe.experts.values(), *([moe.shared] if moe.shared is not None else [])]:
+        _shard_columns(mlp, rank, t)
+        _shard(mlp.w2, 1, rank, t)
+    moe.router.copy_weight = lambda w: _CopyToTP.apply(w, group)
+    if rank:
+        moe.aux_weight = 0.0
+    _enter_region(moe, group, sequence_parallel)
+    _leave_region(moe, group, sequence_parallel)
 
 
 def _enter_region(module: nn.Module, group, sequence_parallel: bool) -> None:
@@ -240,19 +285,24 @@ def apply_tensor_parallel(model: Transformer, tp_mesh, sequence_parallel: bool =
         model.tok_embeddings = VocabParallelEmbedding(table, rank * rows, group, sp)
     for block in model.layers.values():
         block.attention_norm, block.ffn_norm = norm(block.attention_norm), norm(block.ffn_norm)
-        for column in (block.attention.wq, block.attention.wk, block.attention.wv,
-                       block.feed_forward.w1, block.feed_forward.w3):
+        attention, mlp = block.attention, block.feed_forward
+        for column in (attention.wq, attention.wk, attention.wv):
             _shard(column, 0, rank, t)
-        for row in (block.attention.wo, block.feed_forward.w2):
-            _shard(row, 1, rank, t)
-        for region in (block.attention, block.feed_forward):
-            _enter_region(region, group, sp)
-            _leave_region(region, group, sp)
+        attention.wo = RowParallelLinear(attention.wo, rank, t, group, sp)
+        _enter_region(attention, group, sp)
+        if isinstance(mlp, MoE):
+            _shard_moe(mlp, group, rank, t, sp)
+            continue
+        _shard_columns(mlp, rank, t)
+        mlp.w2 = RowParallelLinear(mlp.w2, rank, t, group, sp)
+        _enter_region(mlp, group, sp)
     if model.norm is not None:
         model.norm = norm(model.norm)
     if model.output is not None:
         _shard(model.output, 0, rank, t)  # vocabulary-parallel head: logits stay sharded by vocabulary
         _enter_region(model.output, group, sp)
+        if model.tok_embeddings is not None and model.spec.tied_embeddings:
+            model.output.weight = model.tok_embeddings.weight  # the same rows of the vocabulary
     return model
 
 
@@ -318,8 +368,8 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, tp
 
 # ---- gradient norm -----------------------------------------------------------------------------------
 def is_tp_replicated(name: str) -> bool:
-    """True for parameters every TP rank holds whole (norm weights): count them once in a global norm."""
-    return name.endswith(_REPLICATED_SUFFIX)
+    """True for parameters every TP rank holds whole (norms, router, ...): count them once in a global norm."""
+    return name.endswith(_REPLICATED_SUFFIXES)
 
 
 def local_grad_norm_sq(model: nn.Module, tp_mesh) -> torch.Tensor:

@@ -57,14 +57,18 @@ class _Bucket:
 class Zero:
     sharded = True
 
-    def __init__(self, model, mesh, ledger, stage: int, bucket_mb: float):
+    def __init__(self, model, mesh, ledger, stage: int, bucket_mb: float, select=None, group=None,
+                 axis: str = "dp", divide: int | None = None):
+        """select/group/axis/divide: as data_parallel.PipelinedDDP (expert parallelism's parameter split)."""
         assert stage in (1, 2)
         self.model = self.module = model
-        self.stage, self.ledger = stage, ledger
-        self.group = mesh["dp"].get_group()
+        self.stage, self.ledger, self.axis = stage, ledger, axis
+        self.group = group or mesh["dp"].get_group()
         self.world, self.rank = dist.get_world_size(self.group), dist.get_rank(self.group)
-        self.buckets = [_Bucket(g, self.world, self.rank)
-                        for g in grad_buckets([p for p in model.parameters() if p.requires_grad], bucket_mb)]
+        self.divide = divide or self.world
+        select = select or (lambda name: True)
+        params = [p for n, p in model.named_parameters() if p.requires_grad and select(n)]
+        self.buckets = [_Bucket(g, self.world, self.rank) for g in grad_buckets(params, bucket_mb)]
         self._pending: list = []
         self._names = {p: name for name, p in model.named_parameters()}
         self._mask = None
@@ -89,8 +93,8 @@ class Zero:
         """Wait for the launched reduce-scatters; add each result to its owner's shard gradient."""
         for work, start, out, bucket, grad_flat in self._pending:
             work.wait()
-            self.ledger.record("dp", "reduce_scatter", grad_flat.numel() * 4, time.perf_counter() - start)
-            bucket.shard.grad.add_(out, alpha=1.0 / self.world)
+            self.ledger.record(self.axis, "reduce_scatter", grad_flat.numel() * 4, time.perf_counter() - start)
+            bucket.shard.grad.add_(out, alpha=1.0 / self.divide)
         self._pending.clear()  # drops stage 2's full-gradient buffers
 
     def _on_grad(self, p) -> None:  # stage 2: post-accumulate-grad hook
@@ -137,7 +141,7 @@ class Zero:
             launched.append((_all_gather(b.flat, b.shard.detach(), group=self.group, async_op=True), start, b))
         for work, start, b in launched:
             work.wait()
-            self.ledger.record("dp", "all_gather", b.flat.numel() * 4, time.perf_counter() - start)
+            self.ledger.record(self.axis, "all_gather", b.flat.numel() * 4, time.perf_counter() - start)
         for b in self.buckets:
             b.shard.grad.zero_()
             if self.stage == 1:

@@ -16,8 +16,9 @@ import numpy as np
 
 from meshscale.cost import comm, predict
 from meshscale.cost.kernels import attention_core_seconds
-from meshscale.cost.memory import (PRECISIONS, _held, _params_per_rank, activation_bytes_per_layer, busiest_rank,
-                                   params_on_rank, root_params_on_rank, stage_layers)
+from meshscale.cost.memory import (PRECISIONS, _expert_params_per_rank, _held, _params_per_rank,
+                                   activation_bytes_per_layer, busiest_rank, params_on_rank, root_params_on_rank,
+                                   stage_layers)
 from meshscale.cost.step import Prediction, _slowest_stage, elementwise_seconds
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
@@ -172,12 +173,14 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         v = np.array([vv for _, vv in scheds], dtype=float)[k_i]
         is_v = np.array([n in ("zbv", "dualpipev") for n in names])[k_i]
         # Memory: parameters, gradients, optimizer (ZeRO over dp*cp), then activations in flight.
+        # (routed experts shard over their dp*cp/ep replicas: memory.zero_held)
         shard = dp * cp
-        p_std = max(_params_per_rank(model, tp, ep, pp, pp, False))
-        p_v = max(_params_per_rank(model, tp, ep, pp, 2 * pp, True)) if pp > 1 and 2 * pp <= model.layers else p_std
-        params = np.where(is_v, p_v, p_std)
-        static = params * (bytes_["params"] / np.where(z >= 3, shard, 1) + bytes_["grads"] / np.where(z >= 2, shard, 1)
-                           + bytes_["optimizer"] / np.where(z >= 1, shard, 1))
+        p_std, e_std = _busiest(model, tp, ep, pp, pp, False)
+        p_v, e_v = _busiest(model, tp, ep, pp, 2 * pp, True) if pp > 1 and 2 * pp <= model.layers else (p_std, e_std)
+        params, experts = np.where(is_v, p_v, p_std), np.where(is_v, e_v, e_std)
+        dense = params - experts
+        static = sum(b * (dense / np.where(z >= stage, shard, 1) + experts / np.where(z >= stage, shard // ep, 1))
+                     for b, stage in ((bytes_["params"], 3), (bytes_["grads"], 2), (bytes_["optimizer"], 1)))
         scale = bytes_["compute"] / 2
         per_token = np.array([[activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute=r), 1,
                                                           cluster.fused_attention)
@@ -337,6 +340,13 @@ def _bubble(names, k_i, pp, v, m):
     out = np.where(sched == "interleaved", (pp - 1) / (v * m), out)
     out = np.where(np.isin(sched, ("zb", "dualpipev")), (pp - 1) / (3 * m), out)
     return np.where(sched == "zbv", (pp - 1) / (6 * m), out)
+
+
+def _busiest(model, tp, ep, pp, chunks, v_shape) -> tuple[float, float]:
+    """(parameters, routed expert parameters) of the pipeline rank holding the most (memory.busiest_rank)."""
+    per_rank = _params_per_rank(model, tp, ep, pp, chunks, v_shape)
+    rank = max(range(pp), key=per_rank.__getitem__)
+    return per_rank[rank], (_expert_params_per_rank(model, tp, ep, pp, chunks, v_shape)[rank] if ep > 1 else 0.0)
 
 
 def _layout(tp, pp, cp, dp, ep, z, sp, sched, mbs, r) -> str:

@@ -1,7 +1,9 @@
-"""A LLaMA-style decoder built from a ModelSpec: RMSNorm, RoPE, grouped-query attention, SwiGLU.
+"""A decoder built from a ModelSpec: LLaMA-style (RMSNorm, RoPE, grouped-query attention, SwiGLU), GPT-style
+(LayerNorm, biases, learned positions, GeLU, tied embeddings), and mixture-of-experts layers (`MoE`).
 
 The model knows nothing of parallelism. Parallel wrappers are applied after construction:
   * TP shards the Linear layers in place; attention infers its local head count from the weights.
+  * EP deletes the experts a rank does not hold (`experts` is keyed by the global expert index).
   * PP deletes the layers a stage does not own (`layers` is a ModuleDict keyed by the global index,
     so parameter names, and therefore initialisation and checkpoints, never depend on the layout),
     and sets `tok_embeddings` / `norm` / `output` to None where the stage lacks them.
@@ -47,10 +49,11 @@ class Attention(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.head_dim = spec.head_dim
-        self.wq = nn.Linear(spec.hidden, spec.heads * spec.head_dim, bias=False)
-        self.wk = nn.Linear(spec.hidden, spec.kv_heads * spec.head_dim, bias=False)
-        self.wv = nn.Linear(spec.hidden, spec.kv_heads * spec.head_dim, bias=False)
-        self.wo = nn.Linear(spec.heads * spec.head_dim, spec.hidden, bias=False)
+        self.rotary = not spec.learned_positions
+        self.wq = nn.Linear(spec.hidden, spec.heads * spec.head_dim, bias=spec.biases)
+        self.wk = nn.Linear(spec.hidden, spec.kv_heads * spec.head_dim, bias=spec.biases)
+        self.wv = nn.Linear(spec.hidden, spec.kv_heads * spec.head_dim, bias=spec.biases)
+        self.wo = nn.Linear(spec.heads * spec.head_dim, spec.hidden, bias=spec.biases)
 
     def forward(self, x, cos, sin):
         b, s, _ = x.shape
@@ -64,7 +67,8 @@ class Attention(nn.Module):
     def core(self, q, k, v, cos, sin):
         """The parameter-free part (RoPE, scores, softmax, weighted sum): what selective recompute reruns.
         (batch, seq, heads, head_dim) in and out."""
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.rotary:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if k.shape[1] != q.shape[1]:  # grouped-query attention: share each kv head among a group
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
@@ -74,23 +78,148 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    """SwiGLU (gate w1, up w3, down w2) or, for mlp="gelu", GPT's GeLU MLP (up w1, down w2)."""
+
+    def __init__(self, spec: ModelSpec, width: int | None = None):
         super().__init__()
-        self.w1 = nn.Linear(spec.hidden, spec.ffn, bias=False)  # gate
-        self.w3 = nn.Linear(spec.hidden, spec.ffn, bias=False)  # up
-        self.w2 = nn.Linear(spec.ffn, spec.hidden, bias=False)  # down
+        width = width or spec.ffn
+        self.w1 = nn.Linear(spec.hidden, width, bias=spec.biases)
+        self.w3 = nn.Linear(spec.hidden, width, bias=spec.biases) if spec.mlp == "swiglu" else None
+        self.w2 = nn.Linear(width, spec.hidden, bias=spec.biases)
 
     def forward(self, x):
+        if self.w3 is None:
+            return self.w2(F.gelu(self.w1(x), approximate="tanh"))
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
-class Block(nn.Module):
+class Router(nn.Module):
+    """Softmax over the experts, top_k per token (torch.topk: ties go to the lower expert index), and the
+    load-balancing loss. The router weight is left whole under TP; `copy_weight` is TP's f on it, so its
+    gradient (partial on each TP rank) is summed over the group."""
+
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        self.attention_norm = RMSNorm(spec.hidden)
+        self.weight = nn.Parameter(torch.empty(spec.experts, spec.hidden))
+        self.top_k, self.norm_topk = spec.top_k, spec.norm_topk
+        self.copy_weight = lambda w: w
+
+    def forward(self, x: torch.Tensor, seq: int):
+        """x: (tokens, hidden), sequences of `seq` tokens back to back. Returns the top_k weights and expert
+        indices (tokens, top_k) and the auxiliary loss."""
+        probs = F.softmax(F.linear(x, self.copy_weight(self.weight)).float(), dim=-1)
+        weights, experts = probs.topk(self.top_k, dim=-1)
+        if self.norm_topk:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return weights.type_as(x), experts, balance_loss(probs, experts, seq)
+
+
+def balance_loss(probs: torch.Tensor, experts: torch.Tensor, seq: int) -> torch.Tensor:
+    """Switch Transformer's load-balancing loss (Fedus et al. 2021, eq. 4-6) with GShard's top-k counting,
+    per sequence as DeepSeek-V3's sequence-wise balance loss (arXiv:2412.19437, eq. 17-20):
+    E/(k*T) * sum_i count_i * mean_prob_i, averaged over sequences; 1 when perfectly balanced. Per sequence
+    (not per batch) so that any split of the batch over data-parallel ranks gives the same mean."""
+    n_experts, k = probs.shape[-1], experts.shape[-1]
+    counts = F.one_hot(experts, n_experts).sum(1).view(-1, seq, n_experts).float()
+    share = counts.mean(1) * n_experts / k
+    return (share * probs.view(-1, seq, n_experts).mean(1)).sum(-1).mean()
+
+
+class _AttachAux(torch.autograd.Function):
+    """Add a loss term's gradient without adding it to the output (Megatron's MoEAuxLossAutoScaler): the
+    output passes through, and backward also sends `weight` as the gradient of `aux`. Works where the loss
+    is formed on another pipeline stage. Backward notes the value in `sink`: it runs once per micro-batch
+    whatever extra forwards ran (recompute, a pipeline stage's shape inference)."""
+
+    @staticmethod
+    def forward(ctx, out, aux, weight: float, sink: list):
+        ctx.weight, ctx.sink = weight, sink
+        ctx.save_for_backward(aux)
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (aux,) = ctx.saved_tensors
+        ctx.sink.append(aux.detach())
+        return grad, torch.full_like(aux, ctx.weight), None, None
+
+
+class LocalExperts:
+    """Runs the tokens sorted by expert through the experts this process holds (all of them without EP;
+    parallel/expert.py swaps in the all-to-all dispatcher)."""
+
+    def __call__(self, xs: torch.Tensor, counts: torch.Tensor, experts: nn.ModuleDict) -> torch.Tensor:
+        return run_experts(xs, counts.tolist(), list(experts.values()))
+
+
+def run_experts(xs: torch.Tensor, counts: list, experts: list) -> torch.Tensor:
+    return torch.cat([expert(chunk) for chunk, expert in zip(xs.split(counts), experts)])
+
+
+class MoE(nn.Module):
+    """Mixture-of-experts MLP: routed SwiGLU experts (top_k per token) plus always-on shared experts.
+    Dropless by default; with a capacity factor each expert takes at most ceil(cf * tokens * top_k / experts)
+    assignments, first come first served in token order, and drops the rest (GShard, Lepikhin et al. 2020,
+    sec. 2.2). The auxiliary loss reaches the gradient through `_AttachAux`, weighted by `aux_weight` (the
+    trainer sets coefficient / micro-batches, as the main loss is averaged); backward keeps each micro-batch's
+    value in `aux_values`."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.router = Router(spec)
+        self.experts = nn.ModuleDict({str(e): FeedForward(spec, spec.expert_ffn) for e in range(spec.experts)})
+        self.shared = FeedForward(spec, spec.shared_experts * spec.expert_ffn) if spec.shared_experts else None
+        self.n_experts, self.top_k, self.capacity_factor = spec.experts, spec.top_k, spec.capacity_factor
+        self.dispatch = LocalExperts()
+        self.aux_weight = spec.aux_loss_coef
+        self.aux_values: list = []
+
+    def forward(self, x):
+        b, s, h = x.shape
+        flat = x.reshape(-1, h)
+        weights, experts, aux = self.router(flat, s)
+        keep = self.kept(experts.reshape(-1))
+        choice = experts.reshape(-1)[keep]
+        order = keep[choice.argsort(stable=True)]  # assignments (token * top_k + j) sorted by expert
+        counts = torch.bincount(choice, minlength=self.n_experts)
+        xs = flat[order // self.top_k]
+        if torch.is_autocast_enabled(xs.device.type):  # tokens travel in the compute dtype, as the experts' outputs
+            xs = xs.to(torch.get_autocast_dtype(xs.device.type))
+        ys = self.dispatch(xs, counts, self.experts)
+        per_assignment = ys.new_zeros(flat.shape[0] * self.top_k, h).index_copy(0, order, ys)
+        out = (per_assignment.view(-1, self.top_k, h) * weights.unsqueeze(-1)).sum(1)
+        if self.shared is not None:
+            out = out + self.shared(flat)
+        if self.training and torch.is_grad_enabled():
+            out = _AttachAux.apply(out, aux, self.aux_weight, self.aux_values)
+        return out.view(b, s, h)
+
+    def kept(self, choice: torch.Tensor) -> torch.Tensor:
+        """Indices of the assignments that are kept (all of them when dropless)."""
+        if not self.capacity_factor:
+            return torch.arange(choice.numel(), device=choice.device)
+        capacity = math.ceil(self.capacity_factor * choice.numel() / self.n_experts)
+        one_hot = F.one_hot(choice, self.n_experts)
+        position = (one_hot.cumsum(0) * one_hot).sum(-1) - 1  # arrival order within its expert
+        return torch.nonzero(position < capacity).squeeze(1)
+
+
+def moe_layers(module: nn.Module) -> list:
+    return [m for m in module.modules() if isinstance(m, MoE)]
+
+
+def _norm(spec: ModelSpec) -> nn.Module:
+    # GPT-style models (biases) use LayerNorm with its bias; LLaMA-style RMSNorm.
+    return nn.LayerNorm(spec.hidden, eps=1e-5) if spec.biases else RMSNorm(spec.hidden)
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec, index: int):
+        super().__init__()
+        self.attention_norm = _norm(spec)
         self.attention = Attention(spec)
-        self.ffn_norm = RMSNorm(spec.hidden)
-        self.feed_forward = FeedForward(spec)
+        self.ffn_norm = _norm(spec)
+        self.feed_forward = MoE(spec) if spec.is_moe_layer(index) else FeedForward(spec)
 
     def forward(self, x, cos, sin):
         x = x + self.attention(self.attention_norm(x), cos, sin)
@@ -100,13 +229,16 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        if spec.is_moe or spec.uses_mla or spec.mlp != "swiglu":
-            raise ValueError(f"the runtime model is a dense LLaMA-style decoder; {spec.name} is not one")
+        if spec.uses_mla:
+            raise ValueError(f"the runtime model has no multi-head latent attention; {spec.name} needs it")
         self.spec = spec
         self.tok_embeddings = nn.Embedding(spec.vocab, spec.hidden)
-        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.layers)})
-        self.norm = RMSNorm(spec.hidden)
+        self.pos_embeddings = nn.Embedding(spec.seq, spec.hidden) if spec.learned_positions else None
+        self.layers = nn.ModuleDict({str(i): Block(spec, i) for i in range(spec.layers)})
+        self.norm = _norm(spec)
         self.output = nn.Linear(spec.hidden, spec.vocab, bias=False)
+        if spec.tied_embeddings:  # one table for both ends (Press & Wolf 2017)
+            self.output.weight = self.tok_embeddings.weight
         cos, sin = rope_tables(spec.head_dim, spec.seq)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -115,6 +247,8 @@ class Transformer(nn.Module):
         """Token ids (first stage) or hidden states (later pipeline stages) in; logits (last stage)
         or hidden states out."""
         h = self.tok_embeddings(tokens_or_hidden) if self.tok_embeddings is not None else tokens_or_hidden
+        if self.tok_embeddings is not None and self.pos_embeddings is not None:
+            h = h + self.pos_embeddings.weight[:tokens_or_hidden.shape[1]]
         # Whole tables: attention slices them to its own sequence length, which under sequence
         # parallelism is longer than the (sequence-sharded) residual stream seen here.
         for block in self.layers.values():
@@ -134,6 +268,9 @@ def init_weights(model: Transformer, seed: int) -> None:
     for name, p in model.named_parameters():
         if name.endswith("norm.weight"):
             p.fill_(1.0)
+            continue
+        if name.endswith("bias"):
+            p.zero_()
             continue
         g = torch.Generator().manual_seed(_stable_hash(f"{seed}:{name}"))
         scale = out_std if name.endswith(("wo.weight", "w2.weight")) else std

@@ -12,7 +12,7 @@ from meshscale.runtime.data import TokenData, load_tokens, rank_microbatches
 from meshscale.runtime.faults import Injector, from_env
 from meshscale.runtime.ledger import CommLedger
 from meshscale.runtime.metrics import MemoryProbe, MetricsLog, heap_bytes, memory_bytes
-from meshscale.runtime.model import build_model
+from meshscale.runtime.model import build_model, moe_layers
 from meshscale.runtime.optim import build_optimizer, clip_gradients, lr_at, set_lr
 
 
@@ -112,6 +112,9 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
     loss_fn = loss_function(mesh["tp"].get_group() if layout.tp > 1 else None)
     step_fn = (PipelineStep(par, layout, mesh, loss_fn, m, autocast, device) if layout.pp > 1
                else AccumulatedStep(par, loss_fn, autocast, device))
+    moe = [layer for _, chunk in par.chunks for layer in moe_layers(chunk)]
+    for layer in moe:  # the main loss is averaged over the micro-batches, so is the balance loss
+        layer.aux_weight /= m
     metrics = MetricsLog(cfg.steps, cfg.metrics_out, is_logger, cfg.overwrite, cfg.log_every)
     faults = Injector(from_env(), dist.get_rank() if multi else 0)
     # On CPU the allocator's peak inside a step needs the profiler: the last step runs under it when the
@@ -131,7 +134,8 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
         par.after_step()
         loss_value = _all_mean(loss, dp_group, layout.dp)
         elapsed = time.perf_counter() - start
-        return {"step": step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm,
+        extra = {"aux_loss": balance_loss_value(moe, mesh, layout, m)} if spec.is_moe else {}
+        return {"step": step, "loss": loss_value, **extra, "lr": lr, "grad_norm": grad_norm,
                 "tokens_per_s": cfg.global_batch * spec.seq / elapsed, "step_time_s": elapsed,
                 "peak_memory_bytes": memory_bytes(device, baseline)}
 
@@ -148,7 +152,12 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
     summaries = [ledger.summary(s) for s in range(cfg.steps)]
     result = {"rows": metrics.rows, "val_loss": val_loss, "comm": summaries, "records": ledger.records}
     if multi:  # once, after training: not step traffic
-        result["comm"] = _gather(summaries)[described_rank(run)]
+        per_rank = _gather(summaries)
+        result["comm"] = per_rank[described_rank(run)]
+        if layout.ep > 1:
+            from meshscale.parallel.expert import ep_group_mean
+
+            result["comm"], result["ep_imbalance"] = ep_group_mean(per_rank, layout, described_rank(run))
         if layout.pp > 1:
             result["bubble"] = pipeline_trace(run, step_fn.runner, m)
     peak = max(r["peak_memory_bytes"] for r in metrics.rows)
@@ -163,9 +172,23 @@ def _import_setup() -> None:
     import torch.profiler  # noqa: F401
 
     import meshscale.parallel.data_parallel, meshscale.parallel.fsdp, meshscale.parallel.pipeline  # noqa: F401
-    import meshscale.parallel.recompute, meshscale.parallel.tensor, meshscale.parallel.zero  # noqa: F401
+    import meshscale.parallel.recompute, meshscale.parallel.tensor, meshscale.parallel.zero  # noqa: F401,E401
 
     build_optimizer([torch.zeros(1, requires_grad=True)], 0.0, 0.0)
+
+
+def balance_loss_value(moe: list, mesh, layout, m: int) -> float:
+    """The step's load-balancing loss (before its coefficient): summed over the MoE layers, each averaged over
+    the step's m micro-batches (the last m values: on its first step torch's pipeline stage backpropagates one
+    extra pass on the last stage), the layers summed over PP and averaged over DP (control scalars, not ledger
+    traffic)."""
+    total = torch.zeros(())
+    for layer in moe:
+        total += torch.stack(layer.aux_values[-m:]).mean()
+        layer.aux_values.clear()
+    if layout.pp > 1:
+        dist.all_reduce(total, group=mesh["pp"].get_group())
+    return _all_mean(total, mesh["dp"].get_group() if layout.dp > 1 else None, layout.dp)
 
 
 def _gather(obj) -> list:

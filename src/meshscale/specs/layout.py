@@ -5,7 +5,10 @@ String form (the same everywhere, CLI, JSON, planner output):
 `fsdp=N` is shorthand for dp=N,zero=3. Keys left out take defaults; dp fills the devices left over.
 
 Mesh order, outermost to innermost: pp, dp, cp, tp. TP is innermost so it stays inside the fast domain.
-Expert parallelism borrows its ranks from dp*cp (it does not add devices).
+Expert parallelism borrows its ranks from dp*cp (it does not add devices): number the dp*cp ranks of one
+pipeline stage and TP index i = dp_rank*cp + cp_rank; an EP group is ep consecutive ones (global stride tp),
+and the ranks holding the same experts, i % ep equal, form the expert data-parallel group of dp*cp/ep
+(`expert_mesh_shape`).
 """
 
 from dataclasses import dataclass, fields, replace
@@ -144,6 +147,14 @@ class Layout:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+def expert_mesh_shape(layout: Layout) -> tuple[int, int, int, int]:
+    """(pp, expert replicas, ep, tp): global ranks arange(devices) reshaped to this are the mesh of expert
+    parallelism (the runtime's parallel/expert.py); the cost model's EP and expert data-parallel groups
+    (cost/step.py `_axis_group`) are its two middle dimensions."""
+    dc = layout.dp * layout.cp
+    return layout.pp, dc // layout.ep, layout.ep, layout.tp
+
+
 def _parse_int(key: str, raw: str) -> int:
     try:
         return int(raw)
@@ -232,12 +243,20 @@ def trainer_refusal(layout: Layout, model) -> str | None:
     """Why `meshscale train` cannot run `layout` of `model` yet, or None. Torch-free, so `plan --emit torchrun`
     can pick the best layout the trainer runs. (What it runs, it runs with the single-device loss:
     tests/test_train_matrix.py.)"""
-    if model.is_moe or model.uses_mla or model.mlp != "swiglu":
-        return f"model {model.name}: the trainer runs dense LLaMA-style (SwiGLU) models only"
-    missing = [f"{key}={getattr(layout, key)}" for key in ("cp", "ep") if getattr(layout, key) > 1]
-    if missing:
-        return (f"the trainer does not run {', '.join(missing)} yet (context and expert parallelism); "
-                "set those degrees to 1")
+    if model.uses_mla:
+        return f"model {model.name}: the trainer has no multi-head latent attention (MLA)"
+    if layout.sp and (model.is_moe or model.biases):
+        # MoE routing and LayerNorm biases would need their own sequence-parallel gradient sums
+        return f"sp=true is not built for {'MoE' if model.is_moe else 'GPT-style (biased)'} models; use sp=false"
+    if layout.cp > 1 and model.is_moe:
+        return "cp>1 is not built for MoE models (the balance loss is per whole sequence); use cp=1"
+    if model.is_moe and model.biases and layout.tp > 1:
+        return "tp>1 is not built for MoE experts with biases (their row-parallel bias); use tp=1"
+    if layout.pp > 1 and model.tied_embeddings and layout.dp > 1 and layout.zero >= 2:
+        # the two copies' gradients are summed after the schedule; zero>=2 reduce-scatters them during it
+        return f"pp>1 with tied embeddings ({model.name}) needs zero<=1; use zero=0 or 1"
+    if layout.cp > 1:
+        return f"the trainer does not run cp={layout.cp} yet (context parallelism); set cp=1"
     if model.vocab % layout.tp:
         # the cost model pads the vocabulary like Megatron; the trainer's vocabulary-parallel embedding does not
         return (f"tp={layout.tp} must divide the vocabulary ({model.vocab}) of {model.name} for the trainer's "

@@ -32,6 +32,9 @@ class ModelSpec:
     shared_experts: int = 0
     first_dense_layers: int = 0  # DeepSeek keeps its first layers dense
     moe_every: int = 1  # every n-th layer after those is MoE (1: all of them)
+    norm_topk: bool = True  # renormalise the top_k routing weights to sum to 1 (Mixtral, DeepSeek-V3)
+    capacity_factor: float = 0.0  # 0: dropless; else each expert takes at most cf*tokens*top_k/experts
+    aux_loss_coef: float = 0.01  # weight of the load-balancing loss (Switch Transformer's alpha)
     # Multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank == 0 means ordinary attention.
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
@@ -58,6 +61,9 @@ class ModelSpec:
         if self.experts:
             if not 0 < self.top_k <= self.experts:
                 raise UserError(f"model {self.name}: top_k must be in 1..experts ({self.experts}), got {self.top_k}")
+            if self.capacity_factor < 0:
+                raise UserError(f"model {self.name}: capacity_factor must be >= 0 (0: dropless), "
+                                f"got {self.capacity_factor}")
         elif self.top_k or self.shared_experts:
             raise UserError(f"model {self.name}: top_k/shared_experts need experts > 0")
 
@@ -152,6 +158,14 @@ PRESETS: dict[str, ModelSpec] = {
     # and 8 layers allow pp*vpp up to 8.
     "tiny": _llama("tiny", 8, 64, 8, 4, 176, 256, 64),
     "small": _llama("small", 8, 256, 8, 4, 688, 256, 256),
+    # MoE twins: 8 experts (so ep up to 8 divides them), top-2, one shared expert, the first layer dense.
+    "tiny-moe": _llama("tiny-moe", 4, 64, 8, 4, 176, 256, 64, experts=8, top_k=2, expert_ffn=64,
+                       shared_experts=1, first_dense_layers=1),
+    "small-moe": _llama("small-moe", 8, 256, 8, 4, 688, 256, 256, experts=8, top_k=2, expert_ffn=256,
+                        shared_experts=1, first_dense_layers=1),
+    # GPT-style twin: LayerNorm and biases, GeLU MLP, learned positions, tied embeddings.
+    "tiny-gpt": ModelSpec(name="tiny-gpt", layers=8, hidden=64, heads=8, ffn=256, vocab=256, seq=64, mlp="gelu",
+                          tied_embeddings=True, learned_positions=True, biases=True),
     # Touvron et al. 2023, "Llama 2", Table 1 / HF configs.
     "llama2-7b": _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
     "llama2-13b": _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),

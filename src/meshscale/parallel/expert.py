@@ -1,0 +1,216 @@
+"""Expert parallelism: each of `ep` ranks holds experts/ep of every MoE layer's routed experts, and tokens
+travel to their experts and back by all-to-all (GShard, Lepikhin et al. 2020, sec. 2.2; DeepSeek-V3 sec. 3.2).
+
+The EP ranks are carved out of dp*cp (specs.layout.expert_mesh_shape): an EP group is `ep` consecutive
+data-parallel ranks, and the ranks holding the same experts form the expert data-parallel group ("edp",
+dp*cp/ep ranks). Dense parameters reduce their gradients over all dp*cp ranks, expert parameters over edp
+only; both are averaged over dp*cp, since every rank of an EP group fed tokens to every expert it holds.
+
+Per MoE layer and micro-batch, dropless, each rank sends all of its top_k*tokens assignments in the dispatch
+all-to-all and gets back as many in the combine; backward runs both again, reversed. What a rank receives
+depends on the routing; over an EP group it receives what the group sent, so the group's mean bytes are
+exactly top_k*tokens*hidden per call, the cost model's figure (cost/comm.py `expert_parallel_ops`).
+"""
+
+import time
+from contextlib import ExitStack, contextmanager
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from meshscale.parallel.data_parallel import Local
+from meshscale.runtime.ledger import record
+from meshscale.runtime.model import moe_layers, run_experts
+from meshscale.specs.layout import Layout, expert_mesh_shape
+
+_meshes: dict = {}
+
+
+def build_expert_mesh(layout: Layout, device_type: str) -> DeviceMesh:
+    """The (pp, edp, ep, tp) mesh over the same ranks as the main mesh; one per shape per process."""
+    shape = expert_mesh_shape(layout)
+    if shape not in _meshes:
+        ranks = torch.arange(layout.devices).reshape(shape)
+        _meshes[shape] = DeviceMesh(device_type, ranks, mesh_dim_names=("pp", "edp", "ep", "tp"))
+    return _meshes[shape]
+
+
+def is_expert_param(name: str) -> bool:
+    """Routed expert weights: their gradients reduce over the expert data-parallel group only."""
+    return ".experts." in name
+
+
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single with uneven splits; backward sends the gradients back the way they came. Each call
+    records the buffer it sends under axis ep."""
+
+    @staticmethod
+    def forward(ctx, x, out_splits: list, in_splits: list, group):
+        ctx.splits, ctx.group = (in_splits, out_splits), group
+        return _all_to_all(x, out_splits, in_splits, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        in_splits, out_splits = ctx.splits
+        return _all_to_all(grad.contiguous(), in_splits, out_splits, ctx.group), None, None, None
+
+
+def _all_to_all(x: torch.Tensor, out_splits: list, in_splits: list, group) -> torch.Tensor:
+    out = x.new_empty((sum(out_splits), *x.shape[1:]))
+    start = time.perf_counter()
+    dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
+    record("ep", "all_to_all", x.numel() * x.element_size(), time.perf_counter() - start)
+    return out
+
+
+class AllToAllExperts:
+    """The MoE dispatcher under EP (replaces model.LocalExperts): tokens sorted by global expert go to the
+    rank holding it, run through its local experts, and come back in the order they left."""
+
+    def __init__(self, group, local: int):
+        self.group, self.local = group, local
+        self.ep = dist.get_world_size(group)
+
+    def __call__(self, xs: torch.Tensor, counts: torch.Tensor, experts) -> torch.Tensor:
+        # Split sizes first: how many tokens each source sends each of my local experts (metadata, E ints).
+        received = torch.empty_like(counts)
+        dist.all_to_all_single(received, counts, group=self.group)
+        send = counts.view(self.ep, self.local).sum(1).tolist()
+        by_source = received.view(self.ep, self.local)
+        recv = by_source.sum(1).tolist()
+        tokens = _AllToAll.apply(xs, recv, send, self.group)
+        # Arrivals are grouped by source, then expert: regroup by expert to run each expert once.
+        label = torch.arange(self.local, device=xs.device).repeat(self.ep).repeat_interleave(by_source.reshape(-1))
+        order = label.argsort(stable=True)
+        ys = run_experts(tokens[order], by_source.sum(0).tolist(), list(experts.values()))
+        ys = torch.empty_like(ys).index_copy(0, order, ys)
+        return _AllToAll.apply(ys, send, recv, self.group)
+
+
+def apply_expert_parallel(module, emesh: DeviceMesh) -> None:
+    """Keep this EP rank's experts (a contiguous block of experts/ep, by global index) in every MoE layer
+    and route through the all-to-all."""
+    group, rank, ep = emesh["ep"].get_group(), emesh["ep"].get_local_rank(), emesh["ep"].size()
+    for moe in moe_layers(module):
+        local = moe.n_experts // ep
+        mine = {str(e) for e in range(rank * local, (rank + 1) * local)}
+        for name in list(moe.experts):
+            if name not in mine:
+                del moe.experts[name]
+        moe.dispatch = AllToAllExperts(group, local)
+
+
+class ExpertSplit:
+    """One chunk's data-parallel strategy under EP: `dense` (the layout's DDP / ZeRO / FSDP over dp*cp) owns
+    every parameter but the routed experts, `experts` owns those over the expert data-parallel group.
+    Same interface as data_parallel.Local."""
+
+    def __init__(self, dense, experts, dp_group, edp_rank: int):
+        self.dense, self.experts, self.dp_group, self.edp_rank = dense, experts, dp_group, edp_rank
+        self.model, self.sharded = dense.model, dense.sharded
+
+    def accumulate(self, last: bool):
+        stack = ExitStack()
+        stack.enter_context(self.dense.accumulate(last))
+        stack.enter_context(self.experts.accumulate(last))
+        return stack
+
+    def optim_params(self) -> list:
+        return self.dense.optim_params() + self.experts.optim_params()
+
+    def local_grad_sq(self, skip) -> torch.Tensor:
+        """The caller sums this over DP when `sharded`; expert gradients are whole on each expert replica (or
+        sharded over them), so count them once per EP rank and, where the caller does not, sum over DP."""
+        own = self.experts.sharded or self.edp_rank == 0
+        experts = self.experts.local_grad_sq(skip) if own else torch.zeros(())
+        if not self.sharded:
+            dist.all_reduce(experts, group=self.dp_group)  # control scalar, not ledger traffic
+        return self.dense.local_grad_sq(skip) + experts
+
+    def after_step(self) -> None:
+        self.dense.after_step()
+        self.experts.after_step()
+
+
+class _AveragedLocal(Local):
+    """Expert gradients with no other replica (ep == dp*cp): nothing to reduce, but they still average
+    over the dp*cp ranks whose tokens they saw."""
+
+    def __init__(self, model, select, divide: int):
+        super().__init__(model, select)
+        self.divide = divide
+
+    @contextmanager
+    def accumulate(self, last: bool):
+        yield
+        if last:
+            for p in self.optim_params():
+                if p.grad is not None:
+                    p.grad.div_(self.divide)
+
+
+class _ShardedExperts(Local):
+    """zero=3 for the experts: FSDP2 `fully_shard` on each expert over the expert data-parallel group, its
+    gradient reduce-scatter averaged over dp*cp. Built before the dense FSDP, which then leaves them out;
+    the dense strategy's ledger tap records their collectives (axis edp)."""
+
+    sharded = True
+
+    def __init__(self, model, edp, divide: int, precision: str):
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        super().__init__(model, is_expert_param)
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None,
+                                  reduce_dtype=torch.float32)
+        for moe in moe_layers(model):
+            for expert in moe.experts.values():
+                unit = fully_shard(expert, mesh=edp, mp_policy=mp)
+                unit.set_gradient_divide_factor(divide)
+                unit.set_force_sum_reduction_for_comms(True)  # a sum, then the division (gloo has no PREMUL_SUM)
+
+    def local_grad_sq(self, skip) -> torch.Tensor:
+        return sum((p.grad.to_local().float().pow(2).sum() for name, p in self.named_params()
+                    if p.grad is not None and not skip(name)), torch.zeros(()))
+
+
+def expert_data_parallel(module, layout: Layout, mesh, emesh, ledger, bucket_mb: float, precision: str,
+                         dense_strategy):
+    """Wrap the layout's strategy for the dense parameters (`dense_strategy(select)`) and add the experts'
+    own over the expert data-parallel group, averaged over dp*cp."""
+    from meshscale.parallel.data_parallel import PipelinedDDP
+    from meshscale.parallel.zero import Zero
+
+    divide, edp = layout.dp * layout.cp, emesh["edp"]
+    if edp.size() == 1:
+        experts = _AveragedLocal(module, is_expert_param, divide)
+    elif layout.zero == 0:
+        experts = PipelinedDDP(module, mesh, ledger, bucket_mb, is_expert_param, edp.get_group(), "edp", divide)
+    elif layout.zero == 3:
+        experts = _ShardedExperts(module, edp, divide, precision)
+    else:
+        experts = Zero(module, mesh, ledger, layout.zero, bucket_mb, is_expert_param, edp.get_group(), "edp",
+                       divide)
+    dense = dense_strategy(lambda name: not is_expert_param(name))
+    return ExpertSplit(dense, experts, mesh["dp"].get_group(), edp.get_local_rank())
+
+
+def ep_group_mean(per_rank: list, layout: Layout, rank: int) -> tuple[list, float]:
+    """`rank`'s per-step comm summaries with its all-to-all entries replaced by its EP group's mean (exactly
+    the cost model's figure for dropless routing, see the module docstring), and the measured imbalance:
+    the busiest member's all-to-all bytes over that mean (1.0: perfectly balanced)."""
+    ranks = torch.arange(layout.devices).reshape(expert_mesh_shape(layout)).transpose(2, 3).reshape(-1, layout.ep)
+    group = next(row.tolist() for row in ranks if rank in row.tolist())
+    out, imbalance = [], 1.0
+    for step, entries in enumerate(per_rank[rank]):
+        members = [{(e["collective"], e["axis"]): e for e in per_rank[r][step]} for r in group]
+        mean = []
+        for e in entries:
+            if e["axis"] == "ep":
+                sent = [m[(e["collective"], "ep")] for m in members]
+                total = sum(x["bytes"] for x in sent)
+                imbalance = max(x["bytes"] for x in sent) * len(group) / total
+                e = {**e, "bytes": total // len(group), "time_s": sum(x["time_s"] for x in sent) / len(group)}
+            mean.append(e)
+        out.append(mean)
+    return out, imbalance
