@@ -16,7 +16,7 @@ from meshscale.cost.memory import (PRECISIONS, _stage_layers, activation_bytes_p
 from meshscale.cost.pipeline import bubble_ratio
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
-from meshscale.specs.layout import Layout, check_against
+from meshscale.specs.layout import Layout, check_against, split_layers
 from meshscale.specs.model import ModelSpec
 
 
@@ -30,6 +30,7 @@ class CommEntry:
     tier: str
     calls: int
     group: int
+    overlap: str  # none | attention | backward | each_backward | fsdp: what hides it (see predict)
 
 
 @dataclass
@@ -117,8 +118,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     # Compute on the slowest pipeline rank.
     fwd, core, extra = _slowest_stage(model, layout.pp, layout.stages, is_v(layout), layout.recompute,
                                       cluster.fused_attention)
-    compute_s = m * layout.mbs * model.seq * (3 * fwd + extra) / split / rate
-    compute_s += m * elementwise_seconds(model, cluster, layout, tokens, act_bytes)
+    compute_s = m * max(sum(rank_pass_seconds(model, cluster, layout, precision, r)) for r in range(layout.pp))
     attention_s = m * layout.mbs * model.seq * (3 * core + (core if layout.recompute != "none" else 0)) / split / rate
 
     # Communication: what each axis sends, on which link, how long.
@@ -161,7 +161,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
             dp_exposed += exposed
         else:
             critical_path += exposed
-        entries.append(CommEntry(axis, collective, nbytes, t, exposed, link.tier, calls, size))
+        entries.append(CommEntry(axis, collective, nbytes, t, exposed, link.tier, calls, size, overlap))
 
     ratio = bubble_ratio(layout, m)
     bubble_s = ratio * (compute_s + critical_path)
@@ -189,6 +189,40 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         memory_per_device_bytes=mem.to_dict(), comm=[dict(e.__dict__) for e in entries],
         bound=bound if fits else "memory", regime=regime(model, cluster, layout, n_tokens),
         checkpoint_bytes_per_device=ckpt_device, checkpoint_bytes_total=ckpt_total)
+
+
+def chunk_pass_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision: str,
+                       chunk: int) -> tuple[float, float, float]:
+    """Seconds of one micro-batch's forward (F), input-gradient (B) and weight-gradient (W) passes through
+    pipeline chunk `chunk` on one device (`layout` with mbs resolved). Backward costs twice the forward
+    (flops.py), half for the input and half for the weight gradients (Qi et al. 2023, arXiv:2401.10241,
+    sec. 2); recomputation runs before the input gradient; the memory-bound kernels of the rank
+    (elementwise_seconds) are shared evenly by its chunks and in proportion to FLOPs by the passes."""
+    fwd, extra = _chunk_flops(model, layout.stages, layout.recompute, cluster.fused_attention, chunk)
+    rate = cluster.peak_flops(precision) * cluster.matmul_efficiency
+    tokens = layout.mbs * model.seq / layout.cp
+    work = 3 * fwd + extra
+    total = tokens * work / layout.tp / rate
+    total += elementwise_seconds(model, cluster, layout, tokens, PRECISIONS[precision]["compute"]) / layout.vpp
+    return total * fwd / work, total * (fwd + extra) / work, total * fwd / work
+
+
+def rank_pass_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision: str,
+                      rank: int) -> tuple[float, float, float]:
+    """(F, B, W) of one micro-batch on pipeline rank `rank`: the sum over the chunks it holds."""
+    chunks = (rank, layout.stages - 1 - rank) if is_v(layout) else range(rank, layout.stages, layout.pp)
+    passes = [chunk_pass_seconds(model, cluster, layout, precision, c) for c in chunks]
+    return tuple(sum(p[i] for p in passes) for i in range(3))
+
+
+@lru_cache(maxsize=65536)
+def _chunk_flops(model, chunks, recompute, fused, chunk) -> tuple[float, float]:
+    """Forward FLOPs per token of one chunk (the last one carries the output head) and its recompute extra."""
+    layer, core = _layer_tables(model, fused)
+    owned = split_layers(model.layers, chunks)[chunk]
+    fwd = sum(layer[i] for i in owned) + (flops.logits_flops(model) if chunk == chunks - 1 else 0.0)
+    extra = {"full": sum(layer[i] for i in owned), "selective": len(owned) * core}.get(recompute, 0.0)
+    return fwd, extra
 
 
 def elementwise_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float,

@@ -1,0 +1,234 @@
+"""One optimizer step, simulated pass by pass from the cost model's own pieces.
+
+Every duration comes from cost/: each pass's compute from `chunk_pass_seconds` (the function `predict`
+sums), each collective's time and overlap class from the Prediction's comm entries:
+  - TP/SP, EP and the unhidden part of CP (overlap "none"/"attention", exposed_s) run inline: each pass
+    carries its share, in proportion to its compute;
+  - stage-boundary sends (the pp entry: latency + bytes / bandwidth per send) delay the receiving pass;
+  - FSDP traffic ("fsdp") runs on the data-parallel stream one pass ahead of compute (prefetch);
+  - the bucketed gradient reduction ("backward", "each_backward") starts as the last micro-batch's
+    backward (all micro-batches' backwards for ZeRO-2) begins and ends at least one bucket after it;
+  - then the optimizer update, then ZeRO-1/2's parameter all-gather ("none" on dp).
+Pass orders are the runtime's schedules (sim/schedule.py).
+
+Symmetry: under the cost model every DP/CP replica and every TP rank of a pipeline stage does the same
+work at the same time, so one representative per pipeline rank is simulated: pp ranks, not all devices
+(a 16,384-device llama3-405b layout is 16 simulated ranks). A straggler breaks the symmetry of its replica
+only: that replica's pipeline is simulated beside a healthy one, and the two meet at the gradient
+reduction, where the healthy replicas wait.
+"""
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from meshscale.cost import predict
+from meshscale.cost.step import chunk_pass_seconds, rank_pass_seconds
+from meshscale.errors import UserError
+from meshscale.sim import engine
+from meshscale.sim.schedule import rank_orders, stage_owner
+from meshscale.specs.cluster import ClusterSpec
+from meshscale.specs.layout import V_SCHEDULES, Layout, check_against, split_layers
+from meshscale.specs.model import ModelSpec
+
+INLINE_AXES = ("tp", "ep", "cp")
+
+
+@dataclass
+class RankTime:
+    name: str  # "pp rank 2" or "pp rank 2, replica with the straggler"
+    busy_s: float  # compute and optimizer
+    idle_s: float  # waiting on other ranks (pipeline bubble) or for the slowest replica
+    exposed_comm_s: float  # collectives nothing hides: inline TP/EP/CP, FSDP waits, the gradient sync tail
+
+
+@dataclass
+class Simulation:
+    layout: str
+    devices: int
+    microbatches: int
+    step_time_s: float
+    predicted_step_time_s: float
+    bubble_s: float
+    bubble_fraction: float  # bubble_s / step, as predict defines it
+    ranks: list
+    critical_path: list  # (rank, passes) runs, last one first
+    waits: list = field(default_factory=list)  # sentences: who waited for whom, and how long
+    healthy_step_time_s: float | None = None  # with stragglers: the same step without them
+    events: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"layout": self.layout, "devices": self.devices, "microbatches": self.microbatches,
+                "step_time_s": self.step_time_s, "predicted_step_time_s": self.predicted_step_time_s,
+                "bubble_s": self.bubble_s, "bubble_fraction": self.bubble_fraction,
+                "ranks": [r.__dict__ for r in self.ranks],
+                "critical_path": [{"rank": r, "passes": n} for r, n in self.critical_path], "waits": self.waits,
+                "healthy_step_time_s": self.healthy_step_time_s}
+
+
+def parse_stragglers(items: list[str], devices: int) -> dict[int, float]:
+    """"RANK:FACTOR" strings -> {global rank: compute slow-down factor}."""
+    out = {}
+    for item in items or []:
+        rank, sep, factor = item.partition(":")
+        try:
+            r, f = int(rank), float(factor)
+        except ValueError:
+            raise UserError(f"--straggler {item!r}: write RANK:FACTOR, e.g. 5:1.5 (rank 5 runs 1.5x slower)") from None
+        if not sep or not 0 <= r < devices:
+            raise UserError(f"--straggler {item!r}: rank must be in 0..{devices - 1} (the job has {devices} devices)")
+        if not f > 0:
+            raise UserError(f"--straggler {item!r}: the factor must be positive (1.5 = 50% slower)")
+        out[r] = f
+    return out
+
+
+def simulate(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch: int, precision: str = "bf16",
+             stragglers: dict[int, float] | None = None) -> Simulation:
+    check_against(layout, model, global_batch)
+    layout = layout.resolve_mbs(global_batch)
+    m = layout.microbatches(global_batch)
+    pred = predict(model, cluster, layout, global_batch, precision)
+    chunk = [chunk_pass_seconds(model, cluster, layout, precision, c) for c in range(layout.stages)]
+    inline = sum(e["exposed_s"] for e in pred.comm if e["axis"] in INLINE_AXES)
+    pp_entry = next((e for e in pred.comm if e["axis"] == "pp"), None)
+    send_s = pp_entry["time_s"] / pp_entry["calls"] if pp_entry else 0.0
+    fsdp = sum(e["time_s"] for e in pred.comm if e["axis"] == "dp" and e["overlap"] == "fsdp")
+    per_pass = {"F": lambda c: c[0], "B": lambda c: c[1] + c[2], "I": lambda c: c[1], "W": lambda c: c[2]}
+
+    def seconds_for(slow: dict):
+        def seconds(rank, stage, kind):
+            compute = per_pass[kind](chunk[stage]) * slow.get(rank, 1.0)
+            return compute, inline * per_pass[kind](chunk[stage]) / pred.compute_s
+        return seconds
+
+    v_shape = layout.schedule in V_SCHEDULES and layout.pp > 1
+    orders = rank_orders(layout.schedule if layout.pp > 1 else "1f1b", layout.pp, layout.vpp, m)
+    owner = lambda stage: stage_owner(stage, layout.pp, v_shape)  # noqa: E731
+    units = [len(r) for r in split_layers(model.layers, layout.stages)]
+    share = (lambda rank, stage, compute: (fsdp * compute / pred.compute_s, units[stage])) if fsdp else None
+
+    # Replicas: the healthy one, and one per replica holding a straggler (pp rank -> factor).
+    per_stage = layout.devices // layout.pp
+    slow_replicas: dict = defaultdict(dict)
+    for g, factor in (stragglers or {}).items():
+        slow_replicas[(g % per_stage) // layout.tp][g // per_stage] = factor
+    pipelines = [] if len(slow_replicas) == layout.dp * layout.cp else [("", {})]
+    pipelines += [(f"replica of device {min(g for g in stragglers if (g % per_stage) // layout.tp == k)}", slow)
+                  for k, slow in sorted(slow_replicas.items())]
+    runs = [engine.run(orders, owner, seconds_for(slow), send_s, share, i) for i, (_, slow) in enumerate(pipelines)]
+
+    # The data-parallel tail per pipeline rank: gradient sync (all replicas), optimizer, ZeRO all-gather.
+    dp = [e for e in pred.comm if e["axis"] == "dp"]
+    sync = next((e for e in dp if e["overlap"] in ("backward", "each_backward")), None)
+    gather_after = sum(e["time_s"] for e in dp if e["overlap"] == "none")
+    last_backward = [[max(p.end for p in run.passes if p.rank == r and p.kind != "F") for r in range(layout.pp)]
+                     for run in runs]
+    events = [e for run in runs for e in run.events]
+    ranks, ends, waits = [], [], []
+    for r in range(layout.pp):
+        backward_end = max(lb[r] for lb in last_backward)
+        sync_end = backward_end
+        if sync:
+            bwd_mb = sum(rank_pass_seconds(model, cluster, layout, precision, r)[1:])
+            window = bwd_mb * (m if sync["overlap"] == "each_backward" else 1)
+            sync_end = max(backward_end + sync["time_s"] / sync["calls"], backward_end - window + sync["time_s"])
+            events.append(engine.Event(r, "dp", "sync", sync_end - sync["time_s"], sync_end))
+        opt_end = sync_end + pred.optimizer_s
+        end = opt_end + gather_after
+        events.append(engine.Event(r, "compute", "opt", sync_end, opt_end))
+        if gather_after:
+            events.append(engine.Event(r, "dp", "sync", opt_end, end))
+        ends.append(end)
+    step = max(ends)
+    for i, ((name, _), run) in enumerate(zip(pipelines, runs)):
+        for r in range(layout.pp):
+            mine = [p for p in run.passes if p.rank == r]
+            busy = sum(p.compute for p in mine) + pred.optimizer_s
+            exposed = sum(p.inline + p.gather_wait for p in mine)
+            backward_end = max(lb[r] for lb in last_backward)
+            exposed += (ends[r] - backward_end - pred.optimizer_s)
+            if backward_end > last_backward[i][r] + 1e-12:
+                waits.append((backward_end - last_backward[i][r],
+                              f"pp rank {r}{' (' + name + ')' if name else ''} waits "
+                              f"{(backward_end - last_backward[i][r]) * 1e3:,.1f} ms at the gradient reduction "
+                              "for the slowest replica"))
+            ranks.append(RankTime(f"pp rank {r}" + (f", {name}" if name else ""), busy, step - busy - exposed,
+                                  exposed))
+        on = {} if stragglers and not name else _waits(run)
+        if i and pipelines[0][0] == "":  # a straggling replica: what it waits beyond the healthy one
+            healthy = _waits(runs[0])
+            on = {k: t - healthy.get(k, 0.0) for k, t in on.items()}
+        waits += [(t, f"pp rank {a}{' (' + name + ')' if name else ''} waits {t * 1e3:,.1f} ms "
+                   f"{'more than in a healthy replica ' if i else ''}for pp rank {b}")
+                  for (a, b), t in on.items() if t > 1e-9]
+    base = runs[0]
+    pipeline_end = max(p.end for p in base.passes)
+    work = {r: sum(p.compute + p.inline + p.gather_wait for p in base.passes if p.rank == r) for r in range(layout.pp)}
+    bubble = pipeline_end - max(work.values())
+    return Simulation(str(layout), layout.devices, m, step, pred.step_time_s, bubble, bubble / step, ranks,
+                      critical_path(max(runs, key=lambda run: max(p.end for p in run.passes))),
+                      [w for _, w in sorted(waits, reverse=True)[:8]],
+                      simulate(model, cluster, layout, global_batch, precision).step_time_s if stragglers else None,
+                      events)
+
+
+def _waits(run: engine.PipelineRun) -> dict:
+    """Seconds each rank spent waiting for each other rank's data: {(rank, on rank): seconds}."""
+    on = defaultdict(float)
+    for p in run.passes:
+        if p.wait_on is not None:
+            on[(p.rank, p.wait_on)] += p.waited
+    return on
+
+
+def critical_path(run: engine.PipelineRun) -> list[tuple[int, int]]:
+    """Walk back from the pass that ends last: through the data it waited for, else its rank's previous
+    pass. Returns (rank, passes) runs, latest first."""
+    by_key = {}
+    previous = {}
+    last_on_rank = {}
+    for p in run.passes:
+        by_key[("F" if p.kind == "F" else "G" if p.kind in "BI" else "W", p.stage, p.mb)] = p
+        previous[id(p)] = last_on_rank.get(p.rank)
+        last_on_rank[p.rank] = p
+    p = max(run.passes, key=lambda q: q.end)
+    path = []
+    while p is not None:
+        if path and path[-1][0] == p.rank:
+            path[-1][1] += 1
+        else:
+            path.append([p.rank, 1])
+        if p.wait_on is not None:
+            deps = engine._deps(p.stage, p.kind, p.mb, max(q.stage for q in run.passes))
+            p = max((by_key[d] for d in deps), key=lambda q: q.end)
+        else:
+            p = previous[id(p)]
+    return [tuple(x) for x in path]
+
+
+def chrome_trace(sim: Simulation) -> dict:
+    """Trace-event JSON (Perfetto): a process per simulated rank, threads for compute, stage-boundary sends
+    and the data-parallel stream; microseconds."""
+    threads = {"compute": 0, "pp": 1, "dp": 2}
+    out = []
+    replicas = sorted({e.replica for e in sim.events})
+    pids = {}
+    for rep in replicas:
+        for r in sorted({e.rank for e in sim.events}):
+            pid = len(pids)
+            pids[(rep, r)] = pid
+            out.append({"ph": "M", "name": "process_name", "pid": pid,
+                        "args": {"name": f"pp rank {r}" + (f" replica {rep}" if rep else "")}})
+            for name, tid in threads.items():
+                out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+    for e in sim.events:
+        label = f"{e.kind}{e.mb} s{e.stage}" if e.mb >= 0 else e.kind
+        out.append({"ph": "X", "pid": pids[(e.replica, e.rank)], "tid": threads[e.stream], "cat": e.kind,
+                    "name": label, "ts": e.start * 1e6, "dur": (e.end - e.start) * 1e6})
+    return {"traceEvents": out, "displayTimeUnit": "ms"}
+
+
+def write_trace(sim: Simulation, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(chrome_trace(sim), f)
