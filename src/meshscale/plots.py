@@ -31,9 +31,11 @@ def scaling_plot(rows, mode: str, title: str, path: str) -> None:
     if rows[0].goodput:
         ax.plot(n, [r.goodput["tokens_per_s"] for r in rows], "s-", label="x ETTR (goodput)")
     for r in rows:
-        if r is rows[0] or r.change:
-            ax.annotate(r.layout, (r.devices, r.tokens_per_s), fontsize=6, xytext=(4, -12),
-                        textcoords="offset points")
+        if r is rows[0] or r.change:  # where a new layout wins
+            first = r is rows[0]
+            ax.annotate(r.layout.replace(",schedule=", ",").replace(",mbs=1", ""), (r.devices, r.tokens_per_s),
+                        fontsize=6, xytext=(4, -12) if first else (-4, 6), textcoords="offset points",
+                        ha="left" if first else "right")
     ax.set_xscale("log", base=2), ax.set_yscale("log", base=2)
     ax.set_ylabel("tokens/s"), ax.set_title(f"{mode} scaling: {title}"), ax.legend(fontsize=8)
     eff.plot(n, [100 * r.efficiency for r in rows], "o-", label="efficiency vs the first count")

@@ -68,9 +68,14 @@ def goodput(bytes_per_device: float, bytes_total: float, devices: int, mtbf_hour
     save = bytes_per_device / bandwidth
     interval = daly_interval(save, mtbf_s)
     restart = relaunch_s + save  # the load reads back what the save wrote
-    segment = interval + save
-    ettr = interval / segment * (1 - (restart + segment / 2) / mtbf_s)
-    return Goodput(bytes_per_device, bytes_total, save, interval, restart, max(0.0, ettr))
+    return Goodput(bytes_per_device, bytes_total, save, interval, restart, ettr(interval, save, restart, mtbf_s))
+
+
+def ettr(interval_s: float, save_s: float, restart_s: float, mtbf_s: float) -> float:
+    """Useful fraction of wall time: checkpoints cost save_s per interval_s of training; each failure (one
+    per mtbf_s of wall time) costs the restart and, on average, half a segment of lost work."""
+    segment = interval_s + save_s
+    return max(0.0, interval_s / segment * (1 - (restart_s + segment / 2) / mtbf_s))
 
 
 def of_prediction(pred, mtbf_hours: float, bandwidth: float = DEFAULT_CHECKPOINT_BANDWIDTH) -> Goodput:

@@ -51,7 +51,7 @@ def run(orders: tuple, owner, seconds, send_s, fsdp_share=None, replica: int = 0
     (compute, inline collectives); send_s: seconds per stage-boundary send; fsdp_share(rank, stage, compute) ->
     (FSDP traffic seconds of a pass of that compute time, its wrapping units) (None: no FSDP)."""
     last_stage = max(a[0] for order in orders for a in order)
-    done: dict = {}  # (kind, stage, mb) -> end; kind "F" or "G" (input gradient ready)
+    done: dict = {}  # output(...) -> when it was ready
     free = [0.0] * len(orders)
     gather_end = [0.0] * len(orders)
     prev_start = [0.0] * len(orders)
@@ -63,7 +63,7 @@ def run(orders: tuple, owner, seconds, send_s, fsdp_share=None, replica: int = 0
         for r, order in enumerate(orders):
             while at[r] < len(order):
                 stage, kind, mb = order[at[r]]
-                deps = _deps(stage, kind, mb, last_stage)
+                deps = inputs(stage, kind, mb, last_stage)
                 if any(d not in done for d in deps):
                     break
                 ready, wait_on = 0.0, None
@@ -99,7 +99,7 @@ def run(orders: tuple, owner, seconds, send_s, fsdp_share=None, replica: int = 0
                 if kind != "W" and 0 <= target <= last_stage and owner(target) != r:
                     out.events.append(Event(r, "pp", "send", end, end + send_s, stage, mb, replica))
                 free[r] = end
-                done[("F" if kind == "F" else "G" if kind in "BI" else "W", stage, mb)] = end
+                done[output(stage, kind, mb)] = end
                 at[r] += 1
                 remaining -= 1
                 progressed = True
@@ -108,7 +108,13 @@ def run(orders: tuple, owner, seconds, send_s, fsdp_share=None, replica: int = 0
     return out
 
 
-def _deps(stage: int, kind: str, mb: int, last: int) -> tuple:
+def output(stage: int, kind: str, mb: int) -> tuple:
+    """What a pass makes ready: "F" its activations, "G" the input gradient (from I or a full B), "W"."""
+    return ("F" if kind == "F" else "G" if kind in "BI" else "W", stage, mb)
+
+
+def inputs(stage: int, kind: str, mb: int, last: int) -> tuple:
+    """The outputs a pass needs (see the module docstring); `last` is the last chunk's index."""
     if kind == "F":
         return (("F", stage - 1, mb),) if stage > 0 else ()
     if kind == "W":

@@ -85,92 +85,119 @@ def parse_stragglers(items: list[str], devices: int) -> dict[int, float]:
 
 def simulate(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch: int, precision: str = "bf16",
              stragglers: dict[int, float] | None = None) -> Simulation:
+    """Simulate one step of `layout`; `stragglers` maps global device ranks to compute slow-down factors."""
     check_against(layout, model, global_batch)
     layout = layout.resolve_mbs(global_batch)
     m = layout.microbatches(global_batch)
     pred = predict(model, cluster, layout, global_batch, precision)
+    seconds_for, send_s, share = _durations(model, cluster, layout, precision, pred)
+    v_shape = layout.schedule in V_SCHEDULES and layout.pp > 1
+    orders = rank_orders(layout.schedule if layout.pp > 1 else "1f1b", layout.pp, layout.vpp, m)
+    owner = lambda stage: stage_owner(stage, layout.pp, v_shape)  # noqa: E731
+    pipelines = _replicas(layout, stragglers or {})
+    runs = [engine.run(orders, owner, seconds_for(slow), send_s, share, i) for i, (_, slow) in enumerate(pipelines)]
+    last_backward = [[max(p.end for p in run.passes if p.rank == r and p.kind != "F") for r in range(layout.pp)]
+                     for run in runs]
+    ends, events = _data_parallel_tail(model, cluster, layout, precision, pred, m, last_backward)
+    step = max(ends)
+    ranks, waits = [], []
+    for i, ((name, _), run) in enumerate(zip(pipelines, runs)):
+        for r in range(layout.pp):
+            mine = [p for p in run.passes if p.rank == r]
+            busy = sum(p.compute for p in mine) + pred.optimizer_s
+            backward_end = max(lb[r] for lb in last_backward)
+            exposed = sum(p.inline + p.gather_wait for p in mine) + ends[r] - backward_end - pred.optimizer_s
+            ranks.append(RankTime(f"pp rank {r}" + (f", {name}" if name else ""), busy, step - busy - exposed,
+                                  exposed))
+            if backward_end > last_backward[i][r] + 1e-12:
+                late = backward_end - last_backward[i][r]
+                waits.append((late, f"pp rank {r}{' (' + name + ')' if name else ''} waits {late * 1e3:,.1f} ms at "
+                                    "the gradient reduction for the slowest replica"))
+        waits += _wait_lines(run, runs[0] if i and not pipelines[0][0] else None, name, bool(stragglers))
+    healthy = simulate(model, cluster, layout, global_batch, precision).step_time_s if stragglers else None
+    bubble = _bubble(runs[0], layout.pp)
+    return Simulation(str(layout), layout.devices, m, step, pred.step_time_s, bubble, bubble / step, ranks,
+                      critical_path(max(runs, key=lambda run: max(p.end for p in run.passes))),
+                      [w for _, w in sorted(waits, reverse=True)[:8]], healthy, events + [e for run in runs
+                                                                                            for e in run.events])
+
+
+def _durations(model, cluster, layout, precision, pred):
+    """seconds_for(slow) -> seconds(rank, stage, kind) for the engine, the seconds of one stage-boundary
+    send, and the FSDP share of a pass (None without FSDP), all from the cost model."""
     chunk = [chunk_pass_seconds(model, cluster, layout, precision, c) for c in range(layout.stages)]
     inline = sum(e["exposed_s"] for e in pred.comm if e["axis"] in INLINE_AXES)
     pp_entry = next((e for e in pred.comm if e["axis"] == "pp"), None)
     send_s = pp_entry["time_s"] / pp_entry["calls"] if pp_entry else 0.0
     fsdp = sum(e["time_s"] for e in pred.comm if e["axis"] == "dp" and e["overlap"] == "fsdp")
+    units = [len(r) for r in split_layers(model.layers, layout.stages)]
     per_pass = {"F": lambda c: c[0], "B": lambda c: c[1] + c[2], "I": lambda c: c[1], "W": lambda c: c[2]}
 
     def seconds_for(slow: dict):
         def seconds(rank, stage, kind):
-            compute = per_pass[kind](chunk[stage]) * slow.get(rank, 1.0)
-            return compute, inline * per_pass[kind](chunk[stage]) / pred.compute_s
+            compute = per_pass[kind](chunk[stage])
+            return compute * slow.get(rank, 1.0), inline * compute / pred.compute_s
         return seconds
 
-    v_shape = layout.schedule in V_SCHEDULES and layout.pp > 1
-    orders = rank_orders(layout.schedule if layout.pp > 1 else "1f1b", layout.pp, layout.vpp, m)
-    owner = lambda stage: stage_owner(stage, layout.pp, v_shape)  # noqa: E731
-    units = [len(r) for r in split_layers(model.layers, layout.stages)]
     share = (lambda rank, stage, compute: (fsdp * compute / pred.compute_s, units[stage])) if fsdp else None
+    return seconds_for, send_s, share
 
-    # Replicas: the healthy one, and one per replica holding a straggler (pp rank -> factor).
+
+def _replicas(layout: Layout, stragglers: dict) -> list[tuple[str, dict]]:
+    """(name, {pp rank: slow-down}) per simulated pipeline: the healthy one (unless every replica holds a
+    straggler), then one per replica holding one. Mesh order pp, dp, cp, tp (specs/layout.py)."""
     per_stage = layout.devices // layout.pp
-    slow_replicas: dict = defaultdict(dict)
-    for g, factor in (stragglers or {}).items():
-        slow_replicas[(g % per_stage) // layout.tp][g // per_stage] = factor
-    pipelines = [] if len(slow_replicas) == layout.dp * layout.cp else [("", {})]
-    pipelines += [(f"replica of device {min(g for g in stragglers if (g % per_stage) // layout.tp == k)}", slow)
-                  for k, slow in sorted(slow_replicas.items())]
-    runs = [engine.run(orders, owner, seconds_for(slow), send_s, share, i) for i, (_, slow) in enumerate(pipelines)]
+    slow: dict = defaultdict(dict)
+    first: dict = {}
+    for g, factor in sorted(stragglers.items()):
+        replica = (g % per_stage) // layout.tp
+        slow[replica][g // per_stage] = factor
+        first.setdefault(replica, g)
+    healthy = [] if len(slow) == layout.dp * layout.cp else [("", {})]
+    return healthy + [(f"replica of device {first[k]}", slow[k]) for k in sorted(slow)]
 
-    # The data-parallel tail per pipeline rank: gradient sync (all replicas), optimizer, ZeRO all-gather.
+
+def _data_parallel_tail(model, cluster, layout, precision, pred, m, last_backward) -> tuple[list, list]:
+    """Per pipeline rank, when its step ends: the gradient reduction (over all replicas, so after the
+    slowest one's last backward), the optimizer, then ZeRO-1/2's parameter all-gather; and their events."""
     dp = [e for e in pred.comm if e["axis"] == "dp"]
     sync = next((e for e in dp if e["overlap"] in ("backward", "each_backward")), None)
     gather_after = sum(e["time_s"] for e in dp if e["overlap"] == "none")
-    last_backward = [[max(p.end for p in run.passes if p.rank == r and p.kind != "F") for r in range(layout.pp)]
-                     for run in runs]
-    events = [e for run in runs for e in run.events]
-    ranks, ends, waits = [], [], []
+    ends, events = [], []
     for r in range(layout.pp):
-        backward_end = max(lb[r] for lb in last_backward)
-        sync_end = backward_end
-        if sync:
-            bwd_mb = sum(rank_pass_seconds(model, cluster, layout, precision, r)[1:])
-            window = bwd_mb * (m if sync["overlap"] == "each_backward" else 1)
+        sync_end = backward_end = max(lb[r] for lb in last_backward)
+        if sync:  # predict's rule: behind the last micro-batch's backward (ZeRO-2: all of them), a bucket shows
+            window = sum(rank_pass_seconds(model, cluster, layout, precision, r)[1:])
+            window *= m if sync["overlap"] == "each_backward" else 1
             sync_end = max(backward_end + sync["time_s"] / sync["calls"], backward_end - window + sync["time_s"])
             events.append(engine.Event(r, "dp", "sync", sync_end - sync["time_s"], sync_end))
         opt_end = sync_end + pred.optimizer_s
-        end = opt_end + gather_after
         events.append(engine.Event(r, "compute", "opt", sync_end, opt_end))
         if gather_after:
-            events.append(engine.Event(r, "dp", "sync", opt_end, end))
-        ends.append(end)
-    step = max(ends)
-    for i, ((name, _), run) in enumerate(zip(pipelines, runs)):
-        for r in range(layout.pp):
-            mine = [p for p in run.passes if p.rank == r]
-            busy = sum(p.compute for p in mine) + pred.optimizer_s
-            exposed = sum(p.inline + p.gather_wait for p in mine)
-            backward_end = max(lb[r] for lb in last_backward)
-            exposed += (ends[r] - backward_end - pred.optimizer_s)
-            if backward_end > last_backward[i][r] + 1e-12:
-                waits.append((backward_end - last_backward[i][r],
-                              f"pp rank {r}{' (' + name + ')' if name else ''} waits "
-                              f"{(backward_end - last_backward[i][r]) * 1e3:,.1f} ms at the gradient reduction "
-                              "for the slowest replica"))
-            ranks.append(RankTime(f"pp rank {r}" + (f", {name}" if name else ""), busy, step - busy - exposed,
-                                  exposed))
-        on = {} if stragglers and not name else _waits(run)
-        if i and pipelines[0][0] == "":  # a straggling replica: what it waits beyond the healthy one
-            healthy = _waits(runs[0])
-            on = {k: t - healthy.get(k, 0.0) for k, t in on.items()}
-        waits += [(t, f"pp rank {a}{' (' + name + ')' if name else ''} waits {t * 1e3:,.1f} ms "
-                   f"{'more than in a healthy replica ' if i else ''}for pp rank {b}")
-                  for (a, b), t in on.items() if t > 1e-9]
-    base = runs[0]
-    pipeline_end = max(p.end for p in base.passes)
-    work = {r: sum(p.compute + p.inline + p.gather_wait for p in base.passes if p.rank == r) for r in range(layout.pp)}
-    bubble = pipeline_end - max(work.values())
-    return Simulation(str(layout), layout.devices, m, step, pred.step_time_s, bubble, bubble / step, ranks,
-                      critical_path(max(runs, key=lambda run: max(p.end for p in run.passes))),
-                      [w for _, w in sorted(waits, reverse=True)[:8]],
-                      simulate(model, cluster, layout, global_batch, precision).step_time_s if stragglers else None,
-                      events)
+            events.append(engine.Event(r, "dp", "sync", opt_end, opt_end + gather_after))
+        ends.append(opt_end + gather_after)
+    return ends, events
+
+
+def _wait_lines(run, healthy, name: str, with_stragglers: bool) -> list[tuple[float, str]]:
+    """Who waited for whom. With stragglers only the straggling replicas speak, in excess of a healthy one."""
+    if with_stragglers and not name:
+        return []
+    on = _waits(run)
+    if healthy is not None:
+        base = _waits(healthy)
+        on = {k: t - base.get(k, 0.0) for k, t in on.items()}
+    where = f" ({name})" if name else ""
+    more = "more than in a healthy replica " if healthy is not None else ""
+    return [(t, f"pp rank {a}{where} waits {t * 1e3:,.1f} ms {more}for pp rank {b}") for (a, b), t in on.items()
+            if t > 1e-9]
+
+
+def _bubble(run: engine.PipelineRun, pp: int) -> float:
+    """As predict: the pipeline's span beyond the busiest rank's own work (compute, inline collectives,
+    FSDP waits)."""
+    work = [sum(p.compute + p.inline + p.gather_wait for p in run.passes if p.rank == r) for r in range(pp)]
+    return max(p.end for p in run.passes) - max(work)
 
 
 def _waits(run: engine.PipelineRun) -> dict:
@@ -185,11 +212,10 @@ def _waits(run: engine.PipelineRun) -> dict:
 def critical_path(run: engine.PipelineRun) -> list[tuple[int, int]]:
     """Walk back from the pass that ends last: through the data it waited for, else its rank's previous
     pass. Returns (rank, passes) runs, latest first."""
-    by_key = {}
-    previous = {}
-    last_on_rank = {}
+    by_key, previous, last_on_rank = {}, {}, {}
+    last_stage = max(q.stage for q in run.passes)
     for p in run.passes:
-        by_key[("F" if p.kind == "F" else "G" if p.kind in "BI" else "W", p.stage, p.mb)] = p
+        by_key[engine.output(p.stage, p.kind, p.mb)] = p
         previous[id(p)] = last_on_rank.get(p.rank)
         last_on_rank[p.rank] = p
     p = max(run.passes, key=lambda q: q.end)
@@ -200,8 +226,7 @@ def critical_path(run: engine.PipelineRun) -> list[tuple[int, int]]:
         else:
             path.append([p.rank, 1])
         if p.wait_on is not None:
-            deps = engine._deps(p.stage, p.kind, p.mb, max(q.stage for q in run.passes))
-            p = max((by_key[d] for d in deps), key=lambda q: q.end)
+            p = max((by_key[d] for d in engine.inputs(p.stage, p.kind, p.mb, last_stage)), key=lambda q: q.end)
         else:
             p = previous[id(p)]
     return [tuple(x) for x in path]
