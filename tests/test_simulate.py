@@ -71,7 +71,7 @@ def _unit_bubble(schedule, pp, vpp, m):
     v_shape = schedule in ("zbv", "dualpipev")
     unit = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
     run = engine.run(rank_orders(schedule, pp, vpp, m), lambda s: stage_owner(s, pp, v_shape),
-                     lambda r, s, k: (unit[k] / vpp, 0.0), 0.0)
+                     lambda r, s, k, mb: (unit[k] / vpp, 0.0), 0.0)
     return (max(p.end for p in run.passes) - 3 * m) / (3 * m)
 
 
@@ -149,7 +149,7 @@ def test_replay_of_a_trace_gives_back_its_bubble(tmp_path):
     the bubble it shows."""
     layout = Layout(pp=4, schedule="1f1b", mbs=1)
     cost = [1.0, 1.0, 1.0, 1.6]  # a heavier last stage
-    run = engine.run(rank_orders("1f1b", 4, 1, 8), lambda s: s, lambda r, s, k: (cost[s] * (1 if k == "F" else 2), 0), 0)
+    run = engine.run(rank_orders("1f1b", 4, 1, 8), lambda s: s, lambda r, s, k, mb: (cost[s] * (1 if k == "F" else 2), 0), 0)
     events = [[{"kind": p.kind, "mb": p.mb, "stage": p.stage, "start": p.start, "end": p.end}
                for p in run.passes if p.rank == r] for r in range(4)]
     (tmp_path / "t.json").write_text(json.dumps(chrome_trace(events)))

@@ -47,7 +47,7 @@ class PipelineRun:
 
 
 def run(orders: tuple, owner, seconds, send_s, fsdp_share=None, replica: int = 0) -> PipelineRun:
-    """orders: per rank, (stage, kind, mb) tuples; owner(stage) -> rank; seconds(rank, stage, kind) ->
+    """orders: per rank, (stage, kind, mb) tuples; owner(stage) -> rank; seconds(rank, stage, kind, mb) ->
     (compute, inline collectives); send_s: seconds per stage-boundary send; fsdp_share(rank, stage, compute) ->
     (FSDP traffic seconds of a pass of that compute time, its wrapping units) (None: no FSDP)."""
     last_stage = max(a[0] for order in orders for a in order)
@@ -72,7 +72,7 @@ def run(orders: tuple, owner, seconds, send_s, fsdp_share=None, replica: int = 0
                     t = done[d] + (send_s if src != r else 0.0)
                     if t > ready:
                         ready, wait_on = t, (src if src != r else None)
-                compute, inline = seconds(r, stage, kind)
+                compute, inline = seconds(r, stage, kind, mb)
                 start = max(free[r], ready)
                 waited = max(0.0, ready - free[r])
                 t, gather_wait = start, 0.0

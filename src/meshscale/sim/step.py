@@ -134,7 +134,7 @@ def _durations(model, cluster, layout, precision, pred):
     per_pass = {"F": lambda c: c[0], "B": lambda c: c[1] + c[2], "I": lambda c: c[1], "W": lambda c: c[2]}
 
     def seconds_for(slow: dict):
-        def seconds(rank, stage, kind):
+        def seconds(rank, stage, kind, mb):
             compute = per_pass[kind](chunk[stage])
             return compute * slow.get(rank, 1.0), inline * compute / pred.compute_s
         return seconds
