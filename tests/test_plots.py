@@ -7,6 +7,8 @@ import sys
 import pytest
 
 from meshscale.cli import main
+from meshscale.errors import UserError
+from meshscale.runtime.config import load_config, resolve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,10 +37,9 @@ def test_scaling_timeline_and_memory_plots(tmp_path, capsys):
 def test_train_plot(tmp_path):
     path = tmp_path / "train.png"
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")}
-    r = subprocess.run([sys.executable, "-m", "meshscale", "train", "--model", "tiny", "--steps", "4",
+    r = subprocess.run([sys.executable, "-m", "meshscale", "train", "--model", "tiny", "--steps", "3",
                         "--val-batches", "1", "--plot", str(path)], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     assert_picture(str(path))
-    again = subprocess.run([sys.executable, "-m", "meshscale", "train", "--model", "tiny", "--steps", "1",
-                            "--plot", str(path)], capture_output=True, text=True, env=env)
-    assert again.returncode == 2 and "already exists" in again.stderr  # never overwritten silently
+    with pytest.raises(UserError, match="already exists"):  # never overwritten silently
+        resolve(load_config(None, {"plot": str(path)}), 1)

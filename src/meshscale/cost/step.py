@@ -115,10 +115,10 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     tokens = layout.mbs * model.seq / layout.cp  # per device per micro-batch, before TP
     split = layout.tp * layout.cp  # TP splits every matmul, CP the sequence
 
-    # Compute on the slowest pipeline rank.
-    fwd, core, extra = _slowest_stage(model, layout.pp, layout.stages, is_v(layout), layout.recompute,
-                                      cluster.fused_attention)
+    # Compute on the slowest pipeline rank (the passes the simulator runs one by one).
     compute_s = m * max(sum(rank_pass_seconds(model, cluster, layout, precision, r)) for r in range(layout.pp))
+    core = _slowest_stage(model, layout.pp, layout.stages, is_v(layout), layout.recompute,
+                          cluster.fused_attention)[1]
     attention_s = m * layout.mbs * model.seq * (3 * core + (core if layout.recompute != "none" else 0)) / split / rate
 
     # Communication: what each axis sends, on which link, how long.
