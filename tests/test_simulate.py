@@ -149,7 +149,8 @@ def test_replay_of_a_trace_gives_back_its_bubble(tmp_path):
     the bubble it shows."""
     layout = Layout(pp=4, schedule="1f1b", mbs=1)
     cost = [1.0, 1.0, 1.0, 1.6]  # a heavier last stage
-    run = engine.run(rank_orders("1f1b", 4, 1, 8), lambda s: s, lambda r, s, k, mb: (cost[s] * (1 if k == "F" else 2), 0), 0)
+    run = engine.run(rank_orders("1f1b", 4, 1, 8), lambda s: s,
+                     lambda r, s, k, mb: (cost[s] * (1 if k == "F" else 2), 0), 0)
     events = [[{"kind": p.kind, "mb": p.mb, "stage": p.stage, "start": p.start, "end": p.end}
                for p in run.passes if p.rank == r] for r in range(4)]
     (tmp_path / "t.json").write_text(json.dumps(chrome_trace(events)))

@@ -9,7 +9,6 @@ compute (FSDP's prefetch): the gather for unit u starts once the gather for unit
 has started computing; a unit computes once its gather is done.
 """
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 

@@ -3,8 +3,9 @@ trace (runtime/trace.py), fed through the same schedule orders, beside the bubbl
 Each pass keeps its own measured duration, not a mean: a pipeline's span is a max over paths, and averaging
 the durations first would understate it.
 
-The gaps between passes are measured from the trace too (`gaps`). Both bubbles are in the trace's own form (runtime/trace.py measured_bubble): per pipeline rank, the
-fraction of the step (first pass start to last pass end, over all ranks) its rank spent outside F/B/W.
+The gaps between passes are measured from the trace too (`gaps`). Both bubbles are in the trace's own form
+(runtime/trace.py measured_bubble): per pipeline rank, the fraction of the step (first pass start to last
+pass end, over all ranks) its rank spent outside F/B/W.
 """
 
 import json
