@@ -1,17 +1,39 @@
-"""Predicted step time against published Megatron-LM measurements on A100 (DGX A100, HDR InfiniBand).
+"""Predicted step time against published measured training runs: A100, H100, TPU v5e/v5p, dense and MoE.
 
-Narayanan et al. 2021 (arXiv:2104.04473) Table 1: GPT models, seq 2048, vocab 51200, full recomputation;
-published per-GPU TFLOP/s counted with their eq. (3), 96*B*s*l*h^2*(1 + s/6h + V/16lh), converted to seconds.
-Korthikanti et al. 2022 (arXiv:2205.05198) Table 4: sequence parallelism + selective recompute, step times.
-Run: PYTHONPATH=src python benchmarks/published.py
+Each run states its source (paper table or repository file), the layout the source reports, and the
+measured step time, derived from what the source publishes (a step time, tokens/s per device, or TFLOP/s per
+device with the source's own FLOP count). Nothing here sets an efficiency factor: those come from
+micro-benchmarks and datasheets (specs/cluster.py). Run: PYTHONPATH=src python benchmarks/published.py
 """
 
-from dataclasses import replace
+import statistics
+from dataclasses import dataclass, replace
 
 from meshscale.cost import predict
-from meshscale.specs.cluster import load_cluster
+from meshscale.cost.flops import model_flops_per_step
+from meshscale.specs.cluster import Software, load_cluster
 from meshscale.specs.layout import Layout
-from meshscale.specs.model import ModelSpec
+from meshscale.specs.model import ModelSpec, load_model
+
+
+@dataclass(frozen=True)
+class Run:
+    source: str  # paper + table, or repository + file
+    name: str
+    model: ModelSpec
+    cluster: str  # preset
+    layout: str
+    devices: int
+    batch: int  # sequences per step
+    seconds: float  # measured step time
+    hardware: str
+    software: Software = Software()
+    fused_attention: bool = True
+    nic: float = 0.0  # scale-out bytes/s per GPU where the site differs from the preset's (0: the preset's)
+
+    @property
+    def moe(self) -> bool:
+        return self.model.is_moe
 
 
 def gpt(name, heads, hidden, layers):
@@ -19,6 +41,29 @@ def gpt(name, heads, hidden, layers):
                      seq=2048, mlp="gelu", tied_embeddings=True, learned_positions=True, biases=True)
 
 
+def maxtext(scale: int, seq: int = 2048) -> ModelSpec:
+    """MaxText's `global_parameter_scale` models (MaxText/configs/base.yml: emb 2048, 16 heads of 128,
+    mlp 7168, 16 layers, vocab 32000, SwiGLU; pyconfig.get_individual_scales doubles heads and mlp, then emb,
+    then layers, in turn)."""
+    base, rem = divmod(scale.bit_length() - 1, 3)
+    heads_scale, emb_scale = base + (rem > 0), base + (rem > 1)
+    return ModelSpec(name=f"maxtext-{scale}b", layers=16 << base, hidden=2048 << emb_scale,
+                     heads=16 << heads_scale, head_dim=128, ffn=7168 << heads_scale, vocab=32000, seq=seq)
+
+
+def maxtext_seconds(model: ModelSpec, per_device_batch: int, tflops: float) -> float:
+    """MaxText's TFLOP/s per chip back to seconds with its own count (maxtext_utils.
+    calculate_tflops_training_per_device at the time of the table): 6 x weight FLOPs per token (embedding
+    table as logits only) plus 3 x 4*s^2*heads*head_dim per layer of non-causal attention."""
+    h, s = model.hidden, model.seq
+    weights = 2 * s * (3 * h * model.ffn + h * model.heads * model.head_dim * 2
+                       + 2 * h * model.kv_heads * model.head_dim) * model.layers + 2 * s * h * model.vocab
+    attention = 4 * s * s * model.heads * model.head_dim * model.layers
+    return 3 * (weights + attention) * per_device_batch / (tflops * 1e12)
+
+
+# Narayanan et al. 2021 (arXiv:2104.04473) Table 1: GPT, seq 2048, vocab 51200, full recomputation, DGX A100;
+# per-GPU TFLOP/s counted with their eq. (3), 96*B*s*l*h^2*(1 + s/6h + V/16lh), converted to seconds.
 # (params, heads, hidden, layers, tp, pp, gpus, batch, TFLOP/s per GPU)
 NARAYANAN_2021 = [
     ("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137), ("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138),
@@ -27,11 +72,14 @@ NARAYANAN_2021 = [
     ("145B", 96, 12288, 80, 8, 8, 1536, 2304, 148), ("310B", 128, 16384, 96, 8, 16, 1920, 2160, 155),
     ("530B", 128, 20480, 105, 8, 35, 2520, 2520, 163), ("1T", 160, 25600, 128, 8, 64, 3072, 3072, 163),
 ]
-# (params, heads, hidden, layers, tp, pp, gpus, batch, step seconds with SP + selective recompute)
+# Korthikanti et al. 2022 (arXiv:2205.05198) Table 4: SP + selective recompute, step seconds.
 KORTHIKANTI_2022 = [
     ("22B", 64, 6144, 48, 8, 1, 8, 4, 1.10), ("175B", 96, 12288, 96, 8, 8, 64, 64, 13.75),
     ("530B", 128, 20480, 105, 8, 35, 280, 280, 37.83), ("1T", 160, 25600, 128, 8, 64, 512, 512, 71.49),
 ]
+# Megatron-LM of 2021-22: attention without a fused kernel, and the gradient all-reduce after the whole
+# backward (overlapped reduction came with Megatron-Core's distributed optimizer in 2023).
+MEGATRON_2021 = Software(grad_reduce_overlap=False, param_gather_overlap=False)
 
 
 def narayanan_seconds(h, l, batch, gpus, tflops, s=2048, v=51200):
@@ -45,23 +93,149 @@ def interleave(layers, pp):
     return f",schedule=interleaved,vpp={v}" if v > 1 else ""
 
 
-def rows():
-    # The published runs used unfused attention (before FlashAttention); the hardware figures are unchanged.
-    a100 = replace(load_cluster("a100-80gb"), fused_attention=False)
+def megatron_runs():
     for name, a, h, l, tp, pp, n, b, tf in NARAYANAN_2021:
-        layout = Layout.parse(f"tp={tp},pp={pp},mbs=1,recompute=full{interleave(l, pp)}", n)
-        p = predict(gpt(name, a, h, l), a100, layout, b)
-        yield "Narayanan21", name, str(layout), p.step_time_s, narayanan_seconds(h, l, b, n, tf)
+        yield Run("Narayanan21 T1", name, gpt(name, a, h, l), "a100-80gb",
+                  f"tp={tp},pp={pp},mbs=1,recompute=full{interleave(l, pp)}", n, b,
+                  narayanan_seconds(h, l, b, n, tf), "A100", MEGATRON_2021, False)
     for name, a, h, l, tp, pp, n, b, secs in KORTHIKANTI_2022:
-        layout = Layout.parse(f"tp={tp},sp=true,pp={pp},mbs=1,recompute=selective{interleave(l, pp)}", n)
-        p = predict(gpt(name, a, h, l), a100, layout, b)
-        yield "Korthikanti22", name, str(layout), p.step_time_s, secs
+        yield Run("Korthikanti22 T4", name, gpt(name, a, h, l), "a100-80gb",
+                  f"tp={tp},sp=true,pp={pp},mbs=1,recompute=selective{interleave(l, pp)}", n, b, secs, "A100",
+                  MEGATRON_2021, False)
+
+
+def torchtitan_runs():
+    """pytorch/torchtitan docs/performance.md: FSDP2 on 64 A100 80GB, local batch per GPU, WPS = tokens/s per
+    GPU. Llama 3 at seq 8192, Llama 2 at 4096; 'selective op' AC recomputes part of each layer (selective)."""
+    rows = [("llama3-8b", 1, "selective", 2973), ("llama3-70b", 1, "full", 331),
+            ("llama2-13b", 2, "none", 2162), ("llama2-70b", 2, "full", 353)]
+    for name, local, ac, wps in rows:
+        model = load_model(name)
+        yield Run("torchtitan performance.md", name, model, "a100-80gb", f"fsdp=64,mbs={local},recompute={ac}",
+                  64, 64 * local, local * model.seq / wps, "A100")
+
+
+def maxtext_runs():
+    """AI-Hypercomputer/maxtext README 'Runtime Performance Results' (TFLOP/s per chip), configs
+    MaxText/configs/v5e/{16,32,64,128}b.sh and v5p/{32,128}b.sh (per_device_batch_size, ici_tensor_parallelism,
+    remat_policy; FSDP over the rest of the slice; seq 2048). v5p-N counts TensorCores: N/2 chips. remat
+    'full' is full recompute; 'minimal' keeps the matmul outputs (selective here)."""
+    rows = [("v5e 16B", 16, "tpu-v5e", 256, 1, 6, "full", 120), ("v5e 32B", 32, "tpu-v5e", 256, 1, 4, "full", 132),
+            ("v5e 64B", 64, "tpu-v5e", 256, 1, 2, "full", 118),
+            ("v5e 128B", 128, "tpu-v5e", 256, 16, 1, "selective", 110),
+            ("v5p 32B", 32, "tpu-v5p", 64, 4, 7, "selective", 328),
+            ("v5p 128B", 128, "tpu-v5p", 128, 8, 1, "selective", 315),
+            ("v5p 128B", 128, "tpu-v5p", 256, 8, 1, "selective", 315)]
+    for name, scale, cluster, chips, tp, pdb, remat, tflops in rows:
+        model = maxtext(scale)
+        dp = chips // tp
+        sp = ",sp=true" if tp > 1 else ""
+        yield Run("MaxText README", name, model, cluster,
+                  f"dp={dp},zero=3,tp={tp}{sp},mbs={pdb * tp},recompute={remat}", chips, pdb * chips,
+                  maxtext_seconds(model, pdb, tflops), "TPU " + cluster[4:])
+
+
+def llama3_runs():
+    """Dubey et al. 2024, "The Llama 3 Herd of Models", Table 4: 405B on H100, seq 8192, 16M tokens per step,
+    interleaved pipeline, no recomputation; TFLOP/s per GPU converted with the PaLM count (causal attention).
+    Chunks per rank are not stated; we take 4 (two layers per chunk: 126 layers with the embedding and head
+    balanced over 16 stages, sec. 3.3.2)."""
+    model = load_model("llama3-405b")
+    for gpus, dp, tflops in ((8192, 64, 430), (16384, 128, 400)):
+        batch = 2048
+        seconds = model_flops_per_step(model, batch * model.seq) / (gpus * tflops * 1e12)
+        yield Run("Llama3 T4", f"405B/{gpus}", model, "h100-80gb",
+                  f"dp={dp},zero=1,tp=8,sp=true,pp=16,vpp=4,schedule=interleaved,mbs=1", gpus, batch, seconds,
+                  "H100")
+
+
+def qwen3_runs():
+    """yanring/Megatron-MoE-ModelZoo best_practice/Qwen3/readme.md: Qwen3-235B-A22B (94 layers, h 4096, 64
+    heads / 4 KV heads of 128, 128 experts of 1536, top-8, vocab 151936) on 256 H100, seq 4096, GBS 2048,
+    Megatron-Core, step seconds as published."""
+    model = ModelSpec(name="qwen3-235b-a22b", layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128,
+                      ffn=12288, vocab=151936, seq=4096, experts=128, top_k=8, expert_ffn=1536)
+    rows = [("235B TP4 EP8 PP8", "dp=8,tp=4,sp=true,pp=8,vpp=4,schedule=interleaved,ep=8,mbs=1", 29.0),
+            ("235B TP2 EP8 FSDP", "dp=128,zero=3,tp=2,sp=true,ep=8,mbs=4,recompute=full", 17.6)]
+    for name, layout, seconds in rows:
+        yield Run("Megatron-MoE-ModelZoo Qwen3", name, model, "h100-80gb", layout, 256, 2048, seconds, "H100")
+
+
+def megatron_core_flops(model: ModelSpec, batch: int) -> float:
+    """Megatron-LM's own count (training.py num_floating_point_operations, 2024): 12*B*s*L*h^2 times
+    attention ((1 + kv/heads + s/h) * q/h, non-causal), MLP (ffn/h * top_k * 3/2 for SwiGLU) and logits."""
+    h, s = model.hidden, model.seq
+    q = model.heads * model.head_dim / h
+    attention = (1 + model.kv_heads / model.heads + s / h) * q
+    mlp = (model.expert_ffn if model.is_moe else model.ffn) / h * (model.top_k or 1) * model.mlp_matrices / 2
+    return 12 * batch * s * model.layers * h * h * (attention + mlp + model.vocab / (2 * model.layers * h))
+
+
+def mixtral_runs():
+    """NVIDIA/Megatron-LM megatron/core/transformer/moe/README.md (MCore v0.8): Mixtral 8x7B bf16 reaches 438
+    TFLOP/s per GPU with the reference mapping of its table: 64 H100, seq 4096, TP1 EP8 PP4 VP8, MBS 1, GBS 256,
+    dropless all-to-all, distributed optimizer with overlapped grad reduce and param gather."""
+    model = load_model("mixtral-8x7b")
+    yield Run("Megatron-Core MoE README", "Mixtral 8x7B", model, "h100-80gb",
+              "dp=16,zero=1,pp=4,vpp=8,schedule=interleaved,ep=8,mbs=1", 64, 256,
+              megatron_core_flops(model, 256) / (64 * 438e12), "H100")
+
+
+def bloom_runs():
+    """BigScience 2022 (arXiv:2211.05100 sec. 3.4 and the BigScience 176B model page): BLOOM on 48 nodes of 8
+    A100 80GB (Jean Zay: NVLink inside a node, 4 x 100 Gb/s Omni-Path per node, 6.25 GB/s per GPU), TP4 x PP12
+    x DP8 with ZeRO-1 (Megatron-DeepSpeed, 1F1B, full recomputation, micro-batch 2), 2048 sequences of 2048,
+    "about 150 TFLOP/s" per GPU in Narayanan et al.'s count. ALiBi (no position table), tied embeddings."""
+    model = ModelSpec(name="bloom-176b", layers=70, hidden=14336, heads=112, ffn=4 * 14336, vocab=250880,
+                      seq=2048, mlp="gelu", tied_embeddings=True, biases=True)
+    cluster = "a100-80gb"
+    seconds = narayanan_seconds(14336, 70, 2048, 384, 150, v=250880)
+    yield Run("BLOOM paper / model page", "BLOOM 176B", model, cluster,
+              "dp=8,zero=1,tp=4,pp=12,mbs=2,recompute=full", 384, 2048, seconds, "A100", MEGATRON_2021, False,
+              nic=6.25e9)
+
+
+def runs():
+    yield from megatron_runs()
+    yield from torchtitan_runs()
+    yield from maxtext_runs()
+    yield from llama3_runs()
+    yield from qwen3_runs()
+    yield from mixtral_runs()
+    yield from bloom_runs()
+
+
+def rows():
+    """(run, layout, predicted seconds, measured seconds, prediction)."""
+    for run in runs():
+        cluster = replace(load_cluster(run.cluster), software=run.software, fused_attention=run.fused_attention)
+        if run.nic:
+            cluster = replace(cluster, tiers=(cluster.tiers[0], replace(cluster.tiers[-1], bandwidth=run.nic)))
+        layout = Layout.parse(run.layout, run.devices)
+        pred = predict(run.model, cluster, layout, run.batch)
+        yield run, layout, pred.step_time_s, run.seconds, pred
+
+
+def summary(errors: list[float]) -> tuple[float, float, float]:
+    """Median, 90th percentile and max of |error|."""
+    a = sorted(map(abs, errors))
+    p90 = a[min(len(a) - 1, round(0.9 * (len(a) - 1)))]
+    return statistics.median(a), p90, a[-1]
 
 
 if __name__ == "__main__":
-    errs = []
-    for paper, name, layout, pred, real in rows():
-        errs.append(pred / real - 1)
-        print(f"{paper:14s} {name:5s} {layout:58s} predicted {pred:8.3f} s  published {real:8.3f} s  "
-              f"{pred / real - 1:+.1%}")
-    print(f"mean |error| {sum(map(abs, errs)) / len(errs):.1%}, worst {max(errs, key=abs):+.1%}")
+    by_category: dict = {}
+    for run, layout, pred, real, p in rows():
+        err = pred / real - 1
+        by_category.setdefault((run.hardware, "MoE" if run.moe else "dense"), []).append(err)
+        fit = "" if p.fits else "  (does not fit)"
+        print(f"{run.source:28s} {run.name:18s} {run.devices:6d} {str(layout):62s} predicted {pred:8.3f} s  "
+              f"measured {real:8.3f} s  {err:+6.1%}{fit}")
+    print(f"\n| hardware | kind | runs | median abs error | 90th percentile | max |\n|---|---|---|---|---|---|")
+    everything = []
+    for (hw, kind), errs in sorted(by_category.items()):
+        everything += errs
+        med, p90, worst = summary(errs)
+        print(f"| {hw} | {kind} | {len(errs)} | {med:.1%} | {p90:.1%} | {worst:.1%} |")
+    med, p90, worst = summary(everything)
+    print(f"| all | | {len(everything)} | {med:.1%} | {p90:.1%} | {worst:.1%} |")

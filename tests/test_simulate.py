@@ -2,19 +2,21 @@
 stragglers, the Chrome trace and bad input."""
 
 import json
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 
 from meshscale.cli import main
 from meshscale.cost import predict
+from meshscale.cost.kernels import Passes
 from meshscale.cost.pipeline import bubble_ratio
 from meshscale.runtime.trace import chrome_trace
 from meshscale.sim import engine
 from meshscale.sim.measured import replay
 from meshscale.sim.schedule import rank_orders, stage_owner
 from meshscale.sim.step import simulate
-from meshscale.specs.cluster import PRESETS as CLUSTERS
+from meshscale.specs.cluster import PRESETS as CLUSTERS, Software
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import PRESETS as MODELS
 
@@ -66,29 +68,33 @@ def test_orders_are_torchs(schedule, vpp):
             assert ours == theirs, (schedule, pp, m)
 
 
-def _unit_bubble(schedule, pp, vpp, m):
-    """Idle over busy time of a pipeline with F = B = W (the closed forms' assumption), no communication."""
+def _unit_bubble(schedule, pp, vpp, m, f=1.0, b=1.0, w=1.0):
+    """Idle over busy time of a pipeline of equal ranks whose passes take f, b, w, no communication."""
     v_shape = schedule in ("zbv", "dualpipev")
-    unit = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
+    unit = {"F": f, "B": b + w, "I": b, "W": w}
     run = engine.run(rank_orders(schedule, pp, vpp, m), lambda s: stage_owner(s, pp, v_shape),
                      lambda r, s, k, mb: (unit[k] / vpp, 0.0), 0.0)
-    return (max(p.end for p in run.passes) - 3 * m) / (3 * m)
+    return (max(p.end for p in run.passes) - (f + b + w) * m) / ((f + b + w) * m)
 
 
-@pytest.mark.parametrize("schedule,vpp", [s for s in SHAPES if s[0] != "dualpipev"])
+@pytest.mark.parametrize("schedule,vpp", SHAPES)
 def test_bubble_equals_closed_form(schedule, vpp):
+    """cost/pipeline.py's closed forms are the idle time of the orders torch runs: at m = p too, where
+    torch's ZB-V idles twice Qi et al.'s (p-1)/(6m), and for DualPipeV, which idles as ZB-V."""
     for pp in (2, 4, 8):
-        for m in (2 * pp, 4 * pp, 8 * pp):
+        for m in sorted({pp, pp + 1, 3 * pp // 2, 2 * pp, 4 * pp, 8 * pp}):
+            if not _valid(schedule, pp, m):
+                continue
             closed = bubble_ratio(Layout(pp=pp, vpp=vpp, schedule=schedule), m)
             assert _unit_bubble(schedule, pp, vpp, m) == pytest.approx(closed, rel=0.01), (schedule, pp, m)
 
 
-def test_dualpipev_bubble_is_zbvs():
-    """torch's DualPipeV order, its overlapped F&B pairs run one after the other, idles (p-1)/(6m) of the
-    work, as ZB-V does; cost/pipeline.py charges DualPipeV (p-1)/(3m), twice that (reported, not changed here)."""
-    for pp in (2, 4, 8):
-        for m in (2 * pp, 4 * pp):
-            assert _unit_bubble("dualpipev", pp, 2, m) == pytest.approx((pp - 1) / (6 * m), rel=0.01)
+def test_zb_bubble_with_unequal_passes():
+    """ZB-H1 idles (p-1)(F+B-W) (Qi et al. 2024 sec. 3.1): predict's form with the kernels' F, B, W."""
+    for f, b, w in ((0.33, 0.41, 0.26), (0.26, 0.52, 0.22)):
+        for pp, m in ((4, 8), (8, 16), (8, 40)):
+            closed = bubble_ratio(Layout(pp=pp, schedule="zb"), m, Passes(f, b, w))
+            assert _unit_bubble("zb", pp, 1, m, f, b, w) == pytest.approx(closed, rel=0.01)
 
 
 AGREE = [("llama2-7b", "fsdp=128", 128, 256), ("llama2-7b", "dp=64,tp=2,sp=true", 128, 256),
@@ -96,19 +102,26 @@ AGREE = [("llama2-7b", "fsdp=128", 128, 256), ("llama2-7b", "dp=64,tp=2,sp=true"
          ("llama2-70b", "tp=8,pp=4,schedule=interleaved,vpp=5,recompute=selective", 512, 512),
          ("llama2-70b", "dp=16,zero=2,tp=8,pp=4,schedule=gpipe", 512, 512),
          ("llama2-70b", "dp=32,zero=3,pp=2,vpp=8,schedule=interleaved,cp=2,mbs=1", 128, 1024),
+         ("llama2-70b", "dp=4,zero=1,tp=8,pp=4,schedule=dualpipev", 128, 256),
          ("llama3-405b", "tp=8,pp=16,zero=1,schedule=1f1b", 16384, 2048),
          ("llama3-405b", "tp=8,pp=8,zero=1,schedule=zbv", 8192, 2048),
          ("gpt3-175b", "tp=8,pp=8,recompute=full", 1024, 1536),
          ("mixtral-8x7b", "dp=16,zero=1,ep=8,tp=2,pp=2", 64, 256)]
+SOFTWARE = (Software(),  # the defaults
+            Software(grad_reduce_overlap=False, param_gather_overlap=False, fsdp_prefetch=False),  # all off
+            Software(tp_comm_overlap=True, ep_comm_overlap=True))  # all on
 
 
 @pytest.mark.parametrize("model,layout,devices,batch", AGREE)
 def test_step_agrees_with_predict(model, layout, devices, batch):
-    sim = simulate(MODELS[model], CLUSTERS["h100-80gb"], Layout.parse(layout, devices), batch)
-    pred = predict(MODELS[model], CLUSTERS["h100-80gb"], Layout.parse(layout, devices), batch)
-    assert sim.step_time_s == pytest.approx(pred.step_time_s, rel=0.02)
-    assert sim.bubble_fraction == pytest.approx(pred.bubble_fraction, abs=0.02)
-    assert len(sim.ranks) == Layout.parse(layout, devices).pp  # one representative per pipeline rank
+    """With the default overlap switches, with every overlap off and with every overlap on."""
+    for software in SOFTWARE:
+        cluster = replace(CLUSTERS["h100-80gb"], software=software)
+        sim = simulate(MODELS[model], cluster, Layout.parse(layout, devices), batch)
+        pred = predict(MODELS[model], cluster, Layout.parse(layout, devices), batch)
+        assert sim.step_time_s == pytest.approx(pred.step_time_s, rel=0.02)
+        assert sim.bubble_fraction == pytest.approx(pred.bubble_fraction, abs=0.02)
+        assert len(sim.ranks) == Layout.parse(layout, devices).pp  # one representative per pipeline rank
 
 
 def test_straggler_slows_the_step_and_says_who_waits():

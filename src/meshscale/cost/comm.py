@@ -42,10 +42,10 @@ def data_parallel_ops(zero: int, params: float, m: int, param_bytes: int, units:
     if zero == 0:  # DDP: one all-reduce after the last micro-batch (no_sync before)
         return [("all_reduce", grads, buckets, "backward")]
     if zero == 1:  # reduce-scatter the gradient once; all-gather the updated fp32 params
-        return [("reduce_scatter", grads, buckets, "backward"), ("all_gather", 4 * params, buckets, "none")]
+        return [("reduce_scatter", grads, buckets, "backward"), ("all_gather", 4 * params, buckets, "forward")]
     if zero == 2:  # nobody holds a full gradient: reduce-scatter every micro-batch
         return [("reduce_scatter", grads * m, buckets * m, "each_backward"),
-                ("all_gather", 4 * params, buckets, "none")]
+                ("all_gather", 4 * params, buckets, "forward")]
     blocks = params - root_params
     if pipelined:
         # FSDP2 inside torch's pipeline stages (measured on torch 2.13): the stage defers gradient sync and
@@ -85,7 +85,7 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
         return [("all_reduce", v * calls + small, calls + small_calls, "none")] + \
             ([("all_gather", v * gathers, gathers, "none")] if gathers else [])
     norm_calls = (2 * n_layers + last) * m
-    return [("all_gather", v * calls, calls, "none"), ("reduce_scatter", v * calls, calls, "none"),
+    return [("all_gather", v * calls, calls, "gemm"), ("reduce_scatter", v * calls, calls, "gemm"),
             ("all_reduce", small + norm_calls * model.hidden * 4, small_calls + norm_calls, "none")]
 
 
@@ -137,7 +137,7 @@ def expert_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     local = tokens / (layout.tp if layout.sp else 1)
     v = local * model.top_k * model.hidden * act_bytes
     calls = moe_layers * m * (4 + (2 if layout.recompute == "full" else 0))
-    return [("all_to_all", v * calls, calls, "none")]
+    return [("all_to_all", v * calls, calls, "other_microbatch")]
 
 
 # ---- where it travels ------------------------------------------------------------------------------

@@ -52,11 +52,15 @@ def last_rank(layout: Layout) -> int:
     return 0 if is_v(layout) else layout.pp - 1
 
 
+def rank_chunks(pp: int, chunks: int, v_shape: bool, rank: int) -> tuple:
+    """The pipeline chunks (stages) rank `rank` holds, as stage_layers places them."""
+    return (rank, chunks - 1 - rank) if v_shape else tuple(range(rank, chunks, pp))
+
+
 @lru_cache(maxsize=65536)
 def _stage_layers(layers: int, pp: int, chunks: int, v_shape: bool, rank: int) -> tuple:
     ranges = split_layers(layers, chunks)  # the runtime's cut (embedding and head count as a layer each)
-    owned = (rank, chunks - 1 - rank) if v_shape else range(rank, chunks, pp)
-    return tuple(i for c in owned for i in ranges[c])
+    return tuple(i for c in rank_chunks(pp, chunks, v_shape, rank) for i in ranges[c])
 
 
 def params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
@@ -103,6 +107,8 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, 
     Korthikanti et al. 2022 eq. 2: s*b*h*(34 + 5*a*s/h), of which 10*s*b*h (norms, block inputs, dropout
     masks) is not split by TP unless SP is on; the 5*a*s^2*b attention scores vanish with selective
     recompute (sec. 5) and with a fused (flash) attention kernel. Full recompute keeps each layer's input, 2*s*b*h.
+    The two 1-byte dropout masks exist only for models trained with dropout: GPT-style models (biases; Brown et
+    al. 2020) do, LLaMA-style models do not (Touvron et al. 2023).
     """
     h, s, t = model.hidden, model.seq, layout.tp
     if layout.recompute == "full":
@@ -117,7 +123,7 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, 
         mlp_split = 6 * model.ffn  # gate, up and their product (the down projection's input)
     if model.is_moe:
         mlp_split *= (model.top_k + model.shared_experts) * model.expert_ffn / model.ffn
-    unsplit = 10 * h  # two norms' inputs (4h), attention and MLP inputs (4h), two dropout masks (2h)
+    unsplit = (10 if model.biases else 8) * h  # two norms' inputs (4h), attention and MLP inputs (4h), masks (2h)
     scores = 5 * model.heads * s if layout.recompute == "none" and not fused_attention else 0
     per_token = unsplit / (t if layout.sp else 1) + (attn_split + mlp_split + scores) / t
     return per_token * tokens
@@ -139,6 +145,27 @@ def inflight_microbatches(layout: Layout, m: int) -> float:
     return min(m, p)
 
 
+def held_layer_microbatches(model: ModelSpec, layout: Layout, m: int) -> float:
+    """Layer activations (one layer, one micro-batch each) the first pipeline rank holds at its peak. The
+    interleaved schedule is counted chunk by chunk: rank 0 runs (p-1)*2 + (v-1)*p warm-up forwards, p micro-
+    batches per chunk in turn, then one more before its first backward (Megatron-LM, schedules.py,
+    forward_backward_pipelining_with_interleaving), and its chunks differ in size (the embedding takes a slot
+    in the first). Other schedules: the rank's layers times inflight_microbatches."""
+    return _held(model.layers, layout.pp, layout.vpp, layout.schedule, is_v(layout), m)
+
+
+@lru_cache(maxsize=65536)
+def _held(layers: int, pp: int, vpp: int, schedule: str, v_shape: bool, m: int) -> float:
+    layout = Layout(pp=pp, vpp=vpp, schedule=schedule)
+    own = _stage_layers(layers, pp, pp * vpp, v_shape, 0)
+    if pp == 1 or schedule != "interleaved":
+        return len(own) * inflight_microbatches(layout, m)
+    ranges = split_layers(layers, pp * vpp)
+    sizes = [len(ranges[c]) for c in range(0, pp * vpp, pp)]  # rank 0's chunks, in order
+    forwards = min((pp - 1) * 2 + (vpp - 1) * pp + 1, m * vpp)
+    return sum(sizes[(k // pp) % vpp] for k in range(forwards))
+
+
 def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, precision: str = "bf16",
                       fused_attention: bool = True) -> Memory:
     layout = layout.resolve_mbs(global_batch)
@@ -152,15 +179,17 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
     optimizer = p * bytes_["optimizer"] / (shard if layout.zero >= 1 else 1)
     tokens = layout.mbs * model.seq / layout.cp
     scale = bytes_["compute"] / 2
-    # The first rank (busiest in activations) holds ~layers/pp layers for each micro-batch in flight.
+    # The first rank (busiest in activations) holds its layers for each micro-batch in flight; the embedding
+    # counts as a layer in the cut, so it holds fewer (Llama 3, Dubey et al. 2024 sec. 3.3.2, balances so).
+    # Parameters are those of the busiest rank: a bound when the two differ.
     per_layer = activation_bytes_per_layer(model, layout, tokens, fused_attention) * scale
-    n_layers = model.layers / layout.pp
-    acts = per_layer * n_layers * inflight_microbatches(layout, m)
+    acts = per_layer * held_layer_microbatches(model, layout, m)
     if layout.recompute == "full":  # one layer is rebuilt at a time during backward
         full = activation_bytes_per_layer(model, Layout(tp=layout.tp, sp=layout.sp, recompute="selective"), tokens)
         acts += full * scale
-    # fp32 logits for the loss on the last stage (counted once: its micro-batch is freed right away).
-    acts += 4 * tokens * model.vocab / layout.tp
+    # fp32 logits for the loss where the first rank also holds the head (counted once: freed right away).
+    if last_rank(layout) == 0:
+        acts += 4 * tokens * model.vocab / layout.tp
     return Memory(params=params, grads=grads, optimizer=optimizer, activations=acts)
 
 

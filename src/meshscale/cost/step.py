@@ -10,9 +10,10 @@ from functools import lru_cache
 
 from meshscale.cost import comm, critical, flops
 from meshscale.cost.checkpoint import checkpoint_bytes
-from meshscale.cost.memory import (PRECISIONS, _stage_layers, activation_bytes_per_layer, busiest_rank, is_v,
-                                   last_rank, memory_per_device, params_on_rank, root_params_on_rank,
-                                   stage_layers)
+from meshscale.cost.kernels import Passes, counted_seconds, kernel_shape
+from meshscale.cost.memory import (PRECISIONS, _stage_layers, activation_bytes_per_layer, busiest_rank,
+                                   is_v, last_rank, memory_per_device, params_on_rank, rank_chunks,
+                                   root_params_on_rank, stage_layers)
 from meshscale.cost.pipeline import bubble_ratio
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
@@ -30,7 +31,7 @@ class CommEntry:
     tier: str
     calls: int
     group: int
-    overlap: str  # none | attention | backward | each_backward | fsdp: what hides it (see predict)
+    overlap: str  # what hides it (predict's rules below); "none" where its [software] switch is off
 
 
 @dataclass
@@ -111,15 +112,15 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     devices = layout.devices
     act_bytes = PRECISIONS[precision]["compute"]
     peak = cluster.peak_flops(precision)
-    rate = peak * cluster.matmul_efficiency
     tokens = layout.mbs * model.seq / layout.cp  # per device per micro-batch, before TP
-    split = layout.tp * layout.cp  # TP splits every matmul, CP the sequence
+    sw = cluster.software
 
-    # Compute on the slowest pipeline rank (the passes the simulator runs one by one).
-    compute_s = m * max(sum(rank_pass_seconds(model, cluster, layout, precision, r)) for r in range(layout.pp))
-    core = _slowest_stage(model, layout.pp, layout.stages, is_v(layout), layout.recompute,
-                          cluster.fused_attention)[1]
-    attention_s = m * layout.mbs * model.seq * (3 * core + (core if layout.recompute != "none" else 0)) / split / rate
+    # Compute on the slowest pipeline rank: shape-aware kernels plus the memory-bound element-wise work.
+    passes = stage_passes(model, cluster, layout, precision)
+    elementwise = elementwise_seconds(model, cluster, layout, tokens, act_bytes)
+    compute_s = m * passes.total
+    attention_s = m * passes.attention
+    gemm_s = compute_s - attention_s - m * elementwise
 
     # Communication: what each axis sends, on which link, how long.
     rank = busiest_rank(model, layout)
@@ -140,30 +141,40 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     ops += [("cp",) + op for op in comm.context_parallel_ops(model, layout, tokens, act_bytes, n_layers, m)]
     ops += [("ep",) + op for op in comm.expert_parallel_ops(model, layout, tokens, act_bytes, moe_layers, m)]
 
-    backward_mb = compute_s / m * 2 / 3  # backward is two thirds of a micro-batch's work
+    forward_mb = passes.forward
+    backward_mb = passes.backward + passes.weight
     entries, critical_path, dp_exposed = [], 0.0, 0.0
     fsdp_time = sum(_time(cluster, devices, layout, a, c, b, n) for a, c, b, n, o in ops if o == "fsdp")
     for axis, collective, nbytes, calls, overlap in ops:
         size, stride = _axis_group(layout, axis)
         link = comm.group_link(cluster, devices, size, stride)
         t = comm.collective_time(collective, nbytes, calls, size, link)
-        if overlap == "none":
-            exposed = t
-        elif overlap == "attention":  # ring steps hide behind the attention blocks they feed
+        overlap = _hides(overlap, sw, layout, m)
+        exposed = t
+        if overlap == "attention":  # ring steps hide behind the attention blocks they feed
             exposed = max(0.0, t - attention_s)
-        elif overlap == "backward":  # bucketed, behind the last micro-batch's backward; the last bucket shows
-            exposed = max(t - backward_mb, t / calls)
+        elif overlap == "backward":  # buckets behind the last micro-batch's backward
+            exposed = max(t - backward_mb, t / calls)  # the last bucket shows
         elif overlap == "each_backward":
             exposed = max(t - backward_mb * m, t / calls)
-        else:  # fsdp: prefetched one unit ahead, behind all compute; the first gather and last RS show
+        elif overlap == "forward":  # ZeRO-1/2 gather behind the next forward
+            exposed = max(t - forward_mb, t / calls)
+        elif overlap == "fsdp":  # one unit ahead, behind all compute; first and last show
             exposed = t * max(fsdp_time - compute_s, fsdp_time / calls) / fsdp_time if fsdp_time else 0.0
+        elif overlap == "other_microbatch":
+            exposed = max(t - compute_s * (m - 1) / m, t / m)  # the first micro-batch has no partner
+        elif overlap == "gemm":
+            # TP collectives decomposed into tp ring steps, each behind a slice of the GEMM it feeds (Wang et
+            # al. 2023, ASPLOS, "Overlap communication with dependent computation via decomposition"; Megatron-
+            # Core --tp-comm-overlap); the first step shows.
+            exposed = max(t - gemm_s, t / layout.tp)
         if axis == "dp":
             dp_exposed += exposed
         else:
             critical_path += exposed
         entries.append(CommEntry(axis, collective, nbytes, t, exposed, link.tier, calls, size, overlap))
 
-    ratio = bubble_ratio(layout, m)
+    ratio = bubble_ratio(layout, m, passes)
     bubble_s = ratio * (compute_s + critical_path)
     mem = memory_per_device(model, layout, global_batch, precision, cluster.fused_attention)
     optimizer_s = 2 * (mem.params + mem.grads + mem.optimizer) / cluster.hbm_bandwidth  # read + write
@@ -191,38 +202,61 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         checkpoint_bytes_per_device=ckpt_device, checkpoint_bytes_total=ckpt_total)
 
 
-def chunk_pass_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision: str,
-                       chunk: int) -> tuple[float, float, float]:
-    """Seconds of one micro-batch's forward (F), input-gradient (B) and weight-gradient (W) passes through
-    pipeline chunk `chunk` on one device (`layout` with mbs resolved). Backward costs twice the forward
-    (flops.py), half for the input and half for the weight gradients (Qi et al. 2023, arXiv:2401.10241,
-    sec. 2); recomputation runs before the input gradient; the memory-bound kernels of the rank
-    (elementwise_seconds) are shared evenly by its chunks and in proportion to FLOPs by the passes."""
-    fwd, extra = _chunk_flops(model, layout.stages, layout.recompute, cluster.fused_attention, chunk)
-    rate = cluster.peak_flops(precision) * cluster.matmul_efficiency
+def _hides(overlap: str, sw, layout: Layout, m: int) -> str:
+    """A collective's overlap class (cost/comm.py) as it runs: "none" where the [software] switch is off."""
+    on = {"attention": True, "backward": sw.grad_reduce_overlap, "each_backward": sw.grad_reduce_overlap,
+          "forward": sw.param_gather_overlap, "fsdp": sw.fsdp_prefetch,
+          "other_microbatch": (sw.ep_comm_overlap or layout.schedule == "dualpipev") and m > 1,
+          "gemm": sw.tp_comm_overlap}
+    return overlap if on.get(overlap, False) else "none"
+
+
+def chunk_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, chunk: int,
+                 precision: str = "bf16") -> Passes:
+    """F, B, W of one micro-batch through pipeline chunk (stage) `chunk`: its layers' kernels
+    (cost/kernels.py), the output head on the last chunk, and its share (1/vpp) of the rank's element-wise
+    work, a third in forward and two thirds in backward. `layout` must have its mbs resolved."""
+    kind = _chunk_kinds(model, layout.stages)[chunk]
+    peak = cluster.peak_flops(precision)
+    act_bytes = PRECISIONS[precision]["compute"]
+    kernels = counted_seconds(model, cluster, kernel_shape(layout), *kind, peak, act_bytes)
     tokens = layout.mbs * model.seq / layout.cp
-    work = 3 * fwd + extra
-    total = tokens * work / layout.tp / rate
-    total += elementwise_seconds(model, cluster, layout, tokens, PRECISIONS[precision]["compute"]) / layout.vpp
-    return total * fwd / work, total * (fwd + extra) / work, total * fwd / work
+    elementwise = elementwise_seconds(model, cluster, layout, tokens, act_bytes) / layout.vpp
+    return kernels + Passes(elementwise / 3, elementwise * 2 / 3)
 
 
-def rank_pass_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision: str,
-                      rank: int) -> tuple[float, float, float]:
-    """(F, B, W) of one micro-batch on pipeline rank `rank`: the sum over the chunks it holds."""
-    chunks = (rank, layout.stages - 1 - rank) if is_v(layout) else range(rank, layout.stages, layout.pp)
-    passes = [chunk_pass_seconds(model, cluster, layout, precision, c) for c in chunks]
-    return tuple(sum(p[i] for p in passes) for i in range(3))
+def rank_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: int,
+                precision: str = "bf16") -> Passes:
+    """F, B, W of one micro-batch on pipeline rank `rank`: the sum over the chunks it holds (the passes the
+    simulator runs one by one)."""
+    return sum((chunk_passes(model, cluster, layout, c, precision)
+                for c in rank_chunks(layout.pp, layout.stages, is_v(layout), rank)), Passes())
 
 
-@lru_cache(maxsize=65536)
-def _chunk_flops(model, chunks, recompute, fused, chunk) -> tuple[float, float]:
-    """Forward FLOPs per token of one chunk (the last one carries the output head) and its recompute extra."""
-    layer, core = _layer_tables(model, fused)
-    owned = split_layers(model.layers, chunks)[chunk]
-    fwd = sum(layer[i] for i in owned) + (flops.logits_flops(model) if chunk == chunks - 1 else 0.0)
-    extra = {"full": sum(layer[i] for i in owned), "selective": len(owned) * core}.get(recompute, 0.0)
-    return fwd, extra
+def stage_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision: str = "bf16") -> Passes:
+    """F, B, W of one micro-batch on the slowest pipeline rank (what the step waits for)."""
+    ranks = _distinct_ranks(model, layout.pp, layout.stages, is_v(layout))
+    return max((rank_passes(model, cluster, layout, r, precision) for r in ranks), key=lambda p: p.total)
+
+
+@lru_cache(maxsize=4096)
+def _chunk_kinds(model: ModelSpec, chunks: int) -> tuple:
+    """(dense layers, MoE layers, holds the head) of each pipeline chunk."""
+    out = []
+    for c, owned in enumerate(split_layers(model.layers, chunks)):
+        moe = sum(model.is_moe_layer(i) for i in owned) if model.is_moe else 0
+        out.append((len(owned) - moe, moe, c == chunks - 1))
+    return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def _distinct_ranks(model: ModelSpec, pp: int, chunks: int, v_shape: bool) -> tuple:
+    """One pipeline rank per distinct multiset of chunk kinds: ranks holding alike chunks cost alike."""
+    kinds = _chunk_kinds(model, chunks)
+    first = {}
+    for r in range(pp):
+        first.setdefault(tuple(sorted(kinds[c] for c in rank_chunks(pp, chunks, v_shape, r))), r)
+    return tuple(first.values())
 
 
 def elementwise_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float,
@@ -231,15 +265,19 @@ def elementwise_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, 
     about what a layer stores for backward, written and read once per pass (Ivanov et al. 2021, "Data
     movement is all you need": these take a third of BERT's time at 0.2% of its FLOPs). Passes: forward,
     backward (2x), and the recomputed forward."""
-    no_scores = Layout(tp=layout.tp, sp=layout.sp, recompute="selective")
-    stored = activation_bytes_per_layer(model, no_scores, tokens)
-    scores = 0.0
-    if not cluster.fused_attention:
-        scores = activation_bytes_per_layer(model, Layout(tp=layout.tp, sp=layout.sp), tokens) - stored
-    passes = 3 + (1 if layout.recompute == "full" else 0)
-    score_passes = passes + (1 if layout.recompute == "selective" else 0)
-    n_layers = model.layers / layout.pp
-    return 2 * n_layers * (stored * passes + scores * score_passes) * act_bytes / 2 / cluster.hbm_bandwidth
+    per_token = _elementwise_per_token(model, cluster.fused_attention, layout.tp, layout.sp, layout.recompute)
+    return model.layers / layout.pp * tokens * per_token * act_bytes / cluster.hbm_bandwidth
+
+
+@lru_cache(maxsize=4096)
+def _elementwise_per_token(model: ModelSpec, fused: bool, tp: int, sp: bool, recompute: str) -> float:
+    """Bytes (per byte of activation) one layer's element-wise kernels move per token: written and read once
+    per pass, the 2-byte accounting of activation_bytes_per_layer scaled to one byte."""
+    stored = activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute="selective"), 1)
+    scores = 0.0 if fused else activation_bytes_per_layer(model, Layout(tp=tp, sp=sp), 1) - stored
+    passes = 3 + (1 if recompute == "full" else 0)
+    score_passes = passes + (1 if recompute == "selective" else 0)
+    return stored * passes + scores * score_passes
 
 
 def _time(cluster, devices, layout, axis, collective, nbytes, calls) -> float:

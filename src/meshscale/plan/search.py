@@ -14,8 +14,10 @@ from itertools import product
 
 import numpy as np
 
-from meshscale.cost import comm, flops, predict
-from meshscale.cost.memory import PRECISIONS, _params_per_rank, activation_bytes_per_layer
+from meshscale.cost import comm, predict
+from meshscale.cost.kernels import attention_core_seconds
+from meshscale.cost.memory import (PRECISIONS, _held, _params_per_rank, activation_bytes_per_layer, busiest_rank,
+                                   params_on_rank, root_params_on_rank, stage_layers)
 from meshscale.cost.step import Prediction, _slowest_stage, elementwise_seconds
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
@@ -132,9 +134,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         rebuild = np.array([activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute="selective"), 1)
                             for sp in sps]) * scale
         tokens = mbs * model.seq / cp
-        inflight = _inflight(names, k_i, pp, v, m)
-        acts = (per_token[s_i, r_i] * model.layers / pp * inflight + np.where(r_i == 2, rebuild[s_i], 0.0)
-                + 4 * model.vocab / tp) * tokens
+        held = {(k, mm): _held(model.layers, pp, scheds[k][1], names[k], names[k] in ("zbv", "dualpipev") and pp > 1,
+                               int(mm)) for k, mm in set(zip(k_i.tolist(), m.tolist()))}
+        held = np.array([held[k, mm] for k, mm in zip(k_i.tolist(), m.tolist())])
+        logits = np.where(is_v | (pp == 1), 4 * model.vocab / tp, 0.0)  # the head on the first rank
+        acts = (per_token[s_i, r_i] * held + np.where(r_i == 2, rebuild[s_i], 0.0) + logits) * tokens
         total = static + acts
         ok = total <= capacity
         if pp > 1:  # all schedules but GPipe need at least pp micro-batches in flight
@@ -151,20 +155,39 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         stage = np.array([[_work(model, pp, pp * vv, n in ("zbv", "dualpipev"), r, cluster.fused_attention)
                            for r in RECOMPUTE] for n, vv in scheds])
         compute = per_rank * model.seq * stage[k_i, r_i] / (tp * cp) / rate
-        compute = compute + per_rank * np.array([[elementwise_seconds(
+        elementwise = per_rank * np.array([[elementwise_seconds(
             model, cluster, Layout(tp=tp, sp=sp, recompute=r, pp=pp), model.seq / cp, bytes_["compute"])
             for r in RECOMPUTE] for sp in sps])[s_i, r_i]
+        compute = compute + elementwise
+        # the forward alone (no recompute): what is left of a micro-batch once its backward has started
+        forward = np.array([_slowest_stage(model, pp, pp * vv, n in ("zbv", "dualpipev"), "none",
+                                           cluster.fused_attention)[0] for n, vv in scheds])
+        forward = per_rank * model.seq * forward[k_i] / (tp * cp) / rate + elementwise / 3
         shape = (model, cluster, devices, tp, pp, cp, dp, ep, per_rank, bytes_["compute"], rate)
-        floor_r = np.array([_floor_tp_cp(*shape, r) for r in RECOMPUTE])
+        layouts = [Layout(tp=tp, pp=pp, vpp=vv, schedule=n) for n, vv in scheds]
+        owned = [len(stage_layers(model, lay, r)) for lay in layouts for r in range(pp)]
+        floor_r = np.array([_floor_tp(*shape, r) + _floor_cp(*shape, r, min(owned), max(owned)) for r in RECOMPUTE])
         floor_k = np.array([_floor_pp(*shape, n, vv) for n, vv in scheds])
-        gather = _time_no_latency(cluster, devices, "all_gather", 4 * p_std, dp * cp, tp) if dp * cp > 1 else 0.0
+        # per schedule, the busiest rank's parameters and those of its root unit: what predict charges
+        busy = [busiest_rank(model, lay) for lay in layouts]
+        p_k = np.array([params_on_rank(model, lay, r) for lay, r in zip(layouts, busy)])[k_i]
+        root_k = np.array([root_params_on_rank(model, lay, r) for lay, r in zip(layouts, busy)])[k_i]
+        ag = _time_no_latency(cluster, devices, "all_gather", 1.0, dp * cp, tp)  # seconds per byte
+        rs = _time_no_latency(cluster, devices, "reduce_scatter", 1.0, dp * cp, tp)
+        gather = ag * 4 * p_k if not cluster.software.param_gather_overlap else 0.0
         ratio = _bubble(names, k_i, pp, v, m)
         bound = (compute + floor_r[r_i] + floor_k[k_i]) * (1 + ratio) + np.where((z == 1) | (z == 2), gather, 0.0)
         if dp * cp > 1:  # gradient reduction not hidden by backward (zero 0-2) or FSDP traffic beyond compute
-            grads = _time_no_latency(cluster, devices, "reduce_scatter", 4 * p_std, dp * cp, tp)
-            backward = compute * 2 / 3
-            fsdp = m * (grads + _time_no_latency(cluster, devices, "all_gather", 2 * bytes_["compute"] * p_std,
-                                                 dp * cp, tp))
+            grads = rs * 4 * p_k
+            backward = compute - forward
+            # ZeRO-3 (comm.data_parallel_ops): without a pipeline each micro-batch gathers the blocks twice and
+            # the root once and reduce-scatters the gradient; inside one, every forward gathers the blocks, all
+            # backwards gather them once more, and the gradient is reduce-scattered once.
+            blocks = p_k - root_k
+            if pp == 1:
+                fsdp = m * (grads + ag * bytes_["compute"] * (2 * blocks + root_k))
+            else:
+                fsdp = grads + ag * bytes_["compute"] * ((m + 1) * blocks + root_k)
             unhidden = np.select([z == 0, z == 1, z == 2], [2 * grads - backward / m, grads - backward / m,
                                                              m * grads - backward], fsdp - compute)
             bound = bound + np.maximum(unhidden, 0.0)
@@ -217,51 +240,53 @@ def _time_no_latency(cluster, devices, collective, nbytes, size, stride) -> floa
     return comm.collective_time(collective, nbytes, 0, size, comm.group_link(cluster, devices, size, stride))
 
 
-def _floor_tp_cp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, rate, recompute) -> float:
-    """Bandwidth time of TP, EP and unhidden CP traffic for the whole step on the lightest rank."""
+def _floor_tp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, rate, recompute) -> float:
+    """Bandwidth time of the TP traffic for the whole step on the lightest rank. EP all-to-alls are left out:
+    another micro-batch's compute may hide them (dualpipev, ep_comm_overlap)."""
     layout = Layout(dp=dp, tp=tp, cp=cp, ep=ep, recompute=recompute)
     tokens = per_rank * model.seq / cp
     n_layers = model.layers // pp
-    t = sum(_time_no_latency(cluster, devices, c, b, tp, 1)
-            for c, b, _, _ in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, False, False, 1))
-    moe = model.moe_layers // pp
-    t += sum(_time_no_latency(cluster, devices, c, b, ep, tp)
-             for c, b, _, _ in comm.expert_parallel_ops(model, layout, tokens, act_bytes, moe, 1))
-    for c, b, _, _ in comm.context_parallel_ops(model, layout, tokens, act_bytes, n_layers, 1):
-        core = flops.attention_core_flops(model, model.seq, cluster.fused_attention) * n_layers
-        attention = per_rank * model.seq * core * (3 + (recompute != "none")) / (tp * cp) / rate
-        t += max(0.0, _time_no_latency(cluster, devices, c, b, cp, tp) - attention)
-    return t
+    return sum(_time_no_latency(cluster, devices, c, b, tp, 1)
+               for c, b, _, o in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, False, False, 1)
+               if not (o == "gemm" and cluster.software.tp_comm_overlap))
+
+
+def _floor_cp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, rate, recompute, fewest,
+              most) -> float:
+    """The CP ring time the attention cannot hide: the ring of the rank with the `fewest` layers against the
+    attention of the `most`. A fused kernel's time is linear in the tokens, so it does not depend on mbs; the
+    batched GEMMs of unfused attention are not, and get no CP term."""
+    if cp == 1 or not cluster.fused_attention:
+        return 0.0
+    layout = Layout(dp=dp, tp=tp, cp=cp, ep=ep, recompute=recompute, mbs=1)
+    f, b = attention_core_seconds(model, cluster, layout, model.seq / cp, rate / cluster.matmul_efficiency,
+                                  act_bytes)
+    attention = per_rank * most * (f + b + (f if recompute != "none" else 0.0))
+    tokens = per_rank * model.seq / cp
+    ring = sum(_time_no_latency(cluster, devices, c, nbytes, cp, tp)
+               for c, nbytes, _, _ in comm.context_parallel_ops(model, layout, tokens, act_bytes, fewest, 1))
+    return max(0.0, ring - attention)
 
 
 def _floor_pp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, rate, schedule, vpp) -> float:
     if pp == 1:
         return 0.0
     layout = Layout(dp=dp, tp=tp, cp=cp, pp=pp, vpp=vpp, schedule=schedule)
-    ops = comm.pipeline_ops(model, layout, per_rank * model.seq / cp, act_bytes, 1)
+    quietest = min(range(pp), key=lambda r: comm.pipeline_sends(layout, r))  # predict costs one rank's sends
+    ops = comm.pipeline_ops(model, layout, per_rank * model.seq / cp, act_bytes, 1, quietest)
     return sum(_time_no_latency(cluster, devices, c, b, 2, tp * cp * dp) for c, b, _, _ in ops)
 
 
-def _inflight(names, k_i, pp, v, m):
-    """Vectorised `memory.inflight_microbatches`."""
-    if pp == 1:
-        return np.ones_like(m)
-    sched = np.array(names)[k_i]
-    base = np.minimum(m, pp)
-    out = np.where(sched == "gpipe", m, base)
-    out = np.where(sched == "interleaved", base * (1 + (pp - 1) / (pp * v)), out)
-    return np.where(sched == "dualpipev", np.minimum(m, pp + 1), out)
-
-
 def _bubble(names, k_i, pp, v, m):
-    """Vectorised `pipeline.bubble_ratio`."""
+    """`pipeline.bubble_ratio` (F = B = W) over arrays; tests/test_plan.py checks they agree."""
     if pp == 1:
         return np.zeros_like(m)
     sched = np.array(names)[k_i]
     out = (pp - 1) / m
     out = np.where(sched == "interleaved", (pp - 1) / (v * m), out)
-    out = np.where(np.isin(sched, ("zb", "dualpipev")), (pp - 1) / (3 * m), out)
-    return np.where(sched == "zbv", (pp - 1) / (6 * m), out)
+    out = np.where(sched == "zb", (pp - 1) / (3 * m), out)
+    v_shape = np.maximum(pp - 1, 2 * (2 * pp - 1 - m)) / (6 * m)
+    return np.where(np.isin(sched, ("zbv", "dualpipev")), v_shape, out)
 
 
 def _layout(tp, pp, cp, dp, ep, z, sp, sched, mbs, r) -> str:

@@ -1,14 +1,15 @@
 """One optimizer step, simulated pass by pass from the cost model's own pieces.
 
-Every duration comes from cost/: each pass's compute from `chunk_pass_seconds` (the function `predict`
-sums), each collective's time and overlap class from the Prediction's comm entries:
-  - TP/SP, EP and the unhidden part of CP (overlap "none"/"attention", exposed_s) run inline: each pass
-    carries its share, in proportion to its compute;
+Every duration comes from cost/: each pass's compute from `chunk_passes` (what `rank_passes` and so
+`predict` sum), each collective's time and overlap class from the Prediction's comm entries:
+  - TP/SP, EP and CP (exposed_s: what their overlap leaves) run inline: each pass carries its share, in
+    proportion to its compute;
   - stage-boundary sends (the pp entry: latency + bytes / bandwidth per send) delay the receiving pass;
-  - FSDP traffic ("fsdp") runs on the data-parallel stream one pass ahead of compute (prefetch);
+  - FSDP traffic ("fsdp", with fsdp_prefetch) runs on the data-parallel stream one pass ahead of compute;
   - the bucketed gradient reduction ("backward", "each_backward") starts as the last micro-batch's
     backward (all micro-batches' backwards for ZeRO-2) begins and ends at least one bucket after it;
-  - then the optimizer update, then ZeRO-1/2's parameter all-gather ("none" on dp).
+  - then the optimizer update, then ZeRO-1/2's parameter all-gather ("forward": beside the next forward).
+  Traffic whose [software] overlap switch is off ("none" on dp) runs whole after the last backward.
 Pass orders are the runtime's schedules (sim/schedule.py).
 
 Symmetry: under the cost model every DP/CP replica and every TP rank of a pipeline stage does the same
@@ -23,7 +24,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from meshscale.cost import predict
-from meshscale.cost.step import chunk_pass_seconds, rank_pass_seconds
+from meshscale.cost.step import chunk_passes, rank_passes
 from meshscale.errors import UserError
 from meshscale.sim import engine
 from meshscale.sim.schedule import rank_orders, stage_owner
@@ -125,13 +126,14 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batc
 def _durations(model, cluster, layout, precision, pred):
     """seconds_for(slow) -> seconds(rank, stage, kind) for the engine, the seconds of one stage-boundary
     send, and the FSDP share of a pass (None without FSDP), all from the cost model."""
-    chunk = [chunk_pass_seconds(model, cluster, layout, precision, c) for c in range(layout.stages)]
+    chunk = [chunk_passes(model, cluster, layout, c, precision) for c in range(layout.stages)]
     inline = sum(e["exposed_s"] for e in pred.comm if e["axis"] in INLINE_AXES)
     pp_entry = next((e for e in pred.comm if e["axis"] == "pp"), None)
     send_s = pp_entry["time_s"] / pp_entry["calls"] if pp_entry else 0.0
     fsdp = sum(e["time_s"] for e in pred.comm if e["axis"] == "dp" and e["overlap"] == "fsdp")
     units = [len(r) for r in split_layers(model.layers, layout.stages)]
-    per_pass = {"F": lambda c: c[0], "B": lambda c: c[1] + c[2], "I": lambda c: c[1], "W": lambda c: c[2]}
+    per_pass = {"F": lambda c: c.forward, "B": lambda c: c.backward + c.weight, "I": lambda c: c.backward,
+                "W": lambda c: c.weight}
 
     def seconds_for(slow: dict):
         def seconds(rank, stage, kind, mb):
@@ -158,24 +160,32 @@ def _replicas(layout: Layout, stragglers: dict) -> list[tuple[str, dict]]:
 
 
 def _data_parallel_tail(model, cluster, layout, precision, pred, m, last_backward) -> tuple[list, list]:
-    """Per pipeline rank, when its step ends: the gradient reduction (over all replicas, so after the
-    slowest one's last backward), the optimizer, then ZeRO-1/2's parameter all-gather; and their events."""
-    dp = [e for e in pred.comm if e["axis"] == "dp"]
-    sync = next((e for e in dp if e["overlap"] in ("backward", "each_backward")), None)
-    gather_after = sum(e["time_s"] for e in dp if e["overlap"] == "none")
+    """Per pipeline rank, when its step ends, and the events on the way: the gradient reduction (over all
+    replicas, so after the slowest one's last backward), the optimizer, then ZeRO-1/2's parameter all-gather.
+    With grad_reduce_overlap the reduction's buckets run behind the last micro-batch's backward (ZeRO-2: all
+    of them) and one bucket shows; with param_gather_overlap the gather runs beside the next step's first
+    forward and one bucket shows. Traffic whose [software] switch is off runs whole."""
+    dp = [e for e in pred.comm if e["axis"] == "dp" and e["overlap"] != "fsdp"]
+    reductions = [e for e in dp if e["collective"] != "all_gather"]
+    gathers = [e for e in dp if e["collective"] == "all_gather"]
     ends, events = [], []
     for r in range(layout.pp):
-        sync_end = backward_end = max(lb[r] for lb in last_backward)
-        if sync:  # predict's rule: behind the last micro-batch's backward (ZeRO-2: all of them), a bucket shows
-            window = sum(rank_pass_seconds(model, cluster, layout, precision, r)[1:])
-            window *= m if sync["overlap"] == "each_backward" else 1
-            sync_end = max(backward_end + sync["time_s"] / sync["calls"], backward_end - window + sync["time_s"])
-            events.append(engine.Event(r, "dp", "sync", sync_end - sync["time_s"], sync_end))
-        opt_end = sync_end + pred.optimizer_s
-        events.append(engine.Event(r, "compute", "opt", sync_end, opt_end))
-        if gather_after:
-            events.append(engine.Event(r, "dp", "sync", opt_end, opt_end + gather_after))
-        ends.append(opt_end + gather_after)
+        passes = rank_passes(model, cluster, layout, r, precision)
+        t = backward_end = max(lb[r] for lb in last_backward)
+        for e in reductions:
+            end = t + e["time_s"]
+            if e["overlap"] in ("backward", "each_backward"):
+                window = (passes.backward + passes.weight) * (m if e["overlap"] == "each_backward" else 1)
+                end = max(t + e["time_s"] / e["calls"], backward_end - window + e["time_s"])
+            events.append(engine.Event(r, "dp", "sync", end - e["time_s"], end))
+            t = end
+        events.append(engine.Event(r, "compute", "opt", t, t + pred.optimizer_s))
+        t += pred.optimizer_s
+        for e in gathers:
+            events.append(engine.Event(r, "dp", "gather", t, t + e["time_s"]))
+            hidden = passes.forward if e["overlap"] == "forward" else 0.0
+            t += max(e["time_s"] - hidden, e["time_s"] / e["calls"])
+        ends.append(t)
     return ends, events
 
 

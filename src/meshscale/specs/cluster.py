@@ -22,6 +22,21 @@ class Tier:
 
 
 @dataclass(frozen=True)
+class Software:
+    """Which communication the training framework overlaps with compute (cost/step.py applies these).
+    Defaults follow Megatron-Core with its distributed optimizer (Megatron-LM `--overlap-grad-reduce
+    --overlap-param-gather`), torch DDP's bucketed all-reduce and FSDP2's prefetch; TP overlap is opt-in as in
+    Megatron-Core (`--tp-comm-overlap`, Transformer Engine userbuffers) and torchtitan (async TP)."""
+    grad_reduce_overlap: bool = True  # gradient all-reduce / reduce-scatter buckets run during backward
+    param_gather_overlap: bool = True  # ZeRO-1/2 parameter all-gather runs during the next forward
+    fsdp_prefetch: bool = True  # ZeRO-3 gathers the next unit while the current one computes
+    tp_comm_overlap: bool = False  # TP/SP all-gather and reduce-scatter split into chunks behind their GEMMs
+    # MoE dispatch/combine all-to-alls of one micro-batch behind another's compute (Megatron-Core
+    # `--overlap-moe-expert-parallel-comm`; schedule=dualpipev always does, DeepSeek-V3 sec. 3.2.1)
+    ep_comm_overlap: bool = False
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     name: str
     accelerator: str
@@ -30,7 +45,7 @@ class ClusterSpec:
     peak_flops_fp32: float
     hbm_bytes: float
     hbm_bandwidth: float  # bytes/s
-    matmul_efficiency: float  # achieved fraction of peak on a transformer layer's large GEMMs
+    matmul_efficiency: float  # fraction of peak the best-shaped GEMM sustains (matmul micro-benchmarks)
     tiers: tuple = ()  # Tier, fastest first
     torus: tuple = ()  # TPU: ICI torus dims of the largest slice (tier 0 is then ICI, per axis)
     default_devices: int = 8
@@ -38,6 +53,15 @@ class ClusterSpec:
     # Software: a fused attention kernel (FlashAttention, Dao et al. 2022) skips masked blocks and never
     # stores the s x s scores. False describes 2021-22 Megatron-LM (the published A100 runs).
     fused_attention: bool = True
+    # Kernel shapes (cost/kernels.py): streaming multiprocessors a GEMM's output tiles are spread over (0: no
+    # wave quantization, as on a TPU), the output tile of one GEMM block (CUTLASS/cuBLAS 128x256 on Ampere and
+    # Hopper, the 128x128 MXU on TPU), the fixed per-tile cost in k (pipeline prologue and epilogue), and the
+    # fraction of peak a fused attention kernel reaches forward + backward (0: matmul_efficiency).
+    compute_units: int = 0
+    gemm_tile: tuple = (128, 128)
+    gemm_k_overhead: int = 0
+    attention_efficiency: float = 0.0
+    software: Software = Software()
     # Power per device (W) for energy per token: board power when busy, idle power otherwise (see POWER_W).
     board_power_w: float = 0.0
     idle_power_w: float = 0.0
@@ -47,6 +71,9 @@ class ClusterSpec:
                       for t in self.tiers)
         object.__setattr__(self, "tiers", tiers)
         object.__setattr__(self, "torus", tuple(self.torus))
+        object.__setattr__(self, "gemm_tile", tuple(self.gemm_tile))
+        if isinstance(self.software, dict):
+            object.__setattr__(self, "software", build(Software, self.software, f"cluster {self.name} [software]"))
         self.validate()
 
     def validate(self):
@@ -55,6 +82,11 @@ class ClusterSpec:
                 raise UserError(f"cluster {self.name}: {key} must be positive")
         if not 0 < self.matmul_efficiency <= 1:
             raise UserError(f"cluster {self.name}: matmul_efficiency must be in (0, 1]")
+        if not 0 <= self.attention_efficiency <= 1:
+            raise UserError(f"cluster {self.name}: attention_efficiency must be in [0, 1] (0: matmul_efficiency)")
+        if len(self.gemm_tile) != 2 or min(self.gemm_tile) < 1 or self.compute_units < 0 or self.gemm_k_overhead < 0:
+            raise UserError(f"cluster {self.name}: gemm_tile needs two positive sizes; compute_units and "
+                            "gemm_k_overhead must be >= 0")
         if not self.tiers:
             raise UserError(f"cluster {self.name}: give at least one interconnect tier")
         for t in self.tiers:
@@ -86,65 +118,85 @@ def _prod(xs) -> int:
 
 
 GB = 1e9
+MiB, GiB = 2**20, 2**30  # HBM stacks come in binary sizes: an "80 GB" GPU holds 80 GiB
 
 
-def _gpu(name, accel, bf16, fp8, fp32, hbm, hbm_bw, eff, nvlink, nvlink_size, nic, price, nvlink_eff=0.80,
-         nic_eff=0.85, **kw) -> ClusterSpec:
+def _gpu(name, accel, bf16, fp8, fp32, hbm, hbm_bw, eff, nvlink, nvlink_size, nic, price, sms, attention,
+         nvlink_eff=0.80, nic_eff=0.85, **kw) -> ClusterSpec:
     # Latencies: NCCL ring step ~1-2 us inside NVLink, ~5 us across InfiniBand (nccl-tests small-message
     # all_reduce on DGX systems: ~10-20 us for 8 GPUs, ~30-60 us across nodes).
+    # GEMM blocks: cuBLAS/CUTLASS bf16 kernels on Ampere and Hopper tile the output 128x256 and fill a
+    # 3-stage shared-memory pipeline of k-slices of 64 before the first MMA, so each tile pays ~128 of k
+    # (NVIDIA "Matrix Multiplication Background" guide: tile and wave quantization; Anthony et al. 2024,
+    # arXiv:2401.14489, sec. 4: GEMM throughput against shape).
     tiers = (Tier("nvlink", nvlink_size, nvlink, 1.5e-6, nvlink_eff), Tier("ib", 0, nic, 5e-6, nic_eff))
     return ClusterSpec(name=name, accelerator=accel, peak_flops_bf16=bf16, peak_flops_fp8=fp8,
                        peak_flops_fp32=fp32, hbm_bytes=hbm, hbm_bandwidth=hbm_bw, matmul_efficiency=eff,
-                       tiers=tiers, default_devices=nvlink_size, price_per_device_hour=price, **kw)
+                       tiers=tiers, default_devices=nvlink_size, price_per_device_hour=price, compute_units=sms,
+                       gemm_tile=(128, 256), gemm_k_overhead=128, attention_efficiency=attention, **kw)
 
 
-def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, eff=0.60) -> ClusterSpec:
+def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, eff=0.90) -> ClusterSpec:
     # ICI figure per torus axis with wraparound (two links, both directions), as the scaling book's W_ici;
-    # ICI hop latency ~1 us; DCN per chip (host NIC bandwidth / chips per host).
+    # ICI hop latency ~1 us; DCN per chip (host NIC bandwidth / chips per host). Matmuls run on 128x128 MXUs
+    # (Cloud TPU "performance guide": dimensions are padded to multiples of 128); large MXU-aligned matmuls run
+    # near peak (scaling book Part 1 takes them at peak; we keep 10% for the vector-unit epilogue), and XLA
+    # schedules tiles without GPU-style waves.
     tiers = (Tier("ici", _prod(torus), ici_axis, 1e-6, 0.90), Tier("dcn", 0, dcn, 10e-6, 0.80))
     return ClusterSpec(name=name, accelerator=accel, peak_flops_bf16=bf16, peak_flops_fp8=fp8,
                        peak_flops_fp32=bf16 / 2, hbm_bytes=hbm, hbm_bandwidth=hbm_bw, matmul_efficiency=eff,
-                       tiers=tiers, torus=torus, default_devices=_prod(torus), price_per_device_hour=price)
+                       tiers=tiers, torus=torus, default_devices=_prod(torus), price_per_device_hour=price,
+                       gemm_tile=(128, 128))
 
 
-# matmul_efficiency: achieved fraction of the dense peak on a transformer layer's GEMMs (large bf16 GEMMs plus
-# the attention and element-wise kernels around them). A100: Narayanan et al. 2021 (arXiv:2104.04473) report
-# 60-70% of peak for their layer GEMMs at h >= 8192 and MLPerf/cuBLAS bf16 GEMMs reach ~230-250 of 312 TFLOP/s;
-# we take 0.65. H100: cuBLAS bf16 GEMMs reach ~600-700 of 989 TFLOP/s (NVIDIA Hopper tuning guide, public
-# GEMM benchmarks), and whole layers run lower (Megatron-Core H100 runs report 40-50% MFU); we take 0.60.
+# matmul_efficiency: the fraction of the dense peak the best-shaped bf16 GEMM sustains, the ceiling of the
+# shape-aware GEMM model (cost/kernels.py). GPUs: the matmul-FLOPS finder scans of torch.matmul over shapes
+# (Bekman, ml-engineering, compute/accelerator/README.md and benchmarks/README.md). Training keeps the GPU at
+# its power limit, so the sustained figure (MSMF, after thermal soak) applies, not the boost burst (MAMF):
+# H200 = H100 silicon at 700 W, MSMF 702.9 of 989 TFLOP/s (0.711; MAMF 828); B200 MSMF 1426-1456 of 2250
+# (0.640; MAMF 1751). A100 has only a MAMF (271.2, 0.869); we apply the 0.81-0.85 burst-to-sustained ratio
+# measured on both other chips (0.83), 0.72.
+# attention_efficiency: a fused attention kernel, forward + backward (backward counted as 2.5x the forward's
+# FLOPs, the papers' convention), head_dim 128, long causal sequences: FlashAttention-2 on A100 ~190 of 312
+# TFLOP/s (Dao 2023, arXiv:2307.08691, fig. 6; 0.60); FlashAttention-3 on H100 (Shah et al. 2024,
+# arXiv:2407.08608, figs. 5-6: forward up to 740 TFLOP/s, backward 1.5-1.75x FlashAttention-2's ~330), ~0.50.
 # Bus-bandwidth efficiencies are nccl-tests all_reduce busbw over the link rate on DGX systems:
 # A100 NVLink3 ~230 of 300 GB/s (0.78), H100 NVLink4 ~360-380 of 450 GB/s (0.80), HDR/NDR IB ~0.85.
 PRESETS: dict[str, ClusterSpec] = {
-    # NVIDIA A100 datasheet: 312 TFLOP/s bf16, 19.5 fp32 (156 TF32), 80 GB HBM2e at 2.039 TB/s;
+    # NVIDIA A100 datasheet: 312 TFLOP/s bf16, 19.5 fp32 (156 TF32), 80 GB HBM2e at 2.039 TB/s, 108 SMs
+    # (nvidia-smi reports 81920 MiB);
     # DGX A100: NVLink3 600 GB/s bidirectional per GPU (300 one way), 8x HDR 200 Gb/s NICs (25 GB/s per GPU).
-    "a100-80gb": _gpu("a100-80gb", "A100-SXM4-80GB", 312e12, 312e12, 19.5e12, 80 * GB, 2.039e12, 0.65,
-                      300 * GB, 8, 25 * GB, 1.8, nvlink_eff=0.78),
-    # NVIDIA H100 SXM datasheet: 989 TFLOP/s bf16 dense, 1979 fp8, 67 fp32; 80 GB HBM3 at 3.35 TB/s;
+    "a100-80gb": _gpu("a100-80gb", "A100-SXM4-80GB", 312e12, 312e12, 19.5e12, 81920 * MiB, 2.039e12, 0.72,
+                      300 * GB, 8, 25 * GB, 1.8, 108, 0.60, nvlink_eff=0.78),
+    # NVIDIA H100 SXM datasheet: 989 TFLOP/s bf16 dense, 1979 fp8, 67 fp32; 80 GB HBM3 at 3.35 TB/s, 132 SMs
+    # (nvidia-smi reports 81559 MiB);
     # DGX H100: NVLink4 900 GB/s bidirectional (450 one way), 8x ConnectX-7 NDR 400 Gb/s (50 GB/s per GPU).
-    "h100-80gb": _gpu("h100-80gb", "H100-SXM5-80GB", 989e12, 1979e12, 67e12, 80 * GB, 3.35e12, 0.60,
-                      450 * GB, 8, 50 * GB, 2.5),
-    # NVIDIA H200 datasheet: same compute as H100, 141 GB HBM3e at 4.8 TB/s; DGX H200 same fabric as DGX H100.
-    "h200": _gpu("h200", "H200-SXM-141GB", 989e12, 1979e12, 67e12, 141 * GB, 4.8e12, 0.60,
-                 450 * GB, 8, 50 * GB, 3.5),
+    "h100-80gb": _gpu("h100-80gb", "H100-SXM5-80GB", 989e12, 1979e12, 67e12, 81559 * MiB, 3.35e12, 0.711,
+                      450 * GB, 8, 50 * GB, 2.5, 132, 0.50),
+    # NVIDIA H200 datasheet: same compute as H100, 141 GB HBM3e at 4.8 TB/s (nvidia-smi: 143771 MiB); DGX H200
+    # has the fabric of DGX H100.
+    "h200": _gpu("h200", "H200-SXM-141GB", 989e12, 1979e12, 67e12, 143771 * MiB, 4.8e12, 0.711,
+                 450 * GB, 8, 50 * GB, 3.5, 132, 0.50),
     # NVIDIA B200 (DGX B200 datasheet): 2.25 PFLOP/s bf16 dense, 4.5 fp8, 180 GB HBM3e at 8 TB/s (per GPU of
-    # the 1440 GB system), NVLink5 1.8 TB/s bidirectional (900 one way), 8x ConnectX-7 400 Gb/s.
-    "b200": _gpu("b200", "B200-180GB", 2.25e15, 4.5e15, 75e12, 180 * GB, 8e12, 0.55,
-                 900 * GB, 8, 50 * GB, 5.0),
+    # the 1440 GB system), 148 SMs, NVLink5 1.8 TB/s bidirectional (900 one way), 8x ConnectX-7 400 Gb/s.
+    # No published fused-attention figure yet: H100's fraction.
+    "b200": _gpu("b200", "B200-180GB", 2.25e15, 4.5e15, 75e12, 180 * GB, 8e12, 0.640,
+                 900 * GB, 8, 50 * GB, 5.0, 148, 0.50),
     # GB200 NVL72 datasheet: 72 GPUs in one NVLink domain, 2.5 PFLOP/s bf16 dense, 5 fp8 per GPU,
     # 186 GB HBM3e at 8 TB/s, NVLink5 900 GB/s one way; ConnectX-8 800 Gb/s (100 GB/s) per GPU across racks.
-    "gb200-nvl72": _gpu("gb200-nvl72", "GB200", 2.5e15, 5e15, 80e12, 186 * GB, 8e12, 0.55,
-                        900 * GB, 72, 100 * GB, 6.0),
-    # TPU v5p (Cloud TPU docs, scaling book Part 2): 4.59e14 bf16, 9.18e14 int8, 95 GB HBM at 2.765 TB/s,
+    "gb200-nvl72": _gpu("gb200-nvl72", "GB200", 2.5e15, 5e15, 80e12, 186 * GB, 8e12, 0.640,
+                        900 * GB, 72, 100 * GB, 6.0, 148, 0.50),
+    # TPU v5p (Cloud TPU docs, scaling book Part 2): 4.59e14 bf16, 9.18e14 int8, 95 GiB HBM at 2.765 TB/s,
     # ICI 9e10 B/s bidirectional per link, so 1.8e11 per torus axis with wraparound (the book's W_ici);
     # pods of up to 8960 chips, 16x16x16 = 4096 per slice here; DCN ~6.25e9 B/s per chip.
-    "tpu-v5p": _tpu("tpu-v5p", "TPU v5p", 4.59e14, 9.18e14, 95 * GB, 2.765e12, 1.8e11, 6.25e9,
+    "tpu-v5p": _tpu("tpu-v5p", "TPU v5p", 4.59e14, 9.18e14, 95 * GiB, 2.765e12, 1.8e11, 6.25e9,
                     (16, 16, 16), 4.2),
-    # TPU v5e: 1.97e14 bf16, 3.94e14 int8, 16 GB HBM at 8.1e11 B/s, 2D torus 16x16, ICI 4.5e10 per link
+    # TPU v5e: 1.97e14 bf16, 3.94e14 int8, 16 GiB HBM at 8.1e11 B/s, 2D torus 16x16, ICI 4.5e10 per link
     # bidirectional (9e10 per axis with wraparound), DCN ~3.1e9 per chip.
-    "tpu-v5e": _tpu("tpu-v5e", "TPU v5e", 1.97e14, 3.94e14, 16 * GB, 8.1e11, 9e10, 3.125e9, (16, 16), 1.2),
-    # TPU v4: 2.75e14 bf16, 32 GB HBM at 1.2e12 B/s, 3D torus up to 16x16x16 (4096), ICI 4.5e10 per link
+    "tpu-v5e": _tpu("tpu-v5e", "TPU v5e", 1.97e14, 3.94e14, 16 * GiB, 8.1e11, 9e10, 3.125e9, (16, 16), 1.2),
+    # TPU v4: 2.75e14 bf16, 32 GiB HBM at 1.2e12 B/s, 3D torus up to 16x16x16 (4096), ICI 4.5e10 per link
     # bidirectional (9e10 per axis), DCN ~6.25e9 per chip.
-    "tpu-v4": _tpu("tpu-v4", "TPU v4", 2.75e14, 2.75e14, 32 * GB, 1.2e12, 9e10, 6.25e9, (16, 16, 16), 3.2),
+    "tpu-v4": _tpu("tpu-v4", "TPU v4", 2.75e14, 2.75e14, 32 * GiB, 1.2e12, 9e10, 6.25e9, (16, 16, 16), 3.2),
     # This machine: 2 AMD EPYC cores, 23 GB RAM, torch CPU kernels, gloo over loopback TCP, one core per rank.
     # fp32: measured 3.3-3.5e10 FLOP/s for single-thread torch GEMMs from 512x64x176 (tiny's shapes) to
     # 1024^3 (2026-11-23); bf16 has no native CPU GEMM here, rough 1e10. gloo all_reduce over loopback,
@@ -153,7 +205,7 @@ PRESETS: dict[str, ClusterSpec] = {
     "local-cpu": ClusterSpec(name="local-cpu", accelerator="cpu (2 cores)", peak_flops_bf16=1e10,
                              peak_flops_fp8=0.0, peak_flops_fp32=3.4e10, hbm_bytes=8 * GB, hbm_bandwidth=10e9,
                              matmul_efficiency=1.0, tiers=(Tier("loopback", 0, 0.87e9, 3.5e-4, 1.0),),
-                             default_devices=2),
+                             default_devices=2, gemm_tile=(1, 1)),
 }
 
 # Power per device, (board power, idle power) in W, for `meshscale scale`'s energy per token: a device draws
@@ -183,8 +235,10 @@ def load_cluster(name_or_path: str) -> ClusterSpec:
         unknown = sorted(set(data) - known)
         if unknown:
             raise UserError(f"{name_or_path}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        if isinstance(data.get("software"), dict):  # a [software] table overrides the base's one key by key
+            data["software"] = {**asdict(PRESETS[base].software), **data["software"]}
         return replace(PRESETS[base], **data)
     return build(ClusterSpec, data, name_or_path)
 
 
-__all__ = ["ClusterSpec", "Tier", "PRESETS", "load_cluster"]
+__all__ = ["ClusterSpec", "Software", "Tier", "PRESETS", "load_cluster"]

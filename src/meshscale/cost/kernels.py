@@ -1,0 +1,190 @@
+"""Kernel times from shapes: each GEMM of a layer, the attention core, and the memory-bound rest.
+
+A GEMM C[m,n] = A[m,k] B[k,n] is the slower of its compute and its memory traffic (the roofline, Williams et
+al. 2009). Compute follows how GEMM kernels run (NVIDIA "Matrix Multiplication Background" user guide; Anthony
+et al. 2024, arXiv:2401.14489, sec. 4): the output is cut into tiles, a tile pays k plus a fixed prologue and
+epilogue, and tiles run in waves over the streaming multiprocessors, so a last partial wave idles the rest
+(wave quantization) and a dimension not a multiple of the tile computes padding (tile quantization); cuBLAS
+chooses among tile sizes to limit both (we offer the full and a half-width tile). The
+ceiling is the best GEMM's measured fraction of peak (`ClusterSpec.matmul_efficiency`). Small and skinny
+GEMMs (small hidden sizes, a TP- or EP-sharded matrix, few tokens per expert) therefore reach less of the peak,
+and never more than the ceiling.
+
+`microbatch_seconds` gives one micro-batch's forward, input-gradient and weight-gradient time (the F, B, W of
+the pipeline schedules) through a rank's layers; `step.rank_passes` adds the rank's element-wise work.
+"""
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from meshscale.cost import flops
+from meshscale.specs.cluster import ClusterSpec
+from meshscale.specs.layout import Layout
+from meshscale.specs.model import ModelSpec
+
+FLASH_BLOCK = 128  # query/key block of FlashAttention-2/3 kernels (Dao 2023, sec. 3.1)
+
+
+@lru_cache(maxsize=65536)
+def gemm_seconds(cluster: ClusterSpec, m: float, n: float, k: float, peak: float, dtype_bytes: int = 2,
+                 batch: int = 1) -> float:
+    """`batch` independent (m x k) @ (k x n) GEMMs in one launch (a batched or grouped GEMM)."""
+    if min(m, n, k) <= 0:
+        return 0.0
+    rate = peak * cluster.matmul_efficiency
+    tm, tn = cluster.gemm_tile
+
+    def compute(rows, cols, tn):
+        tiles = batch * math.ceil(rows / tm) * math.ceil(cols / tn)
+        if cluster.compute_units:  # waves: every wave costs a tile on each unit, busy or not
+            tiles = math.ceil(tiles / cluster.compute_units) * cluster.compute_units
+        return tiles * 2.0 * tm * tn * (k + cluster.gemm_k_overhead) / rate  # a tile pays its prologue too
+
+    # The library picks the orientation, and on GPUs a half-width tile when it fills the waves better.
+    widths = {tn, max(tm, tn // 2)} if cluster.compute_units else {tn}
+    best = min(compute(r, c, w) for r, c in ((m, n), (n, m)) for w in widths)
+    traffic = batch * dtype_bytes * (m * k + k * n + m * n) / cluster.hbm_bandwidth
+    return max(best, traffic)
+
+
+def gemm_efficiency(cluster: ClusterSpec, m: float, n: float, k: float, peak: float) -> float:
+    """Achieved fraction of `peak` for one GEMM."""
+    return 2.0 * m * n * k / gemm_seconds(cluster, m, n, k, peak) / peak
+
+
+def attention_seconds(cluster: ClusterSpec, core_flops: float, seq: int, peak: float, causal: bool = True) -> float:
+    """Forward + backward of a fused attention kernel doing `core_flops` of forward work. The kernel's
+    published throughput counts the backward as 2.5x the forward (it recomputes the scores; Dao 2023 sec. 3);
+    causally it computes the diagonal blocks in full, nb(nb+1)/2 blocks for nb^2/2 of useful work."""
+    eff = min(cluster.attention_efficiency or cluster.matmul_efficiency, cluster.matmul_efficiency)
+    blocks = max(1.0, seq / FLASH_BLOCK)
+    diagonal = blocks / (blocks + 1) if causal else 1.0
+    return 3.5 * core_flops / (peak * eff * diagonal)
+
+
+@dataclass(frozen=True)
+class Gemm:
+    m: float
+    n: float
+    k: float
+    batch: int = 1
+
+
+def layer_gemms(model: ModelSpec, layer: int, layout: Layout, tokens: float) -> tuple:
+    """The forward GEMMs of one layer on one rank for a micro-batch of `tokens` (after CP), as Megatron shards
+    them: QKV and the first MLP matrix (gate and up fused) split their outputs over TP, the output projection
+    and the down projection their inputs. MoE: the rank's experts (experts/ep) each see top_k*tokens*ep/experts
+    tokens (balanced routing) as one grouped GEMM; shared experts see every token."""
+    t, h = layout.tp, model.hidden
+    if model.uses_mla:  # low-rank projections: one GEMM of the same FLOPs
+        attn = [Gemm(tokens, model.attention_params() / h / t, h)]
+    else:
+        q, kv = model.heads * model.head_dim, model.kv_heads * model.head_dim
+        attn = [Gemm(tokens, (q + 2 * kv) / t, h), Gemm(tokens, h, q / t)]
+    up = model.mlp_matrices - 1  # gate + up, or up alone
+    if not model.is_moe_layer(layer):
+        return tuple(attn + [Gemm(tokens, up * model.ffn / t, h), Gemm(tokens, h, model.ffn / t)])
+    local = max(1, model.experts // layout.ep)
+    routed = tokens * model.top_k * layout.ep / model.experts
+    f = model.expert_ffn / t
+    out = attn + [Gemm(tokens, model.experts, h),  # router
+                  Gemm(routed, up * f, h, local), Gemm(routed, h, f, local)]
+    if model.shared_experts:
+        out += [Gemm(tokens, up * f * model.shared_experts, h), Gemm(tokens, h, f * model.shared_experts)]
+    return tuple(out)
+
+
+def gemm_pass_seconds(cluster: ClusterSpec, gemms: tuple, peak: float, dtype_bytes: int) -> tuple[float, float, float]:
+    """(forward, input gradient, weight gradient) of a list of forward GEMMs: dX = dY W^T is (m, k, n) and
+    dW = X^T dY is (k, n, m) (Narayanan et al. 2021 sec. 5.1: backward is twice the forward)."""
+    f = b = w = 0.0
+    for g in gemms:
+        f += gemm_seconds(cluster, g.m, g.n, g.k, peak, dtype_bytes, g.batch)
+        b += gemm_seconds(cluster, g.m, g.k, g.n, peak, dtype_bytes, g.batch)
+        w += gemm_seconds(cluster, g.k, g.n, g.m, peak, dtype_bytes, g.batch)
+    return f, b, w
+
+
+@dataclass(frozen=True)
+class Passes:
+    """One micro-batch on one pipeline rank, seconds: forward, input gradient (with any recompute), weight
+    gradient; `attention` is the attention-core part of the three (what ring attention can hide behind)."""
+    forward: float = 0.0
+    backward: float = 0.0
+    weight: float = 0.0
+    attention: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward + self.weight
+
+    def __add__(self, other: "Passes") -> "Passes":
+        return Passes(self.forward + other.forward, self.backward + other.backward, self.weight + other.weight,
+                      self.attention + other.attention)
+
+    def __mul__(self, n: float) -> "Passes":
+        return Passes(self.forward * n, self.backward * n, self.weight * n, self.attention * n)
+
+
+def microbatch_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, layers: tuple, head: bool,
+                       peak: float, dtype_bytes: int) -> Passes:
+    """F, B, W of one micro-batch (layout.mbs sequences) through `layers` (and the output head when `head`)
+    on one rank: shape-aware GEMMs, the attention core, and recompute's extra forward work inside B."""
+    moe = sum(model.is_moe_layer(i) for i in layers) if model.is_moe else 0
+    return counted_seconds(model, cluster, kernel_shape(layout), len(layers) - moe, moe, head, peak, dtype_bytes)
+
+
+@lru_cache(maxsize=65536)
+def kernel_shape(layout: Layout) -> Layout:
+    """Only what changes kernel shapes, so the caches hit across layouts (dp=ep keeps it a valid layout)."""
+    return Layout(tp=layout.tp, cp=layout.cp, ep=layout.ep, dp=layout.ep, mbs=layout.mbs, recompute=layout.recompute)
+
+
+@lru_cache(maxsize=65536)
+def counted_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Layout, dense: int, moe: int, head: bool,
+                    peak: float, dtype_bytes: int) -> Passes:
+    """`dense` dense and `moe` MoE layers, and the output head when `head`, under a `kernel_shape`."""
+    out = Passes()
+    for is_moe, count in ((False, dense), (True, moe)):
+        if count:
+            out = out + layer_passes(model, cluster, shape, is_moe, peak, dtype_bytes) * count
+    if head:
+        tokens = shape.mbs * model.seq / shape.cp
+        f, b, w = gemm_pass_seconds(cluster, (Gemm(tokens, model.vocab / shape.tp, model.hidden),), peak,
+                                    dtype_bytes)
+        out = out + Passes(f, b, w)
+    return out
+
+
+@lru_cache(maxsize=65536)
+def layer_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, moe: bool, peak: float,
+                 dtype_bytes: int) -> Passes:
+    """One transformer layer (a MoE one when `moe`), one micro-batch."""
+    tokens = layout.mbs * model.seq / layout.cp
+    layer = model.first_dense_layers if moe else next(i for i in range(model.layers) if not model.is_moe_layer(i))
+    f, b, w = gemm_pass_seconds(cluster, layer_gemms(model, layer, layout, tokens), peak, dtype_bytes)
+    core_f, core_b = attention_core_seconds(model, cluster, layout, tokens, peak, dtype_bytes)
+    if layout.recompute == "full":
+        b += f + core_f
+    elif layout.recompute == "selective":
+        b += core_f
+    attention = core_f + core_b + (core_f if layout.recompute != "none" else 0.0)
+    return Passes(f + core_f, b + core_b, w, attention)
+
+
+def attention_core_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float, peak: float,
+                           dtype_bytes: int) -> tuple[float, float]:
+    """One layer's attention core, (forward, backward), for `tokens` queries on this rank (heads split by TP).
+    Fused: the flash kernel's throughput. Unfused (2021-22 Megatron-LM): batched QK^T and AV GEMMs per head,
+    forward and their two gradients each (the softmax is memory-bound work, see step.elementwise_seconds)."""
+    fused = cluster.fused_attention
+    core = tokens * flops.attention_core_flops(model, model.seq, fused) / layout.tp
+    if fused:
+        total = attention_seconds(cluster, core, model.seq, peak)
+        return total / 3.5, total * 2.5 / 3.5
+    heads = max(1, round(model.heads / layout.tp)) * layout.mbs
+    s, d = model.seq / layout.cp, model.head_dim
+    f, b, w = gemm_pass_seconds(cluster, (Gemm(s, model.seq, d, heads), Gemm(s, d, model.seq, heads)), peak,
+                                dtype_bytes)
+    return f, b + w

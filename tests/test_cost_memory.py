@@ -1,0 +1,81 @@
+"""Memory accounting against published figures: Korthikanti et al. 2022 Table 2, Megatron-LM's interleaved
+schedule, FlashAttention's linear memory, and a layout that ran (Llama 3 405B)."""
+
+import pytest
+
+from meshscale.cost import predict
+from meshscale.cost.memory import activation_bytes_per_layer, held_layer_microbatches, memory_per_device
+from meshscale.specs.cluster import load_cluster
+from meshscale.specs.layout import Layout
+from meshscale.specs.model import ModelSpec, load_model
+
+GPT3 = load_model("gpt3-175b")  # GPT-3 175B: Korthikanti's model (4h GeLU MLP, MHA, dropout)
+
+
+@pytest.mark.parametrize("t", [1, 2, 8])
+def test_korthikanti_table2_per_layer_activations(t):
+    s, b, h, a = GPT3.seq, 1, GPT3.hidden, GPT3.heads
+    sbh = s * b * h
+
+    def ours(**kw):
+        return activation_bytes_per_layer(GPT3, Layout(tp=t, **kw), s * b, fused_attention=False)
+
+    # Table 2 rows: no parallelism sbh(34 + 5as/h); tensor parallel sbh(10 + 24/t + 5as/(ht));
+    # + sequence parallel sbh(34/t + 5as/(ht)); + selective recompute 34 sbh/t; full recompute 2 sbh.
+    assert ours() == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
+    if t > 1:
+        assert ours(sp=True) == pytest.approx(sbh * (34 / t + 5 * a * s / (h * t)))
+        assert ours(sp=True, recompute="selective") == pytest.approx(sbh * 34 / t)
+    assert ours(recompute="full") == pytest.approx(2 * sbh)
+
+
+def test_flash_attention_memory_is_linear_in_sequence_length():
+    """Dao et al. 2022: the fused kernel never stores the s x s scores, so bytes per token do not grow with s."""
+    model = load_model("llama2-13b")
+    per_token = {}
+    for seq in (2048, 8192):
+        m = model.with_seq(seq)
+        per_token[seq, True] = activation_bytes_per_layer(m, Layout(), seq, fused_attention=True) / seq
+        per_token[seq, False] = activation_bytes_per_layer(m, Layout(), seq, fused_attention=False) / seq
+    assert per_token[2048, True] == per_token[8192, True]
+    assert per_token[8192, False] > 2 * per_token[2048, False]
+
+
+def test_interleaved_warm_up_counted_chunk_by_chunk():
+    """Megatron-LM's interleaved 1F1B: rank 0 runs (p-1)*2 + (v-1)*p warm-up forwards, p micro-batches per
+    chunk in turn, then one more. 14 layers + embedding + head over p=2 ranks x v=2 chunks of 4: rank 0 holds
+    chunks 0 (embedding + 3 layers) and 2 (4 layers); 5 forwards run chunks 0, 0, 2, 2, 0: 3+3+4+4+3."""
+    model = ModelSpec(name="x", layers=14, hidden=64, heads=4, ffn=128, vocab=64)
+    layout = Layout(pp=2, vpp=2, schedule="interleaved")
+    assert held_layer_microbatches(model, layout, m=4) == 17
+    # 1F1B: p micro-batches of the first rank's layers (Narayanan et al. 2021 sec. 2.2.1)
+    assert held_layer_microbatches(model, Layout(pp=2), m=4) == 2 * 7
+    # Korthikanti's closed form, (L/p)*p*(1 + (p-1)/(p*v)) = 14 * 1.25 = 17.5, is the even-cut estimate
+    assert held_layer_microbatches(model, layout, m=4) <= 14 * (1 + 1 / 4)
+
+
+def test_llama3_405b_layout_that_ran_fits_in_80gb():
+    """Dubey et al. 2024 sec. 3.3.2 / Table 4: TP8 x PP16 x DP64, interleaved, 8K sequences, no activation
+    recomputation, on 80 GB H100s."""
+    model, h100 = load_model("llama3-405b"), load_cluster("h100-80gb")
+    pred = predict(model, h100, Layout.parse("dp=64,zero=1,tp=8,sp=true,pp=16,vpp=4,schedule=interleaved,mbs=1",
+                                             8192), 2048)
+    assert pred.fits
+    assert 60e9 < pred.memory_per_device_bytes["activations"] < h100.hbm_bytes
+
+
+def test_llama_style_models_store_no_dropout_masks():
+    llama, gpt = load_model("llama2-7b"), GPT3
+    for model, masks in ((llama, 0), (gpt, 2)):
+        sp = activation_bytes_per_layer(model, Layout(tp=2, sp=True), 1)
+        no_sp = activation_bytes_per_layer(model, Layout(tp=2), 1)
+        # the norms' and block inputs (8h) and the masks are what SP splits and TP alone does not
+        assert no_sp - sp == pytest.approx((8 + masks) * model.hidden / 2)
+
+
+def test_optimizer_states_follow_zero_stages():
+    model = load_model("llama3-8b")
+    p = model.param_count()
+    mem = [memory_per_device(model, Layout(dp=8, zero=z), 8) for z in range(4)]
+    assert mem[0].params + mem[0].grads + mem[0].optimizer == pytest.approx(16 * p, rel=1e-6)
+    assert mem[3].params + mem[3].grads + mem[3].optimizer == pytest.approx(16 * p / 8, rel=1e-6)

@@ -1,0 +1,98 @@
+"""Shape-aware kernel times (cost/kernels.py): GEMM efficiency against size, the ceiling, sharding, MoE."""
+
+import itertools
+
+import pytest
+
+from meshscale.cost.kernels import (Gemm, attention_seconds, gemm_efficiency, gemm_pass_seconds, gemm_seconds,
+                                    layer_gemms, microbatch_seconds)
+from meshscale.cost.step import stage_passes
+from meshscale.specs.cluster import load_cluster
+from meshscale.specs.layout import Layout
+from meshscale.specs.model import load_model
+
+CLUSTERS = [load_cluster(n) for n in ("a100-80gb", "h100-80gb", "tpu-v5p", "tpu-v5e")]
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS, ids=lambda c: c.name)
+def test_efficiency_grows_with_size_and_never_exceeds_the_ceiling(cluster):
+    peak = cluster.peak_flops_bf16
+    sizes = [2 ** i for i in range(6, 15)]
+    square = [gemm_efficiency(cluster, s, s, s, peak) for s in sizes]
+    assert square == sorted(square) and square[0] < 0.5 * square[-1]
+    for m, n, k in itertools.product([1, 16, 100, 1000, 4096, 12288, 65536], repeat=3):
+        assert 0 < gemm_efficiency(cluster, m, n, k, peak) <= cluster.matmul_efficiency + 1e-12
+    # the largest GEMMs reach the measured ceiling within a few percent
+    assert square[-1] > 0.95 * cluster.matmul_efficiency
+
+
+def test_skinny_and_sharded_gemms_reach_less_of_the_peak():
+    h100 = CLUSTERS[1]
+    peak = h100.peak_flops_bf16
+    full = gemm_efficiency(h100, 8192, 8192, 8192, peak)
+    # a few tokens per expert, or a narrow TP shard of the output, is memory- or wave-bound
+    assert gemm_efficiency(h100, 64, 8192, 8192, peak) < 0.3 * full
+    assert gemm_efficiency(h100, 8192, 8192 // 64, 8192, peak) < full
+    # the roofline: never faster than moving the operands once
+    assert gemm_seconds(h100, 16, 16384, 16384, peak) >= 2 * 16384 * 16384 / h100.hbm_bandwidth
+
+
+def test_wave_quantization_a_partial_last_wave_costs_a_full_wave():
+    h100 = CLUSTERS[1]  # 132 SMs, 128x256 tiles: 132 tiles fill one wave, 133 start a second
+    peak = h100.peak_flops_bf16
+    one = gemm_seconds(h100, 128 * 132, 256, 4096, peak)
+    more = gemm_seconds(h100, 128 * 133, 256, 4096, peak)
+    assert more > 1.4 * one  # half-width tiles soften it: 266 of them in 3 waves of half the cost
+
+
+def test_backward_is_the_two_transposed_gemms():
+    a100 = CLUSTERS[0]
+    peak = a100.peak_flops_bf16
+    f, b, w = gemm_pass_seconds(a100, (Gemm(4096, 12288, 3072),), peak, 2)
+    assert f == gemm_seconds(a100, 4096, 12288, 3072, peak)
+    assert b == gemm_seconds(a100, 4096, 3072, 12288, peak) and w == gemm_seconds(a100, 3072, 12288, 4096, peak)
+
+
+def test_attention_efficiency_rises_with_sequence_and_stays_under_the_ceiling():
+    h100 = CLUSTERS[1]
+    peak = h100.peak_flops_bf16
+    eff = [3.5 * 1e12 / (attention_seconds(h100, 1e12, s, peak) * peak) for s in (512, 2048, 8192, 32768)]
+    assert eff == sorted(eff) and eff[-1] <= h100.attention_efficiency <= h100.matmul_efficiency
+
+
+def test_tp_and_micro_batch_size_change_efficiency_as_on_hardware():
+    model, h100 = load_model("llama3-8b"), CLUSTERS[1]
+    flops_rate = {}
+    for tp, mbs in ((1, 1), (8, 1), (8, 4)):
+        layout = Layout(tp=tp, mbs=mbs)
+        passes = stage_passes(model, h100, layout)
+        flops_rate[tp, mbs] = mbs / tp / passes.total  # work per second, in units of one micro-batch
+    assert flops_rate[8, 1] < flops_rate[1, 1]  # TP8 shards shrink every GEMM
+    assert flops_rate[8, 4] > flops_rate[8, 1]  # a larger micro-batch fills them again
+
+
+def test_recompute_adds_forward_work_to_the_input_gradient_pass_only():
+    model, h100 = load_model("llama2-13b"), CLUSTERS[1]
+    layers = tuple(range(model.layers))
+    args = (model, h100)
+    none, sel, full = (microbatch_seconds(*args, Layout(mbs=1, recompute=r), layers, True, 989e12, 2)
+                       for r in ("none", "selective", "full"))
+    assert none.forward == sel.forward == full.forward and none.weight == full.weight
+    assert none.backward < sel.backward < full.backward
+    # full recompute repeats every layer's forward (not the output head's)
+    assert 0.9 * none.forward < full.backward - none.backward < none.forward
+
+
+def test_fine_grained_experts_run_below_dense_efficiency():
+    """128 experts of 1536 with top-8: each expert sees a few hundred tokens, so its GEMMs are small."""
+    model = load_model("deepseek-v3")
+    h100 = CLUSTERS[1]
+    layout = Layout(ep=8, dp=8, mbs=1)
+    tokens = model.seq
+    gemms = layer_gemms(model, model.first_dense_layers, layout, tokens)
+    expert = next(g for g in gemms if g.batch > 1)
+    assert expert.batch == model.experts // 8 and expert.m == tokens * model.top_k * 8 / model.experts
+    dense = gemm_efficiency(h100, tokens, 2 * model.ffn, model.hidden, 989e12)
+    per_expert = 2 * expert.m * expert.n * expert.k * expert.batch / gemm_seconds(
+        h100, expert.m, expert.n, expert.k, 989e12, 2, expert.batch) / 989e12
+    assert per_expert < dense
