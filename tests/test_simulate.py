@@ -11,6 +11,7 @@ from meshscale.cli import main
 from meshscale.cost import predict
 from meshscale.cost.kernels import Passes
 from meshscale.cost.pipeline import bubble_ratio
+from meshscale.cost.step import chunk_passes, stage_passes
 from meshscale.runtime.trace import chrome_trace
 from meshscale.sim import engine
 from meshscale.sim.measured import replay
@@ -110,6 +111,21 @@ AGREE = [("llama2-7b", "fsdp=128", 128, 256), ("llama2-7b", "dp=64,tp=2,sp=true"
 SOFTWARE = (Software(),  # the defaults
             Software(grad_reduce_overlap=False, param_gather_overlap=False, fsdp_prefetch=False),  # all off
             Software(tp_comm_overlap=True, ep_comm_overlap=True))  # all on
+
+
+def test_predict_computes_from_the_chunks_the_simulator_runs():
+    """predict's compute is m x the slowest rank's sum of chunk_passes (dense and MoE layers, the head on the
+    last chunk), for looped and V placements."""
+    cluster = CLUSTERS["h100-80gb"]
+    for model, text, devices, batch in (("deepseek-v3", "tp=8,pp=8,ep=8,schedule=zbv", 512, 512),
+                                        ("llama2-70b", "tp=8,pp=4,vpp=5,schedule=interleaved", 128, 128)):
+        layout = Layout.parse(text, devices).resolve_mbs(batch)
+        slowest = max(sum((chunk_passes(MODELS[model], cluster, layout, c) for c in range(layout.stages)
+                           if stage_owner(c, layout.pp, layout.schedule == "zbv") == r), Passes()).total
+                      for r in range(layout.pp))
+        pred = predict(MODELS[model], cluster, layout, batch)
+        assert pred.compute_s == pytest.approx(pred.microbatches * slowest, rel=1e-12)
+        assert stage_passes(MODELS[model], cluster, layout).total == pytest.approx(slowest, rel=1e-12)
 
 
 @pytest.mark.parametrize("model,layout,devices,batch", AGREE)
