@@ -2,7 +2,10 @@
 
 import importlib
 
+import numpy as np
 import pytest
+
+from meshscale.cost.pipeline import bubble_ratio
 
 from meshscale.plan import search
 from meshscale.plan.explain import explain, rejected
@@ -109,3 +112,18 @@ def test_alternatives_name_why_they_lost(problem3):
     reasons = rejected(plan)
     assert reasons and all("ms longer" in r for _, r in reasons)
     assert len({Layout.parse(p.layout, 4096).tp for p in plan.rejected} | {4}) >= 1
+
+
+def test_vectorised_bubble_is_the_closed_form():
+    """The bound's array form of `pipeline.bubble_ratio` (at F = B = W) equals the scalar one."""
+    scheds = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4), ("zb", 1), ("zbv", 2),
+              ("dualpipev", 2)]
+    names = [n for n, _ in scheds]
+    for pp in (1, 2, 4, 8):
+        k_i = np.repeat(np.arange(len(scheds)), 40)
+        m = np.tile(np.arange(pp, pp + 40), len(scheds)).astype(float)
+        v = np.array([vv for _, vv in scheds])[k_i]
+        got = search_mod._bubble(names, k_i, pp, v, m)
+        want = [bubble_ratio(Layout(pp=pp, vpp=vv if pp > 1 else 1, schedule=n), int(mm))
+                for (n, vv), mm in zip((scheds[k] for k in k_i), m)]
+        assert got == pytest.approx(want)

@@ -1,4 +1,4 @@
-"""`meshscale` command line: predict, plan, train, calibrate.
+"""`meshscale` command line: predict, plan, scale, simulate, train, calibrate.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args) -> int`;
 they are imported lazily so `predict` and `plan` never import torch.
@@ -13,6 +13,8 @@ from meshscale.errors import UserError, fail
 COMMANDS = {
     "predict": ("meshscale.commands.predict", "predict one layout's step: compute, memory, every collective"),
     "plan": ("meshscale.commands.plan", "search every hybrid layout and explain the best"),
+    "scale": ("meshscale.commands.scale", "the best layout at each device count: strong or weak scaling, cost, energy"),
+    "simulate": ("meshscale.commands.simulate", "simulate one step event by event: bubble, stragglers, timeline"),
     "train": ("meshscale.commands.train", "train on torch.distributed with a layout; measure beside prediction"),
     "calibrate": ("meshscale.commands.calibrate", "measure this machine and write it as a ClusterSpec file"),
 }

@@ -3,7 +3,7 @@
 import json
 import math
 
-from meshscale.commands.predict import add_batch_arguments, resolve_inputs
+from meshscale.commands.predict import add_batch_arguments, add_goodput_arguments, goodput_line, goodput_of, resolve_inputs
 from meshscale.errors import UserError
 
 
@@ -21,6 +21,7 @@ def add_arguments(p):
     p.add_argument("--fix", help="search only layouts with these values, e.g. pp=1,tp=8 or zero=3,schedule=1f1b")
     p.add_argument("--emit", choices=("torchrun",), help="print the command that runs the winning layout")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_goodput_arguments(p)
 
 
 def run(args) -> int:
@@ -57,12 +58,15 @@ def run(args) -> int:
     if args.emit == "torchrun":
         print(_emit(args, model, cluster, plan.ranked[0], batch, fix))
         return 0
+    good = goodput_of(args, plan.ranked[0])  # of the winner
     if args.json:
-        print(json.dumps(plan.to_dict()))
+        print(json.dumps({**plan.to_dict(), **({"goodput": good.to_dict()} if good else {})}))
         return 0
     from meshscale.plan.explain import explain, rejected
     _print_human(plan, explain(plan, model, cluster, win_devices, batch, args.precision, args.memory_headroom),
                  rejected(plan), cluster)
+    if good:
+        print(goodput_line(good))
     return 0
 
 

@@ -13,6 +13,32 @@ def add_arguments(p):
     add_batch_arguments(p)
     p.add_argument("--precision", default="bf16", help="bf16 (16 B/param), bf16-pure (10 B/param), fp8, fp32")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the memory per device as a PNG")
+    add_goodput_arguments(p)
+
+
+def add_goodput_arguments(p):
+    from meshscale.cost.goodput import DEFAULT_CHECKPOINT_BANDWIDTH, LLAMA3_MTBF_HOURS
+
+    p.add_argument("--mtbf-hours", type=float, help="mean time between failures per device, hours, for goodput "
+                   f"(Llama 3's 16K-GPU run: {LLAMA3_MTBF_HOURS:,.0f})")
+    p.add_argument("--checkpoint-bandwidth", type=float, default=DEFAULT_CHECKPOINT_BANDWIDTH,
+                   help="bytes/s per device to storage (default: Llama 3's 2 TB/s over 16,384 GPUs)")
+
+
+def goodput_of(args, pred):
+    """The Goodput of a Prediction when --mtbf-hours is given, else None."""
+    if args.mtbf_hours is None:
+        return None
+    from meshscale.cost.goodput import of_prediction
+    return of_prediction(pred, args.mtbf_hours, args.checkpoint_bandwidth)
+
+
+def goodput_line(good) -> str:
+    return (f"goodput: checkpoint {good.checkpoint_bytes_per_device / 1e9:,.2f} GB per device "
+            f"({good.checkpoint_bytes_total / 1e12:,.2f} TB in all), saved in {good.save_s:,.1f} s every "
+            f"{good.interval_s / 60:,.1f} min (Young/Daly); a restart costs {good.restart_s:,.0f} s plus the lost "
+            f"work; ETTR {good.ettr:.1%} of wall time trains")
 
 
 def add_batch_arguments(p):
@@ -55,9 +81,15 @@ def run(args) -> int:
     model, cluster, devices, batch = resolve_inputs(args)
     layout = Layout.parse(args.layout, devices)
     pred = predict(model, cluster, layout, batch, args.precision)
+    good = goodput_of(args, pred)
+    if args.plot:
+        from meshscale.plots import memory_plot
+        memory_plot(pred, args.plot)
     if args.json:
-        print(json.dumps(pred.to_dict()))
+        print(json.dumps({**pred.to_dict(), **({"goodput": good.to_dict()} if good else {})}))
     else:
         from meshscale.commands.report import print_prediction
         print_prediction(pred)
+        if good:
+            print(goodput_line(good))
     return 0

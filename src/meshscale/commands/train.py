@@ -20,6 +20,7 @@ _HELP = {
     "metrics_out": "write one JSON object per step to this new file",
     "trace": "write the last step's pipeline forward/backward runs as Chrome-trace JSON to this new file "
              "(pp > 1) and print the measured bubble beside the predicted one",
+    "plot": "draw the loss and the measured vs predicted step time as a PNG in this new file",
     "device": "auto, cpu or cuda",
     "cluster": "ClusterSpec that --predict uses: a preset or a file from `meshscale calibrate` (default local-cpu)",
 }
@@ -36,7 +37,8 @@ def add_arguments(parser) -> None:
                 "bucket_mb": float}.get(name, str)
         parser.add_argument(flag, type=kind, default=None, help=_HELP.get(name))
     parser.add_argument("--config", default=None, help=_HELP["config"])
-    parser.add_argument("--overwrite", action="store_true", default=None, help="allow replacing --metrics-out and --trace")
+    parser.add_argument("--overwrite", action="store_true", default=None,
+                        help="allow replacing --metrics-out, --trace and --plot")
     parser.add_argument("--predict", action="store_true", default=None,
                         help="print the cost model's prediction beside what was measured")
 

@@ -52,11 +52,15 @@ def last_rank(layout: Layout) -> int:
     return 0 if is_v(layout) else layout.pp - 1
 
 
+def rank_chunks(pp: int, chunks: int, v_shape: bool, rank: int) -> tuple:
+    """The pipeline chunks (stages) rank `rank` holds, as stage_layers places them."""
+    return (rank, chunks - 1 - rank) if v_shape else tuple(range(rank, chunks, pp))
+
+
 @lru_cache(maxsize=65536)
 def _stage_layers(layers: int, pp: int, chunks: int, v_shape: bool, rank: int) -> tuple:
     ranges = split_layers(layers, chunks)  # the runtime's cut (embedding and head count as a layer each)
-    owned = (rank, chunks - 1 - rank) if v_shape else range(rank, chunks, pp)
-    return tuple(i for c in owned for i in ranges[c])
+    return tuple(i for c in rank_chunks(pp, chunks, v_shape, rank) for i in ranges[c])
 
 
 def params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:

@@ -12,12 +12,12 @@ from meshscale.cost import comm, critical, flops, overhead
 from meshscale.cost.checkpoint import checkpoint_bytes
 from meshscale.cost.kernels import Passes, counted_seconds, kernel_shape
 from meshscale.cost.memory import (PRECISIONS, _stage_layers, activation_bytes_per_layer, busiest_rank,
-                                   expert_params_on_rank, last_rank, memory_per_device, params_on_rank,
-                                   root_params_on_rank, stage_layers)
+                                   expert_params_on_rank, is_v, last_rank, memory_per_device, params_on_rank,
+                                   rank_chunks, root_params_on_rank, stage_layers)
 from meshscale.cost.pipeline import bubble_ratio
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
-from meshscale.specs.layout import Layout, check_against
+from meshscale.specs.layout import Layout, check_against, split_layers
 from meshscale.specs.model import ModelSpec
 
 
@@ -31,6 +31,7 @@ class CommEntry:
     tier: str
     calls: int
     group: int
+    overlap: str  # what hides it (predict's rules below); "none" where its [software] switch is off
 
 
 @dataclass
@@ -158,20 +159,21 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         size, stride = _axis_group(layout, axis)
         link = overhead.measured_link(cluster, collective, comm.group_link(cluster, devices, size, stride))
         t = comm.collective_time(collective, nbytes, calls, size, link)
+        overlap = _hides(overlap, sw, layout, m)
         exposed = t
         if overlap == "attention":  # ring steps hide behind the attention blocks they feed
             exposed = max(0.0, t - attention_s)
-        elif overlap == "backward" and sw.grad_reduce_overlap:  # buckets behind the last micro-batch's backward
+        elif overlap == "backward":  # buckets behind the last micro-batch's backward
             exposed = max(t - backward_mb, t / calls)  # the last bucket shows
-        elif overlap == "each_backward" and sw.grad_reduce_overlap:
+        elif overlap == "each_backward":
             exposed = max(t - backward_mb * m, t / calls)
-        elif overlap == "forward" and sw.param_gather_overlap:  # ZeRO-1/2 gather behind the next forward
+        elif overlap == "forward":  # ZeRO-1/2 gather behind the next forward
             exposed = max(t - forward_mb, t / calls)
-        elif overlap == "fsdp" and sw.fsdp_prefetch:  # one unit ahead, behind all compute; first and last show
+        elif overlap == "fsdp":  # one unit ahead, behind all compute; first and last show
             exposed = t * max(fsdp_time - compute_s, fsdp_time / calls) / fsdp_time if fsdp_time else 0.0
-        elif overlap == "other_microbatch" and (sw.ep_comm_overlap or layout.schedule == "dualpipev") and m > 1:
+        elif overlap == "other_microbatch":
             exposed = max(t - compute_s * (m - 1) / m, t / m)  # the first micro-batch has no partner
-        elif overlap == "gemm" and sw.tp_comm_overlap:
+        elif overlap == "gemm":
             # TP collectives decomposed into tp ring steps, each behind a slice of the GEMM it feeds (Wang et
             # al. 2023, ASPLOS, "Overlap communication with dependent computation via decomposition"; Megatron-
             # Core --tp-comm-overlap); the first step shows.
@@ -180,9 +182,9 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
             dp_exposed += exposed
         else:
             critical_path += exposed
-        entries.append(CommEntry(axis, collective, nbytes, t, exposed, link.tier, calls, size))
+        entries.append(CommEntry(axis, collective, nbytes, t, exposed, link.tier, calls, size, overlap))
 
-    ratio = bubble_ratio(layout, m)
+    ratio = bubble_ratio(layout, m, passes)
     bubble_s = ratio * (compute_s + critical_path)
     mem = memory_per_device(model, layout, global_batch, precision, cluster.fused_attention)
     optimizer_s = 2 * (mem.params + mem.grads + mem.optimizer) / cluster.hbm_bandwidth  # read + write
@@ -211,38 +213,61 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         checkpoint_bytes_per_device=ckpt_device, checkpoint_bytes_total=ckpt_total)
 
 
+def _hides(overlap: str, sw, layout: Layout, m: int) -> str:
+    """A collective's overlap class (cost/comm.py) as it runs: "none" where the [software] switch is off."""
+    on = {"attention": True, "backward": sw.grad_reduce_overlap, "each_backward": sw.grad_reduce_overlap,
+          "forward": sw.param_gather_overlap, "fsdp": sw.fsdp_prefetch,
+          "other_microbatch": (sw.ep_comm_overlap or layout.schedule == "dualpipev") and m > 1,
+          "gemm": sw.tp_comm_overlap}
+    return overlap if on.get(overlap, False) else "none"
+
+
+def chunk_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, chunk: int,
+                 precision: str = "bf16") -> Passes:
+    """F, B, W of one micro-batch through pipeline chunk (stage) `chunk`: its layers' kernels
+    (cost/kernels.py), the output head on the last chunk, and its share (1/vpp) of the rank's element-wise
+    work, a third in forward and two thirds in backward. `layout` must have its mbs resolved."""
+    kind = _chunk_kinds(model, layout.stages)[chunk]
+    peak = cluster.peak_flops(precision)
+    act_bytes = PRECISIONS[precision]["compute"]
+    kernels = counted_seconds(model, cluster, kernel_shape(layout), *kind, peak, act_bytes)
+    tokens = layout.mbs * model.seq / layout.cp
+    elementwise = elementwise_seconds(model, cluster, layout, tokens, act_bytes) / layout.vpp
+    return kernels + Passes(elementwise / 3, elementwise * 2 / 3)
+
+
 def rank_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: int,
                 precision: str = "bf16") -> Passes:
-    """F, B, W of one micro-batch on pipeline rank `rank`: its layers' kernels (cost/kernels.py) and its
-    element-wise work, a third in forward and two thirds in backward. `layout` must have its mbs resolved."""
-    kinds = _rank_kinds(model, layout.pp, layout.vpp, layout.schedule)
-    return _passes(model, cluster, layout, precision, kinds[rank])
+    """F, B, W of one micro-batch on pipeline rank `rank`: the sum over the chunks it holds (the passes the
+    simulator runs one by one)."""
+    return sum((chunk_passes(model, cluster, layout, c, precision)
+                for c in rank_chunks(layout.pp, layout.stages, is_v(layout), rank)), Passes())
 
 
 def stage_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision: str = "bf16") -> Passes:
     """F, B, W of one micro-batch on the slowest pipeline rank (what the step waits for)."""
-    kinds = set(_rank_kinds(model, layout.pp, layout.vpp, layout.schedule))
-    return max((_passes(model, cluster, layout, precision, kind) for kind in kinds), key=lambda p: p.total)
-
-
-def _passes(model, cluster, layout, precision, kind) -> Passes:
-    peak = cluster.peak_flops(precision)
-    act_bytes = PRECISIONS[precision]["compute"]
-    kernels = counted_seconds(model, cluster, kernel_shape(layout), *kind, peak, act_bytes)
-    elementwise = elementwise_seconds(model, cluster, layout, layout.mbs * model.seq / layout.cp, act_bytes)
-    return kernels + Passes(elementwise / 3, elementwise * 2 / 3)
+    ranks = _distinct_ranks(model, layout.pp, layout.stages, is_v(layout))
+    return max((rank_passes(model, cluster, layout, r, precision) for r in ranks), key=lambda p: p.total)
 
 
 @lru_cache(maxsize=4096)
-def _rank_kinds(model: ModelSpec, pp: int, vpp: int, schedule: str) -> tuple:
-    """(dense layers, MoE layers, holds the head) of each pipeline rank."""
-    layout = Layout(pp=pp, vpp=vpp, schedule=schedule)
+def _chunk_kinds(model: ModelSpec, chunks: int) -> tuple:
+    """(dense layers, MoE layers, holds the head) of each pipeline chunk."""
     out = []
-    for r in range(pp):
-        owned = stage_layers(model, layout, r)
+    for c, owned in enumerate(split_layers(model.layers, chunks)):
         moe = sum(model.is_moe_layer(i) for i in owned) if model.is_moe else 0
-        out.append((len(owned) - moe, moe, r == last_rank(layout)))
+        out.append((len(owned) - moe, moe, c == chunks - 1))
     return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def _distinct_ranks(model: ModelSpec, pp: int, chunks: int, v_shape: bool) -> tuple:
+    """One pipeline rank per distinct multiset of chunk kinds: ranks holding alike chunks cost alike."""
+    kinds = _chunk_kinds(model, chunks)
+    first = {}
+    for r in range(pp):
+        first.setdefault(tuple(sorted(kinds[c] for c in rank_chunks(pp, chunks, v_shape, r))), r)
+    return tuple(first.values())
 
 
 def elementwise_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float,

@@ -332,14 +332,15 @@ def _floor_pp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, 
 
 
 def _bubble(names, k_i, pp, v, m):
-    """Vectorised `pipeline.bubble_ratio`."""
+    """`pipeline.bubble_ratio` (F = B = W) over arrays; tests/test_plan.py checks they agree."""
     if pp == 1:
         return np.zeros_like(m)
     sched = np.array(names)[k_i]
     out = (pp - 1) / m
     out = np.where(sched == "interleaved", (pp - 1) / (v * m), out)
-    out = np.where(np.isin(sched, ("zb", "dualpipev")), (pp - 1) / (3 * m), out)
-    return np.where(sched == "zbv", (pp - 1) / (6 * m), out)
+    out = np.where(sched == "zb", (pp - 1) / (3 * m), out)
+    v_shape = np.maximum(pp - 1, 2 * (2 * pp - 1 - m)) / (6 * m)
+    return np.where(np.isin(sched, ("zbv", "dualpipev")), v_shape, out)
 
 
 def _busiest(model, tp, ep, pp, chunks, v_shape) -> tuple[float, float]:

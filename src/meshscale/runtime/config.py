@@ -32,6 +32,7 @@ class TrainConfig:
     log_every: int = 1  # print every n-th step (the JSONL file gets them all)
     metrics_out: str | None = None
     trace: str | None = None  # Chrome-trace JSON of the last step's pipeline runs
+    plot: str | None = None  # PNG: loss and measured vs predicted step time, drawn by rank 0 at the end
     overwrite: bool = False
     predict: bool = False
     cluster: str = "local-cpu"  # the ClusterSpec --predict uses (a preset or a `meshscale calibrate` file)
@@ -97,6 +98,11 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
     if (cfg.metrics_out and os.environ.get("RANK", "0") == "0" and Path(cfg.metrics_out).exists()
             and not cfg.overwrite):
         raise UserError(f"--metrics-out {cfg.metrics_out} already exists; choose a new file or pass --overwrite")
+    if cfg.plot:
+        if not Path(cfg.plot).absolute().parent.is_dir():
+            raise UserError(f"--plot {cfg.plot}: directory {Path(cfg.plot).parent} does not exist")
+        if os.environ.get("RANK", "0") == "0" and Path(cfg.plot).exists() and not cfg.overwrite:
+            raise UserError(f"--plot {cfg.plot} already exists; choose a new file or pass --overwrite")
     if cfg.trace:
         if layout.pp == 1:
             raise UserError("--trace records the pipeline's forward/backward runs; it needs a layout with pp > 1")

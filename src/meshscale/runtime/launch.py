@@ -24,7 +24,7 @@ def run_here(run: Resolved) -> dict:
     """Run in this process: alone, or as one worker under an outer torchrun (RANK/WORLD_SIZE set)."""
     import torch.distributed as dist
 
-    from meshscale.runtime.metrics import print_report
+    from meshscale.runtime.metrics import predicted, print_report
     from meshscale.runtime.trainer import pick_device, train
 
     device = pick_device(run.config.device, int(os.environ.get("LOCAL_RANK", 0)))
@@ -34,6 +34,9 @@ def run_here(run: Resolved) -> dict:
         result = train(run, device)
         if not dist.is_initialized() or dist.get_rank() == 0:
             print_report(run, result)
+            if run.config.plot:
+                from meshscale.plots import training_plot
+                training_plot(result["rows"], predicted(run)["step_time_s"], run.config.plot)
         return result
     finally:
         if dist.is_initialized():

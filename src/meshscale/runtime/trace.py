@@ -8,6 +8,9 @@ holds them); gather them to one rank (e.g. dist.gather_object) before writing.
 
 import json
 
+from meshscale.cost.pipeline import bubble_ratio
+from meshscale.specs.layout import Layout
+
 
 def measured_bubble(events: list[dict], span: tuple[float, float]) -> float:
     """Idle fraction of one rank's step: 1 - (time spent computing F/B/W) / (step wall time)."""
@@ -17,23 +20,11 @@ def measured_bubble(events: list[dict], span: tuple[float, float]) -> float:
 
 
 def analytic_bubble(schedule: str, pp: int, microbatches: int, vpp: int = 1) -> float:
-    """Idle fraction of the step predicted for equal F, B (and W) times, in the same idle/total form as
-    `measured_bubble`: the bubble-to-work ratio r below becomes r / (1 + r)."""
-    p, m = pp, microbatches
-    if p == 1:
+    """Idle fraction of the step predicted for equal F, B (and W) times (cost/pipeline.py's closed forms),
+    in the same idle/total form as `measured_bubble`: the bubble-to-work ratio r becomes r / (1 + r)."""
+    if pp == 1:
         return 0.0
-    if schedule in ("gpipe", "1f1b"):
-        ratio = (p - 1) / m  # Narayanan et al. 2021, sec. 2.2.1
-    elif schedule == "interleaved":
-        ratio = (p - 1) / (vpp * m)  # Narayanan et al. 2021, sec. 2.2.2
-    elif schedule == "zb":
-        ratio = (p - 1) / (3 * m)  # Qi et al. 2023 (ZB-H1), sec. 3.1: a third of 1F1B's with T_F=T_B=T_W
-    elif schedule in ("zbv", "dualpipev"):
-        # Qi et al. 2023, sec. 6: ZB-V has no bubble when T_F = T_B = T_W and m >= 2p. DeepSeek-V3 report,
-        # Table 2: DualPipe's bubble (PP/2 - 1)(T_F&B + T_B - 3 T_W) is also 0 there (T_F&B = T_F + T_B).
-        return 0.0
-    else:
-        raise ValueError(f"unknown schedule {schedule!r}")
+    ratio = bubble_ratio(Layout(pp=pp, vpp=vpp, schedule=schedule), microbatches)
     return ratio / (1 + ratio)
 
 

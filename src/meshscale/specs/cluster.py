@@ -69,6 +69,9 @@ class ClusterSpec:
     gemm_rates: tuple = ()  # (m, n, k, FLOP/s): fp32 GEMM throughput over shapes
     collectives: tuple = ()  # (collective, latency per step s, bus bandwidth B/s) over tier 0
     calibration: tuple = ()  # provenance, (key, value): date, host, torch, nproc, method
+    # Power per device (W) for energy per token: board power when busy, idle power otherwise (see POWER_W).
+    board_power_w: float = 0.0
+    idle_power_w: float = 0.0
 
     def __post_init__(self):
         tiers = tuple(t if isinstance(t, Tier) else build(Tier, dict(t), f"cluster {self.name} tier")
@@ -222,6 +225,18 @@ PRESETS: dict[str, ClusterSpec] = {
                              matmul_efficiency=1.0, tiers=(Tier("loopback", 0, 0.87e9, 3.5e-4, 1.0),),
                              default_devices=2, gemm_tile=(1, 1)),
 }
+
+# Power per device, (board power, idle power) in W, for `meshscale scale`'s energy per token: a device draws
+# board power while kernels run, compute or communication (Fernandez et al. 2024, arXiv:2411.13055, measured
+# H100 power per GPU falling only 5.9% from 128 to 2,048 GPUs while throughput per GPU fell 37%), and idle
+# power in the pipeline bubble. Board power: NVIDIA datasheets (A100 SXM 400 W, H100/H200 SXM 700 W, B200
+# 1000 W, GB200 1200 W per GPU); TPU v4 170 W mean per chip (Jouppi et al. 2023, ISCA, Table 3). Idle: ~60 W
+# for SXM boards (nvidia-smi power.draw at rest on DGX A100/H100), 90 W for Blackwell, 1/3 of board for TPU v4.
+# TPU v5e/v5p and this machine have no published figure and report no energy.
+POWER_W = {"a100-80gb": (400, 60), "h100-80gb": (700, 60), "h200": (700, 60), "b200": (1000, 90),
+           "gb200-nvl72": (1200, 90), "tpu-v4": (170, 57)}
+for _name, (_board, _idle) in POWER_W.items():
+    PRESETS[_name] = replace(PRESETS[_name], board_power_w=_board, idle_power_w=_idle)
 
 
 def load_cluster(name_or_path: str) -> ClusterSpec:

@@ -1,0 +1,80 @@
+"""`meshscale scale`: the best layout and its throughput, cost and energy across device counts."""
+
+import json
+
+from meshscale.commands.predict import add_goodput_arguments
+from meshscale.errors import UserError
+
+
+def add_arguments(p):
+    p.add_argument("--model", required=True, help="preset name, meshscale JSON/TOML, or HF config.json")
+    p.add_argument("--cluster", required=True, help="preset name or JSON/TOML ClusterSpec")
+    p.add_argument("--devices", required=True, help="increasing counts, 64,128,256, or a doubling range 64..16384")
+    batch = p.add_mutually_exclusive_group(required=True)
+    batch.add_argument("--global-batch-tokens", type=int, help="strong scaling: the global batch held fixed")
+    batch.add_argument("--tokens-per-device", type=int, help="weak scaling: the tokens per device held fixed")
+    p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
+    p.add_argument("--precision", default="bf16", help="bf16 (16 B/param), bf16-pure (10 B/param), fp8, fp32")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", metavar="FILE.png", help="draw throughput and efficiency against devices")
+    add_goodput_arguments(p)
+
+
+def run(args) -> int:
+    from meshscale.cost.goodput import check_inputs
+    from meshscale.plan.scaling import parse_devices, scale
+    from meshscale.specs.cluster import load_cluster
+    from meshscale.specs.model import load_model
+
+    counts = parse_devices(args.devices)
+    model = load_model(args.model)
+    if args.seq is not None:
+        if args.seq <= 0:
+            raise UserError(f"--seq must be positive, got {args.seq}")
+        model = model.with_seq(args.seq)
+    cluster = load_cluster(args.cluster)
+    if args.mtbf_hours is not None:
+        check_inputs(args.mtbf_hours, args.checkpoint_bandwidth)
+    mode = "strong" if args.global_batch_tokens is not None else "weak"
+    rows = scale(model, cluster, counts, args.global_batch_tokens, args.tokens_per_device, args.precision,
+                 mtbf_hours=args.mtbf_hours, checkpoint_bandwidth=args.checkpoint_bandwidth)
+    if args.plot:
+        from meshscale.plots import scaling_plot
+        scaling_plot(rows, mode, f"{model.name} on {cluster.name}", args.plot)
+    if args.json:
+        print(json.dumps({"mode": mode, "rows": [r.to_dict() for r in rows]}))
+        return 0
+    _print_table(rows, mode, model, cluster)
+    return 0
+
+
+def _print_table(rows, mode, model, cluster):
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:  # piped: wide enough that layouts stay on one line
+        console = Console(width=230)
+    held = (f"global batch {rows[0].global_batch * model.seq:,} tokens" if mode == "strong"
+            else f"{rows[0].global_batch * model.seq // rows[0].devices:,} tokens per device")
+    t = Table(title=f"{mode} scaling of {model.name} on {cluster.name} ({held})", title_justify="left")
+    cols = ["devices", "layout", "step", "tokens/s", "per device", "MFU", "efficiency", "marginal", "exposed comm",
+            "$/M tokens", "J/token"]
+    if rows[0].goodput:
+        cols += ["ETTR", "goodput tokens/s"]
+    for col in cols:
+        t.add_column(col, justify="left" if col == "layout" else "right", no_wrap=True)
+    for r in rows:
+        cells = [f"{r.devices:,}", ("* " if r.change else "") + r.layout, f"{r.step_time_s * 1e3:,.0f} ms",
+                 f"{r.tokens_per_s:,.0f}", f"{r.tokens_per_s_per_device:,.0f}", f"{r.mfu:.1%}", f"{r.efficiency:.0%}",
+                 "" if r.marginal_tokens_per_s_per_device is None else f"{r.marginal_tokens_per_s_per_device:,.0f}",
+                 f"{r.exposed_comm_fraction:.0%}",
+                 "" if r.usd_per_million_tokens is None else f"{r.usd_per_million_tokens:,.2f}",
+                 "" if r.joules_per_token is None else f"{r.joules_per_token:,.2f}"]
+        if r.goodput:
+            cells += [f"{r.goodput['ettr']:.1%}", f"{r.goodput['tokens_per_s']:,.0f}"]
+        t.add_row(*cells)
+    console.print(t)
+    for r in rows:
+        if r.change:
+            console.print(f"* at {r.devices:,} the winner changes: {r.change}")

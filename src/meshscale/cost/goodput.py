@@ -1,0 +1,83 @@
+"""Goodput under failures: checkpoint cost, the optimal checkpoint interval, and the expected fraction of
+wall time that trains (effective training time ratio, ETTR).
+
+With N devices of per-device MTBF H, the job fails every M = H / N on average (independent failures).
+A checkpoint of the per-device shard takes delta = bytes / bandwidth (every device writes its own shard
+at once, as DCP does). Between checkpoints the job trains for tau:
+  Young 1974 ("A first order approximation to the optimum checkpoint interval", CACM 17(9)):
+      tau = sqrt(2 delta M)
+  Daly 2006 ("A higher order estimate of the optimum checkpoint interval for restart dumps", FGCS 22(3),
+  eq. 37), used here:
+      tau = sqrt(2 delta M) (1 + sqrt(delta / (2M)) / 3 + delta / (18 M)) - delta   for delta < 2M, else M
+A failure costs the restart R = relaunch + load (the shard read back at the same bandwidth) plus the work
+since the last checkpoint, on average half a segment (tau + delta) / 2 (Daly 2006, sec. 3).
+ETTR, the useful fraction of wall time (Kokolis et al. 2024, "Revisiting Reliability in Large-Scale
+Machine Learning Research Clusters", arXiv:2410.21680, sec. V), to first order in 1/M:
+      ETTR = tau / (tau + delta) * (1 - (R + (tau + delta) / 2) / M)
+"""
+
+import math
+from dataclasses import asdict, dataclass
+
+from meshscale.errors import UserError
+
+# Llama 3 (Dubey et al. 2024, sec. 3.3.1): Tectonic sustains 2 TB/s (7 TB/s peak) for 16,384 GPUs'
+# checkpoints, about 122 MB/s per GPU.
+DEFAULT_CHECKPOINT_BANDWIDTH = 2e12 / 16384
+# Re-launching a large job: rescheduling, process start, NCCL initialisation. Kokolis et al. 2024 model
+# a restart overhead of the order of minutes at thousands of GPUs; we take 5 minutes.
+RELAUNCH_S = 300.0
+# Llama 3 (Dubey et al. 2024, Table 5): 419 unexpected interruptions in 54 days on 16,384 GPUs, a job
+# MTBF of 3.1 hours, i.e. about 50,700 hours per device.
+LLAMA3_MTBF_HOURS = 54 * 24 * 16384 / 419
+
+
+@dataclass(frozen=True)
+class Goodput:
+    checkpoint_bytes_per_device: float
+    checkpoint_bytes_total: float
+    save_s: float
+    interval_s: float
+    restart_s: float
+    ettr: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def check_inputs(mtbf_hours: float, bandwidth: float) -> None:
+    if not mtbf_hours > 0:
+        raise UserError(f"--mtbf-hours must be positive, got {mtbf_hours}")
+    if not bandwidth > 0:
+        raise UserError(f"--checkpoint-bandwidth must be positive bytes/s per device, got {bandwidth}")
+
+
+def daly_interval(save_s: float, mtbf_s: float) -> float:
+    """Daly 2006, eq. 37: the compute time between checkpoints that minimises the expected wall time."""
+    if save_s >= 2 * mtbf_s:
+        return mtbf_s
+    x = save_s / (2 * mtbf_s)
+    return math.sqrt(2 * save_s * mtbf_s) * (1 + math.sqrt(x) / 3 + x / 9) - save_s
+
+
+def goodput(bytes_per_device: float, bytes_total: float, devices: int, mtbf_hours: float,
+            bandwidth: float = DEFAULT_CHECKPOINT_BANDWIDTH, relaunch_s: float = RELAUNCH_S) -> Goodput:
+    """Checkpoint cost and ETTR of a job of `devices` devices writing `bytes_per_device` each."""
+    check_inputs(mtbf_hours, bandwidth)
+    mtbf_s = mtbf_hours * 3600 / devices
+    save = bytes_per_device / bandwidth
+    interval = daly_interval(save, mtbf_s)
+    restart = relaunch_s + save  # the load reads back what the save wrote
+    return Goodput(bytes_per_device, bytes_total, save, interval, restart, ettr(interval, save, restart, mtbf_s))
+
+
+def ettr(interval_s: float, save_s: float, restart_s: float, mtbf_s: float) -> float:
+    """Useful fraction of wall time: checkpoints cost save_s per interval_s of training; each failure (one
+    per mtbf_s of wall time) costs the restart and, on average, half a segment of lost work."""
+    segment = interval_s + save_s
+    return max(0.0, interval_s / segment * (1 - (restart_s + segment / 2) / mtbf_s))
+
+
+def of_prediction(pred, mtbf_hours: float, bandwidth: float = DEFAULT_CHECKPOINT_BANDWIDTH) -> Goodput:
+    return goodput(pred.checkpoint_bytes_per_device, pred.checkpoint_bytes_total, pred.devices, mtbf_hours,
+                   bandwidth)

@@ -1,0 +1,121 @@
+"""Event-driven run of one pipeline: each rank runs its passes in its schedule's order, a pass starting at
+the latest of (its rank is free, its inputs arrived, its FSDP parameters are gathered).
+
+A forward of chunk s needs the forward of chunk s-1 of the same micro-batch; an input gradient (I, or a full
+backward B) of chunk s needs the forward of s and the input gradient of s+1; a weight gradient W needs the
+I of its chunk. Data crossing ranks arrives after a stage-boundary send (latency + bytes / bandwidth, given
+per send). Optionally each rank's FSDP traffic runs on its own stream, one wrapping unit (layer) ahead of
+compute (FSDP's prefetch): the gather for unit u starts once the gather for unit u-1 is done and unit u-1
+has started computing; a unit computes once its gather is done.
+"""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Event:
+    rank: int
+    stream: str  # "compute", "pp" (stage-boundary sends), "dp" (data-parallel family)
+    kind: str  # F, B, I, W, tp (inline collectives), send, fsdp, sync, opt
+    start: float
+    end: float
+    stage: int = -1
+    mb: int = -1
+    replica: int = 0
+
+
+@dataclass
+class Pass:
+    rank: int
+    stage: int
+    kind: str
+    mb: int
+    start: float
+    end: float  # compute, then the inline collectives
+    compute: float
+    inline: float
+    wait_on: int | None = None  # the rank whose data this pass waited for, None if it waited on nobody
+    waited: float = 0.0
+    gather_wait: float = 0.0
+
+
+@dataclass
+class PipelineRun:
+    passes: list  # Pass, in the order they ran, per rank interleaved
+    events: list = field(default_factory=list)
+
+
+def run(orders: tuple, owner, seconds, send_s, fsdp_share=None, replica: int = 0) -> PipelineRun:
+    """orders: per rank, (stage, kind, mb) tuples; owner(stage) -> rank; seconds(rank, stage, kind, mb) ->
+    (compute, inline collectives); send_s: seconds per stage-boundary send; fsdp_share(rank, stage, compute) ->
+    (FSDP traffic seconds of a pass of that compute time, its wrapping units) (None: no FSDP)."""
+    last_stage = max(a[0] for order in orders for a in order)
+    done: dict = {}  # output(...) -> when it was ready
+    free = [0.0] * len(orders)
+    gather_end = [0.0] * len(orders)
+    prev_start = [0.0] * len(orders)
+    at = [0] * len(orders)
+    out = PipelineRun([])
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for r, order in enumerate(orders):
+            while at[r] < len(order):
+                stage, kind, mb = order[at[r]]
+                deps = inputs(stage, kind, mb, last_stage)
+                if any(d not in done for d in deps):
+                    break
+                ready, wait_on = 0.0, None
+                for d in deps:
+                    src = owner(d[1])
+                    t = done[d] + (send_s if src != r else 0.0)
+                    if t > ready:
+                        ready, wait_on = t, (src if src != r else None)
+                compute, inline = seconds(r, stage, kind, mb)
+                start = max(free[r], ready)
+                waited = max(0.0, ready - free[r])
+                t, gather_wait = start, 0.0
+                if fsdp_share is not None:  # unit by unit: gather u runs while unit u-1 computes
+                    gather, units = fsdp_share(r, stage, compute)
+                    first = None
+                    for _ in range(units):
+                        g_start = max(gather_end[r], prev_start[r])
+                        gather_end[r] = g_start + gather / units
+                        first = g_start if first is None else first
+                        unit_start = max(t, gather_end[r])
+                        gather_wait += unit_start - t
+                        prev_start[r], t = unit_start, unit_start + compute / units
+                    out.events.append(Event(r, "dp", "fsdp", first, gather_end[r], stage, mb, replica))
+                else:
+                    prev_start[r], t = start, start + compute
+                end = t + inline
+                out.passes.append(Pass(r, stage, kind, mb, start, end, compute, inline,
+                                       wait_on if waited else None, waited, gather_wait))
+                out.events.append(Event(r, "compute", kind, start, t, stage, mb, replica))
+                if inline:
+                    out.events.append(Event(r, "compute", "tp", t, end, stage, mb, replica))
+                target = stage + 1 if kind == "F" else stage - 1
+                if kind != "W" and 0 <= target <= last_stage and owner(target) != r:
+                    out.events.append(Event(r, "pp", "send", end, end + send_s, stage, mb, replica))
+                free[r] = end
+                done[output(stage, kind, mb)] = end
+                at[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("pipeline schedule deadlocked: an order waits on a pass that never runs")
+    return out
+
+
+def output(stage: int, kind: str, mb: int) -> tuple:
+    """What a pass makes ready: "F" its activations, "G" the input gradient (from I or a full B), "W"."""
+    return ("F" if kind == "F" else "G" if kind in "BI" else "W", stage, mb)
+
+
+def inputs(stage: int, kind: str, mb: int, last: int) -> tuple:
+    """The outputs a pass needs (see the module docstring); `last` is the last chunk's index."""
+    if kind == "F":
+        return (("F", stage - 1, mb),) if stage > 0 else ()
+    if kind == "W":
+        return (("G", stage, mb),)
+    return (("F", stage, mb),) + ((("G", stage + 1, mb),) if stage < last else ())

@@ -1,0 +1,270 @@
+"""One optimizer step, simulated pass by pass from the cost model's own pieces.
+
+Every duration comes from cost/: each pass's compute from `chunk_passes` (what `rank_passes` and so
+`predict` sum), each collective's time and overlap class from the Prediction's comm entries:
+  - TP/SP, EP and CP (exposed_s: what their overlap leaves) run inline: each pass carries its share, in
+    proportion to its compute;
+  - stage-boundary sends (the pp entry: latency + bytes / bandwidth per send) delay the receiving pass;
+  - FSDP traffic ("fsdp", with fsdp_prefetch) runs on the data-parallel stream one pass ahead of compute;
+  - the bucketed gradient reduction ("backward", "each_backward") starts as the last micro-batch's
+    backward (all micro-batches' backwards for ZeRO-2) begins and ends at least one bucket after it;
+  - then the optimizer update, then ZeRO-1/2's parameter all-gather ("forward": beside the next forward).
+  Traffic whose [software] overlap switch is off ("none" on dp) runs whole after the last backward.
+Pass orders are the runtime's schedules (sim/schedule.py).
+
+Symmetry: under the cost model every DP/CP replica and every TP rank of a pipeline stage does the same
+work at the same time, so one representative per pipeline rank is simulated: pp ranks, not all devices
+(a 16,384-device llama3-405b layout is 16 simulated ranks). A straggler breaks the symmetry of its replica
+only: that replica's pipeline is simulated beside a healthy one, and the two meet at the gradient
+reduction, where the healthy replicas wait.
+"""
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from meshscale.cost import predict
+from meshscale.cost.step import chunk_passes, rank_passes
+from meshscale.errors import UserError
+from meshscale.sim import engine
+from meshscale.sim.schedule import rank_orders, stage_owner
+from meshscale.specs.cluster import ClusterSpec
+from meshscale.specs.layout import V_SCHEDULES, Layout, check_against, split_layers
+from meshscale.specs.model import ModelSpec
+
+INLINE_AXES = ("tp", "ep", "cp")
+DATA_AXES = ("dp", "edp")  # dense gradients over dp*cp, routed experts over their own replicas (MoE)
+
+
+@dataclass
+class RankTime:
+    name: str  # "pp rank 2" or "pp rank 2, replica with the straggler"
+    busy_s: float  # compute and optimizer
+    idle_s: float  # waiting on other ranks (pipeline bubble) or for the slowest replica
+    exposed_comm_s: float  # collectives nothing hides: inline TP/EP/CP, FSDP waits, the gradient sync tail
+
+
+@dataclass
+class Simulation:
+    layout: str
+    devices: int
+    microbatches: int
+    step_time_s: float
+    predicted_step_time_s: float
+    bubble_s: float
+    bubble_fraction: float  # bubble_s / step, as predict defines it
+    ranks: list
+    critical_path: list  # (rank, passes) runs, last one first
+    waits: list = field(default_factory=list)  # sentences: who waited for whom, and how long
+    healthy_step_time_s: float | None = None  # with stragglers: the same step without them
+    events: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"layout": self.layout, "devices": self.devices, "microbatches": self.microbatches,
+                "step_time_s": self.step_time_s, "predicted_step_time_s": self.predicted_step_time_s,
+                "bubble_s": self.bubble_s, "bubble_fraction": self.bubble_fraction,
+                "ranks": [r.__dict__ for r in self.ranks],
+                "critical_path": [{"rank": r, "passes": n} for r, n in self.critical_path], "waits": self.waits,
+                "healthy_step_time_s": self.healthy_step_time_s}
+
+
+def parse_stragglers(items: list[str], devices: int) -> dict[int, float]:
+    """"RANK:FACTOR" strings -> {global rank: compute slow-down factor}."""
+    out = {}
+    for item in items or []:
+        rank, sep, factor = item.partition(":")
+        try:
+            r, f = int(rank), float(factor)
+        except ValueError:
+            raise UserError(f"--straggler {item!r}: write RANK:FACTOR, e.g. 5:1.5 (rank 5 runs 1.5x slower)") from None
+        if not sep or not 0 <= r < devices:
+            raise UserError(f"--straggler {item!r}: rank must be in 0..{devices - 1} (the job has {devices} devices)")
+        if not f > 0:
+            raise UserError(f"--straggler {item!r}: the factor must be positive (1.5 = 50% slower)")
+        out[r] = f
+    return out
+
+
+def simulate(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch: int, precision: str = "bf16",
+             stragglers: dict[int, float] | None = None) -> Simulation:
+    """Simulate one step of `layout`; `stragglers` maps global device ranks to compute slow-down factors."""
+    check_against(layout, model, global_batch)
+    layout = layout.resolve_mbs(global_batch)
+    m = layout.microbatches(global_batch)
+    pred = predict(model, cluster, layout, global_batch, precision)
+    seconds_for, send_s, share = _durations(model, cluster, layout, precision, pred)
+    v_shape = layout.schedule in V_SCHEDULES and layout.pp > 1
+    orders = rank_orders(layout.schedule if layout.pp > 1 else "1f1b", layout.pp, layout.vpp, m)
+    owner = lambda stage: stage_owner(stage, layout.pp, v_shape)  # noqa: E731
+    pipelines = _replicas(layout, stragglers or {})
+    runs = [engine.run(orders, owner, seconds_for(slow), send_s, share, i) for i, (_, slow) in enumerate(pipelines)]
+    last_backward = [[max(p.end for p in run.passes if p.rank == r and p.kind != "F") for r in range(layout.pp)]
+                     for run in runs]
+    ends, events = _data_parallel_tail(model, cluster, layout, precision, pred, m, last_backward)
+    step = max(ends)
+    ranks, waits = [], []
+    for i, ((name, _), run) in enumerate(zip(pipelines, runs)):
+        for r in range(layout.pp):
+            mine = [p for p in run.passes if p.rank == r]
+            busy = sum(p.compute for p in mine) + pred.optimizer_s
+            backward_end = max(lb[r] for lb in last_backward)
+            exposed = sum(p.inline + p.gather_wait for p in mine) + ends[r] - backward_end - pred.optimizer_s
+            ranks.append(RankTime(f"pp rank {r}" + (f", {name}" if name else ""), busy, step - busy - exposed,
+                                  exposed))
+            if backward_end > last_backward[i][r] + 1e-12:
+                late = backward_end - last_backward[i][r]
+                waits.append((late, f"pp rank {r}{' (' + name + ')' if name else ''} waits {late * 1e3:,.1f} ms at "
+                                    "the gradient reduction for the slowest replica"))
+        waits += _wait_lines(run, runs[0] if i and not pipelines[0][0] else None, name, bool(stragglers))
+    healthy = simulate(model, cluster, layout, global_batch, precision).step_time_s if stragglers else None
+    bubble = _bubble(runs[0], layout.pp)
+    return Simulation(str(layout), layout.devices, m, step, pred.step_time_s, bubble, bubble / step, ranks,
+                      critical_path(max(runs, key=lambda run: max(p.end for p in run.passes))),
+                      [w for _, w in sorted(waits, reverse=True)[:8]], healthy, events + [e for run in runs
+                                                                                            for e in run.events])
+
+
+def _durations(model, cluster, layout, precision, pred):
+    """seconds_for(slow) -> seconds(rank, stage, kind) for the engine, the seconds of one stage-boundary
+    send, and the FSDP share of a pass (None without FSDP), all from the cost model."""
+    chunk = [chunk_passes(model, cluster, layout, c, precision) for c in range(layout.stages)]
+    inline = sum(e["exposed_s"] for e in pred.comm if e["axis"] in INLINE_AXES)
+    pp_entry = next((e for e in pred.comm if e["axis"] == "pp"), None)
+    send_s = pp_entry["time_s"] / pp_entry["calls"] if pp_entry else 0.0
+    fsdp = sum(e["time_s"] for e in pred.comm if e["axis"] in DATA_AXES and e["overlap"] == "fsdp")
+    units = [len(r) for r in split_layers(model.layers, layout.stages)]
+    per_pass = {"F": lambda c: c.forward, "B": lambda c: c.backward + c.weight, "I": lambda c: c.backward,
+                "W": lambda c: c.weight}
+
+    def seconds_for(slow: dict):
+        def seconds(rank, stage, kind, mb):
+            compute = per_pass[kind](chunk[stage])
+            return compute * slow.get(rank, 1.0), inline * compute / pred.compute_s
+        return seconds
+
+    share = (lambda rank, stage, compute: (fsdp * compute / pred.compute_s, units[stage])) if fsdp else None
+    return seconds_for, send_s, share
+
+
+def _replicas(layout: Layout, stragglers: dict) -> list[tuple[str, dict]]:
+    """(name, {pp rank: slow-down}) per simulated pipeline: the healthy one (unless every replica holds a
+    straggler), then one per replica holding one. Mesh order pp, dp, cp, tp (specs/layout.py)."""
+    per_stage = layout.devices // layout.pp
+    slow: dict = defaultdict(dict)
+    first: dict = {}
+    for g, factor in sorted(stragglers.items()):
+        replica = (g % per_stage) // layout.tp
+        slow[replica][g // per_stage] = factor
+        first.setdefault(replica, g)
+    healthy = [] if len(slow) == layout.dp * layout.cp else [("", {})]
+    return healthy + [(f"replica of device {first[k]}", slow[k]) for k in sorted(slow)]
+
+
+def _data_parallel_tail(model, cluster, layout, precision, pred, m, last_backward) -> tuple[list, list]:
+    """Per pipeline rank, when its step ends, and the events on the way: the gradient reduction (over all
+    replicas, so after the slowest one's last backward), the optimizer, then ZeRO-1/2's parameter all-gather.
+    With grad_reduce_overlap the reduction's buckets run behind the last micro-batch's backward (ZeRO-2: all
+    of them) and one bucket shows; with param_gather_overlap the gather runs beside the next step's first
+    forward and one bucket shows. Traffic whose [software] switch is off runs whole."""
+    dp = [e for e in pred.comm if e["axis"] in DATA_AXES and e["overlap"] != "fsdp"]
+    reductions = [e for e in dp if e["collective"] != "all_gather"]
+    gathers = [e for e in dp if e["collective"] == "all_gather"]
+    ends, events = [], []
+    for r in range(layout.pp):
+        passes = rank_passes(model, cluster, layout, r, precision)
+        t = backward_end = max(lb[r] for lb in last_backward)
+        for e in reductions:
+            end = t + e["time_s"]
+            if e["overlap"] in ("backward", "each_backward"):
+                window = (passes.backward + passes.weight) * (m if e["overlap"] == "each_backward" else 1)
+                end = max(t + e["time_s"] / e["calls"], backward_end - window + e["time_s"])
+            events.append(engine.Event(r, "dp", "sync", end - e["time_s"], end))
+            t = end
+        events.append(engine.Event(r, "compute", "opt", t, t + pred.optimizer_s))
+        t += pred.optimizer_s
+        for e in gathers:
+            events.append(engine.Event(r, "dp", "gather", t, t + e["time_s"]))
+            hidden = passes.forward if e["overlap"] == "forward" else 0.0
+            t += max(e["time_s"] - hidden, e["time_s"] / e["calls"])
+        ends.append(t)
+    return ends, events
+
+
+def _wait_lines(run, healthy, name: str, with_stragglers: bool) -> list[tuple[float, str]]:
+    """Who waited for whom. With stragglers only the straggling replicas speak, in excess of a healthy one."""
+    if with_stragglers and not name:
+        return []
+    on = _waits(run)
+    if healthy is not None:
+        base = _waits(healthy)
+        on = {k: t - base.get(k, 0.0) for k, t in on.items()}
+    where = f" ({name})" if name else ""
+    more = "more than in a healthy replica " if healthy is not None else ""
+    return [(t, f"pp rank {a}{where} waits {t * 1e3:,.1f} ms {more}for pp rank {b}") for (a, b), t in on.items()
+            if t > 1e-9]
+
+
+def _bubble(run: engine.PipelineRun, pp: int) -> float:
+    """As predict: the pipeline's span beyond the busiest rank's own work (compute, inline collectives,
+    FSDP waits)."""
+    work = [sum(p.compute + p.inline + p.gather_wait for p in run.passes if p.rank == r) for r in range(pp)]
+    return max(p.end for p in run.passes) - max(work)
+
+
+def _waits(run: engine.PipelineRun) -> dict:
+    """Seconds each rank spent waiting for each other rank's data: {(rank, on rank): seconds}."""
+    on = defaultdict(float)
+    for p in run.passes:
+        if p.wait_on is not None:
+            on[(p.rank, p.wait_on)] += p.waited
+    return on
+
+
+def critical_path(run: engine.PipelineRun) -> list[tuple[int, int]]:
+    """Walk back from the pass that ends last: through the data it waited for, else its rank's previous
+    pass. Returns (rank, passes) runs, latest first."""
+    by_key, previous, last_on_rank = {}, {}, {}
+    last_stage = max(q.stage for q in run.passes)
+    for p in run.passes:
+        by_key[engine.output(p.stage, p.kind, p.mb)] = p
+        previous[id(p)] = last_on_rank.get(p.rank)
+        last_on_rank[p.rank] = p
+    p = max(run.passes, key=lambda q: q.end)
+    path = []
+    while p is not None:
+        if path and path[-1][0] == p.rank:
+            path[-1][1] += 1
+        else:
+            path.append([p.rank, 1])
+        if p.wait_on is not None:
+            p = max((by_key[d] for d in engine.inputs(p.stage, p.kind, p.mb, last_stage)), key=lambda q: q.end)
+        else:
+            p = previous[id(p)]
+    return [tuple(x) for x in path]
+
+
+def chrome_trace(sim: Simulation) -> dict:
+    """Trace-event JSON (Perfetto): a process per simulated rank, threads for compute, stage-boundary sends
+    and the data-parallel stream; microseconds."""
+    threads = {"compute": 0, "pp": 1, "dp": 2}
+    out = []
+    replicas = sorted({e.replica for e in sim.events})
+    pids = {}
+    for rep in replicas:
+        for r in sorted({e.rank for e in sim.events}):
+            pid = len(pids)
+            pids[(rep, r)] = pid
+            out.append({"ph": "M", "name": "process_name", "pid": pid,
+                        "args": {"name": f"pp rank {r}" + (f" replica {rep}" if rep else "")}})
+            for name, tid in threads.items():
+                out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+    for e in sim.events:
+        label = f"{e.kind}{e.mb} s{e.stage}" if e.mb >= 0 else e.kind
+        out.append({"ph": "X", "pid": pids[(e.replica, e.rank)], "tid": threads[e.stream], "cat": e.kind,
+                    "name": label, "ts": e.start * 1e6, "dur": (e.end - e.start) * 1e6})
+    return {"traceEvents": out, "displayTimeUnit": "ms"}
+
+
+def write_trace(sim: Simulation, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(chrome_trace(sim), f)

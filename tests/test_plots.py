@@ -1,0 +1,45 @@
+"""Every picture: written as a PNG of a sensible size that is not blank."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from meshscale.cli import main
+from meshscale.errors import UserError
+from meshscale.runtime.config import load_config, resolve
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def assert_picture(path, min_px=300):
+    plt = pytest.importorskip("matplotlib.pyplot")
+    image = plt.imread(path)  # PNG as floats in [0, 1]
+    h, w = image.shape[:2]
+    assert h >= min_px and w >= min_px and os.path.getsize(path) < 1_000_000
+    assert image[..., :3].std() > 0.05  # not blank: lines, bars and text on white
+
+
+def test_scaling_timeline_and_memory_plots(tmp_path, capsys):
+    scale, timeline, memory = (str(tmp_path / f) for f in ("s.png", "t.png", "m.png"))
+    main(["scale", "--model", "llama2-7b", "--cluster", "h100-80gb", "--devices", "128..512",
+          "--global-batch-tokens", "4194304", "--mtbf-hours", "50000", "--plot", scale])
+    main(["simulate", "--model", "llama2-7b", "--cluster", "h100-80gb", "--devices", "64", "--layout",
+          "dp=16,zero=1,pp=4,schedule=zb", "--global-batch", "64", "--straggler", "20:1.5", "--plot", timeline])
+    main(["predict", "--model", "llama2-7b", "--cluster", "h100-80gb", "--devices", "64", "--layout", "fsdp=64",
+          "--global-batch", "64", "--plot", memory])
+    capsys.readouterr()
+    for path in (scale, timeline, memory):
+        assert_picture(path)
+
+
+def test_train_plot(tmp_path):
+    path = tmp_path / "train.png"
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")}
+    r = subprocess.run([sys.executable, "-m", "meshscale", "train", "--model", "tiny", "--steps", "3",
+                        "--val-batches", "1", "--plot", str(path)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert_picture(str(path))
+    with pytest.raises(UserError, match="already exists"):  # never overwritten silently
+        resolve(load_config(None, {"plot": str(path)}), 1)

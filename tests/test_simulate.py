@@ -1,0 +1,188 @@
+"""`meshscale simulate`: the runtime's schedule orders, the closed-form bubbles, agreement with predict,
+stragglers, the Chrome trace and bad input."""
+
+import json
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+
+from meshscale.cli import main
+from meshscale.cost import predict
+from meshscale.cost.kernels import Passes
+from meshscale.cost.pipeline import bubble_ratio
+from meshscale.cost.step import chunk_passes, stage_passes
+from meshscale.runtime.trace import chrome_trace
+from meshscale.sim import engine
+from meshscale.sim.measured import replay
+from meshscale.sim.schedule import rank_orders, stage_owner
+from meshscale.sim.step import simulate
+from meshscale.specs.cluster import PRESETS as CLUSTERS, Software
+from meshscale.specs.layout import Layout
+from meshscale.specs.model import PRESETS as MODELS
+
+SHAPES = [(s, v) for s, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 3), ("zb", 1),
+                              ("zbv", 2), ("dualpipev", 2))]
+
+
+def _valid(schedule, pp, m):
+    return not ((schedule in ("interleaved", "zb") and m % pp) or (schedule == "dualpipev" and m < 2 * pp))
+
+
+def _torch_orders(schedule, pp, vpp, m):
+    S = pytest.importorskip("torch.distributed.pipelining.schedules")
+    kind = {S._ComputationType.FORWARD: "F", S._ComputationType.FULL_BACKWARD: "B",
+            S._ComputationType.BACKWARD_INPUT: "I", S._ComputationType.BACKWARD_WEIGHT: "W"}
+
+    def flat(actions):
+        out = []
+        for a in actions:
+            if a is not None and a.sub_actions:
+                out += flat(a.sub_actions)
+            elif a is not None and a.computation_type in kind:
+                out.append((a.stage_index, kind[a.computation_type], a.microbatch_index))
+        return tuple(out)
+
+    if schedule in ("gpipe", "1f1b"):
+        cls = S.ScheduleGPipe if schedule == "gpipe" else S.Schedule1F1B
+        order = cls._get_pipeline_order(SimpleNamespace(_num_stages=pp, _n_microbatches=m))
+        return tuple(flat(order[r]) for r in range(pp))
+    cls = {"interleaved": S.ScheduleInterleaved1F1B, "zb": S.ScheduleInterleavedZeroBubble,
+           "zbv": S.ScheduleZBVZeroBubble, "dualpipev": S.ScheduleDualPipeV}[schedule]
+    rounds = max(1, m // pp)  # the attributes the schedules' constructors set before building the orders
+    fake = SimpleNamespace(pp_group_size=pp, n_local_stages=vpp, _n_microbatches=m, num_stages=pp * vpp,
+                           microbatches_per_round=m // rounds)
+    return tuple(flat(cls._calculate_single_rank_operations(fake, r)) for r in range(pp))
+
+
+@pytest.mark.parametrize("schedule,vpp", SHAPES)
+def test_orders_are_torchs(schedule, vpp):
+    for pp in (2, 3, 4, 8):
+        for m in (pp, 2 * pp, 3 * pp, 4 * pp + 1, 16):
+            if not _valid(schedule, pp, m):
+                continue
+            ours, theirs = rank_orders(schedule, pp, vpp, m), _torch_orders(schedule, pp, vpp, m)
+            if schedule == "1f1b":
+                # torch's descriptive Schedule1F1B order numbers the last rank's forwards from 1; the loop it
+                # executes (Schedule1F1B._step_microbatches) runs F0 first, as ours does
+                ours, theirs = ours[:-1], theirs[:-1]
+            assert ours == theirs, (schedule, pp, m)
+
+
+def _unit_bubble(schedule, pp, vpp, m, f=1.0, b=1.0, w=1.0):
+    """Idle over busy time of a pipeline of equal ranks whose passes take f, b, w, no communication."""
+    v_shape = schedule in ("zbv", "dualpipev")
+    unit = {"F": f, "B": b + w, "I": b, "W": w}
+    run = engine.run(rank_orders(schedule, pp, vpp, m), lambda s: stage_owner(s, pp, v_shape),
+                     lambda r, s, k, mb: (unit[k] / vpp, 0.0), 0.0)
+    return (max(p.end for p in run.passes) - (f + b + w) * m) / ((f + b + w) * m)
+
+
+@pytest.mark.parametrize("schedule,vpp", SHAPES)
+def test_bubble_equals_closed_form(schedule, vpp):
+    """cost/pipeline.py's closed forms are the idle time of the orders torch runs: at m = p too, where
+    torch's ZB-V idles twice Qi et al.'s (p-1)/(6m), and for DualPipeV, which idles as ZB-V."""
+    for pp in (2, 4, 8):
+        for m in sorted({pp, pp + 1, 3 * pp // 2, 2 * pp, 4 * pp, 8 * pp}):
+            if not _valid(schedule, pp, m):
+                continue
+            closed = bubble_ratio(Layout(pp=pp, vpp=vpp, schedule=schedule), m)
+            assert _unit_bubble(schedule, pp, vpp, m) == pytest.approx(closed, rel=0.01), (schedule, pp, m)
+
+
+def test_zb_bubble_with_unequal_passes():
+    """ZB-H1 idles (p-1)(F+B-W) (Qi et al. 2024 sec. 3.1): predict's form with the kernels' F, B, W."""
+    for f, b, w in ((0.33, 0.41, 0.26), (0.26, 0.52, 0.22)):
+        for pp, m in ((4, 8), (8, 16), (8, 40)):
+            closed = bubble_ratio(Layout(pp=pp, schedule="zb"), m, Passes(f, b, w))
+            assert _unit_bubble("zb", pp, 1, m, f, b, w) == pytest.approx(closed, rel=0.01)
+
+
+AGREE = [("llama2-7b", "fsdp=128", 128, 256), ("llama2-7b", "dp=64,tp=2,sp=true", 128, 256),
+         ("llama2-7b", "dp=32,zero=1,pp=4,schedule=zb", 128, 256),
+         ("llama2-70b", "tp=8,pp=4,schedule=interleaved,vpp=5,recompute=selective", 512, 512),
+         ("llama2-70b", "dp=16,zero=2,tp=8,pp=4,schedule=gpipe", 512, 512),
+         ("llama2-70b", "dp=32,zero=3,pp=2,vpp=8,schedule=interleaved,cp=2,mbs=1", 128, 1024),
+         ("llama2-70b", "dp=4,zero=1,tp=8,pp=4,schedule=dualpipev", 128, 256),
+         ("llama3-405b", "tp=8,pp=16,zero=1,schedule=1f1b", 16384, 2048),
+         ("llama3-405b", "tp=8,pp=8,zero=1,schedule=zbv", 8192, 2048),
+         ("gpt3-175b", "tp=8,pp=8,recompute=full", 1024, 1536),
+         ("mixtral-8x7b", "dp=16,zero=1,ep=8,tp=2,pp=2", 64, 256)]
+SOFTWARE = (Software(),  # the defaults
+            Software(grad_reduce_overlap=False, param_gather_overlap=False, fsdp_prefetch=False),  # all off
+            Software(tp_comm_overlap=True, ep_comm_overlap=True))  # all on
+
+
+def test_predict_computes_from_the_chunks_the_simulator_runs():
+    """predict's compute is m x the slowest rank's sum of chunk_passes (dense and MoE layers, the head on the
+    last chunk), for looped and V placements."""
+    cluster = CLUSTERS["h100-80gb"]
+    for model, text, devices, batch in (("deepseek-v3", "tp=8,pp=8,ep=8,schedule=zbv", 512, 512),
+                                        ("llama2-70b", "tp=8,pp=4,vpp=5,schedule=interleaved", 128, 128)):
+        layout = Layout.parse(text, devices).resolve_mbs(batch)
+        slowest = max(sum((chunk_passes(MODELS[model], cluster, layout, c) for c in range(layout.stages)
+                           if stage_owner(c, layout.pp, layout.schedule == "zbv") == r), Passes()).total
+                      for r in range(layout.pp))
+        pred = predict(MODELS[model], cluster, layout, batch)
+        assert pred.compute_s == pytest.approx(pred.microbatches * slowest, rel=1e-12)
+        assert stage_passes(MODELS[model], cluster, layout).total == pytest.approx(slowest, rel=1e-12)
+
+
+@pytest.mark.parametrize("model,layout,devices,batch", AGREE)
+def test_step_agrees_with_predict(model, layout, devices, batch):
+    """With the default overlap switches, with every overlap off and with every overlap on."""
+    for software in SOFTWARE:
+        cluster = replace(CLUSTERS["h100-80gb"], software=software)
+        sim = simulate(MODELS[model], cluster, Layout.parse(layout, devices), batch)
+        pred = predict(MODELS[model], cluster, Layout.parse(layout, devices), batch)
+        assert sim.step_time_s == pytest.approx(pred.step_time_s, rel=0.02)
+        assert sim.bubble_fraction == pytest.approx(pred.bubble_fraction, abs=0.02)
+        assert len(sim.ranks) == Layout.parse(layout, devices).pp  # one representative per pipeline rank
+
+
+def test_straggler_slows_the_step_and_says_who_waits():
+    model, cluster = MODELS["llama2-70b"], CLUSTERS["h100-80gb"]
+    layout = Layout.parse("dp=16,zero=1,tp=8,pp=4,schedule=1f1b", 512)
+    healthy = simulate(model, cluster, layout, 512)
+    same = simulate(model, cluster, layout, 512, stragglers={200: 1.0})
+    assert same.step_time_s == pytest.approx(healthy.step_time_s)
+    slow = simulate(model, cluster, layout, 512, stragglers={200: 1.5})  # pp rank 200 // 128 = 1
+    assert slow.step_time_s > healthy.step_time_s * 1.2
+    assert slow.healthy_step_time_s == pytest.approx(healthy.step_time_s)
+    assert len(slow.ranks) == 2 * layout.pp  # the healthy replicas and the one holding the straggler
+    assert any("for pp rank 1" in w for w in slow.waits)
+    assert any("gradient reduction" in w for w in slow.waits)
+
+
+def test_json_trace_and_bad_input(tmp_path, capsys):
+    args = ["simulate", "--model", "llama2-7b", "--cluster", "h100-80gb", "--devices", "64", "--layout",
+            "dp=16,zero=1,pp=4,schedule=interleaved,vpp=2", "--global-batch", "64"]
+    main(args + ["--json", "--trace", str(tmp_path / "t.json")])
+    out = json.loads(capsys.readouterr().out)
+    assert out["step_time_s"] > 0 and 0 < out["bubble_fraction"] < 1
+    assert all({"busy_s", "idle_s", "exposed_comm_s"} <= set(r) for r in out["ranks"])
+    for r in out["ranks"]:
+        assert r["busy_s"] + r["idle_s"] + r["exposed_comm_s"] == pytest.approx(out["step_time_s"])
+    trace = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    assert {e["pid"] for e in trace if e["ph"] == "X"} == {0, 1, 2, 3}
+    assert {e["tid"] for e in trace if e["ph"] == "X"} == {0, 1, 2}  # compute, pp sends, data-parallel stream
+    for bad in (["--straggler", "64:1.5"], ["--straggler", "3:0"], ["--straggler", "3"]):
+        with pytest.raises(SystemExit) as e:
+            main(args + bad)
+        assert e.value.code == 2
+        assert capsys.readouterr().err.strip().count("\n") == 0
+
+
+def test_replay_of_a_trace_gives_back_its_bubble(tmp_path):
+    """A trace in runtime/trace.py's format, drawn from a simulated pipeline with uneven stages, replays to
+    the bubble it shows."""
+    layout = Layout(pp=4, schedule="1f1b", mbs=1)
+    cost = [1.0, 1.0, 1.0, 1.6]  # a heavier last stage
+    run = engine.run(rank_orders("1f1b", 4, 1, 8), lambda s: s,
+                     lambda r, s, k, mb: (cost[s] * (1 if k == "F" else 2), 0), 0)
+    events = [[{"kind": p.kind, "mb": p.mb, "stage": p.stage, "start": p.start, "end": p.end}
+               for p in run.passes if p.rank == r] for r in range(4)]
+    (tmp_path / "t.json").write_text(json.dumps(chrome_trace(events)))
+    r = replay(str(tmp_path / "t.json"), layout, 8)
+    assert r.simulated == pytest.approx(r.measured, abs=1e-6)
+    assert r.measured[0] > 0.2 and r.measured[3] < r.measured[0]
