@@ -21,8 +21,12 @@ _HELP = {
     "trace": "write the last step's pipeline forward/backward runs as Chrome-trace JSON to this new file "
              "(pp > 1) and print the measured bubble beside the predicted one",
     "device": "auto, cpu or cuda",
+    "timeout": "seconds a rank may make no progress before the job ends naming the stuck rank (default 300)",
+    "on_anomaly": "stop (default) or skip the optimizer step on a non-finite or spiking loss or gradient",
+    "spike_sigma": "a loss or gradient norm above mean + this many std of its recent history is a spike (0: off)",
+    "sdc_check_every": "compare replicas' bit fingerprints every N steps (default 50; 0: off)",
 }
-_FLAGS = ("overwrite", "predict")
+_FLAGS = ("overwrite", "predict", "replay_anomalies")
 
 
 def add_arguments(parser) -> None:
@@ -32,12 +36,14 @@ def add_arguments(parser) -> None:
             continue
         kind = {"nproc": int, "steps": int, "global_batch": int, "seq": int, "seed": int, "val_batches": int, "log_every": int,
                 "lr": float, "min_lr": float, "warmup": int, "weight_decay": float, "clip": float,
-                "bucket_mb": float}.get(name, str)
+                "bucket_mb": float, "timeout": float, "spike_sigma": float, "sdc_check_every": int}.get(name, str)
         parser.add_argument(flag, type=kind, default=None, help=_HELP.get(name))
     parser.add_argument("--config", default=None, help=_HELP["config"])
     parser.add_argument("--overwrite", action="store_true", default=None, help="allow replacing --metrics-out and --trace")
     parser.add_argument("--predict", action="store_true", default=None,
                         help="print the cost model's prediction beside what was measured")
+    parser.add_argument("--replay-anomalies", action="store_true", default=None,
+                        help="re-run an anomalous step from a pre-step snapshot: transient or persistent")
 
 
 def run(args) -> int:

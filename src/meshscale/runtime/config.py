@@ -35,6 +35,11 @@ class TrainConfig:
     overwrite: bool = False
     predict: bool = False
     device: str = "auto"  # auto: cuda when available, else cpu
+    timeout: float = 300.0  # seconds without progress before a hang ends the job
+    on_anomaly: str = "stop"  # stop or skip, on a non-finite or spiking loss or gradient
+    spike_sigma: float = 6.0  # spike rule: std above the trailing mean (0: off)
+    sdc_check_every: int = 50  # cross-replica fingerprint check every N steps (0: off)
+    replay_anomalies: bool = False  # re-run an anomalous step from a snapshot to classify it
 
 
 def load_config(path: str | None, overrides: dict) -> TrainConfig:
@@ -103,6 +108,13 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
             raise UserError(f"--trace {cfg.trace}: directory {Path(cfg.trace).parent} does not exist")
         if os.environ.get("RANK", "0") == "0" and Path(cfg.trace).exists() and not cfg.overwrite:
             raise UserError(f"--trace {cfg.trace} already exists; choose a new file or pass --overwrite")
+    if cfg.timeout <= 0:
+        raise UserError(f"--timeout must be a positive number of seconds, got {cfg.timeout:g}")
+    if cfg.on_anomaly not in ("stop", "skip"):
+        raise UserError(f"--on-anomaly must be stop or skip, got {cfg.on_anomaly!r}")
+    for key in ("spike_sigma", "sdc_check_every"):
+        if getattr(cfg, key) < 0:
+            raise UserError(f"--{key.replace('_', '-')} must be 0 (off) or positive, got {getattr(cfg, key)}")
     if cfg.device not in ("auto", "cpu", "cuda"):
         raise UserError(f"--device must be auto, cpu or cuda, got {cfg.device!r}")
     return Resolved(cfg, spec, layout)
