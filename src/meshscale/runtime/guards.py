@@ -6,11 +6,11 @@ bucket all-reduce or ZeRO's reduce-scatter mixes the ranks): the producing rank 
 gradients of gathered copies the hooks do not see; there the local loss and the reduced gradient norm are
 checked.
 
-Spike guard (a z-score over a trailing window): a loss or gradient norm is a spike when, after `warmup`
-healthy steps, it exceeds mean + sigma * std of the last `window` healthy values (std floored at 5% of the
-mean, so a flat history does not turn noise into spikes). PaLM (Chowdhery et al. 2022, sec. 5.1) and
-OPT-175B (Zhang et al. 2022, sec. 2.5 and its logbook) handle such spikes by skipping batches or rolling
-back; ZClip (Kumar et al. 2025) detects gradient-norm spikes with the same z-score test.
+Spike guard: a loss or gradient norm is a spike when, after `warmup` healthy steps, its log lies more than
+`sigma` standard deviations above the mean of the logs of the last `window` healthy values (SpikeRule).
+ZClip (Kumar et al. 2025) detects gradient-norm spikes with such a z-score (of raw values, EMA statistics);
+PaLM (Chowdhery et al. 2022, sec. 5.1) and OPT-175B (Zhang et al. 2022, sec. 2.5 and its logbook) handled
+the spikes they saw by skipping batches or rolling back.
 
 Every rank puts its flags into one all-reduce over all ranks (a control tensor, not ledger traffic), so every
 rank reaches the same decision, returned as an `Anomaly` whose `action` the trainer carries out.
@@ -78,7 +78,10 @@ class GradProbe:
 
 @dataclass
 class SpikeRule:
-    """value > mean + sigma * max(std, 5% of mean) over the last `window` healthy values, after `warmup`."""
+    """log(value) > mean + sigma * max(std, 0.05) of the logs of the last `window` healthy values, after
+    `warmup` of them. Logs, because losses and gradient norms vary by factors: with a small batch the norm's
+    noise alone doubles it now and then, and a z-score of raw values would call that a spike; the 0.05 floor
+    (5%) keeps a flat history from turning noise into spikes. Defaults: 6 sigma over 100 steps."""
     sigma: float = 6.0
     window: int = 100
     warmup: int = 20
@@ -92,7 +95,7 @@ class SpikeRule:
         n = len(self.history)
         mean = sum(self.history) / n
         std = math.sqrt(sum((v - mean) ** 2 for v in self.history) / n)
-        return mean + self.sigma * max(std, 0.05 * abs(mean))
+        return math.exp(mean + self.sigma * max(std, 0.05))
 
     def exceeded(self, value: float) -> float | None:
         """The threshold `value` exceeds, or None."""
@@ -100,7 +103,7 @@ class SpikeRule:
         return limit if limit is not None and value > limit else None
 
     def accept(self, value: float) -> None:
-        self.history.append(value)
+        self.history.append(math.log(max(value, 1e-30)))
 
 
 class Guards:
@@ -137,8 +140,8 @@ class Guards:
             for name, value, limit, rule, who in (("loss", loss, loss_limit, self.loss_rule, ranks[2]),
                                                   ("gradient norm", grad_norm, norm_limit, self.norm_rule, ranks[3])):
                 if limit is not None:
-                    parts.append(f"{name} spike {value:.4g} > {limit:.4g} (mean + {rule.sigma:g} std of the last "
-                                 f"{len(rule.history)} healthy steps)")
+                    parts.append(f"{name} spike {value:.4g} > {limit:.4g} ({rule.sigma:g} std above its mean over "
+                                 f"the last {len(rule.history)} healthy steps, in logs)")
                 elif who:
                     parts.append(f"{name} spike reported by rank {_names(who)}")
             return self._anomaly(step, "spike", "; ".join(parts), sorted(set(ranks[2] + ranks[3])))
