@@ -109,8 +109,8 @@ class SpikeRule:
 class Guards:
     """The non-finite and spike guards of one rank; `check` is collective over every rank."""
 
-    def __init__(self, params: list, on_anomaly: str, spike_sigma: float, multi: bool):
-        self.probe = GradProbe(params)
+    def __init__(self, params: list, on_anomaly: str, spike_sigma: float, multi: bool, device: torch.device):
+        self.probe, self.device = GradProbe(params), device
         self.on_anomaly = on_anomaly
         self.loss_rule, self.norm_rule = SpikeRule(spike_sigma), SpikeRule(spike_sigma)
         self.multi = multi
@@ -120,12 +120,13 @@ class Guards:
         """local_loss: the loss this rank computed, before any averaging (None: it computes none, e.g. a
         pipeline stage before the last); loss, grad_norm: the step's global values."""
         loss_limit, norm_limit = self.loss_rule.exceeded(loss), self.norm_rule.exceeded(grad_norm)
-        flags = torch.zeros(self.world, 4)
+        flags = torch.zeros(self.world, 4, device=self.device)  # on the device: NCCL reduces only those
         bad_loss = local_loss is not None and not bool(torch.isfinite(local_loss.detach()).all())
         flags[self.rank] = torch.tensor([bad_loss, self.probe.take(),
                                          loss_limit is not None, norm_limit is not None], dtype=torch.float32)
         if self.multi:
             dist.all_reduce(flags)
+        flags = flags.cpu()
         ranks = [[r for r in range(self.world) if flags[r, k] > 0] for k in range(4)]
         if ranks[0] or ranks[1] or not math.isfinite(grad_norm):
             parts = [f"non-finite loss on rank {_names(ranks[0])}"] if ranks[0] else []

@@ -44,6 +44,7 @@ class ReplicaCheck:
 
         self.optimizer, layout, mesh = optimizer, par.layout, par.mesh
         named = [(name, p) for s in par.strategies for name, p in s.module.named_parameters()]
+        self.device = named[0][1].device
         self.groups = []  # (axis, process group, [(name, param)], whether its optimizer state is a replica too)
         if layout.dp > 1 and layout.zero < 3:
             self.groups.append(("dp", mesh["dp"].get_group(), named, layout.zero == 0))
@@ -74,7 +75,7 @@ class ReplicaCheck:
                 table = torch.stack(gathered).tolist()
                 findings += [(name, axis, [members[i] for i in odd]) for j, (name, _) in enumerate(tensors)
                              if (odd := outliers([row[j] for row in table]))]
-        count = torch.tensor([len(findings)])
+        count = torch.tensor([len(findings)], device=self.device)  # on the device: NCCL reduces only those
         dist.all_reduce(count)
         if not count.item():
             return None

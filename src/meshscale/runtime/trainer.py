@@ -118,7 +118,7 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
     metrics = MetricsLog(cfg.steps, cfg.metrics_out, is_logger, cfg.overwrite, cfg.log_every)
     named = [(name, p) for s in par.strategies for name, p in s.module.named_parameters()]
     faults.arm_gradients(named)  # before the guards' hooks, so they see the corrupted gradient
-    guards = Guards([p for _, p in named], cfg.on_anomaly, cfg.spike_sigma, multi)
+    guards = Guards([p for _, p in named], cfg.on_anomaly, cfg.spike_sigma, multi, device)
     owns_loss = layout.pp == 1 or step_fn.runner.has_last  # under PP the other stages receive a copy
     replicas = ReplicaCheck(par, optimizer) if multi and cfg.sdc_check_every else None
     replicas = replicas if replicas and replicas.groups else None  # no tensor has a replica
