@@ -23,7 +23,7 @@ _HELP = {
     "device": "auto, cpu or cuda",
     "timeout": "seconds a rank may make no progress before the job ends naming the stuck rank (default 300)",
     "on_anomaly": "stop (default) or skip the optimizer step on a non-finite or spiking loss or gradient",
-    "spike_sigma": "a loss or gradient norm above mean + this many std of its recent history is a spike (0: off)",
+    "spike_sigma": "a loss or gradient norm whose log is this many std above its recent mean is a spike (0: off)",
     "sdc_check_every": "compare replicas' bit fingerprints every N steps (default 50; 0: off)",
 }
 _FLAGS = ("overwrite", "predict", "replay_anomalies")
