@@ -23,8 +23,12 @@ _HELP = {
     "plot": "draw the loss and the measured vs predicted step time as a PNG in this new file",
     "device": "auto, cpu or cuda",
     "cluster": "ClusterSpec that --predict uses: a preset or a file from `meshscale calibrate` (default local-cpu)",
+    "timeout": "seconds a rank may make no progress before the job ends naming the stuck rank (default 300)",
+    "on_anomaly": "stop (default) or skip the optimizer step on a non-finite or spiking loss or gradient",
+    "spike_sigma": "a loss or gradient norm whose log is this many std above its recent mean is a spike (0: off)",
+    "sdc_check_every": "compare replicas' bit fingerprints every N steps (default 50; 0: off)",
 }
-_FLAGS = ("overwrite", "predict")
+_FLAGS = ("overwrite", "predict", "replay_anomalies")
 
 
 def add_arguments(parser) -> None:
@@ -34,13 +38,15 @@ def add_arguments(parser) -> None:
             continue
         kind = {"nproc": int, "steps": int, "global_batch": int, "seq": int, "seed": int, "val_batches": int, "log_every": int,
                 "lr": float, "min_lr": float, "warmup": int, "weight_decay": float, "clip": float,
-                "bucket_mb": float}.get(name, str)
+                "bucket_mb": float, "timeout": float, "spike_sigma": float, "sdc_check_every": int}.get(name, str)
         parser.add_argument(flag, type=kind, default=None, help=_HELP.get(name))
     parser.add_argument("--config", default=None, help=_HELP["config"])
     parser.add_argument("--overwrite", action="store_true", default=None,
                         help="allow replacing --metrics-out, --trace and --plot")
     parser.add_argument("--predict", action="store_true", default=None,
                         help="print the cost model's prediction beside what was measured")
+    parser.add_argument("--replay-anomalies", action="store_true", default=None,
+                        help="re-run an anomalous step from a pre-step snapshot: transient or persistent")
 
 
 def run(args) -> int:

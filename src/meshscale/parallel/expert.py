@@ -108,7 +108,7 @@ class ExpertSplit:
 
     def __init__(self, dense, experts, dp_group, edp_rank: int):
         self.dense, self.experts, self.dp_group, self.edp_rank = dense, experts, dp_group, edp_rank
-        self.model, self.sharded = dense.model, dense.sharded
+        self.model, self.module, self.sharded = dense.model, dense.module, dense.sharded
 
     def accumulate(self, last: bool):
         stack = ExitStack()

@@ -37,6 +37,11 @@ class TrainConfig:
     predict: bool = False
     cluster: str = "local-cpu"  # the ClusterSpec --predict uses (a preset or a `meshscale calibrate` file)
     device: str = "auto"  # auto: cuda when available, else cpu
+    timeout: float = 300.0  # seconds without progress before a hang ends the job
+    on_anomaly: str = "stop"  # stop or skip, on a non-finite or spiking loss or gradient
+    spike_sigma: float = 6.0  # spike rule: std above the trailing mean (0: off)
+    sdc_check_every: int = 50  # cross-replica fingerprint check every N steps (0: off)
+    replay_anomalies: bool = False  # re-run an anomalous step from a snapshot to classify it
 
 
 def load_config(path: str | None, overrides: dict) -> TrainConfig:
@@ -114,6 +119,13 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
         from meshscale.specs.cluster import load_cluster
 
         load_cluster(cfg.cluster)  # a bad --cluster file is one line now, not an error after training
+    if cfg.timeout <= 0:
+        raise UserError(f"--timeout must be a positive number of seconds, got {cfg.timeout:g}")
+    if cfg.on_anomaly not in ("stop", "skip"):
+        raise UserError(f"--on-anomaly must be stop or skip, got {cfg.on_anomaly!r}")
+    for key in ("spike_sigma", "sdc_check_every"):
+        if getattr(cfg, key) < 0:
+            raise UserError(f"--{key.replace('_', '-')} must be 0 (off) or positive, got {getattr(cfg, key)}")
     if cfg.device not in ("auto", "cpu", "cuda"):
         raise UserError(f"--device must be auto, cpu or cuda, got {cfg.device!r}")
     return Resolved(cfg, spec, layout)

@@ -22,6 +22,8 @@ from meshscale.runtime.config import Resolved
 
 def run_here(run: Resolved) -> dict:
     """Run in this process: alone, or as one worker under an outer torchrun (RANK/WORLD_SIZE set)."""
+    from datetime import timedelta
+
     import torch.distributed as dist
 
     from meshscale.runtime.metrics import predicted, print_report
@@ -29,7 +31,9 @@ def run_here(run: Resolved) -> dict:
 
     device = pick_device(run.config.device, int(os.environ.get("LOCAL_RANK", 0)))
     if run.layout.devices > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        # a backstop behind the trainer's watchdog (runtime/watchdog.py), which names the stuck rank first
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                timeout=timedelta(seconds=2 * run.config.timeout))
     try:
         result = train(run, device)
         if not dist.is_initialized() or dist.get_rank() == 0:

@@ -116,12 +116,14 @@ class MetricsLog:
                 f"  {row['tokens_per_s']:,.0f} tok/s  {row['step_time_s'] * 1e3:.0f} ms"
                 f"  mem {row['peak_memory_bytes'] / 2**20:.1f} MiB")
         shown = row["step"] % self.every == 0 or row["step"] == self.steps - 1
+        events = [f"anomaly ({a['kind']}): {a['message']}" for a in row.get("anomalies", ())]
         if self._progress:
             self._progress.update(self._task, advance=1, description=f"loss {row['loss']:.4f}")
-            if shown:
-                self._progress.console.print(line, highlight=False)
-        elif shown:
-            print(line, flush=True)
+            for text in [line] * shown + events:
+                self._progress.console.print(text, highlight=False)
+        else:
+            for text in [line] * shown + events:
+                print(text, flush=True)
 
     def close(self) -> None:
         if self._progress:

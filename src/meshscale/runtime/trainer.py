@@ -2,6 +2,7 @@
 steps of gradient-accumulated micro-batches, recording metrics and every collective."""
 
 import time
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -10,10 +11,13 @@ import torch.nn.functional as F
 from meshscale.runtime.config import Resolved
 from meshscale.runtime.data import TokenData, load_tokens, rank_microbatches
 from meshscale.runtime.faults import Injector, from_env
+from meshscale.runtime.guards import Guards, Snapshot, TrainingStopped
 from meshscale.runtime.ledger import CommLedger
 from meshscale.runtime.metrics import MemoryProbe, MetricsLog, heap_bytes, memory_bytes
 from meshscale.runtime.model import build_model, moe_layers
 from meshscale.runtime.optim import build_optimizer, clip_gradients, lr_at, set_lr
+from meshscale.runtime.sdc import ReplicaCheck
+from meshscale.runtime.watchdog import Watchdog
 
 
 def pick_device(choice: str, local_rank: int = 0) -> torch.device:
@@ -109,46 +113,93 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
     optimizer = build_optimizer(par.optim_params(), cfg.lr, cfg.weight_decay)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
     m = layout.microbatches(cfg.global_batch)
-    loss_fn = loss_function(mesh["tp"].get_group() if layout.tp > 1 else None)
+    faults = Injector(from_env(), dist.get_rank() if multi else 0)
+    loss_fn = faults.wrap_loss(loss_function(mesh["tp"].get_group() if layout.tp > 1 else None))
     step_fn = (PipelineStep(par, layout, mesh, loss_fn, m, autocast, device) if layout.pp > 1
                else AccumulatedStep(par, loss_fn, autocast, device))
     moe = [layer for _, chunk in par.chunks for layer in moe_layers(chunk)]
     for layer in moe:  # the main loss is averaged over the micro-batches, so is the balance loss
         layer.aux_weight /= m
     metrics = MetricsLog(cfg.steps, cfg.metrics_out, is_logger, cfg.overwrite, cfg.log_every)
-    faults = Injector(from_env(), dist.get_rank() if multi else 0)
+    named = [(name, p) for s in par.strategies for name, p in s.module.named_parameters()]
+    faults.arm_gradients(named)  # before the guards' hooks, so they see the corrupted gradient
+    guards = Guards([p for _, p in named], cfg.on_anomaly, cfg.spike_sigma, multi, device)
+    owns_loss = layout.pp == 1 or step_fn.runner.has_last  # under PP the other stages receive a copy
+    replicas = ReplicaCheck(par, optimizer) if multi and cfg.sdc_check_every else None
+    replicas = replicas if replicas and replicas.groups else None  # no tensor has a replica
+    state = list({id(t): t for t in [p for _, p in named] + par.optim_params()}.values())
+    watchdog = (Watchdog(dist.distributed_c10d._get_default_store(), dist.get_rank(), dist.get_world_size(),
+                         cfg.timeout, ledger) if multi else nullcontext())
+    beat = watchdog.beat if multi else (lambda step, phase: None)
     # On CPU the allocator's peak inside a step needs the profiler: the last step runs under it when the
     # memory is reported (--predict, --metrics-out).
     probe = MemoryProbe(baseline) if device.type == "cpu" and (cfg.predict or cfg.metrics_out) else None
 
-    def run_step(step: int) -> dict:
+    def forward_backward(step: int, micro: list) -> tuple:
+        beat(step, "forward/backward")
+        loss = step_fn(micro)
+        beat(step, "gradient norm")
+        grad_norm = clip_gradients(par, cfg.clip)
+        loss_value = _all_mean(loss.clone(), dp_group, layout.dp)
+        beat(step, "guards")
+        return loss_value, grad_norm, guards.check(step, loss if owns_loss else None, loss_value, grad_norm)
+
+    def run_step(step: int) -> tuple[dict, list]:
+        beat(step, "start")
         faults.at_step_start(step)
         start = time.perf_counter()
         ledger.begin_step(step)
         lr = lr_at(step, cfg.steps, cfg.lr, cfg.min_lr, cfg.warmup)
         set_lr(optimizer, lr)
         micro = rank_microbatches(data.global_batch(step, cfg.global_batch), dp_rank, layout.dp, layout.mbs)
-        loss = step_fn(micro)
-        grad_norm = clip_gradients(par, cfg.clip)
-        optimizer.step()
+        snapshot = Snapshot(state, optimizer) if cfg.replay_anomalies else None
+        loss_value, grad_norm, anomaly = forward_backward(step, micro)
+        if anomaly is not None and snapshot is not None:  # same data, state and RNG: does it happen again?
+            snapshot.restore(optimizer)
+            par.after_step()  # drop the step's gradients (ZeRO: re-gather the restored shards)
+            faults.at_step_start(step)
+            loss_value, grad_norm, again = forward_backward(step, micro)
+            anomaly.replay = "persistent" if again else "transient"
+            if again is None:
+                anomaly.action = "continue"
+        if anomaly is None or anomaly.action == "continue":
+            beat(step, "optimizer")
+            optimizer.step()
+            guards.healthy(loss_value, grad_norm)
         par.after_step()
-        loss_value = _all_mean(loss, dp_group, layout.dp)
+        anomalies = [anomaly] if anomaly else []
+        flipped = faults.flip_bit(step, named)
+        if flipped and log:
+            print(f"step {step:>4}  fault: {flipped}", flush=True)
+        checked = replicas is not None and (step + 1) % cfg.sdc_check_every == 0
+        if checked:
+            beat(step, "sdc check")
+            anomalies += filter(None, [replicas.run(step)])
+        faults.straggle(step, time.perf_counter() - start)
         elapsed = time.perf_counter() - start
         extra = {"aux_loss": balance_loss_value(moe, mesh, layout, m)} if spec.is_moe else {}
         return {"step": step, "loss": loss_value, **extra, "lr": lr, "grad_norm": grad_norm,
                 "tokens_per_s": cfg.global_batch * spec.seq / elapsed, "step_time_s": elapsed,
-                "peak_memory_bytes": memory_bytes(device, baseline)}
+                "peak_memory_bytes": memory_bytes(device, baseline), "sdc_check": checked,
+                "anomalies": [a.row() for a in anomalies]}, anomalies
 
-    with ledger.active():  # code without a ledger handle (TP functions) records through it
-        for step in range(cfg.steps):
-            if probe is not None and step == cfg.steps - 1:
-                with probe.step():
-                    row = run_step(step)
-                metrics.log(dict(row, peak_memory_bytes=probe.peak, memory_probe=True))
-            else:
-                metrics.log(run_step(step))
-    val_loss = evaluate(step_fn, par, data, cfg, layout, dp_rank, dp_group, device)
-    metrics.close()
+    try:
+        with ledger.active(), watchdog:  # code without a ledger handle (TP functions) records through it
+            for step in range(cfg.steps):
+                if probe is not None and step == cfg.steps - 1:
+                    with probe.step():
+                        row, anomalies = run_step(step)
+                    row = dict(row, peak_memory_bytes=probe.peak, memory_probe=True)
+                else:
+                    row, anomalies = run_step(step)
+                metrics.log(row)
+                for a in anomalies:
+                    if a.action == "stop":
+                        raise TrainingStopped(a.line())
+            beat(cfg.steps, "evaluate")
+            val_loss = evaluate(step_fn, par, data, cfg, layout, dp_rank, dp_group, device)
+    finally:
+        metrics.close()
     summaries = [ledger.summary(s) for s in range(cfg.steps)]
     result = {"rows": metrics.rows, "val_loss": val_loss, "comm": summaries, "records": ledger.records}
     if multi:  # once, after training: not step traffic

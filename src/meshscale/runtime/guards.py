@@ -1,0 +1,185 @@
+"""Numerical guards, checked every step after backward and before the optimizer applies the gradients.
+
+Non-finite guard: each rank flags a non-finite local loss, and a non-finite gradient as autograd produces it
+on that rank (a tensor hook on every parameter fires before the gradient is accumulated, so before DDP's
+bucket all-reduce or ZeRO's reduce-scatter mixes the ranks): the producing rank is known. FSDP2 computes
+gradients of gathered copies the hooks do not see; there the local loss and the reduced gradient norm are
+checked.
+
+Spike guard: a loss or gradient norm is a spike when, after `warmup` healthy steps, its log lies more than
+`sigma` standard deviations above the mean of the logs of the last `window` healthy values (SpikeRule).
+ZClip (Kumar et al. 2025) detects gradient-norm spikes with such a z-score (of raw values, EMA statistics);
+PaLM (Chowdhery et al. 2022, sec. 5.1) and OPT-175B (Zhang et al. 2022, sec. 2.5 and its logbook) handled
+the spikes they saw by skipping batches or rolling back.
+
+Every rank puts its flags into one all-reduce over all ranks (a control tensor, not ledger traffic), so every
+rank reaches the same decision, returned as an `Anomaly` whose `action` the trainer carries out.
+"""
+
+import copy
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from meshscale.errors import UserError
+
+ACTIONS = ("stop", "skip")
+
+
+class TrainingStopped(UserError):
+    """The run stopped on an anomaly: reported like bad input, one line and exit code 2."""
+
+
+@dataclass
+class Anomaly:
+    step: int
+    kind: str  # "nonfinite", "spike" or "sdc"
+    message: str  # one line naming the step, the rank(s) and what was seen
+    ranks: list
+    action: str  # "stop", "skip", or "continue" (a clean replay's result was applied)
+    replay: str | None = None  # "transient" or "persistent" with --replay-anomalies
+
+    def line(self) -> str:
+        replay = {"transient": "; replay clean (transient): the replayed step was applied",
+                  "persistent": "; replay reproduced it (persistent)"}.get(self.replay, "")
+        action = {"skip": "; optimizer step skipped on every rank",
+                  "stop": "; stopped (a step cannot undo a corrupted replica: restart from a checkpoint)"
+                  if self.kind == "sdc" else "; stopped (--on-anomaly skip skips such steps instead)"}
+        action = action.get(self.action, "")
+        return f"{self.message}{replay}{action}"
+
+    def row(self) -> dict:
+        return {"kind": self.kind, "message": self.line(), "ranks": self.ranks, "action": self.action,
+                "replay": self.replay}
+
+
+class GradProbe:
+    """Whether this rank's own gradient contributions were finite, summed as autograd produces them."""
+
+    def __init__(self, params: list):
+        self.total = None
+        for p in params:
+            if not hasattr(p, "to_local"):  # FSDP2's sharded parameters never see a backward
+                p.register_hook(self._observe)
+
+    def _observe(self, grad: torch.Tensor) -> None:
+        s = grad.detach().float().sum()  # NaN and Inf survive a sum; one reduction per gradient
+        self.total = s if self.total is None else self.total + s
+
+    def take(self) -> bool:
+        """True when a non-finite gradient was seen since the last call."""
+        bad = self.total is not None and not bool(torch.isfinite(self.total))
+        self.total = None
+        return bad
+
+
+@dataclass
+class SpikeRule:
+    """log(value) > mean + sigma * max(std, 0.05) of the logs of the last `window` healthy values, after
+    `warmup` of them. Logs, because losses and gradient norms vary by factors: with a small batch the norm's
+    noise alone doubles it now and then, and a z-score of raw values would call that a spike; the 0.05 floor
+    (5%) keeps a flat history from turning noise into spikes. Defaults: 6 sigma over 100 steps."""
+    sigma: float = 6.0
+    window: int = 100
+    warmup: int = 20
+
+    def __post_init__(self):
+        self.history: deque = deque(maxlen=self.window)
+
+    def threshold(self) -> float | None:
+        if self.sigma <= 0 or len(self.history) < self.warmup:
+            return None
+        n = len(self.history)
+        mean = sum(self.history) / n
+        std = math.sqrt(sum((v - mean) ** 2 for v in self.history) / n)
+        return math.exp(mean + self.sigma * max(std, 0.05))
+
+    def exceeded(self, value: float) -> float | None:
+        """The threshold `value` exceeds, or None."""
+        limit = self.threshold()
+        return limit if limit is not None and value > limit else None
+
+    def accept(self, value: float) -> None:
+        self.history.append(math.log(max(value, 1e-30)))
+
+
+class Guards:
+    """The non-finite and spike guards of one rank; `check` is collective over every rank."""
+
+    def __init__(self, params: list, on_anomaly: str, spike_sigma: float, multi: bool, device: torch.device):
+        self.probe, self.device = GradProbe(params), device
+        self.on_anomaly = on_anomaly
+        self.loss_rule, self.norm_rule = SpikeRule(spike_sigma), SpikeRule(spike_sigma)
+        self.multi = multi
+        self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if multi else (0, 1)
+
+    def check(self, step: int, local_loss: torch.Tensor | None, loss: float, grad_norm: float) -> Anomaly | None:
+        """local_loss: the loss this rank computed, before any averaging (None: it computes none, e.g. a
+        pipeline stage before the last); loss, grad_norm: the step's global values."""
+        loss_limit, norm_limit = self.loss_rule.exceeded(loss), self.norm_rule.exceeded(grad_norm)
+        flags = torch.zeros(self.world, 4, device=self.device)  # on the device: NCCL reduces only those
+        bad_loss = local_loss is not None and not bool(torch.isfinite(local_loss.detach()).all())
+        flags[self.rank] = torch.tensor([bad_loss, self.probe.take(),
+                                         loss_limit is not None, norm_limit is not None], dtype=torch.float32)
+        if self.multi:
+            dist.all_reduce(flags)
+        flags = flags.cpu()
+        ranks = [[r for r in range(self.world) if flags[r, k] > 0] for k in range(4)]
+        if ranks[0] or ranks[1] or not math.isfinite(grad_norm):
+            parts = [f"non-finite loss on rank {_names(ranks[0])}"] if ranks[0] else []
+            if ranks[1]:
+                parts.append(f"non-finite gradient on rank {_names(ranks[1])} before the reduce")
+            if not parts:
+                parts.append("non-finite gradient norm, though no rank's local loss or gradient was non-finite "
+                             "before the reduce (under zero=3 gradients are only seen reduced)")
+            return self._anomaly(step, "nonfinite", "; ".join(parts), sorted(set(ranks[0] + ranks[1])))
+        if ranks[2] or ranks[3]:
+            parts = []
+            for name, value, limit, rule, who in (("loss", loss, loss_limit, self.loss_rule, ranks[2]),
+                                                  ("gradient norm", grad_norm, norm_limit, self.norm_rule, ranks[3])):
+                if limit is not None:
+                    parts.append(f"{name} spike {value:.4g} > {limit:.4g} ({rule.sigma:g} std above its mean over "
+                                 f"the last {len(rule.history)} healthy steps, in logs)")
+                elif who:
+                    parts.append(f"{name} spike reported by rank {_names(who)}")
+            return self._anomaly(step, "spike", "; ".join(parts), sorted(set(ranks[2] + ranks[3])))
+        return None
+
+    def _anomaly(self, step: int, kind: str, what: str, ranks: list) -> Anomaly:
+        return Anomaly(step, kind, f"step {step}: {what}", ranks, self.on_anomaly)
+
+    def healthy(self, loss: float, grad_norm: float) -> None:
+        """Add an applied step's values to the spike rules' history."""
+        self.loss_rule.accept(loss)
+        self.norm_rule.accept(grad_norm)
+
+
+def _names(ranks: list) -> str:
+    return ", ".join(str(r) for r in ranks)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class Snapshot:
+    """This rank's pre-step state for a replay: parameters, optimizer state and RNG (--replay-anomalies)."""
+
+    def __init__(self, tensors: list, optimizer: torch.optim.Optimizer):
+        self.saved = [(t, _local(t).clone()) for t in tensors]
+        self.optim = copy.deepcopy(optimizer.state_dict())
+        self.rng = torch.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+
+    def restore(self, optimizer: torch.optim.Optimizer) -> None:
+        with torch.no_grad():
+            for t, saved in self.saved:
+                _local(t).copy_(saved)
+        optimizer.load_state_dict(copy.deepcopy(self.optim))
+        torch.set_rng_state(self.rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
