@@ -6,15 +6,20 @@ from meshscale.errors import UserError
 
 
 def add_arguments(p):
+    add_step_arguments(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the memory per device as a PNG")
+    add_goodput_arguments(p)
+
+
+def add_step_arguments(p):
+    """What names one step: model, cluster, devices, layout, batch, precision (predict and simulate)."""
     p.add_argument("--model", required=True, help="preset name, meshscale JSON/TOML, or HF config.json")
     p.add_argument("--cluster", required=True, help="preset name or JSON/TOML ClusterSpec")
     p.add_argument("--devices", type=int, help="device count (default: the cluster preset's)")
     p.add_argument("--layout", required=True, help="e.g. tp=8,pp=4,dp=16,zero=1 (dp fills the rest)")
     add_batch_arguments(p)
     p.add_argument("--precision", default="bf16", help="bf16 (16 B/param), bf16-pure (10 B/param), fp8, fp32")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--plot", metavar="FILE.png", help="draw the memory per device as a PNG")
-    add_goodput_arguments(p)
 
 
 def add_goodput_arguments(p):
@@ -48,16 +53,23 @@ def add_batch_arguments(p):
     p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
 
 
-def resolve_inputs(args):
-    """Model (with --seq), cluster, device count and batch in sequences, checked."""
-    from meshscale.specs.cluster import load_cluster
+def model_at_seq(args):
+    """--model, at --seq when given."""
     from meshscale.specs.model import load_model
 
     model = load_model(args.model)
-    if args.seq is not None:
-        if args.seq <= 0:
-            raise UserError(f"--seq must be positive, got {args.seq}")
-        model = model.with_seq(args.seq)
+    if args.seq is None:
+        return model
+    if args.seq <= 0:
+        raise UserError(f"--seq must be positive, got {args.seq}")
+    return model.with_seq(args.seq)
+
+
+def resolve_inputs(args):
+    """Model (with --seq), cluster, device count and batch in sequences, checked."""
+    from meshscale.specs.cluster import load_cluster
+
+    model = model_at_seq(args)
     cluster = load_cluster(args.cluster)
     devices = args.devices if args.devices is not None else cluster.default_devices
     if devices <= 0:

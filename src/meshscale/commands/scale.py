@@ -2,8 +2,7 @@
 
 import json
 
-from meshscale.commands.predict import add_goodput_arguments
-from meshscale.errors import UserError
+from meshscale.commands.predict import add_goodput_arguments, model_at_seq
 
 
 def add_arguments(p):
@@ -24,14 +23,9 @@ def run(args) -> int:
     from meshscale.cost.goodput import check_inputs
     from meshscale.plan.scaling import parse_devices, scale
     from meshscale.specs.cluster import load_cluster
-    from meshscale.specs.model import load_model
 
     counts = parse_devices(args.devices)
-    model = load_model(args.model)
-    if args.seq is not None:
-        if args.seq <= 0:
-            raise UserError(f"--seq must be positive, got {args.seq}")
-        model = model.with_seq(args.seq)
+    model = model_at_seq(args)
     cluster = load_cluster(args.cluster)
     if args.mtbf_hours is not None:
         check_inputs(args.mtbf_hours, args.checkpoint_bandwidth)

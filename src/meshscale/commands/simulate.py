@@ -2,16 +2,11 @@
 
 import json
 
-from meshscale.commands.predict import add_batch_arguments, add_goodput_arguments, goodput_line, resolve_inputs
+from meshscale.commands.predict import add_goodput_arguments, add_step_arguments, goodput_line, resolve_inputs
 
 
 def add_arguments(p):
-    p.add_argument("--model", required=True, help="preset name, meshscale JSON/TOML, or HF config.json")
-    p.add_argument("--cluster", required=True, help="preset name or JSON/TOML ClusterSpec")
-    p.add_argument("--devices", type=int, help="device count (default: the cluster preset's)")
-    p.add_argument("--layout", required=True, help="e.g. tp=8,pp=4,dp=16,zero=1 (dp fills the rest)")
-    add_batch_arguments(p)
-    p.add_argument("--precision", default="bf16", help="bf16 (16 B/param), bf16-pure (10 B/param), fp8, fp32")
+    add_step_arguments(p)
     p.add_argument("--straggler", action="append", metavar="RANK:FACTOR",
                    help="device RANK computes FACTOR times slower (repeatable), e.g. 17:1.3")
     p.add_argument("--trace", metavar="FILE.json", help="write the simulated step as Chrome-trace JSON (Perfetto)")
