@@ -21,6 +21,11 @@ _HELP = {
     "trace": "write the last step's pipeline forward/backward runs as Chrome-trace JSON to this new file "
              "(pp > 1) and print the measured bubble beside the predicted one",
     "device": "auto, cpu or cuda",
+    "checkpoint_dir": "save checkpoints here (DCP, any layout reloads them) and resume from the newest one",
+    "checkpoint_every": "steps between checkpoints (default 50; the last step is always saved)",
+    "keep": "complete checkpoints to keep, at least 2 (default 3)",
+    "max_restarts": "restart all local workers this many times after a failure, resuming from the newest "
+                    "checkpoint (needs --checkpoint-dir; under an outer torchrun use torchrun --max-restarts)",
 }
 _FLAGS = ("overwrite", "predict")
 
@@ -32,7 +37,7 @@ def add_arguments(parser) -> None:
             continue
         kind = {"nproc": int, "steps": int, "global_batch": int, "seq": int, "seed": int, "val_batches": int, "log_every": int,
                 "lr": float, "min_lr": float, "warmup": int, "weight_decay": float, "clip": float,
-                "bucket_mb": float}.get(name, str)
+                "bucket_mb": float, "checkpoint_every": int, "keep": int, "max_restarts": int}.get(name, str)
         parser.add_argument(flag, type=kind, default=None, help=_HELP.get(name))
     parser.add_argument("--config", default=None, help=_HELP["config"])
     parser.add_argument("--overwrite", action="store_true", default=None, help="allow replacing --metrics-out and --trace")

@@ -1,12 +1,14 @@
 """The training loop of one rank: build the model from the seed, apply the layout, and run optimizer
 steps of gradient-accumulated micro-batches, recording metrics and every collective."""
 
+import os
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from meshscale.runtime import checkpoint
 from meshscale.runtime.config import Resolved
 from meshscale.runtime.data import TokenData, load_tokens, rank_microbatches
 from meshscale.runtime.faults import Injector, from_env
@@ -110,7 +112,10 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
     loss_fn = loss_function(mesh["tp"].get_group() if layout.tp > 1 else None)
     step_fn = (PipelineStep(par, layout, mesh, loss_fn, m, autocast, device) if layout.pp > 1
                else AccumulatedStep(par, loss_fn, autocast, device))
-    metrics = MetricsLog(cfg.steps, cfg.metrics_out, is_logger, cfg.overwrite, cfg.log_every)
+    start = checkpoint.restore_latest(run, par, optimizer, mesh) if cfg.checkpoint_dir else 0
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    metrics = MetricsLog(cfg.steps, cfg.metrics_out, is_logger, cfg.overwrite, cfg.log_every,
+                         resume_at=start if start or restarted else None)
     faults = Injector(from_env(), dist.get_rank() if multi else 0)
 
     def run_step(step: int) -> dict:
@@ -131,11 +136,16 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
                 "peak_memory_bytes": peak_memory_bytes(device, baseline)}
 
     with ledger.active():  # code without a ledger handle (TP functions) records through it
-        for step in range(cfg.steps):
-            metrics.log(run_step(step))
+        for step in range(start, cfg.steps):
+            row = run_step(step)
+            if checkpoint.due(cfg, step + 1):
+                saving = time.perf_counter()
+                checkpoint.save(run, par, optimizer, mesh, step + 1)
+                row["checkpoint_save_s"] = time.perf_counter() - saving
+            metrics.log(row)
     val_loss = evaluate(step_fn, par, data, cfg, layout, dp_rank, dp_group, device)
     metrics.close()
-    summaries = [ledger.summary(s) for s in range(cfg.steps)]
+    summaries = [ledger.summary(s) for s in range(start, cfg.steps)]
     result = {"rows": metrics.rows, "val_loss": val_loss, "comm": summaries, "records": ledger.records}
     if multi:  # once, after training: not step traffic
         result["comm"] = _gather(summaries)[described_rank(run)]
