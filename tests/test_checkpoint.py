@@ -200,3 +200,121 @@ def test_resharded_resume_to_fewer_processes(tmp_path, model_file, two_ranks, fo
     (one,) = _resharded(0, 1, str(tmp_path), model_file, [(src2, "dp=1")]).values()
     assert _close(one["losses"], two_ranks[1]["pp=2,schedule=1f1b"]["full"][2:])
     _assert_same_state(Path(src2) / "step-00000002", Path(one["dir"]) / "resaved" / "step-00000002")
+
+
+# ---- one process: a save cut short, checksums, the cost model's size, bad input ----------------------
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, model_file):
+    """An uninterrupted single-process run saving every step (keep 3): its losses and checkpoint root."""
+    root = tmp_path_factory.mktemp("ckpt1")
+    return str(root), _losses(_run(model_file, "dp=1", 1, f"{root}/full"), _tokens())
+
+
+def test_a_save_cut_short_leaves_the_previous_checkpoint_usable(tmp_path, model_file, one_process, monkeypatch):
+    from meshscale.runtime import checkpoint
+
+    root, reference = one_process
+    _copy_checkpoint(f"{root}/full", 2, str(tmp_path))
+    commit = checkpoint._commit
+
+    def die_before_committing_step_3(path, manifest):
+        if manifest["step"] == 3:  # every shard is on disk, the manifest is not
+            raise RuntimeError("crash between the shard writes and the commit")
+        commit(path, manifest)
+
+    monkeypatch.setattr(checkpoint, "_commit", die_before_committing_step_3)
+    with pytest.raises(RuntimeError, match="crash between"):
+        _losses(_run(model_file, "dp=1", 1, str(tmp_path)), _tokens())
+    assert (tmp_path / "step-00000003" / ".metadata").exists()
+    assert [s for s, _ in checkpoint.complete(tmp_path)] == [2]
+    monkeypatch.setattr(checkpoint, "_commit", commit)
+    assert _losses(_run(model_file, "dp=1", 1, str(tmp_path)), _tokens()) == reference[2:]
+    assert [s for s, _ in checkpoint.complete(tmp_path)] == [2, 3, 4]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "alter"])
+def test_a_damaged_shard_is_refused_by_its_checksum(tmp_path, one_process, model_file, damage, capsys):
+    from meshscale.cli import main
+
+    _copy_checkpoint(f"{one_process[0]}/full", 2, str(tmp_path))
+    shard = tmp_path / "step-00000002" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    if damage == "truncate":
+        del data[len(data) // 2:]
+    else:
+        data[len(data) // 2] ^= 1
+    shard.write_bytes(bytes(data))
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--model", model_file, "--steps", str(STEPS), "--checkpoint-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert "__0_0.distcp fails its sha256 check" in err and "delete" in err
+
+
+def test_checkpoint_size_is_what_the_cost_model_predicts(one_process, model_file):
+    """The tensors DCP wrote total exactly params x (4 + 8) bytes, at fp32 and at bf16 (our parameters stay fp32
+    under autocast); the files add only a small serialisation overhead per tensor."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from meshscale.cost.checkpoint import checkpoint_bytes
+    from meshscale.specs.layout import Layout
+    from meshscale.specs.model import load_model
+
+    path = Path(one_process[0]) / "full" / "step-00000004"
+    meta = FileSystemReader(path).read_metadata().state_dict_metadata
+    tensors = {k: m for k, m in meta.items() if isinstance(m, TensorStorageMetadata) and not k.startswith("rng.")}
+    payload = sum(m.size.numel() * m.properties.dtype.itemsize for m in tensors.values())
+    spec = load_model(model_file)
+    for precision in ("fp32", "bf16"):
+        assert payload == checkpoint_bytes(spec, Layout(dp=1), precision)[1] == spec.param_count() * 12
+    on_disk = sum(f.stat().st_size for f in path.glob("*.distcp"))
+    assert payload < on_disk < payload + 4096 * (len(tensors) + 1)
+
+
+def _tree(root: Path) -> dict:
+    return {str(f.relative_to(root)): (f.stat().st_size, f.stat().st_mtime_ns) for f in root.rglob("*")}
+
+
+def _bad_cases() -> list:
+    """(extra arguments, what the one line must say, how to prepare the directory)."""
+    def damaged_manifest(d: Path):
+        (d / "step-00000002" / "manifest.json").write_text("{not json")
+
+    def missing_shard(d: Path):
+        (d / "step-00000002" / "__0_0.distcp").unlink()
+
+    return [
+        (["--keep", "1"], "--keep must be at least 2", None),
+        (["--checkpoint-every", "0"], "--checkpoint-every must be at least 1", None),
+        (["--model", "tiny"], "holds a different model (layers 4 vs 8", None),
+        (["--precision", "bf16"], "trained at --precision fp32, not bf16", None),
+        (["--steps", "2"], "already reached step 2 of --steps 2", None),
+        ([], "unreadable manifest.json", damaged_manifest),
+        ([], "file __0_0.distcp is missing", missing_shard),
+        (["--max-restarts", "1", "--checkpoint-dir", ""], "pass --checkpoint-dir DIR too", None),
+    ]
+
+
+def test_bad_checkpoint_input_is_one_line_and_changes_nothing(tmp_path, one_process, model_file, capsys):
+    from meshscale.cli import main
+
+    for i, (extra, message, prepare) in enumerate(_bad_cases()):
+        d = tmp_path / f"case{i}"
+        _copy_checkpoint(f"{one_process[0]}/full", 2, str(d))
+        if prepare:
+            prepare(d)
+        before = _tree(d)
+        args = ["train", "--model", model_file, "--steps", str(STEPS), "--checkpoint-dir", str(d), *extra]
+        with pytest.raises(SystemExit) as e:
+            main(args)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and message in err, (extra, err)
+        assert _tree(d) == before, extra
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    for target, message in ((not_a_dir, "is a file"), (not_a_dir / "sub", "is not writable")):
+        with pytest.raises(SystemExit):
+            main(["train", "--model", model_file, "--checkpoint-dir", str(target)])
+        assert message in capsys.readouterr().err
+    assert not_a_dir.read_text() == "x"

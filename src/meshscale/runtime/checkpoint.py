@@ -94,7 +94,7 @@ def check_dir(root: str, spec, precision: str) -> tuple[int, Path] | None:
     if p.exists() and not p.is_dir():
         raise UserError(f"--checkpoint-dir {root} is a file; give a directory (new or holding checkpoints)")
     existing = p if p.exists() else next(a for a in p.absolute().parents if a.exists())
-    if not os.access(existing, os.W_OK | os.X_OK):
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"--checkpoint-dir {root}: {existing} is not writable; choose a directory you can write to")
     if not p.exists():
         return None
