@@ -37,7 +37,23 @@ def run_here(run: Resolved) -> dict:
         return result
     finally:
         if dist.is_initialized():
-            dist.destroy_process_group()
+            _shut_down()
+
+
+def _shut_down() -> None:
+    """Destroy the process groups while the interpreter is fully alive. A group lives as long as anything
+    references it, so first drop what does (the cached meshes; cycles, by a collection): then destroying the
+    groups frees them here and joins their gloo worker threads. Threads still alive when the interpreter
+    finalises abort the process ("terminate called without an active exception", SIGABRT)."""
+    import gc
+
+    import torch.distributed as dist
+
+    from meshscale.parallel.mesh import forget_meshes
+
+    forget_meshes()
+    gc.collect()
+    dist.destroy_process_group()
 
 
 def launch_local(run: Resolved) -> None:
