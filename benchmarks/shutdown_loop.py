@@ -29,6 +29,8 @@ def main() -> int:
                     failed += 1
                     tail = (done.stderr.strip().splitlines() or ["(no stderr)"])[-1]
                     print(f"  {layout} run {i}: exit {done.returncode}: {tail}", flush=True)
+                if (i + 1) % 10 == 0:
+                    print(f"  {layout}: {i + 1 - failed}/{i + 1} so far", flush=True)
         print(f"{layout} ({nproc} processes): {n - failed}/{n} runs exited 0", flush=True)
         failed_total += failed
     return 1 if failed_total else 0
