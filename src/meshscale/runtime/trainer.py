@@ -112,7 +112,7 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
     loss_fn = loss_function(mesh["tp"].get_group() if layout.tp > 1 else None)
     step_fn = (PipelineStep(par, layout, mesh, loss_fn, m, autocast, device) if layout.pp > 1
                else AccumulatedStep(par, loss_fn, autocast, device))
-    start = checkpoint.restore_latest(run, par, optimizer, mesh) if cfg.checkpoint_dir else 0
+    start = checkpoint.restore_latest(run, par, optimizer, mesh)  # 0 without a checkpoint
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     metrics = MetricsLog(cfg.steps, cfg.metrics_out, is_logger, cfg.overwrite, cfg.log_every,
                          resume_at=start if start or restarted else None)
