@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -41,7 +42,7 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 _PREFIX = "step-"
 
 
-# ---- the directory (torch-free enough for resolve(): no process group needed) -----------------------
+# ---- the directory: no process group needed, so resolve() checks it before any process starts -----
 def step_dir(root: str | Path, step: int) -> Path:
     return Path(root) / f"{_PREFIX}{step:08d}"
 
@@ -136,7 +137,7 @@ def _ensure_optimizer_state(optimizer) -> None:
                     state[k] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
-def _held(strategy, optimizer) -> tuple[dict, callable]:
+def _held(strategy, optimizer) -> tuple[dict, Callable]:
     """{fqn: {"param", "exp_avg", "exp_avg_sq"}} of one chunk as this rank holds them across DP (whole
     tensors, or FSDP2's dp-sharded DTensors), and a function writing loaded values back where the tensors
     are copies (ZeRO's gathered moments)."""
@@ -149,7 +150,7 @@ def _held(strategy, optimizer) -> tuple[dict, callable]:
     return held, lambda: None
 
 
-def _zero_held(zero, optimizer) -> tuple[dict, callable]:
+def _zero_held(zero, optimizer) -> tuple[dict, Callable]:
     """ZeRO-1/2: parameters are whole on every rank (views into the flat buckets); the moments live in flat
     shards, so gather each bucket's moments over dp and view them per parameter."""
     from meshscale.parallel.zero import _all_gather
