@@ -61,9 +61,9 @@ def _copy_checkpoint(src_root: str, step: int, dst_root: str) -> None:
 def _reload_and_save(run, dst_root: str) -> None:
     """Build the training state under `run`'s layout, load the newest checkpoint into it and save it again
     at once: the two checkpoints must hold the same full tensors."""
-    import torch
-    import torch.distributed as dist
     from dataclasses import replace
+
+    import torch.distributed as dist
 
     from meshscale.parallel.apply import apply_layout
     from meshscale.parallel.mesh import build_mesh
