@@ -139,7 +139,7 @@ def test_checkpoint_writes_every_weight_and_optimizer_state_once(layout):
 
     model = load_model("llama2-7b")
     per_device, total = checkpoint_bytes(model, Layout.parse(layout), "bf16")
-    assert total == model.param_count() * 14  # bf16 weights + fp32 master, momentum, variance
+    assert total == model.param_count() * 12  # fp32 master, momentum, variance (bf16 copy re-derived)
     # Spread evenly except for replicated norms and the stage that also holds the embedding or head.
     assert total / 8 <= per_device < total / 8 * 1.06
 

@@ -1,9 +1,12 @@
 """`make demo`: the closed loop on this machine. Calibrate it (once, quickly; kept in runs/), plan `tiny` for
 2 local processes on the calibrated cluster, train the plan's winner on the Python standard library's
-sources, and print the prediction for that very layout beside what was measured."""
+sources, print the prediction for that very layout beside what was measured, and show the checkpoint the
+run saved at its end."""
 
+import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 CLUSTER = "runs/local-cpu.toml"
@@ -26,13 +29,25 @@ def winner() -> str:
     return command[command.index("--layout") + 1]
 
 
+def show_checkpoint(root: Path) -> None:
+    from meshscale.runtime.checkpoint import complete
+
+    step, path = complete(root)[-1]
+    manifest = json.loads((path / "manifest.json").read_text())
+    size = sum(f.stat().st_size for f in path.iterdir())
+    print(f"checkpoint {path.name}: step {step}, {size / 2**20:.1f} MiB in {len(manifest['files'])} checksummed "
+          f"files, layout {manifest['layout']} on {manifest['world_size']} processes (any layout can resume it)")
+
+
 def main() -> int:
     try:
         if not Path(CLUSTER).exists():
             Path(CLUSTER).parent.mkdir(exist_ok=True)
             meshscale(["calibrate", "--nproc", "2", "--quick", "--out", CLUSTER])
         meshscale(PLAN + ["--top", "3"])
-        meshscale(TRAIN + ["--layout", winner()])
+        with tempfile.TemporaryDirectory(prefix="meshscale-demo-") as root:
+            meshscale(TRAIN + ["--layout", winner(), "--checkpoint-dir", root])
+            show_checkpoint(Path(root))
     except subprocess.CalledProcessError as e:
         return e.returncode
     return 0

@@ -27,6 +27,11 @@ _HELP = {
     "on_anomaly": "stop (default) or skip the optimizer step on a non-finite or spiking loss or gradient",
     "spike_sigma": "a loss or gradient norm whose log is this many std above its recent mean is a spike (0: off)",
     "sdc_check_every": "compare replicas' bit fingerprints every N steps (default 50; 0: off)",
+    "checkpoint_dir": "save checkpoints here (DCP, any layout reloads them) and resume from the newest one",
+    "checkpoint_every": "steps between checkpoints (default 50; the last step is always saved)",
+    "keep": "complete checkpoints to keep, at least 2 (default 3)",
+    "max_restarts": "restart all local workers this many times after a failure, resuming from the newest "
+                    "checkpoint (needs --checkpoint-dir; under an outer torchrun use torchrun --max-restarts)",
 }
 _FLAGS = ("overwrite", "predict", "replay_anomalies")
 
@@ -38,7 +43,8 @@ def add_arguments(parser) -> None:
             continue
         kind = {"nproc": int, "steps": int, "global_batch": int, "seq": int, "seed": int, "val_batches": int, "log_every": int,
                 "lr": float, "min_lr": float, "warmup": int, "weight_decay": float, "clip": float,
-                "bucket_mb": float, "timeout": float, "spike_sigma": float, "sdc_check_every": int}.get(name, str)
+                "bucket_mb": float, "timeout": float, "spike_sigma": float, "sdc_check_every": int,
+                "checkpoint_every": int, "keep": int, "max_restarts": int}.get(name, str)
         parser.add_argument(flag, type=kind, default=None, help=_HELP.get(name))
     parser.add_argument("--config", default=None, help=_HELP["config"])
     parser.add_argument("--overwrite", action="store_true", default=None,

@@ -21,3 +21,9 @@ def build_mesh(layout: Layout, device_type: str) -> DeviceMesh:
                              f"{dist.get_world_size()}")
         _meshes[shape] = init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
     return _meshes[shape]
+
+
+def forget_meshes() -> None:
+    """Drop the cached meshes before the process groups are destroyed: a mesh keeps its groups (and their
+    worker threads) alive, and threads still alive when the interpreter finalises abort the process."""
+    _meshes.clear()

@@ -14,6 +14,7 @@ master shard with its own Adam state), then an all-gather of each bucket refresh
 """
 
 import time
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -79,8 +80,12 @@ class Zero:
                     p.grad = b.grad_view(p)
         else:
             self._bucket_of = {p: b for b in self.buckets for p in b.params}
+            # The hook reaches us through a weak reference: a bound method held by the parameter's C++
+            # gradient accumulator is a cycle the garbage collector cannot see, which would keep this object
+            # and its process group alive until the interpreter's teardown.
+            me = weakref.ref(self)
             for p in self._bucket_of:
-                p.register_post_accumulate_grad_hook(self._on_grad)
+                p.register_post_accumulate_grad_hook(lambda param: me()._on_grad(param))
 
     # ---- gradients ---------------------------------------------------------------------
     def _reduce_scatter(self, bucket: _Bucket) -> None:

@@ -42,6 +42,11 @@ class TrainConfig:
     spike_sigma: float = 6.0  # spike rule: std above the trailing mean (0: off)
     sdc_check_every: int = 50  # cross-replica fingerprint check every N steps (0: off)
     replay_anomalies: bool = False  # re-run an anomalous step from a snapshot to classify it
+    # checkpoints and restarts (runtime/checkpoint.py)
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 50  # steps between saves; the last step is always saved
+    keep: int = 3  # complete checkpoints kept
+    max_restarts: int = 0  # local launcher: restarts of the whole worker group after a failure
 
 
 def load_config(path: str | None, overrides: dict) -> TrainConfig:
@@ -99,10 +104,6 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
         check_tokens(load_tokens(cfg.data), spec.vocab, spec.seq, f"--data {cfg.data}")
     if cfg.metrics_out and not Path(cfg.metrics_out).absolute().parent.is_dir():
         raise UserError(f"--metrics-out {cfg.metrics_out}: directory {Path(cfg.metrics_out).parent} does not exist")
-    # Under an outer torchrun only rank 0 checks: it is the one that creates the file.
-    if (cfg.metrics_out and os.environ.get("RANK", "0") == "0" and Path(cfg.metrics_out).exists()
-            and not cfg.overwrite):
-        raise UserError(f"--metrics-out {cfg.metrics_out} already exists; choose a new file or pass --overwrite")
     if cfg.plot:
         if not Path(cfg.plot).absolute().parent.is_dir():
             raise UserError(f"--plot {cfg.plot}: directory {Path(cfg.plot).parent} does not exist")
@@ -128,7 +129,38 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
             raise UserError(f"--{key.replace('_', '-')} must be 0 (off) or positive, got {getattr(cfg, key)}")
     if cfg.device not in ("auto", "cpu", "cuda"):
         raise UserError(f"--device must be auto, cpu or cuda, got {cfg.device!r}")
+    resuming = _check_checkpoints(cfg, spec)
+    _check_metrics_out(cfg, resuming)
     return Resolved(cfg, spec, layout)
+
+
+def _check_checkpoints(cfg: TrainConfig, spec: ModelSpec) -> bool:
+    """The checkpoint options, and the newest checkpoint in --checkpoint-dir (compatible, intact); True
+    when the run will resume from one."""
+    from meshscale.runtime.checkpoint import check_dir
+
+    if cfg.checkpoint_every < 1:
+        raise UserError(f"--checkpoint-every must be at least 1 step, got {cfg.checkpoint_every}")
+    if cfg.keep < 2:
+        raise UserError(f"--keep must be at least 2, got {cfg.keep}: the newest checkpoint may still be being "
+                        "written when older ones are deleted")
+    if cfg.max_restarts < 0:
+        raise UserError(f"--max-restarts must be 0 or more, got {cfg.max_restarts}")
+    if cfg.max_restarts and not cfg.checkpoint_dir:
+        raise UserError("--max-restarts resumes from checkpoints; pass --checkpoint-dir DIR too")
+    newest = check_dir(cfg.checkpoint_dir, spec, cfg.precision) if cfg.checkpoint_dir else None
+    if newest and newest[0] >= cfg.steps:
+        raise UserError(f"checkpoint {newest[1]} already reached step {newest[0]} of --steps {cfg.steps}; raise "
+                        "--steps to train on, or use a new --checkpoint-dir")
+    return newest is not None
+
+
+def _check_metrics_out(cfg: TrainConfig, resuming: bool) -> None:
+    # Under an outer torchrun only rank 0 checks: it is the one that creates the file. A resumed run
+    # continues the file of the run it resumes.
+    if (cfg.metrics_out and os.environ.get("RANK", "0") == "0" and Path(cfg.metrics_out).exists()
+            and not cfg.overwrite and not resuming):
+        raise UserError(f"--metrics-out {cfg.metrics_out} already exists; choose a new file or pass --overwrite")
 
 
 def config_fields() -> list[str]:

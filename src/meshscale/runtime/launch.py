@@ -44,23 +44,45 @@ def run_here(run: Resolved) -> dict:
         return result
     finally:
         if dist.is_initialized():
-            dist.destroy_process_group()
+            _shut_down()
+
+
+def _shut_down() -> None:
+    """Destroy the process groups while the interpreter is fully alive. A group lives as long as anything
+    references it, so first drop what does (the cached meshes; cycles, by a collection): then destroying the
+    groups frees them here and joins their gloo worker threads. Threads still alive when the interpreter
+    finalises abort the process ("terminate called without an active exception", SIGABRT)."""
+    import gc
+
+    import torch.distributed as dist
+
+    from meshscale.parallel.mesh import forget_meshes
+
+    forget_meshes()
+    gc.collect()
+    dist.destroy_process_group()
 
 
 def launch_local(run: Resolved) -> None:
-    """Start run.config.nproc local workers with torch.distributed's elastic launcher (standalone
-    rendezvous on a free port, no restarts) and wait for them."""
+    """Start run.config.nproc local workers with torch.distributed's elastic launcher (c10d rendezvous on a
+    free port) and wait for them. With --max-restarts R, when a worker fails the launcher stops them all
+    and starts the group again, up to R times; each new group resumes from the newest checkpoint."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # N workers share the cores
+    # By default the workers reuse the rendezvous' TCP store as their process-group store; after a worker
+    # is SIGKILLed the restarted group then fails to connect or hangs (torch 2.13, gloo). A store of their
+    # own per attempt avoids it.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # we report failures ourselves
     with tempfile.TemporaryDirectory(prefix="meshscale-") as tmp:
         spec_file = os.path.join(tmp, "run.pkl")
         with open(spec_file, "wb") as f:
             pickle.dump(run, f)
         config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=run.config.nproc, run_id=str(uuid.uuid4()),
-                              rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
+                              rdzv_backend="c10d", rdzv_endpoint="localhost:0",
+                              max_restarts=run.config.max_restarts,
                               monitor_interval=0.1)
         try:
             elastic_launch(config, sys.executable)("-m", "meshscale.runtime.launch", spec_file)

@@ -91,9 +91,19 @@ def _quiet_stderr():
 
 
 class MetricsLog:
-    def __init__(self, steps: int, path: str | None, enabled: bool, overwrite: bool = False, every: int = 1):
+    """`resume_at`: the run continues one whose file may exist (a resume or restart): keep that file's rows
+    of the steps before `resume_at`, then append, so no step appears twice."""
+
+    def __init__(self, steps: int, path: str | None, enabled: bool, overwrite: bool = False, every: int = 1,
+                 resume_at: int | None = None):
         self.enabled, self.every, self.steps = enabled, max(1, every), steps
-        self.file = open(path, "w" if overwrite else "x") if (path and enabled) else None
+        self.file = None
+        if path and enabled:
+            if resume_at is not None and os.path.exists(path):
+                _keep_rows_before(path, resume_at)
+                self.file = open(path, "a")
+            else:
+                self.file = open(path, "w" if overwrite else "x")
         self.rows: list[dict] = []
         self._progress = None
         if enabled and sys.stdout.isatty():
@@ -130,6 +140,15 @@ class MetricsLog:
             self._progress.stop()
         if self.file:
             self.file.close()
+
+
+def _keep_rows_before(path: str, step: int) -> None:
+    with open(path) as f:
+        kept = [line for line in f if line.strip() and json.loads(line)["step"] < step]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)
 
 
 def predicted(run) -> dict:

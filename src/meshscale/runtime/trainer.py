@@ -1,6 +1,7 @@
 """The training loop of one rank: build the model from the seed, apply the layout, and run optimizer
 steps of gradient-accumulated micro-batches, recording metrics and every collective."""
 
+import os
 import time
 from contextlib import nullcontext
 
@@ -8,6 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from meshscale.runtime import checkpoint
 from meshscale.runtime.config import Resolved
 from meshscale.runtime.data import TokenData, load_tokens, rank_microbatches
 from meshscale.runtime.faults import Injector, from_env
@@ -120,7 +122,10 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
     moe = [layer for _, chunk in par.chunks for layer in moe_layers(chunk)]
     for layer in moe:  # the main loss is averaged over the micro-batches, so is the balance loss
         layer.aux_weight /= m
-    metrics = MetricsLog(cfg.steps, cfg.metrics_out, is_logger, cfg.overwrite, cfg.log_every)
+    first_step = checkpoint.restore_latest(run, par, optimizer, mesh)  # 0 without a checkpoint
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    metrics = MetricsLog(cfg.steps, cfg.metrics_out, is_logger, cfg.overwrite, cfg.log_every,
+                         resume_at=first_step if first_step or restarted else None)
     named = [(name, p) for s in par.strategies for name, p in s.module.named_parameters()]
     faults.arm_gradients(named)  # before the guards' hooks, so they see the corrupted gradient
     guards = Guards([p for _, p in named], cfg.on_anomaly, cfg.spike_sigma, multi, device)
@@ -185,22 +190,27 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
 
     try:
         with ledger.active(), watchdog:  # code without a ledger handle (TP functions) records through it
-            for step in range(cfg.steps):
+            for step in range(first_step, cfg.steps):
                 if probe is not None and step == cfg.steps - 1:
                     with probe.step():
                         row, anomalies = run_step(step)
                     row = dict(row, peak_memory_bytes=probe.peak, memory_probe=True)
                 else:
                     row, anomalies = run_step(step)
-                metrics.log(row)
                 for a in anomalies:
                     if a.action == "stop":
+                        metrics.log(row)
                         raise TrainingStopped(a.line())
+                if checkpoint.due(cfg, step + 1):
+                    saving = time.perf_counter()
+                    checkpoint.save(run, par, optimizer, mesh, step + 1)
+                    row["checkpoint_save_s"] = time.perf_counter() - saving
+                metrics.log(row)
             beat(cfg.steps, "evaluate")
             val_loss = evaluate(step_fn, par, data, cfg, layout, dp_rank, dp_group, device)
     finally:
         metrics.close()
-    summaries = [ledger.summary(s) for s in range(cfg.steps)]
+    summaries = [ledger.summary(s) for s in range(first_step, cfg.steps)]
     result = {"rows": metrics.rows, "val_loss": val_loss, "comm": summaries, "records": ledger.records}
     if multi:  # once, after training: not step traffic
         per_rank = _gather(summaries)
