@@ -171,6 +171,36 @@ def test_bit_flip_is_pinned_on_its_rank_and_a_clean_run_stays_clean_on_four_rank
     assert stopped is None and not any(a for _, a in rows)
 
 
+def _rollback(rank, world, root):
+    saved = dict(steps=8, checkpoint_every=2, on_anomaly="rollback")
+    return {
+        "clean": _train(world, "dp=2", steps=8),
+        # a flipped replica is found by the SDC check after step 4 and repaired from the checkpoint of step 4
+        "flip": _train(world, "dp=2", "bitflip@step=4,rank=1,param=norm.weight", sdc_check_every=1,
+                       checkpoint_dir=f"{root}/flip", **saved),
+        "clean_zero1": _train(world, "dp=2,zero=1", steps=8),
+        # a NaN at step 3 goes back to the checkpoint of step 2
+        "nan": _train(world, "dp=2,zero=1", "nan@step=3,rank=0", checkpoint_dir=f"{root}/nan", **saved),
+        "nothing_saved": _train(world, "dp=2", "nan@step=1,rank=1", checkpoint_dir=f"{root}/none", **saved),
+    }
+
+
+def test_rollback_reloads_the_newest_checkpoint_and_finishes_like_a_clean_run(tmp_path):
+    out = run_ranks(2, _rollback, str(tmp_path))[0]
+    for case, clean, at, back in (("flip", "clean", 4, 4), ("nan", "clean_zero1", 3, 2)):
+        rows, stopped = out[case]
+        assert stopped is None
+        flagged = [a for _, anomalies in rows for a in anomalies]
+        assert [a["action"] for a in flagged] == ["rollback"]
+        assert flagged[0]["kind"] == ("sdc" if case == "flip" else "nonfinite")
+        losses = [loss for loss, _ in out[clean][0]]
+        # every step before the anomaly, its own row, then the steps from the checkpoint on, bit for bit
+        assert len(rows) == at + 1 + 8 - back and flagged[0]["message"].startswith(f"step {at}: ")
+        assert [loss for loss, _ in rows[-(8 - back):]] == losses[back:]
+    assert out["nothing_saved"][1].startswith("step 1: non-finite loss on rank 1")
+    assert "no complete checkpoint" in out["nothing_saved"][1]
+
+
 def _processes_tagged(tag: str) -> list[int]:
     """Our processes whose environment carries `tag` (other users' processes are not readable)."""
     found = []

@@ -24,7 +24,8 @@ _HELP = {
     "device": "auto, cpu or cuda",
     "cluster": "ClusterSpec that --predict uses: a preset or a file from `meshscale calibrate` (default local-cpu)",
     "timeout": "seconds a rank may make no progress before the job ends naming the stuck rank (default 300)",
-    "on_anomaly": "stop (default) or skip the optimizer step on a non-finite or spiking loss or gradient",
+    "on_anomaly": "stop (default), skip the optimizer step, or rollback to the newest checkpoint on a non-finite "
+                  "or spiking loss or gradient (rollback also on silent data corruption)",
     "spike_sigma": "a loss or gradient norm whose log is this many std above its recent mean is a spike (0: off)",
     "sdc_check_every": "compare replicas' bit fingerprints every N steps (default 50; 0: off)",
     "checkpoint_dir": "save checkpoints here (DCP, any layout reloads them) and resume from the newest one",

@@ -38,7 +38,7 @@ class TrainConfig:
     cluster: str = "local-cpu"  # the ClusterSpec --predict uses (a preset or a `meshscale calibrate` file)
     device: str = "auto"  # auto: cuda when available, else cpu
     timeout: float = 300.0  # seconds without progress before a hang ends the job
-    on_anomaly: str = "stop"  # stop or skip, on a non-finite or spiking loss or gradient
+    on_anomaly: str = "stop"  # stop, skip or rollback, on a non-finite or spiking loss or gradient (rollback: SDC too)
     spike_sigma: float = 6.0  # spike rule: std above the trailing mean (0: off)
     sdc_check_every: int = 50  # cross-replica fingerprint check every N steps (0: off)
     replay_anomalies: bool = False  # re-run an anomalous step from a snapshot to classify it
@@ -122,8 +122,10 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
         load_cluster(cfg.cluster)  # a bad --cluster file is one line now, not an error after training
     if cfg.timeout <= 0:
         raise UserError(f"--timeout must be a positive number of seconds, got {cfg.timeout:g}")
-    if cfg.on_anomaly not in ("stop", "skip"):
-        raise UserError(f"--on-anomaly must be stop or skip, got {cfg.on_anomaly!r}")
+    if cfg.on_anomaly not in ("stop", "skip", "rollback"):
+        raise UserError(f"--on-anomaly must be stop, skip or rollback, got {cfg.on_anomaly!r}")
+    if cfg.on_anomaly == "rollback" and not cfg.checkpoint_dir:
+        raise UserError("--on-anomaly rollback reloads the newest checkpoint; give --checkpoint-dir DIR")
     for key in ("spike_sigma", "sdc_check_every"):
         if getattr(cfg, key) < 0:
             raise UserError(f"--{key.replace('_', '-')} must be 0 (off) or positive, got {getattr(cfg, key)}")

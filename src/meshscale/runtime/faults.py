@@ -98,6 +98,7 @@ class Injector:
         self.rank = rank
         self._runs: dict[Fault, int] = {}  # how often each nan fault's step has started
         self._nan: list[Fault] = []  # the nan faults firing in the run of the step under way
+        self._flipped: set[Fault] = set()  # bit flips fire once, even when a rollback reruns their step
 
     def due(self, step: int, kind: str) -> Fault | None:
         """The fault of `kind` that fires at `step` (slow: every step from its own on)."""
@@ -157,8 +158,9 @@ class Injector:
         import torch
 
         fault = self.due(step, "bitflip")
-        if not fault or not named_params:
+        if not fault or not named_params or fault in self._flipped:
             return None
+        self._flipped.add(fault)
         name, p = _pick(named_params, 0 if fault.param is None else fault.param)
         data = _local(p)
         if data.dtype != torch.float32 or data.numel() == 0:

@@ -39,13 +39,14 @@ class Anomaly:
     kind: str  # "nonfinite", "spike" or "sdc"
     message: str  # one line naming the step, the rank(s) and what was seen
     ranks: list
-    action: str  # "stop", "skip", or "continue" (a clean replay's result was applied)
+    action: str  # "stop", "skip", "rollback", or "continue" (a clean replay's result was applied)
     replay: str | None = None  # "transient" or "persistent" with --replay-anomalies
 
     def line(self) -> str:
         replay = {"transient": "; replay clean (transient): the replayed step was applied",
                   "persistent": "; replay reproduced it (persistent)"}.get(self.replay, "")
         action = {"skip": "; optimizer step skipped on every rank",
+                  "rollback": "; every rank reloads the newest checkpoint and continues from it",
                   "stop": "; stopped (a step cannot undo a corrupted replica: restart from a checkpoint)"
                   if self.kind == "sdc" else "; stopped (--on-anomaly skip skips such steps instead)"}
         action = action.get(self.action, "")

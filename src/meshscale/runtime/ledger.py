@@ -84,6 +84,10 @@ class CommLedger:
             _active = previous
 
     # ---- summaries ---------------------------------------------------------------------
+    def forget_from(self, step: int) -> None:
+        """Drop the records of `step` and later (a rollback runs those steps again)."""
+        self.records = [r for r in self.records if r["step"] < step]
+
     def summary(self, step: int | None = None) -> list[dict]:
         """Per (collective, axis): bytes, calls and seconds of one step (default: the last one)."""
         step = self.step if step is None else step

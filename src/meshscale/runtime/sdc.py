@@ -40,10 +40,11 @@ def outliers(values: list) -> list[int]:
 
 
 class ReplicaCheck:
-    def __init__(self, par, optimizer: torch.optim.Optimizer):
+    def __init__(self, par, optimizer: torch.optim.Optimizer, rollback: bool = False):
         from meshscale.parallel.tensor import is_tp_replicated
 
         self.optimizer, layout, mesh = optimizer, par.layout, par.mesh
+        self.action = "rollback" if rollback else "stop"  # a corrupted replica is repaired only by a checkpoint
         named = [(name, p) for s in par.strategies for name, p in s.module.named_parameters()]
         self.device = named[0][1].device
         self.groups = []  # (axis, process group, [(name, param)], whether its optimizer state is a replica too)
@@ -98,10 +99,10 @@ class ReplicaCheck:
             return None
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, findings)
-        return _anomaly(step, [f for fs in everyone for f in fs])
+        return _anomaly(step, [f for fs in everyone for f in fs], self.action)
 
 
-def _anomaly(step: int, findings: list) -> Anomaly:
+def _anomaly(step: int, findings: list, action: str) -> Anomaly:
     """Name, per differing tensor, the ranks blamed by the most checks: the odd one of a majority, or the
     copy that differs in both its dp and tp groups; two copies that merely differ are both named."""
     lines, blamed = [], set()
@@ -117,4 +118,4 @@ def _anomaly(step: int, findings: list) -> Anomaly:
             lines.append(f"{name} differs between its {axes} replicas on ranks {', '.join(map(str, suspects))} "
                          "(no majority: either may be the corrupted one)")
     shown = "; ".join(lines[:3]) + (f"; and {len(lines) - 3} more" if len(lines) > 3 else "")
-    return Anomaly(step, "sdc", f"step {step}: silent data corruption: {shown}", sorted(blamed), "stop")
+    return Anomaly(step, "sdc", f"step {step}: silent data corruption: {shown}", sorted(blamed), action)

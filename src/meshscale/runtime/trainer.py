@@ -130,7 +130,8 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
     faults.arm_gradients(named)  # before the guards' hooks, so they see the corrupted gradient
     guards = Guards([p for _, p in named], cfg.on_anomaly, cfg.spike_sigma, multi, device)
     owns_loss = layout.pp == 1 or step_fn.runner.has_last  # under PP the other stages receive a copy
-    replicas = ReplicaCheck(par, optimizer) if multi and cfg.sdc_check_every else None
+    rollback = cfg.on_anomaly == "rollback"
+    replicas = ReplicaCheck(par, optimizer, rollback) if multi and cfg.sdc_check_every else None
     replicas = replicas if replicas and replicas.groups else None  # no tensor has a replica
     state = list({id(t): t for t in [p for _, p in named] + par.optim_params()}.values())
     watchdog = (Watchdog(dist.distributed_c10d._get_default_store(), dist.get_rank(), dist.get_world_size(),
@@ -188,24 +189,41 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
                 "peak_memory_bytes": memory_bytes(device, baseline), "sdc_check": checked,
                 "anomalies": [a.row() for a in anomalies]}, anomalies
 
+    def roll_back(anomaly) -> int:
+        """Reload the newest complete checkpoint into every rank's live state; the step to go on from."""
+        if not checkpoint.complete(cfg.checkpoint_dir):
+            raise TrainingStopped(f"{anomaly.message}; no complete checkpoint in {cfg.checkpoint_dir} to roll "
+                                  "back to yet (save more often with --checkpoint-every)")
+        back = checkpoint.restore_latest(run, par, optimizer, mesh)
+        ledger.forget_from(back)
+        if is_logger:
+            print(f"rolled back to the checkpoint of step {back} after: {anomaly.message}", flush=True)
+        return back
+
     try:
         with ledger.active(), watchdog:  # code without a ledger handle (TP functions) records through it
-            for step in range(first_step, cfg.steps):
+            step = first_step
+            while step < cfg.steps:
                 if probe is not None and step == cfg.steps - 1:
                     with probe.step():
                         row, anomalies = run_step(step)
                     row = dict(row, peak_memory_bytes=probe.peak, memory_probe=True)
                 else:
                     row, anomalies = run_step(step)
-                for a in anomalies:
-                    if a.action == "stop":
-                        metrics.log(row)
-                        raise TrainingStopped(a.line())
+                actions = {a.action: a for a in anomalies}
+                if "stop" in actions:
+                    metrics.log(row)
+                    raise TrainingStopped(actions["stop"].line())
+                if "rollback" in actions:
+                    metrics.log(row)  # the rows of the steps run again follow it in the file
+                    step = roll_back(actions["rollback"])
+                    continue
                 if checkpoint.due(cfg, step + 1):
                     saving = time.perf_counter()
                     checkpoint.save(run, par, optimizer, mesh, step + 1)
                     row["checkpoint_save_s"] = time.perf_counter() - saving
                 metrics.log(row)
+                step += 1
             beat(cfg.steps, "evaluate")
             val_loss = evaluate(step_fn, par, data, cfg, layout, dp_rank, dp_group, device)
     finally:
