@@ -201,29 +201,30 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
         return back
 
     try:
-        with ledger.active(), watchdog:  # code without a ledger handle (TP functions) records through it
-            step = first_step
-            while step < cfg.steps:
-                if probe is not None and step == cfg.steps - 1:
-                    with probe.step():
+        with watchdog:
+            with ledger.active():  # code without a ledger handle (TP functions) records through it
+                step = first_step
+                while step < cfg.steps:
+                    if probe is not None and step == cfg.steps - 1:
+                        with probe.step():
+                            row, anomalies = run_step(step)
+                        row = dict(row, peak_memory_bytes=probe.peak, memory_probe=True)
+                    else:
                         row, anomalies = run_step(step)
-                    row = dict(row, peak_memory_bytes=probe.peak, memory_probe=True)
-                else:
-                    row, anomalies = run_step(step)
-                actions = {a.action: a for a in anomalies}
-                if "stop" in actions:
+                    actions = {a.action: a for a in anomalies}
+                    if "stop" in actions:
+                        metrics.log(row)
+                        raise TrainingStopped(actions["stop"].line())
+                    if "rollback" in actions:
+                        metrics.log(row)  # the rows of the steps run again follow it in the file
+                        step = roll_back(actions["rollback"])
+                        continue
+                    if checkpoint.due(cfg, step + 1):
+                        saving = time.perf_counter()
+                        checkpoint.save(run, par, optimizer, mesh, step + 1)
+                        row["checkpoint_save_s"] = time.perf_counter() - saving
                     metrics.log(row)
-                    raise TrainingStopped(actions["stop"].line())
-                if "rollback" in actions:
-                    metrics.log(row)  # the rows of the steps run again follow it in the file
-                    step = roll_back(actions["rollback"])
-                    continue
-                if checkpoint.due(cfg, step + 1):
-                    saving = time.perf_counter()
-                    checkpoint.save(run, par, optimizer, mesh, step + 1)
-                    row["checkpoint_save_s"] = time.perf_counter() - saving
-                metrics.log(row)
-                step += 1
+                    step += 1
             beat(cfg.steps, "evaluate")
             val_loss = evaluate(step_fn, par, data, cfg, layout, dp_rank, dp_group, device)
     finally:
