@@ -118,12 +118,14 @@ def pipeline_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int
 
 def context_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, n_layers: int,
                          m: int) -> list[tuple]:
-    """Ring attention (Liu et al. 2023; Megatron CP): each layer passes the local K,V block around the ring,
-    cp-1 sends forward; backward passes K,V and their gradients (2x). Hidden behind the attention core."""
+    """Ring attention (Liu et al. 2023; Megatron CP), as parallel/context.py runs it: per layer each rank sends
+    a K,V block cp-1 times forward; backward sends K,V cp-1 times again and the blocks' dK,dV cp-1 times;
+    recompute (selective reruns the attention core, full the block) repeats the forward's ring. Hidden
+    behind the attention core."""
     if layout.cp == 1:
         return []
     kv_block = 2 * tokens * model.kv_heads * model.head_dim / layout.tp * act_bytes
-    passes = 3 + (1 if layout.recompute == "full" else 0)
+    passes = 3 + (1 if layout.recompute != "none" else 0)
     sends = n_layers * m * (layout.cp - 1) * passes
     return [("send_recv", kv_block * sends, sends, "attention")]
 

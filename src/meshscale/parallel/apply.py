@@ -2,12 +2,14 @@
 
   1. pipeline split: this PP rank's chunks (copies of the model keeping their own layers),
   2. tensor (and sequence) parallelism on each chunk over mesh["tp"],
-  3. activation recompute (it wraps the block forwards, TP collectives included, so they rerun),
-  4. the data-parallel family over mesh["dp"] on each chunk: DDP (our bucketed all-reduce after the
-     schedule inside a pipeline), our ZeRO-1/2 over the chunk's local
+  3. context parallelism on each chunk over mesh["cp"]: ring attention and this rank's RoPE positions,
+  4. activation recompute (it wraps the block forwards and the attention core, TP collectives and CP ring
+     included, so they rerun),
+  5. the data-parallel family over the dp x cp ranks (they hold the same parameters) on each chunk: DDP
+     (our bucketed all-reduce after the schedule inside a pipeline), our ZeRO-1/2 over the chunk's local
      (TP-sharded) parameters, or FSDP2 on its blocks and root.
 
-What the trainer runs is said torch-free in specs.layout: `trainer_refusal` (not built yet: CP, EP) and
+What the trainer runs is said torch-free in specs.layout: `trainer_refusal` (not built yet: EP) and
 `pipeline_refusal` (cannot be made correct; the planner never emits those)."""
 
 from contextlib import ExitStack
@@ -48,13 +50,13 @@ class Parallel:
     def grad_sq_norm(self) -> torch.Tensor:
         """Squared norm of the whole model's gradient, identical to one device: each rank sums its TP shards
         (replicated norm weights on TP rank 0 only), then the sum runs over TP, PP and, when gradients are
-        sharded, DP (control scalars, not ledger traffic)."""
+        sharded, the shard group (control scalars, not ledger traffic)."""
         total = sum(s.local_grad_sq(self._skip) for s in self.strategies).float()
-        axes = [a for a in ("tp", "pp") if getattr(self.layout, a) > 1]
+        groups = [self.mesh[a].get_group() for a in ("tp", "pp") if getattr(self.layout, a) > 1]
         if self.strategies[0].sharded:
-            axes.append("dp")
-        for axis in axes:
-            dist.all_reduce(total, group=self.mesh[axis].get_group())
+            groups.append(self.strategies[0].group)
+        for group in groups:
+            dist.all_reduce(total, group=group)
         return total
 
     def after_step(self) -> None:
@@ -90,6 +92,10 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
                 from meshscale.parallel.pipeline import crosses_ranks
 
                 scatter_gather_stage(module, mesh["tp"], *crosses_ranks(stage, layout))
+        if layout.cp > 1:
+            from meshscale.parallel.context import apply_context_parallel
+
+            apply_context_parallel(module, mesh["cp"])
         apply_recompute(module, layout.recompute)
         strategy = _data_parallel(module, layout, mesh, ledger, precision, bucket_mb)
         wrapped.append((stage, strategy.model))
@@ -98,17 +104,21 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
 
 
 def _data_parallel(module, layout: Layout, mesh, ledger, precision: str, bucket_mb: float):
-    """The data-parallel strategy for one chunk (see data_parallel.Local for its interface)."""
+    """The data-parallel strategy for one chunk (see data_parallel.Local for its interface), over the
+    dp x cp ranks that hold the same parameters."""
     from meshscale.parallel.data_parallel import DDP, Local, PipelinedDDP
+    from meshscale.parallel.mesh import replica_mesh
 
-    if layout.dp == 1:
+    if layout.dp * layout.cp == 1:
         return Local(module)
+    dp_mesh = replica_mesh(mesh)
+    ledger.name_group(dp_mesh.get_group(), "dp")
     if layout.zero == 0:
-        return (PipelinedDDP if layout.pp > 1 else DDP)(module, mesh, ledger, bucket_mb)
+        return (PipelinedDDP if layout.pp > 1 else DDP)(module, dp_mesh, ledger, bucket_mb)
     if layout.zero in (1, 2):
         from meshscale.parallel.zero import Zero
 
-        return Zero(module, mesh, ledger, layout.zero, bucket_mb)
+        return Zero(module, dp_mesh, ledger, layout.zero, bucket_mb)
     from meshscale.parallel.fsdp import FSDP
 
-    return FSDP(module, mesh, ledger, precision)
+    return FSDP(module, dp_mesh, ledger, precision)

@@ -69,8 +69,8 @@ def grad_buckets(params: list, bucket_mb: float) -> list[list]:
 
 
 class DDP(Local):
-    def __init__(self, model, mesh, ledger, bucket_mb: float):
-        group = mesh["dp"].get_group()
+    def __init__(self, model, dp_mesh, ledger, bucket_mb: float):
+        group = dp_mesh.get_group()
         super().__init__(model)
         # Buffers (RoPE tables) are computed identically on every rank: no per-step broadcast.
         no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
@@ -90,9 +90,9 @@ class PipelinedDDP(Local):
     DDP does, once the schedule has run every micro-batch's backward: all-reduce the gradient in buckets,
     averaged over the DP group, one all-reduce of 4P bytes per step (the contract's zero=0 rule)."""
 
-    def __init__(self, model, mesh, ledger, bucket_mb: float):
+    def __init__(self, model, dp_mesh, ledger, bucket_mb: float):
         super().__init__(model)
-        self.group, self.ledger = mesh["dp"].get_group(), ledger
+        self.group, self.ledger = dp_mesh.get_group(), ledger
         self.world = dist.get_world_size(self.group)
         self.buckets = grad_buckets(self.optim_params(), bucket_mb)
 

@@ -15,13 +15,13 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 class FSDP:
     sharded = True
 
-    def __init__(self, model, mesh, ledger, precision: str):
-        self.ledger, self.group = ledger, mesh["dp"].get_group()
+    def __init__(self, model, dp_mesh, ledger, precision: str):
+        self.ledger, self.group = ledger, dp_mesh.get_group()
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None,
                                   reduce_dtype=torch.float32)
         for block in model.layers.values():
-            fully_shard(block, mesh=mesh["dp"], mp_policy=mp)
-        fully_shard(model, mesh=mesh["dp"], mp_policy=mp)
+            fully_shard(block, mesh=dp_mesh, mp_policy=mp)
+        fully_shard(model, mesh=dp_mesh, mp_policy=mp)
         self.model = self.module = model
 
     @contextmanager

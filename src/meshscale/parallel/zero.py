@@ -57,11 +57,11 @@ class _Bucket:
 class Zero:
     sharded = True
 
-    def __init__(self, model, mesh, ledger, stage: int, bucket_mb: float):
+    def __init__(self, model, dp_mesh, ledger, stage: int, bucket_mb: float):
         assert stage in (1, 2)
         self.model = self.module = model
         self.stage, self.ledger = stage, ledger
-        self.group = mesh["dp"].get_group()
+        self.group = dp_mesh.get_group()
         self.world, self.rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         self.buckets = [_Bucket(g, self.world, self.rank)
                         for g in grad_buckets([p for p in model.parameters() if p.requires_grad], bucket_mb)]

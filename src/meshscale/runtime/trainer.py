@@ -2,6 +2,7 @@
 steps of gradient-accumulated micro-batches, recording metrics and every collective."""
 
 import time
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,18 @@ def pick_device(choice: str, local_rank: int = 0) -> torch.device:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
+
+
+class DataShard(NamedTuple):
+    """Which part of each global batch this rank trains on: its DP rows, its CP positions."""
+    dp_rank: int
+    dp: int
+    cp_rank: int
+    cp: int
+
+    def of(self, mbs: int) -> tuple:
+        """The arguments of `rank_microbatches` after the batch."""
+        return self.dp_rank, self.dp, mbs, self.cp_rank, self.cp
 
 
 def _all_mean(value: torch.Tensor, group, world: int) -> float:
@@ -45,11 +58,11 @@ class AccumulatedStep:
     def __init__(self, par, loss_fn, autocast, device):
         self.par, self.loss_fn, self.autocast, self.device = par, loss_fn, autocast, device
 
-    def loss(self, mb: torch.Tensor) -> torch.Tensor:
-        mb = mb.to(self.device)
+    def loss(self, mb: tuple) -> torch.Tensor:
+        inputs, targets = (t.to(self.device) for t in mb)
         with self.autocast:
-            logits = self.par.model(mb[:, :-1])
-        return self.loss_fn(logits, mb[:, 1:])
+            logits = self.par.model(inputs)
+        return self.loss_fn(logits, targets)
 
     def __call__(self, micro: list) -> torch.Tensor:
         total = torch.zeros((), device=self.device)
@@ -75,14 +88,14 @@ class PipelineStep:
         self.runner = PipelineRunner(par.chunks, layout, mesh["pp"], loss_fn, m, device)
 
     def __call__(self, micro: list) -> torch.Tensor:
-        batch = torch.cat(micro).to(self.device)
+        inputs, targets = (torch.cat(t).to(self.device) for t in zip(*micro))
         with self.par.accumulate(last=True), self.autocast:
-            return self.runner.step(batch[:, :-1], batch[:, 1:])
+            return self.runner.step(inputs, targets)
 
     def evaluate(self, micro: list) -> torch.Tensor:
-        batch = torch.cat(micro).to(self.device)
+        inputs, targets = (torch.cat(t).to(self.device) for t in zip(*micro))
         with self.autocast:
-            return self.runner.evaluate(batch[:, :-1], batch[:, 1:])
+            return self.runner.evaluate(inputs, targets)
 
 
 def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) -> dict:
@@ -90,13 +103,15 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
     Returns per-step metrics rows, the final validation loss, the comm ledger's per-step summaries (of the
     rank the cost model describes) and, with a pipeline, the last step's trace."""
     from meshscale.parallel.apply import apply_layout
-    from meshscale.parallel.mesh import build_mesh
+    from meshscale.parallel.mesh import build_mesh, replica_mesh
 
     cfg, spec, layout = run.config, run.spec, run.layout
     multi = layout.devices > 1
     mesh = build_mesh(layout, device.type) if multi else None
-    dp_rank = mesh["dp"].get_local_rank() if multi else 0
-    dp_group = mesh["dp"].get_group() if multi else None
+    # Each dp x cp rank's loss is the mean over its own tokens, an equal share: the batch loss is their mean.
+    dp_group = replica_mesh(mesh).get_group() if multi else None
+    mine = DataShard(mesh["dp"].get_local_rank(), layout.dp, mesh["cp"].get_local_rank(), layout.cp) if multi \
+        else DataShard(0, 1, 0, 1)
     is_logger = (dist.get_rank() if multi else 0) == 0 and log
 
     ledger = CommLedger()
@@ -119,12 +134,12 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
         ledger.begin_step(step)
         lr = lr_at(step, cfg.steps, cfg.lr, cfg.min_lr, cfg.warmup)
         set_lr(optimizer, lr)
-        micro = rank_microbatches(data.global_batch(step, cfg.global_batch), dp_rank, layout.dp, layout.mbs)
+        micro = rank_microbatches(data.global_batch(step, cfg.global_batch), *mine.of(layout.mbs))
         loss = step_fn(micro)
         grad_norm = clip_gradients(par, cfg.clip)
         optimizer.step()
         par.after_step()
-        loss_value = _all_mean(loss, dp_group, layout.dp)
+        loss_value = _all_mean(loss, dp_group, layout.dp * layout.cp)
         elapsed = time.perf_counter() - start
         return {"step": step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm,
                 "tokens_per_s": cfg.global_batch * spec.seq / elapsed, "step_time_s": elapsed,
@@ -133,7 +148,7 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
     with ledger.active():  # code without a ledger handle (TP functions) records through it
         for step in range(cfg.steps):
             metrics.log(run_step(step))
-    val_loss = evaluate(step_fn, par, data, cfg, layout, dp_rank, dp_group, device)
+    val_loss = evaluate(step_fn, par, data, cfg, layout, mine, dp_group, device)
     metrics.close()
     summaries = [ledger.summary(s) for s in range(cfg.steps)]
     result = {"rows": metrics.rows, "val_loss": val_loss, "comm": summaries, "records": ledger.records}
@@ -176,14 +191,14 @@ def pipeline_trace(run: Resolved, runner, m: int) -> dict:
 
 
 @torch.no_grad()
-def evaluate(step_fn, par, data: TokenData, cfg, layout, dp_rank: int, dp_group, device) -> float:
-    """Mean loss over `val_batches` held-out global batches (each DP rank its slice, then averaged)."""
+def evaluate(step_fn, par, data: TokenData, cfg, layout, mine, dp_group, device) -> float:
+    """Mean loss over `val_batches` held-out global batches (each dp x cp rank its share, then averaged)."""
     for _, module in par.chunks:
         module.eval()
     total = 0.0
     for i in range(cfg.val_batches):
-        rows = rank_microbatches(data.global_batch(i, cfg.global_batch, "val"), dp_rank, layout.dp, layout.mbs)
+        rows = rank_microbatches(data.global_batch(i, cfg.global_batch, "val"), *mine.of(layout.mbs))
         total += float(step_fn.evaluate(rows))
     for _, module in par.chunks:
         module.train()
-    return _all_mean(torch.tensor(total / cfg.val_batches, device=device), dp_group, layout.dp)
+    return _all_mean(torch.tensor(total / cfg.val_batches, device=device), dp_group, layout.dp * layout.cp)

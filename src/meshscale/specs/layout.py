@@ -234,10 +234,8 @@ def trainer_refusal(layout: Layout, model) -> str | None:
     tests/test_train_matrix.py.)"""
     if model.is_moe or model.uses_mla or model.mlp != "swiglu":
         return f"model {model.name}: the trainer runs dense LLaMA-style (SwiGLU) models only"
-    missing = [f"{key}={getattr(layout, key)}" for key in ("cp", "ep") if getattr(layout, key) > 1]
-    if missing:
-        return (f"the trainer does not run {', '.join(missing)} yet (context and expert parallelism); "
-                "set those degrees to 1")
+    if layout.ep > 1:
+        return f"the trainer does not run ep={layout.ep} yet (expert parallelism); set ep=1"
     if model.vocab % layout.tp:
         # the cost model pads the vocabulary like Megatron; the trainer's vocabulary-parallel embedding does not
         return (f"tp={layout.tp} must divide the vocabulary ({model.vocab}) of {model.name} for the trainer's "
