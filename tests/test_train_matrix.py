@@ -5,7 +5,10 @@ relative in fp32, and the comm ledger measures exactly the bytes the cost model 
 Cases come from the planner's own predicate (plan.search.runnable) and the trainer's
 (specs.layout.trainer_refusal), deduplicated over mbs (1 with a pipeline, the most micro-batches; the default without) and recompute (none;
 tests/test_train_parity.py and test_ledger.py cover recompute). Each world runs its cases in two spawned
-process groups. World 8 is sampled (see `sampled`)."""
+process groups. World 8 is sampled (see `sampled`).
+
+Context parallelism and hybrid sharding (`new_mechanism_cases`, sampled as its docstring says) run in their
+own spawned groups, below the block marked for them."""
 
 import pytest
 
@@ -154,3 +157,82 @@ def test_cost_model_predicts_the_measured_bytes(measured):
         want = {(e["collective"], e["axis"]): e["bytes"] for e in pred.to_dict()["comm"] if e["bytes"]}
         got = {(e["collective"], e["axis"]): e["bytes"] for e in r["comm"]}
         assert got == want, f"world {world} {layout}"
+
+
+# ---- context parallelism and hybrid sharding ----------------------------------------------------------
+def new_mechanism_candidates(world: int) -> list:
+    """Every layout with cp > 1 the planner can emit for `tiny` on `world` processes and the trainer runs."""
+    from meshscale.plan.search import runnable
+    from meshscale.specs.layout import Layout, trainer_refusal
+    from meshscale.specs.model import PRESETS
+
+    spec = PRESETS["tiny"]
+    out = []
+    for cp in (2, 4, 8):
+        for tp in (1, 2, 4):
+            for pp in (1, 2, 4):
+                if world % (cp * tp * pp):
+                    continue
+                dp = world // (cp * tp * pp)
+                for zero in range(4):
+                    for sp in (False, True) if tp > 1 else (False,):
+                        for schedule, vpp in SCHEDULES if pp > 1 else [("1f1b", 1)]:
+                            layout = Layout(dp=dp, zero=zero, tp=tp, sp=sp, pp=pp, vpp=vpp, schedule=schedule,
+                                            cp=cp, mbs=1 if pp > 1 else 0)
+                            if runnable(layout, spec, BATCH) and trainer_refusal(layout, spec) is None:
+                                out.append(layout)
+    return out
+
+
+def new_mechanism_cases(world: int) -> list[str]:
+    """A deterministic sample of `new_mechanism_candidates`: in their order, a layout is kept when it brings
+    something not yet covered: a parallel shape (which of dp, tp, sp, pp are on, and the cp degree), a zero
+    stage or a pipeline schedule. World 8 adds only what world 4 cannot hold, cp with two other parallelisms:
+    each pair of them once, and SP on and off."""
+    out, covered = [], set()
+    for layout in new_mechanism_candidates(world):
+        if world == 8:
+            if sum(d > 1 for d in (layout.dp, layout.tp, layout.pp)) < 2:
+                continue
+            keys = {("shape", layout.dp > 1, layout.tp > 1, layout.pp > 1), ("sp", layout.sp)}
+        else:
+            keys = {("shape", layout.dp > 1, layout.tp > 1, layout.sp, layout.pp > 1, layout.cp),
+                    ("zero", layout.zero), ("schedule", layout.schedule if layout.pp > 1 else None)}
+        if keys - covered:
+            covered |= keys
+            out.append(str(layout))
+    return out
+
+
+@pytest.fixture(scope="module", params=WORLDS)
+def new_measured(request):
+    world = request.param
+    layouts = new_mechanism_cases(world)
+    results = {}
+    for part in (layouts[0::2], layouts[1::2]):
+        per_rank = run_ranks(world, _train_all, part)
+        results.update(per_rank[0])
+    return world, results
+
+
+def test_new_mechanism_sample_covers_the_issue_list():
+    four = set(new_mechanism_cases(4))
+    for required in ("dp=2,cp=2", "dp=1,cp=4", "dp=1,tp=2,sp=true,cp=2", "dp=2,zero=3,cp=2",
+                     "dp=1,pp=2,schedule=1f1b,cp=2,mbs=1"):
+        assert required in four or required.replace(",mbs=1", "") in four, required
+    assert {s for s, _ in SCHEDULES} <= {Layout_of(t).schedule for t in four if Layout_of(t).pp > 1}
+    assert {Layout_of(t).zero for t in four} == {0, 1, 2, 3}
+
+
+def Layout_of(text: str):
+    from meshscale.specs.layout import Layout
+
+    return Layout.parse(text)
+
+
+def test_new_mechanisms_match_single_process(new_measured, reference):
+    test_loss_curves_match_single_process(new_measured, reference)
+
+
+def test_new_mechanisms_bytes_match_the_cost_model(new_measured):
+    test_cost_model_predicts_the_measured_bytes(new_measured)

@@ -181,8 +181,10 @@ def apply_context_parallel(model, cp_mesh) -> None:
     tables of this rank's token positions. Parameters are untouched."""
     group = cp_mesh.get_group()
     positions = cp_positions(model.spec.seq, dist.get_rank(group), dist.get_world_size(group))
-    model.rope_cos = model.rope_cos[positions]
-    model.rope_sin = model.rope_sin[positions]
+    for name in ("rope_cos", "rope_sin"):
+        table = getattr(model, name)[positions]
+        delattr(model, name)  # a plain attribute from now on: DDP would broadcast a buffer from rank 0
+        setattr(model, name, table)
     core = RingAttentionCore(group)
     for block in model.layers.values():
         block.attention.core = core
