@@ -67,11 +67,11 @@ def sampled(world: int) -> list[str]:
     return out
 
 
-def _run(layout: str, world: int):
+def _run(layout: str, world: int, model: str = "tiny"):
     from meshscale.runtime.config import TrainConfig, resolve
 
-    return resolve(TrainConfig(layout=layout, steps=STEPS, global_batch=BATCH, bucket_mb=0.5, val_batches=1),
-                   world)
+    return resolve(TrainConfig(model=model, layout=layout, steps=STEPS, global_batch=BATCH, bucket_mb=0.5,
+                               val_batches=1), world)
 
 
 def _tokens():
@@ -80,7 +80,7 @@ def _tokens():
     return load_tokens(None)[: 1 << 20]
 
 
-def _train_all(rank, world, layouts):
+def _train_all(rank, world, layouts, model="tiny"):
     import torch
 
     from meshscale.runtime.trainer import train
@@ -88,7 +88,7 @@ def _train_all(rank, world, layouts):
     tokens = _tokens()
     out = {}
     for layout in layouts:
-        result = train(_run(layout, world), torch.device("cpu"), tokens, log=False)
+        result = train(_run(layout, world, model), torch.device("cpu"), tokens, log=False)
         out[layout] = {"losses": [r["loss"] for r in result["rows"]], "val": result["val_loss"],
                        "grad_norms": [r["grad_norm"] for r in result["rows"]], "comm": result["comm"][-1]}
     return out
@@ -96,11 +96,15 @@ def _train_all(rank, world, layouts):
 
 @pytest.fixture(scope="module")
 def reference():
+    return _reference("tiny")
+
+
+def _reference(model: str) -> dict:
     import torch
 
     from meshscale.runtime.trainer import train
 
-    result = train(_run("", 1), torch.device("cpu"), _tokens(), log=False)
+    result = train(_run("", 1, model), torch.device("cpu"), _tokens(), log=False)
     return {"losses": [r["loss"] for r in result["rows"]], "val": result["val_loss"],
             "grad_norms": [r["grad_norm"] for r in result["rows"]]}
 
@@ -145,14 +149,14 @@ def test_loss_curves_match_single_process(measured, reference):
         assert abs(r["val"] - reference["val"]) <= REL * reference["val"], f"world {world} {layout}: validation"
 
 
-def test_cost_model_predicts_the_measured_bytes(measured):
+def test_cost_model_predicts_the_measured_bytes(measured, model="tiny"):
     """The closed loop for TP/SP/PP(+DP): bytes per (collective, axis) of the rank the cost model describes."""
     from meshscale.cost import predict
     from meshscale.specs.cluster import load_cluster
 
     world, results = measured
     for layout, r in results.items():
-        run = _run(layout, world)
+        run = _run(layout, world, model)
         pred = predict(run.spec, load_cluster("local-cpu"), run.layout, BATCH, "fp32")
         want = {(e["collective"], e["axis"]): e["bytes"] for e in pred.to_dict()["comm"] if e["bytes"]}
         got = {(e["collective"], e["axis"]): e["bytes"] for e in r["comm"]}
@@ -236,3 +240,38 @@ def test_new_mechanisms_match_single_process(new_measured, reference):
 
 def test_new_mechanisms_bytes_match_the_cost_model(new_measured):
     test_cost_model_predicts_the_measured_bytes(new_measured)
+
+
+# ---- KV-head replication: tp a multiple of kv_heads, on `tiny` with 2 KV heads --------------------------
+KV_CASES = {4: ["dp=1,tp=4", "dp=1,tp=4,sp=true"], 8: ["dp=2,zero=3,tp=4", "dp=1,tp=8,sp=true"]}
+
+
+@pytest.fixture(scope="module")
+def tiny_kv2(tmp_path_factory):
+    import json
+    from dataclasses import replace
+
+    from meshscale.specs.model import PRESETS
+
+    path = tmp_path_factory.mktemp("model") / "tiny-kv2.json"
+    path.write_text(json.dumps(replace(PRESETS["tiny"], name="tiny-kv2", kv_heads=2).to_dict()))
+    return str(path)
+
+
+@pytest.fixture(scope="module", params=WORLDS)
+def kv_measured(request, tiny_kv2):
+    world = request.param
+    return world, run_ranks(world, _train_all, KV_CASES[world], tiny_kv2)[0]
+
+
+@pytest.fixture(scope="module")
+def kv_reference(tiny_kv2):
+    return _reference(tiny_kv2)
+
+
+def test_kv_replication_matches_single_process(kv_measured, kv_reference):
+    test_loss_curves_match_single_process(kv_measured, kv_reference)
+
+
+def test_kv_replication_bytes_match_the_cost_model(kv_measured, tiny_kv2):
+    test_cost_model_predicts_the_measured_bytes(kv_measured, tiny_kv2)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from meshscale.specs.cluster import ClusterSpec
-from meshscale.specs.layout import Layout
+from meshscale.specs.layout import Layout, kv_heads_per_rank
 from meshscale.specs.model import ModelSpec
 
 DDP_BUCKET_BYTES = 25e6  # torch DDP's default bucket_cap_mb=25: one all-reduce launch per bucket
@@ -72,14 +72,17 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     Small ones, in fp32: SP's replicated norm weights sum their gradient over TP (2 per layer, and the final
     norm), and the vocab-parallel loss all-reduces 3 numbers per token (max, sum of exponentials, target
     logit; Megatron-LM sec. 3). Without SP, each of the rank's `crossings` pipeline boundaries per
-    micro-batch (see pipeline_ops) all-gathers the activation the TP ranks sent in slices."""
+    micro-batch (see pipeline_ops) all-gathers the activation the TP ranks sent in slices. With tp > kv_heads
+    each layer's replicated K and V weight gradients (fp32) are summed over the ranks sharing the head, every
+    backward."""
     if layout.tp == 1:
         return []
     v = tokens * model.hidden * act_bytes
     per_layer = 4 + (2 if layout.recompute == "full" else 0)
     calls = (n_layers * per_layer + first + last) * m
-    small_calls = 3 * m if last else 0
-    small = small_calls * tokens * 4
+    kv_calls = 2 * n_layers * m if layout.tp > model.kv_heads else 0
+    small_calls = (3 if last else 0) * m + kv_calls
+    small = (3 * m if last else 0) * tokens * 4 + kv_calls * model.hidden * model.head_dim * 4
     if not layout.sp:
         gathers = crossings * m
         return [("all_reduce", v * calls + small, calls + small_calls, "none")] + \
@@ -124,7 +127,7 @@ def context_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_by
     behind the attention core."""
     if layout.cp == 1:
         return []
-    kv_block = 2 * tokens * model.kv_heads * model.head_dim / layout.tp * act_bytes
+    kv_block = 2 * tokens * kv_heads_per_rank(model.kv_heads, layout.tp) * model.head_dim * act_bytes
     passes = 3 + (1 if layout.recompute != "none" else 0)
     sends = n_layers * m * (layout.cp - 1) * passes
     return [("send_recv", kv_block * sends, sends, "attention")]

@@ -24,6 +24,13 @@ def attention_core_flops(model: ModelSpec, seq: int, causal_skip: bool = True) -
     return 2.0 * model.heads * (qk_dim + v_dim) * attended
 
 
+def kv_replication_flops(model: ModelSpec, tp: int) -> float:
+    """Per token and layer, forward: the K and V projections the copies of a replicated KV head repeat
+    when tp exceeds kv_heads (every TP rank projects its own copy)."""
+    copies = max(tp // model.kv_heads, 1)
+    return 2.0 * 2 * model.hidden * model.head_dim * model.kv_heads * (copies - 1)
+
+
 def mlp_flops(model: ModelSpec, layer: int) -> float:
     """Per token, forward. A MoE layer runs top_k routed plus the shared experts, and the router."""
     if model.is_moe_layer(layer):

@@ -9,7 +9,7 @@ master, momentum and variance (12) = 16 bytes/param, sharded by ZeRO stage (ZeRO
 from dataclasses import dataclass
 from functools import lru_cache
 
-from meshscale.specs.layout import Layout, split_layers
+from meshscale.specs.layout import Layout, kv_heads_per_rank, split_layers
 from meshscale.specs.model import ModelSpec
 
 # (params, grads, optimizer) bytes per parameter, and the dtype activations and gathered params travel in.
@@ -87,9 +87,17 @@ def _params_per_rank(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v
     per_layer = []
     for i in range(model.layers):
         routed = model.experts * model.expert_params() if model.is_moe_layer(i) else 0
-        per_layer.append((model.layer_params(i) - routed - norms) / tp + routed / (tp * ep) + norms)
+        per_layer.append((model.layer_params(i) - routed - norms) / tp + routed / (tp * ep) + norms
+                         + kv_replicated_params(model, tp))
     return tuple(sum(per_layer[i] for i in _stage_layers(model.layers, pp, chunks, v_shape, rank))
                  + _root_params(model, tp, pp, v_shape, rank) for rank in range(pp))
+
+
+def kv_replicated_params(model: ModelSpec, tp: int) -> float:
+    """K and V projection parameters a TP rank holds beyond its 1/tp share when tp exceeds kv_heads and each
+    rank keeps a copy of its KV head (Megatron-LM's grouped-query rule)."""
+    extra_heads = kv_heads_per_rank(model.kv_heads, tp) - model.kv_heads / tp
+    return 2 * (model.hidden + (1 if model.biases else 0)) * model.head_dim * extra_heads
 
 
 def busiest_rank(model: ModelSpec, layout: Layout) -> int:
@@ -107,7 +115,7 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, 
     h, s, t = model.hidden, model.seq, layout.tp
     if layout.recompute == "full":
         return 2 * tokens * h / (t if layout.sp else 1)
-    kv = model.kv_heads * model.head_dim
+    kv = kv_heads_per_rank(model.kv_heads, t) * t * model.head_dim  # replicated KV heads count on every rank
     # Attention block: qkv input 2h, Q 2h(q width), K and V 2kv each, out-proj input 2h, dropout mask h.
     q = model.heads * model.head_dim
     attn_split = 2 * q + 4 * kv + 2 * q

@@ -76,19 +76,21 @@ def _layer_tables(model: ModelSpec, fused: bool) -> tuple:
 
 
 @lru_cache(maxsize=4096)
-def _slowest_stage(model, pp, chunks, v_shape, recompute, fused) -> tuple[float, float, float]:
-    return max((_stage_flops(model, pp, chunks, v_shape, recompute, fused, r) for r in range(pp)),
+def _slowest_stage(model, pp, chunks, v_shape, recompute, fused, tp=1) -> tuple[float, float, float]:
+    return max((_stage_flops(model, pp, chunks, v_shape, recompute, fused, r, tp) for r in range(pp)),
                key=lambda w: 3 * w[0] + w[2])
 
 
-def _stage_flops(model, pp, chunks, v_shape, recompute, fused, rank) -> tuple[float, float, float]:
-    """Forward FLOPs per token on `rank` (before TP/CP splitting), its attention-core part, recompute extra."""
+def _stage_flops(model, pp, chunks, v_shape, recompute, fused, rank, tp=1) -> tuple[float, float, float]:
+    """Forward FLOPs per token on `rank` (before TP/CP splitting; with the K,V projections that replicated
+    KV heads repeat), its attention-core part, recompute extra."""
     layer, core = _layer_tables(model, fused)
     owned = _stage_layers(model.layers, pp, chunks, v_shape, rank)
-    fwd = sum(layer[i] for i in owned)
+    kv_copies = flops.kv_replication_flops(model, tp)
+    fwd = sum(layer[i] + kv_copies for i in owned)
     if rank == (0 if v_shape else pp - 1):
         fwd += flops.logits_flops(model)
-    extra = {"full": sum(layer[i] for i in owned), "selective": len(owned) * core}.get(recompute, 0.0)
+    extra = {"full": sum(layer[i] + kv_copies for i in owned), "selective": len(owned) * core}.get(recompute, 0.0)
     return fwd, len(owned) * core, extra
 
 
@@ -116,7 +118,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
 
     # Compute on the slowest pipeline rank.
     fwd, core, extra = _slowest_stage(model, layout.pp, layout.stages, is_v(layout), layout.recompute,
-                                      cluster.fused_attention)
+                                      cluster.fused_attention, layout.tp)
     compute_s = m * layout.mbs * model.seq * (3 * fwd + extra) / split / rate
     compute_s += m * elementwise_seconds(model, cluster, layout, tokens, act_bytes)
     attention_s = m * layout.mbs * model.seq * (3 * core + (core if layout.recompute != "none" else 0)) / split / rate

@@ -32,11 +32,11 @@ class Parallel:
     or the loop calls)], one data-parallel strategy per chunk, and the optimizer-facing operations over
     all of them. Without a pipeline there is one chunk, `model`."""
 
-    def __init__(self, chunks: list, strategies: list, layout: Layout, mesh):
+    def __init__(self, chunks: list, strategies: list, layout: Layout, mesh, duplicate):
+        """duplicate(name): the parameter is a copy another TP rank also counts in the gradient norm."""
         self.chunks, self.strategies, self.layout, self.mesh = chunks, strategies, layout, mesh
         self.model = chunks[0][1]
-        tp_rank = mesh["tp"].get_local_rank() if mesh is not None else 0
-        self._skip = _tp_replicated if tp_rank > 0 else (lambda name: False)
+        self._skip = duplicate
 
     def accumulate(self, last: bool):
         stack = ExitStack()
@@ -62,12 +62,6 @@ class Parallel:
     def after_step(self) -> None:
         for s in self.strategies:
             s.after_step()
-
-
-def _tp_replicated(name: str) -> bool:
-    from meshscale.parallel.tensor import is_tp_replicated
-
-    return is_tp_replicated(name)
 
 
 def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", bucket_mb: float = 1.0) -> Parallel:
@@ -100,7 +94,10 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
         strategy = _data_parallel(module, layout, mesh, ledger, precision, bucket_mb)
         wrapped.append((stage, strategy.model))
         strategies.append(strategy)
-    return Parallel(wrapped, strategies, layout, mesh)
+    from meshscale.parallel.tensor import tp_duplicate
+
+    tp_rank = mesh["tp"].get_local_rank() if mesh is not None else 0
+    return Parallel(wrapped, strategies, layout, mesh, tp_duplicate(tp_rank, layout.tp, model.spec.kv_heads))
 
 
 def _data_parallel(module, layout: Layout, mesh, ledger, precision: str, bucket_mb: float):

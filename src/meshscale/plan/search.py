@@ -19,7 +19,7 @@ from meshscale.cost.memory import PRECISIONS, _params_per_rank, activation_bytes
 from meshscale.cost.step import Prediction, _slowest_stage, elementwise_seconds
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
-from meshscale.specs.layout import RECOMPUTE, Layout, check_against
+from meshscale.specs.layout import RECOMPUTE, Layout, check_against, kv_heads_fit
 from meshscale.specs.model import ModelSpec
 
 MAX_VPP = 8
@@ -60,10 +60,10 @@ def _divisors(n: int) -> list[int]:
 
 def shapes(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: int, cross_tp: bool):
     """Parallel shapes (tp, pp, cp, dp, ep) whose degrees divide what they must."""
-    heads = math.gcd(model.heads, model.kv_heads)
     tp_cap = devices if cross_tp else min(cluster.fast_domain, 16 if cluster.torus else cluster.fast_domain)
     for tp in _divisors(devices):
-        if tp > tp_cap or heads % tp or model.ffn % tp or (model.is_moe and model.expert_ffn % tp):
+        if (tp > tp_cap or model.heads % tp or not kv_heads_fit(model.kv_heads, tp) or model.ffn % tp
+                or (model.is_moe and model.expert_ffn % tp)):
             continue
         for pp in _divisors(devices // tp):
             if pp > model.layers:

@@ -154,9 +154,10 @@ def _parse_int(key: str, raw: str) -> int:
 def check_against(layout: Layout, model, global_batch: int | None = None) -> None:
     """Rules that tie a layout to a model and batch. Each failure names the rule and the fix."""
     t = layout.tp
-    if model.heads % t or model.kv_heads % t:
-        raise UserError(f"layout: tp={t} must divide heads ({model.heads}) and kv_heads ({model.kv_heads}) "
-                        f"of {model.name}; pick a tp that divides {model.kv_heads}")
+    if model.heads % t or not kv_heads_fit(model.kv_heads, t):
+        raise UserError(f"layout: tp={t} must divide heads ({model.heads}) of {model.name}, and either divide "
+                        f"kv_heads ({model.kv_heads}) or be a multiple of it (each rank then holds a copy of its "
+                        f"KV head); pick such a tp")
     if model.ffn % t or (model.is_moe and model.expert_ffn % t):
         raise UserError(f"layout: tp={t} must divide the MLP width ({model.ffn}) of {model.name}")
     if layout.stages > model.layers:
@@ -182,6 +183,17 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
         reason = pipeline_refusal(layout, layout.microbatches(global_batch))
         if reason:
             raise UserError(f"layout: {reason}")
+
+
+def kv_heads_fit(kv_heads: int, tp: int) -> bool:
+    """TP splits the KV heads (tp divides them) or replicates them (tp a multiple of them, Megatron-LM's
+    rule for grouped-query attention: each rank keeps a copy of the one KV head its query heads read)."""
+    return kv_heads % tp == 0 or tp % kv_heads == 0
+
+
+def kv_heads_per_rank(kv_heads: int, tp: int) -> int:
+    """KV heads each TP rank holds: its share, or one replicated head."""
+    return max(kv_heads // tp, 1)
 
 
 def split_layers(n_layers: int, n_chunks: int) -> list[range]:
