@@ -10,6 +10,8 @@ process groups. World 8 is sampled (see `sampled`).
 Context parallelism and hybrid sharding (`new_mechanism_cases`, sampled as its docstring says) run in their
 own spawned groups, below the block marked for them."""
 
+from itertools import product
+
 import pytest
 
 from multirank import run_ranks
@@ -165,43 +167,48 @@ def test_cost_model_predicts_the_measured_bytes(measured, model="tiny"):
 
 # ---- context parallelism and hybrid sharding ----------------------------------------------------------
 def new_mechanism_candidates(world: int) -> list:
-    """Every layout with cp > 1 the planner can emit for `tiny` on `world` processes and the trainer runs."""
+    """Every layout with cp > 1 the planner can emit for `tiny` on `world` processes and the trainer runs, and
+    every hybrid-sharded one (shard < dp*cp) the validator and the trainer accept: the planner tries hybrid
+    sharding only where the dp*cp ranks span beyond the fast domain, which one CPU host never does."""
     from meshscale.plan.search import runnable
     from meshscale.specs.layout import Layout, trainer_refusal
     from meshscale.specs.model import PRESETS
 
     spec = PRESETS["tiny"]
     out = []
-    for cp in (2, 4, 8):
-        for tp in (1, 2, 4):
-            for pp in (1, 2, 4):
-                if world % (cp * tp * pp):
-                    continue
-                dp = world // (cp * tp * pp)
-                for zero in range(4):
-                    for sp in (False, True) if tp > 1 else (False,):
-                        for schedule, vpp in SCHEDULES if pp > 1 else [("1f1b", 1)]:
-                            layout = Layout(dp=dp, zero=zero, tp=tp, sp=sp, pp=pp, vpp=vpp, schedule=schedule,
-                                            cp=cp, mbs=1 if pp > 1 else 0)
-                            if runnable(layout, spec, BATCH) and trainer_refusal(layout, spec) is None:
-                                out.append(layout)
+    for cp, tp, pp in product((1, 2, 4, 8), (1, 2, 4), (1, 2, 4)):
+        if world % (cp * tp * pp):
+            continue
+        dp = world // (cp * tp * pp)
+        for zero, shard in product(range(4), (0, 2, 4)):
+            if (cp == 1 and not shard) or (shard and (zero == 0 or shard >= dp * cp or (dp * cp) % shard)):
+                continue
+            for sp in (False, True) if tp > 1 else (False,):
+                for schedule, vpp in SCHEDULES if pp > 1 else [("1f1b", 1)]:
+                    layout = Layout(dp=dp, zero=zero, shard=shard, tp=tp, sp=sp, pp=pp, vpp=vpp, schedule=schedule,
+                                    cp=cp, mbs=1 if pp > 1 else 0)
+                    if runnable(layout, spec, BATCH) and trainer_refusal(layout, spec) is None:
+                        out.append(layout)
     return out
 
 
 def new_mechanism_cases(world: int) -> list[str]:
     """A deterministic sample of `new_mechanism_candidates`: in their order, a layout is kept when it brings
-    something not yet covered: a parallel shape (which of dp, tp, sp, pp are on, and the cp degree), a zero
-    stage or a pipeline schedule. World 8 adds only what world 4 cannot hold, cp with two other parallelisms:
-    each pair of them once, and SP on and off."""
+    something not yet covered: a parallel shape (which of dp, tp, sp, pp, hybrid sharding are on, and the cp
+    degree), a zero stage with and without hybrid sharding, or a pipeline schedule. World 8 adds only what
+    world 4 cannot hold, cp or hybrid sharding with two other parallelisms: each combination once, at the
+    highest zero stage it accepts (FSDP inside a pipeline and with TP)."""
     out, covered = [], set()
-    for layout in new_mechanism_candidates(world):
+    candidates = new_mechanism_candidates(world)
+    for layout in sorted(candidates, key=lambda l: -l.zero) if world == 8 else candidates:
+        hybrid = layout.shard > 0
         if world == 8:
             if sum(d > 1 for d in (layout.dp, layout.tp, layout.pp)) < 2:
                 continue
-            keys = {("shape", layout.dp > 1, layout.tp > 1, layout.pp > 1), ("sp", layout.sp)}
+            keys = {("shape", layout.dp > 1, layout.tp > 1, layout.pp > 1, layout.cp > 1, hybrid)}
         else:
-            keys = {("shape", layout.dp > 1, layout.tp > 1, layout.sp, layout.pp > 1, layout.cp),
-                    ("zero", layout.zero), ("schedule", layout.schedule if layout.pp > 1 else None)}
+            keys = {("shape", layout.dp > 1, layout.tp > 1, layout.sp, layout.pp > 1, layout.cp, hybrid),
+                    ("zero", layout.zero, hybrid), ("schedule", layout.schedule if layout.pp > 1 else None)}
         if keys - covered:
             covered |= keys
             out.append(str(layout))
@@ -222,7 +229,7 @@ def new_measured(request):
 def test_new_mechanism_sample_covers_the_issue_list():
     four = set(new_mechanism_cases(4))
     for required in ("dp=2,cp=2", "dp=1,cp=4", "dp=1,tp=2,sp=true,cp=2", "dp=2,zero=3,cp=2",
-                     "dp=1,pp=2,schedule=1f1b,cp=2,mbs=1"):
+                     "dp=1,pp=2,schedule=1f1b,cp=2,mbs=1", "dp=4,zero=3,shard=2", "dp=4,zero=1,shard=2"):
         assert required in four or required.replace(",mbs=1", "") in four, required
     assert {s for s, _ in SCHEDULES} <= {Layout_of(t).schedule for t in four if Layout_of(t).pp > 1}
     assert {Layout_of(t).zero for t in four} == {0, 1, 2, 3}

@@ -61,6 +61,21 @@ def data_parallel_ops(zero: int, params: float, m: int, param_bytes: int, units:
             ("reduce_scatter", m * grads, m * units, "fsdp")]
 
 
+def replica_ops(zero: int, params: float, m: int, units: int, shard: int, replicas: int,
+                pipelined: bool = False) -> list[tuple]:
+    """Hybrid sharding (HSDP; Zhao et al. 2023, "PyTorch FSDP", sec. 3.2.2): after the shard group's
+    reduce-scatter, each rank all-reduces its fp32 gradient shard (4 * params / shard bytes) with the ranks
+    holding the same shard in the other `replicas` groups. FSDP2 (zero=3) does so after every reduce-scatter
+    (each unit, each micro-batch; once per unit inside a pipeline), our ZeRO-1/2 once per step per bucket."""
+    if replicas == 1:
+        return []
+    v = 4 * params / shard
+    if zero in (1, 2):
+        return [("all_reduce", v, max(1, math.ceil(4 * params / DDP_BUCKET_BYTES)), "none")]
+    times = 1 if pipelined else m
+    return [("all_reduce", times * v, times * units, "fsdp")]
+
+
 def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, n_layers: int,
                         first: bool, last: bool, m: int, crossings: int = 0) -> list[tuple]:
     """Megatron TP (Shoeybi et al. 2019, sec. 3; Korthikanti et al. 2022, sec. 4.2.2), per micro-batch of

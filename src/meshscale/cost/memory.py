@@ -154,7 +154,7 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
     bytes_ = PRECISIONS[precision]
     rank = busiest_rank(model, layout)
     p = params_on_rank(model, layout, rank)
-    shard = layout.dp * layout.cp  # ZeRO/FSDP shards over every rank that holds the same parameters
+    shard = layout.shard_size  # ZeRO/FSDP shards over the ranks holding the same parameters (or a group of them)
     params = p * bytes_["params"] / (shard if layout.zero >= 3 else 1)
     grads = p * bytes_["grads"] / (shard if layout.zero >= 2 else 1)
     optimizer = p * bytes_["optimizer"] / (shard if layout.zero >= 1 else 1)

@@ -96,9 +96,11 @@ def _stage_flops(model, pp, chunks, v_shape, recompute, fused, rank, tp=1) -> tu
 
 def _axis_group(layout: Layout, axis: str) -> tuple[int, int]:
     """(size, stride) of an axis's group in the mesh (pp, dp, cp, tp), tp innermost. ZeRO/FSDP and EP use
-    the dp*cp ranks that hold the same parameters."""
-    t, c, d = layout.tp, layout.cp, layout.dp
-    return {"tp": (t, 1), "cp": (c, t), "dp": (d * c, t), "ep": (layout.ep, t), "pp": (2, t * c * d)}[axis]
+    the dp*cp ranks that hold the same parameters ("dp": a shard group of them under hybrid sharding,
+    "dp_replicate": the ranks holding the same shard in the other groups)."""
+    t, c, d, s = layout.tp, layout.cp, layout.dp, layout.shard_size
+    return {"tp": (t, 1), "cp": (c, t), "dp": (s, t), "dp_replicate": (layout.replicas, s * t),
+            "ep": (layout.ep, t), "pp": (2, t * c * d)}[axis]
 
 
 def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch: int,
@@ -135,6 +137,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         ops += [("dp",) + op for op in comm.data_parallel_ops(layout.zero, params, m, act_bytes, n_layers + 1,
                                                                   root_params_on_rank(model, layout, rank),
                                                               layout.pp > 1)]
+        ops += [("dp_replicate",) + op for op in comm.replica_ops(layout.zero, params, m, n_layers + 1,
+                                                                  layout.shard_size, layout.replicas, layout.pp > 1)]
     crossings = comm.pipeline_sends(layout, rank) if layout.pp > 1 else 0
     ops += [("tp",) + op for op in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, first,
                                                           last, m, crossings)]
@@ -159,11 +163,12 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
             exposed = max(t - backward_mb * m, t / calls)
         else:  # fsdp: prefetched one unit ahead, behind all compute; the first gather and last RS show
             exposed = t * max(fsdp_time - compute_s, fsdp_time / calls) / fsdp_time if fsdp_time else 0.0
-        if axis == "dp":
+        if axis in ("dp", "dp_replicate"):
             dp_exposed += exposed
         else:
             critical_path += exposed
-        entries.append(CommEntry(axis, collective, nbytes, t, exposed, link.tier, calls, size))
+        # both data-parallel groups are the ledger's dp axis (their collectives differ)
+        entries.append(CommEntry(axis[:2], collective, nbytes, t, exposed, link.tier, calls, size))
 
     ratio = bubble_ratio(layout, m)
     bubble_s = ratio * (compute_s + critical_path)

@@ -104,7 +104,7 @@ def _data_parallel(module, layout: Layout, mesh, ledger, precision: str, bucket_
     """The data-parallel strategy for one chunk (see data_parallel.Local for its interface), over the
     dp x cp ranks that hold the same parameters."""
     from meshscale.parallel.data_parallel import DDP, Local, PipelinedDDP
-    from meshscale.parallel.mesh import replica_mesh
+    from meshscale.parallel.mesh import hybrid_mesh, replica_mesh
 
     if layout.dp * layout.cp == 1:
         return Local(module)
@@ -112,10 +112,17 @@ def _data_parallel(module, layout: Layout, mesh, ledger, precision: str, bucket_
     ledger.name_group(dp_mesh.get_group(), "dp")
     if layout.zero == 0:
         return (PipelinedDDP if layout.pp > 1 else DDP)(module, dp_mesh, ledger, bucket_mb)
+    replicate = None
+    if layout.replicas > 1:  # hybrid sharding: ZeRO within each shard group, replicas across them
+        dp_mesh = hybrid_mesh(mesh, layout.shard_size)
+        replicate = dp_mesh["replicate"]
+        for dim in ("replicate", "shard"):
+            ledger.name_group(dp_mesh[dim].get_group(), "dp")
     if layout.zero in (1, 2):
         from meshscale.parallel.zero import Zero
 
-        return Zero(module, dp_mesh, ledger, layout.zero, bucket_mb)
+        shard = dp_mesh["shard"] if replicate is not None else dp_mesh
+        return Zero(module, shard, ledger, layout.zero, bucket_mb, replicate)
     from meshscale.parallel.fsdp import FSDP
 
     return FSDP(module, dp_mesh, ledger, precision)

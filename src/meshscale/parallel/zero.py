@@ -10,6 +10,10 @@ master shard with its own Adam state), then an all-gather of each bucket refresh
            reduce-scattered at once, on every micro-batch, into the owner's shard gradient and the
            full gradients are freed: no rank ever holds the whole gradient.
 
+Hybrid sharding (`replicate`): the scheme runs within each shard group, and once the step's gradients are
+reduce-scattered, each rank all-reduces its shard gradient with the ranks holding the same shard in the
+other groups (one all-reduce of 1/shard of the gradient per step).
+
 (torch's ZeroRedundancyOptimizer all-reduces then broadcasts, which is not this scheme.)
 """
 
@@ -57,12 +61,16 @@ class _Bucket:
 class Zero:
     sharded = True
 
-    def __init__(self, model, dp_mesh, ledger, stage: int, bucket_mb: float):
+    def __init__(self, model, dp_mesh, ledger, stage: int, bucket_mb: float, replicate=None):
+        """dp_mesh: the 1-D mesh of the ranks sharing the state; replicate: (HSDP) the 1-D mesh of the ranks
+        holding the same shard in the other groups."""
         assert stage in (1, 2)
         self.model = self.module = model
         self.stage, self.ledger = stage, ledger
         self.group = dp_mesh.get_group()
+        self.replicate = replicate.get_group() if replicate is not None else None
         self.world, self.rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        self.average = 1.0 / (self.world * (replicate.size() if replicate is not None else 1))
         self.buckets = [_Bucket(g, self.world, self.rank)
                         for g in grad_buckets([p for p in model.parameters() if p.requires_grad], bucket_mb)]
         self._pending: list = []
@@ -90,7 +98,7 @@ class Zero:
         for work, start, out, bucket, grad_flat in self._pending:
             work.wait()
             self.ledger.record("dp", "reduce_scatter", grad_flat.numel() * 4, time.perf_counter() - start)
-            bucket.shard.grad.add_(out, alpha=1.0 / self.world)
+            bucket.shard.grad.add_(out, alpha=self.average)
         self._pending.clear()  # drops stage 2's full-gradient buffers
 
     def _on_grad(self, p) -> None:  # stage 2: post-accumulate-grad hook
@@ -111,6 +119,15 @@ class Zero:
             for b in self.buckets:
                 self._reduce_scatter(b)
         self._drain()
+        if last and self.replicate is not None:
+            self._reduce_replicas()
+
+    def _reduce_replicas(self) -> None:
+        launched = [(dist.all_reduce(b.shard.grad, group=self.replicate, async_op=True), time.perf_counter(), b)
+                    for b in self.buckets]
+        for work, start, b in launched:
+            work.wait()
+            self.ledger.record("dp", "all_reduce", b.shard.grad.numel() * 4, time.perf_counter() - start)
 
     # ---- update ------------------------------------------------------------------------
     def optim_params(self) -> list:

@@ -1,6 +1,6 @@
 """Exhaustive layout search with bound pruning.
 
-Every layout (tp, pp, cp, dp, ep, zero, sp, schedule/vpp, mbs, recompute) is enumerated. For each
+Every layout (tp, pp, cp, dp, ep, zero, shard, sp, schedule/vpp, mbs, recompute) is enumerated. For each
 parallel shape (tp, pp, cp, dp, ep) numpy scores all the remaining choices at once: memory per device
 (exact, the same formulas as `predict`) and a lower bound on step time (ideal compute plus bubble; every
 other term of the step is non-negative). Survivors are costed in full with `predict`, cheapest bound
@@ -110,16 +110,17 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         scheds = _schedules(model, pp)
         zeros = range(4) if dp * cp > 1 else [0]
         sps = (False, True) if tp > 1 else (False,)
-        grid = np.array(list(product(zeros, range(len(sps)), range(len(scheds)), mbs_opts, range(3))), dtype=float)
-        z, s_i, k_i, mbs, r_i = grid.T
+        shards = _shard_sizes(cluster, tp, dp * cp)
+        grid = np.array([row for row in product(zeros, shards, range(len(sps)), range(len(scheds)), mbs_opts,
+                                                range(3)) if row[0] or row[1] == dp * cp], dtype=float)
+        z, shard, s_i, k_i, mbs, r_i = grid.T
         k_i, s_i, r_i, z = k_i.astype(int), s_i.astype(int), r_i.astype(int), z.astype(int)
         enumerated += len(grid)
         m = per_rank / mbs
         names = [n for n, _ in scheds]
         v = np.array([vv for _, vv in scheds], dtype=float)[k_i]
         is_v = np.array([n in ("zbv", "dualpipev") for n in names])[k_i]
-        # Memory: parameters, gradients, optimizer (ZeRO over dp*cp), then activations in flight.
-        shard = dp * cp
+        # Memory: parameters, gradients, optimizer (ZeRO over the shard group), then activations in flight.
         p_std = max(_params_per_rank(model, tp, ep, pp, pp, False))
         p_v = max(_params_per_rank(model, tp, ep, pp, 2 * pp, True)) if pp > 1 and 2 * pp <= model.layers else p_std
         params = np.where(is_v, p_v, p_std)
@@ -141,7 +142,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
             ok &= (m >= pp) | (np.array([n == "gpipe" for n in names])[k_i])
         i_min = int(np.argmin(total))
         if total[i_min] < smallest[0]:
-            smallest = (float(total[i_min]), _layout(tp, pp, cp, dp, ep, z[i_min], sps[s_i[i_min]],
+            smallest = (float(total[i_min]), _layout(tp, pp, cp, dp, ep, z[i_min], shard[i_min], sps[s_i[i_min]],
                                                      scheds[k_i[i_min]], mbs[i_min], r_i[i_min]))
         fitting += int(ok.sum())
         if not ok.any():
@@ -157,20 +158,24 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         shape = (model, cluster, devices, tp, pp, cp, dp, ep, per_rank, bytes_["compute"], rate)
         floor_r = np.array([_floor_tp_cp(*shape, r) for r in RECOMPUTE])
         floor_k = np.array([_floor_pp(*shape, n, vv) for n, vv in scheds])
-        gather = _time_no_latency(cluster, devices, "all_gather", 4 * p_std, dp * cp, tp) if dp * cp > 1 else 0.0
+        def over_shard(collective, nbytes):  # bandwidth time over each row's shard group
+            full, hybrid = (_time_no_latency(cluster, devices, collective, nbytes, g, tp) for g in (shards + shards)[:2])
+            return np.where(shard == shards[0], full, hybrid)
+
+        gather = over_shard("all_gather", 4 * p_std) if dp * cp > 1 else 0.0
         ratio = _bubble(names, k_i, pp, v, m)
         bound = (compute + floor_r[r_i] + floor_k[k_i]) * (1 + ratio) + np.where((z == 1) | (z == 2), gather, 0.0)
         if dp * cp > 1:  # gradient reduction not hidden by backward (zero 0-2) or FSDP traffic beyond compute
-            grads = _time_no_latency(cluster, devices, "reduce_scatter", 4 * p_std, dp * cp, tp)
+            grads = over_shard("reduce_scatter", 4 * p_std)
             backward = compute * 2 / 3
-            fsdp = m * (grads + _time_no_latency(cluster, devices, "all_gather", 2 * bytes_["compute"] * p_std,
-                                                 dp * cp, tp))
+            fsdp = m * (grads + over_shard("all_gather", 2 * bytes_["compute"] * p_std))
             unhidden = np.select([z == 0, z == 1, z == 2], [2 * grads - backward / m, grads - backward / m,
                                                              m * grads - backward], fsdp - compute)
             bound = bound + np.maximum(unhidden, 0.0)
         for i in np.flatnonzero(ok):
             bounds.append(bound[i])
-            keys.append((tp, pp, cp, dp, ep, z[i], sps[s_i[i]], scheds[k_i[i]], int(mbs[i]), RECOMPUTE[r_i[i]]))
+            keys.append((tp, pp, cp, dp, ep, z[i], int(shard[i]), sps[s_i[i]], scheds[k_i[i]], int(mbs[i]),
+                         RECOMPUTE[r_i[i]]))
     if not keys:
         return Plan([], enumerated, 0, 0, time.perf_counter() - start, smallest)
 
@@ -183,9 +188,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
             cutoff = max(best[-1].step_time_s, sorted(p.step_time_s for p in by_shape.values())[ALTERNATIVES - 1])
             if bounds[i] >= cutoff:
                 break
-        tp, pp, cp, dp, ep, z, sp, (sched, v), mbs, rec = keys[i]
-        layout = Layout(dp=dp, zero=int(z), tp=tp, sp=sp, pp=pp, vpp=v, schedule=sched, cp=cp, ep=ep, mbs=mbs,
-                        recompute=rec)
+        tp, pp, cp, dp, ep, z, sh, sp, (sched, v), mbs, rec = keys[i]
+        layout = Layout(dp=dp, zero=int(z), shard=sh if z else 0, tp=tp, sp=sp, pp=pp, vpp=v, schedule=sched,
+                        cp=cp, ep=ep, mbs=mbs, recompute=rec)
         if not runnable(layout, model, global_batch):
             continue
         pred = predict(model, cluster, layout, global_batch, precision)
@@ -193,12 +198,22 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         if pred.memory_per_device_bytes["total"] > capacity:
             continue
         best = sorted(best + [pred], key=rank_key)[:top]
-        shape = (tp, pp, cp, dp, ep, int(z))
+        shape = (tp, pp, cp, dp, ep, int(z), layout.shard)
         if shape not in by_shape or rank_key(pred) < rank_key(by_shape[shape]):
             by_shape[shape] = pred
     alternatives = sorted(by_shape.values(), key=rank_key)[1:ALTERNATIVES]
     return Plan(best, enumerated, fitting, evaluated, time.perf_counter() - start, smallest,
                 rejected=alternatives)
+
+
+def _shard_sizes(cluster: ClusterSpec, tp: int, replicas: int) -> list[int]:
+    """ZeRO shard group sizes to try: all dp*cp ranks (first), and, when those span more than the fast
+    domain, hybrid sharding with the largest group inside it (FSDP within a node or pod, replicas across
+    the slow tier: PyTorch FSDP's HYBRID_SHARD, Zhao et al. 2023 sec. 3.2.2; PaLM's per-pod sharding)."""
+    inside = [d for d in _divisors(replicas) if d * tp <= cluster.fast_domain]
+    if replicas * tp > cluster.fast_domain and inside and max(inside) > 1:
+        return [replicas, max(inside)]
+    return [replicas]
 
 
 def rank_key(pred: Prediction) -> tuple:
@@ -264,7 +279,7 @@ def _bubble(names, k_i, pp, v, m):
     return np.where(sched == "zbv", (pp - 1) / (6 * m), out)
 
 
-def _layout(tp, pp, cp, dp, ep, z, sp, sched, mbs, r) -> str:
+def _layout(tp, pp, cp, dp, ep, z, shard, sp, sched, mbs, r) -> str:
     name, v = sched
-    return str(Layout(dp=dp, zero=int(z), tp=tp, sp=sp, pp=pp, vpp=v, schedule=name, cp=cp, ep=ep,
-                      mbs=int(mbs), recompute=RECOMPUTE[int(r)]))
+    return str(Layout(dp=dp, zero=int(z), shard=int(shard) if z else 0, tp=tp, sp=sp, pp=pp, vpp=v,
+                      schedule=name, cp=cp, ep=ep, mbs=int(mbs), recompute=RECOMPUTE[int(r)]))

@@ -3,6 +3,8 @@
 String form (the same everywhere, CLI, JSON, planner output):
     tp=8,pp=16,dp=64,zero=1,mbs=1,schedule=1f1b,recompute=selective,sp=true
 `fsdp=N` is shorthand for dp=N,zero=3. Keys left out take defaults; dp fills the devices left over.
+`shard=N` (hybrid sharding, HSDP) shards the ZeRO state within groups of N of the dp*cp ranks, the groups
+being replicas of each other; left out, the state is sharded over all dp*cp ranks.
 
 Mesh order, outermost to innermost: pp, dp, cp, tp. TP is innermost so it stays inside the fast domain.
 Expert parallelism borrows its ranks from dp*cp (it does not add devices).
@@ -16,14 +18,15 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb", "zbv", "dualpipev")
 RECOMPUTE = ("none", "selective", "full")
 # Schedules that place two model chunks on each pipeline rank (a "V": down then back up).
 V_SCHEDULES = ("zbv", "dualpipev")
-_INT_KEYS = ("dp", "zero", "tp", "pp", "vpp", "cp", "ep", "mbs")
-_KEY_ORDER = ("dp", "zero", "tp", "sp", "pp", "vpp", "schedule", "cp", "ep", "mbs", "recompute")
+_INT_KEYS = ("dp", "zero", "shard", "tp", "pp", "vpp", "cp", "ep", "mbs")
+_KEY_ORDER = ("dp", "zero", "shard", "tp", "sp", "pp", "vpp", "schedule", "cp", "ep", "mbs", "recompute")
 
 
 @dataclass(frozen=True)
 class Layout:
     dp: int = 1
     zero: int = 0  # 0: DDP, 1: optimizer states sharded, 2: + gradients, 3: + parameters (FSDP)
+    shard: int = 0  # ranks of dp*cp each ZeRO shard group spans (HSDP); 0: all of them
     tp: int = 1
     sp: bool = False  # sequence parallelism over the TP group (Korthikanti et al. 2022)
     pp: int = 1
@@ -37,8 +40,9 @@ class Layout:
     def __post_init__(self):
         for key in _INT_KEYS:
             value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if key in ("zero", "mbs") else 1):
-                raise UserError(f"layout: {key} must be a {'non-negative' if key in ('zero', 'mbs') else 'positive'} "
+            zero_ok = key in ("zero", "mbs", "shard")
+            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if zero_ok else 1):
+                raise UserError(f"layout: {key} must be a {'non-negative' if zero_ok else 'positive'} "
                                 f"integer, got {value!r}")
         if self.zero > 3:
             raise UserError(f"layout: zero must be 0, 1, 2 or 3, got {self.zero}")
@@ -59,6 +63,16 @@ class Layout:
             raise UserError("layout: vpp > 1 needs pp > 1")
         if self.schedule in V_SCHEDULES and self.pp > 1 and self.vpp == 1:
             object.__setattr__(self, "vpp", 2)
+        if self.shard:
+            replicas = self.dp * self.cp
+            if self.zero == 0:
+                raise UserError(f"layout: shard={self.shard} shards ZeRO state within groups, so it needs zero=1, "
+                                "2 or 3; add a zero stage or drop shard")
+            if replicas % self.shard:
+                raise UserError(f"layout: shard={self.shard} must divide dp*cp = {replicas} (the ranks that hold "
+                                "the same parameters); pick a divisor of it")
+            if self.shard == replicas:  # full sharding is the default: one canonical form
+                object.__setattr__(self, "shard", 0)
 
     # ---- derived sizes ------------------------------------------------------------------
     @property
@@ -69,6 +83,16 @@ class Layout:
     def stages(self) -> int:
         """Model chunks in the whole pipeline (pp ranks times chunks per rank)."""
         return self.pp * self.vpp
+
+    @property
+    def shard_size(self) -> int:
+        """Ranks each ZeRO/FSDP shard group spans (all dp*cp ranks unless hybrid sharding)."""
+        return self.shard or self.dp * self.cp
+
+    @property
+    def replicas(self) -> int:
+        """Shard groups holding copies of the same state (1 unless hybrid sharding)."""
+        return self.dp * self.cp // self.shard_size
 
     @property
     def fsdp(self) -> bool:
