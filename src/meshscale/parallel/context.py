@@ -49,12 +49,14 @@ def _finish(pending) -> None:
     record("cp", "send_recv", nbytes, time.perf_counter() - start)
 
 
-def _rows_cols(step_src: int, rank: int, s: int) -> tuple[slice, bool]:
-    """(query rows that see the source rank's block, and whether only its first half) for src != rank."""
-    half = s // 2
-    if step_src < rank:
-        return slice(0, s), True  # all queries, keys of chunk src only
-    return slice(half, s), False  # queries of the late chunk, every key
+def _visible(src: int, rank: int, s: int) -> tuple[slice, slice]:
+    """(query rows, key columns) of `rank`'s s tokens and of the K,V block from CP rank `src` that attend to
+    each other (the module docstring's table); the own block (src == rank) is causal within."""
+    if src == rank:
+        return slice(0, s), slice(0, s)
+    if src < rank:
+        return slice(0, s), slice(0, s // 2)  # every query, the keys of the early chunk
+    return slice(s // 2, s), slice(0, s)  # the late chunk's queries, every key
 
 
 def _expand(kv: torch.Tensor, groups: int) -> torch.Tensor:
@@ -93,13 +95,8 @@ class _RingAttention(torch.autograd.Function):
         kv = torch.stack((k, v))
         for step in range(cp):
             pending = _exchange(kv, group, 0) if step < cp - 1 else None
-            src = (rank - step) % cp
+            rows, keys = _visible((rank - step) % cp, rank, s)
             kb, vb = (_expand(t.to(dtype), groups) for t in kv)
-            if step == 0:
-                rows, keys = slice(0, s), slice(0, s)
-            else:
-                rows, first = _rows_cols(src, rank, s)
-                keys = slice(0, s // 2) if first else slice(0, s)
             scores = _scores(qf[:, :, rows], kb[:, :, keys], scale, causal=step == 0)
             blk_lse = scores.logsumexp(-1)
             blk_out = (scores - blk_lse.unsqueeze(-1)).exp() @ vb[:, :, keys]
@@ -129,13 +126,8 @@ class _RingAttention(torch.autograd.Function):
         travelling, incoming = None, None  # dK,dV of the block in hand, and the exchange bringing the next
         for step in range(cp):
             pending = _exchange(kv, group, 0) if step < cp - 1 else None
-            src = (rank - step) % cp
+            rows, keys = _visible((rank - step) % cp, rank, s)
             kb, vb = (_expand(t.to(dtype), groups) for t in kv)
-            if step == 0:
-                rows, keys = slice(0, s), slice(0, s)
-            else:
-                rows, first = _rows_cols(src, rank, s)
-                keys = slice(0, s // 2) if first else slice(0, s)
             p = (_scores(qf[:, :, rows], kb[:, :, keys], scale, causal=step == 0)
                  - lse[:, :, rows].unsqueeze(-1)).exp()
             d_o = do[:, :, rows]
