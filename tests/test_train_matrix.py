@@ -249,20 +249,15 @@ def test_new_mechanisms_bytes_match_the_cost_model(new_measured):
     test_cost_model_predicts_the_measured_bytes(new_measured)
 
 
-# ---- KV-head replication: tp a multiple of kv_heads, on `tiny` with 2 KV heads --------------------------
+# ---- KV-head replication: tp a multiple of kv_heads, on `tiny` with 2 KV heads (configs/tiny-kv2.toml) ---
 KV_CASES = {4: ["dp=1,tp=4", "dp=1,tp=4,sp=true"], 8: ["dp=2,zero=3,tp=4", "dp=1,tp=8,sp=true"]}
 
 
 @pytest.fixture(scope="module")
-def tiny_kv2(tmp_path_factory):
-    import json
-    from dataclasses import replace
+def tiny_kv2():
+    from pathlib import Path
 
-    from meshscale.specs.model import PRESETS
-
-    path = tmp_path_factory.mktemp("model") / "tiny-kv2.json"
-    path.write_text(json.dumps(replace(PRESETS["tiny"], name="tiny-kv2", kv_heads=2).to_dict()))
-    return str(path)
+    return str(Path(__file__).parents[1] / "configs" / "tiny-kv2.toml")
 
 
 @pytest.fixture(scope="module", params=WORLDS)

@@ -82,9 +82,11 @@ def _scores(q, k, scale, causal: bool) -> torch.Tensor:
 
 class _RingAttention(torch.autograd.Function):
     """q (b, heads, s, d), k and v (b, kv_heads, s, d); returns (b, heads, s, d). The math runs in fp32 at
-    least (bf16 inputs are upcast); what travels keeps the inputs' dtype."""
+    least (bf16 inputs are upcast, autocast is off inside); what travels keeps the inputs' dtype."""
 
     @staticmethod
+    @torch.autocast("cpu", enabled=False)
+    @torch.autocast("cuda", enabled=False)
     def forward(ctx, q, k, v, group):
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
         groups, scale, s = q.shape[1] // k.shape[1], q.shape[-1] ** -0.5, q.shape[2]
@@ -112,6 +114,8 @@ class _RingAttention(torch.autograd.Function):
         return out.to(q.dtype)
 
     @staticmethod
+    @torch.autocast("cpu", enabled=False)
+    @torch.autocast("cuda", enabled=False)
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
         group = ctx.group
@@ -123,7 +127,7 @@ class _RingAttention(torch.autograd.Function):
         dq = torch.zeros_like(qf)
         kv = torch.stack((k, v))
         own = None  # dK,dV of this rank's own block from its own queries, kept until it comes home
-        travelling, incoming = None, None  # dK,dV of the block in hand, and the exchange bringing the next
+        incoming = None  # the exchange bringing the dK,dV of the next block from the previous rank
         for step in range(cp):
             pending = _exchange(kv, group, 0) if step < cp - 1 else None
             rows, keys = _visible((rank - step) % cp, rank, s)

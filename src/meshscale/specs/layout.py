@@ -190,8 +190,9 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
     if layout.cp > 1 and model.seq % (2 * layout.cp):
         raise UserError(f"layout: cp={layout.cp} needs seq ({model.seq}) divisible by 2*cp for load-balanced "
                         "causal ring attention; pick cp accordingly")
-    if layout.sp and model.seq % t:
-        raise UserError(f"layout: sp=true splits seq ({model.seq}) over tp={t}; they must divide")
+    if layout.sp and model.seq % (t * layout.cp):
+        raise UserError(f"layout: sp=true splits each CP rank's seq/cp tokens ({model.seq}/{layout.cp}) over tp={t}; "
+                        "tp*cp must divide seq")
     if layout.ep > 1:
         if not model.is_moe:
             raise UserError(f"layout: ep={layout.ep} needs a mixture-of-experts model; {model.name} is dense")
