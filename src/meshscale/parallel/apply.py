@@ -49,7 +49,7 @@ class Parallel:
 
     def grad_sq_norm(self) -> torch.Tensor:
         """Squared norm of the whole model's gradient, identical to one device: each rank sums its TP shards
-        (replicated norm weights on TP rank 0 only), then the sum runs over TP, PP and, when gradients are
+        (replicated norm weights on TP rank 0 only, a replicated KV head on the first rank holding it), then the sum runs over TP, PP and, when gradients are
         sharded, the shard group (control scalars, not ledger traffic)."""
         total = sum(s.local_grad_sq(self._skip) for s in self.strategies).float()
         groups = [self.mesh[a].get_group() for a in ("tp", "pp") if getattr(self.layout, a) > 1]
