@@ -199,19 +199,20 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
                 "anomalies": [a.row() for a in anomalies]}, anomalies
 
     try:
-        with ledger.active(), watchdog:  # code without a ledger handle (TP functions) records through it
-            for step in range(cfg.steps):
-                if probe is not None and step == cfg.steps - 1:
-                    with probe.step():
+        with watchdog:
+            with ledger.active():  # code without a ledger handle (TP functions) records through it
+                for step in range(cfg.steps):
+                    if probe is not None and step == cfg.steps - 1:
+                        with probe.step():
+                            row, anomalies = run_step(step)
+                        row = dict(row, peak_memory_bytes=probe.peak, memory_probe=True)
+                    else:
                         row, anomalies = run_step(step)
-                    row = dict(row, peak_memory_bytes=probe.peak, memory_probe=True)
-                else:
-                    row, anomalies = run_step(step)
-                metrics.log(row)
-                for a in anomalies:
-                    if a.action == "stop":
-                        raise TrainingStopped(a.line())
-            beat(cfg.steps, "evaluate")
+                    metrics.log(row)
+                    for a in anomalies:
+                        if a.action == "stop":
+                            raise TrainingStopped(a.line())
+            beat(cfg.steps, "evaluate")  # not step traffic: outside the ledger
             val_loss = evaluate(step_fn, par, data, cfg, layout, mine, dp_group, device)
     finally:
         metrics.close()
