@@ -2,9 +2,10 @@
 
 import numpy as np
 import pytest
+import torch
 
 from meshscale.errors import UserError
-from meshscale.runtime.data import TokenData, check_tokens, load_tokens, rank_microbatches
+from meshscale.runtime.data import TokenData, check_tokens, cp_positions, load_tokens, rank_microbatches
 
 
 def test_stdlib_corpus_is_real_deterministic_text():
@@ -52,7 +53,21 @@ def test_split_and_batches_do_not_depend_on_the_layout():
     assert not np.array_equal(batch, data.global_batch(8, 8))
     for dp, mbs in [(1, 8), (2, 4), (2, 1), (4, 2), (8, 1)]:
         rows = [mb for r in range(dp) for mb in rank_microbatches(batch, r, dp, mbs)]
-        assert all(mb.shape[0] == mbs for mb in rows)
-        assert np.array_equal(np.concatenate(rows), batch)  # same tokens, same order
+        assert all(x.shape[0] == mbs for x, _ in rows)
+        assert np.array_equal(np.concatenate([x for x, _ in rows]), batch[:, :-1])  # same tokens, same order
+        assert np.array_equal(np.concatenate([y for _, y in rows]), batch[:, 1:])
     val = data.global_batch(0, 4, "val")
     assert val.min() >= 0 and not np.array_equal(val, data.global_batch(0, 4))
+
+
+def test_context_parallel_ranks_hold_balanced_chunks_of_every_sequence():
+    batch = TokenData(np.arange(100_000) % 251, seq=16, seed=3).global_batch(0, 4)
+    for cp in (2, 4):
+        parts = [rank_microbatches(batch, 0, 1, 4, r, cp)[0] for r in range(cp)]
+        positions = [cp_positions(16, r, cp) for r in range(cp)]
+        chunk = 16 // (2 * cp)
+        assert positions[0].tolist()[:chunk] == list(range(chunk))  # rank 0: the first and the last chunk
+        assert positions[0].tolist()[chunk:] == list(range(16 - chunk, 16))
+        assert sorted(torch.cat(positions).tolist()) == list(range(16))  # every token once
+        for (x, y), pos in zip(parts, positions):
+            assert np.array_equal(x, batch[:, :-1][:, pos]) and np.array_equal(y, batch[:, 1:][:, pos])

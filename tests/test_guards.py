@@ -153,6 +153,11 @@ def _four_ranks(rank, world):
         "clean": _train(world, "dp=2,tp=2", steps=200, sdc_check_every=10),
         # under EP each dp rank holds other experts: only the dense weights and the experts' own replicas compare
         "moe": _train(world, "dp=4,ep=2", steps=4, sdc_check_every=2, model="tiny-moe"),
+        # the dp x cp ranks are replicas; under hybrid sharding ranks 1 and 3 hold copies of the same shard
+        "flip_cp": _train(world, "dp=2,cp=2", "bitflip@step=1,rank=1,param=norm.weight,bit=3", steps=4,
+                          sdc_check_every=2),
+        "flip_hsdp": _train(world, "dp=4,zero=3,shard=2", "bitflip@step=1,rank=1,param=norm.weight,bit=3", steps=4,
+                            sdc_check_every=2),
     }
 
 
@@ -169,6 +174,10 @@ def test_bit_flip_is_pinned_on_its_rank_and_a_clean_run_stays_clean_on_four_rank
     assert stopped is None and len(rows) == 200 and not any(a for _, a in rows)
     rows, stopped = out["moe"]
     assert stopped is None and not any(a for _, a in rows)
+    assert out["flip_cp"][1].startswith("step 1: silent data corruption: norm.weight on rank 1 differs from its dp "
+                                        "replicas; stopped")
+    assert out["flip_hsdp"][1].startswith("step 1: silent data corruption: norm.weight differs between its dp "
+                                          "replicas on ranks 1, 3 (no majority")
 
 
 def _rollback(rank, world, root):

@@ -51,3 +51,16 @@ def test_bad_fields(tmp_path):
     with pytest.raises(UserError, match="matmul_efficiency"):
         ClusterSpec(name="x", accelerator="x", peak_flops_bf16=1, peak_flops_fp8=0, peak_flops_fp32=0,
                     hbm_bytes=1, hbm_bandwidth=1, matmul_efficiency=1.5, tiers=(Tier("a", 0, 1, 0, 1),))
+
+
+def test_tp_splits_or_replicates_kv_heads_and_nothing_else():
+    from dataclasses import replace
+
+    from meshscale.specs.layout import Layout, check_against
+    from meshscale.specs.model import PRESETS
+
+    model = replace(PRESETS["tiny"], heads=12, kv_heads=3, head_dim=8, hidden=96, ffn=192)
+    check_against(Layout(tp=3), model)  # divides kv_heads
+    check_against(Layout(tp=6), model)  # a multiple of kv_heads: each rank a copy of its KV head
+    with pytest.raises(UserError, match="either divide kv_heads \\(3\\) or be a multiple of it"):
+        check_against(Layout(tp=2), model)

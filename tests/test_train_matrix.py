@@ -5,7 +5,12 @@ relative in fp32, and the comm ledger measures exactly the bytes the cost model 
 Cases come from the planner's own predicate (plan.search.runnable) and the trainer's
 (specs.layout.trainer_refusal), deduplicated over mbs (1 with a pipeline, the most micro-batches; the default without) and recompute (none;
 tests/test_train_parity.py and test_ledger.py cover recompute). Each world runs its cases in two spawned
-process groups. World 8 is sampled (see `sampled`)."""
+process groups. World 8 is sampled (see `sampled`).
+
+Context parallelism and hybrid sharding (`new_mechanism_cases`, sampled as its docstring says) run in their
+own spawned groups, below the block marked for them."""
+
+from itertools import product
 
 import pytest
 
@@ -64,11 +69,11 @@ def sampled(world: int) -> list[str]:
     return out
 
 
-def _run(layout: str, world: int):
+def _run(layout: str, world: int, model: str = "tiny"):
     from meshscale.runtime.config import TrainConfig, resolve
 
-    return resolve(TrainConfig(layout=layout, steps=STEPS, global_batch=BATCH, bucket_mb=0.5, val_batches=1),
-                   world)
+    return resolve(TrainConfig(model=model, layout=layout, steps=STEPS, global_batch=BATCH, bucket_mb=0.5,
+                               val_batches=1), world)
 
 
 def _tokens():
@@ -77,7 +82,7 @@ def _tokens():
     return load_tokens(None)[: 1 << 20]
 
 
-def _train_all(rank, world, layouts):
+def _train_all(rank, world, layouts, model="tiny"):
     import torch
 
     from meshscale.runtime.trainer import train
@@ -85,7 +90,7 @@ def _train_all(rank, world, layouts):
     tokens = _tokens()
     out = {}
     for layout in layouts:
-        result = train(_run(layout, world), torch.device("cpu"), tokens, log=False)
+        result = train(_run(layout, world, model), torch.device("cpu"), tokens, log=False)
         out[layout] = {"losses": [r["loss"] for r in result["rows"]], "val": result["val_loss"],
                        "grad_norms": [r["grad_norm"] for r in result["rows"]], "comm": result["comm"][-1]}
     return out
@@ -93,11 +98,15 @@ def _train_all(rank, world, layouts):
 
 @pytest.fixture(scope="module")
 def reference():
+    return _reference("tiny")
+
+
+def _reference(model: str) -> dict:
     import torch
 
     from meshscale.runtime.trainer import train
 
-    result = train(_run("", 1), torch.device("cpu"), _tokens(), log=False)
+    result = train(_run("", 1, model), torch.device("cpu"), _tokens(), log=False)
     return {"losses": [r["loss"] for r in result["rows"]], "val": result["val_loss"],
             "grad_norms": [r["grad_norm"] for r in result["rows"]]}
 
@@ -142,14 +151,14 @@ def test_loss_curves_match_single_process(measured, reference):
         assert abs(r["val"] - reference["val"]) <= REL * reference["val"], f"world {world} {layout}: validation"
 
 
-def test_cost_model_predicts_the_measured_bytes(measured):
+def test_cost_model_predicts_the_measured_bytes(measured, model="tiny"):
     """The closed loop for TP/SP/PP(+DP): bytes per (collective, axis) of the rank the cost model describes."""
     from meshscale.cost import predict
     from meshscale.specs.cluster import load_cluster
 
     world, results = measured
     for layout, r in results.items():
-        run = _run(layout, world)
+        run = _run(layout, world, model)
         pred = predict(run.spec, load_cluster("local-cpu"), run.layout, BATCH, "fp32")
         want = {(e["collective"], e["axis"]): e["bytes"] for e in pred.to_dict()["comm"] if e["bytes"]}
         got = {(e["collective"], e["axis"]): e["bytes"] for e in r["comm"]}
@@ -240,3 +249,118 @@ def test_family_cost_model_predicts_the_measured_bytes(family):
         assert got == want, f"{model} {layout}"
         if run.layout.ep > 1:  # routing is data-dependent: one rank's share differs from the group mean
             assert r["ep_imbalance"] >= 1.0
+
+
+# ---- context parallelism and hybrid sharding ----------------------------------------------------------
+def new_mechanism_candidates(world: int) -> list:
+    """Every layout with cp > 1 the planner can emit for `tiny` on `world` processes and the trainer runs, and
+    every hybrid-sharded one (shard < dp*cp) the validator and the trainer accept: the planner tries hybrid
+    sharding only where the dp*cp ranks span beyond the fast domain, which one CPU host never does."""
+    from meshscale.plan.search import runnable
+    from meshscale.specs.layout import Layout, trainer_refusal
+    from meshscale.specs.model import PRESETS
+
+    spec = PRESETS["tiny"]
+    out = []
+    for cp, tp, pp in product((1, 2, 4, 8), (1, 2, 4), (1, 2, 4)):
+        if world % (cp * tp * pp):
+            continue
+        dp = world // (cp * tp * pp)
+        for zero, shard in product(range(4), (0, 2, 4)):
+            if (cp == 1 and not shard) or (shard and (zero == 0 or shard >= dp * cp or (dp * cp) % shard)):
+                continue
+            for sp in (False, True) if tp > 1 else (False,):
+                for schedule, vpp in SCHEDULES if pp > 1 else [("1f1b", 1)]:
+                    layout = Layout(dp=dp, zero=zero, shard=shard, tp=tp, sp=sp, pp=pp, vpp=vpp, schedule=schedule,
+                                    cp=cp, mbs=1 if pp > 1 else 0)
+                    if runnable(layout, spec, BATCH) and trainer_refusal(layout, spec) is None:
+                        out.append(layout)
+    return out
+
+
+def new_mechanism_cases(world: int) -> list[str]:
+    """A deterministic sample of `new_mechanism_candidates`: in their order, a layout is kept when it brings
+    something not yet covered: a parallel shape (which of dp, tp, sp, pp, hybrid sharding are on, and the cp
+    degree), a zero stage with and without hybrid sharding, or a pipeline schedule. World 8 adds only what
+    world 4 cannot hold, three of tp, pp, cp and hybrid sharding at once: each such combination once, at the
+    highest zero stage it accepts (FSDP inside a pipeline and with TP)."""
+    out, covered = [], set()
+    candidates = new_mechanism_candidates(world)
+    for layout in sorted(candidates, key=lambda l: -l.zero) if world == 8 else candidates:
+        hybrid = layout.shard > 0
+        if world == 8:
+            on = (layout.tp > 1, layout.pp > 1, layout.cp > 1, hybrid)
+            if sum(on) < 3:
+                continue
+            keys = {("shape", *on)}
+        else:
+            keys = {("shape", layout.dp > 1, layout.tp > 1, layout.sp, layout.pp > 1, layout.cp, hybrid),
+                    ("zero", layout.zero, hybrid), ("schedule", layout.schedule if layout.pp > 1 else None)}
+        if keys - covered:
+            covered |= keys
+            out.append(str(layout))
+    return out
+
+
+@pytest.fixture(scope="module", params=WORLDS)
+def new_measured(request):
+    world = request.param
+    layouts = new_mechanism_cases(world)
+    results = {}
+    for part in (layouts[0::2], layouts[1::2]):
+        per_rank = run_ranks(world, _train_all, part)
+        results.update(per_rank[0])
+    return world, results
+
+
+def test_new_mechanism_sample_covers_the_issue_list():
+    four = set(new_mechanism_cases(4))
+    for required in ("dp=2,cp=2", "dp=1,cp=4", "dp=1,tp=2,sp=true,cp=2", "dp=2,zero=3,cp=2",
+                     "dp=1,pp=2,schedule=1f1b,cp=2,mbs=1", "dp=4,zero=3,shard=2", "dp=4,zero=1,shard=2"):
+        assert required in four or required.replace(",mbs=1", "") in four, required
+    assert {s for s, _ in SCHEDULES} <= {Layout_of(t).schedule for t in four if Layout_of(t).pp > 1}
+    assert {Layout_of(t).zero for t in four} == {0, 1, 2, 3}
+
+
+def Layout_of(text: str):
+    from meshscale.specs.layout import Layout
+
+    return Layout.parse(text)
+
+
+def test_new_mechanisms_match_single_process(new_measured, reference):
+    test_loss_curves_match_single_process(new_measured, reference)
+
+
+def test_new_mechanisms_bytes_match_the_cost_model(new_measured):
+    test_cost_model_predicts_the_measured_bytes(new_measured)
+
+
+# ---- KV-head replication: tp a multiple of kv_heads, on `tiny` with 2 KV heads (configs/tiny-kv2.toml) ---
+KV_CASES = {4: ["dp=1,tp=4", "dp=1,tp=4,sp=true"], 8: ["dp=2,zero=3,tp=4"]}
+
+
+@pytest.fixture(scope="module")
+def tiny_kv2():
+    from pathlib import Path
+
+    return str(Path(__file__).parents[1] / "configs" / "tiny-kv2.toml")
+
+
+@pytest.fixture(scope="module", params=WORLDS)
+def kv_measured(request, tiny_kv2):
+    world = request.param
+    return world, run_ranks(world, _train_all, KV_CASES[world], tiny_kv2)[0]
+
+
+@pytest.fixture(scope="module")
+def kv_reference(tiny_kv2):
+    return _reference(tiny_kv2)
+
+
+def test_kv_replication_matches_single_process(kv_measured, kv_reference):
+    test_loss_curves_match_single_process(kv_measured, kv_reference)
+
+
+def test_kv_replication_bytes_match_the_cost_model(kv_measured, tiny_kv2):
+    test_cost_model_predicts_the_measured_bytes(kv_measured, tiny_kv2)

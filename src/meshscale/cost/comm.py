@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from meshscale.specs.cluster import ClusterSpec
-from meshscale.specs.layout import Layout
+from meshscale.specs.layout import Layout, kv_heads_per_rank
 from meshscale.specs.model import ModelSpec
 
 DDP_BUCKET_BYTES = 25e6  # torch DDP's default bucket_cap_mb=25: one all-reduce launch per bucket
@@ -61,6 +61,21 @@ def data_parallel_ops(zero: int, params: float, m: int, param_bytes: int, units:
             ("reduce_scatter", m * grads, m * units, "fsdp")]
 
 
+def replica_ops(zero: int, params: float, m: int, units: int, shard: int, replicas: int,
+                pipelined: bool = False) -> list[tuple]:
+    """Hybrid sharding (HSDP; Zhao et al. 2023, "PyTorch FSDP", sec. 3.2.2): after the shard group's
+    reduce-scatter, each rank all-reduces its fp32 gradient shard (4 * params / shard bytes) with the ranks
+    holding the same shard in the other `replicas` groups. FSDP2 (zero=3) does so after every reduce-scatter
+    (each unit, each micro-batch; once per unit inside a pipeline), our ZeRO-1/2 once per step per bucket."""
+    if replicas == 1:
+        return []
+    v = 4 * params / shard
+    if zero in (1, 2):
+        return [("all_reduce", v, max(1, math.ceil(4 * params / DDP_BUCKET_BYTES)), "none")]
+    times = 1 if pipelined else m
+    return [("all_reduce", times * v, times * units, "fsdp")]
+
+
 def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, n_layers: int,
                         first: bool, last: bool, m: int, crossings: int = 0, moe_layers: int = 0) -> list[tuple]:
     """Megatron TP (Shoeybi et al. 2019, sec. 3; Korthikanti et al. 2022, sec. 4.2.2), per micro-batch of
@@ -73,15 +88,18 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     norm), and the vocab-parallel loss all-reduces 3 numbers per token (max, sum of exponentials, target
     logit; Megatron-LM sec. 3). Without SP, each of the rank's `crossings` pipeline boundaries per
     micro-batch (see pipeline_ops) all-gathers the activation the TP ranks sent in slices. A MoE layer is one
-    TP region like a dense MLP, and its whole router weight sums its gradient over TP (experts*hidden, fp32)."""
+    TP region like a dense MLP, and its whole router weight sums its gradient over TP (experts*hidden, fp32).
+    With tp > kv_heads each layer's replicated K and V weight gradients (fp32) are summed over the ranks
+    sharing the head, every backward."""
     if layout.tp == 1:
         return []
     v = tokens * model.hidden * act_bytes
     per_layer = 4 + (2 if layout.recompute == "full" else 0)
     calls = (n_layers * per_layer + first + last) * m
-    small_calls = 3 * m if last else 0
-    small = small_calls * tokens * 4 + moe_layers * m * model.experts * model.hidden * 4
-    small_calls += moe_layers * m
+    kv_calls = 2 * n_layers * m if layout.tp > model.kv_heads else 0
+    small_calls = (3 if last else 0) * m + kv_calls + moe_layers * m
+    small = ((3 * m if last else 0) * tokens * 4 + kv_calls * model.hidden * model.head_dim * 4
+             + moe_layers * m * model.experts * model.hidden * 4)
     if not layout.sp:
         gathers = crossings * m
         return [("all_reduce", v * calls + small, calls + small_calls, "none")] + \
@@ -129,12 +147,14 @@ def tied_embedding_ops(model: ModelSpec, layout: Layout, holds_an_end: bool) -> 
 
 def context_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, n_layers: int,
                          m: int) -> list[tuple]:
-    """Ring attention (Liu et al. 2023; Megatron CP): each layer passes the local K,V block around the ring,
-    cp-1 sends forward; backward passes K,V and their gradients (2x). Hidden behind the attention core."""
+    """Ring attention (Liu et al. 2023; Megatron CP), as parallel/context.py runs it: per layer each rank sends
+    a K,V block cp-1 times forward; backward sends K,V cp-1 times again and the blocks' dK,dV cp-1 times;
+    recompute (selective reruns the attention core, full the block) repeats the forward's ring. Hidden
+    behind the attention core."""
     if layout.cp == 1:
         return []
-    kv_block = 2 * tokens * model.kv_heads * model.head_dim / layout.tp * act_bytes
-    passes = 3 + (1 if layout.recompute == "full" else 0)
+    kv_block = 2 * tokens * kv_heads_per_rank(model.kv_heads, layout.tp) * model.head_dim * act_bytes
+    passes = 3 + (1 if layout.recompute != "none" else 0)
     sends = n_layers * m * (layout.cp - 1) * passes
     return [("send_recv", kv_block * sends, sends, "attention")]
 

@@ -20,7 +20,7 @@ from functools import lru_cache
 
 from meshscale.cost import flops
 from meshscale.specs.cluster import ClusterSpec
-from meshscale.specs.layout import Layout
+from meshscale.specs.layout import Layout, kv_heads_per_rank
 from meshscale.specs.model import ModelSpec
 
 FLASH_BLOCK = 128  # query/key block of FlashAttention-2/3 kernels (Dao 2023, sec. 3.1)
@@ -93,8 +93,9 @@ def layer_gemms(model: ModelSpec, layer: int, layout: Layout, tokens: float) -> 
     if model.uses_mla:  # low-rank projections: one GEMM of the same FLOPs
         attn = [Gemm(tokens, model.attention_params() / h / t, h)]
     else:
-        q, kv = model.heads * model.head_dim, model.kv_heads * model.head_dim
-        attn = [Gemm(tokens, (q + 2 * kv) / t, h), Gemm(tokens, h, q / t)]
+        q = model.heads * model.head_dim
+        kv = kv_heads_per_rank(model.kv_heads, t) * model.head_dim  # a whole copy when tp > kv_heads
+        attn = [Gemm(tokens, q / t + 2 * kv, h), Gemm(tokens, h, q / t)]
     up = model.mlp_matrices - 1  # gate + up, or up alone
     if not model.is_moe_layer(layer):
         return tuple(attn + [Gemm(tokens, up * model.ffn / t, h), Gemm(tokens, h, model.ffn / t)])

@@ -9,7 +9,7 @@ master, momentum and variance (12) = 16 bytes/param, sharded by ZeRO stage (ZeRO
 from dataclasses import dataclass
 from functools import lru_cache
 
-from meshscale.specs.layout import Layout, split_layers
+from meshscale.specs.layout import Layout, kv_heads_per_rank, split_layers
 from meshscale.specs.model import ModelSpec
 
 # (params, grads, optimizer) bytes per parameter, and the dtype activations and gathered params travel in.
@@ -93,7 +93,8 @@ def _params_per_rank(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v
     for i in range(model.layers):
         routed = model.experts * model.expert_params() if model.is_moe_layer(i) else 0
         whole = _tp_replicated_params(model, i)
-        per_layer.append((model.layer_params(i) - routed - whole) / tp + routed / (tp * ep) + whole)
+        per_layer.append((model.layer_params(i) - routed - whole) / tp + routed / (tp * ep) + whole
+                         + kv_replicated_params(model, tp))
     return tuple(sum(per_layer[i] for i in _stage_layers(model.layers, pp, chunks, v_shape, rank))
                  + _root_params(model, tp, pp, v_shape, rank) for rank in range(pp))
 
@@ -118,12 +119,20 @@ def _expert_params_per_rank(model: ModelSpec, tp: int, ep: int, pp: int, chunks:
                  for r in range(pp))
 
 
-def zero_held(params: float, experts: float, zero: int, stage: int, shard: int, ep: int) -> float:
+def zero_held(params: float, experts: float, zero: int, stage: int, shard: int, expert_shard: int) -> float:
     """Of `params` on a device (`experts` of them routed experts), what it keeps when ZeRO stage `stage` shards
-    this kind of state: dense ones over the dp*cp ranks (`shard`), experts over their dp*cp/ep replicas."""
+    this kind of state: dense ones over the shard group (`shard`: dp*cp, or a hybrid-sharding group), experts
+    over their dp*cp/ep replicas (`expert_shard`)."""
     if zero < stage:
         return params
-    return (params - experts) / shard + experts / (shard // ep)
+    return (params - experts) / shard + experts / expert_shard
+
+
+def kv_replicated_params(model: ModelSpec, tp: int) -> float:
+    """K and V projection parameters a TP rank holds beyond its 1/tp share when tp exceeds kv_heads and each
+    rank keeps a copy of its KV head (Megatron-LM's grouped-query rule)."""
+    extra_heads = kv_heads_per_rank(model.kv_heads, tp) - model.kv_heads / tp
+    return 2 * (model.hidden + (1 if model.biases else 0)) * model.head_dim * extra_heads
 
 
 def busiest_rank(model: ModelSpec, layout: Layout) -> int:
@@ -143,7 +152,7 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, 
     h, s, t = model.hidden, model.seq, layout.tp
     if layout.recompute == "full":
         return 2 * tokens * h / (t if layout.sp else 1)
-    kv = model.kv_heads * model.head_dim
+    kv = kv_heads_per_rank(model.kv_heads, t) * t * model.head_dim  # replicated KV heads count on every rank
     # Attention block: qkv input 2h, Q 2h(q width), K and V 2kv each, out-proj input 2h, dropout mask h.
     q = model.heads * model.head_dim
     attn_split = 2 * q + 4 * kv + 2 * q
@@ -203,10 +212,11 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
     bytes_ = PRECISIONS[precision]
     rank = busiest_rank(model, layout)
     p, e = params_on_rank(model, layout, rank), expert_params_on_rank(model, layout, rank)
-    shard = layout.dp * layout.cp  # ZeRO/FSDP shards over every rank that holds the same parameters
-    params = zero_held(p, e, layout.zero, 3, shard, layout.ep) * bytes_["params"]
-    grads = zero_held(p, e, layout.zero, 2, shard, layout.ep) * bytes_["grads"]
-    optimizer = zero_held(p, e, layout.zero, 1, shard, layout.ep) * bytes_["optimizer"]
+    # ZeRO/FSDP shard over the ranks holding the same parameters (or a hybrid-sharding group of them)
+    shard, expert_shard = layout.shard_size, layout.dp * layout.cp // layout.ep
+    params = zero_held(p, e, layout.zero, 3, shard, expert_shard) * bytes_["params"]
+    grads = zero_held(p, e, layout.zero, 2, shard, expert_shard) * bytes_["grads"]
+    optimizer = zero_held(p, e, layout.zero, 1, shard, expert_shard) * bytes_["optimizer"]
     tokens = layout.mbs * model.seq / layout.cp
     scale = bytes_["compute"] / 2
     # The first rank (busiest in activations) holds its layers for each micro-batch in flight; the embedding

@@ -96,11 +96,12 @@ def _stage_flops(model, pp, chunks, v_shape, recompute, fused, rank) -> tuple[fl
 
 def _axis_group(layout: Layout, axis: str) -> tuple[int, int]:
     """(size, stride) of an axis's group in the mesh (pp, dp, cp, tp), tp innermost. ZeRO/FSDP use the dp*cp
-    ranks that hold the same parameters; EP and the expert data-parallel group (edp) are the inner and outer
-    split of those (specs.layout.expert_mesh_shape)."""
-    t, c, d, e = layout.tp, layout.cp, layout.dp, layout.ep
-    return {"tp": (t, 1), "cp": (c, t), "dp": (d * c, t), "ep": (e, t), "edp": (d * c // e, t * e),
-            "pp": (2, t * c * d)}[axis]
+    ranks that hold the same parameters ("dp": a shard group of them under hybrid sharding, "dp_replicate":
+    the ranks holding the same shard in the other groups); EP and the expert data-parallel group (edp) are
+    the inner and outer split of the dp*cp ranks (specs.layout.expert_mesh_shape)."""
+    t, c, d, e, s = layout.tp, layout.cp, layout.dp, layout.ep, layout.shard_size
+    return {"tp": (t, 1), "cp": (c, t), "dp": (s, t), "dp_replicate": (layout.replicas, s * t), "ep": (e, t),
+            "edp": (d * c // e, t * e), "pp": (2, t * c * d)}[axis]
 
 
 def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch: int,
@@ -139,6 +140,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         ops += [("dp",) + op for op in comm.data_parallel_ops(layout.zero, params - experts, m, act_bytes,
                                                               n_layers + 1, root_params_on_rank(model, layout, rank),
                                                               layout.pp > 1)]
+        ops += [("dp_replicate",) + op for op in comm.replica_ops(layout.zero, params - experts, m, n_layers + 1,
+                                                                  layout.shard_size, layout.replicas, layout.pp > 1)]
     if experts and layout.dp * layout.cp > layout.ep:
         units = moe_layers * model.experts // layout.ep + 1  # zero=3: each expert is an FSDP unit (+ a root)
         ops += [("edp",) + op for op in comm.data_parallel_ops(layout.zero, experts, m, act_bytes, units, 0.0,
@@ -178,11 +181,13 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
             # al. 2023, ASPLOS, "Overlap communication with dependent computation via decomposition"; Megatron-
             # Core --tp-comm-overlap); the first step shows.
             exposed = max(t - gemm_s, t / layout.tp)
-        if axis in ("dp", "edp"):
+        if axis in ("dp", "dp_replicate", "edp"):
             dp_exposed += exposed
         else:
             critical_path += exposed
-        entries.append(CommEntry(axis, collective, nbytes, t, exposed, link.tier, calls, size, overlap))
+        # both groups of hybrid sharding are the ledger's dp axis (their collectives differ)
+        ledger_axis = "dp" if axis == "dp_replicate" else axis
+        entries.append(CommEntry(ledger_axis, collective, nbytes, t, exposed, link.tier, calls, size, overlap))
 
     ratio = bubble_ratio(layout, m, passes)
     bubble_s = ratio * (compute_s + critical_path)

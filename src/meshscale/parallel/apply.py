@@ -3,9 +3,11 @@
   1. pipeline split: this PP rank's chunks (copies of the model keeping their own layers), then expert
      parallelism: each keeps its EP rank's experts (parallel/expert.py),
   2. tensor (and sequence) parallelism on each chunk over mesh["tp"],
-  3. activation recompute (it wraps the block forwards, TP collectives included, so they rerun),
-  4. the data-parallel family over mesh["dp"] on each chunk: DDP (our bucketed all-reduce after the
-     schedule inside a pipeline), our ZeRO-1/2 over the chunk's local
+  3. context parallelism on each chunk over mesh["cp"]: ring attention and this rank's RoPE positions,
+  4. activation recompute (it wraps the block forwards and the attention core, TP collectives and CP ring
+     included, so they rerun),
+  5. the data-parallel family over the dp x cp ranks (they hold the same parameters) on each chunk: DDP
+     (our bucketed all-reduce after the schedule inside a pipeline), our ZeRO-1/2 over the chunk's local
      (TP-sharded) parameters, or FSDP2 on its blocks and root; under EP the routed experts get their own
      strategy over the expert data-parallel group (expert.expert_data_parallel).
 
@@ -32,18 +34,17 @@ class Parallel:
     or the loop calls)], one data-parallel strategy per chunk, and the optimizer-facing operations over
     all of them. Without a pipeline there is one chunk, `model`."""
 
-    def __init__(self, chunks: list, strategies: list, layout: Layout, mesh):
+    def __init__(self, chunks: list, strategies: list, layout: Layout, mesh, duplicate):
+        """duplicate(name): the parameter is a copy another TP rank also counts in the gradient norm."""
         self.chunks, self.strategies, self.layout, self.mesh = chunks, strategies, layout, mesh
         self.model = chunks[0][1]
-        tp_rank = mesh["tp"].get_local_rank() if mesh is not None else 0
-        skip_tp = _tp_replicated if tp_rank > 0 else (lambda name: False)
         self.tied = None
         if layout.pp > 1 and self.model.spec.tied_embeddings:
             from meshscale.parallel.tied import TiedEmbeddings
 
             self.tied = TiedEmbeddings(chunks, layout)
         # the head's copy of a tied table counts once, as the embedding's
-        self._skip = (lambda name: skip_tp(name) or name == "output.weight") if self.tied else skip_tp
+        self._skip = (lambda name: duplicate(name) or name == "output.weight") if self.tied else duplicate
 
     def accumulate(self, last: bool):
         stack = ExitStack()
@@ -58,25 +59,20 @@ class Parallel:
 
     def grad_sq_norm(self) -> torch.Tensor:
         """Squared norm of the whole model's gradient, identical to one device: each rank sums its TP shards
-        (replicated norm weights on TP rank 0 only), then the sum runs over TP, PP and, when gradients are
-        sharded, DP (control scalars, not ledger traffic)."""
+        (replicated norm weights on TP rank 0 only, a replicated KV head on the first rank holding it), then
+        the sum runs over TP, PP and, when gradients are sharded, the shard group (control scalars, not
+        ledger traffic)."""
         total = sum(s.local_grad_sq(self._skip) for s in self.strategies).float()
-        axes = [a for a in ("tp", "pp") if getattr(self.layout, a) > 1]
+        groups = [self.mesh[a].get_group() for a in ("tp", "pp") if getattr(self.layout, a) > 1]
         if self.strategies[0].sharded:
-            axes.append("dp")
-        for axis in axes:
-            dist.all_reduce(total, group=self.mesh[axis].get_group())
+            groups.append(self.strategies[0].group)
+        for group in groups:
+            dist.all_reduce(total, group=group)
         return total
 
     def after_step(self) -> None:
         for s in self.strategies:
             s.after_step()
-
-
-def _tp_replicated(name: str) -> bool:
-    from meshscale.parallel.tensor import is_tp_replicated
-
-    return is_tp_replicated(name)
 
 
 def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", bucket_mb: float = 1.0) -> Parallel:
@@ -111,6 +107,10 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
                 from meshscale.parallel.pipeline import crosses_ranks
 
                 scatter_gather_stage(module, mesh["tp"], *crosses_ranks(stage, layout))
+        if layout.cp > 1:
+            from meshscale.parallel.context import apply_context_parallel
+
+            apply_context_parallel(module, mesh["cp"])
         apply_recompute(module, layout.recompute)
         if emesh is not None:
             from meshscale.parallel.expert import expert_data_parallel
@@ -123,22 +123,35 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
             strategy = _data_parallel(module, layout, mesh, ledger, precision, bucket_mb)
         wrapped.append((stage, strategy.model))
         strategies.append(strategy)
-    return Parallel(wrapped, strategies, layout, mesh)
+    from meshscale.parallel.tensor import tp_duplicate
+
+    tp_rank = mesh["tp"].get_local_rank() if mesh is not None else 0
+    return Parallel(wrapped, strategies, layout, mesh, tp_duplicate(tp_rank, layout.tp, model.spec.kv_heads))
 
 
 def _data_parallel(module, layout: Layout, mesh, ledger, precision: str, bucket_mb: float, select=None):
     """The data-parallel strategy for one chunk (see data_parallel.Local for its interface), over the
-    parameters `select(name)` picks (default all)."""
+    dp x cp ranks that hold the same parameters and the parameters `select(name)` picks (default all)."""
     from meshscale.parallel.data_parallel import DDP, Local, PipelinedDDP
+    from meshscale.parallel.mesh import hybrid_mesh, replica_mesh
 
-    if layout.dp == 1:
+    if layout.dp * layout.cp == 1:
         return Local(module, select)
+    dp_mesh = replica_mesh(mesh)
+    ledger.name_group(dp_mesh.get_group(), "dp")
     if layout.zero == 0:
-        return (PipelinedDDP if layout.pp > 1 else DDP)(module, mesh, ledger, bucket_mb, select)
+        return (PipelinedDDP if layout.pp > 1 else DDP)(module, dp_mesh, ledger, bucket_mb, select)
+    replicate = None
+    if layout.replicas > 1:  # hybrid sharding: ZeRO within each shard group, replicas across them
+        dp_mesh = hybrid_mesh(mesh, layout.shard_size)
+        replicate = dp_mesh["replicate"]
+        for dim in ("replicate", "shard"):
+            ledger.name_group(dp_mesh[dim].get_group(), "dp")
     if layout.zero in (1, 2):
         from meshscale.parallel.zero import Zero
 
-        return Zero(module, mesh, ledger, layout.zero, bucket_mb, select)
+        shard = dp_mesh["shard"] if replicate is not None else dp_mesh
+        return Zero(module, shard, ledger, layout.zero, bucket_mb, select, replicate)
     from meshscale.parallel.fsdp import FSDP
 
-    return FSDP(module, mesh, ledger, precision, select)
+    return FSDP(module, dp_mesh, ledger, precision, select)

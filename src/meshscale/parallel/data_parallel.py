@@ -74,8 +74,8 @@ def grad_buckets(params: list, bucket_mb: float) -> list[list]:
 
 
 class DDP(Local):
-    def __init__(self, model, mesh, ledger, bucket_mb: float, select=None):
-        group = mesh["dp"].get_group()
+    def __init__(self, model, dp_mesh, ledger, bucket_mb: float, select=None):
+        group = dp_mesh.get_group()
         super().__init__(model, select)
         ignored = [n for n, _ in model.named_parameters() if not self.select(n)]
         if ignored:
@@ -98,13 +98,13 @@ class PipelinedDDP(Local):
     DDP does, once the schedule has run every micro-batch's backward: all-reduce the gradient in buckets,
     averaged over the DP group, one all-reduce of 4P bytes per step (the contract's zero=0 rule)."""
 
-    def __init__(self, model, mesh, ledger, bucket_mb: float, select=None, group=None, axis: str = "dp",
+    def __init__(self, model, dp_mesh, ledger, bucket_mb: float, select=None, axis: str = "dp",
                  divide: int | None = None):
-        """group/axis/divide: another group (expert data parallelism), its ledger axis, and the number of
-        replicas the gradient averages over (default the group's size)."""
+        """dp_mesh: the 1-D mesh of the replicas (dp x cp, or expert data parallelism's group); axis: its
+        ledger axis; divide: the number of replicas the gradient averages over (default the mesh's size)."""
         super().__init__(model, select)
-        self.group, self.ledger, self.axis = group or mesh["dp"].get_group(), ledger, axis
-        self.world = divide or dist.get_world_size(self.group)
+        self.group, self.ledger, self.axis = dp_mesh.get_group(), ledger, axis
+        self.world = divide or dp_mesh.size()
         self.buckets = grad_buckets(self.optim_params(), bucket_mb)
 
     @contextmanager

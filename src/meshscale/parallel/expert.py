@@ -106,8 +106,9 @@ class ExpertSplit:
     every parameter but the routed experts, `experts` owns those over the expert data-parallel group.
     Same interface as data_parallel.Local."""
 
-    def __init__(self, dense, experts, dp_group, edp_rank: int):
-        self.dense, self.experts, self.dp_group, self.edp_rank = dense, experts, dp_group, edp_rank
+    def __init__(self, dense, experts, group, edp_rank: int):
+        """group: the dp x cp ranks, over which the dense parameters reduce (and are sharded, when they are)."""
+        self.dense, self.experts, self.group, self.edp_rank = dense, experts, group, edp_rank
         self.model, self.module, self.sharded = dense.model, dense.module, dense.sharded
 
     def accumulate(self, last: bool):
@@ -125,7 +126,7 @@ class ExpertSplit:
         own = self.experts.sharded or self.edp_rank == 0
         experts = self.experts.local_grad_sq(skip) if own else torch.zeros(())
         if not self.sharded:
-            dist.all_reduce(experts, group=self.dp_group)  # control scalar, not ledger traffic
+            dist.all_reduce(experts, group=self.group)  # control scalar, not ledger traffic
         return self.dense.local_grad_sq(skip) + experts
 
     def after_step(self) -> None:
@@ -179,20 +180,20 @@ def expert_data_parallel(module, layout: Layout, mesh, emesh, ledger, bucket_mb:
     """Wrap the layout's strategy for the dense parameters (`dense_strategy(select)`) and add the experts'
     own over the expert data-parallel group, averaged over dp*cp."""
     from meshscale.parallel.data_parallel import PipelinedDDP
+    from meshscale.parallel.mesh import replica_mesh
     from meshscale.parallel.zero import Zero
 
     divide, edp = layout.dp * layout.cp, emesh["edp"]
     if edp.size() == 1:
         experts = _AveragedLocal(module, is_expert_param, divide)
     elif layout.zero == 0:
-        experts = PipelinedDDP(module, mesh, ledger, bucket_mb, is_expert_param, edp.get_group(), "edp", divide)
+        experts = PipelinedDDP(module, edp, ledger, bucket_mb, is_expert_param, "edp", divide)
     elif layout.zero == 3:
         experts = _ShardedExperts(module, edp, divide, precision)
     else:
-        experts = Zero(module, mesh, ledger, layout.zero, bucket_mb, is_expert_param, edp.get_group(), "edp",
-                       divide)
+        experts = Zero(module, edp, ledger, layout.zero, bucket_mb, is_expert_param, axis="edp", divide=divide)
     dense = dense_strategy(lambda name: not is_expert_param(name))
-    return ExpertSplit(dense, experts, mesh["dp"].get_group(), edp.get_local_rank())
+    return ExpertSplit(dense, experts, replica_mesh(mesh).get_group(), edp.get_local_rank())
 
 
 def ep_group_mean(per_rank: list, layout: Layout, rank: int) -> tuple[list, float]:

@@ -1,5 +1,7 @@
 """ZeRO-3 through FSDP2 `fully_shard`: every block is its own unit (its parameters all-gathered just
 before use, with prefetch, and freed after), then the root holds the embeddings, final norm and head.
+On a 2-D (replicate, shard) mesh this is FSDP2's hybrid sharding: gathers and reduce-scatters within a
+shard group, then an all-reduce of the reduced shard across the groups.
 
 Under bf16 the gathered parameters are bf16 while the sharded masters, and the gradient
 reduce-scatter, stay fp32. FSDP2 is torch's code, so its collectives reach the ledger through
@@ -15,17 +17,19 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 class FSDP:
     sharded = True
 
-    def __init__(self, model, mesh, ledger, precision: str, select=None):
+    def __init__(self, model, dp_mesh, ledger, precision: str, select=None):
         """select(name): the parameters to shard (default all); the others stay whole on the rank and are
         another strategy's (expert parallelism's routed experts)."""
-        self.ledger, self.group = ledger, mesh["dp"].get_group()
+        # the ranks sharing the state: the whole mesh, or its "shard" dimension under hybrid sharding
+        self.ledger = ledger
+        self.group = (dp_mesh["shard"] if dp_mesh.ndim == 2 else dp_mesh).get_group()
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None,
                                   reduce_dtype=torch.float32)
         self.select = select or (lambda name: True)
         ignored = {p for n, p in model.named_parameters() if not self.select(n)} or None
         for block in model.layers.values():
-            fully_shard(block, mesh=mesh["dp"], mp_policy=mp, ignored_params=ignored)
-        fully_shard(model, mesh=mesh["dp"], mp_policy=mp, ignored_params=ignored)
+            fully_shard(block, mesh=dp_mesh, mp_policy=mp, ignored_params=ignored)
+        fully_shard(model, mesh=dp_mesh, mp_policy=mp, ignored_params=ignored)
         self.model = self.module = model
 
     @contextmanager

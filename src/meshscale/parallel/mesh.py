@@ -1,6 +1,10 @@
 """The device mesh: every layout gets all four dimensions, named and ordered pp, dp, cp, tp (TP
 innermost, inside the fast domain), size-1 dimensions included, so each parallelism finds its axis
-by name whatever else is on."""
+by name whatever else is on.
+
+The data-parallel family works over every rank that holds the same parameters, dp x cp (context-parallel
+ranks hold the same weights and see different tokens): `replica_mesh` flattens them into one dimension,
+and `hybrid_mesh` cuts that into (replicate, shard) for hybrid sharding."""
 
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -27,3 +31,23 @@ def forget_meshes() -> None:
     """Drop the cached meshes before the process groups are destroyed: a mesh keeps its groups (and their
     worker threads) alive, and threads still alive when the interpreter finalises abort the process."""
     _meshes.clear()
+
+
+def replica_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The dp x cp ranks as one 1-D mesh (mesh["dp"] itself when cp is 1), created once per mesh."""
+    if mesh["cp"].size() == 1:
+        return mesh["dp"]
+    key = (id(mesh), "dp_cp")
+    if key not in _meshes:
+        _meshes[key] = mesh["dp", "cp"]._flatten("dp_cp")
+    return _meshes[key]
+
+
+def hybrid_mesh(mesh: DeviceMesh, shard: int) -> DeviceMesh:
+    """(replicate, shard): groups of `shard` consecutive dp x cp ranks share one copy of the sharded state;
+    the dp*cp/shard groups are replicas of each other."""
+    key = (id(mesh), "hsdp", shard)
+    if key not in _meshes:
+        flat = replica_mesh(mesh)
+        _meshes[key] = flat._unflatten(0, (flat.size() // shard, shard), ("replicate", "shard"))
+    return _meshes[key]

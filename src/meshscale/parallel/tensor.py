@@ -18,6 +18,8 @@ residual-stream buffer; emb/head = 1 where the stage holds the embedding / outpu
   loss (stage with the head): all_reduce tp  3 * b*s*4  (max, sum of exponentials, target logit)
   pp > 1, sp off: all_gather tp  A  per boundary crossing to another pipeline rank (the receiver's forward,
           the sender's backward: Megatron's scatter/gather, `scatter_gather_stage`)
+  tp > kv_heads (KV-head replication): all_reduce tp  2L * hidden*head_dim * 4  (the K and V weight
+          gradients of a head, summed over the tp/kv_heads ranks holding copies of it)
 Recomputed blocks run their forward collectives again in backward.
 
 Biases (GPT-style): a column-parallel bias is split with its output features; a row-parallel one is added
@@ -26,6 +28,9 @@ experts, g after the weighted combine; each expert is column/row split like a de
 stays whole: its gradient, partial on each rank (the combine weights meet partial expert outputs), is summed
 by an f on the weight, as SP does for norm weights (all_reduce tp  experts*hidden*4 per MoE layer), and only
 TP rank 0 sends the balance loss's gradient (every rank computes the same one).
+KV-head replication (grouped-query attention with tp a multiple of kv_heads, Megatron-LM's rule): rank r
+holds query heads [r*heads/tp, (r+1)*heads/tp), which all read KV head r // (tp/kv_heads); each rank keeps a
+copy of that head's K and V projections, and their gradients are summed over the ranks sharing it.
 """
 
 import time
@@ -198,6 +203,30 @@ class SequenceParallelRMSNorm(RMSNorm):
         return normed * _CopyToTP.apply(self.weight, self.group)
 
 
+class ReplicatedKVLinear(nn.Module):
+    """A copy of one KV head's K or V projection, held by each of the TP ranks whose query heads read it;
+    its gradient is summed over them (f on the weight, as for the replicated norm weights under SP)."""
+
+    def __init__(self, weight: torch.Tensor, group):
+        super().__init__()
+        self.weight = nn.Parameter(weight)
+        self.group = group
+
+    def forward(self, x):
+        return nn.functional.linear(x, _CopyToTP.apply(self.weight, self.group))
+
+
+def _kv_copy_group(tp_mesh, kv_heads: int):
+    """The process group of the TP ranks holding copies of the same KV head (consecutive ranks)."""
+    t = tp_mesh.size()
+    return tp_mesh._unflatten(0, (kv_heads, t // kv_heads), ("tp_kv", "tp_kv_copy"))["tp_kv_copy"].get_group()
+
+
+def _replicate_kv(linear: nn.Linear, rank: int, t: int, kv_heads: int, group) -> ReplicatedKVLinear:
+    head = rank // (t // kv_heads)
+    return ReplicatedKVLinear(linear.weight.detach().chunk(kv_heads, dim=0)[head].clone(), group)
+
+
 def _shard(linear: nn.Linear, dim: int, rank: int, t: int) -> None:
     """Keep this rank's contiguous slice of the weight: dim 0 (output features) for a column-parallel
     matmul, dim 1 (input features) for a row-parallel one. Contiguous slices keep whole heads together,
@@ -261,7 +290,8 @@ def _group_of(tp_mesh):
 def apply_tensor_parallel(model: Transformer, tp_mesh, sequence_parallel: bool = False) -> Transformer:
     """Shard `model` (a whole model or one pipeline stage of it) in place over the TP group.
 
-    tp_mesh: a 1-D DeviceMesh (e.g. mesh["tp"]) or a ProcessGroup. Parameter names do not change.
+    tp_mesh: a 1-D DeviceMesh (e.g. mesh["tp"]), or a ProcessGroup when tp divides kv_heads. Parameter
+    names do not change.
     The model then returns vocabulary-sharded logits: use `vocab_parallel_cross_entropy` as the loss.
     With SP, activations between blocks (and between pipeline stages) are sharded along the sequence.
     """
@@ -270,8 +300,10 @@ def apply_tensor_parallel(model: Transformer, tp_mesh, sequence_parallel: bool =
     if t == 1:
         return model
     spec = model.spec
-    if spec.heads % t or spec.kv_heads % t or spec.ffn % t or spec.vocab % t:
-        raise ValueError(f"tp={t} must divide heads, kv_heads, ffn and vocab of {spec.name}")
+    if spec.heads % t or (spec.kv_heads % t and t % spec.kv_heads) or spec.ffn % t or spec.vocab % t:
+        raise ValueError(f"tp={t} must divide heads, ffn and vocab of {spec.name}, and divide kv_heads or be a "
+                         "multiple of it")
+    kv_group = _kv_copy_group(tp_mesh, spec.kv_heads) if t > spec.kv_heads else None
     sp = sequence_parallel
     if sp and spec.seq % t:
         raise ValueError(f"sequence parallelism needs tp={t} to divide seq={spec.seq}")
@@ -286,7 +318,11 @@ def apply_tensor_parallel(model: Transformer, tp_mesh, sequence_parallel: bool =
     for block in model.layers.values():
         block.attention_norm, block.ffn_norm = norm(block.attention_norm), norm(block.ffn_norm)
         attention, mlp = block.attention, block.feed_forward
-        for column in (attention.wq, attention.wk, attention.wv):
+        kv = (attention.wk, attention.wv)
+        if kv_group is not None:
+            attention.wk, attention.wv = (_replicate_kv(w, rank, t, spec.kv_heads, kv_group) for w in kv)
+            kv = ()
+        for column in (attention.wq, *kv):
             _shard(column, 0, rank, t)
         attention.wo = RowParallelLinear(attention.wo, rank, t, group, sp)
         _enter_region(attention, group, sp)
@@ -370,6 +406,18 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, tp
 def is_tp_replicated(name: str) -> bool:
     """True for parameters every TP rank holds whole (norms, router, ...): count them once in a global norm."""
     return name.endswith(_REPLICATED_SUFFIXES)
+
+
+def tp_duplicate(tp_rank: int, tp: int, kv_heads: int):
+    """Predicate on parameter names: true for the parameters this TP rank holds a copy of that a lower TP
+    rank also holds (norm weights on ranks > 0; replicated KV heads on all but the first rank sharing each),
+    so a global norm counts each once."""
+    kv_copy = tp > kv_heads and tp_rank % (tp // kv_heads) != 0
+
+    def duplicate(name: str) -> bool:
+        return (tp_rank > 0 and is_tp_replicated(name)) or (kv_copy and name.endswith(("wk.weight", "wv.weight")))
+
+    return duplicate
 
 
 def local_grad_norm_sq(model: nn.Module, tp_mesh) -> torch.Tensor:

@@ -10,6 +10,10 @@ master shard with its own Adam state), then an all-gather of each bucket refresh
            reduce-scattered at once, on every micro-batch, into the owner's shard gradient and the
            full gradients are freed: no rank ever holds the whole gradient.
 
+Hybrid sharding (`replicate`): the scheme runs within each shard group, and once the step's gradients are
+reduce-scattered, each rank all-reduces its shard gradient with the ranks holding the same shard in the
+other groups (one all-reduce of 1/shard of the gradient per step).
+
 (torch's ZeroRedundancyOptimizer all-reduces then broadcasts, which is not this scheme.)
 """
 
@@ -58,15 +62,18 @@ class _Bucket:
 class Zero:
     sharded = True
 
-    def __init__(self, model, mesh, ledger, stage: int, bucket_mb: float, select=None, group=None,
+    def __init__(self, model, dp_mesh, ledger, stage: int, bucket_mb: float, select=None, replicate=None,
                  axis: str = "dp", divide: int | None = None):
-        """select/group/axis/divide: as data_parallel.PipelinedDDP (expert parallelism's parameter split)."""
+        """dp_mesh: the 1-D mesh of the ranks sharing the state; replicate: (HSDP) the 1-D mesh of the ranks
+        holding the same shard in the other groups; select/axis/divide: as data_parallel.PipelinedDDP (expert
+        parallelism's parameter split)."""
         assert stage in (1, 2)
         self.model = self.module = model
         self.stage, self.ledger, self.axis = stage, ledger, axis
-        self.group = group or mesh["dp"].get_group()
+        self.group = dp_mesh.get_group()
+        self.replicate = replicate.get_group() if replicate is not None else None
         self.world, self.rank = dist.get_world_size(self.group), dist.get_rank(self.group)
-        self.divide = divide or self.world
+        self.divide = divide or self.world * (replicate.size() if replicate is not None else 1)
         select = select or (lambda name: True)
         params = [p for n, p in model.named_parameters() if p.requires_grad and select(n)]
         self.buckets = [_Bucket(g, self.world, self.rank) for g in grad_buckets(params, bucket_mb)]
@@ -120,6 +127,15 @@ class Zero:
             for b in self.buckets:
                 self._reduce_scatter(b)
         self._drain()
+        if last and self.replicate is not None:
+            self._reduce_replicas()
+
+    def _reduce_replicas(self) -> None:
+        launched = [(dist.all_reduce(b.shard.grad, group=self.replicate, async_op=True), time.perf_counter(), b)
+                    for b in self.buckets]
+        for work, start, b in launched:
+            work.wait()
+            self.ledger.record("dp", "all_reduce", b.shard.grad.numel() * 4, time.perf_counter() - start)
 
     # ---- update ------------------------------------------------------------------------
     def optim_params(self) -> list:

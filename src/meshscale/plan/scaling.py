@@ -120,7 +120,7 @@ def scale(model: ModelSpec, cluster: ClusterSpec, counts: list[int], global_batc
 
 def _shape(layout: str) -> tuple:
     lay = Layout.parse(layout)
-    return lay.tp, lay.pp, lay.cp, lay.ep, lay.zero, lay.schedule if lay.pp > 1 else ""
+    return lay.tp, lay.pp, lay.cp, lay.ep, lay.zero, lay.shard, lay.schedule if lay.pp > 1 else ""
 
 
 def why_changed(model, cluster, before, after, batch: int, precision: str) -> str:

@@ -1,6 +1,6 @@
 """Exhaustive layout search with bound pruning.
 
-Every layout (tp, pp, cp, dp, ep, zero, sp, schedule/vpp, mbs, recompute) is enumerated. For each
+Every layout (tp, pp, cp, dp, ep, zero, shard, sp, schedule/vpp, mbs, recompute) is enumerated. For each
 parallel shape (tp, pp, cp, dp, ep) numpy scores all the remaining choices at once: memory per device
 (exact, the same formulas as `predict`) and a lower bound on step time (ideal compute plus bubble; every
 other term of the step is non-negative). Survivors are costed in full with `predict`, cheapest bound
@@ -22,7 +22,7 @@ from meshscale.cost.memory import (PRECISIONS, _expert_params_per_rank, _held, _
 from meshscale.cost.step import Prediction, _slowest_stage, elementwise_seconds
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
-from meshscale.specs.layout import RECOMPUTE, SCHEDULES, Layout, check_against
+from meshscale.specs.layout import RECOMPUTE, SCHEDULES, Layout, check_against, kv_heads_fit
 from meshscale.specs.model import ModelSpec
 
 MAX_VPP = 8
@@ -104,10 +104,10 @@ def _divisors(n: int) -> list[int]:
 
 def shapes(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: int, cross_tp: bool):
     """Parallel shapes (tp, pp, cp, dp, ep) whose degrees divide what they must."""
-    heads = math.gcd(model.heads, model.kv_heads)
     tp_cap = devices if cross_tp else min(cluster.fast_domain, 16 if cluster.torus else cluster.fast_domain)
     for tp in _divisors(devices):
-        if tp > tp_cap or heads % tp or model.ffn % tp or (model.is_moe and model.expert_ffn % tp):
+        if (tp > tp_cap or model.heads % tp or not kv_heads_fit(model.kv_heads, tp) or model.ffn % tp
+                or (model.is_moe and model.expert_ffn % tp)):
             continue
         for pp in _divisors(devices // tp):
             if pp > model.layers:
@@ -162,24 +162,25 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         sps = (False, True) if tp > 1 else (False,)
         sp_idx = [i for i, sp in enumerate(sps) if _allowed(fix, "sp", sp)]
         rec_idx = [i for i, r in enumerate(RECOMPUTE) if _allowed(fix, "recompute", r)]
-        grid = np.array(list(product(zeros, sp_idx, range(len(scheds)), mbs_opts, rec_idx)), dtype=float)
+        shards = _shard_sizes(cluster, tp, dp * cp)
+        grid = np.array([row for row in product(zeros, shards, sp_idx, range(len(scheds)), mbs_opts, rec_idx)
+                         if row[0] or row[1] == dp * cp], dtype=float)
         if not len(grid):
             continue
-        z, s_i, k_i, mbs, r_i = grid.T
+        z, shard, s_i, k_i, mbs, r_i = grid.T
         k_i, s_i, r_i, z = k_i.astype(int), s_i.astype(int), r_i.astype(int), z.astype(int)
         enumerated += len(grid)
         m = per_rank / mbs
         names = [n for n, _ in scheds]
         v = np.array([vv for _, vv in scheds], dtype=float)[k_i]
         is_v = np.array([n in ("zbv", "dualpipev") for n in names])[k_i]
-        # Memory: parameters, gradients, optimizer (ZeRO over dp*cp), then activations in flight.
+        # Memory: parameters, gradients, optimizer (ZeRO over the shard group), then activations in flight.
         # (routed experts shard over their dp*cp/ep replicas: memory.zero_held)
-        shard = dp * cp
         p_std, e_std = _busiest(model, tp, ep, pp, pp, False)
         p_v, e_v = _busiest(model, tp, ep, pp, 2 * pp, True) if pp > 1 and 2 * pp <= model.layers else (p_std, e_std)
         params, experts = np.where(is_v, p_v, p_std), np.where(is_v, e_v, e_std)
         dense = params - experts
-        static = sum(b * (dense / np.where(z >= stage, shard, 1) + experts / np.where(z >= stage, shard // ep, 1))
+        static = sum(b * (dense / np.where(z >= stage, shard, 1) + experts / np.where(z >= stage, dp * cp // ep, 1))
                      for b, stage in ((bytes_["params"], 3), (bytes_["grads"], 2), (bytes_["optimizer"], 1)))
         scale = bytes_["compute"] / 2
         per_token = np.array([[activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute=r), 1,
@@ -199,7 +200,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
             ok &= (m >= pp) | (np.array([n == "gpipe" for n in names])[k_i])
         i_min = int(np.argmin(total))
         if total[i_min] < smallest[0]:
-            smallest = (float(total[i_min]), _layout(tp, pp, cp, dp, ep, z[i_min], sps[s_i[i_min]],
+            smallest = (float(total[i_min]), _layout(tp, pp, cp, dp, ep, z[i_min], shard[i_min], sps[s_i[i_min]],
                                                      scheds[k_i[i_min]], mbs[i_min], r_i[i_min]))
         fitting += int(ok.sum())
         if not ok.any():
@@ -226,8 +227,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         busy = [busiest_rank(model, lay) for lay in layouts]
         p_k = np.array([params_on_rank(model, lay, r) for lay, r in zip(layouts, busy)])[k_i]
         root_k = np.array([root_params_on_rank(model, lay, r) for lay, r in zip(layouts, busy)])[k_i]
-        ag = _time_no_latency(cluster, devices, "all_gather", 1.0, dp * cp, tp)  # seconds per byte
-        rs = _time_no_latency(cluster, devices, "reduce_scatter", 1.0, dp * cp, tp)
+
+        def per_byte(collective):  # seconds per byte over each row's shard group
+            full, hybrid = (_time_no_latency(cluster, devices, collective, 1.0, g, tp) for g in (shards * 2)[:2])
+            return np.where(shard == shards[0], full, hybrid)
+
+        ag, rs = per_byte("all_gather"), per_byte("reduce_scatter")
         gather = ag * 4 * p_k if not cluster.software.param_gather_overlap else 0.0
         ratio = _bubble(names, k_i, pp, v, m)
         bound = (compute + floor_r[r_i] + floor_k[k_i]) * (1 + ratio) + np.where((z == 1) | (z == 2), gather, 0.0)
@@ -247,7 +252,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
             bound = bound + np.maximum(unhidden, 0.0)
         for i in np.flatnonzero(ok):
             bounds.append(bound[i])
-            keys.append((tp, pp, cp, dp, ep, z[i], sps[s_i[i]], scheds[k_i[i]], int(mbs[i]), RECOMPUTE[r_i[i]]))
+            keys.append((tp, pp, cp, dp, ep, z[i], int(shard[i]), sps[s_i[i]], scheds[k_i[i]], int(mbs[i]),
+                         RECOMPUTE[r_i[i]]))
     if not keys:
         return Plan([], enumerated, 0, 0, time.perf_counter() - start, smallest, fixed=fix)
 
@@ -260,9 +266,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
             cutoff = max(best[-1].step_time_s, sorted(p.step_time_s for p in by_shape.values())[ALTERNATIVES - 1])
             if bounds[i] >= cutoff:
                 break
-        tp, pp, cp, dp, ep, z, sp, (sched, v), mbs, rec = keys[i]
-        layout = Layout(dp=dp, zero=int(z), tp=tp, sp=sp, pp=pp, vpp=v, schedule=sched, cp=cp, ep=ep, mbs=mbs,
-                        recompute=rec)
+        tp, pp, cp, dp, ep, z, sh, sp, (sched, v), mbs, rec = keys[i]
+        layout = Layout(dp=dp, zero=int(z), shard=sh if z else 0, tp=tp, sp=sp, pp=pp, vpp=v, schedule=sched,
+                        cp=cp, ep=ep, mbs=mbs, recompute=rec)
         if not runnable(layout, model, global_batch):
             continue
         pred = predict(model, cluster, layout, global_batch, precision)
@@ -270,12 +276,22 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         if pred.memory_per_device_bytes["total"] > capacity:
             continue
         best = sorted(best + [pred], key=rank_key)[:top]
-        shape = (tp, pp, cp, dp, ep, int(z))
+        shape = (tp, pp, cp, dp, ep, int(z), layout.shard)
         if shape not in by_shape or rank_key(pred) < rank_key(by_shape[shape]):
             by_shape[shape] = pred
     alternatives = sorted(by_shape.values(), key=rank_key)[1:ALTERNATIVES]
     return Plan(best, enumerated, fitting, evaluated, time.perf_counter() - start, smallest,
                 rejected=alternatives, fixed=fix)
+
+
+def _shard_sizes(cluster: ClusterSpec, tp: int, replicas: int) -> list[int]:
+    """ZeRO shard group sizes to try: all dp*cp ranks (first), and, when those span more than the fast
+    domain, hybrid sharding with the largest group inside it (FSDP within a node or pod, replicas across
+    the slow tier: PyTorch FSDP's HYBRID_SHARD, Zhao et al. 2023 sec. 3.2.2; PaLM's per-pod sharding)."""
+    inside = [d for d in _divisors(replicas) if d * tp <= cluster.fast_domain]
+    if replicas * tp > cluster.fast_domain and inside and max(inside) > 1:
+        return [replicas, max(inside)]
+    return [replicas]
 
 
 def rank_key(pred: Prediction) -> tuple:
@@ -350,7 +366,7 @@ def _busiest(model, tp, ep, pp, chunks, v_shape) -> tuple[float, float]:
     return per_rank[rank], (_expert_params_per_rank(model, tp, ep, pp, chunks, v_shape)[rank] if ep > 1 else 0.0)
 
 
-def _layout(tp, pp, cp, dp, ep, z, sp, sched, mbs, r) -> str:
+def _layout(tp, pp, cp, dp, ep, z, shard, sp, sched, mbs, r) -> str:
     name, v = sched
-    return str(Layout(dp=dp, zero=int(z), tp=tp, sp=sp, pp=pp, vpp=v, schedule=name, cp=cp, ep=ep,
-                      mbs=int(mbs), recompute=RECOMPUTE[int(r)]))
+    return str(Layout(dp=dp, zero=int(z), shard=int(shard) if z else 0, tp=tp, sp=sp, pp=pp, vpp=v,
+                      schedule=name, cp=cp, ep=ep, mbs=int(mbs), recompute=RECOMPUTE[int(r)]))

@@ -4,7 +4,8 @@ Tokens are bytes (vocabulary 256) for text; `.bin` files hold pre-tokenised uint
 memory-mapped. The last `VAL_FRACTION` of the tokens is held out for validation.
 
 Batches depend only on (seed, step): every rank draws the same global batch of windows, then takes
-its contiguous slice of rows, so the tokens of a step and their order never depend on the layout.
+its contiguous slice of rows (and, under context parallelism, its positions in each), so the tokens of a
+step and their order never depend on the layout.
 """
 
 import os
@@ -88,8 +89,22 @@ class TokenData:
         return torch.from_numpy(rows)
 
 
-def rank_microbatches(batch: torch.Tensor, dp_rank: int, dp: int, mbs: int) -> list[torch.Tensor]:
-    """This DP rank's contiguous slice of the global batch, cut into micro-batches of mbs rows."""
+def cp_positions(seq: int, cp_rank: int, cp: int) -> torch.Tensor:
+    """Token positions of a context-parallel rank: of 2*cp equal chunks, chunks cp_rank and 2cp-1-cp_rank
+    (the load-balanced causal layout: early and late chunks paired, so causal attention work is even)."""
+    chunk = seq // (2 * cp)
+    ids = torch.arange(seq)
+    return torch.cat((ids[cp_rank * chunk:(cp_rank + 1) * chunk], ids[(2 * cp - 1 - cp_rank) * chunk:][:chunk]))
+
+
+def rank_microbatches(batch: torch.Tensor, dp_rank: int, dp: int, mbs: int, cp_rank: int = 0,
+                      cp: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This DP rank's contiguous slice of the global batch, cut into micro-batches of mbs rows, each as
+    (inputs, targets); under context parallelism, the tokens at this CP rank's positions of each."""
     per_rank = batch.shape[0] // dp
     mine = batch[dp_rank * per_rank:(dp_rank + 1) * per_rank]
-    return list(mine.split(mbs))
+    inputs, targets = mine[:, :-1], mine[:, 1:]
+    if cp > 1:
+        positions = cp_positions(inputs.shape[1], cp_rank, cp)
+        inputs, targets = inputs[:, positions], targets[:, positions]
+    return list(zip(inputs.split(mbs), targets.split(mbs)))

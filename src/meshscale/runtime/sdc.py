@@ -1,9 +1,10 @@
 """Cross-replica check for silent data corruption: tensors that several ranks hold as copies must stay equal
 bit for bit, so a difference names a corrupted rank and tensor.
 
-Replicas checked: the parameters of the data-parallel replicas under zero 0-2 (routed experts within their
-expert data-parallel group) (and their optimizer state under
-zero=0, where it is replicated too), and the norm weights every tensor-parallel rank holds whole (and their
+Replicas checked: the parameters of the data-parallel replicas (the dp x cp ranks) under zero 0-2 (routed
+experts within their expert data-parallel group) (and their optimizer state under zero=0, where it is
+replicated too), under zero=3 with hybrid sharding the shards and optimizer state of the replica groups, and
+the norm weights every tensor-parallel rank holds whole (and their
 optimizer state under zero 0 and 3). Under zero 1-2 a rank's parameters are re-gathered from their owners'
 shards every step, so a flip in a gathered copy lives one step, and a flip in an owner's shard is gathered into
 every replica alike: only the numerical guards can see that one.
@@ -41,6 +42,7 @@ def outliers(values: list) -> list[int]:
 
 class ReplicaCheck:
     def __init__(self, par, optimizer: torch.optim.Optimizer, rollback: bool = False):
+        from meshscale.parallel.mesh import hybrid_mesh
         from meshscale.parallel.tensor import is_tp_replicated
 
         self.optimizer, layout, mesh = optimizer, par.layout, par.mesh
@@ -48,21 +50,26 @@ class ReplicaCheck:
         named = [(name, p) for s in par.strategies for name, p in s.module.named_parameters()]
         self.device = named[0][1].device
         self.groups = []  # (axis, process group, [(name, param)], whether its optimizer state is a replica too)
-        if layout.dp > 1 and layout.zero < 3:
+        if layout.dp * layout.cp > 1 and layout.zero < 3:
             self.groups += self._data_parallel_groups(layout, mesh, named)
+        elif layout.zero == 3 and layout.replicas > 1:  # HSDP: the replicate dimension holds copies of a shard
+            self.groups.append(("dp", hybrid_mesh(mesh, layout.shard_size)["replicate"].get_group(), named, True))
         if layout.tp > 1:
             replicated = [(name, p) for name, p in named if is_tp_replicated(name)]
             self.groups.append(("tp", mesh["tp"].get_group(), replicated, layout.zero in (0, 3)))
 
     @staticmethod
     def _data_parallel_groups(layout, mesh, named: list) -> list:
-        """Every dp replica holds the same dense parameters; under EP the routed experts are replicas only
-        within their expert data-parallel group (the ranks holding the same experts)."""
+        """Every dp x cp replica holds the same dense parameters; under EP the routed experts are replicas
+        only within their expert data-parallel group (the ranks holding the same experts)."""
+        from meshscale.parallel.mesh import replica_mesh
+
+        dp_group = replica_mesh(mesh).get_group()
         if layout.ep == 1:
-            return [("dp", mesh["dp"].get_group(), named, layout.zero == 0)]
+            return [("dp", dp_group, named, layout.zero == 0)]
         from meshscale.parallel.expert import build_expert_mesh, is_expert_param
 
-        groups = [("dp", mesh["dp"].get_group(), [(n, p) for n, p in named if not is_expert_param(n)],
+        groups = [("dp", dp_group, [(n, p) for n, p in named if not is_expert_param(n)],
                    layout.zero == 0)]
         edp = build_expert_mesh(layout, mesh.device_type)["edp"]
         if edp.size() > 1:

@@ -4,6 +4,7 @@ steps of gradient-accumulated micro-batches, recording metrics and every collect
 import os
 import time
 from contextlib import nullcontext
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -29,6 +30,18 @@ def pick_device(choice: str, local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
+class DataShard(NamedTuple):
+    """Which part of each global batch this rank trains on: its DP rows, its CP positions."""
+    dp_rank: int
+    dp: int
+    cp_rank: int
+    cp: int
+
+    def of(self, mbs: int) -> tuple:
+        """The arguments of `rank_microbatches` after the batch."""
+        return self.dp_rank, self.dp, mbs, self.cp_rank, self.cp
+
+
 def _all_mean(value: torch.Tensor, group, world: int) -> float:
     if world > 1:
         dist.all_reduce(value, group=group)  # control scalar (loss), not part of the ledger
@@ -51,11 +64,11 @@ class AccumulatedStep:
     def __init__(self, par, loss_fn, autocast, device):
         self.par, self.loss_fn, self.autocast, self.device = par, loss_fn, autocast, device
 
-    def loss(self, mb: torch.Tensor) -> torch.Tensor:
-        mb = mb.to(self.device)
+    def loss(self, mb: tuple) -> torch.Tensor:
+        inputs, targets = (t.to(self.device) for t in mb)
         with self.autocast:
-            logits = self.par.model(mb[:, :-1])
-        return self.loss_fn(logits, mb[:, 1:])
+            logits = self.par.model(inputs)
+        return self.loss_fn(logits, targets)
 
     def __call__(self, micro: list) -> torch.Tensor:
         total = torch.zeros((), device=self.device)
@@ -81,14 +94,14 @@ class PipelineStep:
         self.runner = PipelineRunner(par.chunks, layout, mesh["pp"], loss_fn, m, device)
 
     def __call__(self, micro: list) -> torch.Tensor:
-        batch = torch.cat(micro).to(self.device)
+        inputs, targets = (torch.cat(t).to(self.device) for t in zip(*micro))
         with self.par.accumulate(last=True), self.autocast:
-            return self.runner.step(batch[:, :-1], batch[:, 1:])
+            return self.runner.step(inputs, targets)
 
     def evaluate(self, micro: list) -> torch.Tensor:
-        batch = torch.cat(micro).to(self.device)
+        inputs, targets = (torch.cat(t).to(self.device) for t in zip(*micro))
         with self.autocast:
-            return self.runner.evaluate(batch[:, :-1], batch[:, 1:])
+            return self.runner.evaluate(inputs, targets)
 
 
 def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) -> dict:
@@ -96,13 +109,15 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
     Returns per-step metrics rows, the final validation loss, the comm ledger's per-step summaries (of the
     rank the cost model describes) and, with a pipeline, the last step's trace."""
     from meshscale.parallel.apply import apply_layout
-    from meshscale.parallel.mesh import build_mesh
+    from meshscale.parallel.mesh import build_mesh, replica_mesh
 
     cfg, spec, layout = run.config, run.spec, run.layout
     multi = layout.devices > 1
     mesh = build_mesh(layout, device.type) if multi else None
-    dp_rank = mesh["dp"].get_local_rank() if multi else 0
-    dp_group = mesh["dp"].get_group() if multi else None
+    # Each dp x cp rank's loss is the mean over its own tokens, an equal share: the batch loss is their mean.
+    dp_group = replica_mesh(mesh).get_group() if multi else None
+    mine = DataShard(mesh["dp"].get_local_rank(), layout.dp, mesh["cp"].get_local_rank(), layout.cp) if multi \
+        else DataShard(0, 1, 0, 1)
     is_logger = (dist.get_rank() if multi else 0) == 0 and log
 
     ledger = CommLedger()
@@ -146,7 +161,7 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
         loss = step_fn(micro)
         beat(step, "gradient norm")
         grad_norm = clip_gradients(par, cfg.clip)
-        loss_value = _all_mean(loss.clone(), dp_group, layout.dp)
+        loss_value = _all_mean(loss.clone(), dp_group, layout.dp * layout.cp)
         beat(step, "guards")
         return loss_value, grad_norm, guards.check(step, loss if owns_loss else None, loss_value, grad_norm)
 
@@ -157,7 +172,7 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
         ledger.begin_step(step)
         lr = lr_at(step, cfg.steps, cfg.lr, cfg.min_lr, cfg.warmup)
         set_lr(optimizer, lr)
-        micro = rank_microbatches(data.global_batch(step, cfg.global_batch), dp_rank, layout.dp, layout.mbs)
+        micro = rank_microbatches(data.global_batch(step, cfg.global_batch), *mine.of(layout.mbs))
         snapshot = Snapshot(state, optimizer) if cfg.replay_anomalies else None
         loss_value, grad_norm, anomaly = forward_backward(step, micro)
         if anomaly is not None and snapshot is not None:  # same data, state and RNG: does it happen again?
@@ -183,7 +198,7 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
             anomalies += filter(None, [replicas.run(step)])
         faults.straggle(step, time.perf_counter() - start)
         elapsed = time.perf_counter() - start
-        extra = {"aux_loss": balance_loss_value(moe, mesh, layout, m)} if spec.is_moe else {}
+        extra = {"aux_loss": balance_loss_value(moe, mesh, dp_group, layout, m)} if spec.is_moe else {}
         return {"step": step, "loss": loss_value, **extra, "lr": lr, "grad_norm": grad_norm,
                 "tokens_per_s": cfg.global_batch * spec.seq / elapsed, "step_time_s": elapsed,
                 "peak_memory_bytes": memory_bytes(device, baseline), "sdc_check": checked,
@@ -225,8 +240,8 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
                         row["checkpoint_save_s"] = time.perf_counter() - saving
                     metrics.log(row)
                     step += 1
-            beat(cfg.steps, "evaluate")
-            val_loss = evaluate(step_fn, par, data, cfg, layout, dp_rank, dp_group, device)
+            beat(cfg.steps, "evaluate")  # not step traffic: outside the ledger
+            val_loss = evaluate(step_fn, par, data, cfg, layout, mine, dp_group, device)
     finally:
         metrics.close()
     summaries = [ledger.summary(s) for s in range(first_step, cfg.steps)]
@@ -257,10 +272,10 @@ def _import_setup() -> None:
     build_optimizer([torch.zeros(1, requires_grad=True)], 0.0, 0.0)
 
 
-def balance_loss_value(moe: list, mesh, layout, m: int) -> float:
+def balance_loss_value(moe: list, mesh, dp_group, layout, m: int) -> float:
     """The step's load-balancing loss (before its coefficient): summed over the MoE layers, each averaged over
     the step's m micro-batches (the last m values: on its first step torch's pipeline stage backpropagates one
-    extra pass on the last stage), the layers summed over PP and averaged over DP (control scalars, not ledger
+    extra pass on the last stage), the layers summed over PP and averaged over dp x cp (control scalars, not ledger
     traffic)."""
     total = torch.zeros(())
     for layer in moe:
@@ -268,7 +283,7 @@ def balance_loss_value(moe: list, mesh, layout, m: int) -> float:
         layer.aux_values.clear()
     if layout.pp > 1:
         dist.all_reduce(total, group=mesh["pp"].get_group())
-    return _all_mean(total, mesh["dp"].get_group() if layout.dp > 1 else None, layout.dp)
+    return _all_mean(total, dp_group, layout.dp * layout.cp)
 
 
 def _gather(obj) -> list:
@@ -301,14 +316,14 @@ def pipeline_trace(run: Resolved, runner, m: int) -> dict:
 
 
 @torch.no_grad()
-def evaluate(step_fn, par, data: TokenData, cfg, layout, dp_rank: int, dp_group, device) -> float:
-    """Mean loss over `val_batches` held-out global batches (each DP rank its slice, then averaged)."""
+def evaluate(step_fn, par, data: TokenData, cfg, layout, mine, dp_group, device) -> float:
+    """Mean loss over `val_batches` held-out global batches (each dp x cp rank its share, then averaged)."""
     for _, module in par.chunks:
         module.eval()
     total = 0.0
     for i in range(cfg.val_batches):
-        rows = rank_microbatches(data.global_batch(i, cfg.global_batch, "val"), dp_rank, layout.dp, layout.mbs)
+        rows = rank_microbatches(data.global_batch(i, cfg.global_batch, "val"), *mine.of(layout.mbs))
         total += float(step_fn.evaluate(rows))
     for _, module in par.chunks:
         module.train()
-    return _all_mean(torch.tensor(total / cfg.val_batches, device=device), dp_group, layout.dp)
+    return _all_mean(torch.tensor(total / cfg.val_batches, device=device), dp_group, layout.dp * layout.cp)

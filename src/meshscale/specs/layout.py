@@ -3,6 +3,8 @@
 String form (the same everywhere, CLI, JSON, planner output):
     tp=8,pp=16,dp=64,zero=1,mbs=1,schedule=1f1b,recompute=selective,sp=true
 `fsdp=N` is shorthand for dp=N,zero=3. Keys left out take defaults; dp fills the devices left over.
+`shard=N` (hybrid sharding, HSDP) shards the ZeRO state within groups of N of the dp*cp ranks, the groups
+being replicas of each other; left out, the state is sharded over all dp*cp ranks.
 
 Mesh order, outermost to innermost: pp, dp, cp, tp. TP is innermost so it stays inside the fast domain.
 Expert parallelism borrows its ranks from dp*cp (it does not add devices): number the dp*cp ranks of one
@@ -19,14 +21,15 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb", "zbv", "dualpipev")
 RECOMPUTE = ("none", "selective", "full")
 # Schedules that place two model chunks on each pipeline rank (a "V": down then back up).
 V_SCHEDULES = ("zbv", "dualpipev")
-_INT_KEYS = ("dp", "zero", "tp", "pp", "vpp", "cp", "ep", "mbs")
-_KEY_ORDER = ("dp", "zero", "tp", "sp", "pp", "vpp", "schedule", "cp", "ep", "mbs", "recompute")
+_INT_KEYS = ("dp", "zero", "shard", "tp", "pp", "vpp", "cp", "ep", "mbs")
+_KEY_ORDER = ("dp", "zero", "shard", "tp", "sp", "pp", "vpp", "schedule", "cp", "ep", "mbs", "recompute")
 
 
 @dataclass(frozen=True)
 class Layout:
     dp: int = 1
     zero: int = 0  # 0: DDP, 1: optimizer states sharded, 2: + gradients, 3: + parameters (FSDP)
+    shard: int = 0  # ranks of dp*cp each ZeRO shard group spans (HSDP); 0: all of them
     tp: int = 1
     sp: bool = False  # sequence parallelism over the TP group (Korthikanti et al. 2022)
     pp: int = 1
@@ -40,8 +43,9 @@ class Layout:
     def __post_init__(self):
         for key in _INT_KEYS:
             value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if key in ("zero", "mbs") else 1):
-                raise UserError(f"layout: {key} must be a {'non-negative' if key in ('zero', 'mbs') else 'positive'} "
+            zero_ok = key in ("zero", "mbs", "shard")
+            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if zero_ok else 1):
+                raise UserError(f"layout: {key} must be a {'non-negative' if zero_ok else 'positive'} "
                                 f"integer, got {value!r}")
         if self.zero > 3:
             raise UserError(f"layout: zero must be 0, 1, 2 or 3, got {self.zero}")
@@ -62,6 +66,16 @@ class Layout:
             raise UserError("layout: vpp > 1 needs pp > 1")
         if self.schedule in V_SCHEDULES and self.pp > 1 and self.vpp == 1:
             object.__setattr__(self, "vpp", 2)
+        if self.shard:
+            replicas = self.dp * self.cp
+            if self.zero == 0:
+                raise UserError(f"layout: shard={self.shard} shards ZeRO state within groups, so it needs zero=1, "
+                                "2 or 3; add a zero stage or drop shard")
+            if replicas % self.shard:
+                raise UserError(f"layout: shard={self.shard} must divide dp*cp = {replicas} (the ranks that hold "
+                                "the same parameters); pick a divisor of it")
+            if self.shard == replicas:  # full sharding is the default: one canonical form
+                object.__setattr__(self, "shard", 0)
 
     # ---- derived sizes ------------------------------------------------------------------
     @property
@@ -74,8 +88,18 @@ class Layout:
         return self.pp * self.vpp
 
     @property
+    def shard_size(self) -> int:
+        """Ranks each ZeRO/FSDP shard group spans (all dp*cp ranks unless hybrid sharding)."""
+        return self.shard or self.dp * self.cp
+
+    @property
+    def replicas(self) -> int:
+        """Shard groups holding copies of the same state (1 unless hybrid sharding)."""
+        return self.dp * self.cp // self.shard_size
+
+    @property
     def fsdp(self) -> bool:
-        return self.zero == 3 and self.dp > 1
+        return self.zero == 3 and self.dp * self.cp > 1
 
     def resolve_mbs(self, global_batch: int) -> "Layout":
         """Fill mbs when left out: one micro-batch per DP rank without a pipeline; with one, as many
@@ -165,9 +189,10 @@ def _parse_int(key: str, raw: str) -> int:
 def check_against(layout: Layout, model, global_batch: int | None = None) -> None:
     """Rules that tie a layout to a model and batch. Each failure names the rule and the fix."""
     t = layout.tp
-    if model.heads % t or model.kv_heads % t:
-        raise UserError(f"layout: tp={t} must divide heads ({model.heads}) and kv_heads ({model.kv_heads}) "
-                        f"of {model.name}; pick a tp that divides {model.kv_heads}")
+    if model.heads % t or not kv_heads_fit(model.kv_heads, t):
+        raise UserError(f"layout: tp={t} must divide heads ({model.heads}) of {model.name}, and either divide "
+                        f"kv_heads ({model.kv_heads}) or be a multiple of it (each rank then holds a copy of its "
+                        f"KV head); pick such a tp")
     if model.ffn % t or (model.is_moe and model.expert_ffn % t):
         raise UserError(f"layout: tp={t} must divide the MLP width ({model.ffn}) of {model.name}")
     if layout.stages > model.layers:
@@ -176,8 +201,9 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
     if layout.cp > 1 and model.seq % (2 * layout.cp):
         raise UserError(f"layout: cp={layout.cp} needs seq ({model.seq}) divisible by 2*cp for load-balanced "
                         "causal ring attention; pick cp accordingly")
-    if layout.sp and model.seq % t:
-        raise UserError(f"layout: sp=true splits seq ({model.seq}) over tp={t}; they must divide")
+    if layout.sp and model.seq % (t * layout.cp):
+        raise UserError(f"layout: sp=true splits each CP rank's seq/cp tokens ({model.seq}/{layout.cp}) over tp={t}; "
+                        "tp*cp must divide seq")
     if layout.ep > 1:
         if not model.is_moe:
             raise UserError(f"layout: ep={layout.ep} needs a mixture-of-experts model; {model.name} is dense")
@@ -193,6 +219,17 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
         reason = pipeline_refusal(layout, layout.microbatches(global_batch))
         if reason:
             raise UserError(f"layout: {reason}")
+
+
+def kv_heads_fit(kv_heads: int, tp: int) -> bool:
+    """TP splits the KV heads (tp divides them) or replicates them (tp a multiple of them, Megatron-LM's
+    rule for grouped-query attention: each rank keeps a copy of the one KV head its query heads read)."""
+    return kv_heads % tp == 0 or tp % kv_heads == 0
+
+
+def kv_heads_per_rank(kv_heads: int, tp: int) -> int:
+    """KV heads each TP rank holds: its share, or one replicated head."""
+    return max(kv_heads // tp, 1)
 
 
 def split_layers(n_layers: int, n_chunks: int) -> list[range]:
@@ -228,7 +265,7 @@ def pipeline_refusal(layout: Layout, n_microbatches: int) -> str | None:
         # and dualpipev's gradients are wrong (tests/test_pipeline.py checks the schedules it does accept)
         return (f"schedule={layout.schedule} with zero=3 gets wrong weight gradients from torch's split backward "
                 "under FSDP2; use zero<=2, or schedule=gpipe/1f1b/interleaved with zero=3")
-    if layout.dp > 1 and layout.zero == 2 and layout.schedule in ("zb", "zbv", "dualpipev"):
+    if layout.dp * layout.cp > 1 and layout.zero == 2 and layout.schedule in ("zb", "zbv", "dualpipev"):
         # ZeRO-2 reduce-scatters a bucket once backward has accumulated its gradients; zero-bubble schedules
         # compute weight gradients with autograd.grad, which never triggers that hook
         return (f"schedule={layout.schedule} computes weight gradients apart from backward, which zero=2 cannot "
@@ -250,13 +287,18 @@ def trainer_refusal(layout: Layout, model) -> str | None:
         return f"sp=true is not built for {'MoE' if model.is_moe else 'GPT-style (biased)'} models; use sp=false"
     if layout.cp > 1 and model.is_moe:
         return "cp>1 is not built for MoE models (the balance loss is per whole sequence); use cp=1"
+    if layout.cp > 1 and model.learned_positions:
+        return f"cp>1 is not built for learned position embeddings ({model.name}); use cp=1"
     if model.is_moe and model.biases and layout.tp > 1:
         return "tp>1 is not built for MoE experts with biases (their row-parallel bias); use tp=1"
-    if layout.pp > 1 and model.tied_embeddings and layout.dp > 1 and layout.zero >= 2:
+    if model.biases and layout.tp > model.kv_heads:
+        return f"tp={layout.tp} > kv_heads is not built for biased K/V projections; use tp<={model.kv_heads}"
+    if layout.replicas > 1 and layout.ep > 1:
+        # the experts' state shards over their own expert data-parallel group, not the shard groups
+        return "shard is not built with ep>1; drop shard or use ep=1"
+    if layout.pp > 1 and model.tied_embeddings and layout.dp * layout.cp > 1 and layout.zero >= 2:
         # the two copies' gradients are summed after the schedule; zero>=2 reduce-scatters them during it
         return f"pp>1 with tied embeddings ({model.name}) needs zero<=1; use zero=0 or 1"
-    if layout.cp > 1:
-        return f"the trainer does not run cp={layout.cp} yet (context parallelism); set cp=1"
     if model.vocab % layout.tp:
         # the cost model pads the vocabulary like Megatron; the trainer's vocabulary-parallel embedding does not
         return (f"tp={layout.tp} must divide the vocabulary ({model.vocab}) of {model.name} for the trainer's "
