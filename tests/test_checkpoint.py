@@ -134,14 +134,29 @@ def _slug(layout: str) -> str:
     return layout.replace(",", "_").replace("=", "")
 
 
-def _four_rank_cases(rank, world, root, model, from_two):
-    """World 4: the same-layout cases; uninterrupted fsdp=4 and tp=2,pp=2; then fsdp=4 -> dp=2,tp=2 and
-    dp=2,zero=1 (saved on 2 processes) -> fsdp=4."""
-    out = {"same": _same_layout_cases(rank, world, root, model), "full": {}}
-    for layout in ("fsdp=4", "tp=2,pp=2"):
-        out["full"][layout] = _losses(_run(model, layout, world, f"{root}/{_slug(layout)}/full"), _tokens())
-    cases = [(f"{root}/fsdp4/full", "dp=2,tp=2"), (f"{from_two}/dp2_zero1/full", "fsdp=4")]
-    out["resharded"] = _resharded(rank, world, root, model, cases)
+# World 4, per model: the uninterrupted runs, and (source run, target layout) reshardings across dp/zero/tp,
+# into and out of hybrid sharding and context parallelism, KV-head copies (tp=4 > kv_heads=2) and expert
+# parallelism. A source "two:L" is the 2-process run of L.
+FULL = {"odd": ["fsdp=4", "tp=2,pp=2"], "kv": ["tp=4"], "tiny-moe": ["dp=4,ep=2,zero=1"]}
+RESHARDED = {"odd": [("fsdp=4", "dp=2,tp=2"), ("two:dp=2,zero=1", "fsdp=4"), ("fsdp=4", "dp=4,zero=3,shard=2"),
+                     ("two:dp=2,zero=1", "cp=2,dp=2,zero=3")],
+             "kv": [("tp=4", "cp=2,dp=2,zero=1"), ("tp=4", "dp=2,tp=2")],
+             "tiny-moe": [("dp=4,ep=2,zero=1", "dp=4,ep=4,zero=3"), ("dp=4,ep=2,zero=1", "dp=2,ep=2,tp=2")]}
+
+
+def _source(root: str, from_two: str, layout: str) -> str:
+    return f"{from_two}/{_slug(layout[4:])}/full" if layout.startswith("two:") else f"{root}/{_slug(layout)}/full"
+
+
+def _four_rank_cases(rank, world, root, models, from_two):
+    """World 4: the same-layout cases, the FULL runs, then the RESHARDED cases."""
+    out = {"same": _same_layout_cases(rank, world, root, models["odd"]), "full": {}, "resharded": {}}
+    for key, layouts in FULL.items():
+        for layout in layouts:
+            out["full"][layout] = _losses(_run(models[key], layout, world, _source(root, from_two, layout)), _tokens())
+    for key, cases in RESHARDED.items():
+        out["resharded"].update(_resharded(rank, world, root, models[key],
+                                           [(_source(root, from_two, src), dst) for src, dst in cases]))
     return out
 
 
@@ -153,15 +168,22 @@ def model_file(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
+def models(tmp_path_factory, model_file) -> dict:
+    kv = tmp_path_factory.mktemp("spec") / "tiny-kv.json"  # tp=4 holds copies of the 2 KV heads
+    kv.write_text(json.dumps({**SPEC, "name": "tiny-kv", "vocab": 256}))
+    return {"odd": model_file, "kv": str(kv), "tiny-moe": "tiny-moe"}
+
+
+@pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory, model_file):
     root = tmp_path_factory.mktemp("ckpt2")
     return str(root), run_ranks(2, _same_layout_cases, str(root), model_file)[0]
 
 
 @pytest.fixture(scope="module")
-def four_ranks(tmp_path_factory, model_file, two_ranks):
+def four_ranks(tmp_path_factory, models, two_ranks):
     root = tmp_path_factory.mktemp("ckpt4")
-    return str(root), run_ranks(4, _four_rank_cases, str(root), model_file, two_ranks[0])[0]
+    return str(root), run_ranks(4, _four_rank_cases, str(root), models, two_ranks[0])[0]
 
 
 def _close(a: list, b: list) -> bool:
@@ -180,12 +202,14 @@ def test_resume_under_the_same_layout_is_bit_exact(world, two_ranks, four_ranks)
 
 
 def test_resharded_resume_within_four_processes(two_ranks, four_ranks):
-    """fsdp=4 -> dp=2,tp=2 and dp=2,zero=1 (2 processes) -> fsdp=4: the reloaded state equals the saved one
-    and the losses continue the uninterrupted run's."""
+    """Every RESHARDED case: the reloaded state, saved again under the new layout, equals the saved one, and
+    the losses continue the uninterrupted source run's."""
     root, results = four_ranks
-    references = {"dp=2,tp=2": results["full"]["fsdp=4"], "fsdp=4": two_ranks[1]["dp=2,zero=1"]["full"]}
+    assert len(results["resharded"]) == sum(map(len, RESHARDED.values()))
+    full = {_source(root, "", layout): losses for layout, losses in results["full"].items()}
+    full[_source("", two_ranks[0], "two:dp=2,zero=1")] = two_ranks[1]["dp=2,zero=1"]["full"]
     for (src, layout), r in results["resharded"].items():
-        assert _close(r["losses"], references[layout][2:]), (src, layout, r["losses"])
+        assert _close(r["losses"], full[src][2:]), (src, layout, r["losses"], full[src])
         _assert_same_state(Path(src) / "step-00000002", Path(r["dir"]) / "resaved" / "step-00000002")
 
 

@@ -24,16 +24,14 @@ from meshscale.runtime.ledger import record
 from meshscale.runtime.model import moe_layers, run_experts
 from meshscale.specs.layout import Layout, expert_mesh_shape
 
-_meshes: dict = {}
-
-
 def build_expert_mesh(layout: Layout, device_type: str) -> DeviceMesh:
     """The (pp, edp, ep, tp) mesh over the same ranks as the main mesh; one per shape per process."""
+    from meshscale.parallel.mesh import cached_mesh
+
     shape = expert_mesh_shape(layout)
-    if shape not in _meshes:
-        ranks = torch.arange(layout.devices).reshape(shape)
-        _meshes[shape] = DeviceMesh(device_type, ranks, mesh_dim_names=("pp", "edp", "ep", "tp"))
-    return _meshes[shape]
+    ranks = torch.arange(layout.devices).reshape(shape)
+    names = ("pp", "edp", "ep", "tp")
+    return cached_mesh(("expert", shape), lambda: DeviceMesh(device_type, ranks, mesh_dim_names=names))
 
 
 def is_expert_param(name: str) -> bool:

@@ -16,15 +16,20 @@ MESH_DIMS = ("pp", "dp", "cp", "tp")
 _meshes: dict = {}
 
 
+def cached_mesh(key, make) -> DeviceMesh:
+    """The mesh `make()` builds, built once per key per process: sub-group creation is a collective, so
+    every mesh is reused, and all of them are dropped together by `forget_meshes`."""
+    if key not in _meshes:
+        _meshes[key] = make()
+    return _meshes[key]
+
+
 def build_mesh(layout: Layout, device_type: str) -> DeviceMesh:
-    """One mesh per shape per process (sub-group creation is a collective, so reuse it)."""
     shape = tuple(getattr(layout, d) for d in MESH_DIMS)
-    if shape not in _meshes:
-        if dist.get_world_size() != layout.devices:
-            raise ValueError(f"layout {layout} needs {layout.devices} processes, the group has "
-                             f"{dist.get_world_size()}")
-        _meshes[shape] = init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
-    return _meshes[shape]
+    if dist.get_world_size() != layout.devices:
+        raise ValueError(f"layout {layout} needs {layout.devices} processes, the group has "
+                         f"{dist.get_world_size()}")
+    return cached_mesh(shape, lambda: init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS))
 
 
 def forget_meshes() -> None:
@@ -37,17 +42,12 @@ def replica_mesh(mesh: DeviceMesh) -> DeviceMesh:
     """The dp x cp ranks as one 1-D mesh (mesh["dp"] itself when cp is 1), created once per mesh."""
     if mesh["cp"].size() == 1:
         return mesh["dp"]
-    key = (id(mesh), "dp_cp")
-    if key not in _meshes:
-        _meshes[key] = mesh["dp", "cp"]._flatten("dp_cp")
-    return _meshes[key]
+    return cached_mesh((id(mesh), "dp_cp"), lambda: mesh["dp", "cp"]._flatten("dp_cp"))
 
 
 def hybrid_mesh(mesh: DeviceMesh, shard: int) -> DeviceMesh:
     """(replicate, shard): groups of `shard` consecutive dp x cp ranks share one copy of the sharded state;
     the dp*cp/shard groups are replicas of each other."""
-    key = (id(mesh), "hsdp", shard)
-    if key not in _meshes:
-        flat = replica_mesh(mesh)
-        _meshes[key] = flat._unflatten(0, (flat.size() // shard, shard), ("replicate", "shard"))
-    return _meshes[key]
+    flat = replica_mesh(mesh)
+    return cached_mesh((id(mesh), "hsdp", shard),
+                       lambda: flat._unflatten(0, (flat.size() // shard, shard), ("replicate", "shard")))

@@ -3,12 +3,16 @@ owns, so a checkpoint saved under any layout the trainer runs loads under any ot
 
 The form. Every tensor is keyed by the unmodified model's parameter name (FQN): `model.<fqn>` for the
 weight, `optim.<fqn>.exp_avg` / `.exp_avg_sq` for AdamW's moments, each a DTensor of the full parameter's
-shape on this rank's (dp, tp) mesh. Over tp a tensor is `Shard(d)` (d: the dim where the local shape
-differs from the full one; our TP keeps plain tensors, so the shape says how it was cut) or `Replicate()`
-(norms). Over dp it is `Replicate()` (DDP, and ZeRO-1/2 once its flat shards are gathered into
-per-parameter tensors) or FSDP2's own `Shard(0)` (`_StridedShard` when TP already cut dim 0, the order
-FSDP2 itself uses for 2-D meshes). Pipeline stages hold disjoint FQNs (each stage keeps the global names
-of its layers), so the PP ranks together save the whole model. DCP writes each chunk once (replicas are
+shape over the ranks that hold a piece or a copy of it, arranged as (replicas, shards, tp) (`_holders`). The
+data-parallel ranks (dp x cp, or for routed experts the expert data-parallel group) are `Replicate()` (DDP,
+and ZeRO-1/2 once its flat shards are gathered into per-parameter tensors), or FSDP2's own `Shard(0)` over
+its shard group and `Replicate()` across hybrid-sharding replica groups (`_StridedShard` when TP already
+cut dim 0, the order FSDP2 itself uses for 2-D meshes). Over tp a tensor is `Shard(d)` (d: the dim where
+the local shape differs from the full one; our TP keeps plain tensors, so the shape says how it was cut),
+`Replicate()` (norms), or, for a KV head copied onto tp/kv_heads ranks, `Shard(0)` over the head groups and
+`Replicate()` within them. These meshes only describe where the pieces are: they are built without process
+groups. Pipeline stages and expert-parallel ranks hold disjoint FQNs (each keeps the global names of its
+layers and experts), so together they save the whole model. DCP writes each chunk once (replicas are
 de-duplicated and spread over the ranks holding them) and loads any other cut of the same full tensors.
 
 On disk: DIR/step-00000010/ holds DCP's files, then, written last, manifest.json: model, layout, world
@@ -141,18 +145,23 @@ def _held(strategy, optimizer) -> tuple[dict, Callable]:
     """{fqn: {"param", "exp_avg", "exp_avg_sq"}} of one chunk as this rank holds them across DP (whole
     tensors, or FSDP2's dp-sharded DTensors), and a function writing loaded values back where the tensors
     are copies (ZeRO's gathered moments)."""
+    from meshscale.parallel.expert import ExpertSplit
     from meshscale.parallel.zero import Zero
 
+    if isinstance(strategy, ExpertSplit):  # dense and routed-expert parameters, each with its own strategy
+        (dense, write_dense), (experts, write_experts) = (_held(s, optimizer)
+                                                          for s in (strategy.dense, strategy.experts))
+        return {**dense, **experts}, lambda: (write_dense(), write_experts())
     if isinstance(strategy, Zero):
         return _zero_held(strategy, optimizer)
     held = {name: {"param": p.detach(), **{k: optimizer.state[p][k] for k in MOMENTS}}
-            for name, p in strategy.module.named_parameters() if p.requires_grad}
+            for name, p in strategy.module.named_parameters() if p.requires_grad and strategy.select(name)}
     return held, lambda: None
 
 
 def _zero_held(zero, optimizer) -> tuple[dict, Callable]:
     """ZeRO-1/2: parameters are whole on every rank (views into the flat buckets); the moments live in flat
-    shards, so gather each bucket's moments over dp and view them per parameter."""
+    shards, so gather each bucket's moments over the shard group and view them per parameter."""
     from meshscale.parallel.zero import _all_gather
 
     held, gathered = {}, []
@@ -182,41 +191,80 @@ def _full_shapes(spec) -> dict:
         return {name: tuple(p.shape) for name, p in Transformer(spec).named_parameters()}
 
 
-def _global(t: torch.Tensor, full_shape: tuple, mesh):
-    """`t` (whole over dp, or FSDP2's dp shard) as a DTensor of the full shape on the (dp, tp) mesh."""
-    if mesh is None:
-        return t
+def _holders(layout, expert: bool) -> torch.Tensor:
+    """The global ranks holding a piece or a copy of this rank's dense (or routed-expert) tensors, as a
+    (data-parallel ranks, tp) grid: this rank's pipeline stage (and expert-parallel rank) of the main mesh's
+    (pp, dp, cp, tp) order, or the expert mesh's (pp, edp, ep, tp) order."""
+    from meshscale.specs.layout import expert_mesh_shape
+
+    rank = dist.get_rank()
+    if expert:
+        ranks = torch.arange(layout.devices).reshape(expert_mesh_shape(layout))
+        pp, _, ep, _ = (ranks == rank).nonzero()[0].tolist()
+        return ranks[pp, :, ep, :]
+    ranks = torch.arange(layout.devices).reshape(layout.pp, layout.dp * layout.cp, layout.tp)
+    return ranks[(ranks == rank).nonzero()[0, 0]]
+
+
+_descriptions: dict = {}  # meshes without process groups, by their rank grid and device type
+
+
+def _describing_mesh(grid: torch.Tensor, device_type: str):
+    from torch.distributed.device_mesh import DeviceMesh
+
+    key = (tuple(grid.shape), tuple(grid.flatten().tolist()), device_type)
+    if key not in _descriptions:
+        _descriptions[key] = DeviceMesh(device_type, grid, _init_backend=False)
+    return _descriptions[key]
+
+
+def _global(t: torch.Tensor, full_shape: tuple, holders: torch.Tensor, shard_size: int, device_type: str):
+    """`t` (whole over the data-parallel ranks, or FSDP2's shard of it) as a DTensor of the full shape on
+    the (replicas, shards, tp...) grid of its `holders`; `shard_size`: the FSDP2 shard group's size."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.distributed.tensor.placement_types import _StridedShard
 
     fsdp = isinstance(t, DTensor)
     local = t.to_local() if fsdp else t
-    cut = [d for d, (a, b) in enumerate(zip(t.shape, full_shape)) if a != b]
-    tp = Shard(cut[0]) if cut else Replicate()
-    tp_size = mesh.size(1)
+    cut = [d for d, (a, b) in enumerate(zip(t.shape, full_shape)) if a != b]  # t.shape: this TP rank's
+    tp = holders.shape[-1]
+    pieces = full_shape[cut[0]] // t.shape[cut[0]] if cut else 1  # < tp: KV heads copied onto tp/pieces ranks
+    grid = holders.reshape(-1, shard_size if fsdp else 1, pieces, tp // pieces)
+    tp_placements = [Shard(cut[0]) if cut else Replicate(), Replicate()]
     if not fsdp:
         dp = Replicate()
     elif cut and cut[0] == 0:
-        dp = _StridedShard(0, split_factor=tp_size)
+        dp = _StridedShard(0, split_factor=pieces)
     else:
         dp = Shard(0)
+    mesh = _describing_mesh(grid, local.device.type)
     stride = torch.empty(full_shape, device="meta").stride()
-    return DTensor.from_local(local, mesh, [dp, tp], run_check=False, shape=torch.Size(full_shape), stride=stride)
+    return DTensor.from_local(local, mesh, [Replicate(), dp, *tp_placements], run_check=False,
+                              shape=torch.Size(full_shape), stride=stride)
 
 
 def _state_dict(run, par, optimizer, mesh) -> tuple[dict, list]:
     """The layout-free state dict of this rank, and the write-backs to run after loading into it."""
+    from meshscale.parallel.expert import is_expert_param
+
     _ensure_optimizer_state(optimizer)
-    shapes = _full_shapes(run.spec)
-    sub = mesh["dp", "tp"] if mesh is not None else None
+    shapes, layout = _full_shapes(run.spec), run.layout
     state, write_backs = {}, []
+
+    def describe(name, t):
+        if mesh is None:
+            return t
+        expert = layout.ep > 1 and is_expert_param(name)
+        shard_size = (layout.dp * layout.cp // layout.ep) if expert else layout.shard_size
+        return _global(t, shapes[name], _holders(layout, expert), shard_size, mesh.device_type)
+
     for strategy in par.strategies:
         held, write_back = _held(strategy, optimizer)
         write_backs.append(write_back)
         for name, tensors in held.items():
-            state[f"model.{name}"] = _global(tensors["param"], shapes[name], sub)
+            state[f"model.{name}"] = describe(name, tensors["param"])
             for k in MOMENTS:
-                state[f"optim.{name}.{k}"] = _global(tensors[k], shapes[name], sub)
+                state[f"optim.{name}.{k}"] = describe(name, tensors[k])
     rank = dist.get_rank() if dist.is_initialized() else 0
     state[f"rng.{rank}"] = torch.get_rng_state()
     return state, write_backs
