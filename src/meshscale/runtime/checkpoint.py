@@ -17,9 +17,9 @@ de-duplicated and spread over the ranks holding them) and loads any other cut of
 
 On disk: DIR/step-00000010/ holds DCP's files, then, written last, manifest.json: model, layout, world
 size, precision, versions, step, tokens seen, data position (the batches are a function of seed and
-step), and the sha256 of every other file; each rank's RNG state is in DCP's files as `rng.<rank>`. The manifest is the commit marker: rank 0 writes it (temporary file, fsync, atomic
-rename) after a barrier that follows every rank's fsynced writes, so a directory without it -- a save cut
-short -- never counts.
+step), and the sha256 of every other file; each rank's RNG state is in DCP's files as `rng.<rank>`.
+The manifest is the commit marker: rank 0 writes it (temporary file, fsync, atomic rename) after a barrier
+that follows every rank's fsynced writes, so a directory without it -- a save cut short -- never counts.
 
 Saving is synchronous: every rank returns from `save` once the checkpoint is committed, so a crash at any
 later point finds it complete, and no copy of the state waits in memory beside the live one. Its cost is

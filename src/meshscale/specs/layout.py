@@ -206,11 +206,14 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
                         "tp*cp must divide seq")
     if layout.ep > 1:
         if not model.is_moe:
-            raise UserError(f"layout: ep={layout.ep} needs a mixture-of-experts model; {model.name} is dense")
+            raise UserError(f"layout: ep={layout.ep} needs a mixture-of-experts model; {model.name} is dense, so "
+                            "drop ep")
         if model.experts % layout.ep:
-            raise UserError(f"layout: ep={layout.ep} must divide the expert count ({model.experts})")
+            raise UserError(f"layout: ep={layout.ep} must divide the expert count ({model.experts}); pick a divisor "
+                            "of it")
         if (layout.dp * layout.cp) % layout.ep:
-            raise UserError(f"layout: ep={layout.ep} must divide dp*cp = {layout.dp * layout.cp}")
+            raise UserError(f"layout: ep={layout.ep} must divide dp*cp = {layout.dp * layout.cp} (the experts are "
+                            "split over data-parallel ranks); raise dp or lower ep")
     if global_batch is not None:
         mbs = layout.mbs or 1
         if global_batch % (layout.dp * mbs):
