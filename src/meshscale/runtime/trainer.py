@@ -108,156 +108,184 @@ def train(run: Resolved, device: torch.device, tokens=None, log: bool = True) ->
     """Run `run` on this rank (inside an initialised process group when the layout has >1 device).
     Returns per-step metrics rows, the final validation loss, the comm ledger's per-step summaries (of the
     rank the cost model describes) and, with a pipeline, the last step's trace."""
-    from meshscale.parallel.apply import apply_layout
-    from meshscale.parallel.mesh import build_mesh, replica_mesh
+    return Training(run, device, tokens, log).run()
 
-    cfg, spec, layout = run.config, run.spec, run.layout
-    multi = layout.devices > 1
-    mesh = build_mesh(layout, device.type) if multi else None
-    # Each dp x cp rank's loss is the mean over its own tokens, an equal share: the batch loss is their mean.
-    dp_group = replica_mesh(mesh).get_group() if multi else None
-    mine = DataShard(mesh["dp"].get_local_rank(), layout.dp, mesh["cp"].get_local_rank(), layout.cp) if multi \
-        else DataShard(0, 1, 0, 1)
-    is_logger = (dist.get_rank() if multi else 0) == 0 and log
 
-    ledger = CommLedger()
-    data = TokenData(load_tokens(cfg.data) if tokens is None else tokens, spec.seq, cfg.seed)
-    if device.type == "cpu":
-        _import_setup()
-    baseline = heap_bytes() if device.type == "cpu" else 0  # the corpus is not the model's memory
-    model = build_model(spec, cfg.seed, device)
-    par = apply_layout(model, layout, mesh, ledger, cfg.precision, cfg.bucket_mb)
-    optimizer = build_optimizer(par.optim_params(), cfg.lr, cfg.weight_decay)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
-    m = layout.microbatches(cfg.global_batch)
-    faults = Injector(from_env(), dist.get_rank() if multi else 0)
-    loss_fn = faults.wrap_loss(loss_function(mesh["tp"].get_group() if layout.tp > 1 else None))
-    step_fn = (PipelineStep(par, layout, mesh, loss_fn, m, autocast, device) if layout.pp > 1
-               else AccumulatedStep(par, loss_fn, autocast, device))
-    moe = [layer for _, chunk in par.chunks for layer in moe_layers(chunk)]
-    for layer in moe:  # the main loss is averaged over the micro-batches, so is the balance loss
-        layer.aux_weight /= m
-    first_step = checkpoint.restore_latest(run, par, optimizer, mesh)  # 0 without a checkpoint
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    metrics = MetricsLog(cfg.steps, cfg.metrics_out, is_logger, cfg.overwrite, cfg.log_every,
-                         resume_at=first_step if first_step or restarted else None)
-    named = [(name, p) for s in par.strategies for name, p in s.module.named_parameters()]
-    faults.arm_gradients(named)  # before the guards' hooks, so they see the corrupted gradient
-    guards = Guards([p for _, p in named], cfg.on_anomaly, cfg.spike_sigma, multi, device)
-    owns_loss = layout.pp == 1 or step_fn.runner.has_last  # under PP the other stages receive a copy
-    rollback = cfg.on_anomaly == "rollback"
-    replicas = ReplicaCheck(par, optimizer, rollback) if multi and cfg.sdc_check_every else None
-    replicas = replicas if replicas and replicas.groups else None  # no tensor has a replica
-    state = list({id(t): t for t in [p for _, p in named] + par.optim_params()}.values())
-    watchdog = (Watchdog(dist.distributed_c10d._get_default_store(), dist.get_rank(), dist.get_world_size(),
-                         cfg.timeout, ledger) if multi else nullcontext())
-    beat = watchdog.beat if multi else (lambda step, phase: None)
-    # On CPU the allocator's peak inside a step needs the profiler: the last step runs under it when the
-    # memory is reported (--predict, --metrics-out).
-    probe = MemoryProbe(baseline) if device.type == "cpu" and (cfg.predict or cfg.metrics_out) else None
+class Training:
+    """One rank's training run: the model with its layout applied, the optimizer, and what watches over the
+    steps (guards, cross-replica check, watchdog, fault injection, checkpoints, memory probe)."""
 
-    def forward_backward(step: int, micro: list) -> tuple:
-        beat(step, "forward/backward")
-        loss = step_fn(micro)
-        beat(step, "gradient norm")
-        grad_norm = clip_gradients(par, cfg.clip)
-        loss_value = _all_mean(loss.clone(), dp_group, layout.dp * layout.cp)
-        beat(step, "guards")
-        return loss_value, grad_norm, guards.check(step, loss if owns_loss else None, loss_value, grad_norm)
+    def __init__(self, run: Resolved, device: torch.device, tokens, log: bool):
+        from meshscale.parallel.apply import apply_layout
+        from meshscale.parallel.mesh import build_mesh, replica_mesh
 
-    def run_step(step: int) -> tuple[dict, list]:
-        beat(step, "start")
+        self.resolved, self.device, self.log = run, device, log
+        self.cfg, self.spec, self.layout = cfg, spec, layout = run.config, run.spec, run.layout
+        self.multi = multi = layout.devices > 1
+        self.mesh = mesh = build_mesh(layout, device.type) if multi else None
+        # Each dp x cp rank's loss is the mean over its own tokens, an equal share: the batch loss is their mean.
+        self.dp_group = replica_mesh(mesh).get_group() if multi else None
+        self.mine = (DataShard(mesh["dp"].get_local_rank(), layout.dp, mesh["cp"].get_local_rank(), layout.cp)
+                     if multi else DataShard(0, 1, 0, 1))
+        self.is_logger = (dist.get_rank() if multi else 0) == 0 and log
+
+        self.ledger = CommLedger()
+        self.data = TokenData(load_tokens(cfg.data) if tokens is None else tokens, spec.seq, cfg.seed)
+        if device.type == "cpu":
+            _import_setup()
+        self.baseline = heap_bytes() if device.type == "cpu" else 0  # the corpus is not the model's memory
+        par = self.par = apply_layout(build_model(spec, cfg.seed, device), layout, mesh, self.ledger,
+                                      cfg.precision, cfg.bucket_mb)
+        self.optimizer = build_optimizer(par.optim_params(), cfg.lr, cfg.weight_decay)
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
+        self.m = m = layout.microbatches(cfg.global_batch)
+        self.faults = Injector(from_env(), dist.get_rank() if multi else 0)
+        loss_fn = self.faults.wrap_loss(loss_function(mesh["tp"].get_group() if layout.tp > 1 else None))
+        self.step_fn = (PipelineStep(par, layout, mesh, loss_fn, m, autocast, device) if layout.pp > 1
+                        else AccumulatedStep(par, loss_fn, autocast, device))
+        self.moe = [layer for _, chunk in par.chunks for layer in moe_layers(chunk)]
+        for layer in self.moe:  # the main loss is averaged over the micro-batches, so is the balance loss
+            layer.aux_weight /= m
+        self.first_step = checkpoint.restore_latest(run, par, self.optimizer, mesh)  # 0 without a checkpoint
+        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        self.metrics = MetricsLog(cfg.steps, cfg.metrics_out, self.is_logger, cfg.overwrite, cfg.log_every,
+                                  resume_at=self.first_step if self.first_step or restarted else None)
+        self.named = [(name, p) for s in par.strategies for name, p in s.module.named_parameters()]
+        self.faults.arm_gradients(self.named)  # before the guards' hooks, so they see the corrupted gradient
+        self.guards = Guards([p for _, p in self.named], cfg.on_anomaly, cfg.spike_sigma, multi, device)
+        self.owns_loss = layout.pp == 1 or self.step_fn.runner.has_last  # other stages receive a copy
+        replicas = (ReplicaCheck(par, self.optimizer, cfg.on_anomaly == "rollback")
+                    if multi and cfg.sdc_check_every else None)
+        self.replicas = replicas if replicas and replicas.groups else None  # no tensor has a replica
+        self.state = list({id(t): t for t in [p for _, p in self.named] + par.optim_params()}.values())
+        self.watchdog = (Watchdog(dist.distributed_c10d._get_default_store(), dist.get_rank(),
+                                  dist.get_world_size(), cfg.timeout, self.ledger) if multi else None)
+        # On CPU the allocator's peak inside a step needs the profiler: the last step runs under it when the
+        # memory is reported (--predict, --metrics-out).
+        self.probe = (MemoryProbe(self.baseline) if device.type == "cpu" and (cfg.predict or cfg.metrics_out)
+                      else None)
+
+    def beat(self, step: int, phase: str) -> None:
+        if self.watchdog is not None:
+            self.watchdog.beat(step, phase)
+
+    def run(self) -> dict:
+        cfg, layout = self.cfg, self.layout
+        try:
+            with nullcontext() if self.watchdog is None else self.watchdog:
+                with self.ledger.active():  # code without a ledger handle (TP functions) records through it
+                    self.steps()
+                self.beat(cfg.steps, "evaluate")  # not step traffic: outside the ledger
+                val_loss = evaluate(self.step_fn, self.par, self.data, cfg, layout, self.mine, self.dp_group,
+                                    self.device)
+        finally:
+            self.metrics.close()
+        summaries = [self.ledger.summary(s) for s in range(self.first_step, cfg.steps)]
+        result = {"rows": self.metrics.rows, "val_loss": val_loss, "comm": summaries,
+                  "records": self.ledger.records}
+        if self.multi:  # once, after training: not step traffic
+            per_rank, described = _gather(summaries), described_rank(self.resolved)
+            result["comm"] = per_rank[described]
+            if layout.ep > 1:
+                from meshscale.parallel.expert import ep_group_mean
+
+                result["comm"], result["ep_imbalance"] = ep_group_mean(per_rank, layout, described)
+            if layout.pp > 1:
+                result["bubble"] = pipeline_trace(self.resolved, self.step_fn.runner, self.m)
+        peak = max(r["peak_memory_bytes"] for r in self.metrics.rows)
+        result["peak_memory_per_rank"] = _gather(peak) if self.multi else [peak]
+        return result
+
+    def steps(self) -> None:
+        """Run the steps from the first one not yet done; an anomaly stops, or rolls back to a checkpoint."""
+        cfg, step = self.cfg, self.first_step
+        while step < cfg.steps:
+            if self.probe is not None and step == cfg.steps - 1:
+                with self.probe.step():
+                    row, anomalies = self.step(step)
+                row = dict(row, peak_memory_bytes=self.probe.peak, memory_probe=True)
+            else:
+                row, anomalies = self.step(step)
+            actions = {a.action: a for a in anomalies}
+            if "stop" in actions:
+                self.metrics.log(row)
+                raise TrainingStopped(actions["stop"].line())
+            if "rollback" in actions:
+                self.metrics.log(row)  # the rows of the steps run again follow it in the file
+                step = self.roll_back(actions["rollback"])
+                continue
+            if checkpoint.due(cfg, step + 1):
+                saving = time.perf_counter()
+                checkpoint.save(self.resolved, self.par, self.optimizer, self.mesh, step + 1)
+                row["checkpoint_save_s"] = time.perf_counter() - saving
+            self.metrics.log(row)
+            step += 1
+
+    def forward_backward(self, step: int, micro: list) -> tuple:
+        layout = self.layout
+        self.beat(step, "forward/backward")
+        loss = self.step_fn(micro)
+        self.beat(step, "gradient norm")
+        grad_norm = clip_gradients(self.par, self.cfg.clip)
+        loss_value = _all_mean(loss.clone(), self.dp_group, layout.dp * layout.cp)
+        self.beat(step, "guards")
+        return loss_value, grad_norm, self.guards.check(step, loss if self.owns_loss else None, loss_value,
+                                                        grad_norm)
+
+    def step(self, step: int) -> tuple[dict, list]:
+        """One optimizer step (replayed once on an anomaly with --replay-anomalies): its metrics row and the
+        anomalies found."""
+        cfg, layout, par, faults = self.cfg, self.layout, self.par, self.faults
+        self.beat(step, "start")
         faults.at_step_start(step)
         start = time.perf_counter()
-        ledger.begin_step(step)
+        self.ledger.begin_step(step)
         lr = lr_at(step, cfg.steps, cfg.lr, cfg.min_lr, cfg.warmup)
-        set_lr(optimizer, lr)
-        micro = rank_microbatches(data.global_batch(step, cfg.global_batch), *mine.of(layout.mbs))
-        snapshot = Snapshot(state, optimizer) if cfg.replay_anomalies else None
-        loss_value, grad_norm, anomaly = forward_backward(step, micro)
+        set_lr(self.optimizer, lr)
+        micro = rank_microbatches(self.data.global_batch(step, cfg.global_batch), *self.mine.of(layout.mbs))
+        snapshot = Snapshot(self.state, self.optimizer) if cfg.replay_anomalies else None
+        loss_value, grad_norm, anomaly = self.forward_backward(step, micro)
         if anomaly is not None and snapshot is not None:  # same data, state and RNG: does it happen again?
-            snapshot.restore(optimizer)
+            snapshot.restore(self.optimizer)
             par.after_step()  # drop the step's gradients (ZeRO: re-gather the restored shards)
             faults.at_step_start(step)
-            loss_value, grad_norm, again = forward_backward(step, micro)
+            loss_value, grad_norm, again = self.forward_backward(step, micro)
             anomaly.replay = "persistent" if again else "transient"
             if again is None:
                 anomaly.action = "continue"
         if anomaly is None or anomaly.action == "continue":
-            beat(step, "optimizer")
-            optimizer.step()
-            guards.healthy(loss_value, grad_norm)
+            self.beat(step, "optimizer")
+            self.optimizer.step()
+            self.guards.healthy(loss_value, grad_norm)
         par.after_step()
         anomalies = [anomaly] if anomaly else []
-        flipped = faults.flip_bit(step, named)
-        if flipped and log:
+        flipped = faults.flip_bit(step, self.named)
+        if flipped and self.log:
             print(f"step {step:>4}  fault: {flipped}", flush=True)
-        checked = replicas is not None and (step + 1) % cfg.sdc_check_every == 0
+        checked = self.replicas is not None and (step + 1) % cfg.sdc_check_every == 0
         if checked:
-            beat(step, "sdc check")
-            anomalies += filter(None, [replicas.run(step)])
+            self.beat(step, "sdc check")
+            anomalies += filter(None, [self.replicas.run(step)])
         faults.straggle(step, time.perf_counter() - start)
         elapsed = time.perf_counter() - start
-        extra = {"aux_loss": balance_loss_value(moe, mesh, dp_group, layout, m)} if spec.is_moe else {}
+        extra = ({"aux_loss": balance_loss_value(self.moe, self.mesh, self.dp_group, layout, self.m)}
+                 if self.spec.is_moe else {})
         return {"step": step, "loss": loss_value, **extra, "lr": lr, "grad_norm": grad_norm,
-                "tokens_per_s": cfg.global_batch * spec.seq / elapsed, "step_time_s": elapsed,
-                "peak_memory_bytes": memory_bytes(device, baseline), "sdc_check": checked,
+                "tokens_per_s": cfg.global_batch * self.spec.seq / elapsed, "step_time_s": elapsed,
+                "peak_memory_bytes": memory_bytes(self.device, self.baseline), "sdc_check": checked,
                 "anomalies": [a.row() for a in anomalies]}, anomalies
 
-    def roll_back(anomaly) -> int:
+    def roll_back(self, anomaly) -> int:
         """Reload the newest complete checkpoint into every rank's live state; the step to go on from."""
+        cfg = self.cfg
         if not checkpoint.complete(cfg.checkpoint_dir):
             raise TrainingStopped(f"{anomaly.message}; no complete checkpoint in {cfg.checkpoint_dir} to roll "
                                   "back to yet (save more often with --checkpoint-every)")
-        back = checkpoint.restore_latest(run, par, optimizer, mesh)
-        ledger.forget_from(back)
-        if is_logger:
+        back = checkpoint.restore_latest(self.resolved, self.par, self.optimizer, self.mesh)
+        self.ledger.forget_from(back)
+        if self.is_logger:
             print(f"rolled back to the checkpoint of step {back} after: {anomaly.message}", flush=True)
         return back
-
-    try:
-        with watchdog:
-            with ledger.active():  # code without a ledger handle (TP functions) records through it
-                step = first_step
-                while step < cfg.steps:
-                    if probe is not None and step == cfg.steps - 1:
-                        with probe.step():
-                            row, anomalies = run_step(step)
-                        row = dict(row, peak_memory_bytes=probe.peak, memory_probe=True)
-                    else:
-                        row, anomalies = run_step(step)
-                    actions = {a.action: a for a in anomalies}
-                    if "stop" in actions:
-                        metrics.log(row)
-                        raise TrainingStopped(actions["stop"].line())
-                    if "rollback" in actions:
-                        metrics.log(row)  # the rows of the steps run again follow it in the file
-                        step = roll_back(actions["rollback"])
-                        continue
-                    if checkpoint.due(cfg, step + 1):
-                        saving = time.perf_counter()
-                        checkpoint.save(run, par, optimizer, mesh, step + 1)
-                        row["checkpoint_save_s"] = time.perf_counter() - saving
-                    metrics.log(row)
-                    step += 1
-            beat(cfg.steps, "evaluate")  # not step traffic: outside the ledger
-            val_loss = evaluate(step_fn, par, data, cfg, layout, mine, dp_group, device)
-    finally:
-        metrics.close()
-    summaries = [ledger.summary(s) for s in range(first_step, cfg.steps)]
-    result = {"rows": metrics.rows, "val_loss": val_loss, "comm": summaries, "records": ledger.records}
-    if multi:  # once, after training: not step traffic
-        per_rank = _gather(summaries)
-        result["comm"] = per_rank[described_rank(run)]
-        if layout.ep > 1:
-            from meshscale.parallel.expert import ep_group_mean
-
-            result["comm"], result["ep_imbalance"] = ep_group_mean(per_rank, layout, described_rank(run))
-        if layout.pp > 1:
-            result["bubble"] = pipeline_trace(run, step_fn.runner, m)
-    peak = max(r["peak_memory_bytes"] for r in metrics.rows)
-    result["peak_memory_per_rank"] = _gather(peak) if multi else [peak]
-    return result
 
 
 def _import_setup() -> None:
