@@ -78,8 +78,10 @@ KORTHIKANTI_2022 = [
     ("530B", 128, 20480, 105, 8, 35, 280, 280, 37.83), ("1T", 160, 25600, 128, 8, 64, 512, 512, 71.49),
 ]
 # Megatron-LM of 2021-22: attention without a fused kernel, and the gradient all-reduce after the whole
-# backward (overlapped reduction came with Megatron-Core's distributed optimizer in 2023).
-MEGATRON_2021 = Software(grad_reduce_overlap=False, param_gather_overlap=False)
+# backward (overlapped reduction came with Megatron-Core's distributed optimizer in 2023). The papers train
+# in fp16 (their 312 TFLOP/s half-precision peak), where Megatron-LM all-reduces the gradients in fp16:
+# arguments.py switches fp32 accumulation and all-reduce on only for bf16.
+MEGATRON_2021 = Software(grad_reduce_overlap=False, param_gather_overlap=False, grad_reduce_fp32=False)
 
 
 def narayanan_seconds(h, l, batch, gpus, tflops, s=2048, v=51200):
@@ -104,15 +106,20 @@ def megatron_runs():
                   MEGATRON_2021, False)
 
 
+EAGER = Software(fused_elementwise=False)
+
+
 def torchtitan_runs():
     """pytorch/torchtitan docs/performance.md: FSDP2 on 64 A100 80GB, local batch per GPU, WPS = tokens/s per
-    GPU. Llama 3 at seq 8192, Llama 2 at 4096; 'selective op' AC recomputes part of each layer (selective)."""
+    GPU. Llama 3 at seq 8192, Llama 2 at 4096; 'selective op' AC recomputes part of each layer (selective).
+    Eager mode: the train_configs/*.toml of the time set compile = false and norm_type = "rmsnorm" (the
+    unfused one), so every element-wise operator is its own kernel."""
     rows = [("llama3-8b", 1, "selective", 2973), ("llama3-70b", 1, "full", 331),
             ("llama2-13b", 2, "none", 2162), ("llama2-70b", 2, "full", 353)]
     for name, local, ac, wps in rows:
         model = load_model(name)
         yield Run("torchtitan performance.md", name, model, "a100-80gb", f"fsdp=64,mbs={local},recompute={ac}",
-                  64, 64 * local, local * model.seq / wps, "A100")
+                  64, 64 * local, local * model.seq / wps, "A100", EAGER)
 
 
 def maxtext_runs():
@@ -181,17 +188,21 @@ def mixtral_runs():
               megatron_core_flops(model, 256) / (64 * 438e12), "H100")
 
 
+BLOOM_SOFTWARE = replace(MEGATRON_2021, grad_reduce_fp32=True)
+
+
 def bloom_runs():
     """BigScience 2022 (arXiv:2211.05100 sec. 3.4 and the BigScience 176B model page): BLOOM on 48 nodes of 8
     A100 80GB (Jean Zay: NVLink inside a node, 4 x 100 Gb/s Omni-Path per node, 6.25 GB/s per GPU), TP4 x PP12
     x DP8 with ZeRO-1 (Megatron-DeepSpeed, 1F1B, full recomputation, micro-batch 2), 2048 sequences of 2048,
-    "about 150 TFLOP/s" per GPU in Narayanan et al.'s count. ALiBi (no position table), tied embeddings."""
+    "about 150 TFLOP/s" per GPU in Narayanan et al.'s count. ALiBi (no position table), tied embeddings.
+    Trained in bf16 (sec. 3.4), whose DeepSpeed optimizer accumulates and reduces fp32 gradients."""
     model = ModelSpec(name="bloom-176b", layers=70, hidden=14336, heads=112, ffn=4 * 14336, vocab=250880,
                       seq=2048, mlp="gelu", tied_embeddings=True, biases=True)
     cluster = "a100-80gb"
     seconds = narayanan_seconds(14336, 70, 2048, 384, 150, v=250880)
     yield Run("BLOOM paper / model page", "BLOOM 176B", model, cluster,
-              "dp=8,zero=1,tp=4,pp=12,mbs=2,recompute=full", 384, 2048, seconds, "A100", MEGATRON_2021, False,
+              "dp=8,zero=1,tp=4,pp=12,mbs=2,recompute=full", 384, 2048, seconds, "A100", BLOOM_SOFTWARE, False,
               nic=6.25e9)
 
 

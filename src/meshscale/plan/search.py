@@ -19,7 +19,7 @@ from meshscale.cost.kernels import attention_core_seconds
 from meshscale.cost.memory import (PRECISIONS, _expert_params_per_rank, _held, _params_per_rank,
                                    activation_bytes_per_layer, busiest_rank, params_on_rank, root_params_on_rank,
                                    stage_layers)
-from meshscale.cost.step import Prediction, _slowest_stage, elementwise_seconds
+from meshscale.cost.step import Prediction, _slowest_stage, elementwise_seconds, grad_reduce_bytes
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import RECOMPUTE, SCHEDULES, Layout, check_against, kv_heads_fit
@@ -237,7 +237,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         ratio = _bubble(names, k_i, pp, v, m)
         bound = (compute + floor_r[r_i] + floor_k[k_i]) * (1 + ratio) + np.where((z == 1) | (z == 2), gather, 0.0)
         if dp * cp > 1:  # gradient reduction not hidden by backward (zero 0-2) or FSDP traffic beyond compute
-            grads = rs * 4 * p_k
+            grads = rs * grad_reduce_bytes(cluster.software, precision) * p_k
             backward = compute - forward
             # ZeRO-3 (comm.data_parallel_ops): without a pipeline each micro-batch gathers the blocks twice and
             # the root once and reduce-scatters the gradient; inside one, every forward gathers the blocks, all
