@@ -82,6 +82,11 @@ KORTHIKANTI_2022 = [
 # in fp16 (their 312 TFLOP/s half-precision peak), where Megatron-LM all-reduces the gradients in fp16:
 # arguments.py switches fp32 accumulation and all-reduce on only for bf16.
 MEGATRON_2021 = Software(grad_reduce_overlap=False, param_gather_overlap=False, grad_reduce_fp32=False)
+# Sequence parallelism came with the backward's input-gradient reduce-scatter run behind the weight-gradient
+# GEMM (Megatron-LM mpu/layers.py of 2022, LinearWithGradAccumulationAndAsyncCommunication); Megatron-Core
+# keeps it (core/tensor_parallel/layers.py).
+MEGATRON_2022 = replace(MEGATRON_2021, tp_wgrad_overlap=True)
+MEGATRON_CORE = Software(tp_wgrad_overlap=True)
 
 
 def narayanan_seconds(h, l, batch, gpus, tflops, s=2048, v=51200):
@@ -103,7 +108,7 @@ def megatron_runs():
     for name, a, h, l, tp, pp, n, b, secs in KORTHIKANTI_2022:
         yield Run("Korthikanti22 T4", name, gpt(name, a, h, l), "a100-80gb",
                   f"tp={tp},sp=true,pp={pp},mbs=1,recompute=selective{interleave(l, pp)}", n, b, secs, "A100",
-                  MEGATRON_2021, False)
+                  MEGATRON_2022, False)
 
 
 EAGER = Software(fused_elementwise=False)
@@ -165,7 +170,7 @@ def qwen3_runs():
     rows = [("235B TP4 EP8 PP8", "dp=8,tp=4,sp=true,pp=8,vpp=4,schedule=interleaved,ep=8,mbs=1", 29.0),
             ("235B TP2 EP8 FSDP", "dp=128,zero=3,tp=2,sp=true,ep=8,mbs=4,recompute=full", 17.6)]
     for name, layout, seconds in rows:
-        yield Run("Megatron-MoE-ModelZoo Qwen3", name, model, "h100-80gb", layout, 256, 2048, seconds, "H100")
+        yield Run("Megatron-MoE-ModelZoo Qwen3", name, model, "h100-80gb", layout, 256, 2048, seconds, "H100", MEGATRON_CORE)
 
 
 def megatron_core_flops(model: ModelSpec, batch: int) -> float:
@@ -185,7 +190,7 @@ def mixtral_runs():
     model = load_model("mixtral-8x7b")
     yield Run("Megatron-Core MoE README", "Mixtral 8x7B", model, "h100-80gb",
               "dp=16,zero=1,pp=4,vpp=8,schedule=interleaved,ep=8,mbs=1", 64, 256,
-              megatron_core_flops(model, 256) / (64 * 438e12), "H100")
+              megatron_core_flops(model, 256) / (64 * 438e12), "H100", MEGATRON_CORE)
 
 
 BLOOM_SOFTWARE = replace(MEGATRON_2021, grad_reduce_fp32=True)

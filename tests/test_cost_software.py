@@ -1,4 +1,5 @@
-"""[software] options beyond overlap: the gradient reduction dtype and fused element-wise kernels."""
+"""[software] options beyond overlap: the gradient reduction dtype and fused element-wise kernels (and the
+planner's bound under them and the wgrad overlap)."""
 
 from dataclasses import replace
 
@@ -36,12 +37,14 @@ def test_gradients_reduce_in_the_compute_dtype_when_not_fp32():
     assert dp_bytes(a) == dp_bytes(b)
 
 
-def test_planner_bound_holds_for_half_gradients_and_eager_kernels():
-    """Pruning by the vectorised bound keeps the exhaustive ranking under both switches."""
-    cluster = with_software(grad_reduce_fp32=False, grad_reduce_overlap=False, fused_elementwise=False)
-    fast = search(MODEL, cluster, 16, 64, top=5, fix={"pp": 1})
-    full = search(MODEL, cluster, 16, 64, top=5, fix={"pp": 1}, prune=False)
-    assert fast.ranked and [p.layout for p in fast.ranked] == [p.layout for p in full.ranked]
+def test_planner_bound_holds_for_half_gradients_eager_kernels_and_wgrad_overlap():
+    """Pruning by the vectorised bound keeps the exhaustive ranking under these switches."""
+    cluster = with_software(grad_reduce_fp32=False, grad_reduce_overlap=False, fused_elementwise=False,
+                            tp_wgrad_overlap=True)
+    fast = search(MODEL, cluster, 16, 64, top=5, fix={"pp": 1, "cp": 1, "zero": 1})  # TP with SP wins
+    full = search(MODEL, cluster, 16, 64, top=5, fix={"pp": 1, "cp": 1, "zero": 1}, prune=False)
+    assert "sp=true" in fast.ranked[0].layout
+    assert [p.layout for p in fast.ranked] == [p.layout for p in full.ranked]
 
 
 def test_eager_elementwise_moves_more_than_fused_and_splits_like_the_layout():

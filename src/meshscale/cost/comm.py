@@ -108,7 +108,10 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
         return [("all_reduce", v * calls + small, calls + small_calls, "none")] + \
             ([("all_gather", v * gathers, gathers, "none")] if gathers else [])
     norm_calls = (2 * n_layers + last) * m
-    return [("all_gather", v * calls, calls, "gemm"), ("reduce_scatter", v * calls, calls, "gemm"),
+    # the column-parallel layers' (QKV, gate/up, the head) input gradients, reduce-scattered in backward
+    dgrad = (2 * n_layers + last) * m
+    return [("all_gather", v * calls, calls, "gemm"), ("reduce_scatter", v * (calls - dgrad), calls - dgrad, "gemm"),
+            ("reduce_scatter", v * dgrad, dgrad, "wgrad"),
             ("all_reduce", small + norm_calls * model.hidden * 4, small_calls + norm_calls, "none")]
 
 

@@ -10,7 +10,7 @@ from functools import lru_cache
 
 from meshscale.cost import comm, critical, flops, overhead
 from meshscale.cost.checkpoint import checkpoint_bytes
-from meshscale.cost.kernels import Passes, counted_seconds, kernel_shape
+from meshscale.cost.kernels import Passes, column_parallel_share, counted_seconds, kernel_shape
 from meshscale.cost.memory import (PRECISIONS, _stage_layers, activation_bytes_per_layer, busiest_rank,
                                    expert_params_on_rank, is_v, last_rank, memory_per_device, params_on_rank,
                                    rank_chunks, root_params_on_rank, stage_layers)
@@ -178,6 +178,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
             exposed = t * max(fsdp_time - compute_s, fsdp_time / calls) / fsdp_time if fsdp_time else 0.0
         elif overlap == "other_microbatch":
             exposed = max(t - compute_s * (m - 1) / m, t / m)  # the first micro-batch has no partner
+        elif overlap == "wgrad":  # behind the weight gradients of the column-parallel layers it came from
+            exposed = max(0.0, t - m * passes.weight * column_parallel_share(model, layout))
         elif overlap == "gemm":
             # TP collectives decomposed into tp ring steps, each behind a slice of the GEMM it feeds (Wang et
             # al. 2023, ASPLOS, "Overlap communication with dependent computation via decomposition"; Megatron-
@@ -228,10 +230,12 @@ def grad_reduce_bytes(sw, precision: str) -> int:
 
 def _hides(overlap: str, sw, layout: Layout, m: int) -> str:
     """A collective's overlap class (cost/comm.py) as it runs: "none" where the [software] switch is off."""
+    if overlap == "wgrad" and not sw.tp_wgrad_overlap:
+        overlap = "gemm"
     on = {"attention": True, "backward": sw.grad_reduce_overlap, "each_backward": sw.grad_reduce_overlap,
           "forward": sw.param_gather_overlap, "fsdp": sw.fsdp_prefetch,
           "other_microbatch": (sw.ep_comm_overlap or layout.schedule == "dualpipev") and m > 1,
-          "gemm": sw.tp_comm_overlap}
+          "gemm": sw.tp_comm_overlap, "wgrad": True}
     return overlap if on.get(overlap, False) else "none"
 
 

@@ -313,12 +313,18 @@ def _time_no_latency(cluster, devices, collective, nbytes, size, stride) -> floa
 def _floor_tp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, rate, recompute) -> float:
     """Bandwidth time of the TP traffic for the whole step on the lightest rank. EP all-to-alls are left out:
     another micro-batch's compute may hide them (dualpipev, ep_comm_overlap)."""
-    layout = Layout(dp=dp, tp=tp, cp=cp, ep=ep, recompute=recompute)
+    if tp == 1:
+        return 0.0
+    # SP's all-gathers and reduce-scatters take the bandwidth time of the all-reduces without SP; only the
+    # unhidden ones count (the small all-reduces are left out: SP adds its norm gradients to them)
+    layout = Layout(dp=dp, tp=tp, sp=True, cp=cp, ep=ep, recompute=recompute)
     tokens = per_rank * model.seq / cp
     n_layers = model.layers // pp
+    sw = cluster.software
+    hidden = {"gemm": sw.tp_comm_overlap, "wgrad": sw.tp_comm_overlap or sw.tp_wgrad_overlap}
     return sum(_time_no_latency(cluster, devices, c, b, tp, 1)
                for c, b, _, o in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, False, False, 1)
-               if not (o == "gemm" and cluster.software.tp_comm_overlap))
+               if c != "all_reduce" and not hidden.get(o, False))
 
 
 def _floor_cp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, rate, recompute, fewest,
