@@ -194,7 +194,10 @@ def layer_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, moe: bo
         b += f + core_f
     elif layout.recompute == "selective":
         b += core_f
-    attention = core_f + core_b + (core_f if layout.recompute != "none" else 0.0)
+    elif layout.recompute == "op":  # a dense block at tp=1 (specs.layout.check_against)
+        b += gemm_pass_seconds(cluster, tuple(Gemm(tokens, o, i) for i, o in flops.op_recomputed_matmuls(model)),
+                               peak, dtype_bytes)[0]
+    attention = core_f + core_b + (core_f if layout.recompute in ("selective", "full") else 0.0)
     return Passes(f + core_f, b + core_b, w, attention)
 
 

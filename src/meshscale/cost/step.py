@@ -90,7 +90,8 @@ def _stage_flops(model, pp, chunks, v_shape, recompute, fused, rank) -> tuple[fl
     fwd = sum(layer[i] for i in owned)
     if rank == (0 if v_shape else pp - 1):
         fwd += flops.logits_flops(model)
-    extra = {"full": sum(layer[i] for i in owned), "selective": len(owned) * core}.get(recompute, 0.0)
+    extra = {"full": sum(layer[i] for i in owned), "selective": len(owned) * core,
+             "op": flops.recompute_flops_per_token(model, "op", owned)}.get(recompute, 0.0)
     return fwd, len(owned) * core, extra
 
 
@@ -307,7 +308,7 @@ def _elementwise_per_token(model: ModelSpec, fused: bool, fused_elementwise: boo
     activation_bytes_per_layer scaled to one byte); eager ones move what eager_forward_elements counts."""
     stored = activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute="selective"), 1)
     scores = 0.0 if fused else activation_bytes_per_layer(model, Layout(tp=tp, sp=sp), 1) - stored
-    passes = 3 + (1 if recompute == "full" else 0)
+    passes = 3 + (1 if recompute in ("full", "op") else 0)
     score_passes = passes + (1 if recompute == "selective" else 0)
     forward = stored if fused_elementwise else eager_forward_elements(model, tp, sp)
     return forward * passes + scores * score_passes

@@ -63,6 +63,8 @@ def parse_fix(text: str) -> dict:
             choices = SCHEDULES if key == "schedule" else RECOMPUTE
             if raw not in choices:
                 raise UserError(f"--fix: unknown {key} {raw!r}; choose one of {', '.join(choices)}")
+            if raw == "op":  # torchtitan's policy, for predict and train; its tp=1, dense-only rule stays out
+                raise UserError("--fix: plan does not search recompute=op; fix none, selective or full")
             value = raw
         else:
             if not raw.isdigit() or int(raw) < (0 if key == "zero" else 1) or (key == "zero" and int(raw) > 3):
@@ -161,7 +163,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         zeros = [z for z in (range(4) if dp * cp > 1 else [0]) if _allowed(fix, "zero", z)]
         sps = (False, True) if tp > 1 else (False,)
         sp_idx = [i for i, sp in enumerate(sps) if _allowed(fix, "sp", sp)]
-        rec_idx = [i for i, r in enumerate(RECOMPUTE) if _allowed(fix, "recompute", r)]
+        rec_idx = [i for i, r in enumerate(RECOMPUTE) if r != "op" and _allowed(fix, "recompute", r)]
         shards = _shard_sizes(cluster, tp, dp * cp)
         grid = np.array([row for row in product(zeros, shards, sp_idx, range(len(scheds)), mbs_opts, rec_idx)
                          if row[0] or row[1] == dp * cp], dtype=float)
