@@ -164,7 +164,11 @@ def llama3_runs():
 def qwen3_runs():
     """yanring/Megatron-MoE-ModelZoo best_practice/Qwen3/readme.md: Qwen3-235B-A22B (94 layers, h 4096, 64
     heads / 4 KV heads of 128, 128 experts of 1536, top-8, vocab 151936) on 256 H100, seq 4096, GBS 2048,
-    Megatron-Core, step seconds as published."""
+    Megatron-Core, step seconds as published. Both rows keep experts whole (ETP=1) in EP groups folded out of
+    tp x dp inside a node (Megatron-Core's MoE parallel folding), with the DeepEP dispatcher and dropless
+    routing. Our Layout cannot say ETP=1: the closest layout it can run splits experts over TP and strides
+    the EP group over the TP ranks (across nodes here); that difference, routing imbalance and DeepEP's host
+    synchronisation are the error left."""
     model = ModelSpec(name="qwen3-235b-a22b", layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128,
                       ffn=12288, vocab=151936, seq=4096, experts=128, top_k=8, expert_ffn=1536)
     rows = [("235B TP4 EP8 PP8", "dp=8,tp=4,sp=true,pp=8,vpp=4,schedule=interleaved,ep=8,mbs=1", 29.0),
