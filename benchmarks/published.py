@@ -174,7 +174,8 @@ def qwen3_runs():
     rows = [("235B TP4 EP8 PP8", "dp=8,tp=4,sp=true,pp=8,vpp=4,schedule=interleaved,ep=8,mbs=1", 29.0),
             ("235B TP2 EP8 FSDP", "dp=128,zero=3,tp=2,sp=true,ep=8,mbs=4,recompute=full", 17.6)]
     for name, layout, seconds in rows:
-        yield Run("Megatron-MoE-ModelZoo Qwen3", name, model, "h100-80gb", layout, 256, 2048, seconds, "H100", MEGATRON_CORE)
+        yield Run("Megatron-MoE-ModelZoo Qwen3", name, model, "h100-80gb", layout, 256, 2048, seconds, "H100",
+                  MEGATRON_CORE)
 
 
 def megatron_core_flops(model: ModelSpec, batch: int) -> float:

@@ -86,7 +86,7 @@ def test_recompute_adds_forward_work_to_the_input_gradient_pass_only():
 
 def test_op_recompute_reruns_every_other_matmul_but_not_the_attention():
     model, a100 = load_model("llama3-8b"), CLUSTERS[0]
-    layers, layout = tuple(range(model.layers)), Layout(mbs=1, recompute="op")
+    layers = tuple(range(model.layers))
     none, op = (microbatch_seconds(model, a100, Layout(mbs=1, recompute=r), layers, False, 312e12, 2)
                 for r in ("none", "op"))
     assert op.forward == none.forward and op.weight == none.weight and op.attention == none.attention

@@ -33,7 +33,7 @@ class Software:
     tp_comm_overlap: bool = False  # TP/SP all-gather and reduce-scatter split into chunks behind their GEMMs
     # With SP, the reduce-scatter of the column-parallel layers' input gradient runs while their weight
     # gradient is computed (Megatron-LM since 2022 without --tp-comm-overlap: core/tensor_parallel/layers.py,
-    # LinearWithGradAccumulationAndAsyncCommunication.backward)
+    # LinearWithGradAccumulationAndAsyncCommunication.backward); off as torch's DTensor TP and our runtime run
     tp_wgrad_overlap: bool = False
     # MoE dispatch/combine all-to-alls of one micro-batch behind another's compute (Megatron-Core
     # `--overlap-moe-expert-parallel-comm`; schedule=dualpipev always does, DeepSeek-V3 sec. 3.2.1)
