@@ -78,8 +78,15 @@ KORTHIKANTI_2022 = [
     ("530B", 128, 20480, 105, 8, 35, 280, 280, 37.83), ("1T", 160, 25600, 128, 8, 64, 512, 512, 71.49),
 ]
 # Megatron-LM of 2021-22: attention without a fused kernel, and the gradient all-reduce after the whole
-# backward (overlapped reduction came with Megatron-Core's distributed optimizer in 2023).
-MEGATRON_2021 = Software(grad_reduce_overlap=False, param_gather_overlap=False)
+# backward (overlapped reduction came with Megatron-Core's distributed optimizer in 2023). The papers train
+# in fp16 (their 312 TFLOP/s half-precision peak), where Megatron-LM all-reduces the gradients in fp16:
+# arguments.py switches fp32 accumulation and all-reduce on only for bf16.
+MEGATRON_2021 = Software(grad_reduce_overlap=False, param_gather_overlap=False, grad_reduce_fp32=False)
+# Sequence parallelism came with the backward's input-gradient reduce-scatter run behind the weight-gradient
+# GEMM (Megatron-LM mpu/layers.py of 2022, LinearWithGradAccumulationAndAsyncCommunication); Megatron-Core
+# keeps it (core/tensor_parallel/layers.py).
+MEGATRON_2022 = replace(MEGATRON_2021, tp_wgrad_overlap=True)
+MEGATRON_CORE = Software(tp_wgrad_overlap=True)
 
 
 def narayanan_seconds(h, l, batch, gpus, tflops, s=2048, v=51200):
@@ -101,18 +108,23 @@ def megatron_runs():
     for name, a, h, l, tp, pp, n, b, secs in KORTHIKANTI_2022:
         yield Run("Korthikanti22 T4", name, gpt(name, a, h, l), "a100-80gb",
                   f"tp={tp},sp=true,pp={pp},mbs=1,recompute=selective{interleave(l, pp)}", n, b, secs, "A100",
-                  MEGATRON_2021, False)
+                  MEGATRON_2022, False)
+
+
+EAGER = Software(fused_elementwise=False)
 
 
 def torchtitan_runs():
     """pytorch/torchtitan docs/performance.md: FSDP2 on 64 A100 80GB, local batch per GPU, WPS = tokens/s per
-    GPU. Llama 3 at seq 8192, Llama 2 at 4096; 'selective op' AC recomputes part of each layer (selective)."""
-    rows = [("llama3-8b", 1, "selective", 2973), ("llama3-70b", 1, "full", 331),
+    GPU. Llama 3 at seq 8192, Llama 2 at 4096; 'selective op' AC is recompute=op (every other matmul).
+    Eager mode: the train_configs/*.toml of the time set compile = false and norm_type = "rmsnorm" (the
+    unfused one), so every element-wise operator is its own kernel."""
+    rows = [("llama3-8b", 1, "op", 2973), ("llama3-70b", 1, "full", 331),
             ("llama2-13b", 2, "none", 2162), ("llama2-70b", 2, "full", 353)]
     for name, local, ac, wps in rows:
         model = load_model(name)
         yield Run("torchtitan performance.md", name, model, "a100-80gb", f"fsdp=64,mbs={local},recompute={ac}",
-                  64, 64 * local, local * model.seq / wps, "A100")
+                  64, 64 * local, local * model.seq / wps, "A100", EAGER)
 
 
 def maxtext_runs():
@@ -152,13 +164,18 @@ def llama3_runs():
 def qwen3_runs():
     """yanring/Megatron-MoE-ModelZoo best_practice/Qwen3/readme.md: Qwen3-235B-A22B (94 layers, h 4096, 64
     heads / 4 KV heads of 128, 128 experts of 1536, top-8, vocab 151936) on 256 H100, seq 4096, GBS 2048,
-    Megatron-Core, step seconds as published."""
+    Megatron-Core, step seconds as published. Both rows keep experts whole (ETP=1) in EP groups folded out of
+    tp x dp inside a node (Megatron-Core's MoE parallel folding), with the DeepEP dispatcher and dropless
+    routing. Our Layout cannot say ETP=1: the closest layout it can run splits experts over TP and strides
+    the EP group over the TP ranks (across nodes here); that difference, routing imbalance and DeepEP's host
+    synchronisation are the error left."""
     model = ModelSpec(name="qwen3-235b-a22b", layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128,
                       ffn=12288, vocab=151936, seq=4096, experts=128, top_k=8, expert_ffn=1536)
     rows = [("235B TP4 EP8 PP8", "dp=8,tp=4,sp=true,pp=8,vpp=4,schedule=interleaved,ep=8,mbs=1", 29.0),
             ("235B TP2 EP8 FSDP", "dp=128,zero=3,tp=2,sp=true,ep=8,mbs=4,recompute=full", 17.6)]
     for name, layout, seconds in rows:
-        yield Run("Megatron-MoE-ModelZoo Qwen3", name, model, "h100-80gb", layout, 256, 2048, seconds, "H100")
+        yield Run("Megatron-MoE-ModelZoo Qwen3", name, model, "h100-80gb", layout, 256, 2048, seconds, "H100",
+                  MEGATRON_CORE)
 
 
 def megatron_core_flops(model: ModelSpec, batch: int) -> float:
@@ -178,20 +195,24 @@ def mixtral_runs():
     model = load_model("mixtral-8x7b")
     yield Run("Megatron-Core MoE README", "Mixtral 8x7B", model, "h100-80gb",
               "dp=16,zero=1,pp=4,vpp=8,schedule=interleaved,ep=8,mbs=1", 64, 256,
-              megatron_core_flops(model, 256) / (64 * 438e12), "H100")
+              megatron_core_flops(model, 256) / (64 * 438e12), "H100", MEGATRON_CORE)
+
+
+BLOOM_SOFTWARE = replace(MEGATRON_2021, grad_reduce_fp32=True)
 
 
 def bloom_runs():
     """BigScience 2022 (arXiv:2211.05100 sec. 3.4 and the BigScience 176B model page): BLOOM on 48 nodes of 8
     A100 80GB (Jean Zay: NVLink inside a node, 4 x 100 Gb/s Omni-Path per node, 6.25 GB/s per GPU), TP4 x PP12
     x DP8 with ZeRO-1 (Megatron-DeepSpeed, 1F1B, full recomputation, micro-batch 2), 2048 sequences of 2048,
-    "about 150 TFLOP/s" per GPU in Narayanan et al.'s count. ALiBi (no position table), tied embeddings."""
+    "about 150 TFLOP/s" per GPU in Narayanan et al.'s count. ALiBi (no position table), tied embeddings.
+    Trained in bf16 (sec. 3.4), whose DeepSpeed optimizer accumulates and reduces fp32 gradients."""
     model = ModelSpec(name="bloom-176b", layers=70, hidden=14336, heads=112, ffn=4 * 14336, vocab=250880,
                       seq=2048, mlp="gelu", tied_embeddings=True, biases=True)
     cluster = "a100-80gb"
     seconds = narayanan_seconds(14336, 70, 2048, 384, 150, v=250880)
     yield Run("BLOOM paper / model page", "BLOOM 176B", model, cluster,
-              "dp=8,zero=1,tp=4,pp=12,mbs=2,recompute=full", 384, 2048, seconds, "A100", MEGATRON_2021, False,
+              "dp=8,zero=1,tp=4,pp=12,mbs=2,recompute=full", 384, 2048, seconds, "A100", BLOOM_SOFTWARE, False,
               nic=6.25e9)
 
 

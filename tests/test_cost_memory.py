@@ -5,8 +5,9 @@ import pytest
 
 from meshscale.cost import predict
 from meshscale.cost.memory import activation_bytes_per_layer, held_layer_microbatches, memory_per_device
+from meshscale.errors import UserError
 from meshscale.specs.cluster import load_cluster
-from meshscale.specs.layout import Layout
+from meshscale.specs.layout import Layout, check_against
 from meshscale.specs.model import ModelSpec, load_model
 
 GPT3 = load_model("gpt3-175b")  # GPT-3 175B: Korthikanti's model (4h GeLU MLP, MHA, dropout)
@@ -79,3 +80,19 @@ def test_optimizer_states_follow_zero_stages():
     mem = [memory_per_device(model, Layout(dp=8, zero=z), 8) for z in range(4)]
     assert mem[0].params + mem[0].grads + mem[0].optimizer == pytest.approx(16 * p, rel=1e-6)
     assert mem[3].params + mem[3].grads + mem[3].optimizer == pytest.approx(16 * p / 8, rel=1e-6)
+
+
+def test_op_recompute_keeps_the_saved_matmul_outputs():
+    """recompute=op keeps the block input, q, v, gate and down outputs and the attention output: between none
+    and full; layouts it is not built for are one clear error."""
+    model = load_model("llama3-8b")
+    h, q, kv = model.hidden, model.heads * model.head_dim, model.kv_heads * model.head_dim
+    op = activation_bytes_per_layer(model, Layout(recompute="op"), 1, True)
+    assert op == 2 * (h + q + kv + model.ffn + h + q)
+    none, full = (activation_bytes_per_layer(model, Layout(recompute=r), 1, True) for r in ("none", "full"))
+    assert full < op < none
+    for bad, batch in (("tp=2,recompute=op", 8), ("cp=2,recompute=op", 8)):
+        with pytest.raises(UserError, match="recompute=op"):
+            check_against(Layout.parse(bad, 8), model, batch)
+    with pytest.raises(UserError, match="recompute=op"):
+        check_against(Layout.parse("dp=8,ep=8,recompute=op", 8), load_model("mixtral-8x7b"), 8)

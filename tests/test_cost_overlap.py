@@ -61,6 +61,27 @@ def test_tp_comm_overlap_hides_sp_collectives_behind_their_gemms():
     assert on.comm and all(0 <= e["exposed_s"] <= e["time_s"] for e in on.comm)
 
 
+def test_sp_input_gradient_reduce_scatter_hides_behind_the_weight_gradient():
+    def reduce_scatters(pred):  # {overlap class as run: entry}
+        return {e["overlap"]: e for e in pred.comm if e["axis"] == "tp" and e["collective"] == "reduce_scatter"}
+
+    off, ops_off = run("tp=8,sp=true,mbs=1", 8, 4)
+    on, ops_on = run("tp=8,sp=true,mbs=1", 8, 4, tp_wgrad_overlap=True)
+    assert all(e["exposed_s"] == e["time_s"] > 0 for e in off.comm if e["axis"] == "tp")
+    rs = reduce_scatters(on)
+    # forward (row-parallel outputs, the embedding) and backward (column-parallel input gradients, the head):
+    # as many bytes each; only the backward's hide, behind the weight gradients computed meanwhile
+    assert set(rs) == {"none", "wgrad"} and rs["none"]["bytes"] == rs["wgrad"]["bytes"]
+    assert rs["none"]["exposed_s"] == rs["none"]["time_s"] and rs["wgrad"]["exposed_s"] < rs["wgrad"]["time_s"]
+    assert ops_on["tp", "all_gather"]["exposed_s"] == ops_on["tp", "all_gather"]["time_s"]
+    assert off.step_time_s - on.step_time_s == pytest.approx(rs["wgrad"]["time_s"] - rs["wgrad"]["exposed_s"])
+    # over a slow link the weight gradients cannot hide it all
+    slow = replace(H100, tiers=(replace(H100.tiers[0], bandwidth=5e9),) + H100.tiers[1:],
+                   software=replace(H100.software, tp_wgrad_overlap=True))
+    part = reduce_scatters(predict(MODEL, slow, Layout.parse("tp=8,sp=true,mbs=1", 8), 4))["wgrad"]
+    assert 0 < part["exposed_s"] < part["time_s"]
+
+
 def test_software_section_in_a_cluster_file_overrides_the_base_key_by_key(tmp_path):
     path = tmp_path / "mine.toml"
     path.write_text('base = "h100-80gb"\n[software]\ntp_comm_overlap = true\n')

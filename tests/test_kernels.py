@@ -4,6 +4,7 @@ import itertools
 
 import pytest
 
+from meshscale.cost.flops import block_matmuls, op_recomputed_matmuls
 from meshscale.cost.kernels import (Gemm, attention_seconds, gemm_efficiency, gemm_pass_seconds, gemm_seconds,
                                     layer_gemms, microbatch_seconds)
 from meshscale.cost.step import stage_passes
@@ -81,6 +82,24 @@ def test_recompute_adds_forward_work_to_the_input_gradient_pass_only():
     assert none.backward < sel.backward < full.backward
     # full recompute repeats every layer's forward (not the output head's)
     assert 0.9 * none.forward < full.backward - none.backward < none.forward
+
+
+def test_op_recompute_reruns_every_other_matmul_but_not_the_attention():
+    model, a100 = load_model("llama3-8b"), CLUSTERS[0]
+    layers = tuple(range(model.layers))
+    none, op = (microbatch_seconds(model, a100, Layout(mbs=1, recompute=r), layers, False, 312e12, 2)
+                for r in ("none", "op"))
+    assert op.forward == none.forward and op.weight == none.weight and op.attention == none.attention
+    reruns = [Gemm(model.seq, o, i) for i, o in op_recomputed_matmuls(model)]
+    assert [(g.n, g.k) for g in reruns] == [(model.kv_heads * model.head_dim, model.hidden),  # k, o, up
+                                            (model.hidden, model.heads * model.head_dim), (model.ffn, model.hidden)]
+    extra = gemm_pass_seconds(a100, tuple(reruns), 312e12, 2)[0] * model.layers
+    assert op.backward - none.backward == pytest.approx(extra)
+    # about a third of the layers' matmul FLOPs, between selective (attention core) and full
+    share = sum(i * o for i, o in op_recomputed_matmuls(model)) / sum(i * o for i, o in block_matmuls(model))
+    assert 0.3 < share < 0.4
+    full = microbatch_seconds(model, a100, Layout(mbs=1, recompute="full"), layers, False, 312e12, 2)
+    assert none.backward < op.backward < full.backward
 
 
 def test_fine_grained_experts_run_below_dense_efficiency():

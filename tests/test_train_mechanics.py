@@ -69,15 +69,26 @@ def test_sharded_state_and_bf16():
 def test_recompute_keeps_fewer_activations_and_the_same_gradients():
     import torch
     import torch.nn.functional as F
+    from torch.utils._python_dispatch import TorchDispatchMode
 
+    from meshscale.cost.flops import op_recomputed_matmuls
     from meshscale.parallel.recompute import apply_recompute
     from meshscale.runtime.model import build_model
     from meshscale.specs.model import PRESETS
 
+    class CountMatmuls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.calls += func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+            return func(*args, **(kwargs or {}))
+
     spec = PRESETS["tiny"]
     batch = torch.randint(0, 256, (2, spec.seq + 1), generator=torch.Generator().manual_seed(0))
-    saved, grads = {}, {}
-    for mode in ("none", "selective", "full"):
+    saved, grads, backward_mms = {}, {}, {}
+    for mode in ("none", "selective", "full", "op"):
         model = build_model(spec)
         apply_recompute(model, mode)
         total = [0]
@@ -88,8 +99,12 @@ def test_recompute_keeps_fewer_activations_and_the_same_gradients():
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = F.cross_entropy(model(batch[:, :-1]).reshape(-1, spec.vocab), batch[:, 1:].reshape(-1))
-        loss.backward()
-        saved[mode] = total[0]
+        with CountMatmuls() as count:
+            loss.backward()
+        saved[mode], backward_mms[mode] = total[0], count.calls
         grads[mode] = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
     assert saved["none"] > saved["selective"] > saved["full"]
-    assert torch.equal(grads["none"], grads["selective"]) and torch.equal(grads["none"], grads["full"])
+    for mode in ("selective", "full", "op"):
+        assert torch.equal(grads["none"], grads[mode]), mode
+    # op reruns the matmuls the cost model charges it: every other one of each block (k, o and up)
+    assert backward_mms["op"] - backward_mms["none"] == len(op_recomputed_matmuls(spec)) * spec.layers

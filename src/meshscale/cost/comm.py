@@ -32,13 +32,16 @@ class Link:
 # ---- what is communicated ----------------------------------------------------------------------------
 
 def data_parallel_ops(zero: int, params: float, m: int, param_bytes: int, units: int,
-                      root_params: float = 0.0, pipelined: bool = False) -> list[tuple]:
+                      root_params: float = 0.0, pipelined: bool = False, grad_bytes: int = 4) -> list[tuple]:
     """The data-parallel family per optimizer step (the contract's rule, in one place).
-    params: parameters on the rank; m: micro-batches per DP rank; gradients travel in fp32 (4 B/param);
+    params: parameters on the rank; m: micro-batches per DP rank; gradients travel in `grad_bytes` per
+    parameter (fp32 unless [software] grad_reduce_fp32 is off);
     units: FSDP wrapping units (layers + root); root_params: those in the root unit (embedding, final norm,
     head); pipelined: inside a pipeline schedule (pp > 1). Returns (collective, bytes, calls, overlap)."""
-    grads = 4 * params
-    buckets = max(1, math.ceil(grads / DDP_BUCKET_BYTES))
+    grads = grad_bytes * params
+    # buckets partition the parameters (25 MB of fp32 gradient each); narrower gradients keep the partition,
+    # as Megatron's buckets count elements (DistributedDataParallelConfig.bucket_size)
+    buckets = max(1, math.ceil(4 * params / DDP_BUCKET_BYTES))
     if zero == 0:  # DDP: one all-reduce after the last micro-batch (no_sync before)
         return [("all_reduce", grads, buckets, "backward")]
     if zero == 1:  # reduce-scatter the gradient once; all-gather the updated fp32 params
@@ -62,14 +65,14 @@ def data_parallel_ops(zero: int, params: float, m: int, param_bytes: int, units:
 
 
 def replica_ops(zero: int, params: float, m: int, units: int, shard: int, replicas: int,
-                pipelined: bool = False) -> list[tuple]:
+                pipelined: bool = False, grad_bytes: int = 4) -> list[tuple]:
     """Hybrid sharding (HSDP; Zhao et al. 2023, "PyTorch FSDP", sec. 3.2.2): after the shard group's
-    reduce-scatter, each rank all-reduces its fp32 gradient shard (4 * params / shard bytes) with the ranks
+    reduce-scatter, each rank all-reduces its gradient shard (grad_bytes * params / shard bytes) with the ranks
     holding the same shard in the other `replicas` groups. FSDP2 (zero=3) does so after every reduce-scatter
     (each unit, each micro-batch; once per unit inside a pipeline), our ZeRO-1/2 once per step per bucket."""
     if replicas == 1:
         return []
-    v = 4 * params / shard
+    v = grad_bytes * params / shard
     if zero in (1, 2):
         return [("all_reduce", v, max(1, math.ceil(4 * params / DDP_BUCKET_BYTES)), "none")]
     times = 1 if pipelined else m
@@ -105,7 +108,10 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
         return [("all_reduce", v * calls + small, calls + small_calls, "none")] + \
             ([("all_gather", v * gathers, gathers, "none")] if gathers else [])
     norm_calls = (2 * n_layers + last) * m
-    return [("all_gather", v * calls, calls, "gemm"), ("reduce_scatter", v * calls, calls, "gemm"),
+    # the column-parallel layers' (QKV, gate/up, the head) input gradients, reduce-scattered in backward
+    dgrad = (2 * n_layers + last) * m
+    return [("all_gather", v * calls, calls, "gemm"), ("reduce_scatter", v * (calls - dgrad), calls - dgrad, "gemm"),
+            ("reduce_scatter", v * dgrad, dgrad, "wgrad"),
             ("all_reduce", small + norm_calls * model.hidden * 4, small_calls + norm_calls, "none")]
 
 

@@ -59,12 +59,29 @@ def _active_params(model: ModelSpec) -> int:
     return model.active_param_count()
 
 
+def block_matmuls(model: ModelSpec) -> tuple:
+    """A dense block's weight matmuls in the order they run, (in, out) widths: q, k, v, o, then gate, up,
+    down (GeLU: up, down), as runtime/model.py and torchtitan's Llama run them."""
+    h, q, kv, f = model.hidden, model.heads * model.head_dim, model.kv_heads * model.head_dim, model.ffn
+    mlp = ((h, f), (h, f), (f, h)) if model.mlp == "swiglu" else ((h, f), (f, h))
+    return ((h, q), (h, kv), (h, kv), (q, h)) + mlp
+
+
+def op_recomputed_matmuls(model: ModelSpec) -> tuple:
+    """recompute=op, torchtitan's op-level selective checkpointing (torchtitan/models/llama/parallelize_llama.py,
+    _apply_ac_to_transformer_block): it saves the attention kernel's output and every other matmul's (the
+    1st, 3rd, ...), so the 2nd, 4th, ... run again in backward, with all element-wise work."""
+    return block_matmuls(model)[1::2]
+
+
 @lru_cache(maxsize=1024)
 def recompute_flops_per_token(model: ModelSpec, recompute: str, layers: range) -> float:
     """Extra forward work per token. Full: the whole layer again; selective: only the attention core
-    (Korthikanti et al. 2022, arXiv:2205.05198, sec. 5)."""
+    (Korthikanti et al. 2022, arXiv:2205.05198, sec. 5); op: every other matmul."""
     if recompute == "full":
         return sum(layer_flops(model, i, model.seq) for i in layers)
     if recompute == "selective":
         return len(layers) * attention_core_flops(model, model.seq)
+    if recompute == "op":
+        return len(layers) * 2.0 * sum(i * o for i, o in op_recomputed_matmuls(model))
     return 0.0

@@ -109,6 +109,17 @@ def layer_gemms(model: ModelSpec, layer: int, layout: Layout, tokens: float) -> 
     return tuple(out)
 
 
+def column_parallel_share(model: ModelSpec, layout: Layout) -> float:
+    """The column-parallel matrices' (QKV, gate and up) share of a layer's GEMM FLOPs on a rank; the row-
+    parallel ones are the output and down projections (Shoeybi et al. 2019, sec. 3)."""
+    t, h = layout.tp, model.hidden
+    q = model.heads * model.head_dim / t
+    kv = kv_heads_per_rank(model.kv_heads, t) * model.head_dim
+    width = ((model.top_k + model.shared_experts) * model.expert_ffn if model.is_moe else model.ffn) / t
+    column = (q + 2 * kv + (model.mlp_matrices - 1) * width) * h
+    return column / (column + (q + width) * h)
+
+
 def gemm_pass_seconds(cluster: ClusterSpec, gemms: tuple, peak: float, dtype_bytes: int) -> tuple[float, float, float]:
     """(forward, input gradient, weight gradient) of a list of forward GEMMs: dX = dY W^T is (m, k, n) and
     dW = X^T dY is (k, n, m) (Narayanan et al. 2021 sec. 5.1: backward is twice the forward)."""
@@ -183,7 +194,10 @@ def layer_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, moe: bo
         b += f + core_f
     elif layout.recompute == "selective":
         b += core_f
-    attention = core_f + core_b + (core_f if layout.recompute != "none" else 0.0)
+    elif layout.recompute == "op":  # a dense block at tp=1 (specs.layout.check_against)
+        b += gemm_pass_seconds(cluster, tuple(Gemm(tokens, o, i) for i, o in flops.op_recomputed_matmuls(model)),
+                               peak, dtype_bytes)[0]
+    attention = core_f + core_b + (core_f if layout.recompute in ("selective", "full") else 0.0)
     return Passes(f + core_f, b + core_b, w, attention)
 
 

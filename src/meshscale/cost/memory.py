@@ -9,6 +9,7 @@ master, momentum and variance (12) = 16 bytes/param, sharded by ZeRO stage (ZeRO
 from dataclasses import dataclass
 from functools import lru_cache
 
+from meshscale.cost.flops import block_matmuls
 from meshscale.specs.layout import Layout, kv_heads_per_rank, split_layers
 from meshscale.specs.model import ModelSpec
 
@@ -152,6 +153,9 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, 
     h, s, t = model.hidden, model.seq, layout.tp
     if layout.recompute == "full":
         return 2 * tokens * h / (t if layout.sp else 1)
+    if layout.recompute == "op":  # the block's input, the saved matmul outputs and the attention output (tp=1)
+        saved = block_matmuls(model)[0::2]
+        return 2 * tokens * (h + sum(o for _, o in saved) + model.heads * model.head_dim)
     kv = kv_heads_per_rank(model.kv_heads, t) * t * model.head_dim  # replicated KV heads count on every rank
     # Attention block: qkv input 2h, Q 2h(q width), K and V 2kv each, out-proj input 2h, dropout mask h.
     q = model.heads * model.head_dim
@@ -224,7 +228,7 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
     # Parameters are those of the busiest rank: a bound when the two differ.
     per_layer = activation_bytes_per_layer(model, layout, tokens, fused_attention) * scale
     acts = per_layer * held_layer_microbatches(model, layout, m)
-    if layout.recompute == "full":  # one layer is rebuilt at a time during backward
+    if layout.recompute in ("full", "op"):  # one layer is rebuilt at a time during backward
         full = activation_bytes_per_layer(model, Layout(tp=layout.tp, sp=layout.sp, recompute="selective"), tokens)
         acts += full * scale
     # fp32 logits for the loss where the first rank also holds the head (counted once: freed right away).

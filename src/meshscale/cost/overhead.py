@@ -27,7 +27,9 @@ ROOT_TENSORS = 3  # embedding, final norm, head
 def compute_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, m: int, n_layers: int,
                     root: bool) -> float:
     """Host time of the operators one rank runs for its m micro-batches."""
-    recompute = {"full": FORWARD_OPS_PER_LAYER, "selective": SELECTIVE_OPS_PER_LAYER}.get(layout.recompute, 0)
+    # op reruns the forward but its saved matmuls and attention: counted as the whole forward
+    recompute = {"full": FORWARD_OPS_PER_LAYER, "op": FORWARD_OPS_PER_LAYER,
+                 "selective": SELECTIVE_OPS_PER_LAYER}.get(layout.recompute, 0)
     ops = m * (n_layers * (FORWARD_OPS_PER_LAYER + BACKWARD_OPS_PER_LAYER + recompute) + (ROOT_OPS if root else 0))
     return ops * cluster.op_overhead_s
 

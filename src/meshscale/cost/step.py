@@ -10,14 +10,14 @@ from functools import lru_cache
 
 from meshscale.cost import comm, critical, flops, overhead
 from meshscale.cost.checkpoint import checkpoint_bytes
-from meshscale.cost.kernels import Passes, counted_seconds, kernel_shape
+from meshscale.cost.kernels import Passes, column_parallel_share, counted_seconds, kernel_shape
 from meshscale.cost.memory import (PRECISIONS, _stage_layers, activation_bytes_per_layer, busiest_rank,
                                    expert_params_on_rank, is_v, last_rank, memory_per_device, params_on_rank,
                                    rank_chunks, root_params_on_rank, stage_layers)
 from meshscale.cost.pipeline import bubble_ratio
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
-from meshscale.specs.layout import Layout, check_against, split_layers
+from meshscale.specs.layout import Layout, check_against, kv_heads_per_rank, split_layers
 from meshscale.specs.model import ModelSpec
 
 
@@ -90,7 +90,8 @@ def _stage_flops(model, pp, chunks, v_shape, recompute, fused, rank) -> tuple[fl
     fwd = sum(layer[i] for i in owned)
     if rank == (0 if v_shape else pp - 1):
         fwd += flops.logits_flops(model)
-    extra = {"full": sum(layer[i] for i in owned), "selective": len(owned) * core}.get(recompute, 0.0)
+    extra = {"full": sum(layer[i] for i in owned), "selective": len(owned) * core,
+             "op": flops.recompute_flops_per_token(model, "op", owned)}.get(recompute, 0.0)
     return fwd, len(owned) * core, extra
 
 
@@ -136,16 +137,18 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     ops = []
     # Under EP the routed experts reduce over their own replicas (edp), the rest over dp*cp.
     experts = expert_params_on_rank(model, layout, rank) if layout.ep > 1 else 0.0
+    grad_bytes = grad_reduce_bytes(sw, precision)
     if layout.dp * layout.cp > 1:
         ops += [("dp",) + op for op in comm.data_parallel_ops(layout.zero, params - experts, m, act_bytes,
                                                               n_layers + 1, root_params_on_rank(model, layout, rank),
-                                                              layout.pp > 1)]
+                                                              layout.pp > 1, grad_bytes)]
         ops += [("dp_replicate",) + op for op in comm.replica_ops(layout.zero, params - experts, m, n_layers + 1,
-                                                                  layout.shard_size, layout.replicas, layout.pp > 1)]
+                                                                  layout.shard_size, layout.replicas, layout.pp > 1,
+                                                                  grad_bytes)]
     if experts and layout.dp * layout.cp > layout.ep:
         units = moe_layers * model.experts // layout.ep + 1  # zero=3: each expert is an FSDP unit (+ a root)
         ops += [("edp",) + op for op in comm.data_parallel_ops(layout.zero, experts, m, act_bytes, units, 0.0,
-                                                               layout.pp > 1)]
+                                                               layout.pp > 1, grad_bytes)]
     crossings = comm.pipeline_sends(layout, rank) if layout.pp > 1 else 0
     ops += [("tp",) + op for op in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, first,
                                                           last, m, crossings, moe_layers)]
@@ -176,6 +179,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
             exposed = t * max(fsdp_time - compute_s, fsdp_time / calls) / fsdp_time if fsdp_time else 0.0
         elif overlap == "other_microbatch":
             exposed = max(t - compute_s * (m - 1) / m, t / m)  # the first micro-batch has no partner
+        elif overlap == "wgrad":  # behind the weight gradients of the column-parallel layers it came from
+            exposed = max(0.0, t - m * passes.weight * column_parallel_share(model, layout))
         elif overlap == "gemm":
             # TP collectives decomposed into tp ring steps, each behind a slice of the GEMM it feeds (Wang et
             # al. 2023, ASPLOS, "Overlap communication with dependent computation via decomposition"; Megatron-
@@ -218,12 +223,20 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         checkpoint_bytes_per_device=ckpt_device, checkpoint_bytes_total=ckpt_total)
 
 
+def grad_reduce_bytes(sw, precision: str) -> int:
+    """Bytes per parameter the gradient reduction moves: fp32, or the compute dtype where the software
+    reduces in it ([software] grad_reduce_fp32)."""
+    return 4 if sw.grad_reduce_fp32 else PRECISIONS[precision]["compute"]
+
+
 def _hides(overlap: str, sw, layout: Layout, m: int) -> str:
     """A collective's overlap class (cost/comm.py) as it runs: "none" where the [software] switch is off."""
+    if overlap == "wgrad" and not sw.tp_wgrad_overlap:
+        overlap = "gemm"
     on = {"attention": True, "backward": sw.grad_reduce_overlap, "each_backward": sw.grad_reduce_overlap,
           "forward": sw.param_gather_overlap, "fsdp": sw.fsdp_prefetch,
           "other_microbatch": (sw.ep_comm_overlap or layout.schedule == "dualpipev") and m > 1,
-          "gemm": sw.tp_comm_overlap}
+          "gemm": sw.tp_comm_overlap, "wgrad": True}
     return overlap if on.get(overlap, False) else "none"
 
 
@@ -279,21 +292,41 @@ def elementwise_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, 
                         act_bytes: int) -> float:
     """Memory-bound kernels (norms, activations, softmax, dropout, residuals) per micro-batch: they move
     about what a layer stores for backward, written and read once per pass (Ivanov et al. 2021, "Data
-    movement is all you need": these take a third of BERT's time at 0.2% of its FLOPs). Passes: forward,
-    backward (2x), and the recomputed forward."""
-    per_token = _elementwise_per_token(model, cluster.fused_attention, layout.tp, layout.sp, layout.recompute)
+    movement is all you need": these take a third of BERT's time at 0.2% of its FLOPs); unfused, every
+    operator moves its own inputs and outputs ([software] fused_elementwise). Passes: forward, backward (2x),
+    and the recomputed forward."""
+    per_token = _elementwise_per_token(model, cluster.fused_attention, cluster.software.fused_elementwise,
+                                       layout.tp, layout.sp, layout.recompute)
     return model.layers / layout.pp * tokens * per_token * act_bytes / cluster.hbm_bandwidth
 
 
 @lru_cache(maxsize=4096)
-def _elementwise_per_token(model: ModelSpec, fused: bool, tp: int, sp: bool, recompute: str) -> float:
-    """Bytes (per byte of activation) one layer's element-wise kernels move per token: written and read once
-    per pass, the 2-byte accounting of activation_bytes_per_layer scaled to one byte."""
+def _elementwise_per_token(model: ModelSpec, fused: bool, fused_elementwise: bool, tp: int, sp: bool,
+                           recompute: str) -> float:
+    """Bytes (per byte of activation) one layer's element-wise kernels move per token in all its passes. Fused
+    kernels write and read once per pass what the layer stores (the 2-byte accounting of
+    activation_bytes_per_layer scaled to one byte); eager ones move what eager_forward_elements counts."""
     stored = activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute="selective"), 1)
     scores = 0.0 if fused else activation_bytes_per_layer(model, Layout(tp=tp, sp=sp), 1) - stored
-    passes = 3 + (1 if recompute == "full" else 0)
+    passes = 3 + (1 if recompute in ("full", "op") else 0)
     score_passes = passes + (1 if recompute == "selective" else 0)
-    return stored * passes + scores * score_passes
+    forward = stored if fused_elementwise else eager_forward_elements(model, tp, sp)
+    return forward * passes + scores * score_passes
+
+
+def eager_forward_elements(model: ModelSpec, tp: int, sp: bool) -> float:
+    """Elements (of the activation dtype; an fp32 one counts 2) the element-wise operators of one LLaMA block
+    read and write per token in forward when each runs as its own kernel, as torchtitan's model.py runs them
+    in eager mode: per RMSNorm, x.float() 3, pow 4, mean 2, x * rsqrt 4, type_as 3, * weight 2 (18 per
+    hidden element); RoPE in complex fp32, .float() 3, multiply 4, type_as 3 (10 per q and k element);
+    grouped K, V expanded to the query heads (repeat_kv); the attention output made contiguous 2; SwiGLU's
+    silu 2 and product 3 per ffn element (GeLU 2); two residual adds 3 each."""
+    q = model.heads * model.head_dim / tp
+    kv = kv_heads_per_rank(model.kv_heads, tp) * model.head_dim
+    width = ((model.top_k + model.shared_experts) * model.expert_ffn if model.is_moe else model.ffn) / tp
+    hidden = (2 * 18 + 2 * 3) * model.hidden / (tp if sp else 1)
+    repeat = 2 * (kv + q) if kv < q else 0.0
+    return hidden + 10 * (q + kv) + repeat + 2 * q + (5 if model.mlp == "swiglu" else 2) * width
 
 
 def _time(cluster, devices, layout, axis, collective, nbytes, calls) -> float:

@@ -19,7 +19,7 @@ from meshscale.cost.kernels import attention_core_seconds
 from meshscale.cost.memory import (PRECISIONS, _expert_params_per_rank, _held, _params_per_rank,
                                    activation_bytes_per_layer, busiest_rank, params_on_rank, root_params_on_rank,
                                    stage_layers)
-from meshscale.cost.step import Prediction, _slowest_stage, elementwise_seconds
+from meshscale.cost.step import Prediction, _slowest_stage, elementwise_seconds, grad_reduce_bytes
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import RECOMPUTE, SCHEDULES, Layout, check_against, kv_heads_fit
@@ -63,6 +63,8 @@ def parse_fix(text: str) -> dict:
             choices = SCHEDULES if key == "schedule" else RECOMPUTE
             if raw not in choices:
                 raise UserError(f"--fix: unknown {key} {raw!r}; choose one of {', '.join(choices)}")
+            if raw == "op":  # torchtitan's policy, for predict and train; its tp=1, dense-only rule stays out
+                raise UserError("--fix: plan does not search recompute=op; fix none, selective or full")
             value = raw
         else:
             if not raw.isdigit() or int(raw) < (0 if key == "zero" else 1) or (key == "zero" and int(raw) > 3):
@@ -161,7 +163,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         zeros = [z for z in (range(4) if dp * cp > 1 else [0]) if _allowed(fix, "zero", z)]
         sps = (False, True) if tp > 1 else (False,)
         sp_idx = [i for i, sp in enumerate(sps) if _allowed(fix, "sp", sp)]
-        rec_idx = [i for i, r in enumerate(RECOMPUTE) if _allowed(fix, "recompute", r)]
+        rec_idx = [i for i, r in enumerate(RECOMPUTE) if r != "op" and _allowed(fix, "recompute", r)]
         shards = _shard_sizes(cluster, tp, dp * cp)
         grid = np.array([row for row in product(zeros, shards, sp_idx, range(len(scheds)), mbs_opts, rec_idx)
                          if row[0] or row[1] == dp * cp], dtype=float)
@@ -237,7 +239,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         ratio = _bubble(names, k_i, pp, v, m)
         bound = (compute + floor_r[r_i] + floor_k[k_i]) * (1 + ratio) + np.where((z == 1) | (z == 2), gather, 0.0)
         if dp * cp > 1:  # gradient reduction not hidden by backward (zero 0-2) or FSDP traffic beyond compute
-            grads = rs * 4 * p_k
+            grads = rs * grad_reduce_bytes(cluster.software, precision) * p_k
             backward = compute - forward
             # ZeRO-3 (comm.data_parallel_ops): without a pipeline each micro-batch gathers the blocks twice and
             # the root once and reduce-scatters the gradient; inside one, every forward gathers the blocks, all
@@ -313,12 +315,18 @@ def _time_no_latency(cluster, devices, collective, nbytes, size, stride) -> floa
 def _floor_tp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, rate, recompute) -> float:
     """Bandwidth time of the TP traffic for the whole step on the lightest rank. EP all-to-alls are left out:
     another micro-batch's compute may hide them (dualpipev, ep_comm_overlap)."""
-    layout = Layout(dp=dp, tp=tp, cp=cp, ep=ep, recompute=recompute)
+    if tp == 1:
+        return 0.0
+    # SP's all-gathers and reduce-scatters take the bandwidth time of the all-reduces without SP; only the
+    # unhidden ones count (the small all-reduces are left out: SP adds its norm gradients to them)
+    layout = Layout(dp=dp, tp=tp, sp=True, cp=cp, ep=ep, recompute=recompute)
     tokens = per_rank * model.seq / cp
     n_layers = model.layers // pp
+    sw = cluster.software
+    hidden = {"gemm": sw.tp_comm_overlap, "wgrad": sw.tp_comm_overlap or sw.tp_wgrad_overlap}
     return sum(_time_no_latency(cluster, devices, c, b, tp, 1)
                for c, b, _, o in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, False, False, 1)
-               if not (o == "gemm" and cluster.software.tp_comm_overlap))
+               if c != "all_reduce" and not hidden.get(o, False))
 
 
 def _floor_cp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, rate, recompute, fewest,

@@ -31,9 +31,20 @@ class Software:
     param_gather_overlap: bool = True  # ZeRO-1/2 parameter all-gather runs during the next forward
     fsdp_prefetch: bool = True  # ZeRO-3 gathers the next unit while the current one computes
     tp_comm_overlap: bool = False  # TP/SP all-gather and reduce-scatter split into chunks behind their GEMMs
+    # With SP, the reduce-scatter of the column-parallel layers' input gradient runs while their weight
+    # gradient is computed (Megatron-LM since 2022 without --tp-comm-overlap: core/tensor_parallel/layers.py,
+    # LinearWithGradAccumulationAndAsyncCommunication.backward); off as torch's DTensor TP and our runtime run
+    tp_wgrad_overlap: bool = False
     # MoE dispatch/combine all-to-alls of one micro-batch behind another's compute (Megatron-Core
     # `--overlap-moe-expert-parallel-comm`; schedule=dualpipev always does, DeepSeek-V3 sec. 3.2.1)
     ep_comm_overlap: bool = False
+    # Gradients travel in fp32 (FSDP2's reduce_dtype, Megatron-LM's arguments.py forces fp32 accumulation and
+    # all-reduce for bf16); false: in the 2-byte compute dtype, as Megatron-LM's fp16 runs did (its
+    # --accumulate-allreduce-grads-in-fp32 is off by default).
+    grad_reduce_fp32: bool = True
+    # Element-wise work (norms, RoPE, activations, residuals) in fused kernels (Megatron's fused norm and bias-
+    # activation kernels, XLA, torch.compile); false: one kernel per operator, as eager PyTorch runs it.
+    fused_elementwise: bool = True
 
 
 @dataclass(frozen=True)

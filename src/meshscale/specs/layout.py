@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields, replace
 from meshscale.errors import UserError
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb", "zbv", "dualpipev")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "op")
 # Schedules that place two model chunks on each pipeline rank (a "V": down then back up).
 V_SCHEDULES = ("zbv", "dualpipev")
 _INT_KEYS = ("dp", "zero", "shard", "tp", "pp", "vpp", "cp", "ep", "mbs")
@@ -204,6 +204,10 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
     if layout.sp and model.seq % (t * layout.cp):
         raise UserError(f"layout: sp=true splits each CP rank's seq/cp tokens ({model.seq}/{layout.cp}) over tp={t}; "
                         "tp*cp must divide seq")
+    if layout.recompute == "op" and (model.is_moe or model.uses_mla or t > 1 or layout.cp > 1):
+        # its every-other-matmul rule would count routed experts' and TP/CP collectives' calls
+        raise UserError(f"layout: recompute=op is built for dense models at tp=1 and cp=1 ({model.name}, tp={t}, "
+                        f"cp={layout.cp}); use recompute=selective or full")
     if layout.ep > 1:
         if not model.is_moe:
             raise UserError(f"layout: ep={layout.ep} needs a mixture-of-experts model; {model.name} is dense, so "

@@ -1,0 +1,73 @@
+"""[software] options beyond overlap: the gradient reduction dtype and fused element-wise kernels (and the
+planner's bound under them and the wgrad overlap)."""
+
+from dataclasses import replace
+
+from meshscale.cost import predict
+from meshscale.cost.step import eager_forward_elements, elementwise_seconds
+from meshscale.plan.search import search
+from meshscale.specs.cluster import load_cluster
+from meshscale.specs.layout import Layout
+from meshscale.specs.model import load_model
+
+A100 = load_cluster("a100-80gb")
+MODEL = load_model("llama3-8b")
+
+
+def with_software(**software):
+    return replace(A100, software=replace(A100.software, **software))
+
+
+def dp_bytes(pred) -> dict:
+    return {e["collective"]: e["bytes"] for e in pred.comm if e["axis"] == "dp"}
+
+
+def test_gradients_reduce_in_the_compute_dtype_when_not_fp32():
+    for layout in ("dp=16,mbs=1", "dp=16,zero=1,mbs=1", "dp=16,zero=3,mbs=1", "dp=16,zero=1,shard=8,mbs=1"):
+        fp32 = predict(MODEL, A100, Layout.parse(layout, 16), 16)
+        half = predict(MODEL, with_software(grad_reduce_fp32=False), Layout.parse(layout, 16), 16)
+        grads = "all_reduce" if layout.startswith("dp=16,mbs") else "reduce_scatter"
+        assert dp_bytes(half)[grads] == dp_bytes(fp32)[grads] / 2
+        assert half.step_time_s <= fp32.step_time_s
+        if "zero=1" in layout:  # the parameter all-gather is not a gradient
+            assert dp_bytes(half)["all_gather"] == dp_bytes(fp32)["all_gather"]
+    # fp32 training has nothing narrower to reduce in
+    a = predict(MODEL, A100, Layout.parse("dp=16,mbs=1", 16), 16, precision="fp32")
+    b = predict(MODEL, with_software(grad_reduce_fp32=False), Layout.parse("dp=16,mbs=1", 16), 16, precision="fp32")
+    assert dp_bytes(a) == dp_bytes(b)
+
+
+def test_planner_bound_holds_for_half_gradients_eager_kernels_and_wgrad_overlap():
+    """Pruning by the vectorised bound keeps the exhaustive ranking under these switches."""
+    cluster = with_software(grad_reduce_fp32=False, grad_reduce_overlap=False, fused_elementwise=False,
+                            tp_wgrad_overlap=True)
+    fast = search(MODEL, cluster, 16, 64, top=5, fix={"pp": 1, "cp": 1, "zero": 1})  # TP with SP wins
+    full = search(MODEL, cluster, 16, 64, top=5, fix={"pp": 1, "cp": 1, "zero": 1}, prune=False)
+    assert "sp=true" in fast.ranked[0].layout
+    assert [p.layout for p in fast.ranked] == [p.layout for p in full.ranked]
+
+
+def test_eager_elementwise_moves_more_than_fused_and_splits_like_the_layout():
+    tokens = 4096.0
+    fused = elementwise_seconds(MODEL, A100, Layout(dp=1), tokens, 2)
+    eager = elementwise_seconds(MODEL, with_software(fused_elementwise=False), Layout(dp=1), tokens, 2)
+    assert eager > 1.5 * fused  # fp32 norms and RoPE, one read and write per operator
+    one, tp = eager_forward_elements(MODEL, 1, False), eager_forward_elements(MODEL, 4, False)
+    sp = eager_forward_elements(MODEL, 4, True)
+    hidden = 42 * MODEL.hidden  # norms and residuals: replicated over TP unless SP splits them
+    assert tp - hidden == (one - hidden) / 4
+    assert sp == one / 4
+    mha = replace(MODEL, name="mha", kv_heads=MODEL.heads)
+    q = MODEL.heads * MODEL.head_dim
+    assert eager_forward_elements(mha, 1, False) - one == 10 * (q - MODEL.kv_heads * MODEL.head_dim) \
+        - 2 * (MODEL.kv_heads * MODEL.head_dim + q)  # no repeat_kv copies without grouped heads
+
+
+def test_eager_elementwise_lengthens_the_step_more_with_full_recompute():
+    def step(recompute, **software):
+        layout = Layout.parse(f"dp=8,zero=3,mbs=1,recompute={recompute}", 8)
+        return predict(MODEL, with_software(**software), layout, 8).compute_s
+
+    extra_none = step("none", fused_elementwise=False) - step("none")
+    extra_full = step("full", fused_elementwise=False) - step("full")
+    assert 0 < extra_none < extra_full
