@@ -218,7 +218,7 @@ def _describing_mesh(grid: torch.Tensor, device_type: str):
     return _descriptions[key]
 
 
-def _global(t: torch.Tensor, full_shape: tuple, holders: torch.Tensor, shard_size: int, device_type: str):
+def _global(t: torch.Tensor, full_shape: tuple, holders: torch.Tensor, shard_size: int):
     """`t` (whole over the data-parallel ranks, or FSDP2's shard of it) as a DTensor of the full shape on
     the (replicas, shards, tp...) grid of its `holders`; `shard_size`: the FSDP2 shard group's size."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -226,7 +226,8 @@ def _global(t: torch.Tensor, full_shape: tuple, holders: torch.Tensor, shard_siz
 
     fsdp = isinstance(t, DTensor)
     local = t.to_local() if fsdp else t
-    cut = [d for d, (a, b) in enumerate(zip(t.shape, full_shape)) if a != b]  # t.shape: this TP rank's
+    # t.shape is this TP rank's whole piece (an FSDP2 DTensor reports its unsharded shape)
+    cut = [d for d, (a, b) in enumerate(zip(t.shape, full_shape)) if a != b]
     tp = holders.shape[-1]
     pieces = full_shape[cut[0]] // t.shape[cut[0]] if cut else 1  # < tp: KV heads copied onto tp/pieces ranks
     grid = holders.reshape(-1, shard_size if fsdp else 1, pieces, tp // pieces)
@@ -256,7 +257,7 @@ def _state_dict(run, par, optimizer, mesh) -> tuple[dict, list]:
             return t
         expert = layout.ep > 1 and is_expert_param(name)
         shard_size = (layout.dp * layout.cp // layout.ep) if expert else layout.shard_size
-        return _global(t, shapes[name], _holders(layout, expert), shard_size, mesh.device_type)
+        return _global(t, shapes[name], _holders(layout, expert), shard_size)
 
     for strategy in par.strategies:
         held, write_back = _held(strategy, optimizer)
