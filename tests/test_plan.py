@@ -5,6 +5,7 @@ import importlib
 import numpy as np
 import pytest
 
+from meshscale.cost.kernels import Passes
 from meshscale.cost.pipeline import bubble_ratio
 
 from meshscale.plan import search
@@ -115,15 +116,18 @@ def test_alternatives_name_why_they_lost(problem3):
 
 
 def test_vectorised_bubble_is_the_closed_form():
-    """The bound's array form of `pipeline.bubble_ratio` (at F = B = W) equals the scalar one."""
+    """The bound's array form of `pipeline.bubble_ratio` (at F = B = W) equals the scalar one, and is the least
+    bubble over the W <= F <= B the kernels give: the bound stays a lower bound."""
     scheds = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4), ("zb", 1), ("zbv", 2),
               ("dualpipev", 2)]
-    names = [n for n, _ in scheds]
     for pp in (1, 2, 4, 8):
         k_i = np.repeat(np.arange(len(scheds)), 40)
         m = np.tile(np.arange(pp, pp + 40), len(scheds)).astype(float)
-        v = np.array([vv for _, vv in scheds])[k_i]
-        got = search_mod._bubble(names, k_i, pp, v, m)
+        got = search_mod._bubble(scheds, k_i, pp, m)
         want = [bubble_ratio(Layout(pp=pp, vpp=vv if pp > 1 else 1, schedule=n), int(mm))
                 for (n, vv), mm in zip((scheds[k] for k in k_i), m)]
         assert got == pytest.approx(want)
+        for (n, vv), mm, equal in zip((scheds[k] for k in k_i), m, got):
+            for f, b, w in ((1.0, 1.0, 0.5), (1.0, 1.5, 1.0), (1.0, 2.0, 0.3)):
+                unequal = bubble_ratio(Layout(pp=pp, vpp=vv if pp > 1 else 1, schedule=n), int(mm), Passes(f, b, w))
+                assert unequal >= equal - 1e-12

@@ -19,6 +19,7 @@ from meshscale.cost.kernels import attention_core_seconds
 from meshscale.cost.memory import (PRECISIONS, _expert_params_per_rank, _held, _params_per_rank,
                                    activation_bytes_per_layer, busiest_rank, params_on_rank, root_params_on_rank,
                                    stage_layers)
+from meshscale.cost.pipeline import schedule_bubble
 from meshscale.cost.step import Prediction, _slowest_stage, elementwise_seconds
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
@@ -172,7 +173,6 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         enumerated += len(grid)
         m = per_rank / mbs
         names = [n for n, _ in scheds]
-        v = np.array([vv for _, vv in scheds], dtype=float)[k_i]
         is_v = np.array([n in ("zbv", "dualpipev") for n in names])[k_i]
         # Memory: parameters, gradients, optimizer (ZeRO over the shard group), then activations in flight.
         # (routed experts shard over their dp*cp/ep replicas: memory.zero_held)
@@ -234,7 +234,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
 
         ag, rs = per_byte("all_gather"), per_byte("reduce_scatter")
         gather = ag * 4 * p_k if not cluster.software.param_gather_overlap else 0.0
-        ratio = _bubble(names, k_i, pp, v, m)
+        ratio = _bubble(scheds, k_i, pp, m)
         bound = (compute + floor_r[r_i] + floor_k[k_i]) * (1 + ratio) + np.where((z == 1) | (z == 2), gather, 0.0)
         if dp * cp > 1:  # gradient reduction not hidden by backward (zero 0-2) or FSDP traffic beyond compute
             grads = rs * 4 * p_k
@@ -347,16 +347,14 @@ def _floor_pp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, 
     return sum(_time_no_latency(cluster, devices, c, b, 2, tp * cp * dp) for c, b, _, _ in ops)
 
 
-def _bubble(names, k_i, pp, v, m):
-    """`pipeline.bubble_ratio` (F = B = W) over arrays; tests/test_plan.py checks they agree."""
-    if pp == 1:
-        return np.zeros_like(m)
-    sched = np.array(names)[k_i]
-    out = (pp - 1) / m
-    out = np.where(sched == "interleaved", (pp - 1) / (v * m), out)
-    out = np.where(sched == "zb", (pp - 1) / (3 * m), out)
-    v_shape = np.maximum(pp - 1, 2 * (2 * pp - 1 - m)) / (6 * m)
-    return np.where(np.isin(sched, ("zbv", "dualpipev")), v_shape, out)
+def _bubble(scheds, k_i, pp, m):
+    """Each row's `pipeline.schedule_bubble` at F = B = W: its least over the W <= F <= B the kernels give,
+    so the bound stays a lower bound."""
+    out = np.zeros_like(m)
+    for k, (name, v) in enumerate(scheds):
+        rows = k_i == k
+        out[rows] = schedule_bubble(name, pp, v, m[rows], maximum=np.maximum, minimum=np.minimum)
+    return out
 
 
 def _busiest(model, tp, ep, pp, chunks, v_shape) -> tuple[float, float]:
