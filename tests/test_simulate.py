@@ -74,7 +74,7 @@ def _unit_bubble(schedule, pp, vpp, m, f=1.0, b=1.0, w=1.0):
     v_shape = schedule in ("zbv", "dualpipev")
     unit = {"F": f, "B": b + w, "I": b, "W": w}
     run = engine.run(rank_orders(schedule, pp, vpp, m), lambda s: stage_owner(s, pp, v_shape),
-                     lambda r, s, k, mb: (unit[k] / vpp, 0.0), 0.0)
+                     lambda r, s, k, mb: (unit[k] / vpp, 0.0), lambda a, b: 0.0)
     return (max(p.end for p in run.passes) - (f + b + w) * m) / ((f + b + w) * m)
 
 
@@ -153,6 +153,54 @@ def test_straggler_slows_the_step_and_says_who_waits():
     assert any("gradient reduction" in w for w in slow.waits)
 
 
+def test_slow_link_on_a_pipeline_rank_delays_its_receivers():
+    """Device 1 is pp rank 1 of the only replica: its sends and receives take 30x longer, nothing else."""
+    model, cluster, layout = MODELS["llama2-7b"], CLUSTERS["h100-80gb"], Layout.parse("pp=4", 4)
+    healthy = simulate(model, cluster, layout, 8)
+    slow = simulate(model, cluster, layout, 8, slow_links={1: 30.0})
+    send = next(e["time_s"] / e["calls"] for e in predict(model, cluster, layout, 8).comm if e["axis"] == "pp")
+    # the first forward and the last backward each cross its links twice, on the critical path
+    assert slow.step_time_s - healthy.step_time_s == pytest.approx(4 * 29 * send)
+    assert slow.healthy_step_time_s == pytest.approx(healthy.step_time_s)
+    assert any(w.startswith("pp rank 2 (replica of device 1's link) waits") and w.endswith(
+        "more than in a healthy replica for pp rank 1") for w in slow.waits)
+    assert simulate(model, cluster, layout, 8, slow_links={1: 1.0}).step_time_s == healthy.step_time_s
+
+
+def test_slow_link_slows_its_tensor_parallel_collectives():
+    """TP collectives nothing hides (tp_comm_overlap off) take twice as long on the rank whose link is 2x slower."""
+    model, cluster, layout = MODELS["llama2-7b"], CLUSTERS["h100-80gb"], Layout.parse("tp=8,pp=4", 32)
+    healthy = simulate(model, cluster, layout, 8)
+    slow = simulate(model, cluster, layout, 8, slow_links={9: 2.0})  # pp rank 1 (8 devices per stage)
+    assert [r.exposed_comm_s for r in slow.ranks] == pytest.approx(
+        [r.exposed_comm_s * (2 if i == 1 else 1) for i, r in enumerate(healthy.ranks)])
+    assert slow.step_time_s > healthy.step_time_s
+
+
+@pytest.mark.parametrize("text,devices,batch,link", [("dp=32,zero=1,pp=4,schedule=1f1b", 128, 256, 70),
+                                                     ("fsdp=64", 64, 64, 5)])
+def test_slow_link_in_a_data_parallel_ring_slows_every_replica(text, devices, batch, link):
+    """Device `link`'s data-parallel ring (the gradient reduce-scatter / FSDP gathers of its pipeline rank)
+    runs 4x slower: that rank waits longer in every replica, the other pipeline ranks do not."""
+    model, cluster, layout = MODELS["llama2-7b"], CLUSTERS["h100-80gb"], Layout.parse(text, devices)
+    healthy = simulate(model, cluster, layout, batch)
+    slow = simulate(model, cluster, layout, batch, slow_links={link: 4.0})
+    rank = link // (devices // layout.pp)
+    assert len(slow.ranks) == 2 * layout.pp  # the healthy replicas and the one holding the link
+    for i, r in enumerate(slow.ranks):
+        before = healthy.ranks[i % layout.pp].exposed_comm_s
+        if i % layout.pp == rank:
+            assert r.exposed_comm_s > before + 0.01
+        else:
+            assert r.exposed_comm_s == pytest.approx(before)
+    assert slow.step_time_s > healthy.step_time_s + 0.01
+    assert any(w.startswith(f"pp rank {rank} of every replica waits") and f"device {link}'s link" in w
+               for w in slow.waits)
+    same = simulate(model, cluster, layout, batch, slow_links={link: 1.0})
+    assert same.step_time_s == healthy.step_time_s
+    assert [r.exposed_comm_s for r in same.ranks[:layout.pp]] == [r.exposed_comm_s for r in healthy.ranks]
+
+
 def test_json_trace_and_bad_input(tmp_path, capsys):
     args = ["simulate", "--model", "llama2-7b", "--cluster", "h100-80gb", "--devices", "64", "--layout",
             "dp=16,zero=1,pp=4,schedule=interleaved,vpp=2", "--global-batch", "64"]
@@ -165,7 +213,11 @@ def test_json_trace_and_bad_input(tmp_path, capsys):
     trace = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     assert {e["pid"] for e in trace if e["ph"] == "X"} == {0, 1, 2, 3}
     assert {e["tid"] for e in trace if e["ph"] == "X"} == {0, 1, 2}  # compute, pp sends, data-parallel stream
-    for bad in (["--straggler", "64:1.5"], ["--straggler", "3:0"], ["--straggler", "3"]):
+    main(args + ["--straggler", "link:20:3", "--json"])  # pp rank 1: its sends and data-parallel ring
+    out = json.loads(capsys.readouterr().out)
+    assert out["step_time_s"] > out["healthy_step_time_s"]
+    for bad in (["--straggler", "64:1.5"], ["--straggler", "3:0"], ["--straggler", "3"], ["--straggler", "link:64:2"],
+                ["--straggler", "link:3:-1"], ["--straggler", "link:3"], ["--straggler", "link:x:2"]):
         with pytest.raises(SystemExit) as e:
             main(args + bad)
         assert e.value.code == 2
@@ -178,7 +230,7 @@ def test_replay_of_a_trace_gives_back_its_bubble(tmp_path):
     layout = Layout(pp=4, schedule="1f1b", mbs=1)
     cost = [1.0, 1.0, 1.0, 1.6]  # a heavier last stage
     run = engine.run(rank_orders("1f1b", 4, 1, 8), lambda s: s,
-                     lambda r, s, k, mb: (cost[s] * (1 if k == "F" else 2), 0), 0)
+                     lambda r, s, k, mb: (cost[s] * (1 if k == "F" else 2), 0), lambda a, b: 0.0)
     events = [[{"kind": p.kind, "mb": p.mb, "stage": p.stage, "start": p.start, "end": p.end}
                for p in run.passes if p.rank == r] for r in range(4)]
     (tmp_path / "t.json").write_text(json.dumps(chrome_trace(events)))

@@ -32,6 +32,8 @@ class CommEntry:
     calls: int
     group: int
     overlap: str  # what hides it (predict's rules below); "none" where its [software] switch is off
+    hidden_by_s: float = 0.0  # the compute it may hide behind: exposed_s = max(time_s - hidden_by_s, shown_s)
+    shown_s: float = 0.0  # what shows however much compute there is
 
 
 @dataclass
@@ -163,31 +165,20 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         link = overhead.measured_link(cluster, collective, comm.group_link(cluster, devices, size, stride))
         t = comm.collective_time(collective, nbytes, calls, size, link)
         overlap = _hides(overlap, sw, layout, m)
-        exposed = t
-        if overlap == "attention":  # ring steps hide behind the attention blocks they feed
-            exposed = max(0.0, t - attention_s)
-        elif overlap == "backward":  # buckets behind the last micro-batch's backward
-            exposed = max(t - backward_mb, t / calls)  # the last bucket shows
-        elif overlap == "each_backward":
-            exposed = max(t - backward_mb * m, t / calls)
-        elif overlap == "forward":  # ZeRO-1/2 gather behind the next forward
-            exposed = max(t - forward_mb, t / calls)
-        elif overlap == "fsdp":  # one unit ahead, behind all compute; first and last show
-            exposed = t * max(fsdp_time - compute_s, fsdp_time / calls) / fsdp_time if fsdp_time else 0.0
-        elif overlap == "other_microbatch":
-            exposed = max(t - compute_s * (m - 1) / m, t / m)  # the first micro-batch has no partner
-        elif overlap == "gemm":
-            # TP collectives decomposed into tp ring steps, each behind a slice of the GEMM it feeds (Wang et
-            # al. 2023, ASPLOS, "Overlap communication with dependent computation via decomposition"; Megatron-
-            # Core --tp-comm-overlap); the first step shows.
-            exposed = max(t - gemm_s, t / layout.tp)
+        # the compute each overlap class hides behind (FSDP: its share of all compute); _shown: what shows anyway
+        windows = {"attention": attention_s, "backward": backward_mb, "each_backward": backward_mb * m,
+                   "forward": forward_mb, "fsdp": t * compute_s / fsdp_time if fsdp_time else 0.0,
+                   "other_microbatch": compute_s * (m - 1) / m, "gemm": gemm_s}
+        hidden_by, shown = windows.get(overlap, 0.0), _shown(overlap, t, calls, layout.tp, m)
+        exposed = max(t - hidden_by, shown)
         if axis in ("dp", "dp_replicate", "edp"):
             dp_exposed += exposed
         else:
             critical_path += exposed
         # both groups of hybrid sharding are the ledger's dp axis (their collectives differ)
         ledger_axis = "dp" if axis == "dp_replicate" else axis
-        entries.append(CommEntry(ledger_axis, collective, nbytes, t, exposed, link.tier, calls, size, overlap))
+        entries.append(CommEntry(ledger_axis, collective, nbytes, t, exposed, link.tier, calls, size, overlap,
+                                 hidden_by, shown))
 
     ratio = bubble_ratio(layout, m, passes)
     bubble_s = ratio * (compute_s + critical_path)
@@ -225,6 +216,24 @@ def _hides(overlap: str, sw, layout: Layout, m: int) -> str:
           "other_microbatch": (sw.ep_comm_overlap or layout.schedule == "dualpipev") and m > 1,
           "gemm": sw.tp_comm_overlap}
     return overlap if on.get(overlap, False) else "none"
+
+
+def _shown(overlap: str, t: float, calls: int, tp: int, m: int) -> float:
+    """The part of a collective of `t` seconds that shows behind however much compute (see `_hides`):
+    - attention: CP ring steps hide behind the attention blocks they feed, all of them;
+    - backward, each_backward, forward: gradient buckets behind the (last) backward, the ZeRO-1/2 gather
+      behind the next forward: the last (first) bucket shows;
+    - fsdp: one unit ahead, behind all compute: the first and last show;
+    - other_microbatch: EP all-to-all behind another micro-batch's compute; the first has no partner;
+    - gemm: TP collectives decomposed into tp ring steps, each behind a slice of the GEMM it feeds (Wang et
+      al. 2023, ASPLOS, "Overlap communication with dependent computation via decomposition"; Megatron-Core
+      --tp-comm-overlap): the first step shows;
+    - none: all of it."""
+    if overlap == "attention":
+        return 0.0
+    if overlap in ("backward", "each_backward", "forward", "fsdp"):
+        return t / calls
+    return {"other_microbatch": t / m, "gemm": t / tp}.get(overlap, t)
 
 
 def chunk_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, chunk: int,
