@@ -5,6 +5,7 @@ import importlib
 import numpy as np
 import pytest
 
+from meshscale.cost import predict
 from meshscale.cost.kernels import Passes
 from meshscale.cost.pipeline import bubble_ratio
 
@@ -54,6 +55,19 @@ def test_problem3_explanation_rejects_pure_dp_for_memory_and_pure_fsdp_as_comm_b
     fsdp = next(line for line in lines if line.startswith("Pure FSDP"))
     assert "communication-bound" in fsdp and "850" in fsdp  # 768 tokens/chip < 850 (3-axis FSDP)
     assert "235" in text  # the FSDP+TP critical batch the winner clears
+
+
+def test_when_pure_fsdp_wins_it_is_compared_with_a_different_strategy():
+    model = load_model("llama2-13b")
+    plan = search(model, H100, 8, 64)
+    win = Layout.parse(plan.ranked[0].layout, 8)
+    assert (win.tp, win.pp, win.ep, win.zero) == (1, 1, 1, 3)
+    line = next(line for line in explain(plan, model, H100, 8, 64) if "FSDP" in line)
+    assert line.startswith("Pure FSDP wins") and plan.ranked[0].layout not in line
+    other = line.split("the best layout with TP, PP or EP, ")[1].split(", is predicted")[0]
+    alt = Layout.parse(other, 8)
+    assert alt.tp > 1 or alt.pp > 1 or alt.ep > 1
+    assert predict(model, H100, alt, 64).step_time_s > plan.ranked[0].step_time_s
 
 
 def test_small_model_with_large_batch_picks_pure_dp():
