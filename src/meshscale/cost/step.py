@@ -11,7 +11,7 @@ from functools import lru_cache
 from meshscale.cost import comm, critical, flops, overhead
 from meshscale.cost.checkpoint import checkpoint_bytes
 from meshscale.cost.kernels import Passes, counted_seconds, kernel_shape
-from meshscale.cost.memory import (PRECISIONS, _stage_layers, activation_bytes_per_layer, busiest_rank,
+from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busiest_rank,
                                    expert_params_on_rank, is_v, last_rank, memory_per_device, params_on_rank,
                                    rank_chunks, root_params_on_rank, stage_layers)
 from meshscale.cost.pipeline import bubble_ratio
@@ -70,30 +70,6 @@ class Prediction:
     def to_dict(self) -> dict:
         return {**self.__dict__, "memory_per_device_bytes": dict(self.memory_per_device_bytes),
                 "comm": [dict(e) for e in self.comm], "regime": dict(self.regime)}
-
-
-@lru_cache(maxsize=64)
-def _layer_tables(model: ModelSpec, fused: bool) -> tuple:
-    """Per-layer forward FLOPs per token and attention-core FLOPs (seq fixed by the model)."""
-    layer = tuple(flops.layer_flops(model, i, model.seq, fused) for i in range(model.layers))
-    return layer, flops.attention_core_flops(model, model.seq, fused)
-
-
-@lru_cache(maxsize=4096)
-def _slowest_stage(model, pp, chunks, v_shape, recompute, fused) -> tuple[float, float, float]:
-    return max((_stage_flops(model, pp, chunks, v_shape, recompute, fused, r) for r in range(pp)),
-               key=lambda w: 3 * w[0] + w[2])
-
-
-def _stage_flops(model, pp, chunks, v_shape, recompute, fused, rank) -> tuple[float, float, float]:
-    """Forward FLOPs per token on `rank` (before TP/CP splitting), its attention-core part, recompute extra."""
-    layer, core = _layer_tables(model, fused)
-    owned = _stage_layers(model.layers, pp, chunks, v_shape, rank)
-    fwd = sum(layer[i] for i in owned)
-    if rank == (0 if v_shape else pp - 1):
-        fwd += flops.logits_flops(model)
-    extra = {"full": sum(layer[i] for i in owned), "selective": len(owned) * core}.get(recompute, 0.0)
-    return fwd, len(owned) * core, extra
 
 
 def _axis_group(layout: Layout, axis: str) -> tuple[int, int]:
@@ -282,6 +258,14 @@ def _distinct_ranks(model: ModelSpec, pp: int, chunks: int, v_shape: bool) -> tu
     for r in range(pp):
         first.setdefault(tuple(sorted(kinds[c] for c in rank_chunks(pp, chunks, v_shape, r))), r)
     return tuple(first.values())
+
+
+@lru_cache(maxsize=4096)
+def rank_kinds(model: ModelSpec, pp: int, chunks: int, v_shape: bool) -> tuple:
+    """(dense layers, MoE layers, 1 if it holds the head) of each distinct pipeline rank (`_distinct_ranks`)."""
+    kinds = _chunk_kinds(model, chunks)
+    return tuple(tuple(map(sum, zip(*(kinds[c] for c in rank_chunks(pp, chunks, v_shape, r)))))
+                 for r in _distinct_ranks(model, pp, chunks, v_shape))
 
 
 def elementwise_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float,
