@@ -17,8 +17,8 @@ import numpy as np
 from meshscale.cost import comm, predict
 from meshscale.cost.kernels import attention_core_seconds, counted_seconds, kernel_shape
 from meshscale.cost.memory import (PRECISIONS, _expert_params_per_rank, _held, _params_per_rank,
-                                   activation_bytes_per_layer, busiest_rank, params_on_rank, root_params_on_rank,
-                                   stage_layers)
+                                   activation_bytes_per_layer, busiest_rank, expert_params_on_rank, params_on_rank,
+                                   root_params_on_rank, stage_layers)
 from meshscale.cost.pipeline import schedule_bubble
 from meshscale.cost.step import Prediction, elementwise_seconds, rank_kinds
 from meshscale.errors import UserError
@@ -219,13 +219,15 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         compute = m * (f + b + w)
         forward = m * f  # what is left of a micro-batch once its backward has started
         shape = (model, cluster, devices, tp, pp, cp, dp, ep, per_rank, bytes_["compute"], rate)
-        layouts = [Layout(tp=tp, pp=pp, vpp=vv, schedule=n) for n, vv in scheds]
+        layouts = [Layout(dp=dp, tp=tp, pp=pp, vpp=vv, schedule=n, cp=cp, ep=ep) for n, vv in scheds]
         owned = [len(stage_layers(model, lay, r)) for lay in layouts for r in range(pp)]
         floor_r = np.array([_floor_tp(*shape, r) + _floor_cp(*shape, r, min(owned), max(owned)) for r in RECOMPUTE])
         floor_k = np.array([_floor_pp(*shape, n, vv) for n, vv in scheds])
-        # per schedule, the busiest rank's parameters and those of its root unit: what predict charges
+        # per schedule, the busiest rank's parameters and those of its root unit: what predict charges over
+        # dp*cp (under EP the routed experts reduce over their own, smaller group: left out of the bound)
         busy = [busiest_rank(model, lay) for lay in layouts]
-        p_k = np.array([params_on_rank(model, lay, r) for lay, r in zip(layouts, busy)])[k_i]
+        p_k = np.array([params_on_rank(model, lay, r) - (expert_params_on_rank(model, lay, r) if ep > 1 else 0.0)
+                        for lay, r in zip(layouts, busy)])[k_i]
         root_k = np.array([root_params_on_rank(model, lay, r) for lay, r in zip(layouts, busy)])[k_i]
 
         def per_byte(collective):  # seconds per byte over each row's shard group
