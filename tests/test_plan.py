@@ -112,6 +112,16 @@ def test_pruning_keeps_the_exhaustive_ranking_on_an_accelerator():
     assert [p.layout for p in fast.ranked] == [p.layout for p in full.ranked]
 
 
+def test_pruning_keeps_the_exhaustive_ranking_with_experts():
+    """FSDP with EP: the routed experts' gradients reduce over their own group, which the bound must not charge
+    over dp (it did, pruning the true winner)."""
+    model, fix = load_model("mixtral-8x7b"), search_mod.parse_fix("zero=3,ep=8,pp=1")
+    fast = search(model, H100, 16, 64, top=3, fix=fix)
+    full = search(model, H100, 16, 64, top=3, fix=fix, prune=False)
+    assert [p.layout for p in fast.ranked] == [p.layout for p in full.ranked]
+    assert fast.evaluated < full.evaluated
+
+
 def test_one_predicate_narrows_the_candidates(monkeypatch):
     model = load_model("llama3-8b")
     plan = search(model, H100, 16, 64)
