@@ -104,8 +104,9 @@ def _pure_fsdp(model, cluster, devices, batch, precision, headroom, per_device, 
         return (f"Pure FSDP ({p.layout}) fits ({gb(p.memory_per_device_bytes['total'])}) but is {verdict}: its "
                 f"collectives take {ms(comm_total)} against {ms(p.compute_s)} of compute; {batch_vs}; predicted "
                 f"{ms(p.step_time_s)} vs the winner's {ms(win.step_time_s)}.")
+    other = _best_other(model, cluster, devices, batch, precision, headroom, win, plan)
     return (f"Pure FSDP wins: its collectives ({ms(comm_total)}) run behind {ms(p.compute_s)} of compute, "
-            f"{ms(p.exposed_comm_s)} left exposed; {batch_vs}; {_best_other(model, cluster, devices, batch, precision, headroom, win, plan)}.")
+            f"{ms(p.exposed_comm_s)} left exposed; {batch_vs}; {other}.")
 
 
 def _best_other(model, cluster, devices, batch, precision, headroom, win, plan) -> str:

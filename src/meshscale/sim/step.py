@@ -176,8 +176,10 @@ def _durations(model, cluster, layout, precision, pred, ring):
     def send_for(links: dict):
         return lambda a, b: send_s * max(links.get(a, 1.0), links.get(b, 1.0))
 
-    share = (lambda rank, stage, compute: (fsdp * ring[rank] * compute / pred.compute_s, units[stage])) if fsdp else None
-    return seconds_for, send_for, share
+    def share(rank, stage, compute):
+        return fsdp * ring[rank] * compute / pred.compute_s, units[stage]
+
+    return seconds_for, send_for, share if fsdp else None
 
 
 def _replicas(layout: Layout, stragglers: dict, slow_links: dict) -> list[tuple[str, dict, dict]]:
