@@ -5,6 +5,8 @@ import importlib
 import numpy as np
 import pytest
 
+from meshscale.cost import predict
+from meshscale.cost.kernels import Passes
 from meshscale.cost.pipeline import bubble_ratio
 
 from meshscale.plan import search
@@ -55,6 +57,19 @@ def test_problem3_explanation_rejects_pure_dp_for_memory_and_pure_fsdp_as_comm_b
     assert "235" in text  # the FSDP+TP critical batch the winner clears
 
 
+def test_when_pure_fsdp_wins_it_is_compared_with_a_different_strategy():
+    model = load_model("llama2-13b")
+    plan = search(model, H100, 8, 64)
+    win = Layout.parse(plan.ranked[0].layout, 8)
+    assert (win.tp, win.pp, win.ep, win.zero) == (1, 1, 1, 3)
+    line = next(line for line in explain(plan, model, H100, 8, 64) if "FSDP" in line)
+    assert line.startswith("Pure FSDP wins") and plan.ranked[0].layout not in line
+    other = line.split("the best layout with TP, PP or EP, ")[1].split(", is predicted")[0]
+    alt = Layout.parse(other, 8)
+    assert alt.tp > 1 or alt.pp > 1 or alt.ep > 1
+    assert predict(model, H100, alt, 64).step_time_s > plan.ranked[0].step_time_s
+
+
 def test_small_model_with_large_batch_picks_pure_dp():
     gpt2 = ModelSpec(name="gpt2-125m", layers=12, hidden=768, heads=12, ffn=3072, vocab=50257, seq=1024,
                      mlp="gelu", tied_embeddings=True, learned_positions=True, biases=True)
@@ -97,6 +112,16 @@ def test_pruning_keeps_the_exhaustive_ranking_on_an_accelerator():
     assert [p.layout for p in fast.ranked] == [p.layout for p in full.ranked]
 
 
+def test_pruning_keeps_the_exhaustive_ranking_with_experts():
+    """FSDP with EP: the routed experts' gradients reduce over their own group, which the bound must not charge
+    over dp (it did, pruning the true winner)."""
+    model, fix = load_model("mixtral-8x7b"), search_mod.parse_fix("zero=3,ep=8,pp=1")
+    fast = search(model, H100, 16, 64, top=3, fix=fix)
+    full = search(model, H100, 16, 64, top=3, fix=fix, prune=False)
+    assert [p.layout for p in fast.ranked] == [p.layout for p in full.ranked]
+    assert fast.evaluated < full.evaluated
+
+
 def test_one_predicate_narrows_the_candidates(monkeypatch):
     model = load_model("llama3-8b")
     plan = search(model, H100, 16, 64)
@@ -115,15 +140,15 @@ def test_alternatives_name_why_they_lost(problem3):
 
 
 def test_vectorised_bubble_is_the_closed_form():
-    """The bound's array form of `pipeline.bubble_ratio` (at F = B = W) equals the scalar one."""
+    """The bound's array form of `pipeline.bubble_ratio` equals the scalar one, at equal and unequal F, B, W."""
     scheds = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4), ("zb", 1), ("zbv", 2),
               ("dualpipev", 2)]
-    names = [n for n, _ in scheds]
     for pp in (1, 2, 4, 8):
         k_i = np.repeat(np.arange(len(scheds)), 40)
         m = np.tile(np.arange(pp, pp + 40), len(scheds)).astype(float)
-        v = np.array([vv for _, vv in scheds])[k_i]
-        got = search_mod._bubble(names, k_i, pp, v, m)
-        want = [bubble_ratio(Layout(pp=pp, vpp=vv if pp > 1 else 1, schedule=n), int(mm))
-                for (n, vv), mm in zip((scheds[k] for k in k_i), m)]
-        assert got == pytest.approx(want)
+        for fbw in ((1.0, 1.0, 1.0), (1.0, 1.5, 0.7), (0.3, 0.5, 0.2)):
+            f, b, w = (np.full_like(m, x) for x in fbw)
+            got = search_mod._bubble(scheds, k_i, pp, m, f, b, w)
+            want = [bubble_ratio(Layout(pp=pp, vpp=vv if pp > 1 else 1, schedule=n), int(mm), Passes(*fbw))
+                    for (n, vv), mm in zip((scheds[k] for k in k_i), m)]
+            assert got == pytest.approx(want)

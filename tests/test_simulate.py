@@ -74,28 +74,25 @@ def _unit_bubble(schedule, pp, vpp, m, f=1.0, b=1.0, w=1.0):
     v_shape = schedule in ("zbv", "dualpipev")
     unit = {"F": f, "B": b + w, "I": b, "W": w}
     run = engine.run(rank_orders(schedule, pp, vpp, m), lambda s: stage_owner(s, pp, v_shape),
-                     lambda r, s, k, mb: (unit[k] / vpp, 0.0), 0.0)
+                     lambda r, s, k, mb: (unit[k] / vpp, 0.0), lambda a, b: 0.0)
     return (max(p.end for p in run.passes) - (f + b + w) * m) / ((f + b + w) * m)
+
+
+# F, B, W of a micro-batch: equal, and unequal with W <= F <= B as the kernels give (attention in F and B only)
+PASSES = ((1.0, 1.0, 1.0), (0.33, 0.41, 0.26), (0.3, 0.45, 0.25), (0.25, 0.6, 0.15))
 
 
 @pytest.mark.parametrize("schedule,vpp", SHAPES)
 def test_bubble_equals_closed_form(schedule, vpp):
-    """cost/pipeline.py's closed forms are the idle time of the orders torch runs: at m = p too, where
-    torch's ZB-V idles twice Qi et al.'s (p-1)/(6m), and for DualPipeV, which idles as ZB-V."""
-    for pp in (2, 4, 8):
-        for m in sorted({pp, pp + 1, 3 * pp // 2, 2 * pp, 4 * pp, 8 * pp}):
-            if not _valid(schedule, pp, m):
-                continue
-            closed = bubble_ratio(Layout(pp=pp, vpp=vpp, schedule=schedule), m)
-            assert _unit_bubble(schedule, pp, vpp, m) == pytest.approx(closed, rel=0.01), (schedule, pp, m)
-
-
-def test_zb_bubble_with_unequal_passes():
-    """ZB-H1 idles (p-1)(F+B-W) (Qi et al. 2024 sec. 3.1): predict's form with the kernels' F, B, W."""
-    for f, b, w in ((0.33, 0.41, 0.26), (0.26, 0.52, 0.22)):
-        for pp, m in ((4, 8), (8, 16), (8, 40)):
-            closed = bubble_ratio(Layout(pp=pp, schedule="zb"), m, Passes(f, b, w))
-            assert _unit_bubble("zb", pp, 1, m, f, b, w) == pytest.approx(closed, rel=0.01)
+    """cost/pipeline.py's closed forms are the idle time of the orders torch runs, for equal and unequal F, B,
+    W: at m = p too, where torch's ZB-V idles twice Qi et al.'s (p-1)/(6m), and for DualPipeV."""
+    for f, b, w in PASSES:
+        for pp in (2, 4, 8):
+            for m in sorted({pp, pp + 1, 3 * pp // 2, 2 * pp - 1, 2 * pp, 4 * pp, 8 * pp}):
+                if not _valid(schedule, pp, m):
+                    continue
+                closed = bubble_ratio(Layout(pp=pp, vpp=vpp, schedule=schedule), m, Passes(f, b, w))
+                assert _unit_bubble(schedule, pp, vpp, m, f, b, w) == pytest.approx(closed, rel=0.01), (f, b, w, pp, m)
 
 
 AGREE = [("llama2-7b", "fsdp=128", 128, 256), ("llama2-7b", "dp=64,tp=2,sp=true", 128, 256),
@@ -106,6 +103,8 @@ AGREE = [("llama2-7b", "fsdp=128", 128, 256), ("llama2-7b", "dp=64,tp=2,sp=true"
          ("llama2-70b", "dp=4,zero=1,tp=8,pp=4,schedule=dualpipev", 128, 256),
          ("llama3-405b", "tp=8,pp=16,zero=1,schedule=1f1b", 16384, 2048),
          ("llama3-405b", "tp=8,pp=8,zero=1,schedule=zbv", 8192, 2048),
+         ("llama3-405b", "tp=8,pp=8,zero=1,schedule=zbv", 512, 64),  # m = p
+         ("llama2-70b", "dp=4,zero=1,tp=8,pp=4,schedule=zbv", 128, 24),  # p < m < 2p - 1
          ("gpt3-175b", "tp=8,pp=8,recompute=full", 1024, 1536),
          ("mixtral-8x7b", "dp=16,zero=1,ep=8,tp=2,pp=2", 64, 256)]
 SOFTWARE = (Software(),  # the defaults
@@ -154,6 +153,54 @@ def test_straggler_slows_the_step_and_says_who_waits():
     assert any("gradient reduction" in w for w in slow.waits)
 
 
+def test_slow_link_on_a_pipeline_rank_delays_its_receivers():
+    """Device 1 is pp rank 1 of the only replica: its sends and receives take 30x longer, nothing else."""
+    model, cluster, layout = MODELS["llama2-7b"], CLUSTERS["h100-80gb"], Layout.parse("pp=4", 4)
+    healthy = simulate(model, cluster, layout, 8)
+    slow = simulate(model, cluster, layout, 8, slow_links={1: 30.0})
+    send = next(e["time_s"] / e["calls"] for e in predict(model, cluster, layout, 8).comm if e["axis"] == "pp")
+    # the first forward and the last backward each cross its links twice, on the critical path
+    assert slow.step_time_s - healthy.step_time_s == pytest.approx(4 * 29 * send)
+    assert slow.healthy_step_time_s == pytest.approx(healthy.step_time_s)
+    assert any(w.startswith("pp rank 2 (replica of device 1's link) waits") and w.endswith(
+        "more than in a healthy replica for pp rank 1") for w in slow.waits)
+    assert simulate(model, cluster, layout, 8, slow_links={1: 1.0}).step_time_s == healthy.step_time_s
+
+
+def test_slow_link_slows_its_tensor_parallel_collectives():
+    """TP collectives nothing hides (tp_comm_overlap off) take twice as long on the rank whose link is 2x slower."""
+    model, cluster, layout = MODELS["llama2-7b"], CLUSTERS["h100-80gb"], Layout.parse("tp=8,pp=4", 32)
+    healthy = simulate(model, cluster, layout, 8)
+    slow = simulate(model, cluster, layout, 8, slow_links={9: 2.0})  # pp rank 1 (8 devices per stage)
+    assert [r.exposed_comm_s for r in slow.ranks] == pytest.approx(
+        [r.exposed_comm_s * (2 if i == 1 else 1) for i, r in enumerate(healthy.ranks)])
+    assert slow.step_time_s > healthy.step_time_s
+
+
+@pytest.mark.parametrize("text,devices,batch,link", [("dp=32,zero=1,pp=4,schedule=1f1b", 128, 256, 70),
+                                                     ("fsdp=64", 64, 64, 5)])
+def test_slow_link_in_a_data_parallel_ring_slows_every_replica(text, devices, batch, link):
+    """Device `link`'s data-parallel ring (the gradient reduce-scatter / FSDP gathers of its pipeline rank)
+    runs 4x slower: that rank waits longer in every replica, the other pipeline ranks do not."""
+    model, cluster, layout = MODELS["llama2-7b"], CLUSTERS["h100-80gb"], Layout.parse(text, devices)
+    healthy = simulate(model, cluster, layout, batch)
+    slow = simulate(model, cluster, layout, batch, slow_links={link: 4.0})
+    rank = link // (devices // layout.pp)
+    assert len(slow.ranks) == 2 * layout.pp  # the healthy replicas and the one holding the link
+    for i, r in enumerate(slow.ranks):
+        before = healthy.ranks[i % layout.pp].exposed_comm_s
+        if i % layout.pp == rank:
+            assert r.exposed_comm_s > before + 0.01
+        else:
+            assert r.exposed_comm_s == pytest.approx(before)
+    assert slow.step_time_s > healthy.step_time_s + 0.01
+    assert any(w.startswith(f"pp rank {rank} of every replica waits") and f"device {link}'s link" in w
+               for w in slow.waits)
+    same = simulate(model, cluster, layout, batch, slow_links={link: 1.0})
+    assert same.step_time_s == healthy.step_time_s
+    assert [r.exposed_comm_s for r in same.ranks[:layout.pp]] == [r.exposed_comm_s for r in healthy.ranks]
+
+
 def test_json_trace_and_bad_input(tmp_path, capsys):
     args = ["simulate", "--model", "llama2-7b", "--cluster", "h100-80gb", "--devices", "64", "--layout",
             "dp=16,zero=1,pp=4,schedule=interleaved,vpp=2", "--global-batch", "64"]
@@ -166,7 +213,11 @@ def test_json_trace_and_bad_input(tmp_path, capsys):
     trace = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     assert {e["pid"] for e in trace if e["ph"] == "X"} == {0, 1, 2, 3}
     assert {e["tid"] for e in trace if e["ph"] == "X"} == {0, 1, 2}  # compute, pp sends, data-parallel stream
-    for bad in (["--straggler", "64:1.5"], ["--straggler", "3:0"], ["--straggler", "3"]):
+    main(args + ["--straggler", "link:20:3", "--json"])  # pp rank 1: its sends and data-parallel ring
+    out = json.loads(capsys.readouterr().out)
+    assert out["step_time_s"] > out["healthy_step_time_s"]
+    for bad in (["--straggler", "64:1.5"], ["--straggler", "3:0"], ["--straggler", "3"], ["--straggler", "link:64:2"],
+                ["--straggler", "link:3:-1"], ["--straggler", "link:3"], ["--straggler", "link:x:2"]):
         with pytest.raises(SystemExit) as e:
             main(args + bad)
         assert e.value.code == 2
@@ -179,7 +230,7 @@ def test_replay_of_a_trace_gives_back_its_bubble(tmp_path):
     layout = Layout(pp=4, schedule="1f1b", mbs=1)
     cost = [1.0, 1.0, 1.0, 1.6]  # a heavier last stage
     run = engine.run(rank_orders("1f1b", 4, 1, 8), lambda s: s,
-                     lambda r, s, k, mb: (cost[s] * (1 if k == "F" else 2), 0), 0)
+                     lambda r, s, k, mb: (cost[s] * (1 if k == "F" else 2), 0), lambda a, b: 0.0)
     events = [[{"kind": p.kind, "mb": p.mb, "stage": p.stage, "start": p.start, "end": p.end}
                for p in run.passes if p.rank == r] for r in range(4)]
     (tmp_path / "t.json").write_text(json.dumps(chrome_trace(events)))

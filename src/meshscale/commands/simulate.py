@@ -7,8 +7,10 @@ from meshscale.commands.predict import add_goodput_arguments, add_step_arguments
 
 def add_arguments(p):
     add_step_arguments(p)
-    p.add_argument("--straggler", action="append", metavar="RANK:FACTOR",
-                   help="device RANK computes FACTOR times slower (repeatable), e.g. 17:1.3")
+    p.add_argument("--straggler", action="append", metavar="[link:]RANK:FACTOR",
+                   help="device RANK computes FACTOR times slower, e.g. 17:1.3; with link:, every transfer over its "
+                        "links (pipeline sends, its share of TP/CP/EP and data-parallel rings) takes FACTOR times "
+                        "longer, e.g. link:17:4 (repeatable)")
     p.add_argument("--trace", metavar="FILE.json", help="write the simulated step as Chrome-trace JSON (Perfetto)")
     p.add_argument("--plot", metavar="FILE.png", help="draw the simulated step's timeline as a PNG")
     p.add_argument("--times-from", metavar="TRACE",
@@ -25,8 +27,8 @@ def run(args) -> int:
     layout = Layout.parse(args.layout, devices)
     if args.times_from:
         return _replay(args, layout, model, batch)
-    stragglers = parse_stragglers(args.straggler, devices)
-    sim = simulate(model, cluster, layout, batch, args.precision, stragglers)
+    stragglers, slow_links = parse_stragglers(args.straggler, devices)
+    sim = simulate(model, cluster, layout, batch, args.precision, stragglers, slow_links)
     good = None
     if args.mtbf_hours is not None:
         from meshscale.cost import predict

@@ -1,39 +1,53 @@
 """Pipeline bubbles: idle time as a fraction of the ideal (bubble-free) compute time.
 
 With F, B, W the times of a micro-batch's forward, input-gradient and weight-gradient passes on a rank
-(T = F + B + W), p ranks, m micro-batches and v chunks per rank, for the orders torch.distributed.pipelining
-runs (sim/schedule.py rebuilds them; tests/test_simulate.py checks them against torch's and these forms
-against the simulated idle time):
+(T = F + B + W; a full backward is B + W), p ranks, m micro-batches and v chunks per rank, for the orders
+torch.distributed.pipelining runs (sim/schedule.py rebuilds them; tests/test_simulate.py checks them against
+torch's and these forms against the simulated idle time, for equal and unequal F, B, W):
   GPipe, 1F1B  (p-1)/m                    Huang et al. 2019; Narayanan et al. 2021 eq. 1
   interleaved  (p-1)/(v*m)                Narayanan et al. 2021 sec. 2.2.2
   zb (ZB-H1)   (p-1)(F+B-W)/(m*T), (p-1)/(3m) at F = B = W     Qi et al. 2024 (ICLR, arXiv:2401.10241)
                sec. 3.1; exact for torch's order at m >= p
-  zbv (ZB-V)   max(p-1, 2(2p-1-m))/(6m) at F = B = W, m >= p: Qi et al. 2024 sec. 6 give (p-1)/(6m) (V-placed
-               half-size chunks); with fewer than (3p-1)/2 micro-batches torch's order cannot fill the warm-up
-               and idles up to twice that at m = p (derived from torch's order, see tests/test_simulate.py)
-  dualpipev    as ZB-V (m >= 2p, so (p-1)/(6m)): torch's DualPipeV order runs each overlapped F&B pair one
-               pass after the other, so it idles as ZB-V does (derived from torch's order, see
-               tests/test_simulate.py; DeepSeek-V3 report Table 2's (p/2-1)(F&B+B-3W) assumes the pair truly
-               overlaps its communication, which a single stream cannot show)
+  zbv (ZB-V)   max((p-1)B/2 + max(0, 2p-1-m)(B-W)/2,  (p-1)B - min(m-p, p-1)W) / (m*T)
+               At F = B = W and m >= 2p-1 this is Qi et al. 2024 sec. 6's (p-1)/(6m) (V-placed half-size
+               chunks). The first term is the warm-up that fewer than 2p-1 micro-batches cannot fill; the
+               second is the last rank's chain of input gradients that only m-p weight gradients can cover,
+               twice Qi et al.'s figure at m = p.
+  dualpipev    max((p-1)(F+B-W)/2,  (p-1)(B-W/2) - F/2) / (m*T), for m >= 2p: torch's DualPipeV order runs
+               each overlapped F&B pair one pass after the other, so it idles about as ZB-V does, (p-1)/(6m) at
+               F = B = W (DeepSeek-V3 report Table 2's (p/2-1)(F&B+B-3W) assumes the pair truly overlaps,
+               which a single stream cannot show).
+The ZB-V and DualPipeV forms are derived from torch's orders by walking their critical paths, and are exact
+where W <= F <= B, which the kernels (cost/kernels.py) give every model above the toy presets: F and B carry
+the attention that W lacks, and B the element-wise backward and any recomputation.
 """
 
 from meshscale.specs.layout import Layout
 
 
-def bubble_ratio(layout: Layout, m: int, passes=None) -> float:
-    """Bubble over ideal compute; `passes` (cost.kernels.Passes of the slowest rank) sharpens ZB-H1, whose
-    bubble depends on F, B, W; the others are taken at F = B = W."""
-    p, v = layout.pp, layout.vpp
+def schedule_bubble(schedule: str, p: int, v: int, m, f=1.0, b=1.0, w=1.0, maximum=max, minimum=min):
+    """Bubble over ideal compute for one schedule (the forms above). m, f, b, w may be numpy arrays, with
+    maximum=np.maximum, minimum=np.minimum (the planner's vectorised bound)."""
     if p == 1:
-        return 0.0
-    if layout.schedule == "interleaved":
+        return 0.0 * m
+    t = f + b + w
+    if schedule == "interleaved":
         return (p - 1) / (v * m)
-    if layout.schedule == "zb":
-        share = (passes.forward + passes.backward - passes.weight) / passes.total if passes else 1 / 3
-        return (p - 1) * share / m
-    if layout.schedule in ("zbv", "dualpipev"):
-        return max(p - 1, 2 * (2 * p - 1 - m)) / (6 * m)
+    if schedule == "zb":
+        return (p - 1) * (f + b - w) / (m * t)
+    if schedule == "zbv":
+        warmup = (p - 1) * b / 2 + maximum(0, 2 * p - 1 - m) * (b - w) / 2
+        return maximum(warmup, (p - 1) * b - minimum(m - p, p - 1) * w) / (m * t)
+    if schedule == "dualpipev":
+        return maximum((p - 1) * (f + b - w) / 2, (p - 1) * (b - w / 2) - f / 2) / (m * t)
     return (p - 1) / m
+
+
+def bubble_ratio(layout: Layout, m: int, passes=None) -> float:
+    """Bubble over ideal compute; `passes` (cost.kernels.Passes of the slowest rank) gives F, B, W, else
+    they are taken equal."""
+    fbw = (passes.forward, passes.backward, passes.weight) if passes else ()
+    return schedule_bubble(layout.schedule, layout.pp, layout.vpp, m, *fbw)
 
 
 def slots(stages: int, microbatches: int) -> tuple[int, int]:

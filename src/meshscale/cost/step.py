@@ -11,7 +11,7 @@ from functools import lru_cache
 from meshscale.cost import comm, critical, flops, overhead
 from meshscale.cost.checkpoint import checkpoint_bytes
 from meshscale.cost.kernels import Passes, column_parallel_share, counted_seconds, kernel_shape
-from meshscale.cost.memory import (PRECISIONS, _stage_layers, activation_bytes_per_layer, busiest_rank,
+from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busiest_rank,
                                    expert_params_on_rank, is_v, last_rank, memory_per_device, params_on_rank,
                                    rank_chunks, root_params_on_rank, stage_layers)
 from meshscale.cost.pipeline import bubble_ratio
@@ -32,6 +32,8 @@ class CommEntry:
     calls: int
     group: int
     overlap: str  # what hides it (predict's rules below); "none" where its [software] switch is off
+    hidden_by_s: float = 0.0  # the compute it may hide behind: exposed_s = max(time_s - hidden_by_s, shown_s)
+    shown_s: float = 0.0  # what shows however much compute there is
 
 
 @dataclass
@@ -68,31 +70,6 @@ class Prediction:
     def to_dict(self) -> dict:
         return {**self.__dict__, "memory_per_device_bytes": dict(self.memory_per_device_bytes),
                 "comm": [dict(e) for e in self.comm], "regime": dict(self.regime)}
-
-
-@lru_cache(maxsize=64)
-def _layer_tables(model: ModelSpec, fused: bool) -> tuple:
-    """Per-layer forward FLOPs per token and attention-core FLOPs (seq fixed by the model)."""
-    layer = tuple(flops.layer_flops(model, i, model.seq, fused) for i in range(model.layers))
-    return layer, flops.attention_core_flops(model, model.seq, fused)
-
-
-@lru_cache(maxsize=4096)
-def _slowest_stage(model, pp, chunks, v_shape, recompute, fused) -> tuple[float, float, float]:
-    return max((_stage_flops(model, pp, chunks, v_shape, recompute, fused, r) for r in range(pp)),
-               key=lambda w: 3 * w[0] + w[2])
-
-
-def _stage_flops(model, pp, chunks, v_shape, recompute, fused, rank) -> tuple[float, float, float]:
-    """Forward FLOPs per token on `rank` (before TP/CP splitting), its attention-core part, recompute extra."""
-    layer, core = _layer_tables(model, fused)
-    owned = _stage_layers(model.layers, pp, chunks, v_shape, rank)
-    fwd = sum(layer[i] for i in owned)
-    if rank == (0 if v_shape else pp - 1):
-        fwd += flops.logits_flops(model)
-    extra = {"full": sum(layer[i] for i in owned), "selective": len(owned) * core,
-             "op": flops.recompute_flops_per_token(model, "op", owned)}.get(recompute, 0.0)
-    return fwd, len(owned) * core, extra
 
 
 def _axis_group(layout: Layout, axis: str) -> tuple[int, int]:
@@ -166,33 +143,21 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         link = overhead.measured_link(cluster, collective, comm.group_link(cluster, devices, size, stride))
         t = comm.collective_time(collective, nbytes, calls, size, link)
         overlap = _hides(overlap, sw, layout, m)
-        exposed = t
-        if overlap == "attention":  # ring steps hide behind the attention blocks they feed
-            exposed = max(0.0, t - attention_s)
-        elif overlap == "backward":  # buckets behind the last micro-batch's backward
-            exposed = max(t - backward_mb, t / calls)  # the last bucket shows
-        elif overlap == "each_backward":
-            exposed = max(t - backward_mb * m, t / calls)
-        elif overlap == "forward":  # ZeRO-1/2 gather behind the next forward
-            exposed = max(t - forward_mb, t / calls)
-        elif overlap == "fsdp":  # one unit ahead, behind all compute; first and last show
-            exposed = t * max(fsdp_time - compute_s, fsdp_time / calls) / fsdp_time if fsdp_time else 0.0
-        elif overlap == "other_microbatch":
-            exposed = max(t - compute_s * (m - 1) / m, t / m)  # the first micro-batch has no partner
-        elif overlap == "wgrad":  # behind the weight gradients of the column-parallel layers it came from
-            exposed = max(0.0, t - m * passes.weight * column_parallel_share(model, layout))
-        elif overlap == "gemm":
-            # TP collectives decomposed into tp ring steps, each behind a slice of the GEMM it feeds (Wang et
-            # al. 2023, ASPLOS, "Overlap communication with dependent computation via decomposition"; Megatron-
-            # Core --tp-comm-overlap); the first step shows.
-            exposed = max(t - gemm_s, t / layout.tp)
+        # the compute each overlap class hides behind (FSDP: its share of all compute); _shown: what shows anyway
+        windows = {"attention": attention_s, "backward": backward_mb, "each_backward": backward_mb * m,
+                   "forward": forward_mb, "fsdp": t * compute_s / fsdp_time if fsdp_time else 0.0,
+                   "other_microbatch": compute_s * (m - 1) / m, "gemm": gemm_s,
+                   "wgrad": m * passes.weight * column_parallel_share(model, layout)}
+        hidden_by, shown = windows.get(overlap, 0.0), _shown(overlap, t, calls, layout.tp, m)
+        exposed = max(t - hidden_by, shown)
         if axis in ("dp", "dp_replicate", "edp"):
             dp_exposed += exposed
         else:
             critical_path += exposed
         # both groups of hybrid sharding are the ledger's dp axis (their collectives differ)
         ledger_axis = "dp" if axis == "dp_replicate" else axis
-        entries.append(CommEntry(ledger_axis, collective, nbytes, t, exposed, link.tier, calls, size, overlap))
+        entries.append(CommEntry(ledger_axis, collective, nbytes, t, exposed, link.tier, calls, size, overlap,
+                                 hidden_by, shown))
 
     ratio = bubble_ratio(layout, m, passes)
     bubble_s = ratio * (compute_s + critical_path)
@@ -238,6 +203,26 @@ def _hides(overlap: str, sw, layout: Layout, m: int) -> str:
           "other_microbatch": (sw.ep_comm_overlap or layout.schedule == "dualpipev") and m > 1,
           "gemm": sw.tp_comm_overlap, "wgrad": True}
     return overlap if on.get(overlap, False) else "none"
+
+
+def _shown(overlap: str, t: float, calls: int, tp: int, m: int) -> float:
+    """The part of a collective of `t` seconds that shows behind however much compute (see `_hides`):
+    - attention: CP ring steps hide behind the attention blocks they feed, all of them;
+    - backward, each_backward, forward: gradient buckets behind the (last) backward, the ZeRO-1/2 gather
+      behind the next forward: the last (first) bucket shows;
+    - fsdp: one unit ahead, behind all compute: the first and last show;
+    - other_microbatch: EP all-to-all behind another micro-batch's compute; the first has no partner;
+    - wgrad: SP's backward reduce-scatter behind the weight gradients of the column-parallel layers it came
+      from, all of it;
+    - gemm: TP collectives decomposed into tp ring steps, each behind a slice of the GEMM it feeds (Wang et
+      al. 2023, ASPLOS, "Overlap communication with dependent computation via decomposition"; Megatron-Core
+      --tp-comm-overlap): the first step shows;
+    - none: all of it."""
+    if overlap in ("attention", "wgrad"):
+        return 0.0
+    if overlap in ("backward", "each_backward", "forward", "fsdp"):
+        return t / calls
+    return {"other_microbatch": t / m, "gemm": t / tp}.get(overlap, t)
 
 
 def chunk_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, chunk: int,
@@ -286,6 +271,14 @@ def _distinct_ranks(model: ModelSpec, pp: int, chunks: int, v_shape: bool) -> tu
     for r in range(pp):
         first.setdefault(tuple(sorted(kinds[c] for c in rank_chunks(pp, chunks, v_shape, r))), r)
     return tuple(first.values())
+
+
+@lru_cache(maxsize=4096)
+def rank_kinds(model: ModelSpec, pp: int, chunks: int, v_shape: bool) -> tuple:
+    """(dense layers, MoE layers, 1 if it holds the head) of each distinct pipeline rank (`_distinct_ranks`)."""
+    kinds = _chunk_kinds(model, chunks)
+    return tuple(tuple(map(sum, zip(*(kinds[c] for c in rank_chunks(pp, chunks, v_shape, r)))))
+                 for r in _distinct_ranks(model, pp, chunks, v_shape))
 
 
 def elementwise_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float,

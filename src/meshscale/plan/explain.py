@@ -89,8 +89,8 @@ def _pure_fsdp(model, cluster, devices, batch, precision, headroom, per_device, 
     if devices == 1:
         return ""
     sub = search(model, cluster, devices, batch, precision, top=1, headroom=headroom,
-                 where=lambda tp, pp, cp, dp, ep: tp == 1 and pp == 1 and dp * cp == devices,
-                 fix=_except(plan.fixed, "tp", "pp", "dp", "cp", "zero"))
+                 where=lambda tp, pp, cp, dp, ep: tp == 1 and pp == 1 and ep == 1,
+                 fix=_except(plan.fixed, "tp", "pp", "dp", "cp", "ep", "zero"))
     fsdp = [p for p in sub.ranked if "zero=3" in p.layout]
     if not fsdp:
         return "Pure FSDP (tp=pp=1 over every device) has no layout that fits or divides the batch."
@@ -99,10 +99,33 @@ def _pure_fsdp(model, cluster, devices, batch, precision, headroom, per_device, 
     w = group_link(cluster, devices, devices, 1).raw_bandwidth
     crit = critical.dp_critical(cluster.peak_flops_bf16, w)
     verdict = ("communication-bound" if comm_total > p.compute_s else "compute-bound")
-    return (f"Pure FSDP ({p.layout}) fits ({gb(p.memory_per_device_bytes['total'])}) but is {verdict}: its collectives "
-            f"take {ms(comm_total)} against {ms(p.compute_s)} of compute; {per_device:,.0f} tokens per device vs its "
-            f"critical batch C/W = {crit:,.0f}; predicted {ms(p.step_time_s)} vs the winner's "
-            f"{ms(win.step_time_s)}.")
+    batch_vs = f"{per_device:,.0f} tokens per device vs its critical batch C/W = {crit:,.0f}"
+    if p.step_time_s > win.step_time_s:
+        return (f"Pure FSDP ({p.layout}) fits ({gb(p.memory_per_device_bytes['total'])}) but is {verdict}: its "
+                f"collectives take {ms(comm_total)} against {ms(p.compute_s)} of compute; {batch_vs}; predicted "
+                f"{ms(p.step_time_s)} vs the winner's {ms(win.step_time_s)}.")
+    other = _best_other(model, cluster, devices, batch, precision, headroom, win, plan)
+    return (f"Pure FSDP wins: its collectives ({ms(comm_total)}) run behind {ms(p.compute_s)} of compute, "
+            f"{ms(p.exposed_comm_s)} left exposed; {batch_vs}; {other}.")
+
+
+def _best_other(model, cluster, devices, batch, precision, headroom, win, plan) -> str:
+    """When pure FSDP wins, the best layout that is genuinely different: one with TP, PP or EP (from the
+    plan's alternatives, the best of the runner-up shapes, when one of them is; else searched)."""
+    other = lambda layout: layout.tp > 1 or layout.pp > 1 or layout.ep > 1  # noqa: E731
+    found = [p for p in plan.rejected if other(Layout.parse(p.layout, devices))]
+    if not found:
+        found = search(model, cluster, devices, batch, precision, top=1, headroom=headroom,
+                       where=lambda tp, pp, cp, dp, ep: other(Layout(tp=tp, pp=pp, ep=ep)),
+                       fix=_except(plan.fixed, "tp", "pp", "dp", "cp", "ep")).ranked
+    if not found:
+        return "no layout with TP, PP or EP fits"
+    alt = found[0]
+    base = components(win)
+    diff = {k: v - base.get(k, 0.0) for k, v in components(alt).items()}
+    worst = max(diff, key=diff.get)
+    return (f"the best layout with TP, PP or EP, {alt.layout}, is predicted {ms(alt.step_time_s)} "
+            f"(+{ms(alt.step_time_s - win.step_time_s)}, most of it {worst}: {ms(diff[worst])} longer)")
 
 
 def _except(fixed: dict, *keys) -> dict:

@@ -15,14 +15,15 @@ from itertools import product
 import numpy as np
 
 from meshscale.cost import comm, predict
-from meshscale.cost.kernels import attention_core_seconds
+from meshscale.cost.kernels import attention_core_seconds, counted_seconds, kernel_shape
 from meshscale.cost.memory import (PRECISIONS, _expert_params_per_rank, _held, _params_per_rank,
-                                   activation_bytes_per_layer, busiest_rank, params_on_rank, root_params_on_rank,
-                                   stage_layers)
-from meshscale.cost.step import Prediction, _slowest_stage, elementwise_seconds, grad_reduce_bytes
+                                   activation_bytes_per_layer, busiest_rank, expert_params_on_rank, params_on_rank,
+                                   root_params_on_rank, stage_layers)
+from meshscale.cost.pipeline import schedule_bubble
+from meshscale.cost.step import Prediction, elementwise_seconds, grad_reduce_bytes, rank_kinds
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
-from meshscale.specs.layout import RECOMPUTE, SCHEDULES, Layout, check_against, kv_heads_fit
+from meshscale.specs.layout import RECOMPUTE, SCHEDULES, V_SCHEDULES, Layout, check_against, kv_heads_fit
 from meshscale.specs.model import ModelSpec
 
 MAX_VPP = 8
@@ -147,7 +148,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         raise UserError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     capacity = cluster.hbm_bytes * (1 - headroom)
     bytes_ = PRECISIONS[precision]
-    rate = cluster.peak_flops(precision) * cluster.matmul_efficiency
+    peak = cluster.peak_flops(precision)
+    rate = peak * cluster.matmul_efficiency
     enumerated = fitting = 0
     smallest = (math.inf, "")
     bounds, keys = [], []
@@ -174,7 +176,6 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         enumerated += len(grid)
         m = per_rank / mbs
         names = [n for n, _ in scheds]
-        v = np.array([vv for _, vv in scheds], dtype=float)[k_i]
         is_v = np.array([n in ("zbv", "dualpipev") for n in names])[k_i]
         # Memory: parameters, gradients, optimizer (ZeRO over the shard group), then activations in flight.
         # (routed experts shard over their dp*cp/ep replicas: memory.zero_held)
@@ -208,26 +209,27 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         if not ok.any():
             continue
         # Lower bound: (compute of the slowest stage + the bandwidth part of the collectives that sit on the
-        # critical path) x (1 + bubble ratio) + the ZeRO-1/2 parameter all-gather; latencies dropped.
-        stage = np.array([[_work(model, pp, pp * vv, n in ("zbv", "dualpipev"), r, cluster.fused_attention)
-                           for r in RECOMPUTE] for n, vv in scheds])
-        compute = per_rank * model.seq * stage[k_i, r_i] / (tp * cp) / rate
-        elementwise = per_rank * np.array([[elementwise_seconds(
+        # critical path) x (1 + bubble ratio) + the ZeRO-1/2 parameter all-gather; latencies dropped. Compute
+        # is predict's own: the kernels' F, B, W of the slowest rank plus its element-wise work (a third of it
+        # in the forward), less the per-kernel overheads.
+        kernels = _slowest_passes(model, cluster, tp, pp, cp, ep, scheds, mbs_opts, peak, bytes_["compute"])
+        kernels = kernels[k_i, np.searchsorted(mbs_opts, mbs), r_i]
+        elementwise = mbs * np.array([[elementwise_seconds(
             model, cluster, Layout(tp=tp, sp=sp, recompute=r, pp=pp), model.seq / cp, bytes_["compute"])
             for r in RECOMPUTE] for sp in sps])[s_i, r_i]
-        compute = compute + elementwise
-        # the forward alone (no recompute): what is left of a micro-batch once its backward has started
-        forward = np.array([_slowest_stage(model, pp, pp * vv, n in ("zbv", "dualpipev"), "none",
-                                           cluster.fused_attention)[0] for n, vv in scheds])
-        forward = per_rank * model.seq * forward[k_i] / (tp * cp) / rate + elementwise / 3
+        f, b, w = kernels[:, 0] + elementwise / 3, kernels[:, 1] + elementwise * 2 / 3, kernels[:, 2]
+        compute = m * (f + b + w)
+        forward = m * f  # what is left of a micro-batch once its backward has started
         shape = (model, cluster, devices, tp, pp, cp, dp, ep, per_rank, bytes_["compute"], rate)
-        layouts = [Layout(tp=tp, pp=pp, vpp=vv, schedule=n) for n, vv in scheds]
+        layouts = [Layout(dp=dp, tp=tp, pp=pp, vpp=vv, schedule=n, cp=cp, ep=ep) for n, vv in scheds]
         owned = [len(stage_layers(model, lay, r)) for lay in layouts for r in range(pp)]
         floor_r = np.array([_floor_tp(*shape, r) + _floor_cp(*shape, r, min(owned), max(owned)) for r in RECOMPUTE])
         floor_k = np.array([_floor_pp(*shape, n, vv) for n, vv in scheds])
-        # per schedule, the busiest rank's parameters and those of its root unit: what predict charges
+        # per schedule, the busiest rank's parameters and those of its root unit: what predict charges over
+        # dp*cp (under EP the routed experts reduce over their own, smaller group: left out of the bound)
         busy = [busiest_rank(model, lay) for lay in layouts]
-        p_k = np.array([params_on_rank(model, lay, r) for lay, r in zip(layouts, busy)])[k_i]
+        p_k = np.array([params_on_rank(model, lay, r) - (expert_params_on_rank(model, lay, r) if ep > 1 else 0.0)
+                        for lay, r in zip(layouts, busy)])[k_i]
         root_k = np.array([root_params_on_rank(model, lay, r) for lay, r in zip(layouts, busy)])[k_i]
 
         def per_byte(collective):  # seconds per byte over each row's shard group
@@ -236,7 +238,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
 
         ag, rs = per_byte("all_gather"), per_byte("reduce_scatter")
         gather = ag * 4 * p_k if not cluster.software.param_gather_overlap else 0.0
-        ratio = _bubble(names, k_i, pp, v, m)
+        ratio = _bubble(scheds, k_i, pp, m, f, b, w)
         bound = (compute + floor_r[r_i] + floor_k[k_i]) * (1 + ratio) + np.where((z == 1) | (z == 2), gather, 0.0)
         if dp * cp > 1:  # gradient reduction not hidden by backward (zero 0-2) or FSDP traffic beyond compute
             grads = rs * grad_reduce_bytes(cluster.software, precision) * p_k
@@ -303,11 +305,6 @@ def rank_key(pred: Prediction) -> tuple:
     return pred.step_time_s, axes, layout.zero, pred.memory_per_device_bytes["total"]
 
 
-def _work(model, pp, chunks, v_shape, recompute, fused) -> float:
-    fwd, _, extra = _slowest_stage(model, pp, chunks, v_shape, recompute, fused)
-    return 3 * fwd + extra
-
-
 def _time_no_latency(cluster, devices, collective, nbytes, size, stride) -> float:
     return comm.collective_time(collective, nbytes, 0, size, comm.group_link(cluster, devices, size, stride))
 
@@ -355,16 +352,37 @@ def _floor_pp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, 
     return sum(_time_no_latency(cluster, devices, c, b, 2, tp * cp * dp) for c, b, _, _ in ops)
 
 
-def _bubble(names, k_i, pp, v, m):
-    """`pipeline.bubble_ratio` (F = B = W) over arrays; tests/test_plan.py checks they agree."""
-    if pp == 1:
-        return np.zeros_like(m)
-    sched = np.array(names)[k_i]
-    out = (pp - 1) / m
-    out = np.where(sched == "interleaved", (pp - 1) / (v * m), out)
-    out = np.where(sched == "zb", (pp - 1) / (3 * m), out)
-    v_shape = np.maximum(pp - 1, 2 * (2 * pp - 1 - m)) / (6 * m)
-    return np.where(np.isin(sched, ("zbv", "dualpipev")), v_shape, out)
+def _bubble(scheds, k_i, pp, m, f, b, w):
+    """Each row's `pipeline.schedule_bubble` with its F, B, W: predict's bubble ratio, over arrays."""
+    out = np.zeros_like(m)
+    for k, (name, v) in enumerate(scheds):
+        rows = k_i == k
+        out[rows] = schedule_bubble(name, pp, v, m[rows], f[rows], b[rows], w[rows], np.maximum, np.minimum)
+    return out
+
+
+def _slowest_passes(model, cluster, tp, pp, cp, ep, scheds, mbs_opts, peak, act_bytes) -> np.ndarray:
+    """The kernels' F, B, W of one micro-batch on the slowest pipeline rank, the rank predict's stage_passes
+    charges (less the element-wise work, alike on every rank), per schedule x mbs x recompute: an array
+    (schedules, mbs, recompute, 3). A rank's time is linear in its dense layers, MoE layers and head."""
+    dense = any(not (model.is_moe and model.is_moe_layer(i)) for i in range(model.layers))
+    columns = [c for c, present in enumerate((dense, model.is_moe, True)) if present]  # dense, MoE, head
+    kinds = [((1, 0, False), (0, 1, False), (0, 0, True))[c] for c in columns]
+    unit = np.zeros((len(mbs_opts), len(RECOMPUTE), len(kinds), 3))  # per dense layer, MoE layer, head
+    for j, mbs in enumerate(mbs_opts):
+        for r, recompute in enumerate(RECOMPUTE):
+            shape = kernel_shape(Layout(tp=tp, cp=cp, ep=ep, dp=ep, mbs=mbs, recompute=recompute))
+            for i, kind in enumerate(kinds):
+                p = counted_seconds(model, cluster, shape, *kind, peak, act_bytes)
+                unit[j, r, i] = p.forward, p.backward, p.weight
+    out = np.zeros((len(scheds), len(mbs_opts), len(RECOMPUTE), 3))
+    for k, (name, v) in enumerate(scheds):
+        counts = np.array(rank_kinds(model, pp, pp * v, name in V_SCHEDULES and pp > 1), dtype=float)
+        counts = counts[:, columns]
+        per_rank = np.einsum("ni,jrip->njrp", counts, unit)
+        slowest = per_rank.sum(-1).argmax(0)
+        out[k] = np.take_along_axis(per_rank, slowest[None, :, :, None], 0)[0]
+    return out
 
 
 def _busiest(model, tp, ep, pp, chunks, v_shape) -> tuple[float, float]:

@@ -4,7 +4,7 @@ the latest of (its rank is free, its inputs arrived, its FSDP parameters are gat
 A forward of chunk s needs the forward of chunk s-1 of the same micro-batch; an input gradient (I, or a full
 backward B) of chunk s needs the forward of s and the input gradient of s+1; a weight gradient W needs the
 I of its chunk. Data crossing ranks arrives after a stage-boundary send (latency + bytes / bandwidth, given
-per send). Optionally each rank's FSDP traffic runs on its own stream, one wrapping unit (layer) ahead of
+per pair of ranks: a slow link slows the sends it carries). Optionally each rank's FSDP traffic runs on its own stream, one wrapping unit (layer) ahead of
 compute (FSDP's prefetch): the gather for unit u starts once the gather for unit u-1 is done and unit u-1
 has started computing; a unit computes once its gather is done.
 """
@@ -45,9 +45,9 @@ class PipelineRun:
     events: list = field(default_factory=list)
 
 
-def run(orders: tuple, owner, seconds, send_s, fsdp_share=None, replica: int = 0) -> PipelineRun:
+def run(orders: tuple, owner, seconds, send, fsdp_share=None, replica: int = 0) -> PipelineRun:
     """orders: per rank, (stage, kind, mb) tuples; owner(stage) -> rank; seconds(rank, stage, kind, mb) ->
-    (compute, inline collectives); send_s: seconds per stage-boundary send; fsdp_share(rank, stage, compute) ->
+    (compute, inline collectives); send(from rank, to rank) -> seconds of a stage-boundary send; fsdp_share(rank, stage, compute) ->
     (FSDP traffic seconds of a pass of that compute time, its wrapping units) (None: no FSDP)."""
     last_stage = max(a[0] for order in orders for a in order)
     done: dict = {}  # output(...) -> when it was ready
@@ -68,7 +68,7 @@ def run(orders: tuple, owner, seconds, send_s, fsdp_share=None, replica: int = 0
                 ready, wait_on = 0.0, None
                 for d in deps:
                     src = owner(d[1])
-                    t = done[d] + (send_s if src != r else 0.0)
+                    t = done[d] + (send(src, r) if src != r else 0.0)
                     if t > ready:
                         ready, wait_on = t, (src if src != r else None)
                 compute, inline = seconds(r, stage, kind, mb)
@@ -96,7 +96,7 @@ def run(orders: tuple, owner, seconds, send_s, fsdp_share=None, replica: int = 0
                     out.events.append(Event(r, "compute", "tp", t, end, stage, mb, replica))
                 target = stage + 1 if kind == "F" else stage - 1
                 if kind != "W" and 0 <= target <= last_stage and owner(target) != r:
-                    out.events.append(Event(r, "pp", "send", end, end + send_s, stage, mb, replica))
+                    out.events.append(Event(r, "pp", "send", end, end + send(r, owner(target)), stage, mb, replica))
                 free[r] = end
                 done[output(stage, kind, mb)] = end
                 at[r] += 1

@@ -73,7 +73,7 @@ def replay(path: str, layout: Layout, m: int) -> Replay:
     def seconds(rank, stage, kind, mb):  # the time between passes counts as idle, as in the measured bubble
         return sum(took.get((stage, k, mb), 0.0) for k in kinds[kind]), between_s
 
-    run = engine.run(rank_orders(layout.schedule, layout.pp, layout.vpp, m), owner, seconds, send_s)
+    run = engine.run(rank_orders(layout.schedule, layout.pp, layout.vpp, m), owner, seconds, lambda a, b: send_s)
     span = max(p.end for p in run.passes)
     simulated = [1 - sum(p.compute for p in run.passes if p.rank == r) / span for r in range(layout.pp)]
     t0, t1 = min(e["start"] for e in events), max(e["end"] for e in events)

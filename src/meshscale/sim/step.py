@@ -17,6 +17,14 @@ work at the same time, so one representative per pipeline rank is simulated: pp 
 (a 16,384-device llama3-405b layout is 16 simulated ranks). A straggler breaks the symmetry of its replica
 only: that replica's pipeline is simulated beside a healthy one, and the two meet at the gradient
 reduction, where the healthy replicas wait.
+
+Stragglers: a slow device computes FACTOR times slower. A slow link makes every transfer over that device's
+links take FACTOR times longer: in its own replica, the stage-boundary sends to and from its pipeline rank
+and that rank's inline TP/CP/EP collectives (a ring runs at the pace of its slowest link; what their overlap
+hid stays hidden only as far as the same compute covers the longer transfer); in every replica, that pipeline
+rank's data-parallel traffic (FSDP gathers, the gradient reduction, ZeRO's gather), whose rings all pass
+through it. (The CP and EP groups also reach into other replicas; the simulated replica, slowed on every
+axis, is the slowest of them and sets the step.)
 """
 
 import json
@@ -68,42 +76,57 @@ class Simulation:
                 "healthy_step_time_s": self.healthy_step_time_s}
 
 
-def parse_stragglers(items: list[str], devices: int) -> dict[int, float]:
-    """"RANK:FACTOR" strings -> {global rank: compute slow-down factor}."""
-    out = {}
+def parse_stragglers(items: list[str], devices: int) -> tuple[dict[int, float], dict[int, float]]:
+    """"RANK:FACTOR" (device RANK computes FACTOR times slower) and "link:RANK:FACTOR" (every transfer over
+    its links takes FACTOR times longer) -> ({rank: factor} of slow devices, {rank: factor} of slow links)."""
+    slow, links = {}, {}
     for item in items or []:
-        rank, sep, factor = item.partition(":")
+        link = item.startswith("link:")
+        rank, sep, factor = item.removeprefix("link:").partition(":")
         try:
             r, f = int(rank), float(factor)
         except ValueError:
-            raise UserError(f"--straggler {item!r}: write RANK:FACTOR, e.g. 5:1.5 (rank 5 runs 1.5x slower)") from None
+            raise UserError(f"--straggler {item!r}: write RANK:FACTOR or link:RANK:FACTOR, e.g. 5:1.5 (device 5 "
+                            "computes 1.5x slower) or link:5:4 (its transfers take 4x longer)") from None
         if not sep or not 0 <= r < devices:
             raise UserError(f"--straggler {item!r}: rank must be in 0..{devices - 1} (the job has {devices} devices)")
         if not f > 0:
             raise UserError(f"--straggler {item!r}: the factor must be positive (1.5 = 50% slower)")
-        out[r] = f
-    return out
+        (links if link else slow)[r] = f
+    return slow, links
 
 
 def simulate(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch: int, precision: str = "bf16",
-             stragglers: dict[int, float] | None = None) -> Simulation:
-    """Simulate one step of `layout`; `stragglers` maps global device ranks to compute slow-down factors."""
+             stragglers: dict[int, float] | None = None, slow_links: dict[int, float] | None = None) -> Simulation:
+    """Simulate one step of `layout`; `stragglers` maps global device ranks to compute slow-down factors,
+    `slow_links` to link slow-down factors."""
     check_against(layout, model, global_batch)
     layout = layout.resolve_mbs(global_batch)
     m = layout.microbatches(global_batch)
     pred = predict(model, cluster, layout, global_batch, precision)
-    seconds_for, send_s, share = _durations(model, cluster, layout, precision, pred)
+    stragglers, slow_links = stragglers or {}, slow_links or {}
+    per_stage = layout.devices // layout.pp
+    ring = defaultdict(lambda: 1.0)  # pp rank -> how much slower its data-parallel rings run
+    for g, factor in slow_links.items():
+        ring[g // per_stage] = max(ring[g // per_stage], factor)
+    seconds_for, send_for, share = _durations(model, cluster, layout, precision, pred, ring)
     v_shape = layout.schedule in V_SCHEDULES and layout.pp > 1
     orders = rank_orders(layout.schedule if layout.pp > 1 else "1f1b", layout.pp, layout.vpp, m)
     owner = lambda stage: stage_owner(stage, layout.pp, v_shape)  # noqa: E731
-    pipelines = _replicas(layout, stragglers or {})
-    runs = [engine.run(orders, owner, seconds_for(slow), send_s, share, i) for i, (_, slow) in enumerate(pipelines)]
+    pipelines = _replicas(layout, stragglers, slow_links)
+    runs = [engine.run(orders, owner, seconds_for(slow, links), send_for(links), share, i)
+            for i, (_, slow, links) in enumerate(pipelines)]
     last_backward = [[max(p.end for p in run.passes if p.rank == r and p.kind != "F") for r in range(layout.pp)]
                      for run in runs]
-    ends, events = _data_parallel_tail(model, cluster, layout, precision, pred, m, last_backward)
+    ends, events = _data_parallel_tail(model, cluster, layout, precision, pred, m, last_backward, ring)
     step = max(ends)
     ranks, waits = [], []
-    for i, ((name, _), run) in enumerate(zip(pipelines, runs)):
+    healthy = simulate(model, cluster, layout, global_batch, precision) if stragglers or slow_links else None
+    reference = None  # a replica without stragglers, to say how much more the straggling ones wait
+    if healthy:
+        reference = runs[0] if not pipelines[0][0] else engine.run(orders, owner, seconds_for({}, {}),
+                                                                     send_for({}), share)
+    for i, ((name, _, _), run) in enumerate(zip(pipelines, runs)):
         for r in range(layout.pp):
             mine = [p for p in run.passes if p.rank == r]
             busy = sum(p.compute for p in mine) + pred.optimizer_s
@@ -115,20 +138,23 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batc
                 late = backward_end - last_backward[i][r]
                 waits.append((late, f"pp rank {r}{' (' + name + ')' if name else ''} waits {late * 1e3:,.1f} ms at "
                                     "the gradient reduction for the slowest replica"))
-        waits += _wait_lines(run, runs[0] if i and not pipelines[0][0] else None, name, bool(stragglers))
-    healthy = simulate(model, cluster, layout, global_batch, precision).step_time_s if stragglers else None
+        if name or not healthy:
+            waits += _wait_lines(run, reference, name)
+    if healthy and layout.dp * layout.cp > 1:
+        waits += _ring_lines(ranks[:layout.pp], healthy.ranks, slow_links, per_stage)
     bubble = _bubble(runs[0], layout.pp)
     return Simulation(str(layout), layout.devices, m, step, pred.step_time_s, bubble, bubble / step, ranks,
                       critical_path(max(runs, key=lambda run: max(p.end for p in run.passes))),
-                      [w for _, w in sorted(waits, reverse=True)[:8]], healthy, events + [e for run in runs
-                                                                                            for e in run.events])
+                      [w for _, w in sorted(waits, reverse=True)[:8]],
+                      healthy.step_time_s if healthy else None, events + [e for run in runs for e in run.events])
 
 
-def _durations(model, cluster, layout, precision, pred):
-    """seconds_for(slow) -> seconds(rank, stage, kind) for the engine, the seconds of one stage-boundary
-    send, and the FSDP share of a pass (None without FSDP), all from the cost model."""
+def _durations(model, cluster, layout, precision, pred, ring):
+    """From the cost model: seconds_for(slow devices, slow links) -> seconds(rank, stage, kind) for the engine,
+    send_for(slow links) -> the seconds of a stage-boundary send between two ranks, and the FSDP share of a
+    pass (None without FSDP); `ring` slows each pipeline rank's data-parallel traffic. Keys are pp ranks."""
     chunk = [chunk_passes(model, cluster, layout, c, precision) for c in range(layout.stages)]
-    inline = sum(e["exposed_s"] for e in pred.comm if e["axis"] in INLINE_AXES)
+    inline = [e for e in pred.comm if e["axis"] in INLINE_AXES]
     pp_entry = next((e for e in pred.comm if e["axis"] == "pp"), None)
     send_s = pp_entry["time_s"] / pp_entry["calls"] if pp_entry else 0.0
     fsdp = sum(e["time_s"] for e in pred.comm if e["axis"] in DATA_AXES and e["overlap"] == "fsdp")
@@ -136,36 +162,49 @@ def _durations(model, cluster, layout, precision, pred):
     per_pass = {"F": lambda c: c.forward, "B": lambda c: c.backward + c.weight, "I": lambda c: c.backward,
                 "W": lambda c: c.weight}
 
-    def seconds_for(slow: dict):
+    def exposed(factor: float) -> float:  # the inline collectives at `factor` times their time (predict's rule)
+        return sum(max(factor * e["time_s"] - e["hidden_by_s"], factor * e["shown_s"]) for e in inline)
+
+    def seconds_for(slow: dict, links: dict):
+        inline_s = {r: exposed(links.get(r, 1.0)) for r in range(layout.pp)}
+
         def seconds(rank, stage, kind, mb):
             compute = per_pass[kind](chunk[stage])
-            return compute * slow.get(rank, 1.0), inline * compute / pred.compute_s
+            return compute * slow.get(rank, 1.0), inline_s[rank] * compute / pred.compute_s
         return seconds
 
-    share = (lambda rank, stage, compute: (fsdp * compute / pred.compute_s, units[stage])) if fsdp else None
-    return seconds_for, send_s, share
+    def send_for(links: dict):
+        return lambda a, b: send_s * max(links.get(a, 1.0), links.get(b, 1.0))
+
+    def share(rank, stage, compute):
+        return fsdp * ring[rank] * compute / pred.compute_s, units[stage]
+
+    return seconds_for, send_for, share if fsdp else None
 
 
-def _replicas(layout: Layout, stragglers: dict) -> list[tuple[str, dict]]:
-    """(name, {pp rank: slow-down}) per simulated pipeline: the healthy one (unless every replica holds a
-    straggler), then one per replica holding one. Mesh order pp, dp, cp, tp (specs/layout.py)."""
+def _replicas(layout: Layout, stragglers: dict, slow_links: dict) -> list[tuple[str, dict, dict]]:
+    """(name, {pp rank: compute slow-down}, {pp rank: link slow-down}) per simulated pipeline: the healthy one
+    (unless every replica holds a straggler), then one per replica holding one. Mesh order pp, dp, cp, tp
+    (specs/layout.py)."""
     per_stage = layout.devices // layout.pp
-    slow: dict = defaultdict(dict)
+    slow: dict = defaultdict(lambda: ({}, {}))
     first: dict = {}
-    for g, factor in sorted(stragglers.items()):
-        replica = (g % per_stage) // layout.tp
-        slow[replica][g // per_stage] = factor
-        first.setdefault(replica, g)
-    healthy = [] if len(slow) == layout.dp * layout.cp else [("", {})]
-    return healthy + [(f"replica of device {first[k]}", slow[k]) for k in sorted(slow)]
+    for which, found in ((0, stragglers), (1, slow_links)):
+        for g, factor in sorted(found.items()):
+            replica = (g % per_stage) // layout.tp
+            slow[replica][which][g // per_stage] = factor
+            first.setdefault(replica, f"replica of device {g}" + ("'s link" if which else ""))
+    healthy = [] if len(slow) == layout.dp * layout.cp else [("", {}, {})]
+    return healthy + [(first[k], *slow[k]) for k in sorted(slow)]
 
 
-def _data_parallel_tail(model, cluster, layout, precision, pred, m, last_backward) -> tuple[list, list]:
+def _data_parallel_tail(model, cluster, layout, precision, pred, m, last_backward, ring) -> tuple[list, list]:
     """Per pipeline rank, when its step ends, and the events on the way: the gradient reduction (over all
     replicas, so after the slowest one's last backward), the optimizer, then ZeRO-1/2's parameter all-gather.
     With grad_reduce_overlap the reduction's buckets run behind the last micro-batch's backward (ZeRO-2: all
     of them) and one bucket shows; with param_gather_overlap the gather runs beside the next step's first
-    forward and one bucket shows. Traffic whose [software] switch is off runs whole."""
+    forward and one bucket shows. Traffic whose [software] switch is off runs whole. `ring` slows each pipeline
+    rank's traffic (a slow link in its rings)."""
     dp = [e for e in pred.comm if e["axis"] in DATA_AXES and e["overlap"] != "fsdp"]
     reductions = [e for e in dp if e["collective"] != "all_gather"]
     gathers = [e for e in dp if e["collective"] == "all_gather"]
@@ -174,34 +213,47 @@ def _data_parallel_tail(model, cluster, layout, precision, pred, m, last_backwar
         passes = rank_passes(model, cluster, layout, r, precision)
         t = backward_end = max(lb[r] for lb in last_backward)
         for e in reductions:
-            end = t + e["time_s"]
+            took = e["time_s"] * ring[r]
+            end = t + took
             if e["overlap"] in ("backward", "each_backward"):
                 window = (passes.backward + passes.weight) * (m if e["overlap"] == "each_backward" else 1)
-                end = max(t + e["time_s"] / e["calls"], backward_end - window + e["time_s"])
-            events.append(engine.Event(r, "dp", "sync", end - e["time_s"], end))
+                end = max(t + took / e["calls"], backward_end - window + took)
+            events.append(engine.Event(r, "dp", "sync", end - took, end))
             t = end
         events.append(engine.Event(r, "compute", "opt", t, t + pred.optimizer_s))
         t += pred.optimizer_s
         for e in gathers:
-            events.append(engine.Event(r, "dp", "gather", t, t + e["time_s"]))
+            took = e["time_s"] * ring[r]
+            events.append(engine.Event(r, "dp", "gather", t, t + took))
             hidden = passes.forward if e["overlap"] == "forward" else 0.0
-            t += max(e["time_s"] - hidden, e["time_s"] / e["calls"])
+            t += max(took - hidden, took / e["calls"])
         ends.append(t)
     return ends, events
 
 
-def _wait_lines(run, healthy, name: str, with_stragglers: bool) -> list[tuple[float, str]]:
-    """Who waited for whom. With stragglers only the straggling replicas speak, in excess of a healthy one."""
-    if with_stragglers and not name:
-        return []
+def _wait_lines(run, reference, name: str) -> list[tuple[float, str]]:
+    """Who waited for whom in `run`; with a `reference` (a replica without stragglers), in excess of it."""
     on = _waits(run)
-    if healthy is not None:
-        base = _waits(healthy)
+    if reference is not None:
+        base = _waits(reference)
         on = {k: t - base.get(k, 0.0) for k, t in on.items()}
     where = f" ({name})" if name else ""
-    more = "more than in a healthy replica " if healthy is not None else ""
+    more = "more than in a healthy replica " if reference is not None else ""
     return [(t, f"pp rank {a}{where} waits {t * 1e3:,.1f} ms {more}for pp rank {b}") for (a, b), t in on.items()
             if t > 1e-9]
+
+
+def _ring_lines(ranks: list, healthy: list, slow_links: dict, per_stage: int) -> list[tuple[float, str]]:
+    """Each pipeline rank whose data-parallel rings pass through a slow link: how much longer every replica's
+    rank waits on them than in the healthy step."""
+    out = []
+    for g, factor in sorted(slow_links.items()):
+        r = g // per_stage
+        extra = ranks[r].exposed_comm_s - healthy[r].exposed_comm_s
+        if extra > 1e-9:
+            out.append((extra, f"pp rank {r} of every replica waits {extra * 1e3:,.1f} ms more on its data-parallel "
+                               f"collectives: their ring runs at the pace of device {g}'s link ({factor:g}x slower)"))
+    return out
 
 
 def _bubble(run: engine.PipelineRun, pp: int) -> float:
