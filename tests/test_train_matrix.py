@@ -153,16 +153,23 @@ def test_loss_curves_match_single_process(measured, reference):
 
 def test_cost_model_predicts_the_measured_bytes(measured, model="tiny"):
     """The closed loop for TP/SP/PP(+DP): bytes per (collective, axis) of the rank the cost model describes."""
+    world, results = measured
+    for layout, r in results.items():
+        got = {(e["collective"], e["axis"]): e["bytes"] for e in r["comm"]}
+        assert got == predicted_bytes(_run(layout, world, model)), f"world {world} {layout}"
+
+
+def predicted_bytes(run) -> dict:
+    """The cost model's bytes per (collective, axis), summed as the ledger sums them (the forward and backward
+    entries of one TP collective are apart in the prediction)."""
     from meshscale.cost import predict
     from meshscale.specs.cluster import load_cluster
 
-    world, results = measured
-    for layout, r in results.items():
-        run = _run(layout, world, model)
-        pred = predict(run.spec, load_cluster("local-cpu"), run.layout, BATCH, "fp32")
-        want = {(e["collective"], e["axis"]): e["bytes"] for e in pred.to_dict()["comm"] if e["bytes"]}
-        got = {(e["collective"], e["axis"]): e["bytes"] for e in r["comm"]}
-        assert got == want, f"world {world} {layout}"
+    want: dict = {}
+    for e in predict(run.spec, load_cluster("local-cpu"), run.layout, BATCH, "fp32").to_dict()["comm"]:
+        if e["bytes"]:
+            want[(e["collective"], e["axis"])] = want.get((e["collective"], e["axis"]), 0) + e["bytes"]
+    return want
 
 
 # ---- mixture of experts (tiny-moe) and GPT-style blocks (tiny-gpt) -----------------------------------------
@@ -235,18 +242,11 @@ def test_family_matches_single_process(family):
 
 
 def test_family_cost_model_predicts_the_measured_bytes(family):
-    from meshscale.cost import predict
-    from meshscale.specs.cluster import load_cluster
-
     model, _, results = family
     for layout, r in results.items():
         run = _family_run(model, layout, 4)
-        want: dict = {}
-        for e in predict(run.spec, load_cluster("local-cpu"), run.layout, BATCH, "fp32").to_dict()["comm"]:
-            if e["bytes"]:
-                want[(e["collective"], e["axis"])] = want.get((e["collective"], e["axis"]), 0) + e["bytes"]
         got = {(e["collective"], e["axis"]): e["bytes"] for e in r["comm"]}
-        assert got == want, f"{model} {layout}"
+        assert got == predicted_bytes(run), f"{model} {layout}"
         if run.layout.ep > 1:  # routing is data-dependent: one rank's share differs from the group mean
             assert r["ep_imbalance"] >= 1.0
 
