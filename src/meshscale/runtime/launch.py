@@ -75,6 +75,10 @@ def launch_local(run: Resolved) -> None:
     # is SIGKILLed the restarted group then fails to connect or hangs (torch 2.13, gloo). A store of their
     # own per attempt avoids it.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # Rank 0 hosts that store: once it exits on an error, the others' store clients print C++ warnings
+    # ("recvValue failed ... Connection reset by peer") before the launcher stops them, burying the one line
+    # that says what went wrong. Failures reach the user through the error files instead.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # we report failures ourselves
     with tempfile.TemporaryDirectory(prefix="meshscale-") as tmp:
         spec_file = os.path.join(tmp, "run.pkl")
