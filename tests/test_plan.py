@@ -152,3 +152,16 @@ def test_vectorised_bubble_is_the_closed_form():
             want = [bubble_ratio(Layout(pp=pp, vpp=vv if pp > 1 else 1, schedule=n), int(mm), Passes(*fbw))
                     for (n, vv), mm in zip((scheds[k] for k in k_i), m)]
             assert got == pytest.approx(want)
+
+
+def test_when_plain_dp_wins_pure_fsdp_is_still_described_as_fsdp():
+    """Without FSDP prefetch its gathers show, so plain DP wins; the pure-FSDP line must still name a zero=3
+    layout (the comparison fixes zero=3, not just tp=pp=1)."""
+    from dataclasses import replace
+
+    model, cpu = load_model("tiny"), load_cluster("local-cpu")
+    cluster = replace(cpu, software=replace(cpu.software, fsdp_prefetch=False))
+    plan = search(model, cluster, 2, 16, "fp32")
+    assert Layout.parse(plan.ranked[0].layout, 2).zero != 3
+    line = next(line for line in explain(plan, model, cluster, 2, 16, "fp32") if line.startswith("Pure FSDP"))
+    assert "zero=3" in line and "no layout" not in line

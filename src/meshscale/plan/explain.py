@@ -90,7 +90,7 @@ def _pure_fsdp(model, cluster, devices, batch, precision, headroom, per_device, 
         return ""
     sub = search(model, cluster, devices, batch, precision, top=1, headroom=headroom,
                  where=lambda tp, pp, cp, dp, ep: tp == 1 and pp == 1 and ep == 1,
-                 fix=_except(plan.fixed, "tp", "pp", "dp", "cp", "ep", "zero"))
+                 fix={**_except(plan.fixed, "tp", "pp", "dp", "cp", "ep", "zero"), "zero": 3})
     fsdp = [p for p in sub.ranked if "zero=3" in p.layout]
     if not fsdp:
         return "Pure FSDP (tp=pp=1 over every device) has no layout that fits or divides the batch."
