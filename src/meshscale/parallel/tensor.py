@@ -217,9 +217,14 @@ class ReplicatedKVLinear(nn.Module):
 
 
 def _kv_copy_group(tp_mesh, kv_heads: int):
-    """The process group of the TP ranks holding copies of the same KV head (consecutive ranks)."""
+    """The process group of the TP ranks holding copies of the same KV head (consecutive ranks); its mesh is
+    built once, in the cache that forget_meshes clears, like every other sub-mesh."""
+    from meshscale.parallel.mesh import cached_mesh
+
     t = tp_mesh.size()
-    return tp_mesh._unflatten(0, (kv_heads, t // kv_heads), ("tp_kv", "tp_kv_copy"))["tp_kv_copy"].get_group()
+    split = cached_mesh((id(tp_mesh), "kv", kv_heads),
+                        lambda: tp_mesh._unflatten(0, (kv_heads, t // kv_heads), ("tp_kv", "tp_kv_copy")))
+    return split["tp_kv_copy"].get_group()
 
 
 def _replicate_kv(linear: nn.Linear, rank: int, t: int, kv_heads: int, group) -> ReplicatedKVLinear:

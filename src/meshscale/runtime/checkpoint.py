@@ -251,13 +251,15 @@ def _state_dict(run, par, optimizer, mesh) -> tuple[dict, list]:
     _ensure_optimizer_state(optimizer)
     shapes, layout = _full_shapes(run.spec), run.layout
     state, write_backs = {}, []
+    if mesh is not None:  # (holders, FSDP2 shard group size) of dense and of routed-expert tensors
+        kinds = {False: (_holders(layout, False), layout.shard_size)}
+        if layout.ep > 1:
+            kinds[True] = (_holders(layout, True), layout.dp * layout.cp // layout.ep)
 
     def describe(name, t):
         if mesh is None:
             return t
-        expert = layout.ep > 1 and is_expert_param(name)
-        shard_size = (layout.dp * layout.cp // layout.ep) if expert else layout.shard_size
-        return _global(t, shapes[name], _holders(layout, expert), shard_size)
+        return _global(t, shapes[name], *kinds[layout.ep > 1 and is_expert_param(name)])
 
     for strategy in par.strategies:
         held, write_back = _held(strategy, optimizer)
