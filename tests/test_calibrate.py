@@ -44,6 +44,9 @@ def test_calibrate_writes_a_cluster_spec_that_predict_uses(calibrated):
     assert all(bw > 0 and lat > 0 for _, lat, bw in cluster.collectives)
     assert cluster.op_overhead_s > 0 and len(cluster.gemm_rates) >= 3 and cluster.attention_rates
     assert cluster.tiers[0].bandwidth == max(bw for _, _, bw in cluster.collectives)
+    # our eager runtime, two ranks sharing the host's cores, and how much of a collective compute hides here
+    assert cluster.calibrated_ranks == 2 and not cluster.software.fused_elementwise
+    assert 0 <= cluster.software.overlap_efficiency <= 1
     # Each measured term enters the prediction: without them the same spec predicts a different step.
     tiny, layout = load_model("tiny"), Layout(dp=2, zero=2)
     full = predict(tiny, cluster, layout, 16, "fp32")
@@ -59,6 +62,18 @@ def test_calibrate_writes_a_cluster_spec_that_predict_uses(calibrated):
                    "dp=2,zero=2", "--global-batch", "16", "--precision", "fp32", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["step_time_s"] == pytest.approx(full.step_time_s)
+
+
+def test_more_ranks_than_calibrated_share_the_cores(calibrated):
+    """Four ranks on a host calibrated with two: each rank computes at half the measured rates."""
+    cluster, tiny = load_cluster(str(calibrated)), load_model("tiny")
+    alone = replace(cluster, calibrated_ranks=0)
+    for devices, factor in ((2, 1), (4, 2)):
+        layout = Layout(dp=devices)
+        assert predict(tiny, cluster, layout, 16, "fp32").compute_s == pytest.approx(
+            factor * predict(tiny, alone, layout, 16, "fp32").compute_s)
+    shared = overhead.shared_cores(cluster, 4)
+    assert overhead.shared_cores(shared, 4) == shared  # applying it twice changes nothing
 
 
 def test_calibrate_never_overwrites_silently(calibrated):
@@ -142,6 +157,37 @@ def test_operator_counts_match_the_runtime_model():
     assert f1 + b1 - overhead.FORWARD_OPS_PER_LAYER - overhead.BACKWARD_OPS_PER_LAYER == overhead.ROOT_OPS
     assert t2 - t1 == overhead.TENSORS_PER_LAYER and t1 - overhead.TENSORS_PER_LAYER == overhead.ROOT_TENSORS
     assert (o2 - o1) == overhead.TENSORS_PER_LAYER * overhead.OPTIMIZER_OPS_PER_TENSOR
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-gpt"])
+@pytest.mark.parametrize("mode", ["none", "selective"])
+def test_eager_activation_count_matches_what_autograd_saves(name, mode):
+    """cost/memory.py's eager count: the bytes autograd keeps for backward in one block of runtime/model.py
+    (fp32), found with saved-tensor hooks, each storage once, parameters and RoPE tables left out."""
+    import torch
+
+    from meshscale.cost.memory import eager_saved_elements
+    from meshscale.parallel.recompute import apply_recompute
+    from meshscale.runtime.model import build_model
+
+    spec = load_model(name)
+    model = build_model(spec, 0, "cpu")
+    apply_recompute(model, mode)
+    skip = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    saved = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in skip:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    batch = 3
+    x = torch.randn(batch, spec.seq, spec.hidden, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.layers["0"](x, model.rope_cos, model.rope_sin).sum().backward()
+    expected = eager_saved_elements(spec, 1, False, mode == "selective") * batch * spec.seq * 4
+    assert sum(saved.values()) == pytest.approx(expected, rel=0.01)
 
 
 def test_fix_constrains_the_search_and_is_explained():

@@ -3,6 +3,8 @@ planner's bound under them and the wgrad overlap)."""
 
 from dataclasses import replace
 
+import pytest
+
 from meshscale.cost import predict
 from meshscale.cost.step import eager_forward_elements, elementwise_seconds
 from meshscale.plan.search import search
@@ -71,3 +73,26 @@ def test_eager_elementwise_lengthens_the_step_more_with_full_recompute():
     extra_none = step("none", fused_elementwise=False) - step("none")
     extra_full = step("full", fused_elementwise=False) - step("full")
     assert 0 < extra_none < extra_full
+
+
+def test_overlap_efficiency_scales_what_compute_hides():
+    """[software] overlap_efficiency: 1 hides what the overlap rules allow, 0 hides nothing, between is
+    between; collectives nothing overlaps are untouched."""
+    layout = Layout.parse("dp=64,zero=3,tp=8,mbs=1", 512)
+    exposed = {}
+    for eff in (0.0, 0.5, 1.0):
+        exposed[eff] = [(e["time_s"], e["exposed_s"], e["overlap"])
+                        for e in predict(MODEL, with_software(overlap_efficiency=eff), layout, 512).comm]
+    for (t, none, overlap), (_, half, _), (_, full, _) in zip(exposed[0.0], exposed[0.5], exposed[1.0]):
+        assert none == t
+        assert half == pytest.approx((none + full) / 2) if overlap != "none" else none == half == full == t
+    assert any(full < t for t, full, _ in exposed[1.0])
+
+
+def test_control_all_reduces_cost_latency_only():
+    """The gradient norm, loss and non-finite all-reduces: latency over their groups, nothing at 1 device."""
+    from meshscale.cost.step import control_seconds
+
+    assert control_seconds(A100, 1, Layout()) == 0
+    small, large = control_seconds(A100, 64, Layout(dp=64)), control_seconds(A100, 4096, Layout(dp=512, tp=8))
+    assert 0 < small < large < 1e-3

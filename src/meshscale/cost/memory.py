@@ -141,7 +141,8 @@ def busiest_rank(model: ModelSpec, layout: Layout) -> int:
     return max(range(layout.pp), key=per_rank.__getitem__)
 
 
-def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, fused_attention: bool = False) -> float:
+def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, fused_attention: bool = False,
+                               eager: bool = False) -> float:
     """One layer, one micro-batch of `tokens` (= s*b) on one device, 2-byte activations.
 
     Korthikanti et al. 2022 eq. 2: s*b*h*(34 + 5*a*s/h), of which 10*s*b*h (norms, block inputs, dropout
@@ -151,6 +152,8 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, 
     al. 2020) do, LLaMA-style models do not (Touvron et al. 2023).
     """
     h, s, t = model.hidden, model.seq, layout.tp
+    if eager and fused_attention and layout.recompute in ("none", "selective"):
+        return 2 * tokens * eager_saved_elements(model, t, layout.sp, layout.recompute == "selective")
     if layout.recompute == "full":
         return 2 * tokens * h / (t if layout.sp else 1)
     if layout.recompute == "op":  # the block's input, the saved matmul outputs and the attention output (tp=1)
@@ -170,6 +173,33 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, 
     scores = 5 * model.heads * s if layout.recompute == "none" and not fused_attention else 0
     per_token = unsplit / (t if layout.sp else 1) + (attn_split + mlp_split + scores) / t
     return per_token * tokens
+
+
+def zero_copy_bytes(precision: str, zero: int) -> int:
+    """Bytes per parameter, sharded as the optimizer state, that ZeRO-1/2 add in fp32: a master shard for the
+    optimizer to update and the shard gradient the reduce-scatter lands in (stage 1 keeps it beside the full
+    gradient; stage 2's is the gradient counted already). DeepSpeed's stage 1/2 optimizer keeps both whatever
+    the precision (its fp32 partitions), as parallel/zero.py does; mixed precision counts the master among its
+    12 bytes."""
+    if precision != "fp32" or zero not in (1, 2):
+        return 0
+    return 4 + (4 if zero == 1 else 0)
+
+
+def eager_saved_elements(model: ModelSpec, tp: int, sp: bool, selective: bool) -> float:
+    """Elements per token one block of our runtime (runtime/model.py) keeps for backward when every operator
+    runs eagerly ([software] fused_elementwise = false), as autograd saves them (tests/test_cost_memory.py
+    counts them with saved-tensor hooks): per RMSNorm its input, rsqrt and normalised output, (LayerNorm: input,
+    mean and rstd) sharded by SP, and the projection's input, gathered whole; for attention the query, key and
+    value as the fused kernel sees them (keys and values expanded to the query heads), its output and log-sum-
+    exp (RoPE multiplies by constant tables and keeps nothing); SwiGLU's gate, up, silu and product (GeLU: input
+    and output). Selective recompute keeps the projections' outputs and the attention output instead."""
+    q = model.heads * model.head_dim / tp
+    kv = kv_heads_per_rank(model.kv_heads, tp) * model.head_dim
+    width = ((model.top_k + model.shared_experts) * model.expert_ffn if model.is_moe else model.ffn) / tp
+    norm = (model.hidden + 2 if model.biases else 2 * model.hidden + 1) / (tp if sp else 1) + model.hidden
+    attention = q + 2 * kv + q if selective else 4 * q + model.heads / tp
+    return 2 * norm + attention + (4 if model.mlp == "swiglu" else 2) * width
 
 
 def inflight_microbatches(layout: Layout, m: int) -> float:
@@ -210,7 +240,7 @@ def _held(layers: int, pp: int, vpp: int, schedule: str, v_shape: bool, m: int) 
 
 
 def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, precision: str = "bf16",
-                      fused_attention: bool = True) -> Memory:
+                      fused_attention: bool = True, eager: bool = False) -> Memory:
     layout = layout.resolve_mbs(global_batch)
     m = layout.microbatches(global_batch)
     bytes_ = PRECISIONS[precision]
@@ -220,21 +250,30 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
     shard, expert_shard = layout.shard_size, layout.dp * layout.cp // layout.ep
     params = zero_held(p, e, layout.zero, 3, shard, expert_shard) * bytes_["params"]
     grads = zero_held(p, e, layout.zero, 2, shard, expert_shard) * bytes_["grads"]
-    optimizer = zero_held(p, e, layout.zero, 1, shard, expert_shard) * bytes_["optimizer"]
+    optimizer = zero_held(p, e, layout.zero, 1, shard, expert_shard) * (bytes_["optimizer"]
+                                                                       + zero_copy_bytes(precision, layout.zero))
     tokens = layout.mbs * model.seq / layout.cp
     scale = bytes_["compute"] / 2
     # The first rank (busiest in activations) holds its layers for each micro-batch in flight; the embedding
     # counts as a layer in the cut, so it holds fewer (Llama 3, Dubey et al. 2024 sec. 3.3.2, balances so).
     # Parameters are those of the busiest rank: a bound when the two differ.
-    per_layer = activation_bytes_per_layer(model, layout, tokens, fused_attention) * scale
+    per_layer = activation_bytes_per_layer(model, layout, tokens, fused_attention, eager) * scale
     acts = per_layer * held_layer_microbatches(model, layout, m)
     if layout.recompute in ("full", "op"):  # one layer is rebuilt at a time during backward
-        full = activation_bytes_per_layer(model, Layout(tp=layout.tp, sp=layout.sp, recompute="selective"), tokens)
-        acts += full * scale
+        acts += rebuilt_layer_bytes(model, layout.tp, layout.sp, tokens, fused_attention, eager) * scale
     # fp32 logits for the loss where the first rank also holds the head (counted once: freed right away).
     if last_rank(layout) == 0:
         acts += 4 * tokens * model.vocab / layout.tp
     return Memory(params=params, grads=grads, optimizer=optimizer, activations=acts)
+
+
+def rebuilt_layer_bytes(model: ModelSpec, tp: int, sp: bool, tokens: float, fused_attention: bool,
+                        eager: bool) -> float:
+    """What the one layer rebuilt at a time under full or op recompute holds (2-byte activations): all it
+    saves, which a fused-attention Korthikanti count gives as the selective one; eagerly, everything."""
+    recompute = "none" if eager else "selective"
+    return activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute=recompute), tokens, fused_attention,
+                                      eager)
 
 
 def checkpointed_activation_bytes(model: ModelSpec, tokens: int, widths: tuple, dtype_bytes: int = 2) -> float:

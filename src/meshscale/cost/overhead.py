@@ -9,6 +9,8 @@ sizes). We charge it per operator of our runtime's LLaMA block. A preset Cluster
 and every term below is then zero (or the tier's figure).
 """
 
+from dataclasses import replace
+
 from meshscale.cost.comm import Link
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import Layout
@@ -49,3 +51,20 @@ def measured_link(cluster: ClusterSpec, collective: str, link: Link) -> Link:
         if kind == collective:
             return Link(link.tier, bandwidth, link.raw_bandwidth, latency, link.steps)
     return link
+
+
+def shared_cores(cluster: ClusterSpec, devices: int) -> ClusterSpec:
+    """The machine each rank sees when a CPU host runs more ranks than were calibrated at once: they share the
+    cores, each getting calibrated/ranks of them (processor sharing), so every measured rate slows by that
+    factor and every per-call host time grows by it. Accelerators (calibrated_ranks = 0) are unaffected."""
+    per_host = min(devices, cluster.tiers[0].size or devices)
+    if not cluster.calibrated_ranks or per_host <= cluster.calibrated_ranks:
+        return cluster
+    f = per_host / cluster.calibrated_ranks
+    return replace(cluster, peak_flops_fp32=cluster.peak_flops_fp32 / f, peak_flops_bf16=cluster.peak_flops_bf16 / f,
+                   hbm_bandwidth=cluster.hbm_bandwidth / f, op_overhead_s=cluster.op_overhead_s * f,
+                   gemm_rates=tuple((*r[:-1], r[-1] / f) for r in cluster.gemm_rates),
+                   attention_rates=tuple((*r[:-1], r[-1] / f) for r in cluster.attention_rates),
+                   collectives=tuple((kind, lat * f, bw / f) for kind, lat, bw in cluster.collectives),
+                   tiers=tuple(replace(t, bandwidth=t.bandwidth / f, latency=t.latency * f) for t in cluster.tiers),
+                   calibrated_ranks=per_host)  # so that sharing it again changes nothing

@@ -92,7 +92,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     m = layout.microbatches(global_batch)
     devices = layout.devices
     act_bytes = PRECISIONS[precision]["compute"]
-    peak = cluster.peak_flops(precision)
+    peak = cluster.peak_flops(precision)  # MFU counts against the device's own peak, shared or not
+    cluster = overhead.shared_cores(cluster, devices)
     tokens = layout.mbs * model.seq / layout.cp  # per device per micro-batch, before TP
     sw = cluster.software
 
@@ -149,7 +150,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
                    "other_microbatch": compute_s * (m - 1) / m, "gemm": gemm_s,
                    "wgrad": m * passes.weight * column_parallel_share(model, layout)}
         hidden_by, shown = windows.get(overlap, 0.0), _shown(overlap, t, calls, layout.tp, m)
-        exposed = max(t - hidden_by, shown)
+        exposed = exposed_seconds(t, hidden_by, shown, sw.overlap_efficiency)
         if axis in ("dp", "dp_replicate", "edp"):
             dp_exposed += exposed
         else:
@@ -159,9 +160,11 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         entries.append(CommEntry(ledger_axis, collective, nbytes, t, exposed, link.tier, calls, size, overlap,
                                  hidden_by, shown))
 
+    critical_path += control_seconds(cluster, devices, layout)
     ratio = bubble_ratio(layout, m, passes)
     bubble_s = ratio * (compute_s + critical_path)
-    mem = memory_per_device(model, layout, global_batch, precision, cluster.fused_attention)
+    mem = memory_per_device(model, layout, global_batch, precision, cluster.fused_attention,
+                            eager=not sw.fused_elementwise)
     optimizer_s = 2 * (mem.params + mem.grads + mem.optimizer) / cluster.hbm_bandwidth  # read + write
     optimizer_s += overhead.optimizer_seconds(cluster, n_layers, first or last)
     step = compute_s + critical_path + bubble_s + dp_exposed + optimizer_s
@@ -186,6 +189,27 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         memory_per_device_bytes=mem.to_dict(), comm=[dict(e.__dict__) for e in entries],
         bound=bound if fits else "memory", regime=regime(model, cluster, layout, n_tokens),
         checkpoint_bytes_per_device=ckpt_device, checkpoint_bytes_total=ckpt_total)
+
+
+def exposed_seconds(t: float, hidden_by: float, shown: float, efficiency: float = 1.0) -> float:
+    """What shows of a collective of `t` seconds behind `hidden_by` seconds of compute, `shown` showing
+    anyway (`_shown`), when compute hides only `efficiency` of what it overlaps ([software]
+    overlap_efficiency)."""
+    exposed = max(t - hidden_by, shown)
+    return exposed + (1 - efficiency) * (t - exposed)
+
+
+def control_seconds(cluster: ClusterSpec, devices: int, layout: Layout) -> float:
+    """The small all-reduces of a step besides its traffic, latency-bound and not in the comm ledger: the
+    gradient norm for clipping over the groups that split the gradient (Megatron-LM optimizer/clip_grads.py:
+    the model-parallel group, and the data-parallel one where gradients are sharded), the loss averaged over
+    the replicas for logging (Megatron-LM's average_losses_across_data_parallel_group), and the non-finite
+    check every rank joins (Megatron-LM's found_inf; runtime/guards.py)."""
+    t, c, d = layout.tp, layout.cp, layout.dp
+    groups = [(t, 1), (layout.pp, t * c * d), (d * c, t), (devices, 1)]
+    if layout.zero >= 2:
+        groups.append(_axis_group(layout, "dp"))
+    return sum(_time(cluster, devices, layout, None, "all_reduce", 8, 1, (n, stride)) for n, stride in groups if n > 1)
 
 
 def grad_reduce_bytes(sw, precision: str) -> int:
@@ -322,8 +346,9 @@ def eager_forward_elements(model: ModelSpec, tp: int, sp: bool) -> float:
     return hidden + 10 * (q + kv) + repeat + 2 * q + (5 if model.mlp == "swiglu" else 2) * width
 
 
-def _time(cluster, devices, layout, axis, collective, nbytes, calls) -> float:
-    size, stride = _axis_group(layout, axis)
+def _time(cluster, devices, layout, axis, collective, nbytes, calls, group=None) -> float:
+    """Seconds of a collective over an axis's group (or over `group`, (size, stride))."""
+    size, stride = group or _axis_group(layout, axis)
     link = overhead.measured_link(cluster, collective, comm.group_link(cluster, devices, size, stride))
     return comm.collective_time(collective, nbytes, calls, size, link)
 

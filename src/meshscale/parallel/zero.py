@@ -153,7 +153,7 @@ class Zero:
         for p in bucket.params:
             if skip(self._names[p]):
                 mask[bucket.offsets[p]:bucket.offsets[p] + p.numel()] = 0.0
-        return mask[self.rank * bucket.shard_numel:(self.rank + 1) * bucket.shard_numel]
+        return mask[self.rank * bucket.shard_numel:(self.rank + 1) * bucket.shard_numel].clone()  # not the whole
 
     def after_step(self) -> None:
         launched = []

@@ -18,7 +18,7 @@ from meshscale.cost import comm, predict
 from meshscale.cost.kernels import attention_core_seconds, counted_seconds, kernel_shape
 from meshscale.cost.memory import (PRECISIONS, _expert_params_per_rank, _held, _params_per_rank,
                                    activation_bytes_per_layer, busiest_rank, expert_params_on_rank, params_on_rank,
-                                   root_params_on_rank, stage_layers)
+                                   rebuilt_layer_bytes, root_params_on_rank, stage_layers, zero_copy_bytes)
 from meshscale.cost.pipeline import schedule_bubble
 from meshscale.cost.step import Prediction, elementwise_seconds, grad_reduce_bytes, rank_kinds
 from meshscale.errors import UserError
@@ -183,13 +183,15 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         p_v, e_v = _busiest(model, tp, ep, pp, 2 * pp, True) if pp > 1 and 2 * pp <= model.layers else (p_std, e_std)
         params, experts = np.where(is_v, p_v, p_std), np.where(is_v, e_v, e_std)
         dense = params - experts
+        copies = np.select([z == 1, z == 2], [zero_copy_bytes(precision, 1), zero_copy_bytes(precision, 2)], 0)
         static = sum(b * (dense / np.where(z >= stage, shard, 1) + experts / np.where(z >= stage, dp * cp // ep, 1))
-                     for b, stage in ((bytes_["params"], 3), (bytes_["grads"], 2), (bytes_["optimizer"], 1)))
+                     for b, stage in ((bytes_["params"], 3), (bytes_["grads"], 2), (bytes_["optimizer"] + copies, 1)))
         scale = bytes_["compute"] / 2
+        eager = not cluster.software.fused_elementwise
         per_token = np.array([[activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute=r), 1,
-                                                          cluster.fused_attention)
+                                                          cluster.fused_attention, eager)
                                for r in RECOMPUTE] for sp in sps]) * scale
-        rebuild = np.array([activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute="selective"), 1)
+        rebuild = np.array([rebuilt_layer_bytes(model, tp, sp, 1, cluster.fused_attention, eager)
                             for sp in sps]) * scale
         tokens = mbs * model.seq / cp
         held = {(k, mm): _held(model.layers, pp, scheds[k][1], names[k], names[k] in ("zbv", "dualpipev") and pp > 1,

@@ -28,8 +28,8 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-def _timed(fn, device, repeat: int) -> float:
-    """Median seconds of `fn` after one warm-up call."""
+def _timed(fn, device, repeat: int, stat=statistics.median) -> float:
+    """Median (or `stat`) seconds of `fn` after one warm-up call."""
     fn()
     times = []
     for _ in range(repeat):
@@ -40,7 +40,7 @@ def _timed(fn, device, repeat: int) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return stat(times)
 
 
 def gemm_rates(device, dtype, repeat: int) -> list[tuple]:
@@ -92,8 +92,10 @@ def op_overhead(device, repeat: int) -> float:
 
 
 def collective_times(device, repeat: int, sizes=MESSAGE_BYTES) -> dict:
-    """{kind: [(bytes, seconds)]} for the world group, bytes as the comm ledger counts them (the full
-    buffer; send_recv: what one rank sends, ranks pairing up 0-1, 2-3, ...)."""
+    """{kind: [(bytes, mean seconds)]} for the world group, bytes as the comm ledger counts them (the full
+    buffer; send_recv: what one rank sends, ranks pairing up 0-1, 2-3, ...). The mean, not the median: a step
+    pays every call, and on a shared host a quarter of small gloo calls take several times the median (a
+    thread wakes late), which the median hides."""
     world, rank = dist.get_world_size(), dist.get_rank()
     out = {kind: [] for kind in KINDS}
     for nbytes in sizes:
@@ -116,8 +118,34 @@ def collective_times(device, repeat: int, sizes=MESSAGE_BYTES) -> dict:
                  "send_recv": send_recv}
         for kind, fn in calls.items():
             dist.barrier()
-            out[kind].append((full.nbytes, _timed(fn, device, repeat)))
+            out[kind].append((full.nbytes, _timed(fn, device, repeat, statistics.mean)))
     return out
+
+
+def overlap_efficiency(device, repeat: int) -> float:
+    """The fraction of a gradient-sized all-reduce that compute running beside it hides: GEMMs alone (tc),
+    the all-reduce alone (tm), then the all-reduce launched asynchronously under the same GEMMs (tb);
+    hidden = (tc + tm - tb) / tm, clipped to [0, 1]. Near 1 where a separate engine moves the data; on a CPU
+    the collective's threads take the cores the GEMMs need (the slowdown of compute under concurrent
+    communication that Echo and Lumos measure on GPUs, here in full)."""
+    a, b = torch.randn(512, 512, device=device), torch.randn(512, 512, device=device)
+    buf = torch.randn(2**20, device=device)  # 4 MiB
+
+    def compute():
+        for _ in range(24):
+            a @ b
+
+    def overlapped():
+        work = dist.all_reduce(buf, async_op=True)
+        compute()
+        work.wait()
+
+    def timed(fn):
+        dist.barrier()
+        return _timed(fn, device, repeat)
+
+    tc, tm, tb = timed(compute), timed(lambda: dist.all_reduce(buf)), timed(overlapped)
+    return min(1.0, max(0.0, (tc + tm - tb) / tm))
 
 
 def alpha_beta(kind: str, samples: list[tuple], n: int) -> tuple[float, float]:
@@ -138,7 +166,8 @@ def measure(device, quick: bool) -> dict:
               "bandwidth": memory_bandwidth(device, repeat), "op_overhead": op_overhead(device, repeat)}
     if dist.is_initialized() and dist.get_world_size() > 1:
         sizes = MESSAGE_BYTES[::3] if quick else MESSAGE_BYTES
-        result["collectives"] = collective_times(device, repeat, sizes)
+        result["collectives"] = collective_times(device, repeat if quick else 40, sizes)
+        result["overlap"] = overlap_efficiency(device, repeat)
     return result
 
 
@@ -159,6 +188,11 @@ def cluster_fields(per_rank: list[dict], device, nproc: int, method: str) -> dic
               "matmul_efficiency": 1.0,
               "op_overhead_s": med(r["op_overhead"] for r in per_rank),
               "attention_rates": attention, "gemm_rates": gemm, "default_devices": nproc}
+    if device.type == "cpu":
+        # The ranks measured at once share this host's cores; a job with more ranks per host shares them too.
+        # Our runtime runs each element-wise operator eagerly and keeps what autograd saves (cost/memory.py).
+        fields["calibrated_ranks"] = nproc
+        fields["software"] = {"fused_elementwise": False}
     if "collectives" in first:
         kinds = []
         for kind in KINDS:
@@ -167,6 +201,7 @@ def cluster_fields(per_rank: list[dict], device, nproc: int, method: str) -> dic
             kinds.append((kind, *alpha_beta(kind, samples, nproc)))
         ar = next(k for k in kinds if k[0] == "all_reduce")
         # The tier carries the fastest kind's bandwidth, so the planner's latency-free bound stays a bound.
+        fields.setdefault("software", {})["overlap_efficiency"] = med(r["overlap"] for r in per_rank)
         fields["tiers"] = [{"name": "nvlink" if device.type == "cuda" else "loopback", "size": 0,
                             "bandwidth": max(k[2] for k in kinds), "latency": ar[1], "efficiency": 1.0}]
         fields["collectives"] = kinds
@@ -186,6 +221,8 @@ def _gpu_base(device) -> str:
 def to_toml(fields: dict) -> str:
     """TOML text of the fields (numbers, strings, arrays of rows, one table of tiers, one of provenance)."""
     def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
         if isinstance(v, str):
             return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
         if isinstance(v, (list, tuple)):
@@ -193,7 +230,7 @@ def to_toml(fields: dict) -> str:
         return repr(v)
 
     lines = ["# Written by `meshscale calibrate`: the base preset with what was measured on this machine."]
-    tables = {k: fields[k] for k in ("tiers", "calibration") if k in fields}
+    tables = {k: fields[k] for k in ("tiers", "software", "calibration") if k in fields}
     for key, v in fields.items():
         if key in tables:
             continue
@@ -203,8 +240,9 @@ def to_toml(fields: dict) -> str:
             lines.append(f"{key} = {value(v)}")
     for tier in tables.get("tiers", []):
         lines += ["", "[[tiers]]"] + [f"{k} = {value(x)}" for k, x in tier.items()]
-    if "calibration" in tables:
-        lines += ["", "[calibration]"] + [f"{k} = {value(x)}" for k, x in tables["calibration"].items()]
+    for table in ("software", "calibration"):
+        if table in tables:
+            lines += ["", f"[{table}]"] + [f"{k} = {value(x)}" for k, x in tables[table].items()]
     return "\n".join(lines) + "\n"
 
 

@@ -32,7 +32,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from meshscale.cost import predict
-from meshscale.cost.step import chunk_passes, rank_passes
+from meshscale.cost.overhead import shared_cores
+from meshscale.cost.step import chunk_passes, exposed_seconds, rank_passes
 from meshscale.errors import UserError
 from meshscale.sim import engine
 from meshscale.sim.schedule import rank_orders, stage_owner
@@ -104,6 +105,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batc
     layout = layout.resolve_mbs(global_batch)
     m = layout.microbatches(global_batch)
     pred = predict(model, cluster, layout, global_batch, precision)
+    cluster = shared_cores(cluster, layout.devices)  # the machine each rank sees, as predict costs it
     stragglers, slow_links = stragglers or {}, slow_links or {}
     per_stage = layout.devices // layout.pp
     ring = defaultdict(lambda: 1.0)  # pp rank -> how much slower its data-parallel rings run
@@ -154,6 +156,7 @@ def _durations(model, cluster, layout, precision, pred, ring):
     send_for(slow links) -> the seconds of a stage-boundary send between two ranks, and the FSDP share of a
     pass (None without FSDP); `ring` slows each pipeline rank's data-parallel traffic. Keys are pp ranks."""
     chunk = [chunk_passes(model, cluster, layout, c, precision) for c in range(layout.stages)]
+    efficiency = cluster.software.overlap_efficiency
     inline = [e for e in pred.comm if e["axis"] in INLINE_AXES]
     pp_entry = next((e for e in pred.comm if e["axis"] == "pp"), None)
     send_s = pp_entry["time_s"] / pp_entry["calls"] if pp_entry else 0.0
@@ -163,7 +166,8 @@ def _durations(model, cluster, layout, precision, pred, ring):
                 "W": lambda c: c.weight}
 
     def exposed(factor: float) -> float:  # the inline collectives at `factor` times their time (predict's rule)
-        return sum(max(factor * e["time_s"] - e["hidden_by_s"], factor * e["shown_s"]) for e in inline)
+        return sum(exposed_seconds(factor * e["time_s"], e["hidden_by_s"], factor * e["shown_s"], efficiency)
+                   for e in inline)
 
     def seconds_for(slow: dict, links: dict):
         inline_s = {r: exposed(links.get(r, 1.0)) for r in range(layout.pp)}

@@ -45,6 +45,10 @@ class Software:
     # Element-wise work (norms, RoPE, activations, residuals) in fused kernels (Megatron's fused norm and bias-
     # activation kernels, XLA, torch.compile); false: one kernel per operator, as eager PyTorch runs it.
     fused_elementwise: bool = True
+    # Fraction of an overlapped collective that the compute beside it really hides: 1 where a separate engine
+    # moves the data (NCCL on GPUs, ICI DMA on TPUs); calibrate measures it where collectives and compute share
+    # the cores (gloo on a CPU: near 0).
+    overlap_efficiency: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,9 @@ class ClusterSpec:
     gemm_rates: tuple = ()  # (m, n, k, FLOP/s): fp32 GEMM throughput over shapes
     collectives: tuple = ()  # (collective, latency per step s, bus bandwidth B/s) over tier 0
     calibration: tuple = ()  # provenance, (key, value): date, host, torch, nproc, method
+    # CPU hosts: how many ranks per host ran at once when the rates above were measured (calibrate's --nproc);
+    # a job with more ranks per host shares the same cores (cost/overhead.py). 0: devices do not share compute.
+    calibrated_ranks: int = 0
     # Power per device (W) for energy per token: board power when busy, idle power otherwise (see POWER_W).
     board_power_w: float = 0.0
     idle_power_w: float = 0.0
@@ -117,6 +124,10 @@ class ClusterSpec:
                 raise UserError(f"cluster {self.name}: tier {t.name} needs bandwidth > 0, efficiency in (0, 1], "
                                 "latency >= 0, size >= 0")
 
+        if not 0 <= self.software.overlap_efficiency <= 1:
+            raise UserError(f"cluster {self.name}: [software] overlap_efficiency must be in [0, 1]")
+        if self.calibrated_ranks < 0:
+            raise UserError(f"cluster {self.name}: calibrated_ranks must be >= 0 (0: devices do not share cores)")
         if self.op_overhead_s < 0 or any(r[-1] <= 0 for r in self.attention_rates + self.gemm_rates):
             raise UserError(f"cluster {self.name}: op_overhead_s must be >= 0 and measured rates positive")
         if any(len(c) != 3 or c[1] < 0 or c[2] <= 0 for c in self.collectives):
