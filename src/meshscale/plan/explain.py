@@ -34,7 +34,7 @@ def explain(plan: Plan, model, cluster, devices: int, global_batch: int, precisi
     lines += [f"Winner {win.layout}: {ms(win.step_time_s)} per step, MFU {win.mfu:.1%}, "
              f"{win.memory_per_device_bytes['total'] / 1e9:,.1f} of {cluster.hbm_bytes / 1e9:,.0f} GB per device; "
              f"{_dominant(win)}."]
-    lines.append(_pure_dp(model, cluster, devices, global_batch, precision, capacity, per_device))
+    lines.append(_pure_dp(model, cluster, devices, global_batch, precision, capacity, per_device, headroom, plan))
     lines.append(_pure_fsdp(model, cluster, devices, global_batch, precision, headroom, per_device, win, plan))
     lines.append(_why_tp(model, cluster, devices, global_batch, precision, headroom, layout, win, plan.fixed))
     lines.append(_across_nodes(model, layout, win, global_batch, precision))
@@ -69,7 +69,7 @@ def _dominant(pred) -> str:
     return f"time goes to {shown}"
 
 
-def _pure_dp(model, cluster, devices, batch, precision, capacity, per_device) -> str:
+def _pure_dp(model, cluster, devices, batch, precision, capacity, per_device, headroom, plan) -> str:
     b = PRECISIONS[precision]
     per_param = b["params"] + b["grads"] + b["optimizer"]
     state = model.param_count() * per_param
@@ -78,11 +78,17 @@ def _pure_dp(model, cluster, devices, batch, precision, capacity, per_device) ->
                 f"({per_param} B/param) against {gb(capacity)} usable HBM per device.")
     if batch % devices:
         return f"Pure DP cannot split {batch} sequences over {devices} devices (it needs dp to divide the batch)."
-    pred = predict(model, cluster, Layout(dp=devices, mbs=1, recompute="full"), batch, precision)
+    # the best replicated layout (every device a whole copy, zero=0), with the plan's other fixed values
+    found = search(model, cluster, devices, batch, precision, top=1, headroom=headroom,
+                   where=lambda tp, pp, cp, dp, ep: tp == pp == cp == ep == 1,
+                   fix={**_except(plan.fixed, "tp", "pp", "dp", "cp", "ep", "zero", "shard"), "zero": 0}).ranked
+    if not found:
+        return "Pure DP (a whole replica on every device) has no layout that fits."
+    pred = found[0]
     crit = pred.regime.get("critical_tokens") or 0
     side = "below" if per_device < crit else "above"
-    return (f"Pure DP fits ({gb(pred.memory_per_device_bytes['total'])}) with {per_device:,.0f} tokens per device, "
-            f"{side} its critical batch {crit:,.0f} (C/W); predicted {ms(pred.step_time_s)}.")
+    return (f"Pure DP ({pred.layout}) fits ({gb(pred.memory_per_device_bytes['total'])}) with {per_device:,.0f} "
+            f"tokens per device, {side} its critical batch {crit:,.0f} (C/W); predicted {ms(pred.step_time_s)}.")
 
 
 def _pure_fsdp(model, cluster, devices, batch, precision, headroom, per_device, win, plan) -> str:

@@ -28,11 +28,13 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-def _timed(fn, device, repeat: int, stat=statistics.median) -> float:
-    """Median (or `stat`) seconds of `fn` after one warm-up call."""
+def _timed(fn, device, repeat: int, stat=statistics.median, before=None) -> float:
+    """Median (or `stat`) seconds of `fn` after one warm-up call; `before` runs untimed ahead of each call."""
     fn()
     times = []
     for _ in range(repeat):
+        if before is not None:
+            before()
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
@@ -93,10 +95,18 @@ def op_overhead(device, repeat: int) -> float:
 
 def collective_times(device, repeat: int, sizes=MESSAGE_BYTES) -> dict:
     """{kind: [(bytes, mean seconds)]} for the world group, bytes as the comm ledger counts them (the full
-    buffer; send_recv: what one rank sends, ranks pairing up 0-1, 2-3, ...). The mean, not the median: a step
-    pays every call, and on a shared host a quarter of small gloo calls take several times the median (a
-    thread wakes late), which the median hides."""
+    buffer; send_recv: what one rank sends, ranks pairing up 0-1, 2-3, ...). Each call follows a few
+    milliseconds of GEMMs, as in a step: the ranks arrive with the skew compute leaves between them and the
+    collective's threads wake from idle, which costs gloo on a shared CPU about twice a back-to-back call.
+    The mean, not the median: a step pays every call, and a quarter of small gloo calls take several times
+    the median (a thread wakes late)."""
     world, rank = dist.get_world_size(), dist.get_rank()
+    a, b = torch.randn(256, 256, device=device), torch.randn(256, 256, device=device)
+
+    def compute():
+        for _ in range(4):
+            a @ b
+
     out = {kind: [] for kind in KINDS}
     for nbytes in sizes:
         numel = nbytes // 4 // world * world
@@ -118,7 +128,7 @@ def collective_times(device, repeat: int, sizes=MESSAGE_BYTES) -> dict:
                  "send_recv": send_recv}
         for kind, fn in calls.items():
             dist.barrier()
-            out[kind].append((full.nbytes, _timed(fn, device, repeat, statistics.mean)))
+            out[kind].append((full.nbytes, _timed(fn, device, repeat, statistics.mean, compute)))
     return out
 
 
