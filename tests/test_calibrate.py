@@ -47,8 +47,16 @@ def test_calibrate_writes_a_cluster_spec_that_predict_uses(calibrated):
     # our eager runtime, two ranks sharing the host's cores, and how much of a collective compute hides here
     assert cluster.calibrated_ranks == 2 and not cluster.software.fused_elementwise
     assert 0 <= cluster.software.overlap_efficiency <= 1
-    # Each measured term enters the prediction: without them the same spec predicts a different step.
+    # FSDP2's own host time enters zero=3 only: per unit and micro-batch, per sharded tensor in the update
+    assert cluster.fsdp_unit_overhead_s > 0 and cluster.fsdp_tensor_overhead_s > 0
     tiny, layout = load_model("tiny"), Layout(dp=2, zero=2)
+    no_fsdp = replace(cluster, fsdp_unit_overhead_s=0.0, fsdp_tensor_overhead_s=0.0)
+    fsdp = Layout(dp=2, zero=3, mbs=4)  # 2 micro-batches of the 16 sequences
+    extra = predict(tiny, cluster, fsdp, 16, "fp32").compute_s - predict(tiny, no_fsdp, fsdp, 16, "fp32").compute_s
+    assert extra == pytest.approx(2 * (tiny.layers + 1) * cluster.fsdp_unit_overhead_s)
+    assert predict(tiny, cluster, layout, 16, "fp32").step_time_s == predict(tiny, no_fsdp, layout, 16,
+                                                                             "fp32").step_time_s
+    # Each measured term enters the prediction: without them the same spec predicts a different step.
     full = predict(tiny, cluster, layout, 16, "fp32")
     bare = predict(tiny, replace(cluster, op_overhead_s=0.0), layout, 16, "fp32")
     host = overhead.compute_seconds(tiny, cluster, layout.resolve_mbs(16), 1, tiny.layers, True)

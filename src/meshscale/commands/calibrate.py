@@ -41,5 +41,7 @@ def summary(path: str) -> str:
     return (f"wrote {path} ({c.name}, base {dict(c.calibration).get('device', '')})\n"
             f"GEMM GFLOP/s: {rates}\n"
             f"attention GFLOP/s: {attn}\nmemory bandwidth {c.hbm_bandwidth / 1e9:.1f} GB/s; "
-            f"{c.op_overhead_s * 1e6:.1f} us per operator\n"
+            f"{c.op_overhead_s * 1e6:.1f} us per operator; FSDP2 {c.fsdp_unit_overhead_s * 1e6:.0f} us per unit, "
+            f"{c.fsdp_tensor_overhead_s * 1e6:.0f} us per sharded tensor update; compute hides "
+            f"{c.software.overlap_efficiency:.0%} of an overlapped collective\n"
             + (f"collectives (bus bandwidth, latency per step): {kinds}" if kinds else "collectives: one process, none measured"))

@@ -33,13 +33,16 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, m: i
     recompute = {"full": FORWARD_OPS_PER_LAYER, "op": FORWARD_OPS_PER_LAYER,
                  "selective": SELECTIVE_OPS_PER_LAYER}.get(layout.recompute, 0)
     ops = m * (n_layers * (FORWARD_OPS_PER_LAYER + BACKWARD_OPS_PER_LAYER + recompute) + (ROOT_OPS if root else 0))
-    return ops * cluster.op_overhead_s
+    # FSDP2 (zero=3) wraps each block, and the root, in a unit with its own gather, reshard and reduce hooks
+    fsdp = m * (n_layers + 1) * cluster.fsdp_unit_overhead_s if layout.zero == 3 else 0.0
+    return ops * cluster.op_overhead_s + fsdp
 
 
-def optimizer_seconds(cluster: ClusterSpec, n_layers: int, root: bool) -> float:
-    """Host time of the per-tensor optimizer update on one rank."""
+def optimizer_seconds(cluster: ClusterSpec, layout: Layout, n_layers: int, root: bool) -> float:
+    """Host time of the per-tensor optimizer update on one rank (DTensor dispatch for FSDP2's sharded ones)."""
     tensors = n_layers * TENSORS_PER_LAYER + (ROOT_TENSORS if root else 0)
-    return tensors * OPTIMIZER_OPS_PER_TENSOR * cluster.op_overhead_s
+    fsdp = cluster.fsdp_tensor_overhead_s if layout.zero == 3 else 0.0
+    return tensors * (OPTIMIZER_OPS_PER_TENSOR * cluster.op_overhead_s + fsdp)
 
 
 def measured_link(cluster: ClusterSpec, collective: str, link: Link) -> Link:
@@ -63,6 +66,8 @@ def shared_cores(cluster: ClusterSpec, devices: int) -> ClusterSpec:
     f = per_host / cluster.calibrated_ranks
     return replace(cluster, peak_flops_fp32=cluster.peak_flops_fp32 / f, peak_flops_bf16=cluster.peak_flops_bf16 / f,
                    hbm_bandwidth=cluster.hbm_bandwidth / f, op_overhead_s=cluster.op_overhead_s * f,
+                   fsdp_unit_overhead_s=cluster.fsdp_unit_overhead_s * f,
+                   fsdp_tensor_overhead_s=cluster.fsdp_tensor_overhead_s * f,
                    gemm_rates=tuple((*r[:-1], r[-1] / f) for r in cluster.gemm_rates),
                    attention_rates=tuple((*r[:-1], r[-1] / f) for r in cluster.attention_rates),
                    collectives=tuple((kind, lat * f, bw / f) for kind, lat, bw in cluster.collectives),

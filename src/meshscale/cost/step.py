@@ -166,7 +166,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     mem = memory_per_device(model, layout, global_batch, precision, cluster.fused_attention,
                             eager=not sw.fused_elementwise)
     optimizer_s = 2 * (mem.params + mem.grads + mem.optimizer) / cluster.hbm_bandwidth  # read + write
-    optimizer_s += overhead.optimizer_seconds(cluster, n_layers, first or last)
+    optimizer_s += overhead.optimizer_seconds(cluster, layout, n_layers, first or last)
     step = compute_s + critical_path + bubble_s + dp_exposed + optimizer_s
 
     n_tokens = global_batch * model.seq

@@ -93,6 +93,33 @@ def op_overhead(device, repeat: int) -> float:
     return _timed(chain, device, repeat) / (2 * n + 2)
 
 
+def fsdp_overhead(device, repeat: int) -> tuple[float, float]:
+    """Host seconds FSDP2 adds beyond its collectives: per unit for one forward + backward, and per parameter
+    tensor for one AdamW update of sharded (DTensor) parameters. Measured with `fully_shard` on a one-rank
+    mesh, so nothing travels: eight Linear(32, 32) units against the same stack unsharded."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    from meshscale.runtime.optim import build_optimizer
+
+    alone = [dist.new_group([r]) for r in range(dist.get_world_size())][dist.get_rank()]  # every rank makes each
+    x = torch.randn(16, 32, device=device)
+    times = []
+    for shard in (False, True):
+        torch.manual_seed(0)
+        units = torch.nn.Sequential(*(torch.nn.Linear(32, 32) for _ in range(8))).to(device)
+        if shard:
+            mesh = DeviceMesh.from_group(alone, device.type)
+            for unit in units:
+                fully_shard(unit, mesh=mesh)
+        optimizer = build_optimizer(list(units.parameters()), 1e-3, 0.1)
+        times.append((_timed(lambda: units(x).sum().backward(), device, repeat),
+                      _timed(optimizer.step, device, repeat)))
+    dist.destroy_process_group(alone)
+    (plain_pass, plain_opt), (sharded_pass, sharded_opt) = times
+    return max(0.0, sharded_pass - plain_pass) / 8, max(0.0, sharded_opt - plain_opt) / 16
+
+
 def collective_times(device, repeat: int, sizes=MESSAGE_BYTES) -> dict:
     """{kind: [(bytes, mean seconds)]} for the world group, bytes as the comm ledger counts them (the full
     buffer; send_recv: what one rank sends, ranks pairing up 0-1, 2-3, ...). Each call follows a few
@@ -178,6 +205,7 @@ def measure(device, quick: bool) -> dict:
         sizes = MESSAGE_BYTES[::3] if quick else MESSAGE_BYTES
         result["collectives"] = collective_times(device, repeat if quick else 40, sizes)
         result["overlap"] = overlap_efficiency(device, repeat)
+        result["fsdp"] = fsdp_overhead(device, repeat)
     return result
 
 
@@ -212,6 +240,8 @@ def cluster_fields(per_rank: list[dict], device, nproc: int, method: str) -> dic
         ar = next(k for k in kinds if k[0] == "all_reduce")
         # The tier carries the fastest kind's bandwidth, so the planner's latency-free bound stays a bound.
         fields.setdefault("software", {})["overlap_efficiency"] = med(r["overlap"] for r in per_rank)
+        fields["fsdp_unit_overhead_s"] = med(r["fsdp"][0] for r in per_rank)
+        fields["fsdp_tensor_overhead_s"] = med(r["fsdp"][1] for r in per_rank)
         fields["tiers"] = [{"name": "nvlink" if device.type == "cuda" else "loopback", "size": 0,
                             "bandwidth": max(k[2] for k in kinds), "latency": ar[1], "efficiency": 1.0}]
         fields["collectives"] = kinds

@@ -80,6 +80,8 @@ class ClusterSpec:
     # Measured on the machine in hand by `meshscale calibrate` (runtime/calibrate.py); presets leave them
     # empty. cost/kernels.py uses the rates, cost/overhead.py the operator and collective figures.
     op_overhead_s: float = 0.0  # host time per framework operator (Python, dispatch, autograd), tiny tensors
+    fsdp_unit_overhead_s: float = 0.0  # FSDP2's host time per unit for one forward + backward, besides traffic
+    fsdp_tensor_overhead_s: float = 0.0  # and per sharded (DTensor) parameter tensor in one optimizer update
     attention_rates: tuple = ()  # (seq, head_dim, FLOP/s): fp32 causal attention forward + backward
     gemm_rates: tuple = ()  # (m, n, k, FLOP/s): fp32 GEMM throughput over shapes
     collectives: tuple = ()  # (collective, latency per step s, bus bandwidth B/s) over tier 0
@@ -128,8 +130,9 @@ class ClusterSpec:
             raise UserError(f"cluster {self.name}: [software] overlap_efficiency must be in [0, 1]")
         if self.calibrated_ranks < 0:
             raise UserError(f"cluster {self.name}: calibrated_ranks must be >= 0 (0: devices do not share cores)")
-        if self.op_overhead_s < 0 or any(r[-1] <= 0 for r in self.attention_rates + self.gemm_rates):
-            raise UserError(f"cluster {self.name}: op_overhead_s must be >= 0 and measured rates positive")
+        if min(self.op_overhead_s, self.fsdp_unit_overhead_s, self.fsdp_tensor_overhead_s) < 0 or any(r[-1] <= 0 for r in self.attention_rates + self.gemm_rates):
+            raise UserError(f"cluster {self.name}: op_overhead_s and the fsdp overheads must be >= 0 and measured "
+                            "rates positive")
         if any(len(c) != 3 or c[1] < 0 or c[2] <= 0 for c in self.collectives):
             raise UserError(f"cluster {self.name}: each of collectives needs collective, latency >= 0, "
                             "bandwidth > 0")
