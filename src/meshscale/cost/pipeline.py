@@ -43,11 +43,15 @@ def schedule_bubble(schedule: str, p: int, v: int, m, f=1.0, b=1.0, w=1.0, maxim
     return (p - 1) / m
 
 
-def bubble_ratio(layout: Layout, m: int, passes=None) -> float:
-    """Bubble over ideal compute; `passes` (cost.kernels.Passes of the slowest rank) gives F, B, W, else
-    they are taken equal."""
-    fbw = (passes.forward, passes.backward, passes.weight) if passes else ()
-    return schedule_bubble(layout.schedule, layout.pp, layout.vpp, m, *fbw)
+def bubble_ratio(layout: Layout, m: int, slowest=None, others=None) -> float:
+    """Bubble over the slowest rank's ideal compute; `slowest` and `others` (cost.kernels.Passes: the slowest
+    rank's, the other ranks' mean) give F, B, W, else they are taken equal (and `others` defaults to
+    `slowest`): the even bubble of the other ranks' passes (see the module docstring)."""
+    if slowest is None:
+        return schedule_bubble(layout.schedule, layout.pp, layout.vpp, m)
+    others = others or slowest
+    return schedule_bubble(layout.schedule, layout.pp, layout.vpp, m, others.forward, others.backward,
+                           others.weight) * others.total / slowest.total
 
 
 def slots(stages: int, microbatches: int) -> tuple[int, int]:

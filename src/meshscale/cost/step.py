@@ -97,7 +97,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     sw = cluster.software
 
     # Compute on the slowest pipeline rank: shape-aware kernels plus the memory-bound element-wise work.
-    passes = stage_passes(model, cluster, layout, precision)
+    passes, others, lead = pipeline_passes(model, cluster, layout, precision)
     elementwise = elementwise_seconds(model, cluster, layout, tokens, act_bytes)
     compute_s = m * passes.total
     attention_s = m * passes.attention
@@ -149,6 +149,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
                    "other_microbatch": compute_s * (m - 1) / m, "gemm": gemm_s,
                    "wgrad": m * passes.weight * column_parallel_share(model, layout)}
         hidden_by, shown = windows.get(overlap, 0.0), _shown(overlap, t, calls, layout.tp, m)
+        if axis == "pp" and collective == "send_recv":  # behind the faster ranks' slack (cost/pipeline.py)
+            hidden_by, shown = m * lead, 0.0
         exposed = max(t - hidden_by, shown)
         if axis in ("dp", "dp_replicate", "edp"):
             dp_exposed += exposed
@@ -159,7 +161,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         entries.append(CommEntry(ledger_axis, collective, nbytes, t, exposed, link.tier, calls, size, overlap,
                                  hidden_by, shown))
 
-    ratio = bubble_ratio(layout, m, passes)
+    ratio = bubble_ratio(layout, m, passes, others)
     bubble_s = ratio * (compute_s + critical_path)
     mem = memory_per_device(model, layout, global_batch, precision, cluster.fused_attention)
     optimizer_s = 2 * (mem.params + mem.grads + mem.optimizer) / cluster.hbm_bandwidth  # read + write
@@ -249,8 +251,23 @@ def rank_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: in
 
 def stage_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision: str = "bf16") -> Passes:
     """F, B, W of one micro-batch on the slowest pipeline rank (what the step waits for)."""
+    return pipeline_passes(model, cluster, layout, precision)[0]
+
+
+def pipeline_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
+                    precision: str = "bf16") -> tuple[Passes, Passes, float]:
+    """One micro-batch's F, B, W on the slowest pipeline rank, their mean over the other ranks (whose passes
+    make the bubble, cost/pipeline.py), and the slowest rank's lead: how much longer its micro-batch takes
+    than the next slowest rank's (slack that hides the stage-boundary sends)."""
     ranks = _distinct_ranks(model, layout.pp, layout.stages, is_v(layout))
-    return max((rank_passes(model, cluster, layout, r, precision) for r in ranks), key=lambda p: p.total)
+    per = sorted(((rank_passes(model, cluster, layout, r, precision), n) for r, n in ranks),
+                 key=lambda pn: -pn[0].total)
+    slowest = per[0][0]
+    if layout.pp == 1:
+        return slowest, slowest, 0.0
+    others = [(p, n - (i == 0)) for i, (p, n) in enumerate(per)]
+    mean = sum((p * n for p, n in others), Passes()) * (1 / (layout.pp - 1))
+    return slowest, mean, slowest.total - next(p.total for p, n in others if n)
 
 
 @lru_cache(maxsize=4096)
@@ -265,20 +282,24 @@ def _chunk_kinds(model: ModelSpec, chunks: int) -> tuple:
 
 @lru_cache(maxsize=4096)
 def _distinct_ranks(model: ModelSpec, pp: int, chunks: int, v_shape: bool) -> tuple:
-    """One pipeline rank per distinct multiset of chunk kinds: ranks holding alike chunks cost alike."""
+    """((rank, how many ranks hold alike chunks), ...): one pipeline rank per distinct multiset of chunk kinds,
+    as ranks holding alike chunks cost alike."""
     kinds = _chunk_kinds(model, chunks)
-    first = {}
+    count, first = {}, {}
     for r in range(pp):
-        first.setdefault(tuple(sorted(kinds[c] for c in rank_chunks(pp, chunks, v_shape, r))), r)
-    return tuple(first.values())
+        key = tuple(sorted(kinds[c] for c in rank_chunks(pp, chunks, v_shape, r)))
+        first.setdefault(key, r)
+        count[key] = count.get(key, 0) + 1
+    return tuple((first[k], count[k]) for k in first)
 
 
 @lru_cache(maxsize=4096)
 def rank_kinds(model: ModelSpec, pp: int, chunks: int, v_shape: bool) -> tuple:
-    """(dense layers, MoE layers, 1 if it holds the head) of each distinct pipeline rank (`_distinct_ranks`)."""
+    """(dense layers, MoE layers, 1 if it holds the head, how many ranks are alike) of each distinct pipeline
+    rank (`_distinct_ranks`)."""
     kinds = _chunk_kinds(model, chunks)
-    return tuple(tuple(map(sum, zip(*(kinds[c] for c in rank_chunks(pp, chunks, v_shape, r)))))
-                 for r in _distinct_ranks(model, pp, chunks, v_shape))
+    return tuple(tuple(map(sum, zip(*(kinds[c] for c in rank_chunks(pp, chunks, v_shape, r))))) + (n,)
+                 for r, n in _distinct_ranks(model, pp, chunks, v_shape))
 
 
 def elementwise_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float,

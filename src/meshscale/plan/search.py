@@ -212,18 +212,19 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         # critical path) x (1 + bubble ratio) + the ZeRO-1/2 parameter all-gather; latencies dropped. Compute
         # is predict's own: the kernels' F, B, W of the slowest rank plus its element-wise work (a third of it
         # in the forward), less the per-kernel overheads.
-        kernels = _slowest_passes(model, cluster, tp, pp, cp, ep, scheds, mbs_opts, peak, bytes_["compute"])
+        kernels = _pipeline_passes(model, cluster, tp, pp, cp, ep, scheds, mbs_opts, peak, bytes_["compute"])
         kernels = kernels[k_i, np.searchsorted(mbs_opts, mbs), r_i]
         elementwise = mbs * np.array([[elementwise_seconds(
             model, cluster, Layout(tp=tp, sp=sp, recompute=r, pp=pp), model.seq / cp, bytes_["compute"])
             for r in RECOMPUTE] for sp in sps])[s_i, r_i]
-        f, b, w = kernels[:, 0] + elementwise / 3, kernels[:, 1] + elementwise * 2 / 3, kernels[:, 2]
+        f, b, w = (kernels[:, 0, i] + elementwise * share for i, share in enumerate((1 / 3, 2 / 3, 0)))
+        f_o, b_o, w_o = (kernels[:, 1, i] + elementwise * share for i, share in enumerate((1 / 3, 2 / 3, 0)))
         compute = m * (f + b + w)
         forward = m * f  # what is left of a micro-batch once its backward has started
         shape = (model, cluster, devices, tp, pp, cp, dp, ep, per_rank, bytes_["compute"], rate)
         layouts = [Layout(dp=dp, tp=tp, pp=pp, vpp=vv, schedule=n, cp=cp, ep=ep) for n, vv in scheds]
         owned = [len(stage_layers(model, lay, r)) for lay in layouts for r in range(pp)]
-        floor_r = np.array([_floor_tp(*shape, r) + _floor_cp(*shape, r, min(owned), max(owned)) for r in RECOMPUTE])
+        floor_r = np.array([_floor_tp(*shape, r, min(owned)) + _floor_cp(*shape, r, min(owned), max(owned)) for r in RECOMPUTE])
         floor_k = np.array([_floor_pp(*shape, n, vv) for n, vv in scheds])
         # per schedule, the busiest rank's parameters and those of its root unit: what predict charges over
         # dp*cp (under EP the routed experts reduce over their own, smaller group: left out of the bound)
@@ -238,8 +239,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
 
         ag, rs = per_byte("all_gather"), per_byte("reduce_scatter")
         gather = ag * 4 * p_k if not cluster.software.param_gather_overlap else 0.0
-        ratio = _bubble(scheds, k_i, pp, m, f, b, w)
-        bound = (compute + floor_r[r_i] + floor_k[k_i]) * (1 + ratio) + np.where((z == 1) | (z == 2), gather, 0.0)
+        ratio = _bubble(scheds, k_i, pp, m, f_o, b_o, w_o) * (f_o + b_o + w_o) / (f + b + w)
+        sends = np.maximum(floor_k[k_i] - m * kernels[:, 2, 0], 0.0)  # what the slowest rank's lead leaves
+        bound = (compute + floor_r[r_i] + sends) * (1 + ratio) + np.where((z == 1) | (z == 2), gather, 0.0)
         if dp * cp > 1:  # gradient reduction not hidden by backward (zero 0-2) or FSDP traffic beyond compute
             grads = rs * grad_reduce_bytes(cluster.software, precision) * p_k
             backward = compute - forward
@@ -309,20 +311,20 @@ def _time_no_latency(cluster, devices, collective, nbytes, size, stride) -> floa
     return comm.collective_time(collective, nbytes, 0, size, comm.group_link(cluster, devices, size, stride))
 
 
-def _floor_tp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, rate, recompute) -> float:
-    """Bandwidth time of the TP traffic for the whole step on the lightest rank. EP all-to-alls are left out:
-    another micro-batch's compute may hide them (dualpipev, ep_comm_overlap)."""
+def _floor_tp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, rate, recompute, fewest) -> float:
+    """Bandwidth time of the TP traffic for the whole step on the lightest rank (`fewest` layers; with layers
+    not divisible by the chunks that is fewer than layers / pp). EP all-to-alls are left out: another
+    micro-batch's compute may hide them (dualpipev, ep_comm_overlap)."""
     if tp == 1:
         return 0.0
     # SP's all-gathers and reduce-scatters take the bandwidth time of the all-reduces without SP; only the
     # unhidden ones count (the small all-reduces are left out: SP adds its norm gradients to them)
     layout = Layout(dp=dp, tp=tp, sp=True, cp=cp, ep=ep, recompute=recompute)
     tokens = per_rank * model.seq / cp
-    n_layers = model.layers // pp
     sw = cluster.software
     hidden = {"gemm": sw.tp_comm_overlap, "wgrad": sw.tp_comm_overlap or sw.tp_wgrad_overlap}
     return sum(_time_no_latency(cluster, devices, c, b, tp, 1)
-               for c, b, _, o in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, False, False, 1)
+               for c, b, _, o in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, fewest, False, False, 1)
                if c != "all_reduce" and not hidden.get(o, False))
 
 
@@ -361,10 +363,12 @@ def _bubble(scheds, k_i, pp, m, f, b, w):
     return out
 
 
-def _slowest_passes(model, cluster, tp, pp, cp, ep, scheds, mbs_opts, peak, act_bytes) -> np.ndarray:
-    """The kernels' F, B, W of one micro-batch on the slowest pipeline rank, the rank predict's stage_passes
-    charges (less the element-wise work, alike on every rank), per schedule x mbs x recompute: an array
-    (schedules, mbs, recompute, 3). A rank's time is linear in its dense layers, MoE layers and head."""
+def _pipeline_passes(model, cluster, tp, pp, cp, ep, scheds, mbs_opts, peak, act_bytes) -> np.ndarray:
+    """The kernels' F, B, W of one micro-batch on the slowest pipeline rank, their mean over the other ranks and
+    the slowest rank's lead, as predict's pipeline_passes charges them (less the element-wise work, alike on
+    every rank), per schedule x mbs x recompute: an array (schedules, mbs, recompute, 3, 3), the lead in
+    [..., 2, 0]. A rank's time is linear in its dense layers,
+    MoE layers and head."""
     dense = any(not (model.is_moe and model.is_moe_layer(i)) for i in range(model.layers))
     columns = [c for c, present in enumerate((dense, model.is_moe, True)) if present]  # dense, MoE, head
     kinds = [((1, 0, False), (0, 1, False), (0, 0, True))[c] for c in columns]
@@ -375,13 +379,16 @@ def _slowest_passes(model, cluster, tp, pp, cp, ep, scheds, mbs_opts, peak, act_
             for i, kind in enumerate(kinds):
                 p = counted_seconds(model, cluster, shape, *kind, peak, act_bytes)
                 unit[j, r, i] = p.forward, p.backward, p.weight
-    out = np.zeros((len(scheds), len(mbs_opts), len(RECOMPUTE), 3))
+    out = np.zeros((len(scheds), len(mbs_opts), len(RECOMPUTE), 3, 3))
     for k, (name, v) in enumerate(scheds):
-        counts = np.array(rank_kinds(model, pp, pp * v, name in V_SCHEDULES and pp > 1), dtype=float)
-        counts = counts[:, columns]
-        per_rank = np.einsum("ni,jrip->njrp", counts, unit)
-        slowest = per_rank.sum(-1).argmax(0)
-        out[k] = np.take_along_axis(per_rank, slowest[None, :, :, None], 0)[0]
+        kinds_n = np.array(rank_kinds(model, pp, pp * v, name in V_SCHEDULES and pp > 1), dtype=float)
+        per_rank = np.einsum("ni,jrip->njrp", kinds_n[:, columns], unit)
+        slowest = np.take_along_axis(per_rank, per_rank.sum(-1).argmax(0)[None, :, :, None], 0)[0]
+        count = kinds_n[:, -1]
+        mean = (np.einsum("n,njrp->jrp", count, per_rank) - slowest) / (pp - 1) if pp > 1 else slowest
+        totals = np.sort(np.repeat(per_rank.sum(-1), count.astype(int), axis=0), axis=0)
+        out[k, :, :, 0], out[k, :, :, 1] = slowest, mean
+        out[k, :, :, 2, 0] = totals[-1] - totals[-2] if pp > 1 else 0.0
     return out
 
 
