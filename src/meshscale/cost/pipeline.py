@@ -20,6 +20,19 @@ torch's and these forms against the simulated idle time, for equal and unequal F
 The ZB-V and DualPipeV forms are derived from torch's orders by walking their critical paths, and are exact
 where W <= F <= B, which the kernels (cost/kernels.py) give every model above the toy presets: F and B carry
 the attention that W lacks, and B the element-wise backward and any recomputation.
+
+Uneven ranks (the output head, layers not divisible by the chunks, dense layers before MoE ones): the step
+runs at the pace of the slowest rank s, and the bubble is the chain of the *other* ranks' passes that lead
+in and out of it. For GPipe that is the flow-shop makespan of m identical jobs, sum over stages of one
+micro-batch's F+B plus (m-1) times the slowest stage's (PipeDream, Narayanan et al. 2019 sec. 3.1: the
+slowest stage sets the throughput), i.e. m*T_s plus (p-1) times the others' mean T. `bubble_ratio` applies
+each form above to the other ranks' mean F, B, W (so it is unchanged when the ranks are even), over the
+slowest rank's compute. Checked against the simulator's replay of torch's orders (tests/test_simulate.py):
+exact for GPipe, within 2% of the step for 1F1B, interleaved and ZB-H1 with the head on the last rank; for
+ZB-V and DualPipeV, whose slowest rank holds both ends of the V, the others' even bubble overstates its idle
+at m <= 2p (by up to 5% of the step) and is within 2% at m = 8p. While the slowest rank is ahead of the next
+slowest by a margin (its lead), the others deliver its inputs early and the stage-boundary sends hide behind
+it (cost/step.py).
 """
 
 from meshscale.specs.layout import Layout
