@@ -223,8 +223,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         forward = m * f  # what is left of a micro-batch once its backward has started
         shape = (model, cluster, devices, tp, pp, cp, dp, ep, per_rank, bytes_["compute"], rate)
         layouts = [Layout(dp=dp, tp=tp, pp=pp, vpp=vv, schedule=n, cp=cp, ep=ep) for n, vv in scheds]
-        owned = [len(stage_layers(model, lay, r)) for lay in layouts for r in range(pp)]
-        floor_r = np.array([_floor_tp(*shape, r, min(owned)) + _floor_cp(*shape, r, min(owned), max(owned)) for r in RECOMPUTE])
+        owned = [[len(stage_layers(model, lay, r)) for r in range(pp)] for lay in layouts]
+        fewest, most = min(map(min, owned)), max(map(max, owned))
+        floor_cp = np.array([_floor_cp(*shape, r, fewest, most) for r in RECOMPUTE])
+        floor_tp = {n: np.array([_floor_tp(*shape, r, n) for r in RECOMPUTE]) for n in {min(o) for o in owned}}
+        floor_r = np.array([floor_tp[min(o)] + floor_cp for o in owned])  # per schedule x recompute
         floor_k = np.array([_floor_pp(*shape, n, vv) for n, vv in scheds])
         # per schedule, the busiest rank's parameters and those of its root unit: what predict charges over
         # dp*cp (under EP the routed experts reduce over their own, smaller group: left out of the bound)
@@ -241,7 +244,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         gather = ag * 4 * p_k if not cluster.software.param_gather_overlap else 0.0
         ratio = _bubble(scheds, k_i, pp, m, f_o, b_o, w_o) * (f_o + b_o + w_o) / (f + b + w)
         sends = np.maximum(floor_k[k_i] - m * kernels[:, 2, 0], 0.0)  # what the slowest rank's lead leaves
-        bound = (compute + floor_r[r_i] + sends) * (1 + ratio) + np.where((z == 1) | (z == 2), gather, 0.0)
+        bound = (compute + floor_r[k_i, r_i] + sends) * (1 + ratio) + np.where((z == 1) | (z == 2), gather, 0.0)
         if dp * cp > 1:  # gradient reduction not hidden by backward (zero 0-2) or FSDP traffic beyond compute
             grads = rs * grad_reduce_bytes(cluster.software, precision) * p_k
             backward = compute - forward
