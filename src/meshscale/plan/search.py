@@ -370,8 +370,7 @@ def _pipeline_passes(model, cluster, tp, pp, cp, ep, scheds, mbs_opts, peak, act
     """The kernels' F, B, W of one micro-batch on the slowest pipeline rank, their mean over the other ranks and
     the slowest rank's lead, as predict's pipeline_passes charges them (less the element-wise work, alike on
     every rank), per schedule x mbs x recompute: an array (schedules, mbs, recompute, 3, 3), the lead in
-    [..., 2, 0]. A rank's time is linear in its dense layers,
-    MoE layers and head."""
+    [..., 2, 0]. A rank's time is linear in its dense layers, MoE layers and head."""
     dense = any(not (model.is_moe and model.is_moe_layer(i)) for i in range(model.layers))
     columns = [c for c, present in enumerate((dense, model.is_moe, True)) if present]  # dense, MoE, head
     kinds = [((1, 0, False), (0, 1, False), (0, 0, True))[c] for c in columns]
@@ -382,16 +381,24 @@ def _pipeline_passes(model, cluster, tp, pp, cp, ep, scheds, mbs_opts, peak, act
             for i, kind in enumerate(kinds):
                 p = counted_seconds(model, cluster, shape, *kind, peak, act_bytes)
                 unit[j, r, i] = p.forward, p.backward, p.weight
+    placements = {}  # (chunks, V-shaped) -> the (slowest, mean of the others, lead) its schedules share
     out = np.zeros((len(scheds), len(mbs_opts), len(RECOMPUTE), 3, 3))
     for k, (name, v) in enumerate(scheds):
-        kinds_n = np.array(rank_kinds(model, pp, pp * v, name in V_SCHEDULES and pp > 1), dtype=float)
-        per_rank = np.einsum("ni,jrip->njrp", kinds_n[:, columns], unit)
-        slowest = np.take_along_axis(per_rank, per_rank.sum(-1).argmax(0)[None, :, :, None], 0)[0]
-        count = kinds_n[:, -1]
-        mean = (np.einsum("n,njrp->jrp", count, per_rank) - slowest) / (pp - 1) if pp > 1 else slowest
-        totals = np.sort(np.repeat(per_rank.sum(-1), count.astype(int), axis=0), axis=0)
-        out[k, :, :, 0], out[k, :, :, 1] = slowest, mean
-        out[k, :, :, 2, 0] = totals[-1] - totals[-2] if pp > 1 else 0.0
+        key = (pp * v, name in V_SCHEDULES and pp > 1)
+        if key not in placements:
+            kinds_n = np.array(rank_kinds(model, pp, *key), dtype=float)
+            per_rank = np.einsum("ni,jrip->njrp", kinds_n[:, columns], unit)
+            totals, count = per_rank.sum(-1), kinds_n[:, -1]
+            top = totals.argmax(0)
+            slowest = np.take_along_axis(per_rank, top[None, :, :, None], 0)[0]
+            if pp == 1:
+                placements[key] = slowest, slowest, 0.0
+            else:
+                mean = (np.einsum("n,njrp->jrp", count, per_rank) - slowest) / (pp - 1)
+                others = np.where(np.arange(len(count))[:, None, None] == top, -np.inf, totals).max(0)
+                lead = np.where(count[top] > 1, 0.0, totals.max(0) - others)
+                placements[key] = slowest, mean, lead
+        out[k, :, :, 0], out[k, :, :, 1], out[k, :, :, 2, 0] = placements[key]
     return out
 
 
