@@ -161,7 +161,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         entries.append(CommEntry(ledger_axis, collective, nbytes, t, exposed, link.tier, calls, size, overlap,
                                  hidden_by, shown))
 
-    ratio = bubble_ratio(layout, m, passes, others)
+    ratio = bubble_ratio(layout, m, passes, others, _v_ends(model, cluster, layout, precision, passes))
     bubble_s = ratio * (compute_s + critical_path)
     mem = memory_per_device(model, layout, global_batch, precision, cluster.fused_attention)
     optimizer_s = 2 * (mem.params + mem.grads + mem.optimizer) / cluster.hbm_bandwidth  # read + write
@@ -232,7 +232,7 @@ def chunk_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, chunk: 
     """F, B, W of one micro-batch through pipeline chunk (stage) `chunk`: its layers' kernels
     (cost/kernels.py), the output head on the last chunk, and its share (1/vpp) of the rank's element-wise
     work, a third in forward and two thirds in backward. `layout` must have its mbs resolved."""
-    kind = _chunk_kinds(model, layout.stages)[chunk]
+    kind = chunk_kinds(model, layout.stages)[chunk]
     peak = cluster.peak_flops(precision)
     act_bytes = PRECISIONS[precision]["compute"]
     kernels = counted_seconds(model, cluster, kernel_shape(layout), *kind, peak, act_bytes)
@@ -270,8 +270,15 @@ def pipeline_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
     return slowest, mean, slowest.total - next(p.total for p, n in others if n)
 
 
+def _v_ends(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision: str, slowest: Passes):
+    """The passes of a V's first and last chunks where rank 0, which holds both, is the slowest rank; else None."""
+    if not is_v(layout) or rank_passes(model, cluster, layout, 0, precision).total < slowest.total:
+        return None
+    return tuple(chunk_passes(model, cluster, layout, c, precision) for c in (0, layout.stages - 1))
+
+
 @lru_cache(maxsize=4096)
-def _chunk_kinds(model: ModelSpec, chunks: int) -> tuple:
+def chunk_kinds(model: ModelSpec, chunks: int) -> tuple:
     """(dense layers, MoE layers, holds the head) of each pipeline chunk."""
     out = []
     for c, owned in enumerate(split_layers(model.layers, chunks)):
@@ -284,7 +291,7 @@ def _chunk_kinds(model: ModelSpec, chunks: int) -> tuple:
 def _distinct_ranks(model: ModelSpec, pp: int, chunks: int, v_shape: bool) -> tuple:
     """((rank, how many ranks hold alike chunks), ...): one pipeline rank per distinct multiset of chunk kinds,
     as ranks holding alike chunks cost alike."""
-    kinds = _chunk_kinds(model, chunks)
+    kinds = chunk_kinds(model, chunks)
     count, first = {}, {}
     for r in range(pp):
         key = tuple(sorted(kinds[c] for c in rank_chunks(pp, chunks, v_shape, r)))
@@ -297,7 +304,7 @@ def _distinct_ranks(model: ModelSpec, pp: int, chunks: int, v_shape: bool) -> tu
 def rank_kinds(model: ModelSpec, pp: int, chunks: int, v_shape: bool) -> tuple:
     """(dense layers, MoE layers, 1 if it holds the head, how many ranks are alike) of each distinct pipeline
     rank (`_distinct_ranks`)."""
-    kinds = _chunk_kinds(model, chunks)
+    kinds = chunk_kinds(model, chunks)
     return tuple(tuple(map(sum, zip(*(kinds[c] for c in rank_chunks(pp, chunks, v_shape, r))))) + (n,)
                  for r, n in _distinct_ranks(model, pp, chunks, v_shape))
 

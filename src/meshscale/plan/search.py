@@ -15,12 +15,12 @@ from itertools import product
 import numpy as np
 
 from meshscale.cost import comm, predict
-from meshscale.cost.kernels import attention_core_seconds, counted_seconds, kernel_shape
+from meshscale.cost.kernels import Passes, attention_core_seconds, counted_seconds, kernel_shape
 from meshscale.cost.memory import (PRECISIONS, _expert_params_per_rank, _held, _params_per_rank,
                                    activation_bytes_per_layer, busiest_rank, expert_params_on_rank, params_on_rank,
                                    root_params_on_rank, stage_layers)
-from meshscale.cost.pipeline import schedule_bubble
-from meshscale.cost.step import Prediction, elementwise_seconds, grad_reduce_bytes, rank_kinds
+from meshscale.cost.pipeline import schedule_bubble, v_tail
+from meshscale.cost.step import Prediction, chunk_kinds, elementwise_seconds, grad_reduce_bytes, rank_kinds
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import RECOMPUTE, SCHEDULES, V_SCHEDULES, Layout, check_against, kv_heads_fit
@@ -243,6 +243,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         ag, rs = per_byte("all_gather"), per_byte("reduce_scatter")
         gather = ag * 4 * p_k if not cluster.software.param_gather_overlap else 0.0
         ratio = _bubble(scheds, k_i, pp, m, f_o, b_o, w_o) * (f_o + b_o + w_o) / (f + b + w)
+        # ZB-V whose rank 0 is the slowest: predict's pipeline.bubble_ratio with the V's ends
+        zbv = np.array([n == "zbv" for n in names])[k_i] & (m >= 2 * pp - 1) & (kernels[:, 2, 1] == 1)
+        if zbv.any():
+            first = Passes(0.0, kernels[:, 3, 1] + elementwise / 3, kernels[:, 3, 2])  # B: 2/3 of half of it
+            tail = v_tail(pp, Passes(0.0, b_o), first, Passes(weight=kernels[:, 4, 2]), np.maximum)
+            beyond = (1 + ratio) * (f_o + b_o + w_o) / (f + b + w) - 1
+            ratio = np.where(zbv, np.maximum(tail / compute, beyond), ratio)
         sends = np.maximum(floor_k[k_i] - m * kernels[:, 2, 0], 0.0)  # what the slowest rank's lead leaves
         bound = (compute + floor_r[k_i, r_i] + sends) * (1 + ratio) + np.where((z == 1) | (z == 2), gather, 0.0)
         if dp * cp > 1:  # gradient reduction not hidden by backward (zero 0-2) or FSDP traffic beyond compute
@@ -369,8 +376,9 @@ def _bubble(scheds, k_i, pp, m, f, b, w):
 def _pipeline_passes(model, cluster, tp, pp, cp, ep, scheds, mbs_opts, peak, act_bytes) -> np.ndarray:
     """The kernels' F, B, W of one micro-batch on the slowest pipeline rank, their mean over the other ranks and
     the slowest rank's lead, as predict's pipeline_passes charges them (less the element-wise work, alike on
-    every rank), per schedule x mbs x recompute: an array (schedules, mbs, recompute, 3, 3), the lead in
-    [..., 2, 0]. A rank's time is linear in its dense layers, MoE layers and head."""
+    every rank), per schedule x mbs x recompute: an array (schedules, mbs, recompute, 5, 3), the lead in
+    [..., 2, 0], 1 where rank 0 is the slowest in [..., 2, 1], the first and last chunks' F, B, W in [..., 3]
+    and [..., 4]. A rank's (and a chunk's) time is linear in its dense layers, MoE layers and head."""
     dense = any(not (model.is_moe and model.is_moe_layer(i)) for i in range(model.layers))
     columns = [c for c, present in enumerate((dense, model.is_moe, True)) if present]  # dense, MoE, head
     kinds = [((1, 0, False), (0, 1, False), (0, 0, True))[c] for c in columns]
@@ -381,8 +389,8 @@ def _pipeline_passes(model, cluster, tp, pp, cp, ep, scheds, mbs_opts, peak, act
             for i, kind in enumerate(kinds):
                 p = counted_seconds(model, cluster, shape, *kind, peak, act_bytes)
                 unit[j, r, i] = p.forward, p.backward, p.weight
-    placements = {}  # (chunks, V-shaped) -> the (slowest, mean of the others, lead) its schedules share
-    out = np.zeros((len(scheds), len(mbs_opts), len(RECOMPUTE), 3, 3))
+    placements = {}  # (chunks, V-shaped) -> the (slowest, mean of the others, lead, ends) its schedules share
+    out = np.zeros((len(scheds), len(mbs_opts), len(RECOMPUTE), 5, 3))
     for k, (name, v) in enumerate(scheds):
         key = (pp * v, name in V_SCHEDULES and pp > 1)
         if key not in placements:
@@ -392,13 +400,16 @@ def _pipeline_passes(model, cluster, tp, pp, cp, ep, scheds, mbs_opts, peak, act
             top = totals.argmax(0)
             slowest = np.take_along_axis(per_rank, top[None, :, :, None], 0)[0]
             if pp == 1:
-                placements[key] = slowest, slowest, 0.0
+                placements[key] = slowest, slowest, 0.0, 0.0, 0.0, 0.0
             else:
                 mean = (np.einsum("n,njrp->jrp", count, per_rank) - slowest) / (pp - 1)
                 others = np.where(np.arange(len(count))[:, None, None] == top, -np.inf, totals).max(0)
                 lead = np.where(count[top] > 1, 0.0, totals.max(0) - others)
-                placements[key] = slowest, mean, lead
-        out[k, :, :, 0], out[k, :, :, 1], out[k, :, :, 2, 0] = placements[key]
+                ends = [np.einsum("i,jrip->jrp", np.array(chunk_kinds(model, pp * v)[c], dtype=float)[columns], unit)
+                        for c in (0, pp * v - 1)]  # the first and last chunks, rank 0's under a V
+                placements[key] = slowest, mean, lead, (top == 0) * 1.0, *ends
+        out[k, :, :, 0], out[k, :, :, 1], out[k, :, :, 2, 0], out[k, :, :, 2, 1], out[k, :, :, 3], out[k, :, :, 4] = \
+            placements[key]
     return out
 
 
