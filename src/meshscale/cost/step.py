@@ -98,7 +98,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     sw = cluster.software
 
     # Compute on the slowest pipeline rank: shape-aware kernels plus the memory-bound element-wise work.
-    passes = stage_passes(model, cluster, layout, precision)
+    passes, others, lead = pipeline_passes(model, cluster, layout, precision)
     elementwise = elementwise_seconds(model, cluster, layout, tokens, act_bytes)
     compute_s = m * passes.total
     attention_s = m * passes.attention
@@ -150,6 +150,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
                    "other_microbatch": compute_s * (m - 1) / m, "gemm": gemm_s,
                    "wgrad": m * passes.weight * column_parallel_share(model, layout)}
         hidden_by, shown = windows.get(overlap, 0.0), _shown(overlap, t, calls, layout.tp, m)
+        if axis == "pp" and collective == "send_recv":  # behind the faster ranks' slack (cost/pipeline.py)
+            hidden_by, shown = m * lead, 0.0
         exposed = exposed_seconds(t, hidden_by, shown, sw.overlap_efficiency)
         if axis in ("dp", "dp_replicate", "edp"):
             dp_exposed += exposed
@@ -161,7 +163,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
                                  hidden_by, shown))
 
     critical_path += control_seconds(cluster, devices, layout)
-    ratio = bubble_ratio(layout, m, passes)
+    ratio = bubble_ratio(layout, m, passes, others, _v_ends(model, cluster, layout, precision, passes))
     bubble_s = ratio * (compute_s + critical_path)
     mem = memory_per_device(model, layout, global_batch, precision, cluster.fused_attention,
                             eager=not sw.fused_elementwise)
@@ -254,7 +256,7 @@ def chunk_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, chunk: 
     """F, B, W of one micro-batch through pipeline chunk (stage) `chunk`: its layers' kernels
     (cost/kernels.py), the output head on the last chunk, and its share (1/vpp) of the rank's element-wise
     work, a third in forward and two thirds in backward. `layout` must have its mbs resolved."""
-    kind = _chunk_kinds(model, layout.stages)[chunk]
+    kind = chunk_kinds(model, layout.stages)[chunk]
     peak = cluster.peak_flops(precision)
     act_bytes = PRECISIONS[precision]["compute"]
     kernels = counted_seconds(model, cluster, kernel_shape(layout), *kind, peak, act_bytes)
@@ -273,12 +275,34 @@ def rank_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: in
 
 def stage_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision: str = "bf16") -> Passes:
     """F, B, W of one micro-batch on the slowest pipeline rank (what the step waits for)."""
+    return pipeline_passes(model, cluster, layout, precision)[0]
+
+
+def pipeline_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
+                    precision: str = "bf16") -> tuple[Passes, Passes, float]:
+    """One micro-batch's F, B, W on the slowest pipeline rank, their mean over the other ranks (whose passes
+    make the bubble, cost/pipeline.py), and the slowest rank's lead: how much longer its micro-batch takes
+    than the next slowest rank's (slack that hides the stage-boundary sends)."""
     ranks = _distinct_ranks(model, layout.pp, layout.stages, is_v(layout))
-    return max((rank_passes(model, cluster, layout, r, precision) for r in ranks), key=lambda p: p.total)
+    per = sorted(((rank_passes(model, cluster, layout, r, precision), n) for r, n in ranks),
+                 key=lambda pn: -pn[0].total)
+    slowest = per[0][0]
+    if layout.pp == 1:
+        return slowest, slowest, 0.0
+    others = [(p, n - (i == 0)) for i, (p, n) in enumerate(per)]
+    mean = sum((p * n for p, n in others), Passes()) * (1 / (layout.pp - 1))
+    return slowest, mean, slowest.total - next(p.total for p, n in others if n)
+
+
+def _v_ends(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision: str, slowest: Passes):
+    """The passes of a V's first and last chunks where rank 0, which holds both, is the slowest rank; else None."""
+    if not is_v(layout) or rank_passes(model, cluster, layout, 0, precision).total < slowest.total:
+        return None
+    return tuple(chunk_passes(model, cluster, layout, c, precision) for c in (0, layout.stages - 1))
 
 
 @lru_cache(maxsize=4096)
-def _chunk_kinds(model: ModelSpec, chunks: int) -> tuple:
+def chunk_kinds(model: ModelSpec, chunks: int) -> tuple:
     """(dense layers, MoE layers, holds the head) of each pipeline chunk."""
     out = []
     for c, owned in enumerate(split_layers(model.layers, chunks)):
@@ -289,20 +313,24 @@ def _chunk_kinds(model: ModelSpec, chunks: int) -> tuple:
 
 @lru_cache(maxsize=4096)
 def _distinct_ranks(model: ModelSpec, pp: int, chunks: int, v_shape: bool) -> tuple:
-    """One pipeline rank per distinct multiset of chunk kinds: ranks holding alike chunks cost alike."""
-    kinds = _chunk_kinds(model, chunks)
-    first = {}
+    """((rank, how many ranks hold alike chunks), ...): one pipeline rank per distinct multiset of chunk kinds,
+    as ranks holding alike chunks cost alike."""
+    kinds = chunk_kinds(model, chunks)
+    count, first = {}, {}
     for r in range(pp):
-        first.setdefault(tuple(sorted(kinds[c] for c in rank_chunks(pp, chunks, v_shape, r))), r)
-    return tuple(first.values())
+        key = tuple(sorted(kinds[c] for c in rank_chunks(pp, chunks, v_shape, r)))
+        first.setdefault(key, r)
+        count[key] = count.get(key, 0) + 1
+    return tuple((first[k], count[k]) for k in first)
 
 
 @lru_cache(maxsize=4096)
 def rank_kinds(model: ModelSpec, pp: int, chunks: int, v_shape: bool) -> tuple:
-    """(dense layers, MoE layers, 1 if it holds the head) of each distinct pipeline rank (`_distinct_ranks`)."""
-    kinds = _chunk_kinds(model, chunks)
-    return tuple(tuple(map(sum, zip(*(kinds[c] for c in rank_chunks(pp, chunks, v_shape, r)))))
-                 for r in _distinct_ranks(model, pp, chunks, v_shape))
+    """(dense layers, MoE layers, 1 if it holds the head, how many ranks are alike) of each distinct pipeline
+    rank (`_distinct_ranks`)."""
+    kinds = chunk_kinds(model, chunks)
+    return tuple(tuple(map(sum, zip(*(kinds[c] for c in rank_chunks(pp, chunks, v_shape, r))))) + (n,)
+                 for r, n in _distinct_ranks(model, pp, chunks, v_shape))
 
 
 def elementwise_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float,

@@ -15,12 +15,12 @@ from itertools import product
 import numpy as np
 
 from meshscale.cost import comm, predict
-from meshscale.cost.kernels import attention_core_seconds, counted_seconds, kernel_shape
+from meshscale.cost.kernels import Passes, attention_core_seconds, counted_seconds, kernel_shape
 from meshscale.cost.memory import (PRECISIONS, _expert_params_per_rank, _held, _params_per_rank,
                                    activation_bytes_per_layer, busiest_rank, expert_params_on_rank, params_on_rank,
                                    rebuilt_layer_bytes, root_params_on_rank, stage_layers, zero_copy_bytes)
-from meshscale.cost.pipeline import schedule_bubble
-from meshscale.cost.step import Prediction, elementwise_seconds, grad_reduce_bytes, rank_kinds
+from meshscale.cost.pipeline import schedule_bubble, v_tail
+from meshscale.cost.step import Prediction, chunk_kinds, elementwise_seconds, grad_reduce_bytes, rank_kinds
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import RECOMPUTE, SCHEDULES, V_SCHEDULES, Layout, check_against, kv_heads_fit
@@ -214,18 +214,22 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         # critical path) x (1 + bubble ratio) + the ZeRO-1/2 parameter all-gather; latencies dropped. Compute
         # is predict's own: the kernels' F, B, W of the slowest rank plus its element-wise work (a third of it
         # in the forward), less the per-kernel overheads.
-        kernels = _slowest_passes(model, cluster, tp, pp, cp, ep, scheds, mbs_opts, peak, bytes_["compute"])
+        kernels = _pipeline_passes(model, cluster, tp, pp, cp, ep, scheds, mbs_opts, peak, bytes_["compute"])
         kernels = kernels[k_i, np.searchsorted(mbs_opts, mbs), r_i]
         elementwise = mbs * np.array([[elementwise_seconds(
             model, cluster, Layout(tp=tp, sp=sp, recompute=r, pp=pp), model.seq / cp, bytes_["compute"])
             for r in RECOMPUTE] for sp in sps])[s_i, r_i]
-        f, b, w = kernels[:, 0] + elementwise / 3, kernels[:, 1] + elementwise * 2 / 3, kernels[:, 2]
+        f, b, w = (kernels[:, 0, i] + elementwise * share for i, share in enumerate((1 / 3, 2 / 3, 0)))
+        f_o, b_o, w_o = (kernels[:, 1, i] + elementwise * share for i, share in enumerate((1 / 3, 2 / 3, 0)))
         compute = m * (f + b + w)
         forward = m * f  # what is left of a micro-batch once its backward has started
         shape = (model, cluster, devices, tp, pp, cp, dp, ep, per_rank, bytes_["compute"], rate)
         layouts = [Layout(dp=dp, tp=tp, pp=pp, vpp=vv, schedule=n, cp=cp, ep=ep) for n, vv in scheds]
-        owned = [len(stage_layers(model, lay, r)) for lay in layouts for r in range(pp)]
-        floor_r = np.array([_floor_tp(*shape, r) + _floor_cp(*shape, r, min(owned), max(owned)) for r in RECOMPUTE])
+        owned = [[len(stage_layers(model, lay, r)) for r in range(pp)] for lay in layouts]
+        fewest, most = min(map(min, owned)), max(map(max, owned))
+        floor_cp = np.array([_floor_cp(*shape, r, fewest, most) for r in RECOMPUTE])
+        floor_tp = {n: np.array([_floor_tp(*shape, r, n) for r in RECOMPUTE]) for n in {min(o) for o in owned}}
+        floor_r = np.array([floor_tp[min(o)] + floor_cp for o in owned])  # per schedule x recompute
         floor_k = np.array([_floor_pp(*shape, n, vv) for n, vv in scheds])
         # per schedule, the busiest rank's parameters and those of its root unit: what predict charges over
         # dp*cp (under EP the routed experts reduce over their own, smaller group: left out of the bound)
@@ -240,8 +244,16 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
 
         ag, rs = per_byte("all_gather"), per_byte("reduce_scatter")
         gather = ag * 4 * p_k if not cluster.software.param_gather_overlap else 0.0
-        ratio = _bubble(scheds, k_i, pp, m, f, b, w)
-        bound = (compute + floor_r[r_i] + floor_k[k_i]) * (1 + ratio) + np.where((z == 1) | (z == 2), gather, 0.0)
+        ratio = _bubble(scheds, k_i, pp, m, f_o, b_o, w_o) * (f_o + b_o + w_o) / (f + b + w)
+        # ZB-V whose rank 0 is the slowest: predict's pipeline.bubble_ratio with the V's ends
+        zbv = np.array([n == "zbv" for n in names])[k_i] & (m >= 2 * pp - 1) & (kernels[:, 2, 1] == 1)
+        if zbv.any():
+            first = Passes(0.0, kernels[:, 3, 1] + elementwise / 3, kernels[:, 3, 2])  # B: 2/3 of half of it
+            tail = v_tail(pp, Passes(0.0, b_o), first, Passes(weight=kernels[:, 4, 2]), np.maximum)
+            beyond = (1 + ratio) * (f_o + b_o + w_o) / (f + b + w) - 1
+            ratio = np.where(zbv, np.maximum(tail / compute, beyond), ratio)
+        sends = np.maximum(floor_k[k_i] - m * kernels[:, 2, 0], 0.0)  # what the slowest rank's lead leaves
+        bound = (compute + floor_r[k_i, r_i] + sends) * (1 + ratio) + np.where((z == 1) | (z == 2), gather, 0.0)
         if dp * cp > 1:  # gradient reduction not hidden by backward (zero 0-2) or FSDP traffic beyond compute
             grads = rs * grad_reduce_bytes(cluster.software, precision) * p_k
             backward = compute - forward
@@ -311,20 +323,20 @@ def _time_no_latency(cluster, devices, collective, nbytes, size, stride) -> floa
     return comm.collective_time(collective, nbytes, 0, size, comm.group_link(cluster, devices, size, stride))
 
 
-def _floor_tp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, rate, recompute) -> float:
-    """Bandwidth time of the TP traffic for the whole step on the lightest rank. EP all-to-alls are left out:
-    another micro-batch's compute may hide them (dualpipev, ep_comm_overlap)."""
+def _floor_tp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, rate, recompute, fewest) -> float:
+    """Bandwidth time of the TP traffic for the whole step on the lightest rank (`fewest` layers; with layers
+    not divisible by the chunks that is fewer than layers / pp). EP all-to-alls are left out: another
+    micro-batch's compute may hide them (dualpipev, ep_comm_overlap)."""
     if tp == 1:
         return 0.0
     # SP's all-gathers and reduce-scatters take the bandwidth time of the all-reduces without SP; only the
     # unhidden ones count (the small all-reduces are left out: SP adds its norm gradients to them)
     layout = Layout(dp=dp, tp=tp, sp=True, cp=cp, ep=ep, recompute=recompute)
     tokens = per_rank * model.seq / cp
-    n_layers = model.layers // pp
     sw = cluster.software
     hidden = {"gemm": sw.tp_comm_overlap, "wgrad": sw.tp_comm_overlap or sw.tp_wgrad_overlap}
     return sum(_time_no_latency(cluster, devices, c, b, tp, 1)
-               for c, b, _, o in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, False, False, 1)
+               for c, b, _, o in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, fewest, False, False, 1)
                if c != "all_reduce" and not hidden.get(o, False))
 
 
@@ -363,10 +375,12 @@ def _bubble(scheds, k_i, pp, m, f, b, w):
     return out
 
 
-def _slowest_passes(model, cluster, tp, pp, cp, ep, scheds, mbs_opts, peak, act_bytes) -> np.ndarray:
-    """The kernels' F, B, W of one micro-batch on the slowest pipeline rank, the rank predict's stage_passes
-    charges (less the element-wise work, alike on every rank), per schedule x mbs x recompute: an array
-    (schedules, mbs, recompute, 3). A rank's time is linear in its dense layers, MoE layers and head."""
+def _pipeline_passes(model, cluster, tp, pp, cp, ep, scheds, mbs_opts, peak, act_bytes) -> np.ndarray:
+    """The kernels' F, B, W of one micro-batch on the slowest pipeline rank, their mean over the other ranks and
+    the slowest rank's lead, as predict's pipeline_passes charges them (less the element-wise work, alike on
+    every rank), per schedule x mbs x recompute: an array (schedules, mbs, recompute, 5, 3), the lead in
+    [..., 2, 0], 1 where rank 0 is the slowest in [..., 2, 1], the first and last chunks' F, B, W in [..., 3]
+    and [..., 4]. A rank's (and a chunk's) time is linear in its dense layers, MoE layers and head."""
     dense = any(not (model.is_moe and model.is_moe_layer(i)) for i in range(model.layers))
     columns = [c for c, present in enumerate((dense, model.is_moe, True)) if present]  # dense, MoE, head
     kinds = [((1, 0, False), (0, 1, False), (0, 0, True))[c] for c in columns]
@@ -377,13 +391,27 @@ def _slowest_passes(model, cluster, tp, pp, cp, ep, scheds, mbs_opts, peak, act_
             for i, kind in enumerate(kinds):
                 p = counted_seconds(model, cluster, shape, *kind, peak, act_bytes)
                 unit[j, r, i] = p.forward, p.backward, p.weight
-    out = np.zeros((len(scheds), len(mbs_opts), len(RECOMPUTE), 3))
+    placements = {}  # (chunks, V-shaped) -> the (slowest, mean of the others, lead, ends) its schedules share
+    out = np.zeros((len(scheds), len(mbs_opts), len(RECOMPUTE), 5, 3))
     for k, (name, v) in enumerate(scheds):
-        counts = np.array(rank_kinds(model, pp, pp * v, name in V_SCHEDULES and pp > 1), dtype=float)
-        counts = counts[:, columns]
-        per_rank = np.einsum("ni,jrip->njrp", counts, unit)
-        slowest = per_rank.sum(-1).argmax(0)
-        out[k] = np.take_along_axis(per_rank, slowest[None, :, :, None], 0)[0]
+        key = (pp * v, name in V_SCHEDULES and pp > 1)
+        if key not in placements:
+            kinds_n = np.array(rank_kinds(model, pp, *key), dtype=float)
+            per_rank = np.einsum("ni,jrip->njrp", kinds_n[:, columns], unit)
+            totals, count = per_rank.sum(-1), kinds_n[:, -1]
+            top = totals.argmax(0)
+            slowest = np.take_along_axis(per_rank, top[None, :, :, None], 0)[0]
+            if pp == 1:
+                placements[key] = slowest, slowest, 0.0, 0.0, 0.0, 0.0
+            else:
+                mean = (np.einsum("n,njrp->jrp", count, per_rank) - slowest) / (pp - 1)
+                others = np.where(np.arange(len(count))[:, None, None] == top, -np.inf, totals).max(0)
+                lead = np.where(count[top] > 1, 0.0, totals.max(0) - others)
+                ends = [np.einsum("i,jrip->jrp", np.array(chunk_kinds(model, pp * v)[c], dtype=float)[columns], unit)
+                        for c in (0, pp * v - 1)]  # the first and last chunks, rank 0's under a V
+                placements[key] = slowest, mean, lead, (top == 0) * 1.0, *ends
+        out[k, :, :, 0], out[k, :, :, 1], out[k, :, :, 2, 0], out[k, :, :, 2, 1], out[k, :, :, 3], out[k, :, :, 4] = \
+            placements[key]
     return out
 
 
