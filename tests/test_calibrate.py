@@ -59,7 +59,7 @@ def test_calibrate_writes_a_cluster_spec_that_predict_uses(calibrated):
     # Each measured term enters the prediction: without them the same spec predicts a different step.
     full = predict(tiny, cluster, layout, 16, "fp32")
     bare = predict(tiny, replace(cluster, op_overhead_s=0.0), layout, 16, "fp32")
-    host = overhead.compute_seconds(tiny, cluster, layout.resolve_mbs(16), 1, tiny.layers, True)
+    host = sum(overhead.chunk_seconds(cluster, layout, tiny.layers, True))
     assert full.step_time_s > bare.step_time_s and host > 0
     for rates in ("gemm_rates", "attention_rates"):  # the measured kernel rates replace the preset's ceiling
         assert predict(tiny, replace(cluster, **{rates: ()}), layout, 16, "fp32").compute_s != full.compute_s
@@ -82,6 +82,18 @@ def test_more_ranks_than_calibrated_share_the_cores(calibrated):
             factor * predict(tiny, alone, layout, 16, "fp32").compute_s)
     shared = overhead.shared_cores(cluster, 4)
     assert overhead.shared_cores(shared, 4) == shared  # applying it twice changes nothing
+
+
+def test_simulate_agrees_with_predict_on_the_calibrated_machine(calibrated):
+    """Host time, FSDP2's hooks, the measured overlap, shared cores and the control all-reduces enter the
+    simulator's passes and tail as they enter predict."""
+    from meshscale.sim.step import simulate
+
+    cluster, tiny = load_cluster(str(calibrated)), load_model("tiny")
+    for text, devices in (("dp=2", 2), ("dp=2,zero=1", 2), ("dp=2,zero=3", 2), ("tp=2", 2), ("dp=2,tp=2", 4)):
+        layout = Layout.parse(text, devices)
+        assert simulate(tiny, cluster, layout, 8, "fp32").step_time_s == pytest.approx(
+            predict(tiny, cluster, layout, 8, "fp32").step_time_s, rel=0.02)
 
 
 def test_calibrate_never_overwrites_silently(calibrated):
@@ -162,7 +174,8 @@ def test_operator_counts_match_the_runtime_model():
         counts.append((fwd.n, bwd.n, opt.n, len(list(model.parameters()))))
     (f1, b1, o1, t1), (f2, b2, o2, t2) = counts
     assert (f2 - f1, b2 - b1) == (overhead.FORWARD_OPS_PER_LAYER, overhead.BACKWARD_OPS_PER_LAYER)
-    assert f1 + b1 - overhead.FORWARD_OPS_PER_LAYER - overhead.BACKWARD_OPS_PER_LAYER == overhead.ROOT_OPS
+    assert (f1 - overhead.FORWARD_OPS_PER_LAYER, b1 - overhead.BACKWARD_OPS_PER_LAYER) == (
+        overhead.ROOT_FORWARD_OPS, overhead.ROOT_BACKWARD_OPS)
     assert t2 - t1 == overhead.TENSORS_PER_LAYER and t1 - overhead.TENSORS_PER_LAYER == overhead.ROOT_TENSORS
     assert (o2 - o1) == overhead.TENSORS_PER_LAYER * overhead.OPTIMIZER_OPS_PER_TENSOR
 

@@ -14,28 +14,28 @@ from dataclasses import replace
 from meshscale.cost.comm import Link
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import Layout
-from meshscale.specs.model import ModelSpec
 
 # aten operators of runtime/model.py, counted with a TorchDispatchMode (tests/test_calibrate.py recounts them):
 FORWARD_OPS_PER_LAYER = 94  # one block: two RMSNorms, q/k/v/o, RoPE, SDPA, SwiGLU, residuals
 BACKWARD_OPS_PER_LAYER = 150
 SELECTIVE_OPS_PER_LAYER = 12  # the attention core (RoPE, SDPA, reshapes) run again before backward
-ROOT_OPS = 20 + 34  # embedding, final norm, head, cross-entropy: forward + backward
+ROOT_FORWARD_OPS, ROOT_BACKWARD_OPS = 20, 34  # embedding, final norm, head, cross-entropy
 OPTIMIZER_OPS_PER_TENSOR = 10  # AdamW with foreach=False (runtime/optim.py): one update per tensor
 TENSORS_PER_LAYER = 9  # two norm gains, four attention and three MLP weights
 ROOT_TENSORS = 3  # embedding, final norm, head
 
 
-def compute_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, m: int, n_layers: int,
-                    root: bool) -> float:
-    """Host time of the operators one rank runs for its m micro-batches."""
+def chunk_seconds(cluster: ClusterSpec, layout: Layout, layers: int, head: bool) -> tuple[float, float]:
+    """Host time of one micro-batch through a pipeline chunk of `layers` blocks (with the embedding, head and
+    loss where `head`), (forward, backward): part of each pass, so predict and the simulator charge it alike."""
     # op reruns the forward but its saved matmuls and attention: counted as the whole forward
     recompute = {"full": FORWARD_OPS_PER_LAYER, "op": FORWARD_OPS_PER_LAYER,
                  "selective": SELECTIVE_OPS_PER_LAYER}.get(layout.recompute, 0)
-    ops = m * (n_layers * (FORWARD_OPS_PER_LAYER + BACKWARD_OPS_PER_LAYER + recompute) + (ROOT_OPS if root else 0))
-    # FSDP2 (zero=3) wraps each block, and the root, in a unit with its own gather, reshard and reduce hooks
-    fsdp = m * (n_layers + 1) * cluster.fsdp_unit_overhead_s if layout.zero == 3 else 0.0
-    return ops * cluster.op_overhead_s + fsdp
+    forward = layers * FORWARD_OPS_PER_LAYER + (ROOT_FORWARD_OPS if head else 0)
+    backward = layers * (BACKWARD_OPS_PER_LAYER + recompute) + (ROOT_BACKWARD_OPS if head else 0)
+    # FSDP2 (zero=3) wraps each block, and the root, in a unit with gather and reshard hooks both ways
+    fsdp = (layers + head) * cluster.fsdp_unit_overhead_s / 2 if layout.zero == 3 else 0.0
+    return forward * cluster.op_overhead_s + fsdp, backward * cluster.op_overhead_s + fsdp
 
 
 def optimizer_seconds(cluster: ClusterSpec, layout: Layout, n_layers: int, root: bool) -> float:

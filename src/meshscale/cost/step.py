@@ -111,7 +111,6 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     n_layers = len(owned)
     moe_layers = sum(model.is_moe_layer(i) for i in owned) if model.is_moe else 0
     first, last = rank == 0, rank == last_rank(layout)
-    compute_s += overhead.compute_seconds(model, cluster, layout, m, n_layers, first or last)
     ops = []
     # Under EP the routed experts reduce over their own replicas (edp), the rest over dp*cp.
     experts = expert_params_on_rank(model, layout, rank) if layout.ep > 1 else 0.0
@@ -162,9 +161,9 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         entries.append(CommEntry(ledger_axis, collective, nbytes, t, exposed, link.tier, calls, size, overlap,
                                  hidden_by, shown))
 
-    critical_path += control_seconds(cluster, devices, layout)
     ratio = bubble_ratio(layout, m, passes, others, _v_ends(model, cluster, layout, precision, passes))
     bubble_s = ratio * (compute_s + critical_path)
+    critical_path += control_seconds(cluster, devices, layout)  # once per step, after the pipeline drains
     mem = memory_per_device(model, layout, global_batch, precision, cluster.fused_attention,
                             eager=not sw.fused_elementwise)
     optimizer_s = 2 * (mem.params + mem.grads + mem.optimizer) / cluster.hbm_bandwidth  # read + write
@@ -195,10 +194,9 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
 
 def exposed_seconds(t: float, hidden_by: float, shown: float, efficiency: float = 1.0) -> float:
     """What shows of a collective of `t` seconds behind `hidden_by` seconds of compute, `shown` showing
-    anyway (`_shown`), when compute hides only `efficiency` of what it overlaps ([software]
-    overlap_efficiency)."""
-    exposed = max(t - hidden_by, shown)
-    return exposed + (1 - efficiency) * (t - exposed)
+    anyway (`_shown`), when only `efficiency` of its time can run beside compute ([software]
+    overlap_efficiency, which calibrate measures as that fraction) and the rest runs alone."""
+    return (1 - efficiency) * t + max(efficiency * t - hidden_by, efficiency * shown)
 
 
 def control_seconds(cluster: ClusterSpec, devices: int, layout: Layout) -> float:
@@ -254,15 +252,17 @@ def _shown(overlap: str, t: float, calls: int, tp: int, m: int) -> float:
 def chunk_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, chunk: int,
                  precision: str = "bf16") -> Passes:
     """F, B, W of one micro-batch through pipeline chunk (stage) `chunk`: its layers' kernels
-    (cost/kernels.py), the output head on the last chunk, and its share (1/vpp) of the rank's element-wise
-    work, a third in forward and two thirds in backward. `layout` must have its mbs resolved."""
+    (cost/kernels.py), the output head on the last chunk, its share (1/vpp) of the rank's element-wise
+    work, a third in forward and two thirds in backward, and the host time of its operators (calibrated
+    clusters, cost/overhead.py). `layout` must have its mbs resolved."""
     kind = chunk_kinds(model, layout.stages)[chunk]
     peak = cluster.peak_flops(precision)
     act_bytes = PRECISIONS[precision]["compute"]
     kernels = counted_seconds(model, cluster, kernel_shape(layout), *kind, peak, act_bytes)
     tokens = layout.mbs * model.seq / layout.cp
     elementwise = elementwise_seconds(model, cluster, layout, tokens, act_bytes) / layout.vpp
-    return kernels + Passes(elementwise / 3, elementwise * 2 / 3)
+    host_f, host_b = overhead.chunk_seconds(cluster, layout, kind[0] + kind[1], kind[2])
+    return kernels + Passes(elementwise / 3 + host_f, elementwise * 2 / 3 + host_b)
 
 
 def rank_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: int,

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from meshscale.cost import predict
 from meshscale.cost.overhead import shared_cores
-from meshscale.cost.step import chunk_passes, exposed_seconds, rank_passes
+from meshscale.cost.step import chunk_passes, control_seconds, exposed_seconds, rank_passes
 from meshscale.errors import UserError
 from meshscale.sim import engine
 from meshscale.sim.schedule import rank_orders, stage_owner
@@ -174,16 +174,17 @@ def _durations(model, cluster, layout, precision, pred, ring):
 
         def seconds(rank, stage, kind, mb):
             compute = per_pass[kind](chunk[stage])
-            return compute * slow.get(rank, 1.0), inline_s[rank] * compute / pred.compute_s
+            serial = inline_s[rank] + (1 - efficiency) * fsdp * ring[rank]  # FSDP traffic compute cannot hide
+            return compute * slow.get(rank, 1.0), serial * compute / pred.compute_s
         return seconds
 
     def send_for(links: dict):
         return lambda a, b: send_s * max(links.get(a, 1.0), links.get(b, 1.0))
 
     def share(rank, stage, compute):
-        return fsdp * ring[rank] * compute / pred.compute_s, units[stage]
+        return efficiency * fsdp * ring[rank] * compute / pred.compute_s, units[stage]
 
-    return seconds_for, send_for, share if fsdp else None
+    return seconds_for, send_for, share if fsdp * efficiency else None
 
 
 def _replicas(layout: Layout, stragglers: dict, slow_links: dict) -> list[tuple[str, dict, dict]]:
@@ -213,6 +214,8 @@ def _data_parallel_tail(model, cluster, layout, precision, pred, m, last_backwar
     reductions = [e for e in dp if e["collective"] != "all_gather"]
     gathers = [e for e in dp if e["collective"] == "all_gather"]
     ends, events = [], []
+    efficiency = cluster.software.overlap_efficiency
+    control = control_seconds(cluster, layout.devices, layout)
     for r in range(layout.pp):
         passes = rank_passes(model, cluster, layout, r, precision)
         t = backward_end = max(lb[r] for lb in last_backward)
@@ -221,16 +224,17 @@ def _data_parallel_tail(model, cluster, layout, precision, pred, m, last_backwar
             end = t + took
             if e["overlap"] in ("backward", "each_backward"):
                 window = (passes.backward + passes.weight) * (m if e["overlap"] == "each_backward" else 1)
-                end = max(t + took / e["calls"], backward_end - window + took)
+                end = t + exposed_seconds(took, t - backward_end + window, took / e["calls"], efficiency)
             events.append(engine.Event(r, "dp", "sync", end - took, end))
             t = end
+        t += control  # the gradient norm, loss and non-finite all-reduces
         events.append(engine.Event(r, "compute", "opt", t, t + pred.optimizer_s))
         t += pred.optimizer_s
         for e in gathers:
             took = e["time_s"] * ring[r]
             events.append(engine.Event(r, "dp", "gather", t, t + took))
             hidden = passes.forward if e["overlap"] == "forward" else 0.0
-            t += max(took - hidden, took / e["calls"])
+            t += exposed_seconds(took, hidden, took / e["calls"], efficiency)
         ends.append(t)
     return ends, events
 
