@@ -8,6 +8,7 @@ provenance. Nothing here looks at a training step: those are what the file is th
 """
 
 import datetime
+import gc
 import math
 import os
 import platform
@@ -97,27 +98,33 @@ def fsdp_overhead(device, repeat: int) -> tuple[float, float]:
     """Host seconds FSDP2 adds beyond its collectives: per unit for one forward + backward, and per parameter
     tensor for one AdamW update of sharded (DTensor) parameters. Measured with `fully_shard` on a one-rank
     mesh, so nothing travels: eight Linear(32, 32) units against the same stack unsharded."""
+    alone = [dist.new_group([r]) for r in range(dist.get_world_size())][dist.get_rank()]  # every rank makes each
+    try:
+        (plain_pass, plain_opt), (sharded_pass, sharded_opt) = (_units_timed(device, repeat, group)
+                                                                for group in (None, alone))
+    finally:
+        gc.collect()  # the sharded units hold the group: gone before it is destroyed, or its threads outlive it
+        dist.destroy_process_group(alone)
+    return max(0.0, sharded_pass - plain_pass) / 8, max(0.0, sharded_opt - plain_opt) / 16
+
+
+def _units_timed(device, repeat: int, group) -> tuple[float, float]:
+    """(forward + backward, optimizer step) seconds of eight Linear(32, 32) units, sharded over `group`'s
+    one-rank mesh when given."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
     from meshscale.runtime.optim import build_optimizer
 
-    alone = [dist.new_group([r]) for r in range(dist.get_world_size())][dist.get_rank()]  # every rank makes each
+    torch.manual_seed(0)
     x = torch.randn(16, 32, device=device)
-    times = []
-    for shard in (False, True):
-        torch.manual_seed(0)
-        units = torch.nn.Sequential(*(torch.nn.Linear(32, 32) for _ in range(8))).to(device)
-        if shard:
-            mesh = DeviceMesh.from_group(alone, device.type)
-            for unit in units:
-                fully_shard(unit, mesh=mesh)
-        optimizer = build_optimizer(list(units.parameters()), 1e-3, 0.1)
-        times.append((_timed(lambda: units(x).sum().backward(), device, repeat),
-                      _timed(optimizer.step, device, repeat)))
-    dist.destroy_process_group(alone)
-    (plain_pass, plain_opt), (sharded_pass, sharded_opt) = times
-    return max(0.0, sharded_pass - plain_pass) / 8, max(0.0, sharded_opt - plain_opt) / 16
+    units = torch.nn.Sequential(*(torch.nn.Linear(32, 32) for _ in range(8))).to(device)
+    if group is not None:
+        mesh = DeviceMesh.from_group(group, device.type)
+        for unit in units:
+            fully_shard(unit, mesh=mesh)
+    optimizer = build_optimizer(list(units.parameters()), 1e-3, 0.1)
+    return _timed(lambda: units(x).sum().backward(), device, repeat), _timed(optimizer.step, device, repeat)
 
 
 def collective_times(device, repeat: int, sizes=MESSAGE_BYTES) -> dict:
