@@ -167,11 +167,11 @@ def collective_times(device, repeat: int, sizes=MESSAGE_BYTES) -> dict:
 
 
 def overlap_efficiency(device, repeat: int) -> float:
-    """The fraction of a gradient-sized all-reduce that compute running beside it hides: GEMMs alone (tc),
-    the all-reduce alone (tm), then the all-reduce launched asynchronously under the same GEMMs (tb);
-    hidden = (tc + tm - tb) / tm, clipped to [0, 1]. Near 1 where a separate engine moves the data; on a CPU
-    the collective's threads take the cores the GEMMs need (the slowdown of compute under concurrent
-    communication that Echo and Lumos measure on GPUs, here in full)."""
+    """The fraction of a gradient-sized all-reduce's time that can run beside compute (the rest adds to it):
+    GEMMs alone (tc, longer than the all-reduce), the all-reduce alone (tm), then the all-reduce launched
+    asynchronously under the same GEMMs (tb); (tc + tm - tb) / tm, clipped to [0, 1]. Near 1 where a separate
+    engine moves the data; on a CPU the collective's threads take the cores the GEMMs need (the slowdown of
+    compute under concurrent communication that Echo and Lumos measure on GPUs, here in full)."""
     a, b = torch.randn(512, 512, device=device), torch.randn(512, 512, device=device)
     buf = torch.randn(2**20, device=device)  # 4 MiB
 
@@ -245,10 +245,10 @@ def cluster_fields(per_rank: list[dict], device, nproc: int, method: str) -> dic
                        for i, (b, _) in enumerate(first["collectives"][kind])]
             kinds.append((kind, *alpha_beta(kind, samples, nproc)))
         ar = next(k for k in kinds if k[0] == "all_reduce")
-        # The tier carries the fastest kind's bandwidth, so the planner's latency-free bound stays a bound.
         fields.setdefault("software", {})["overlap_efficiency"] = med(r["overlap"] for r in per_rank)
         fields["fsdp_unit_overhead_s"] = med(r["fsdp"][0] for r in per_rank)
         fields["fsdp_tensor_overhead_s"] = med(r["fsdp"][1] for r in per_rank)
+        # The tier carries the fastest kind's bandwidth, so the planner's latency-free bound stays a bound.
         fields["tiers"] = [{"name": "nvlink" if device.type == "cuda" else "loopback", "size": 0,
                             "bandwidth": max(k[2] for k in kinds), "latency": ar[1], "efficiency": 1.0}]
         fields["collectives"] = kinds

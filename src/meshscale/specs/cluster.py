@@ -45,9 +45,9 @@ class Software:
     # Element-wise work (norms, RoPE, activations, residuals) in fused kernels (Megatron's fused norm and bias-
     # activation kernels, XLA, torch.compile); false: one kernel per operator, as eager PyTorch runs it.
     fused_elementwise: bool = True
-    # Fraction of an overlapped collective that the compute beside it really hides: 1 where a separate engine
-    # moves the data (NCCL on GPUs, ICI DMA on TPUs); calibrate measures it where collectives and compute share
-    # the cores (gloo on a CPU: near 0).
+    # Fraction of an overlapped collective's time that can run beside compute, the rest adding to the step
+    # (cost/step.py exposed_seconds): 1 where a separate engine moves the data (NCCL on GPUs, ICI DMA on TPUs);
+    # calibrate measures it where collectives and compute share the cores (gloo on this CPU: 0-0.6).
     overlap_efficiency: float = 1.0
 
 
