@@ -46,6 +46,16 @@ def _timed(fn, device, repeat: int, stat=statistics.median, before=None) -> floa
     return stat(times)
 
 
+def _gemm_burst(device, n: int, count: int):
+    """A function running `count` n x n GEMMs: the compute the communication figures are measured beside."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+
+    def burst():
+        for _ in range(count):
+            a @ b
+    return burst
+
+
 def gemm_rates(device, dtype, repeat: int) -> list[tuple]:
     out = []
     for m, n, k in GEMM_SHAPES:
@@ -135,12 +145,7 @@ def collective_times(device, repeat: int, sizes=MESSAGE_BYTES) -> dict:
     The mean, not the median: a step pays every call, and a quarter of small gloo calls take several times
     the median (a thread wakes late)."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    a, b = torch.randn(256, 256, device=device), torch.randn(256, 256, device=device)
-
-    def compute():
-        for _ in range(4):
-            a @ b
-
+    compute = _gemm_burst(device, 256, 4)
     out = {kind: [] for kind in KINDS}
     for nbytes in sizes:
         numel = nbytes // 4 // world * world
@@ -172,12 +177,8 @@ def overlap_efficiency(device, repeat: int) -> float:
     asynchronously under the same GEMMs (tb); (tc + tm - tb) / tm, clipped to [0, 1]. Near 1 where a separate
     engine moves the data; on a CPU the collective's threads take the cores the GEMMs need (the slowdown of
     compute under concurrent communication that Echo and Lumos measure on GPUs, here in full)."""
-    a, b = torch.randn(512, 512, device=device), torch.randn(512, 512, device=device)
+    compute = _gemm_burst(device, 512, 24)
     buf = torch.randn(2**20, device=device)  # 4 MiB
-
-    def compute():
-        for _ in range(24):
-            a @ b
 
     def overlapped():
         work = dist.all_reduce(buf, async_op=True)

@@ -170,12 +170,12 @@ def _durations(model, cluster, layout, precision, pred, ring):
                    for e in inline)
 
     def seconds_for(slow: dict, links: dict):
-        inline_s = {r: exposed(links.get(r, 1.0)) for r in range(layout.pp)}
+        # per rank: the inline collectives and the FSDP traffic compute cannot hide, spread over its passes
+        serial = {r: exposed(links.get(r, 1.0)) + (1 - efficiency) * fsdp * ring[r] for r in range(layout.pp)}
 
         def seconds(rank, stage, kind, mb):
             compute = per_pass[kind](chunk[stage])
-            serial = inline_s[rank] + (1 - efficiency) * fsdp * ring[rank]  # FSDP traffic compute cannot hide
-            return compute * slow.get(rank, 1.0), serial * compute / pred.compute_s
+            return compute * slow.get(rank, 1.0), serial[rank] * compute / pred.compute_s
         return seconds
 
     def send_for(links: dict):
