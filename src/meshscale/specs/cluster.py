@@ -47,7 +47,8 @@ class Software:
     fused_elementwise: bool = True
     # Fraction of an overlapped collective's time that can run beside compute, the rest adding to the step
     # (cost/step.py exposed_seconds): 1 where a separate engine moves the data (NCCL on GPUs, ICI DMA on TPUs);
-    # calibrate measures it where collectives and compute share the cores (gloo on this CPU: 0-0.6).
+    # calibrate measures it where collectives and compute share the cores (gloo on this CPU: 0-0.6 in full
+    # calibrations; --quick's three repeats scatter up to 1).
     overlap_efficiency: float = 1.0
 
 
