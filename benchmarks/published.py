@@ -147,6 +147,22 @@ def maxtext_runs():
                   maxtext_seconds(model, pdb, tflops), "TPU " + cluster[4:])
 
 
+def palm_runs():
+    """Chowdhery et al. 2022, "PaLM" (arXiv:2204.02311): PaLM 540B (Table 1: 118 layers, d_model 18432, 48
+    heads of 256 with one shared KV head, SwiGLU d_ff 73728, shared 256k embeddings, seq 2048) on 6144 TPU v4
+    in two pods of 3072 (sec. 4: 12-way model parallelism and 256-way fully sharded data parallelism inside a
+    pod, the pods data-parallel over DCN), 46.2% MFU (Table 3; 57.8% HFU, so some activations were
+    rematerialized: recompute=full here) at 2048 sequences per step, converted with PaLM's own count (Appendix
+    B: 6N + 12LHQT per token, N = 540.35B). Its parallel attention + MLP formulation (one TP all-reduce per
+    layer instead of two) is not a ModelSpec option: our count of TP traffic is its double."""
+    model = ModelSpec(name="palm-540b", layers=118, hidden=18432, heads=48, kv_heads=1, head_dim=256, ffn=73728,
+                      vocab=256000, seq=2048, tied_embeddings=True)
+    batch, chips = 2048, 6144
+    flops = batch * model.seq * (6 * 540.35e9 + 12 * model.layers * model.heads * model.head_dim * model.seq)
+    yield Run("PaLM T3", "PaLM 540B", model, "tpu-v4", "dp=512,zero=3,shard=256,tp=12,mbs=1,recompute=full",
+              chips, batch, flops / (chips * 275e12 * 0.462), "TPU v4")
+
+
 def llama3_runs():
     """Dubey et al. 2024, "The Llama 3 Herd of Models", Table 4: 405B on H100, seq 8192, 16M tokens per step,
     interleaved pipeline, no recomputation; TFLOP/s per GPU converted with the PaLM count (causal attention).
@@ -223,6 +239,7 @@ def runs():
     yield from llama3_runs()
     yield from qwen3_runs()
     yield from mixtral_runs()
+    yield from palm_runs()
     yield from bloom_runs()
 
 

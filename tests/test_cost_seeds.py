@@ -67,3 +67,19 @@ def test_ring_all_reduce_moves_2_n_minus_1_over_n(n):
 def test_param_counts_feed_the_6pt_rule():
     assert L13.param_count() == pytest.approx(13.0e9, rel=0.01)
     assert math.isclose(flops.six_pt(L13, 1), 6 * L13.param_count())
+
+
+def test_tpu_slices_are_cube_multiples_shaped_for_the_innermost_group():
+    """A v4/v5p slice is made of 4x4x4 cubes: 12-way TP (PaLM's) gets a whole 12-chip ring of a 12x16x16 pod
+    and its full per-axis bandwidth; a job beyond the largest slice splits into equal slices over DCN."""
+    v4 = load_cluster("tpu-v4")
+    assert comm.torus_shape(v4, 6144, 12) == (12, 16, 16)
+    tp = comm.group_link(v4, 6144, 12, 1)
+    assert (tp.tier, tp.raw_bandwidth) == ("ici", v4.tiers[0].bandwidth)
+    dp = comm.group_link(v4, 6144, 512, 12)  # 256 per pod, two pods
+    assert dp.tier == "ici+dcn" and dp.raw_bandwidth == 2 * v4.tiers[0].bandwidth
+    for devices, inner in ((256, 8), (256, 1), (128, 8), (4096, 16), (64, 4)):
+        dims = comm.torus_shape(V5P, devices, inner)
+        assert math.prod(dims) == devices and all(d % 4 == 0 and d <= 16 for d in dims)
+    assert comm.torus_shape(V5P, 256, 8)[0] == 8  # the group fills the first axis
+    assert comm.torus_shape(load_cluster("tpu-v5e"), 64, 1) == (8, 8)  # v5e: powers of two, 2D

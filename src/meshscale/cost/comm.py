@@ -9,7 +9,9 @@ volumes of Patarasuk & Yuan 2009 (all-reduce 2(n-1)/n V, all-gather / reduce-sca
 all-reduce latency, NCCL's double binary tree (2 log2 n steps) when shorter than the ring's 2(n-1).
 """
 
+import itertools
 import math
+import operator
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -181,15 +183,36 @@ def expert_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
 
 # ---- where it travels ------------------------------------------------------------------------------
 
-def torus_shape(cluster: ClusterSpec, devices: int) -> tuple:
-    """The slice a job of `devices` chips gets: grow the smallest axis by doubling (cubes first)."""
-    if devices >= math.prod(cluster.torus):
-        return cluster.torus
-    dims = [1] * len(cluster.torus)
-    while math.prod(dims) < devices:
-        i = min((i for i in range(len(dims)) if dims[i] < cluster.torus[i]), key=lambda i: dims[i])
-        dims[i] *= 2
-    return tuple(dims) if math.prod(dims) == devices else (devices,)
+def torus_shape(cluster: ClusterSpec, devices: int, inner: int = 1) -> tuple:
+    """The slice a job of `devices` chips runs on (several equal slices joined by DCN when it outgrows the
+    largest), shaped for its innermost group of `inner` chips (`slice_dims`)."""
+    largest = math.prod(cluster.torus)
+    if devices <= largest:
+        return slice_dims(cluster.torus, devices, inner) or (devices,)
+    for count in range(-(-devices // largest), devices + 1):
+        dims = slice_dims(cluster.torus, devices // count, inner) if devices % count == 0 else ()
+        if dims:
+            return dims
+    return cluster.torus
+
+
+@lru_cache(maxsize=4096)
+def slice_dims(torus: tuple, chips: int, inner: int) -> tuple:
+    """Dims of a slice of `chips`, each at most the torus's: a 3D slice of 64 chips or more is made of 4x4x4
+    cubes (Cloud TPU v4/v5p system architecture: slice shapes are multiples of 4 on every axis, and the optical
+    switches close each axis into a ring, Jouppi et al. 2023 sec. 2); others are powers of two (v5e's 2x2 to
+    16x16). Preferred: a shape whose leading axes the innermost group of `inner` chips fills exactly (a mesh
+    puts a group on whole axes when the slice allows it), then the most cubic; () if none."""
+    cube = len(torus) == 3 and chips >= 64
+    lengths = [[d for d in range(1, top + 1) if (d % 4 == 0 if cube else d & (d - 1) == 0)] for top in torus]
+    shapes = [dims for dims in itertools.product(*lengths) if math.prod(dims) == chips]
+    if not shapes:
+        return ()
+
+    def fills(dims):
+        return inner in itertools.accumulate(dims, operator.mul)
+
+    return min(shapes, key=lambda d: (not fills(d), max(d) / min(d), [-x for x in d]))
 
 
 def group_link(cluster: ClusterSpec, devices: int, size: int, stride: int) -> Link:
@@ -214,7 +237,7 @@ def _torus_link(cluster: ClusterSpec, devices: int, size: int, stride: int) -> L
     """Scaling book Part 2: a collective over M torus axes gets M times one axis's bandwidth; an axis
     covered only partly has no wraparound and gets half. Rings run per axis, so latency steps add up."""
     ici, dcn = cluster.tiers[0], cluster.tiers[-1]
-    dims = torus_shape(cluster, devices)
+    dims = torus_shape(cluster, devices, stride if stride > 1 else size)
     slice_size = math.prod(dims)
     if stride >= slice_size:
         return Link(dcn.name, dcn.bandwidth * dcn.efficiency, dcn.bandwidth, dcn.latency, size - 1)
