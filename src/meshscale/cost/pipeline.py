@@ -27,16 +27,16 @@ in and out of it. For GPipe that is the flow-shop makespan of m identical jobs, 
 micro-batch's F+B plus (m-1) times the slowest stage's (PipeDream, Narayanan et al. 2019 sec. 3.1: the
 slowest stage sets the throughput), i.e. m*T_s plus (p-1) times the others' mean T. `bubble_ratio` applies
 each form above to the other ranks' mean F, B, W (so it is unchanged when the ranks are even), over the
-slowest rank's compute. Under the V schedules rank 0 holds both ends, the head among them; when it is the
-slowest, the step is the later of the others' span (their work and bubble) and rank 0's work plus its own
-idle (`v_idle`): ZB-V's warm-up, which fewer than 2p-1 micro-batches leave open, and the tail of its
-cool-down (`v_tail`); DualPipeV's (p-1)(B-W)/2.
+slowest rank's compute. When the slowest rank holds the head (the last rank; rank 0, which holds both ends,
+under the V schedules), the step of ZB-H1, ZB-V and DualPipeV is the later of the others' span (their work
+and bubble) and the slowest rank's work plus its own idle (`head_idle`): ZB-H1's warm-up and cool-down,
+ZB-V's warm-up (left open by fewer than 2p-1 micro-batches) and the tail of its cool-down (`v_tail`),
+DualPipeV's (p-1)(B-W)/2.
 While the slowest rank is ahead of the next slowest by a margin (its lead), the others deliver its inputs
 early and the stage-boundary sends hide behind it (cost/step.py). Against the simulator's replay of torch's
 orders (benchmarks/sim_vs_predict.py: llama2-7b, llama3-8b, llama2-70b at tp=8, pp 2-8, m = p..8p): GPipe and
-1F1B within 1.1% of the step, interleaved within 2.8%, ZB-H1 within 2% but for llama3-8b's heavy head at
-m <= 3p (up to 5.4%), ZB-V within 2% from m >= 2p (up to 3.6% at m = p, where rank 0's cool-down waits on
-the others' backward pace), DualPipeV within 1.9%.
+1F1B within 1.1% of the step, interleaved within 2.8%, ZB-H1 within 1.4%, ZB-V within 2% from m >= 2p (up
+to 3.6% at m = p, where rank 0's cool-down waits on the others' backward pace), DualPipeV within 1.9%.
 """
 
 from meshscale.specs.layout import V_SCHEDULES, Layout
@@ -64,27 +64,33 @@ def bubble_ratio(layout: Layout, m: int, slowest=None, others=None, ends=None) -
     """Bubble over the slowest rank's ideal compute; `slowest` and `others` (cost.kernels.Passes: the slowest
     rank's, the other ranks' mean) give F, B, W, else they are taken equal (and `others` defaults to
     `slowest`): the even bubble of the other ranks' passes (see the module docstring). `ends`: the passes of
-    the V's first and last chunks where rank 0, which holds both, is the slowest (`v_idle`)."""
+    the first and last chunks where the slowest rank holds the last one (`head_idle`)."""
     if slowest is None:
         return schedule_bubble(layout.schedule, layout.pp, layout.vpp, m)
     others = others or slowest
     ratio = schedule_bubble(layout.schedule, layout.pp, layout.vpp, m, others.forward, others.backward,
                             others.weight) * others.total / slowest.total
-    if ends is None or layout.schedule not in V_SCHEDULES:
+    if ends is None or layout.schedule not in HEAD_IDLE_SCHEDULES:
         return ratio
-    # the others' span (their work and bubble) against rank 0's work and idle: whichever ends later
-    return max(v_idle(layout.schedule, layout.pp, m, others, *ends) / (m * slowest.total),
+    # the others' span (their work and bubble) against the slowest rank's work and idle: whichever ends later
+    return max(head_idle(layout.schedule, layout.pp, m, others, *ends) / (m * slowest.total),
                ratio + others.total / slowest.total - 1)
 
 
-def v_idle(schedule: str, p: int, m, others, first, last, maximum=max):
-    """Rank 0's idle when it is the slowest rank of a V (it holds the first and last chunks, the head among
-    them), derived from torch's orders as the forms above. ZB-V: it runs its m first-chunk forwards, then waits
-    while micro-batch 0's forward crosses the other 2p-2 chunks (a warm-up that more than 2p-1 micro-batches
-    fill), and idles at the end (`v_tail`). DualPipeV: (p-1)(B-W)/2 of the others' passes, whatever m.
-    Against the simulator with a heavy head on rank 0: within 0.6% from m >= p (ZB-V) and m >= 2p
-    (DualPipeV) where chunk 0 costs what the other ranks' chunks cost, up to 5% where it does not. Arrays take
-    maximum=np.maximum (the planner's bound)."""
+HEAD_IDLE_SCHEDULES = ("zb",) + V_SCHEDULES
+
+
+def head_idle(schedule: str, p: int, m, others, first, last, maximum=max):
+    """The idle of the slowest rank when it holds the last chunk (the head: the last rank, rank 0 under a V),
+    derived from torch's orders as the forms above. ZB-H1: the others' p-1 forwards before its first, and at
+    the end the input gradients going down the other p-1 ranks beyond what its p weight gradients (and one of
+    theirs) cover; exact against the simulator. ZB-V: rank 0 runs its m first-chunk forwards, then waits while
+    micro-batch 0's forward crosses the other 2p-2 chunks (a warm-up that more than 2p-1 micro-batches fill),
+    and idles at the end (`v_tail`). DualPipeV: (p-1)(B-W)/2 of the others' passes, whatever m. Against the
+    simulator with a heavy head on rank 0: within 0.6% from m >= p (ZB-V) and m >= 2p (DualPipeV) where chunk
+    0 costs what the other ranks' chunks cost, up to 5% where it does not. Arrays take maximum=np.maximum."""
+    if schedule == "zb":
+        return (p - 1) * others.forward + maximum(0.0, (p - 1) * others.backward - p * last.weight + others.weight)
     if schedule == "dualpipev":
         return (p - 1) * (others.backward - others.weight) / 2
     warmup = maximum(0.0, (p - 1) * others.forward - (m - 1) * first.forward)

@@ -14,7 +14,7 @@ from meshscale.cost.kernels import Passes, column_parallel_share, counted_second
 from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busiest_rank,
                                    expert_params_on_rank, is_v, last_rank, memory_per_device, params_on_rank,
                                    rank_chunks, root_params_on_rank, stage_layers)
-from meshscale.cost.pipeline import bubble_ratio
+from meshscale.cost.pipeline import HEAD_IDLE_SCHEDULES, bubble_ratio
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import Layout, check_against, kv_heads_per_rank, split_layers
@@ -161,7 +161,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         entries.append(CommEntry(ledger_axis, collective, nbytes, t, exposed, link.tier, calls, size, overlap,
                                  hidden_by, shown))
 
-    ratio = bubble_ratio(layout, m, passes, others, _v_ends(model, cluster, layout, precision, passes))
+    ratio = bubble_ratio(layout, m, passes, others, _head_ends(model, cluster, layout, precision, passes))
     bubble_s = ratio * (compute_s + critical_path)
     critical_path += control_seconds(cluster, devices, layout)  # once per step, after the pipeline drains
     mem = memory_per_device(model, layout, global_batch, precision, cluster.fused_attention,
@@ -294,9 +294,12 @@ def pipeline_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
     return slowest, mean, slowest.total - next(p.total for p, n in others if n)
 
 
-def _v_ends(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision: str, slowest: Passes):
-    """The passes of a V's first and last chunks where rank 0, which holds both, is the slowest rank; else None."""
-    if not is_v(layout) or rank_passes(model, cluster, layout, 0, precision).total < slowest.total:
+def _head_ends(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision: str, slowest: Passes):
+    """The passes of the first and last chunks where the rank holding the last chunk (the head: rank 0 under a
+    V, else the last rank) is the slowest; else None."""
+    head = 0 if is_v(layout) else layout.pp - 1
+    if layout.schedule not in HEAD_IDLE_SCHEDULES or rank_passes(model, cluster, layout, head, precision).total < \
+            slowest.total:
         return None
     return tuple(chunk_passes(model, cluster, layout, c, precision) for c in (0, layout.stages - 1))
 

@@ -245,15 +245,17 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         ag, rs = per_byte("all_gather"), per_byte("reduce_scatter")
         gather = ag * 4 * p_k if not cluster.software.param_gather_overlap else 0.0
         ratio = _bubble(scheds, k_i, pp, m, f_o, b_o, w_o) * (f_o + b_o + w_o) / (f + b + w)
-        # a V whose rank 0 is the slowest: predict's pipeline.bubble_ratio with the V's ends, less ZB-V's warm-up
+        # a V whose rank 0 is the slowest: predict's pipeline.bubble_ratio with the V's ends, less ZB-V's warm-up;
+        # ZB-H1: the others' span, below predict's whichever rank is the slowest
         v_first = np.array([n in V_SCHEDULES for n in names])[k_i] & (kernels[:, 2, 1] == 1)
+        beyond = ratio + (f_o + b_o + w_o) / (f + b + w) - 1
         if v_first.any():
             first = Passes(0.0, kernels[:, 3, 1] + elementwise / 3, kernels[:, 3, 2])  # B: 2/3 of half of it
             tail = np.where(np.array([n == "zbv" for n in names])[k_i],
                             v_tail(pp, Passes(0.0, b_o), first, Passes(weight=kernels[:, 4, 2]), np.maximum),
                             (pp - 1) * (b_o - w_o) / 2)
-            beyond = ratio + (f_o + b_o + w_o) / (f + b + w) - 1
             ratio = np.where(v_first, np.maximum(tail / compute, beyond), ratio)
+        ratio = np.where(np.array([n == "zb" for n in names])[k_i], beyond, ratio)
         sends = np.maximum(floor_k[k_i] - m * kernels[:, 2, 0], 0.0)  # what the slowest rank's lead leaves
         bound = (compute + floor_r[k_i, r_i] + sends) * (1 + ratio) + np.where((z == 1) | (z == 2), gather, 0.0)
         if dp * cp > 1:  # gradient reduction not hidden by backward (zero 0-2) or FSDP traffic beyond compute
