@@ -96,3 +96,16 @@ def test_op_recompute_keeps_the_saved_matmul_outputs():
             check_against(Layout.parse(bad, 8), model, batch)
     with pytest.raises(UserError, match="recompute=op"):
         check_against(Layout.parse("dp=8,ep=8,recompute=op", 8), load_model("mixtral-8x7b"), 8)
+
+
+def test_moe_layers_keep_each_routed_copy_of_a_token():
+    """Each extra expert a token is routed to keeps that expert's SwiGLU activations (6 B per expert-ffn
+    element) and two hidden-wide copies of the token (the permuted input of the first GEMM, whole on each TP
+    rank; the expert's output, on the rank's own SP tokens), besides the router's fp32 probabilities."""
+    mixtral = load_model("mixtral-8x7b")
+    h, f = mixtral.hidden, mixtral.expert_ffn
+    for t, sp in ((1, False), (4, False), (4, True)):
+        layout = Layout(tp=t, sp=sp, dp=1)
+        one, two = (activation_bytes_per_layer(ModelSpec(**{**mixtral.__dict__, "top_k": k}), layout, 1, True)
+                    for k in (1, 2))
+        assert two - one == pytest.approx(6 * f / t + 2 * h + 2 * h / (t if sp else 1))

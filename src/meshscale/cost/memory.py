@@ -167,11 +167,17 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, 
         mlp_split = 4 * model.ffn  # GeLU input and output (2 bytes each)
     else:
         mlp_split = 6 * model.ffn  # gate, up and their product (the down projection's input)
+    routing = 0.0
     if model.is_moe:
         mlp_split *= (model.top_k + model.shared_experts) * model.expert_ffn / model.ffn
+        # Megatron-Core's MoE layer (moe_utils.permute/unpermute): the top_k permuted copies of each token the
+        # experts' first GEMM keeps (gathered over TP: every TP rank runs its slice of the experts on them all),
+        # the experts' outputs the combine keeps for the gradient of the routing probabilities, and the router's
+        # fp32 probabilities, both on the rank's own (SP) tokens
+        routing = 2 * model.top_k * h + (2 * model.top_k * h + 4 * model.experts) / (t if layout.sp else 1)
     unsplit = (10 if model.biases else 8) * h  # two norms' inputs (4h), attention and MLP inputs (4h), masks (2h)
     scores = 5 * model.heads * s if layout.recompute == "none" and not fused_attention else 0
-    per_token = unsplit / (t if layout.sp else 1) + (attn_split + mlp_split + scores) / t
+    per_token = unsplit / (t if layout.sp else 1) + (attn_split + mlp_split + scores) / t + routing
     return per_token * tokens
 
 
