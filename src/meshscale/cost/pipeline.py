@@ -33,10 +33,12 @@ and bubble) and the slowest rank's work plus its own idle (`head_idle`): ZB-H1's
 ZB-V's warm-up (left open by fewer than 2p-1 micro-batches) and the tail of its cool-down (`v_tail`),
 DualPipeV's (p-1)(B-W)/2.
 While the slowest rank is ahead of the next slowest by a margin (its lead), the others deliver its inputs
-early and the stage-boundary sends hide behind it (cost/step.py). Against the simulator's replay of torch's
-orders (benchmarks/sim_vs_predict.py: llama2-7b, llama3-8b, llama2-70b at tp=8, pp 2-8, m = p..8p): GPipe and
-1F1B within 1.1% of the step, interleaved within 2.8%, ZB-H1 within 1.4%, ZB-V within 2% from m >= 2p (up
-to 3.6% at m = p, where rank 0's cool-down waits on the others' backward pace), DualPipeV within 1.9%.
+early and the stage-boundary sends hide behind it, but for those on the path of the first micro-batch's
+forward and the last one's backward (cost/step.py). Against the simulator's replay of torch's orders
+(benchmarks/sim_vs_predict.py: llama2-7b, llama3-8b, llama2-70b at tp=8, pp 2-8, m = p..8p) the median gap
+is 0.01-0.05% per schedule; GPipe and 1F1B within 0.8% of the step, interleaved within 1.1%, ZB-H1 within
+0.5%, DualPipeV within 1.0%, ZB-V within 2% but at m = p (2.4%, where rank 0's cool-down waits on the others'
+backward pace).
 """
 
 from meshscale.specs.layout import V_SCHEDULES, Layout

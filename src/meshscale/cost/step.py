@@ -150,7 +150,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
                    "wgrad": m * passes.weight * column_parallel_share(model, layout)}
         hidden_by, shown = windows.get(overlap, 0.0), _shown(overlap, t, calls, layout.tp, m)
         if axis == "pp" and collective == "send_recv":  # behind the faster ranks' slack (cost/pipeline.py)
-            hidden_by, shown = m * lead, 0.0
+            hidden_by, shown = m * lead, t / calls * _chain_crossings(layout)
         exposed = exposed_seconds(t, hidden_by, shown, sw.overlap_efficiency)
         if axis in ("dp", "dp_replicate", "edp"):
             dp_exposed += exposed
@@ -292,6 +292,12 @@ def pipeline_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
     others = [(p, n - (i == 0)) for i, (p, n) in enumerate(per)]
     mean = sum((p * n for p, n in others), Passes()) * (1 / (layout.pp - 1))
     return slowest, mean, slowest.total - next(p.total for p, n in others if n)
+
+
+def _chain_crossings(layout: Layout) -> int:
+    """Stage-boundary sends on the path of the first micro-batch's forward and the last one's backward, which
+    nothing hides: every chunk boundary (the V's turn stays on rank p-1)."""
+    return 2 * (layout.stages - 1 - (1 if is_v(layout) else 0))
 
 
 def _head_ends(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision: str, slowest: Passes):
