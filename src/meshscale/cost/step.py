@@ -150,7 +150,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
                    "wgrad": m * passes.weight * column_parallel_share(model, layout)}
         hidden_by, shown = windows.get(overlap, 0.0), _shown(overlap, t, calls, layout.tp, m)
         if axis == "pp" and collective == "send_recv":  # behind the faster ranks' slack (cost/pipeline.py)
-            hidden_by, shown = m * lead, t / calls * _chain_crossings(layout)
+            hidden_by, shown = (t if layout.schedule in QUEUED else m * lead), t / calls * _chain_crossings(layout)
         exposed = exposed_seconds(t, hidden_by, shown, sw.overlap_efficiency)
         if axis in ("dp", "dp_replicate", "edp"):
             dp_exposed += exposed
@@ -292,6 +292,11 @@ def pipeline_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
     others = [(p, n - (i == 0)) for i, (p, n) in enumerate(per)]
     mean = sum((p * n for p, n in others), Passes()) * (1 / (layout.pp - 1))
     return slowest, mean, slowest.total - next(p.total for p, n in others if n)
+
+
+# Schedules whose ranks hold other passes ready while a send travels (GPipe's run of forwards, then of
+# backwards; interleaved 1F1B's other chunks): their sends hide but for the chain (sim/engine.py shows it).
+QUEUED = ("gpipe", "interleaved")
 
 
 def _chain_crossings(layout: Layout) -> int:
