@@ -67,7 +67,7 @@ def run(args) -> int:
     outer = world_from_env()
     if outer is not None:  # one worker of an outer torchrun: every process checks, then trains
         launch.run_here(resolve(cfg, outer))
-        return 0
+        launch.exit_worker(0)
     checked = resolve(cfg, cfg.nproc)
     if cfg.nproc == 1:
         launch.run_here(checked)

@@ -8,7 +8,6 @@ provenance. Nothing here looks at a training step: those are what the file is th
 """
 
 import datetime
-import gc
 import math
 import os
 import platform
@@ -113,7 +112,6 @@ def fsdp_overhead(device, repeat: int) -> tuple[float, float]:
         (plain_pass, plain_opt), (sharded_pass, sharded_opt) = (_units_timed(device, repeat, group)
                                                                 for group in (None, alone))
     finally:
-        gc.collect()  # the sharded units hold the group: gone before it is destroyed, or its threads outlive it
         dist.destroy_process_group(alone)
     return max(0.0, sharded_pass - plain_pass) / 8, max(0.0, sharded_opt - plain_opt) / 16
 
@@ -344,4 +342,6 @@ def _worker(out: str, quick: bool, method: str) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(_worker(sys.argv[1], sys.argv[2] == "quick", sys.argv[3]))
+    from meshscale.runtime.launch import exit_worker
+
+    exit_worker(_worker(sys.argv[1], sys.argv[2] == "quick", sys.argv[3]))

@@ -48,10 +48,9 @@ def run_here(run: Resolved) -> dict:
 
 
 def _shut_down() -> None:
-    """Destroy the process groups while the interpreter is fully alive. A group lives as long as anything
-    references it, so first drop what does (the cached meshes; cycles, by a collection): then destroying the
-    groups frees them here and joins their gloo worker threads. Threads still alive when the interpreter
-    finalises abort the process ("terminate called without an active exception", SIGABRT)."""
+    """Destroy the process groups (NCCL communicators are released, gloo stops taking work) after dropping
+    our own references to them (the cached meshes; cycles, by a collection). torch may still hold some
+    (below), so a worker then ends through `exit_worker`."""
     import gc
 
     import torch.distributed as dist
@@ -124,5 +123,18 @@ def _worker(spec_file: str) -> int:
         return 1
 
 
+def exit_worker(code: int) -> "NoReturn":  # noqa: F821
+    """End a worker whose work is done without the interpreter's finalisation. torch keeps process groups
+    referenced after destroy_process_group (DTensor's sharding cache holds meshes, which hold their groups;
+    torch.distributed.fsdp's ShardedGradScaler holds the world group as a default argument), so their gloo
+    threads still run while the interpreter tears down, and now and then that aborts a process that has
+    finished ("terminate called without an active exception", SIGABRT: a non-zero exit for a good run).
+    Every file a worker writes is closed by then; the standard streams and log handlers are flushed here."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(_worker(sys.argv[1]))
+    exit_worker(_worker(sys.argv[1]))
