@@ -6,6 +6,7 @@ device with the source's own FLOP count). Nothing here sets an efficiency factor
 micro-benchmarks and datasheets (specs/cluster.py). Run: PYTHONPATH=src python benchmarks/published.py
 """
 
+import math
 import statistics
 from dataclasses import dataclass, replace
 
@@ -30,6 +31,7 @@ class Run:
     software: Software = Software()
     fused_attention: bool = True
     nic: float = 0.0  # scale-out bytes/s per GPU where the site differs from the preset's (0: the preset's)
+    precision: str = "bf16"
 
     @property
     def moe(self) -> bool:
@@ -232,6 +234,55 @@ def bloom_runs():
               nic=6.25e9)
 
 
+def nemo_runs():
+    """NVIDIA/NeMo docs/source/performance/performance_summary.md ("24.07 perf numbers", 2024-09-09): FP8
+    pre-training on DGX-H100, NeMo 24.07 (Megatron-Core, Transformer Engine), tokens/s per GPU as published.
+    Software from NVIDIA/NeMo-Framework-Launcher's configs of the time (launcher_scripts/conf/training/*.yaml
+    and examples/training/*/h100/*_fp8*.sh at 20ab57b, 2024-08-13): FP8 linear layers (fp8_hybrid, bf16
+    parameters, attention in bf16), the distributed optimizer with overlapped gradient reduce-scatter and
+    parameter all-gather (bf16 parameters), gradients reduced in bf16 (the scripts' grad_sync_dtype=bf16) but
+    for Nemotron 8B/22B (fp32, the default), Transformer Engine's TP overlap where ub_tp_comm_overlap is set,
+    no recomputation, vocabularies padded to a multiple of 128 x TP. Nemotron-340B's row matches no public
+    config of the time: we take NeMo 2.0's recipe (TP overlap, fp32 gradients, no recomputation)."""
+    def gpt3(name, layers, hidden, heads):  # NeMo GPTConfig: GeLU, biases, learned positions, tied, GPT-2 BPE
+        return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, ffn=4 * hidden, vocab=50257,
+                         seq=2048, mlp="gelu", tied_embeddings=True, learned_positions=True, biases=True)
+
+    def nemotron(name, layers, hidden, heads, kv_heads, ffn):  # squared-ReLU MLP (two matrices), RoPE, 256k
+        return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn,
+                         vocab=256000, seq=4096, mlp="gelu")
+
+    models = {"GPT3-5B": gpt3("gpt3-5b", 24, 4096, 32), "GPT3-20B": gpt3("gpt3-20b", 44, 6144, 48),
+              "GPT3-175B": gpt3("gpt3-175b", 96, 12288, 96), "Nemotron-8B": nemotron("nemotron-8b", 32, 4096, 32, 0,
+                                                                                     16384),
+              "Nemotron-22B": nemotron("nemotron-22b", 40, 6144, 48, 0, 24576),
+              "Nemotron-340B": nemotron("nemotron-340b", 96, 18432, 96, 8, 73728),
+              "LLAMA2-7B": load_model("llama2-7b"), "LLAMA2-13B": load_model("llama2-13b"),
+              "LLAMA2-70B": load_model("llama2-70b"), "LLAMA3-8B": load_model("llama3-8b"),
+              "LLAMA3-70B": load_model("llama3-70b")}
+    # (model, GPUs, GBS, MBS, seq, TP, PP, CP, VP, tokens/s per GPU, TP overlap, fp32 gradients)
+    rows = [("GPT3-5B", 64, 2048, 4, 2048, 1, 1, 1, 1, 22521, False, False),
+            ("GPT3-20B", 64, 256, 2, 2048, 2, 1, 1, 1, 5851, True, False),
+            ("GPT3-175B", 128, 256, 1, 2048, 4, 8, 1, 6, 726, False, False),
+            ("GPT3-175B", 512, 2048, 2, 2048, 4, 8, 1, 6, 782, True, False),
+            ("LLAMA2-7B", 8, 128, 1, 4096, 1, 1, 1, 1, 16847, False, False),
+            ("LLAMA2-13B", 16, 128, 1, 4096, 1, 4, 1, 10, 8646, False, False),
+            ("LLAMA2-70B", 64, 128, 1, 4096, 4, 4, 1, 20, 1707, True, False),
+            ("Nemotron-8B", 64, 256, 4, 4096, 2, 1, 1, 1, 12701, True, True),
+            ("Nemotron-22B", 64, 256, 2, 4096, 2, 4, 1, 10, 4256, True, True),
+            ("Nemotron-340B", 128, 32, 1, 4096, 8, 8, 1, 12, 322, True, True),
+            ("LLAMA3-8B", 8, 128, 1, 8192, 1, 1, 2, 1, 12036, False, False),
+            ("LLAMA3-70B", 64, 128, 1, 8192, 4, 4, 2, 5, 1533, True, False)]
+    for name, gpus, gbs, mbs, seq, tp, pp, cp, vp, per_gpu, tp_overlap, fp32_grads in rows:
+        model = models[name]
+        model = replace(model, seq=seq, vocab=math.ceil(model.vocab / (128 * tp)) * 128 * tp)
+        layout = (f"dp={gpus // (tp * pp * cp)},zero=1,tp={tp},pp={pp},cp={cp},mbs={mbs}"
+                  + (",sp=true" if tp > 1 else "") + (f",schedule=interleaved,vpp={vp}" if vp > 1 else ""))
+        software = replace(MEGATRON_CORE, tp_comm_overlap=tp_overlap, grad_reduce_fp32=fp32_grads)
+        yield Run("NeMo 24.07 perf summary", f"{name} fp8", model, "h100-80gb", layout, gpus, gbs,
+                  gbs * seq / (per_gpu * gpus), "H100", software, precision="fp8")
+
+
 def runs():
     yield from megatron_runs()
     yield from torchtitan_runs()
@@ -241,6 +292,7 @@ def runs():
     yield from mixtral_runs()
     yield from palm_runs()
     yield from bloom_runs()
+    yield from nemo_runs()
 
 
 def rows():
@@ -250,7 +302,7 @@ def rows():
         if run.nic:
             cluster = replace(cluster, tiers=(cluster.tiers[0], replace(cluster.tiers[-1], bandwidth=run.nic)))
         layout = Layout.parse(run.layout, run.devices)
-        pred = predict(run.model, cluster, layout, run.batch)
+        pred = predict(run.model, cluster, layout, run.batch, run.precision)
         yield run, layout, pred.step_time_s, run.seconds, pred
 
 
@@ -265,7 +317,8 @@ if __name__ == "__main__":
     by_category: dict = {}
     for run, layout, pred, real, p in rows():
         err = pred / real - 1
-        by_category.setdefault((run.hardware, "MoE" if run.moe else "dense"), []).append(err)
+        kind = ("MoE" if run.moe else "dense") + (f" {run.precision}" if run.precision != "bf16" else "")
+        by_category.setdefault((run.hardware, kind), []).append(err)
         fit = "" if p.fits else "  (does not fit)"
         print(f"{run.source:28s} {run.name:18s} {run.devices:6d} {str(layout):62s} predicted {pred:8.3f} s  "
               f"measured {real:8.3f} s  {err:+6.1%}{fit}")

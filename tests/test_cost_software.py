@@ -100,3 +100,21 @@ def test_control_all_reduces_cost_latency_only():
     assert control_seconds(A100, 1, Layout()) == 0
     small, large = control_seconds(A100, 64, Layout(dp=64)), control_seconds(A100, 4096, Layout(dp=512, tp=8))
     assert 0 < small < large < 1e-3
+
+
+def test_zero_parameter_gather_travels_in_the_compute_dtype_or_in_fp32():
+    """ZeRO-1/2's updated parameters: bf16 in frameworks that keep bf16 model parameters (the presets), fp32
+    in our runtime (local-cpu and every calibrated file); the planner's bound follows."""
+    params = MODEL.param_count()  # no pipeline or TP: each rank gathers the whole model
+    for zero in (1, 2):
+        layout = Layout.parse(f"dp=16,zero={zero},mbs=1", 16)
+        half = predict(MODEL, A100, layout, 16)
+        full = predict(MODEL, with_software(param_gather_fp32=True), layout, 16)
+        assert dp_bytes(half)["all_gather"] == pytest.approx(2 * params)
+        assert dp_bytes(full)["all_gather"] == pytest.approx(4 * params)
+        assert dp_bytes(half)["reduce_scatter"] == dp_bytes(full)["reduce_scatter"]
+    assert load_cluster("local-cpu").software.param_gather_fp32
+    cluster = with_software(param_gather_fp32=True, param_gather_overlap=False)
+    fast = search(MODEL, cluster, 16, 64, top=3, fix={"pp": 1, "cp": 1, "tp": 1})
+    full = search(MODEL, cluster, 16, 64, top=3, fix={"pp": 1, "cp": 1, "tp": 1}, prune=False)
+    assert [p.layout for p in fast.ranked] == [p.layout for p in full.ranked]

@@ -5,8 +5,8 @@ import itertools
 import pytest
 
 from meshscale.cost.flops import block_matmuls, op_recomputed_matmuls
-from meshscale.cost.kernels import (Gemm, attention_seconds, gemm_efficiency, gemm_pass_seconds, gemm_seconds,
-                                    layer_gemms, microbatch_seconds)
+from meshscale.cost.kernels import (Gemm, attention_seconds, fp8_cast_seconds, gemm_efficiency, gemm_pass_seconds,
+                                    gemm_seconds, layer_gemms, microbatch_seconds)
 from meshscale.cost.step import stage_passes
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout
@@ -76,7 +76,7 @@ def test_recompute_adds_forward_work_to_the_input_gradient_pass_only():
     model, h100 = load_model("llama2-13b"), CLUSTERS[1]
     layers = tuple(range(model.layers))
     args = (model, h100)
-    none, sel, full = (microbatch_seconds(*args, Layout(mbs=1, recompute=r), layers, True, 989e12, 2)
+    none, sel, full = (microbatch_seconds(*args, Layout(mbs=1, recompute=r), layers, True, "bf16")
                        for r in ("none", "selective", "full"))
     assert none.forward == sel.forward == full.forward and none.weight == full.weight
     assert none.backward < sel.backward < full.backward
@@ -87,7 +87,7 @@ def test_recompute_adds_forward_work_to_the_input_gradient_pass_only():
 def test_op_recompute_reruns_every_other_matmul_but_not_the_attention():
     model, a100 = load_model("llama3-8b"), CLUSTERS[0]
     layers = tuple(range(model.layers))
-    none, op = (microbatch_seconds(model, a100, Layout(mbs=1, recompute=r), layers, False, 312e12, 2)
+    none, op = (microbatch_seconds(model, a100, Layout(mbs=1, recompute=r), layers, False, "bf16")
                 for r in ("none", "op"))
     assert op.forward == none.forward and op.weight == none.weight and op.attention == none.attention
     reruns = [Gemm(model.seq, o, i) for i, o in op_recomputed_matmuls(model)]
@@ -98,7 +98,7 @@ def test_op_recompute_reruns_every_other_matmul_but_not_the_attention():
     # about a third of the layers' matmul FLOPs, between selective (attention core) and full
     share = sum(i * o for i, o in op_recomputed_matmuls(model)) / sum(i * o for i, o in block_matmuls(model))
     assert 0.3 < share < 0.4
-    full = microbatch_seconds(model, a100, Layout(mbs=1, recompute="full"), layers, False, 312e12, 2)
+    full = microbatch_seconds(model, a100, Layout(mbs=1, recompute="full"), layers, False, "bf16")
     assert none.backward < op.backward < full.backward
 
 
@@ -115,3 +115,35 @@ def test_fine_grained_experts_run_below_dense_efficiency():
     per_expert = 2 * expert.m * expert.n * expert.k * expert.batch / gemm_seconds(
         h100, expert.m, expert.n, expert.k, 989e12, 2, expert.batch) / 989e12
     assert per_expert < dense
+
+
+def test_fp8_runs_the_linear_layers_faster_and_keeps_attention_and_the_head_in_bf16():
+    """FP8 training: the layers' GEMMs at the measured FP8 speed-up over bf16 (within the fp8 peak), their
+    operands' casts as memory traffic, the attention core and the output head unchanged."""
+    a100, h100 = CLUSTERS[0], CLUSTERS[1]
+    assert h100.gemm_peak("fp8") == pytest.approx(h100.fp8_gemm_speedup * h100.peak_flops_bf16)
+    assert h100.gemm_peak("fp8") <= h100.peak_flops_fp8
+    assert a100.gemm_peak("fp8") == a100.peak_flops_bf16  # no FP8 units: nothing to gain
+    model = load_model("llama2-7b")
+    layout = Layout(mbs=1)
+    tokens = model.seq
+    gemms = layer_gemms(model, 0, layout, tokens)
+    bf16_gemm = sum(gemm_pass_seconds(h100, gemms, h100.gemm_peak("bf16"), 2))
+    fp8_gemm = sum(gemm_pass_seconds(h100, gemms, h100.gemm_peak("fp8"), 2))
+    assert 1.5 < bf16_gemm / fp8_gemm <= h100.fp8_gemm_speedup
+    cast_f, cast_b = fp8_cast_seconds(h100, gemms)
+    # forward: each GEMM's input (h, q, h, ffn wide), backward: each output gradient, 4 bytes an element
+    q = model.heads * model.head_dim
+    assert cast_f == pytest.approx(4 * tokens * (model.hidden + q + model.hidden + model.ffn) / h100.hbm_bandwidth)
+    assert cast_b == pytest.approx(4 * tokens * (q + 2 * model.kv_heads * model.head_dim + model.hidden
+                                                 + 2 * model.ffn + model.hidden) / h100.hbm_bandwidth)
+    one_layer, head = (0,), ()
+    bf16, fp8 = (microbatch_seconds(model, h100, layout, one_layer, False, p) for p in ("bf16", "fp8"))
+    assert fp8.attention == bf16.attention
+    forward = [gemm_pass_seconds(h100, gemms, h100.gemm_peak(p), 2)[0] for p in ("bf16", "fp8")]
+    assert fp8.forward - bf16.forward == pytest.approx(forward[1] - forward[0] + cast_f)
+    heads = [microbatch_seconds(model, h100, layout, head, True, p) for p in ("bf16", "fp8")]
+    assert heads[0] == heads[1]
+    # the whole step gains, but less than the GEMMs alone
+    bf16_step, fp8_step = (stage_passes(model, h100, Layout(mbs=1, dp=8), p).total for p in ("bf16", "fp8"))
+    assert 1.2 < bf16_step / fp8_step < bf16_gemm / fp8_gemm

@@ -34,10 +34,12 @@ class Link:
 # ---- what is communicated ----------------------------------------------------------------------------
 
 def data_parallel_ops(zero: int, params: float, m: int, param_bytes: int, units: int,
-                      root_params: float = 0.0, pipelined: bool = False, grad_bytes: int = 4) -> list[tuple]:
+                      root_params: float = 0.0, pipelined: bool = False, grad_bytes: int = 4,
+                      update_bytes: int = 4) -> list[tuple]:
     """The data-parallel family per optimizer step (the contract's rule, in one place).
     params: parameters on the rank; m: micro-batches per DP rank; gradients travel in `grad_bytes` per
-    parameter (fp32 unless [software] grad_reduce_fp32 is off);
+    parameter (fp32 unless [software] grad_reduce_fp32 is off), ZeRO-1/2's updated parameters in
+    `update_bytes` ([software] param_gather_fp32), ZeRO-3's gathered ones in `param_bytes`;
     units: FSDP wrapping units (layers + root); root_params: those in the root unit (embedding, final norm,
     head); pipelined: inside a pipeline schedule (pp > 1). Returns (collective, bytes, calls, overlap)."""
     grads = grad_bytes * params
@@ -46,11 +48,12 @@ def data_parallel_ops(zero: int, params: float, m: int, param_bytes: int, units:
     buckets = max(1, math.ceil(4 * params / DDP_BUCKET_BYTES))
     if zero == 0:  # DDP: one all-reduce after the last micro-batch (no_sync before)
         return [("all_reduce", grads, buckets, "backward")]
-    if zero == 1:  # reduce-scatter the gradient once; all-gather the updated fp32 params
-        return [("reduce_scatter", grads, buckets, "backward"), ("all_gather", 4 * params, buckets, "forward")]
+    if zero == 1:  # reduce-scatter the gradient once; all-gather the updated params
+        return [("reduce_scatter", grads, buckets, "backward"),
+                ("all_gather", update_bytes * params, buckets, "forward")]
     if zero == 2:  # nobody holds a full gradient: reduce-scatter every micro-batch
         return [("reduce_scatter", grads * m, buckets * m, "each_backward"),
-                ("all_gather", 4 * params, buckets, "forward")]
+                ("all_gather", update_bytes * params, buckets, "forward")]
     blocks = params - root_params
     if pipelined:
         # FSDP2 inside torch's pipeline stages (measured on torch 2.13): the stage defers gradient sync and

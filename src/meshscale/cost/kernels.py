@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from meshscale.cost import flops
+from meshscale.cost.memory import PRECISIONS
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import Layout, kv_heads_per_rank
 from meshscale.specs.model import ModelSpec
@@ -131,6 +132,16 @@ def gemm_pass_seconds(cluster: ClusterSpec, gemms: tuple, peak: float, dtype_byt
     return f, b, w
 
 
+def fp8_cast_seconds(cluster: ClusterSpec, gemms: tuple) -> tuple[float, float]:
+    """(forward, backward) memory traffic of FP8 GEMMs' operands (Transformer Engine's cast-transpose kernels;
+    FP8 formats, Micikevicius et al. 2022, arXiv:2209.05433): in forward each GEMM's bf16 input is read and
+    written as FP8 and as its FP8 transpose for the weight gradient, in backward the output gradient likewise,
+    4 bytes an element. The weights' casts, once per step, are left out."""
+    f = sum(4.0 * g.batch * g.m * g.k for g in gemms) / cluster.hbm_bandwidth
+    b = sum(4.0 * g.batch * g.m * g.n for g in gemms) / cluster.hbm_bandwidth
+    return f, b
+
+
 @dataclass(frozen=True)
 class Passes:
     """One micro-batch on one pipeline rank, seconds: forward, input gradient (with any recompute), weight
@@ -153,11 +164,11 @@ class Passes:
 
 
 def microbatch_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, layers: tuple, head: bool,
-                       peak: float, dtype_bytes: int) -> Passes:
+                       precision: str) -> Passes:
     """F, B, W of one micro-batch (layout.mbs sequences) through `layers` (and the output head when `head`)
     on one rank: shape-aware GEMMs, the attention core, and recompute's extra forward work inside B."""
     moe = sum(model.is_moe_layer(i) for i in layers) if model.is_moe else 0
-    return counted_seconds(model, cluster, kernel_shape(layout), len(layers) - moe, moe, head, peak, dtype_bytes)
+    return counted_seconds(model, cluster, kernel_shape(layout), len(layers) - moe, moe, head, precision)
 
 
 @lru_cache(maxsize=65536)
@@ -168,28 +179,33 @@ def kernel_shape(layout: Layout) -> Layout:
 
 @lru_cache(maxsize=65536)
 def counted_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Layout, dense: int, moe: int, head: bool,
-                    peak: float, dtype_bytes: int) -> Passes:
+                    precision: str) -> Passes:
     """`dense` dense and `moe` MoE layers, and the output head when `head`, under a `kernel_shape`."""
     out = Passes()
     for is_moe, count in ((False, dense), (True, moe)):
         if count:
-            out = out + layer_passes(model, cluster, shape, is_moe, peak, dtype_bytes) * count
+            out = out + layer_passes(model, cluster, shape, is_moe, precision) * count
     if head:
         tokens = shape.mbs * model.seq / shape.cp
-        f, b, w = gemm_pass_seconds(cluster, (Gemm(tokens, model.vocab / shape.tp, model.hidden),), peak,
-                                    dtype_bytes)
+        f, b, w = gemm_pass_seconds(cluster, (Gemm(tokens, model.vocab / shape.tp, model.hidden),),
+                                    cluster.bf16_work_peak(precision), PRECISIONS[precision]["compute"])
         out = out + Passes(f, b, w)
     return out
 
 
 @lru_cache(maxsize=65536)
-def layer_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, moe: bool, peak: float,
-                 dtype_bytes: int) -> Passes:
-    """One transformer layer (a MoE one when `moe`), one micro-batch."""
+def layer_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, moe: bool, precision: str) -> Passes:
+    """One transformer layer (a MoE one when `moe`), one micro-batch; under fp8 its linear layers' GEMMs in
+    FP8 with their operands' casts."""
     tokens = layout.mbs * model.seq / layout.cp
     layer = model.first_dense_layers if moe else next(i for i in range(model.layers) if not model.is_moe_layer(i))
-    f, b, w = gemm_pass_seconds(cluster, layer_gemms(model, layer, layout, tokens), peak, dtype_bytes)
-    core_f, core_b = attention_core_seconds(model, cluster, layout, tokens, peak, dtype_bytes)
+    peak, dtype_bytes = cluster.gemm_peak(precision), PRECISIONS[precision]["compute"]
+    gemms = layer_gemms(model, layer, layout, tokens)
+    f, b, w = gemm_pass_seconds(cluster, gemms, peak, dtype_bytes)
+    if precision == "fp8":
+        cast_f, cast_b = fp8_cast_seconds(cluster, gemms)
+        f, b = f + cast_f, b + cast_b
+    core_f, core_b = attention_core_seconds(model, cluster, layout, tokens, precision)
     if layout.recompute == "full":
         b += f + core_f
     elif layout.recompute == "selective":
@@ -201,12 +217,13 @@ def layer_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, moe: bo
     return Passes(f + core_f, b + core_b, w, attention)
 
 
-def attention_core_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float, peak: float,
-                           dtype_bytes: int) -> tuple[float, float]:
+def attention_core_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float,
+                           precision: str) -> tuple[float, float]:
     """One layer's attention core, (forward, backward), for `tokens` queries on this rank (heads split by TP).
     Fused: the flash kernel's throughput. Unfused (2021-22 Megatron-LM): batched QK^T and AV GEMMs per head,
     forward and their two gradients each (the softmax is memory-bound work, see step.elementwise_seconds)."""
     fused = cluster.fused_attention
+    peak, dtype_bytes = cluster.bf16_work_peak(precision), PRECISIONS[precision]["compute"]
     core = tokens * flops.attention_core_flops(model, model.seq, fused) / layout.tp
     measured = nearest(cluster.attention_rates, (model.seq / layout.cp, model.head_dim))
     if fused and measured:  # calibrated: forward + backward measured as 3x the forward FLOPs

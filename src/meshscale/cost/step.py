@@ -115,17 +115,18 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     # Under EP the routed experts reduce over their own replicas (edp), the rest over dp*cp.
     experts = expert_params_on_rank(model, layout, rank) if layout.ep > 1 else 0.0
     grad_bytes = grad_reduce_bytes(sw, precision)
+    update_bytes = 4 if sw.param_gather_fp32 else act_bytes
     if layout.dp * layout.cp > 1:
         ops += [("dp",) + op for op in comm.data_parallel_ops(layout.zero, params - experts, m, act_bytes,
                                                               n_layers + 1, root_params_on_rank(model, layout, rank),
-                                                              layout.pp > 1, grad_bytes)]
+                                                              layout.pp > 1, grad_bytes, update_bytes)]
         ops += [("dp_replicate",) + op for op in comm.replica_ops(layout.zero, params - experts, m, n_layers + 1,
                                                                   layout.shard_size, layout.replicas, layout.pp > 1,
                                                                   grad_bytes)]
     if experts and layout.dp * layout.cp > layout.ep:
         units = moe_layers * model.experts // layout.ep + 1  # zero=3: each expert is an FSDP unit (+ a root)
         ops += [("edp",) + op for op in comm.data_parallel_ops(layout.zero, experts, m, act_bytes, units, 0.0,
-                                                               layout.pp > 1, grad_bytes)]
+                                                               layout.pp > 1, grad_bytes, update_bytes)]
     crossings = comm.pipeline_sends(layout, rank) if layout.pp > 1 else 0
     ops += [("tp",) + op for op in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, first,
                                                           last, m, crossings, moe_layers)]
@@ -256,9 +257,8 @@ def chunk_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, chunk: 
     work, a third in forward and two thirds in backward, and the host time of its operators (calibrated
     clusters, cost/overhead.py). `layout` must have its mbs resolved."""
     kind = chunk_kinds(model, layout.stages)[chunk]
-    peak = cluster.peak_flops(precision)
     act_bytes = PRECISIONS[precision]["compute"]
-    kernels = counted_seconds(model, cluster, kernel_shape(layout), *kind, peak, act_bytes)
+    kernels = counted_seconds(model, cluster, kernel_shape(layout), *kind, precision)
     tokens = layout.mbs * model.seq / layout.cp
     elementwise = elementwise_seconds(model, cluster, layout, tokens, act_bytes) / layout.vpp
     host_f, host_b = overhead.chunk_seconds(cluster, layout, kind[0] + kind[1], kind[2])

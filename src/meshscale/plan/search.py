@@ -148,8 +148,6 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         raise UserError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     capacity = cluster.hbm_bytes * (1 - headroom)
     bytes_ = PRECISIONS[precision]
-    peak = cluster.peak_flops(precision)
-    rate = peak * cluster.matmul_efficiency
     enumerated = fitting = 0
     smallest = (math.inf, "")
     bounds, keys = [], []
@@ -214,7 +212,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         # critical path) x (1 + bubble ratio) + the ZeRO-1/2 parameter all-gather; latencies dropped. Compute
         # is predict's own: the kernels' F, B, W of the slowest rank plus its element-wise work (a third of it
         # in the forward), less the per-kernel overheads.
-        kernels = _pipeline_passes(model, cluster, tp, pp, cp, ep, scheds, mbs_opts, peak, bytes_["compute"])
+        kernels = _pipeline_passes(model, cluster, tp, pp, cp, ep, scheds, mbs_opts, precision)
         kernels = kernels[k_i, np.searchsorted(mbs_opts, mbs), r_i]
         elementwise = mbs * np.array([[elementwise_seconds(
             model, cluster, Layout(tp=tp, sp=sp, recompute=r, pp=pp), model.seq / cp, bytes_["compute"])
@@ -223,7 +221,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         f_o, b_o, w_o = (kernels[:, 1, i] + elementwise * share for i, share in enumerate((1 / 3, 2 / 3, 0)))
         compute = m * (f + b + w)
         forward = m * f  # what is left of a micro-batch once its backward has started
-        shape = (model, cluster, devices, tp, pp, cp, dp, ep, per_rank, bytes_["compute"], rate)
+        shape = (model, cluster, devices, tp, pp, cp, dp, ep, per_rank, bytes_["compute"], precision)
         layouts = [Layout(dp=dp, tp=tp, pp=pp, vpp=vv, schedule=n, cp=cp, ep=ep) for n, vv in scheds]
         owned = [[len(stage_layers(model, lay, r)) for r in range(pp)] for lay in layouts]
         fewest, most = min(map(min, owned)), max(map(max, owned))
@@ -243,7 +241,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
             return np.where(shard == shards[0], full, hybrid)
 
         ag, rs = per_byte("all_gather"), per_byte("reduce_scatter")
-        gather = ag * 4 * p_k if not cluster.software.param_gather_overlap else 0.0
+        update = 4 if cluster.software.param_gather_fp32 else bytes_["compute"]  # comm.data_parallel_ops
+        gather = ag * update * p_k if not cluster.software.param_gather_overlap else 0.0
         ratio = _bubble(scheds, k_i, pp, m, f_o, b_o, w_o) * (f_o + b_o + w_o) / (f + b + w)
         # a V whose rank 0 is the slowest: predict's pipeline.bubble_ratio with the V's ends, less ZB-V's warm-up;
         # ZB-H1: the others' span, below predict's whichever rank is the slowest
@@ -327,7 +326,8 @@ def _time_no_latency(cluster, devices, collective, nbytes, size, stride) -> floa
     return comm.collective_time(collective, nbytes, 0, size, comm.group_link(cluster, devices, size, stride))
 
 
-def _floor_tp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, rate, recompute, fewest) -> float:
+def _floor_tp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, precision, recompute,
+              fewest) -> float:
     """Bandwidth time of the TP traffic for the whole step on the lightest rank (`fewest` layers; with layers
     not divisible by the chunks that is fewer than layers / pp). EP all-to-alls are left out: another
     micro-batch's compute may hide them (dualpipev, ep_comm_overlap)."""
@@ -344,7 +344,7 @@ def _floor_tp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, 
                if c != "all_reduce" and not hidden.get(o, False))
 
 
-def _floor_cp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, rate, recompute, fewest,
+def _floor_cp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, precision, recompute, fewest,
               most) -> float:
     """The CP ring time the attention cannot hide: the ring of the rank with the `fewest` layers against the
     attention of the `most`. A fused kernel's time is linear in the tokens, so it does not depend on mbs; the
@@ -352,8 +352,7 @@ def _floor_cp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, 
     if cp == 1 or not cluster.fused_attention:
         return 0.0
     layout = Layout(dp=dp, tp=tp, cp=cp, ep=ep, recompute=recompute, mbs=1)
-    f, b = attention_core_seconds(model, cluster, layout, model.seq / cp, rate / cluster.matmul_efficiency,
-                                  act_bytes)
+    f, b = attention_core_seconds(model, cluster, layout, model.seq / cp, precision)
     attention = per_rank * most * (f + b + (f if recompute != "none" else 0.0))
     tokens = per_rank * model.seq / cp
     ring = sum(_time_no_latency(cluster, devices, c, nbytes, cp, tp)
@@ -361,7 +360,8 @@ def _floor_cp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, 
     return max(0.0, ring - attention)
 
 
-def _floor_pp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, rate, schedule, vpp) -> float:
+def _floor_pp(model, cluster, devices, tp, pp, cp, dp, ep, per_rank, act_bytes, precision, schedule,
+              vpp) -> float:
     if pp == 1:
         return 0.0
     layout = Layout(dp=dp, tp=tp, cp=cp, pp=pp, vpp=vpp, schedule=schedule)
@@ -379,7 +379,7 @@ def _bubble(scheds, k_i, pp, m, f, b, w):
     return out
 
 
-def _pipeline_passes(model, cluster, tp, pp, cp, ep, scheds, mbs_opts, peak, act_bytes) -> np.ndarray:
+def _pipeline_passes(model, cluster, tp, pp, cp, ep, scheds, mbs_opts, precision) -> np.ndarray:
     """The kernels' F, B, W of one micro-batch on the slowest pipeline rank, their mean over the other ranks and
     the slowest rank's lead, as predict's pipeline_passes charges them (less the element-wise work, alike on
     every rank), per schedule x mbs x recompute: an array (schedules, mbs, recompute, 5, 3), the lead in
@@ -393,7 +393,7 @@ def _pipeline_passes(model, cluster, tp, pp, cp, ep, scheds, mbs_opts, peak, act
         for r, recompute in enumerate(RECOMPUTE):
             shape = kernel_shape(Layout(tp=tp, cp=cp, ep=ep, dp=ep, mbs=mbs, recompute=recompute))
             for i, kind in enumerate(kinds):
-                p = counted_seconds(model, cluster, shape, *kind, peak, act_bytes)
+                p = counted_seconds(model, cluster, shape, *kind, precision)
                 unit[j, r, i] = p.forward, p.backward, p.weight
     placements = {}  # (chunks, V-shaped) -> the (slowest, mean of the others, lead, ends) its schedules share
     out = np.zeros((len(scheds), len(mbs_opts), len(RECOMPUTE), 5, 3))

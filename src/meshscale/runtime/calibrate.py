@@ -231,12 +231,14 @@ def cluster_fields(per_rank: list[dict], device, nproc: int, method: str) -> dic
               "peak_flops_fp32": best,
               "matmul_efficiency": 1.0,
               "op_overhead_s": med(r["op_overhead"] for r in per_rank),
-              "attention_rates": attention, "gemm_rates": gemm, "default_devices": nproc}
+              "attention_rates": attention, "gemm_rates": gemm, "default_devices": nproc,
+              # our runtime keeps fp32 parameters under autocast, so ZeRO-1/2 gathers them in fp32
+              "software": {"param_gather_fp32": True}}
     if device.type == "cpu":
         # The ranks measured at once share this host's cores; a job with more ranks per host shares them too.
         # Our runtime runs each element-wise operator eagerly and keeps what autograd saves (cost/memory.py).
         fields["calibrated_ranks"] = nproc
-        fields["software"] = {"fused_elementwise": False}
+        fields["software"]["fused_elementwise"] = False
     if "collectives" in first:
         kinds = []
         for kind in KINDS:
@@ -244,7 +246,7 @@ def cluster_fields(per_rank: list[dict], device, nproc: int, method: str) -> dic
                        for i, (b, _) in enumerate(first["collectives"][kind])]
             kinds.append((kind, *alpha_beta(kind, samples, nproc)))
         ar = next(k for k in kinds if k[0] == "all_reduce")
-        fields.setdefault("software", {})["overlap_efficiency"] = med(r["overlap"] for r in per_rank)
+        fields["software"]["overlap_efficiency"] = med(r["overlap"] for r in per_rank)
         fields["fsdp_unit_overhead_s"] = med(r["fsdp"][0] for r in per_rank)
         fields["fsdp_tensor_overhead_s"] = med(r["fsdp"][1] for r in per_rank)
         # The tier carries the fastest kind's bandwidth, so the planner's latency-free bound stays a bound.

@@ -42,6 +42,10 @@ class Software:
     # all-reduce for bf16); false: in the 2-byte compute dtype, as Megatron-LM's fp16 runs did (its
     # --accumulate-allreduce-grads-in-fp32 is off by default).
     grad_reduce_fp32: bool = True
+    # ZeRO-1/2 all-gather the updated parameters in fp32 (our runtime: its parameters stay fp32 under
+    # autocast); false: in the compute dtype, as Megatron-Core's distributed optimizer gathers its bf16 model
+    # parameters (core/distributed/param_and_grad_buffer.py) and DeepSpeed's stage 1/2 its 16-bit partitions.
+    param_gather_fp32: bool = False
     # Element-wise work (norms, RoPE, activations, residuals) in fused kernels (Megatron's fused norm and bias-
     # activation kernels, XLA, torch.compile); false: one kernel per operator, as eager PyTorch runs it.
     fused_elementwise: bool = True
@@ -77,6 +81,11 @@ class ClusterSpec:
     gemm_tile: tuple = (128, 128)
     gemm_k_overhead: int = 0
     attention_efficiency: float = 0.0
+    # FP8 training (Transformer Engine) runs the linear layers' GEMMs in FP8 at this multiple of the bf16 rate:
+    # the FP8-over-BF16 speed-up cuBLAS measures on large Hopper matmuls, 1.75x (NVIDIA technical blog
+    # "Boosting Matrix Multiplication Speed and Flexibility with NVIDIA cuBLAS 12.9", 2025), never above the
+    # fp8 peak (so 1x where there are no FP8 units); the fused attention kernel stays in bf16.
+    fp8_gemm_speedup: float = 1.75
     software: Software = Software()
     # Measured on the machine in hand by `meshscale calibrate` (runtime/calibrate.py); presets leave them
     # empty. cost/kernels.py uses the rates, cost/overhead.py the operator and collective figures.
@@ -117,6 +126,8 @@ class ClusterSpec:
             raise UserError(f"cluster {self.name}: matmul_efficiency must be in (0, 1]")
         if not 0 <= self.attention_efficiency <= 1:
             raise UserError(f"cluster {self.name}: attention_efficiency must be in [0, 1] (0: matmul_efficiency)")
+        if self.fp8_gemm_speedup < 1:
+            raise UserError(f"cluster {self.name}: fp8_gemm_speedup must be >= 1 (FP8 GEMMs over bf16 ones)")
         if len(self.gemm_tile) != 2 or min(self.gemm_tile) < 1 or self.compute_units < 0 or self.gemm_k_overhead < 0:
             raise UserError(f"cluster {self.name}: gemm_tile needs two positive sizes; compute_units and "
                             "gemm_k_overhead must be >= 0")
@@ -142,6 +153,18 @@ class ClusterSpec:
         peak = {"bf16": self.peak_flops_bf16, "fp8": self.peak_flops_fp8 or self.peak_flops_bf16,
                 "fp32": self.peak_flops_fp32 or self.peak_flops_bf16 / 2}
         return peak.get(precision, self.peak_flops_bf16)
+
+    def gemm_peak(self, precision: str) -> float:
+        """The peak the linear layers' GEMMs run against (matmul_efficiency of it at best): FP8 GEMMs at the
+        measured speed-up over bf16 ones, within the fp8 peak."""
+        if precision == "fp8":
+            return min(self.peak_flops("fp8"), self.peak_flops_bf16 * self.fp8_gemm_speedup)
+        return self.peak_flops(precision)
+
+    def bf16_work_peak(self, precision: str) -> float:
+        """The peak of the work FP8 recipes keep in bf16: the attention core (Transformer Engine's fp8_dpa is
+        off by default) and the output head (Megatron-Core's output layer is not a Transformer Engine module)."""
+        return self.peak_flops("bf16" if precision == "fp8" else precision)
 
     @property
     def fast_domain(self) -> int:
@@ -249,7 +272,7 @@ PRESETS: dict[str, ClusterSpec] = {
     "local-cpu": ClusterSpec(name="local-cpu", accelerator="cpu (2 cores)", peak_flops_bf16=1e10,
                              peak_flops_fp8=0.0, peak_flops_fp32=3.4e10, hbm_bytes=8 * GB, hbm_bandwidth=10e9,
                              matmul_efficiency=1.0, tiers=(Tier("loopback", 0, 0.87e9, 3.5e-4, 1.0),),
-                             default_devices=2, gemm_tile=(1, 1)),
+                             default_devices=2, gemm_tile=(1, 1), software=Software(param_gather_fp32=True)),
 }
 
 # Power per device, (board power, idle power) in W, for `meshscale scale`'s energy per token: a device draws
