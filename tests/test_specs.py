@@ -53,6 +53,30 @@ def test_bad_fields(tmp_path):
                     hbm_bytes=1, hbm_bandwidth=1, matmul_efficiency=1.5, tiers=(Tier("a", 0, 1, 0, 1),))
 
 
+@pytest.mark.parametrize("text, match", [
+    ('matmul_efficiency = "0.5"', "matmul_efficiency must be a number, got '0.5'"),
+    ("compute_units = 1.5", "compute_units must be an integer"),
+    ("compute_units = true", "compute_units must be an integer"),
+    ('fp8_gemm_speedup = 0.5', "fp8_gemm_speedup must be >= 1"),
+    ('[software]\nparam_gather_fp32 = "yes"', "param_gather_fp32 must be true or false"),
+    ("bogus = 3", "unknown field"),
+])
+def test_mistyped_fields_of_a_based_file_are_one_line(tmp_path, text, match):
+    path = tmp_path / "c.toml"
+    path.write_text(f'base = "h100-80gb"\n{text}\n')
+    with pytest.raises(UserError, match=match):
+        load_cluster(str(path))
+
+
+def test_an_integer_stands_for_a_float_but_not_for_a_bool(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('base = "h100-80gb"\nmatmul_efficiency = 1\nfp8_gemm_speedup = 2\n')
+    assert load_cluster(str(path)).matmul_efficiency == 1
+    path.write_text('base = "h100-80gb"\n[software]\ntp_comm_overlap = 1\n')
+    with pytest.raises(UserError, match="tp_comm_overlap must be true or false"):
+        load_cluster(str(path))
+
+
 def test_tp_splits_or_replicates_kv_heads_and_nothing_else():
     from dataclasses import replace
 
@@ -64,3 +88,19 @@ def test_tp_splits_or_replicates_kv_heads_and_nothing_else():
     check_against(Layout(tp=6), model)  # a multiple of kv_heads: each rank a copy of its KV head
     with pytest.raises(UserError, match="either divide kv_heads \\(3\\) or be a multiple of it"):
         check_against(Layout(tp=2), model)
+
+
+def test_mistyped_model_and_train_files_are_one_line(tmp_path):
+    from meshscale.runtime.config import load_config
+    from meshscale.specs.model import load_model
+
+    model = tmp_path / "m.json"
+    model.write_text(json.dumps({"name": "m", "layers": "2", "hidden": 64, "heads": 8, "ffn": 128, "vocab": 256}))
+    with pytest.raises(UserError, match="layers must be an integer, got '2'"):
+        load_model(str(model))
+    train = tmp_path / "t.toml"
+    train.write_text('[train]\nsteps = "5"\n')
+    with pytest.raises(UserError, match="steps must be an integer"):
+        load_config(str(train), {})
+    train.write_text('[train]\nlr = 1\nsteps = 5\n')  # an integer learning rate is a number
+    assert load_config(str(train), {}).lr == 1

@@ -298,13 +298,10 @@ def load_cluster(name_or_path: str) -> ClusterSpec:
     if base is not None:
         if base not in PRESETS:
             raise UserError(f"{name_or_path}: unknown base preset {base!r}; choose one of {', '.join(PRESETS)}")
-        known = set(ClusterSpec.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise UserError(f"{name_or_path}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        preset = PRESETS[base]
         if isinstance(data.get("software"), dict):  # a [software] table overrides the base's one key by key
-            data["software"] = {**asdict(PRESETS[base].software), **data["software"]}
-        return replace(PRESETS[base], **data)
+            data["software"] = {**asdict(preset.software), **data["software"]}
+        data = {**{name: getattr(preset, name) for name in ClusterSpec.__dataclass_fields__}, **data}
     return build(ClusterSpec, data, name_or_path)
 
 

@@ -34,12 +34,24 @@ def read_spec_file(name_or_path: str, presets: dict, kind: str) -> dict:
     return read_mapping(name_or_path)
 
 
+# What a file may give for a field of each scalar type (TOML and JSON integers are floats too; a boolean is
+# neither, though Python counts it an int).
+_ACCEPTS = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}
+_WHAT = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
 def build(cls, fields: dict, source: str):
-    """Construct dataclass `cls` from `fields`, naming unknown keys instead of raising TypeError."""
+    """Construct dataclass `cls` from `fields`, naming unknown keys and mistyped values instead of raising
+    TypeError (or failing later, in a comparison)."""
     known = set(cls.__dataclass_fields__)
     unknown = sorted(set(fields) - known)
     if unknown:
         raise UserError(f"{source}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    for name, field in cls.__dataclass_fields__.items():
+        accepts, value = _ACCEPTS.get(field.type), fields.get(name)
+        if name in fields and accepts and (not isinstance(value, accepts)
+                                           or (isinstance(value, bool) and bool not in accepts)):
+            raise UserError(f"{source}: {name} must be {_WHAT[field.type]}, got {value!r}")
     try:
         return cls(**fields)
     except TypeError as e:
