@@ -252,14 +252,14 @@ def nemo_runs():
         return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn,
                          vocab=256000, seq=4096, mlp="gelu")
 
-    models = {"GPT3-5B": gpt3("gpt3-5b", 24, 4096, 32), "GPT3-20B": gpt3("gpt3-20b", 44, 6144, 48),
-              "GPT3-175B": gpt3("gpt3-175b", 96, 12288, 96), "Nemotron-8B": nemotron("nemotron-8b", 32, 4096, 32, 0,
-                                                                                     16384),
+    models = {"GPT3-5B": gpt3("gpt3-5b", 24, 4096, 32),
+              "GPT3-20B": gpt3("gpt3-20b", 44, 6144, 48),
+              "GPT3-175B": gpt3("gpt3-175b", 96, 12288, 96),
+              "Nemotron-8B": nemotron("nemotron-8b", 32, 4096, 32, 0, 16384),
               "Nemotron-22B": nemotron("nemotron-22b", 40, 6144, 48, 0, 24576),
               "Nemotron-340B": nemotron("nemotron-340b", 96, 18432, 96, 8, 73728),
-              "LLAMA2-7B": load_model("llama2-7b"), "LLAMA2-13B": load_model("llama2-13b"),
-              "LLAMA2-70B": load_model("llama2-70b"), "LLAMA3-8B": load_model("llama3-8b"),
-              "LLAMA3-70B": load_model("llama3-70b")}
+              **{name.upper(): load_model(name) for name in ("llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b",
+                                                             "llama3-70b")}}
     # (model, GPUs, GBS, MBS, seq, TP, PP, CP, VP, tokens/s per GPU, TP overlap, fp32 gradients)
     rows = [("GPT3-5B", 64, 2048, 4, 2048, 1, 1, 1, 1, 22521, False, False),
             ("GPT3-20B", 64, 256, 2, 2048, 2, 1, 1, 1, 5851, True, False),
