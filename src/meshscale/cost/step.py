@@ -115,7 +115,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     # Under EP the routed experts reduce over their own replicas (edp), the rest over dp*cp.
     experts = expert_params_on_rank(model, layout, rank) if layout.ep > 1 else 0.0
     grad_bytes = grad_reduce_bytes(sw, precision)
-    update_bytes = 4 if sw.param_gather_fp32 else act_bytes
+    update_bytes = param_gather_bytes(sw, precision)
     if layout.dp * layout.cp > 1:
         ops += [("dp",) + op for op in comm.data_parallel_ops(layout.zero, params - experts, m, act_bytes,
                                                               n_layers + 1, root_params_on_rank(model, layout, rank),
@@ -217,6 +217,12 @@ def grad_reduce_bytes(sw, precision: str) -> int:
     """Bytes per parameter the gradient reduction moves: fp32, or the compute dtype where the software
     reduces in it ([software] grad_reduce_fp32)."""
     return 4 if sw.grad_reduce_fp32 else PRECISIONS[precision]["compute"]
+
+
+def param_gather_bytes(sw, precision: str) -> int:
+    """Bytes per parameter ZeRO-1/2's all-gather of the updated parameters moves: fp32, or the compute dtype
+    ([software] param_gather_fp32)."""
+    return 4 if sw.param_gather_fp32 else PRECISIONS[precision]["compute"]
 
 
 def _hides(overlap: str, sw, layout: Layout, m: int) -> str:

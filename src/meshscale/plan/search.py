@@ -20,7 +20,8 @@ from meshscale.cost.memory import (PRECISIONS, _expert_params_per_rank, _held, _
                                    activation_bytes_per_layer, busiest_rank, expert_params_on_rank, params_on_rank,
                                    rebuilt_layer_bytes, root_params_on_rank, stage_layers, zero_copy_bytes)
 from meshscale.cost.pipeline import schedule_bubble, v_tail
-from meshscale.cost.step import Prediction, chunk_kinds, elementwise_seconds, grad_reduce_bytes, rank_kinds
+from meshscale.cost.step import (Prediction, chunk_kinds, elementwise_seconds, grad_reduce_bytes, param_gather_bytes,
+                                  rank_kinds)
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import RECOMPUTE, SCHEDULES, V_SCHEDULES, Layout, check_against, kv_heads_fit
@@ -241,7 +242,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
             return np.where(shard == shards[0], full, hybrid)
 
         ag, rs = per_byte("all_gather"), per_byte("reduce_scatter")
-        update = 4 if cluster.software.param_gather_fp32 else bytes_["compute"]  # comm.data_parallel_ops
+        update = param_gather_bytes(cluster.software, precision)
         gather = ag * update * p_k if not cluster.software.param_gather_overlap else 0.0
         ratio = _bubble(scheds, k_i, pp, m, f_o, b_o, w_o) * (f_o + b_o + w_o) / (f + b + w)
         # a V whose rank 0 is the slowest: predict's pipeline.bubble_ratio with the V's ends, less ZB-V's warm-up;

@@ -47,11 +47,11 @@ def build(cls, fields: dict, source: str):
     unknown = sorted(set(fields) - known)
     if unknown:
         raise UserError(f"{source}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    for name, field in cls.__dataclass_fields__.items():
-        accepts, value = _ACCEPTS.get(field.type), fields.get(name)
-        if name in fields and accepts and (not isinstance(value, accepts)
-                                           or (isinstance(value, bool) and bool not in accepts)):
-            raise UserError(f"{source}: {name} must be {_WHAT[field.type]}, got {value!r}")
+    for name, value in fields.items():
+        kind = cls.__dataclass_fields__[name].type
+        accepts = _ACCEPTS.get(kind)
+        if accepts and (not isinstance(value, accepts) or (isinstance(value, bool) and bool not in accepts)):
+            raise UserError(f"{source}: {name} must be {_WHAT[kind]}, got {value!r}")
     try:
         return cls(**fields)
     except TypeError as e:
