@@ -1,7 +1,7 @@
 """The simulator against measured pipelines: train each schedule at pp=2 and pp=4 on this machine with
 --trace, replay the measured F/B/W durations through the simulator's schedule orders, and compare the
 bubbles (target, issue 11: within 5 percentage points on every pipeline rank).
-Run: PYTHONPATH=src python benchmarks/sim_vs_trace.py   (about 15 minutes on 2 shared cores)
+Run: PYTHONPATH=src python benchmarks/sim_vs_trace.py   (7-15 minutes on 2 cores)
 """
 
 import os

@@ -29,16 +29,15 @@ slowest stage sets the throughput), i.e. m*T_s plus (p-1) times the others' mean
 each form above to the other ranks' mean F, B, W (so it is unchanged when the ranks are even), over the
 slowest rank's compute. When the slowest rank holds the head (the last rank; rank 0, which holds both ends,
 under the V schedules), the step of ZB-H1, ZB-V and DualPipeV is the later of the others' span (their work
-and bubble) and the slowest rank's work plus its own idle (`head_idle`): ZB-H1's warm-up and cool-down,
-ZB-V's warm-up (left open by fewer than 2p-1 micro-batches) and the tail of its cool-down (`v_tail`),
-DualPipeV's (p-1)(B-W)/2.
+and bubble; under ZB-V with rank 0's last chunk on their chain, `head_on_chain`) and the slowest rank's work
+plus its own idle (`head_idle`): ZB-H1's warm-up and cool-down, ZB-V's warm-up (left open by fewer than 2p-1
+micro-batches) and the tail of its cool-down (`v_tail`), DualPipeV's (p-1)(B-W)/2.
 While the slowest rank is ahead of the next slowest by a margin (its lead), the others deliver its inputs
 early and the stage-boundary sends hide behind it, but for those on the path of the first micro-batch's
 forward and the last one's backward (cost/step.py). Against the simulator's replay of torch's orders
 (benchmarks/sim_vs_predict.py: llama2-7b, llama3-8b, llama2-70b at tp=8, pp 2-8, m = p..8p) the median gap
 is 0.01-0.05% per schedule; GPipe and 1F1B within 0.8% of the step, interleaved within 1.1%, ZB-H1 within
-0.5%, DualPipeV within 1.0%, ZB-V within 2% but at m = p (2.4%, where rank 0's cool-down waits on the others'
-backward pace).
+0.5%, ZB-V and DualPipeV within 1.0%.
 """
 
 from meshscale.specs.layout import V_SCHEDULES, Layout
@@ -75,8 +74,17 @@ def bubble_ratio(layout: Layout, m: int, slowest=None, others=None, ends=None) -
     if ends is None or layout.schedule not in HEAD_IDLE_SCHEDULES:
         return ratio
     # the others' span (their work and bubble) against the slowest rank's work and idle: whichever ends later
-    return max(head_idle(layout.schedule, layout.pp, m, others, *ends) / (m * slowest.total),
-               ratio + others.total / slowest.total - 1)
+    span = ratio + (others.total + head_on_chain(layout.schedule, others, ends[1]) / m) / slowest.total - 1
+    return max(head_idle(layout.schedule, layout.pp, m, others, *ends) / (m * slowest.total), span)
+
+
+def head_on_chain(schedule: str, others, last):
+    """ZB-V: the others' chain of input gradients starts with a micro-batch's forward and input gradient on
+    the last chunk, rank 0's: what they take beyond an other rank's chunk (half its passes) lengthens their
+    span (exact against the simulator at m = p, where that span sets the step). Works on arrays."""
+    if schedule != "zbv":
+        return 0.0
+    return last.forward + last.backward - (others.forward + others.backward) / 2
 
 
 HEAD_IDLE_SCHEDULES = ("zb",) + V_SCHEDULES

@@ -19,7 +19,7 @@ from meshscale.cost.kernels import Passes, attention_core_seconds, counted_secon
 from meshscale.cost.memory import (PRECISIONS, _expert_params_per_rank, _held, _params_per_rank,
                                    activation_bytes_per_layer, busiest_rank, expert_params_on_rank, params_on_rank,
                                    rebuilt_layer_bytes, root_params_on_rank, stage_layers, zero_copy_bytes)
-from meshscale.cost.pipeline import schedule_bubble, v_tail
+from meshscale.cost.pipeline import head_on_chain, schedule_bubble, v_tail
 from meshscale.cost.step import (Prediction, chunk_kinds, elementwise_seconds, grad_reduce_bytes, param_gather_bytes,
                                   rank_kinds)
 from meshscale.errors import UserError
@@ -250,8 +250,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         v_first = np.array([n in V_SCHEDULES for n in names])[k_i] & (kernels[:, 2, 1] == 1)
         beyond = ratio + (f_o + b_o + w_o) / (f + b + w) - 1
         if v_first.any():
+            zbv = np.array([n == "zbv" for n in names])[k_i]
+            last = Passes(kernels[:, 4, 0] + elementwise / 6, kernels[:, 4, 1] + elementwise / 3)  # half of it
+            beyond = np.where(v_first & zbv, beyond + head_on_chain("zbv", Passes(f_o, b_o), last) / (m * (f + b + w)),
+                              beyond)
             first = Passes(0.0, kernels[:, 3, 1] + elementwise / 3, kernels[:, 3, 2])  # B: 2/3 of half of it
-            tail = np.where(np.array([n == "zbv" for n in names])[k_i],
+            tail = np.where(zbv,
                             v_tail(pp, Passes(0.0, b_o), first, Passes(weight=kernels[:, 4, 2]), np.maximum),
                             (pp - 1) * (b_o - w_o) / 2)
             ratio = np.where(v_first, np.maximum(tail / compute, beyond), ratio)

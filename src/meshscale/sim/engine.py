@@ -45,10 +45,12 @@ class PipelineRun:
     events: list = field(default_factory=list)
 
 
-def run(orders: tuple, owner, seconds, send, fsdp_share=None, replica: int = 0) -> PipelineRun:
+def run(orders: tuple, owner, seconds, send, fsdp_share=None, replica: int = 0, before=None) -> PipelineRun:
     """orders: per rank, (stage, kind, mb) tuples; owner(stage) -> rank; seconds(rank, stage, kind, mb) ->
-    (compute, inline collectives); send(from rank, to rank) -> seconds of a stage-boundary send; fsdp_share(rank, stage, compute) ->
-    (FSDP traffic seconds of a pass of that compute time, its wrapping units) (None: no FSDP)."""
+    (compute, inline collectives); send(from rank, to rank) -> seconds of a stage-boundary send;
+    fsdp_share(rank, stage, compute) -> (FSDP traffic seconds of a pass of that compute time, its wrapping
+    units) (None: no FSDP); before(rank, stage, kind, mb) -> seconds its rank spends between its previous pass
+    and this one, however early the inputs came (None: nothing; a measured trace's replay)."""
     last_stage = max(a[0] for order in orders for a in order)
     done: dict = {}  # output(...) -> when it was ready
     free = [0.0] * len(orders)
@@ -72,6 +74,8 @@ def run(orders: tuple, owner, seconds, send, fsdp_share=None, replica: int = 0) 
                     if t > ready:
                         ready, wait_on = t, (src if src != r else None)
                 compute, inline = seconds(r, stage, kind, mb)
+                if before is not None and at[r]:
+                    free[r] += before(r, stage, kind, mb)
                 start = max(free[r], ready)
                 waited = max(0.0, ready - free[r])
                 t, gather_wait = start, 0.0

@@ -3,12 +3,19 @@ trace (runtime/trace.py), fed through the same schedule orders, beside the bubbl
 Each pass keeps its own measured duration, not a mean: a pipeline's span is a max over paths, and averaging
 the durations first would understate it.
 
-The gaps between passes are measured from the trace too (`gaps`). Both bubbles are in the trace's own form
-(runtime/trace.py measured_bubble): per pipeline rank, the fraction of the step (first pass start to last
-pass end, over all ranks) its rank spent outside F/B/W.
+What a rank spends between passes is measured from the trace too (`gaps`), in three kinds, since they
+differ by up to tenfold: a pass whose input from another rank came after its rank was free starts a send's
+delivery after that input was made; one whose input was made while its rank was still busy starts after its
+rank's previous pass plus a delivery that only then begins (gloo moves a message once its receive is
+posted, which torch's schedules do after the rank's previous pass); a pass with no input from another rank
+starts after its rank's own bookkeeping. Each kind is charged its mean, not its median: a rank's idle is the
+sum of its gaps, and on shared cores (4 ranks on 2) a long tail of them is a rank waiting for a core.
+Both bubbles are in the trace's own form (runtime/trace.py measured_bubble): per pipeline rank, the fraction
+of the step (first pass start to last pass end, over all ranks) its rank spent outside F/B/W.
 """
 
 import json
+import statistics
 from dataclasses import dataclass
 
 from meshscale.errors import UserError
@@ -17,30 +24,37 @@ from meshscale.sim.schedule import rank_orders, stage_owner
 from meshscale.specs.layout import V_SCHEDULES, Layout
 
 
-def gaps(events: list[dict], owner) -> tuple[float, float]:
-    """What this machine spends between passes, from the trace: (the stage-boundary send, the median delay
-    from a pass ending on one rank to the pass that waited for its output starting on another; the time
-    between two passes of one rank when nothing was awaited: receive posting, the sends a rank waits on,
-    the schedule's own bookkeeping)."""
-    end = {(e["kind"] == "F", e["stage"], e["mb"]): e["end"] for e in events if e["kind"] in "FB"}
-    sends, between = [], []
+@dataclass
+class Gaps:
+    """Mean seconds from what a pass waited for to its start (see the module docstring)."""
+    delivered: float  # from the other rank's pass that made its input, when that came after its rank was free
+    posted: float  # from its rank's previous pass, when its input from another rank was already made
+    local: float  # from its rank's previous pass, when it has no input from another rank
+
+
+def gaps(events: list[dict], owner) -> Gaps:
+    """The trace's gaps of each kind; owner(stage) -> the pipeline rank holding it."""
+    made = {(e["kind"] == "F", e["stage"], e["mb"]): e["end"] for e in events if e["kind"] in "FB"}
+    kinds: dict = {"delivered": [], "posted": [], "local": []}
     for rank in {e["rank"] for e in events}:
         mine = sorted((e for e in events if e["rank"] == rank), key=lambda e: e["start"])
         for before, e in zip(mine, mine[1:]):
             source = e["stage"] - 1 if e["kind"] == "F" else e["stage"] + 1
-            sent = end.get((e["kind"] == "F", source, e["mb"])) if e["kind"] in "FB" else None
-            if sent is not None and owner(source) != rank and before["end"] < sent:
-                sends.append(e["start"] - sent)
+            sent = made.get((e["kind"] == "F", source, e["mb"])) if e["kind"] in "FB" else None
+            if sent is None or owner(source) == rank:
+                kinds["local"].append(e["start"] - before["end"])
+            elif sent > before["end"]:
+                kinds["delivered"].append(e["start"] - sent)
             else:
-                between.append(e["start"] - before["end"])
-    median = lambda xs: sorted(xs)[len(xs) // 2] if xs else 0.0  # noqa: E731
-    return median(sends), median(between)
+                kinds["posted"].append(e["start"] - before["end"])
+    return Gaps(**{k: statistics.mean(v) if v else 0.0 for k, v in kinds.items()})
 
 
 @dataclass
 class Replay:
     measured: list  # bubble per pipeline rank, from the trace
     simulated: list  # the same, simulated from the trace's pass durations
+    gaps: Gaps  # what the replay charged between passes
 
 
 def read_trace(path: str) -> list[dict]:
@@ -68,14 +82,19 @@ def replay(path: str, layout: Layout, m: int) -> Replay:
     kinds = {"F": ("F",), "I": ("B",), "W": ("W",), "B": ("B",)}
     v_shape = layout.schedule in V_SCHEDULES
     owner = lambda s: stage_owner(s, layout.pp, v_shape)  # noqa: E731
-    send_s, between_s = gaps(events, owner)
+    gap = gaps(events, owner)
 
-    def seconds(rank, stage, kind, mb):  # the time between passes counts as idle, as in the measured bubble
-        return sum(took.get((stage, k, mb), 0.0) for k in kinds[kind]), between_s
+    def seconds(rank, stage, kind, mb):
+        return sum(took.get((stage, k, mb), 0.0) for k in kinds[kind]), 0.0
 
-    run = engine.run(rank_orders(layout.schedule, layout.pp, layout.vpp, m), owner, seconds, lambda a, b: send_s)
+    def before(rank, stage, kind, mb):  # idle, as in the measured bubble
+        crosses = any(owner(d[1]) != rank for d in engine.inputs(stage, kind, mb, layout.stages - 1))
+        return gap.posted if crosses else gap.local
+
+    run = engine.run(rank_orders(layout.schedule, layout.pp, layout.vpp, m), owner, seconds,
+                     lambda a, b: gap.delivered, before=before)
     span = max(p.end for p in run.passes)
     simulated = [1 - sum(p.compute for p in run.passes if p.rank == r) / span for r in range(layout.pp)]
     t0, t1 = min(e["start"] for e in events), max(e["end"] for e in events)
     measured = [1 - sum(e["end"] - e["start"] for e in events if e["rank"] == r) / (t1 - t0) for r in range(layout.pp)]
-    return Replay(measured, simulated)
+    return Replay(measured, simulated, gap)
