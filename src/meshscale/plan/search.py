@@ -11,6 +11,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from itertools import product
+from operator import itemgetter
 
 import numpy as np
 
@@ -284,12 +285,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         return Plan([], enumerated, 0, 0, time.perf_counter() - start, smallest, fixed=fix)
 
     order = np.argsort(np.array(bounds), kind="stable")
-    best: list[Prediction] = []  # the top K
+    best: list = []  # the top K, (rank_key, Prediction), keyed once
     by_shape: dict = {}  # the best layout of each parallel shape: the alternatives the explanation cites
     evaluated = 0
     for i in order:
         if prune and len(best) >= top and len(by_shape) >= ALTERNATIVES:
-            cutoff = max(best[-1].step_time_s, sorted(p.step_time_s for p in by_shape.values())[ALTERNATIVES - 1])
+            cutoff = max(best[-1][1].step_time_s,
+                         sorted(p.step_time_s for _, p in by_shape.values())[ALTERNATIVES - 1])
             if bounds[i] >= cutoff:
                 break
         tp, pp, cp, dp, ep, z, sh, sp, (sched, v), mbs, rec = keys[i]
@@ -301,12 +303,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         evaluated += 1
         if pred.memory_per_device_bytes["total"] > capacity:
             continue
-        best = sorted(best + [pred], key=rank_key)[:top]
+        key = rank_key(pred)
+        best = sorted(best + [(key, pred)], key=itemgetter(0))[:top]
         shape = (tp, pp, cp, dp, ep, int(z), layout.shard)
-        if shape not in by_shape or rank_key(pred) < rank_key(by_shape[shape]):
-            by_shape[shape] = pred
-    alternatives = sorted(by_shape.values(), key=rank_key)[1:ALTERNATIVES]
-    return Plan(best, enumerated, fitting, evaluated, time.perf_counter() - start, smallest,
+        if shape not in by_shape or key < by_shape[shape][0]:
+            by_shape[shape] = key, pred
+    alternatives = [p for _, p in sorted(by_shape.values(), key=itemgetter(0))[1:ALTERNATIVES]]
+    return Plan([p for _, p in best], enumerated, fitting, evaluated, time.perf_counter() - start, smallest,
                 rejected=alternatives, fixed=fix)
 
 

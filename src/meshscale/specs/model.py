@@ -131,7 +131,8 @@ class ModelSpec:
         return self.attention_params() + mlp + self.norm_params()
 
     def param_count(self) -> int:
-        return self.embedding_params() + sum(self.layer_params(i) for i in range(self.layers))
+        mlp = self.moe_layers * self.moe_mlp_params() + self.dense_layers * self.dense_mlp_params()
+        return self.embedding_params() + self.layers * (self.attention_params() + self.norm_params()) + mlp
 
     def active_param_count(self) -> int:
         """Parameters touched per token: routed experts count top_k of `experts` times."""
