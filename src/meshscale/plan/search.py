@@ -10,7 +10,7 @@ first, until the bound of the next one exceeds the K-th best time found: none af
 import math
 import time
 from dataclasses import dataclass, field
-from itertools import product
+from functools import lru_cache
 from operator import itemgetter
 
 import numpy as np
@@ -103,8 +103,9 @@ class Plan:
                 "ranked": [p.to_dict() for p in self.ranked]}
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+@lru_cache(maxsize=1024)
+def _divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
 def shapes(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: int, cross_tp: bool):
@@ -167,8 +168,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         sp_idx = [i for i, sp in enumerate(sps) if _allowed(fix, "sp", sp)]
         rec_idx = [i for i, r in enumerate(RECOMPUTE) if r != "op" and _allowed(fix, "recompute", r)]
         shards = _shard_sizes(cluster, tp, dp * cp)
-        grid = np.array([row for row in product(zeros, shards, sp_idx, range(len(scheds)), mbs_opts, rec_idx)
-                         if row[0] or row[1] == dp * cp], dtype=float)
+        axes = (zeros, shards, sp_idx, range(len(scheds)), mbs_opts, rec_idx)  # rows in itertools.product's order
+        grid = np.stack(np.meshgrid(*(np.asarray(a, dtype=float) for a in axes), indexing="ij"), -1).reshape(-1, 6)
+        grid = grid[(grid[:, 0] > 0) | (grid[:, 1] == dp * cp)]  # a shard group smaller than dp*cp needs ZeRO
         if not len(grid):
             continue
         z, shard, s_i, k_i, mbs, r_i = grid.T
@@ -194,9 +196,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         rebuild = np.array([rebuilt_layer_bytes(model, tp, sp, 1, cluster.fused_attention, eager)
                             for sp in sps]) * scale
         tokens = mbs * model.seq / cp
-        held = {(k, mm): _held(model.layers, pp, scheds[k][1], names[k], names[k] in ("zbv", "dualpipev") and pp > 1,
-                               int(mm)) for k, mm in set(zip(k_i.tolist(), m.tolist()))}
-        held = np.array([held[k, mm] for k, mm in zip(k_i.tolist(), m.tolist())])
+        pairs, which = np.unique(np.stack([k_i, m], 1), axis=0, return_inverse=True)
+        held = np.array([_held(model.layers, pp, scheds[int(k)][1], names[int(k)],
+                               names[int(k)] in V_SCHEDULES and pp > 1, int(mm)) for k, mm in pairs])[which.ravel()]
         logits = np.where(is_v | (pp == 1), 4 * model.vocab / tp, 0.0)  # the head on the first rank
         acts = (per_token[s_i, r_i] * held + np.where(r_i == 2, rebuild[s_i], 0.0) + logits) * tokens
         total = static + acts
@@ -387,22 +389,35 @@ def _bubble(scheds, k_i, pp, m, f, b, w):
     return out
 
 
+@lru_cache(maxsize=256)
+def _unit_columns(model: ModelSpec) -> list[int]:
+    """Which of (a dense layer, a MoE layer, the head) the model has."""
+    return [c for c, present in enumerate((model.dense_layers > 0, model.is_moe, True)) if present]
+
+
+@lru_cache(maxsize=4096)
+def _unit_passes(model, cluster, tp, cp, ep, mbs, precision) -> np.ndarray:
+    """F, B, W of one dense layer, one MoE layer and the head (those the model has) per recompute mode: an
+    array (recompute, kinds, 3), shared by every shape with these tp, cp, ep and mbs (so read only)."""
+    kinds = [((1, 0, False), (0, 1, False), (0, 0, True))[c] for c in _unit_columns(model)]
+    unit = np.zeros((len(RECOMPUTE), len(kinds), 3))
+    for r, recompute in enumerate(RECOMPUTE):
+        shape = kernel_shape(Layout(tp=tp, cp=cp, ep=ep, dp=ep, mbs=mbs, recompute=recompute))
+        for i, kind in enumerate(kinds):
+            p = counted_seconds(model, cluster, shape, *kind, precision)
+            unit[r, i] = p.forward, p.backward, p.weight
+    unit.flags.writeable = False
+    return unit
+
+
 def _pipeline_passes(model, cluster, tp, pp, cp, ep, scheds, mbs_opts, precision) -> np.ndarray:
     """The kernels' F, B, W of one micro-batch on the slowest pipeline rank, their mean over the other ranks and
     the slowest rank's lead, as predict's pipeline_passes charges them (less the element-wise work, alike on
     every rank), per schedule x mbs x recompute: an array (schedules, mbs, recompute, 5, 3), the lead in
     [..., 2, 0], 1 where rank 0 is the slowest in [..., 2, 1], the first and last chunks' F, B, W in [..., 3]
     and [..., 4]. A rank's (and a chunk's) time is linear in its dense layers, MoE layers and head."""
-    dense = any(not (model.is_moe and model.is_moe_layer(i)) for i in range(model.layers))
-    columns = [c for c, present in enumerate((dense, model.is_moe, True)) if present]  # dense, MoE, head
-    kinds = [((1, 0, False), (0, 1, False), (0, 0, True))[c] for c in columns]
-    unit = np.zeros((len(mbs_opts), len(RECOMPUTE), len(kinds), 3))  # per dense layer, MoE layer, head
-    for j, mbs in enumerate(mbs_opts):
-        for r, recompute in enumerate(RECOMPUTE):
-            shape = kernel_shape(Layout(tp=tp, cp=cp, ep=ep, dp=ep, mbs=mbs, recompute=recompute))
-            for i, kind in enumerate(kinds):
-                p = counted_seconds(model, cluster, shape, *kind, precision)
-                unit[j, r, i] = p.forward, p.backward, p.weight
+    columns = _unit_columns(model)
+    unit = np.stack([_unit_passes(model, cluster, tp, cp, ep, mbs, precision) for mbs in mbs_opts])
     placements = {}  # (chunks, V-shaped) -> the (slowest, mean of the others, lead, ends) its schedules share
     out = np.zeros((len(scheds), len(mbs_opts), len(RECOMPUTE), 5, 3))
     for k, (name, v) in enumerate(scheds):

@@ -84,8 +84,10 @@ class ModelSpec:
         return self.is_moe and i >= self.first_dense_layers and (i - self.first_dense_layers) % self.moe_every == 0
 
     @property
-    def moe_layers(self) -> int:
-        return sum(self.is_moe_layer(i) for i in range(self.layers))
+    def moe_layers(self) -> int:  # is_moe_layer's count: every moe_every-th layer after the first dense ones
+        if not self.is_moe or self.layers <= self.first_dense_layers:
+            return 0
+        return -(-(self.layers - self.first_dense_layers) // self.moe_every)
 
     @property
     def dense_layers(self) -> int:
