@@ -196,9 +196,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         rebuild = np.array([rebuilt_layer_bytes(model, tp, sp, 1, cluster.fused_attention, eager)
                             for sp in sps]) * scale
         tokens = mbs * model.seq / cp
-        pairs, which = np.unique(np.stack([k_i, m], 1), axis=0, return_inverse=True)
-        held = np.array([_held(model.layers, pp, scheds[int(k)][1], names[int(k)],
-                               names[int(k)] in V_SCHEDULES and pp > 1, int(mm)) for k, mm in pairs])[which.ravel()]
+        mbs_i = np.searchsorted(mbs_opts, mbs)
+        held = np.array([[_held(model.layers, pp, v, n, n in V_SCHEDULES and pp > 1, per_rank // b) for b in mbs_opts]
+                         for n, v in scheds])[k_i, mbs_i]
         logits = np.where(is_v | (pp == 1), 4 * model.vocab / tp, 0.0)  # the head on the first rank
         acts = (per_token[s_i, r_i] * held + np.where(r_i == 2, rebuild[s_i], 0.0) + logits) * tokens
         total = static + acts
@@ -217,7 +217,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
         # is predict's own: the kernels' F, B, W of the slowest rank plus its element-wise work (a third of it
         # in the forward), less the per-kernel overheads.
         kernels = _pipeline_passes(model, cluster, tp, pp, cp, ep, scheds, mbs_opts, precision)
-        kernels = kernels[k_i, np.searchsorted(mbs_opts, mbs), r_i]
+        kernels = kernels[k_i, mbs_i, r_i]
         elementwise = mbs * np.array([[elementwise_seconds(
             model, cluster, Layout(tp=tp, sp=sp, recompute=r, pp=pp), model.seq / cp, bytes_["compute"])
             for r in RECOMPUTE] for sp in sps])[s_i, r_i]
