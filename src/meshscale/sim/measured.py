@@ -34,20 +34,25 @@ class Gaps:
 
 def gaps(events: list[dict], owner) -> Gaps:
     """The trace's gaps of each kind; owner(stage) -> the pipeline rank holding it."""
-    made = {(e["kind"] == "F", e["stage"], e["mb"]): e["end"] for e in events if e["kind"] in "FB"}
+    last = max(e["stage"] for e in events)
+    made = {engine.output(e["stage"], e["kind"], e["mb"]): e["end"] for e in events}
     kinds: dict = {"delivered": [], "posted": [], "local": []}
     for rank in {e["rank"] for e in events}:
         mine = sorted((e for e in events if e["rank"] == rank), key=lambda e: e["start"])
         for before, e in zip(mine, mine[1:]):
-            source = e["stage"] - 1 if e["kind"] == "F" else e["stage"] + 1
-            sent = made.get((e["kind"] == "F", source, e["mb"])) if e["kind"] in "FB" else None
-            if sent is None or owner(source) == rank:
+            sent = [made[d] for d in from_others(e["stage"], e["kind"], e["mb"], rank, owner, last) if d in made]
+            if not sent:
                 kinds["local"].append(e["start"] - before["end"])
-            elif sent > before["end"]:
-                kinds["delivered"].append(e["start"] - sent)
+            elif max(sent) > before["end"]:
+                kinds["delivered"].append(e["start"] - max(sent))
             else:
                 kinds["posted"].append(e["start"] - before["end"])
     return Gaps(**{k: statistics.mean(v) if v else 0.0 for k, v in kinds.items()})
+
+
+def from_others(stage: int, kind: str, mb: int, rank: int, owner, last: int) -> list:
+    """The inputs of a pass (engine.inputs; a traced "B" is an input-gradient pass) that another rank makes."""
+    return [d for d in engine.inputs(stage, kind, mb, last) if owner(d[1]) != rank]
 
 
 @dataclass
@@ -88,8 +93,7 @@ def replay(path: str, layout: Layout, m: int) -> Replay:
         return sum(took.get((stage, k, mb), 0.0) for k in kinds[kind]), 0.0
 
     def before(rank, stage, kind, mb):  # idle, as in the measured bubble
-        crosses = any(owner(d[1]) != rank for d in engine.inputs(stage, kind, mb, layout.stages - 1))
-        return gap.posted if crosses else gap.local
+        return gap.posted if from_others(stage, kind, mb, rank, owner, layout.stages - 1) else gap.local
 
     run = engine.run(rank_orders(layout.schedule, layout.pp, layout.vpp, m), owner, seconds,
                      lambda a, b: gap.delivered, before=before)
