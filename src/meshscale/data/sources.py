@@ -76,6 +76,8 @@ def _jsonl(f: Path, field: str):
 
 
 def _field(record, field: str, where: str) -> str:
+    if isinstance(record, list):
+        raise UserError(f"{where}: a JSON array; write one object per line (JSON Lines)")
     if not isinstance(record, dict):
         raise UserError(f"{where}: a {type(record).__name__}, not a JSON object with a {field!r} field")
     if field not in record:
