@@ -28,7 +28,9 @@ class Tokenizer:
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text, without special tokens: the end-of-document token is the packer's to add."""
-        return [e.ids for e in self.inner.encode_batch(texts, add_special_tokens=False)]
+        # encode_batch_fast (tokenizers >= 0.21) skips the character offsets: twice the speed, same ids
+        encode = getattr(self.inner, "encode_batch_fast", self.inner.encode_batch)
+        return [e.ids for e in encode(texts, add_special_tokens=False)]
 
     def decode(self, ids) -> str:
         return self.inner.decode([int(i) for i in ids], skip_special_tokens=False)
