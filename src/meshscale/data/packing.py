@@ -5,8 +5,8 @@ token is a target exactly once per epoch). Windows are visited in a fresh seeded
 batch of a step depends only on (seed, step) and a resumed run reads exactly what an uninterrupted one would.
 
 For document-boundary masking a window also carries each token's document (numbered from the window's
-first) and its position inside that document: attention can then stay within a document and rotary
-positions restart at each document, as Megatron's reset_attention_mask / reset_position_ids do."""
+first): attention can then stay within a document and positions restart at each one, as Megatron's
+reset_attention_mask / reset_position_ids do."""
 
 import numpy as np
 
@@ -44,9 +44,9 @@ class PackedWindows:
         """(len(starts), seq + 1) token ids."""
         return np.stack([np.asarray(self.tokens[s:s + self.seq + 1], dtype=np.int64) for s in starts])
 
-    def documents(self, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(document, position) of every token of each window, both (len(starts), seq + 1): the document
-        counted from the window's first, the position from its document's first token."""
+    def documents(self, starts: np.ndarray) -> np.ndarray:
+        """(len(starts), seq + 1): the document of every token of each window, counted from the window's
+        first (a non-decreasing run: positions inside a document follow from where its run starts)."""
         at = starts[:, None] + np.arange(self.seq + 1)
         doc = np.searchsorted(self.bounds, at, side="right") - 1
-        return doc - doc[:, :1], at - self.bounds[doc]
+        return doc - doc[:, :1]
