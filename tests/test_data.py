@@ -48,7 +48,7 @@ def test_missing_path_and_bad_tokens_are_user_errors(tmp_path):
 def test_split_and_batches_do_not_depend_on_the_layout():
     tokens = np.arange(100_000) % 251
     data = TokenData(tokens, seq=16, seed=3)
-    assert len(data.train) + len(data.val) == len(tokens) and len(data.val) > 0
+    assert len(data.tokens["train"]) + len(data.tokens["val"]) == len(tokens) and len(data.tokens["val"]) > 0
     batch = data.global_batch(7, 8)
     assert batch.shape == (8, 17) and np.array_equal(batch, data.global_batch(7, 8))
     assert not np.array_equal(batch, data.global_batch(8, 8))

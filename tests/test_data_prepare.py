@@ -12,7 +12,7 @@ import pytest
 from meshscale.cli import main
 from meshscale.data import indexed
 from meshscale.data.indexed import IndexedDataset, IndexedWriter
-from meshscale.data.packing import PackedWindows, split
+from meshscale.data.packing import PackedWindows, split, windows
 from meshscale.data.sources import documents, input_files
 from meshscale.data.tokenizer import load_tokenizer, train_bpe
 from meshscale.errors import UserError
@@ -160,7 +160,7 @@ def test_packed_windows_see_every_token_once_an_epoch_in_a_seeded_order():
     bounds = np.array([0, 10, 400, 401, 1001])
     w = PackedWindows(tokens, bounds, seq=100, seed=5)
     assert w.count == 10
-    epoch = w.rows(w.starts(0, 10))
+    epoch = windows(tokens, w.starts(0, 10), 100)
     assert sorted(epoch[:, 1:].ravel().tolist()) == list(range(1, 1001))  # each token a target exactly once
     assert np.array_equal(epoch, epoch[:, :1] + np.arange(101))  # each window contiguous, seq + 1 long
     again = PackedWindows(tokens, bounds, seq=100, seed=5)
@@ -223,3 +223,22 @@ def test_meshscale_data_bad_input_is_one_line_and_leaves_no_files(tmp_path, caps
         w.add_document([5, 69999])
     assert meshscale("data", "inspect", tmp_path / "big", "--tokenizer", tokenizer_file) == 2
     assert "token id 69999 is beyond the 400-token vocabulary" in capsys.readouterr().err
+
+
+def test_document_mask_computes_each_packed_document_as_if_alone():
+    torch = pytest.importorskip("torch")
+    from meshscale.models.transformer import build_model
+    from meshscale.specs.model import PRESETS
+
+    for name in ("tiny", "tiny-gpt"):  # RoPE and learned positions
+        model = build_model(PRESETS[name], seed=1).eval()
+        lengths = [5, 20, 1, 38]
+        tokens = torch.randint(0, 256, (1, sum(lengths)), generator=torch.Generator().manual_seed(0))
+        documents = torch.repeat_interleave(torch.arange(4), torch.tensor(lengths))[None]
+        with torch.no_grad():
+            packed = model(tokens, documents)[0]
+            alone = torch.cat([model(part)[0] for part in tokens.split(lengths, dim=1)])
+            plain = model(tokens)[0]
+        torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(plain[5:], alone[5:], atol=1e-3)  # without the mask, documents see each other
+        torch.testing.assert_close(plain[:5], alone[:5], rtol=1e-5, atol=1e-5)

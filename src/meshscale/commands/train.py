@@ -14,7 +14,8 @@ _HELP = {
     "lr": "peak learning rate", "min_lr": "final learning rate of the cosine decay",
     "warmup": "linear warm-up steps", "weight_decay": "AdamW weight decay", "clip": "gradient-norm clip (0: off)",
     "bucket_mb": "gradient bucket size in MiB (DDP, ZeRO)",
-    "data": "text file, directory of text files, or .bin token file (default: Python's standard library)",
+    "data": "indexed dataset PREFIX (PREFIX.bin + PREFIX.idx from `meshscale data prepare`), text file, directory "
+            "of text files, or .bin of raw token ids (default: Python's standard library)",
     "val_batches": "global batches of held-out text for the final validation loss",
     "log_every": "print every n-th step",
     "metrics_out": "write one JSON object per step to this new file",
@@ -34,7 +35,7 @@ _HELP = {
     "max_restarts": "restart all local workers this many times after a failure, resuming from the newest "
                     "checkpoint (needs --checkpoint-dir; under an outer torchrun use torchrun --max-restarts)",
 }
-_FLAGS = ("overwrite", "predict", "replay_anomalies")
+_FLAGS = ("overwrite", "predict", "replay_anomalies", "document_mask")
 
 
 def add_arguments(parser) -> None:
@@ -52,6 +53,9 @@ def add_arguments(parser) -> None:
                         help="allow replacing --metrics-out, --trace and --plot")
     parser.add_argument("--predict", action="store_true", default=None,
                         help="print the cost model's prediction beside what was measured")
+    parser.add_argument("--document-mask", action="store_true", default=None,
+                        help="attention stays within each document and positions restart at each one "
+                             "(needs an indexed dataset; not with pp or cp)")
     parser.add_argument("--replay-anomalies", action="store_true", default=None,
                         help="re-run an anomalous step from a pre-step snapshot: transient or persistent")
 

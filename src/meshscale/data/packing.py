@@ -20,6 +20,11 @@ def split(tokens: np.ndarray, bounds: np.ndarray, fraction: float):
     return (tokens[:cut], head), (tokens[cut:], tail)
 
 
+def windows(tokens: np.ndarray, starts: np.ndarray, seq: int) -> np.ndarray:
+    """(len(starts), seq + 1) int64 token ids from each start."""
+    return np.stack([np.asarray(tokens[s:s + seq + 1], dtype=np.int64) for s in starts])
+
+
 class PackedWindows:
     """Windows of seq + 1 tokens over `tokens`, whose documents start at `bounds` (then len(tokens))."""
 
@@ -39,10 +44,6 @@ class PackedWindows:
         if self._epoch is None or self._epoch[0] != epoch:  # one epoch's order kept: steps walk through it
             self._epoch = (epoch, np.random.default_rng([*self.key, epoch]).permutation(self.count))
         return self._epoch[1]
-
-    def rows(self, starts: np.ndarray) -> np.ndarray:
-        """(len(starts), seq + 1) token ids."""
-        return np.stack([np.asarray(self.tokens[s:s + self.seq + 1], dtype=np.int64) for s in starts])
 
     def documents(self, starts: np.ndarray) -> np.ndarray:
         """(len(starts), seq + 1): the document of every token of each window, counted from the window's

@@ -38,9 +38,9 @@ def rope_tables(head_dim: int, seq: int, theta: float = 10000.0) -> tuple[torch.
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (batch, seq, heads, head_dim); cos/sin: (seq, head_dim/2)."""
+    """x: (batch, seq, heads, head_dim); cos/sin: (seq, head_dim/2), or (batch, seq, head_dim/2) per token."""
     x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
     out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
     return out.flatten(-2).type_as(x)
 
@@ -55,25 +55,27 @@ class Attention(nn.Module):
         self.wv = nn.Linear(spec.hidden, spec.kv_heads * spec.head_dim, bias=spec.biases)
         self.wo = nn.Linear(spec.heads * spec.head_dim, spec.hidden, bias=spec.biases)
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, mask=None):
         b, s, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds a slice of the heads.
         q = self.wq(x).view(b, s, -1, self.head_dim)
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
-        cos, sin = cos[:s], sin[:s]  # under SP the residual stream is sharded but attention sees all of s
-        return self.wo(self.core(q, k, v, cos, sin).reshape(b, s, -1))
+        # under SP the residual stream is sharded but attention sees all of s
+        cos, sin = cos[..., :s, :], sin[..., :s, :]
+        return self.wo(self.core(q, k, v, cos, sin, mask).reshape(b, s, -1))
 
-    def core(self, q, k, v, cos, sin):
+    def core(self, q, k, v, cos, sin, mask=None):
         """The parameter-free part (RoPE, scores, softmax, weighted sum): what selective recompute reruns.
-        (batch, seq, heads, head_dim) in and out."""
+        (batch, seq, heads, head_dim) in and out; `mask` (batch, 1, seq, seq), True where a query may look,
+        replaces the causal one."""
         if self.rotary:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if k.shape[1] != q.shape[1]:  # grouped-query attention: share each kv head among a group
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
             v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         return out.transpose(1, 2)
 
 
@@ -221,8 +223,8 @@ class Block(nn.Module):
         self.ffn_norm = _norm(spec)
         self.feed_forward = MoE(spec) if spec.is_moe_layer(index) else FeedForward(spec)
 
-    def forward(self, x, cos, sin):
-        x = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x, cos, sin, mask=None):
+        x = x + self.attention(self.attention_norm(x), cos, sin, mask)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -243,19 +245,34 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    def forward(self, tokens_or_hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens_or_hidden: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
         """Token ids (first stage) or hidden states (later pipeline stages) in; logits (last stage)
-        or hidden states out."""
+        or hidden states out. With `documents` (batch, seq), each token's document in a packed sequence,
+        attention stays within a document and positions count from its first token: every document is
+        computed as if it were alone (Megatron's reset_attention_mask and reset_position_ids)."""
         h = self.tok_embeddings(tokens_or_hidden) if self.tok_embeddings is not None else tokens_or_hidden
-        if self.tok_embeddings is not None and self.pos_embeddings is not None:
-            h = h + self.pos_embeddings.weight[:tokens_or_hidden.shape[1]]
         # Whole tables: attention slices them to its own sequence length, which under sequence
         # parallelism is longer than the (sequence-sharded) residual stream seen here.
+        positions, cos, sin, mask = slice(tokens_or_hidden.shape[1]), self.rope_cos, self.rope_sin, None
+        if documents is not None:
+            positions = document_positions(documents)
+            cos, sin = cos[positions], sin[positions]
+            mask = (documents[:, :, None] == documents[:, None, :]).tril().unsqueeze(1)
+        if self.tok_embeddings is not None and self.pos_embeddings is not None:
+            h = h + self.pos_embeddings.weight[positions]
         for block in self.layers.values():
-            h = block(h, self.rope_cos, self.rope_sin)
+            h = block(h, cos, sin, mask)
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h
+
+
+def document_positions(documents: torch.Tensor) -> torch.Tensor:
+    """(batch, seq) position of each token inside its document, from non-decreasing document ids."""
+    index = torch.arange(documents.shape[1], device=documents.device).expand_as(documents)
+    starts = torch.ones_like(documents, dtype=torch.bool)
+    starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
+    return index - torch.where(starts, index, 0).cummax(1).values
 
 
 @torch.no_grad()

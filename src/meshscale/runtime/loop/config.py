@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from meshscale.data.indexed import is_indexed
 from meshscale.errors import UserError
 from meshscale.parallel.apply import check_runtime
 from meshscale.runtime.loop.data import check_tokens, load_tokens
@@ -32,6 +33,7 @@ class TrainConfig:
     clip: float = 1.0
     bucket_mb: float = 1.0  # DDP / ZeRO gradient bucket size
     data: str | None = None  # None: the Python standard library's sources
+    document_mask: bool = False  # attention within each document, positions from each one's start
     val_batches: int = 4
     log_every: int = 1  # print every n-th step (the JSONL file gets them all)
     metrics_out: str | None = None
@@ -98,11 +100,10 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
         raise UserError(f"layout: mbs={layout.mbs} exceeds the {per_rank} sequences each DP rank gets "
                         f"(global batch {cfg.global_batch} / dp={layout.dp}); lower mbs")
     check_against(layout, spec, cfg.global_batch)
-    if cfg.data is not None and not Path(cfg.data).exists():
-        raise UserError(f"--data {cfg.data}: no such file or directory; pass a text file, a directory of "
-                        "text files, or a .bin token file")
     if cfg.data is not None:
         check_tokens(load_tokens(cfg.data), spec.vocab, spec.seq, f"--data {cfg.data}")
+    if cfg.document_mask:
+        _check_document_mask(cfg, layout)
     if cfg.metrics_out and not Path(cfg.metrics_out).absolute().parent.is_dir():
         raise UserError(f"--metrics-out {cfg.metrics_out}: directory {Path(cfg.metrics_out).parent} does not exist")
     if cfg.plot:
@@ -133,6 +134,15 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
     resuming = _check_checkpoints(cfg, spec)
     _check_metrics_out(cfg, resuming)
     return Resolved(cfg, spec, layout)
+
+
+def _check_document_mask(cfg: TrainConfig, layout: Layout) -> None:
+    if cfg.data is None or not is_indexed(cfg.data):
+        raise UserError("--document-mask needs documents: pass --data PREFIX of an indexed dataset "
+                        "(meshscale data prepare writes one)")
+    if layout.pp > 1 or layout.cp > 1:
+        raise UserError(f"--document-mask runs without pipeline or context parallelism (layout has pp={layout.pp}, "
+                        f"cp={layout.cp}): the pipeline's stages and the CP ring pass no per-token documents")
 
 
 def _check_checkpoints(cfg: TrainConfig, spec: ModelSpec) -> bool:

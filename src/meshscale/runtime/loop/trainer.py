@@ -19,7 +19,7 @@ from meshscale.parallel.mesh import build_mesh, from_every_rank, replica_mesh
 from meshscale.parallel.pipeline import PipelineRunner
 from meshscale.parallel.tensor import vocab_parallel_cross_entropy
 from meshscale.runtime.loop.config import Resolved
-from meshscale.runtime.loop.data import TokenData, load_tokens, rank_microbatches
+from meshscale.runtime.loop.data import Corpus, TokenData, load_corpus, rank_microbatches
 from meshscale.runtime.loop.optim import build_optimizer, clip_gradients, lr_at, set_lr
 from meshscale.runtime.measure.metrics import MemoryProbe, MetricsLog, heap_bytes, memory_bytes
 from meshscale.runtime.measure.trace import analytic_bubble, measured_bubble, write_chrome_trace
@@ -71,9 +71,9 @@ class AccumulatedStep:
         self.par, self.loss_fn, self.autocast, self.device = par, loss_fn, autocast, device
 
     def loss(self, mb: tuple) -> torch.Tensor:
-        inputs, targets = (t.to(self.device) for t in mb)
+        inputs, targets, *documents = (t.to(self.device) for t in mb)  # documents: with --document-mask
         with self.autocast:
-            logits = self.par.model(inputs)
+            logits = self.par.model(inputs, *documents)
         return self.loss_fn(logits, targets)
 
     def __call__(self, micro: list) -> torch.Tensor:
@@ -131,7 +131,8 @@ class Training:
         self.is_logger = (dist.get_rank() if multi else 0) == 0 and log
 
         self.ledger = CommLedger()
-        self.data = TokenData(load_tokens(cfg.data) if tokens is None else tokens, spec.seq, cfg.seed)
+        corpus = load_corpus(cfg.data) if tokens is None else Corpus(tokens)
+        self.data = TokenData(corpus.tokens, spec.seq, cfg.seed, corpus.bounds)
         if device.type == "cpu":
             _import_setup()
         self.baseline = heap_bytes() if device.type == "cpu" else 0  # the corpus is not the model's memory
@@ -241,7 +242,7 @@ class Training:
         self.ledger.begin_step(step)
         lr = lr_at(step, cfg.steps, cfg.lr, cfg.min_lr, cfg.warmup)
         set_lr(self.optimizer, lr)
-        micro = rank_microbatches(self.data.global_batch(step, cfg.global_batch), *self.mine.of(layout.mbs))
+        micro = microbatches(self.data, step, cfg, layout, self.mine)
         snapshot = Snapshot(self.state, self.optimizer) if cfg.replay_anomalies else None
         loss_value, grad_norm, anomaly = self.forward_backward(step, micro)
         if anomaly is not None and snapshot is not None:  # same data, state and RNG: does it happen again?
@@ -331,6 +332,14 @@ def pipeline_trace(run: Resolved, runner, m: int) -> dict:
             "predicted": analytic_bubble(layout.schedule, layout.pp, m, layout.vpp)}
 
 
+def microbatches(data: TokenData, step: int, cfg, layout, mine: DataShard, split: str = "train") -> list:
+    """This rank's micro-batches of the global batch of `step`, with their tokens' documents under
+    --document-mask."""
+    documents = data.global_documents(step, cfg.global_batch, split) if cfg.document_mask else None
+    return rank_microbatches(data.global_batch(step, cfg.global_batch, split), *mine.of(layout.mbs),
+                             documents=documents)
+
+
 @torch.no_grad()
 def evaluate(step_fn, par, data: TokenData, cfg, layout, mine, dp_group, device) -> float:
     """Mean loss over `val_batches` held-out global batches (each dp x cp rank its share, then averaged)."""
@@ -338,8 +347,7 @@ def evaluate(step_fn, par, data: TokenData, cfg, layout, mine, dp_group, device)
         module.eval()
     total = 0.0
     for i in range(cfg.val_batches):
-        rows = rank_microbatches(data.global_batch(i, cfg.global_batch, "val"), *mine.of(layout.mbs))
-        total += float(step_fn.evaluate(rows))
+        total += float(step_fn.evaluate(microbatches(data, i, cfg, layout, mine, "val")))
     for _, module in par.chunks:
         module.train()
     return _all_mean(torch.tensor(total / cfg.val_batches, device=device), dp_group, layout.dp * layout.cp)
