@@ -43,8 +43,10 @@ def paths(prefix: str | Path) -> tuple[Path, Path]:
 
 
 def is_indexed(path: str | Path) -> bool:
-    """True when `path` names (by prefix, .bin or .idx) a pair of files that both exist."""
-    return all(f.is_file() for f in paths(path))
+    """True when `path` names an indexed dataset: an .idx file, or a prefix or .bin with an .idx beside it
+    (a .bin alone is raw token ids). IndexedDataset then says which half of the pair is missing."""
+    bin_path, idx_path = paths(path)
+    return Path(path).suffix == ".idx" or idx_path.is_file()
 
 
 class IndexedWriter:
