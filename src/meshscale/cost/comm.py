@@ -18,6 +18,7 @@ from functools import lru_cache
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import Layout, kv_heads_per_rank
 from meshscale.specs.model import ModelSpec
+from meshscale.specs.placement import stage_owner
 
 DDP_BUCKET_BYTES = 25e6  # torch DDP's default bucket_cap_mb=25: one all-reduce launch per bucket
 
@@ -123,12 +124,12 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
 def pipeline_sends(layout: Layout, rank: int) -> int:
     """Sends per micro-batch from `rank`: forward from each chunk whose successor lives elsewhere, backward
     from each chunk whose predecessor does (V schedules keep the turn of the V on one rank)."""
-    return _sends(layout.pp, layout.stages, layout.schedule in ("zbv", "dualpipev"))[rank]
+    return _sends(layout.pp, layout.stages, layout.v_shaped)[rank]
 
 
 @lru_cache(maxsize=4096)
-def _sends(pp: int, chunks: int, v_shape: bool) -> tuple:
-    owner = [(c if c < pp else chunks - 1 - c) if v_shape else c % pp for c in range(chunks)]
+def _sends(pp: int, chunks: int, v_shaped: bool) -> tuple:
+    owner = [stage_owner(c, pp, v_shaped) for c in range(chunks)]
     return tuple(sum(1 for c in range(chunks - 1) if owner[c] == r and owner[c + 1] != r)
                  + sum(1 for c in range(1, chunks) if owner[c] == r and owner[c - 1] != r) for r in range(pp))
 
@@ -142,7 +143,7 @@ def pipeline_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int
     if layout.pp == 1:
         return []
     v = tokens * model.hidden * act_bytes / layout.tp
-    per_rank = _sends(layout.pp, layout.stages, layout.schedule in ("zbv", "dualpipev"))
+    per_rank = _sends(layout.pp, layout.stages, layout.v_shaped)
     sends = (max(per_rank) if rank is None else per_rank[rank]) * m
     return [("send_recv", v * sends, sends, "none")]
 
@@ -151,7 +152,7 @@ def tied_embedding_ops(model: ModelSpec, layout: Layout, holds_an_end: bool) -> 
     """Tied input and output embeddings split over a pipeline: the first and last stages sum their copies'
     gradients once per step (Megatron's embedding group, Narayanan et al. 2021), fp32, the table's TP shard.
     V schedules keep both ends on one rank: nothing travels."""
-    if not (model.tied_embeddings and layout.pp > 1 and holds_an_end) or layout.schedule in ("zbv", "dualpipev"):
+    if not (model.tied_embeddings and layout.pp > 1 and holds_an_end) or layout.v_shaped:
         return []
     return [("all_reduce", 4 * model.vocab * model.hidden / layout.tp, 1, "none")]
 

@@ -11,13 +11,13 @@ from functools import lru_cache
 from meshscale.cost import comm, critical, flops, overhead
 from meshscale.cost.checkpoint import checkpoint_bytes
 from meshscale.cost.kernels import Passes, column_parallel_share, counted_seconds, kernel_shape
-from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busiest_rank,
-                                   expert_params_on_rank, is_v, last_rank, memory_per_device, params_on_rank,
-                                   rank_chunks, root_params_on_rank, stage_layers)
+from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busiest_rank, expert_params_on_rank,
+                                   memory_per_device, params_on_rank, root_params_on_rank)
 from meshscale.cost.pipeline import HEAD_IDLE_SCHEDULES, bubble_ratio
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import Layout, check_against, kv_heads_per_rank, split_layers
+from meshscale.specs.placement import head_rank, rank_chunks, stage_layers
 from meshscale.specs.model import ModelSpec
 
 
@@ -110,7 +110,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     owned = stage_layers(model, layout, rank)
     n_layers = len(owned)
     moe_layers = sum(model.is_moe_layer(i) for i in owned) if model.is_moe else 0
-    first, last = rank == 0, rank == last_rank(layout)
+    first, last = rank == 0, rank == head_rank(layout)
     ops = []
     # Under EP the routed experts reduce over their own replicas (edp), the rest over dp*cp.
     experts = expert_params_on_rank(model, layout, rank) if layout.ep > 1 else 0.0
@@ -276,12 +276,7 @@ def rank_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: in
     """F, B, W of one micro-batch on pipeline rank `rank`: the sum over the chunks it holds (the passes the
     simulator runs one by one)."""
     return sum((chunk_passes(model, cluster, layout, c, precision)
-                for c in rank_chunks(layout.pp, layout.stages, is_v(layout), rank)), Passes())
-
-
-def stage_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision: str = "bf16") -> Passes:
-    """F, B, W of one micro-batch on the slowest pipeline rank (what the step waits for)."""
-    return pipeline_passes(model, cluster, layout, precision)[0]
+                for c in rank_chunks(layout.pp, layout.stages, layout.v_shaped, rank)), Passes())
 
 
 def pipeline_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
@@ -289,7 +284,7 @@ def pipeline_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
     """One micro-batch's F, B, W on the slowest pipeline rank, their mean over the other ranks (whose passes
     make the bubble, cost/pipeline.py), and the slowest rank's lead: how much longer its micro-batch takes
     than the next slowest rank's (slack that hides the stage-boundary sends)."""
-    ranks = _distinct_ranks(model, layout.pp, layout.stages, is_v(layout))
+    ranks = _distinct_ranks(model, layout.pp, layout.stages, layout.v_shaped)
     per = sorted(((rank_passes(model, cluster, layout, r, precision), n) for r, n in ranks),
                  key=lambda pn: -pn[0].total)
     slowest = per[0][0]
@@ -308,13 +303,13 @@ QUEUED = ("gpipe", "interleaved")
 def _chain_crossings(layout: Layout) -> int:
     """Stage-boundary sends on the path of the first micro-batch's forward and the last one's backward, which
     nothing hides: every chunk boundary (the V's turn stays on rank p-1)."""
-    return 2 * (layout.stages - 1 - (1 if is_v(layout) else 0))
+    return 2 * (layout.stages - 1 - (1 if layout.v_shaped else 0))
 
 
 def _head_ends(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision: str, slowest: Passes):
     """The passes of the first and last chunks where the rank holding the last chunk (the head: rank 0 under a
     V, else the last rank) is the slowest; else None."""
-    head = 0 if is_v(layout) else layout.pp - 1
+    head = head_rank(layout)
     if layout.schedule not in HEAD_IDLE_SCHEDULES or rank_passes(model, cluster, layout, head, precision).total < \
             slowest.total:
         return None
@@ -332,25 +327,25 @@ def chunk_kinds(model: ModelSpec, chunks: int) -> tuple:
 
 
 @lru_cache(maxsize=4096)
-def _distinct_ranks(model: ModelSpec, pp: int, chunks: int, v_shape: bool) -> tuple:
+def _distinct_ranks(model: ModelSpec, pp: int, chunks: int, v_shaped: bool) -> tuple:
     """((rank, how many ranks hold alike chunks), ...): one pipeline rank per distinct multiset of chunk kinds,
     as ranks holding alike chunks cost alike."""
     kinds = chunk_kinds(model, chunks)
     count, first = {}, {}
     for r in range(pp):
-        key = tuple(sorted(kinds[c] for c in rank_chunks(pp, chunks, v_shape, r)))
+        key = tuple(sorted(kinds[c] for c in rank_chunks(pp, chunks, v_shaped, r)))
         first.setdefault(key, r)
         count[key] = count.get(key, 0) + 1
     return tuple((first[k], count[k]) for k in first)
 
 
 @lru_cache(maxsize=4096)
-def rank_kinds(model: ModelSpec, pp: int, chunks: int, v_shape: bool) -> tuple:
+def rank_kinds(model: ModelSpec, pp: int, chunks: int, v_shaped: bool) -> tuple:
     """(dense layers, MoE layers, 1 if it holds the head, how many ranks are alike) of each distinct pipeline
     rank (`_distinct_ranks`)."""
     kinds = chunk_kinds(model, chunks)
-    return tuple(tuple(map(sum, zip(*(kinds[c] for c in rank_chunks(pp, chunks, v_shape, r))))) + (n,)
-                 for r, n in _distinct_ranks(model, pp, chunks, v_shape))
+    return tuple(tuple(map(sum, zip(*(kinds[c] for c in rank_chunks(pp, chunks, v_shaped, r))))) + (n,)
+                 for r, n in _distinct_ranks(model, pp, chunks, v_shaped))
 
 
 def elementwise_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float,

@@ -36,10 +36,11 @@ from meshscale.cost.overhead import shared_cores
 from meshscale.cost.step import chunk_passes, control_seconds, exposed_seconds, rank_passes
 from meshscale.errors import UserError
 from meshscale.sim import engine
-from meshscale.sim.schedule import rank_orders, stage_owner
+from meshscale.sim.schedule import rank_orders
 from meshscale.specs.cluster import ClusterSpec
-from meshscale.specs.layout import V_SCHEDULES, Layout, check_against, split_layers
+from meshscale.specs.layout import Layout, check_against, split_layers
 from meshscale.specs.model import ModelSpec
+from meshscale.specs.placement import stage_owner
 
 INLINE_AXES = ("tp", "ep", "cp")
 DATA_AXES = ("dp", "edp")  # dense gradients over dp*cp, routed experts over their own replicas (MoE)
@@ -112,9 +113,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batc
     for g, factor in slow_links.items():
         ring[g // per_stage] = max(ring[g // per_stage], factor)
     seconds_for, send_for, share = _durations(model, cluster, layout, precision, pred, ring)
-    v_shape = layout.schedule in V_SCHEDULES and layout.pp > 1
     orders = rank_orders(layout.schedule if layout.pp > 1 else "1f1b", layout.pp, layout.vpp, m)
-    owner = lambda stage: stage_owner(stage, layout.pp, v_shape)  # noqa: E731
+    owner = lambda stage: stage_owner(stage, layout.pp, layout.v_shaped)  # noqa: E731
     pipelines = _replicas(layout, stragglers, slow_links)
     runs = [engine.run(orders, owner, seconds_for(slow, links), send_for(links), share, i)
             for i, (_, slow, links) in enumerate(pipelines)]

@@ -64,7 +64,7 @@ class Layout:
                 raise UserError(f"layout: vpp={self.vpp} needs schedule=interleaved (or zbv/dualpipev for 2)")
         elif self.vpp > 1:
             raise UserError("layout: vpp > 1 needs pp > 1")
-        if self.schedule in V_SCHEDULES and self.pp > 1 and self.vpp == 1:
+        if self.v_shaped and self.vpp == 1:
             object.__setattr__(self, "vpp", 2)
         if self.shard:
             replicas = self.dp * self.cp
@@ -96,6 +96,11 @@ class Layout:
     def replicas(self) -> int:
         """Shard groups holding copies of the same state (1 unless hybrid sharding)."""
         return self.dp * self.cp // self.shard_size
+
+    @property
+    def v_shaped(self) -> bool:
+        """Two chunks per rank placed as a V, down the ranks and back up (specs/placement.py)."""
+        return self.schedule in V_SCHEDULES and self.pp > 1
 
     @property
     def fsdp(self) -> bool:
