@@ -16,6 +16,7 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from meshscale.cost import comm
+from meshscale.cost.comm import Overlap
 from meshscale.cost.kernels import Passes, attention_core_seconds, counted_seconds, kernel_shape
 from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busiest_rank, expert_params_on_rank,
                                    expert_params_per_rank, held_layers, params_on_rank, params_per_rank,
@@ -318,10 +319,10 @@ def tensor_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, 
     layout = Layout(dp=shape.dp, tp=shape.tp, sp=True, cp=shape.cp, ep=shape.ep, recompute=recompute)
     tokens = shape.per_rank * model.seq / shape.cp
     sw = cluster.software
-    hidden = {"gemm": sw.tp_comm_overlap, "wgrad": sw.tp_comm_overlap or sw.tp_wgrad_overlap}
-    return sum(bandwidth_seconds(cluster, shape.devices, c, b, shape.tp, 1)
-               for c, b, _, o in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, fewest, False, False, 1)
-               if c != "all_reduce" and not hidden.get(o, False))
+    hidden = {Overlap.GEMM: sw.tp_comm_overlap, Overlap.WGRAD: sw.tp_comm_overlap or sw.tp_wgrad_overlap}
+    return sum(bandwidth_seconds(cluster, shape.devices, op.collective, op.bytes, shape.tp, 1)
+               for op in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, fewest, False, False, 1)
+               if op.collective != "all_reduce" and not hidden.get(op.overlap, False))
 
 
 def context_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, recompute: str,
@@ -335,8 +336,8 @@ def context_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape,
     f, b = attention_core_seconds(model, cluster, layout, model.seq / shape.cp, precision)
     attention = shape.per_rank * most * (f + b + (f if recompute != "none" else 0.0))
     tokens = shape.per_rank * model.seq / shape.cp
-    ring = sum(bandwidth_seconds(cluster, shape.devices, c, nbytes, shape.cp, shape.tp)
-               for c, nbytes, _, _ in comm.context_parallel_ops(model, layout, tokens, act_bytes, fewest, 1))
+    ring = sum(bandwidth_seconds(cluster, shape.devices, op.collective, op.bytes, shape.cp, shape.tp)
+               for op in comm.context_parallel_ops(model, layout, tokens, act_bytes, fewest, 1))
     return max(0.0, ring - attention)
 
 
@@ -346,5 +347,5 @@ def pipeline_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_byt
         return 0.0
     quietest = min(range(shape.pp), key=lambda r: comm.pipeline_sends(layout, r))
     ops = comm.pipeline_ops(model, layout, shape.per_rank * model.seq / shape.cp, act_bytes, 1, quietest)
-    return sum(bandwidth_seconds(cluster, shape.devices, c, b, 2, shape.tp * shape.cp * shape.dp)
-               for c, b, _, _ in ops)
+    return sum(bandwidth_seconds(cluster, shape.devices, op.collective, op.bytes, 2, shape.tp * shape.cp * shape.dp)
+               for op in ops)

@@ -20,7 +20,8 @@ from meshscale.cost.memory import PRECISIONS
 from meshscale.cost.step import Prediction
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
-from meshscale.specs.layout import RECOMPUTE, SCHEDULES, Layout, check_against, kv_heads_fit
+from meshscale.specs.layout import (RECOMPUTE, SCHEDULES, Layout, check_against, kv_heads_fit, layout_items,
+                                    parse_value)
 from meshscale.specs.model import ModelSpec
 
 MAX_VPP = 8
@@ -42,38 +43,34 @@ _FIXABLE = ("dp", "zero", "tp", "sp", "pp", "vpp", "schedule", "cp", "ep", "mbs"
 
 
 def parse_fix(text: str) -> dict:
-    """`--fix pp=1,tp=8` as {key: value}: the layout values every searched layout must have."""
+    """`--fix pp=1,tp=8` as {key: value}: the layout values every searched layout must have, read as
+    Layout.parse reads them; fsdp=N stands for dp=N,zero=3."""
     fixed: dict = {}
-    for item in filter(None, (p.strip() for p in text.split(","))):
-        key, _, raw = item.partition("=")
-        key, raw = key.strip(), raw.strip().lower()
-        if key == "fsdp":
-            fixed.update(parse_fix(f"dp={raw},zero=3"))
-            continue
-        if key not in _FIXABLE or not raw:
-            raise UserError(f"--fix: {item!r} is not key=value with a layout key ({', '.join(_FIXABLE)}, fsdp); "
-                            "example: --fix pp=1,tp=8")
-        if key == "sp":
-            if raw not in ("true", "false", "1", "0"):
-                raise UserError(f"--fix: sp must be true or false, got {raw!r}")
-            value = raw in ("true", "1")
-        elif key in ("schedule", "recompute"):
-            choices = SCHEDULES if key == "schedule" else RECOMPUTE
-            if raw not in choices:
-                raise UserError(f"--fix: unknown {key} {raw!r}; choose one of {', '.join(choices)}")
-            if raw == "op":  # torchtitan's policy, for predict and train; its tp=1, dense-only rule stays out
-                raise UserError("--fix: plan does not search recompute=op; fix none, selective or full")
-            value = raw
-        else:
-            if not raw.isdigit() or int(raw) < (0 if key == "zero" else 1) or (key == "zero" and int(raw) > 3):
-                raise UserError(f"--fix: {key} must be a whole number {'0-3' if key == 'zero' else '>= 1'}, got {raw!r}")
-            value = int(raw)
-        if fixed.get(key, value) != value:
-            raise UserError(f"--fix: {key} fixed to two values ({fixed[key]} and {value})")
-        fixed[key] = value
+    for key, raw in layout_items(text, "--fix"):
+        for key, raw in ((("dp", raw), ("zero", "3")) if key == "fsdp" else ((key, raw),)):
+            if key not in _FIXABLE:
+                raise UserError(f"--fix: {key}={raw} is not key=value with a layout key ({', '.join(_FIXABLE)}, "
+                                "fsdp); example: --fix pp=1,tp=8")
+            value = parse_value(key, raw, "--fix")
+            _check_fixable(key, value)
+            if fixed.get(key, value) != value:
+                raise UserError(f"--fix: {key} fixed to two values ({fixed[key]} and {value})")
+            fixed[key] = value
     if not fixed:
         raise UserError("--fix needs key=value pairs, e.g. --fix pp=1,tp=8")
     return fixed
+
+
+def _check_fixable(key: str, value) -> None:
+    """The values plan searches: zero 0-3, other degrees from 1, schedules and recompute modes but op."""
+    if key in ("schedule", "recompute"):
+        choices = SCHEDULES if key == "schedule" else RECOMPUTE
+        if value not in choices:
+            raise UserError(f"--fix: unknown {key} {value!r}; choose one of {', '.join(choices)}")
+        if value == "op":  # torchtitan's policy, for predict and train; its tp=1, dense-only rule stays out
+            raise UserError("--fix: plan does not search recompute=op; fix none, selective or full")
+    elif key != "sp" and not (0 <= value <= 3 if key == "zero" else value >= 1):
+        raise UserError(f"--fix: {key} must be a whole number {'0-3' if key == 'zero' else '>= 1'}, got {value}")
 
 
 def _allowed(fix: dict, key: str, value) -> bool:
