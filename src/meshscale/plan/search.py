@@ -88,6 +88,7 @@ class Plan:
     objective: str = "time"
     rejected: list = field(default_factory=list)  # best layouts of the runner-up parallel shapes
     fixed: dict = field(default_factory=dict)  # the --fix values every searched layout has
+    pool: object = field(default=None, repr=False)  # the search's scored layouts (search_within narrows them)
 
     def to_dict(self) -> dict:
         return {"evaluated": self.evaluated, "enumerated": self.enumerated, "fitting": self.fitting,
@@ -137,51 +138,76 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
     """Rank the layouts that fit. `where(tp, pp, cp, dp, ep)` restricts the parallel shapes (the explanation
     asks for neighbours of the winner); `fix` ({key: value}, `parse_fix`) restricts every choice inside the
     enumeration; `prune=False` costs every layout in full (to check the bound)."""
-    fix = fix or {}
     start = time.perf_counter()
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
-    capacity = cluster.hbm_bytes * (1 - headroom)
-    pool = score(model, cluster, devices, global_batch, precision, capacity, cross_tp, where, fix)
+    pool = score(Pool(model, cluster, devices, global_batch, precision, headroom, cross_tp, where, fix or {}))
     if not len(pool.bounds):
-        return Plan([], pool.enumerated, 0, 0, time.perf_counter() - start, pool.smallest, fixed=fix)
-    ranked, alternatives, evaluated = cost(pool, model, cluster, global_batch, precision, capacity, top, prune)
+        return Plan([], pool.enumerated, 0, 0, time.perf_counter() - start, pool.smallest, fixed=pool.fix)
+    ranked, alternatives, evaluated = cost(pool, top, prune)
     return Plan(ranked, pool.enumerated, pool.fitting, evaluated, time.perf_counter() - start, pool.smallest,
-                rejected=alternatives, fixed=fix)
+                rejected=alternatives, fixed=pool.fix, pool=pool)
+
+
+def search_within(plan: Plan, model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: int,
+                  precision: str, headroom: float, where=None, fix: dict | None = None, cross_tp: bool = False,
+                  top: int = 1) -> list:
+    """The `top` layouts of `search(..., where=where, fix=fix)`: taken from the plan's pool where it holds
+    every layout that search scores (their bounds and order are the same, so are the results), else searched."""
+    pool = plan.pool and _narrowed(plan.pool, (model, cluster, devices, global_batch, precision, headroom), where,
+                                   fix or {}, cross_tp)
+    if pool is None:
+        return search(model, cluster, devices, global_batch, precision, top, headroom, cross_tp, where=where,
+                      fix=fix).ranked
+    return cost(pool, top, prune=True)[0] if len(pool.bounds) else []
 
 
 @dataclass
 class Pool:
-    """The layouts that fit, as rows of their shapes (bound.Rows), with their step-time bounds."""
-    scored: list  # (bound.Shape, bound.Rows of the layouts that fit)
-    bounds: np.ndarray  # per layout, in the order of `scored`
+    """A search's question, and the layouts that fit as rows of their shapes (bound.Rows), with their
+    step-time bounds."""
+    model: ModelSpec
+    cluster: ClusterSpec
+    devices: int
+    global_batch: int
+    precision: str
+    headroom: float
+    cross_tp: bool
+    where: object  # None or a predicate over (tp, pp, cp, dp, ep)
+    fix: dict
+    scored: list = field(default_factory=list)  # (bound.Shape, bound.Rows of the layouts that fit)
+    bounds: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per layout, in the order of `scored`
     enumerated: int = 0
     fitting: int = 0
     smallest: tuple = (math.inf, "")  # (bytes, layout string) of the least memory any layout needs
+    costed: dict = field(default_factory=dict)  # Layout -> its Prediction, None if not runnable (shared)
+
+    @property
+    def capacity(self) -> float:
+        return self.cluster.hbm_bytes * (1 - self.headroom)
 
     @cached_property
-    def where(self) -> tuple[np.ndarray, np.ndarray]:
+    def index(self) -> tuple[np.ndarray, np.ndarray]:
         """Per layout: which of `scored` holds it, and its row there."""
         sizes = [len(rows) for _, rows in self.scored]
         return np.repeat(np.arange(len(sizes)), sizes), np.concatenate([np.arange(n) for n in sizes])
 
     def layout(self, i: int) -> Layout:
-        shape, rows = self.scored[self.where[0][i]]
-        return _layout(shape, rows, self.where[1][i])
+        shape, rows = self.scored[self.index[0][i]]
+        return _layout(shape, rows, self.index[1][i])
 
 
-def score(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: int, precision: str, capacity: float,
-          cross_tp: bool, where, fix: dict) -> Pool:
+def score(pool: Pool) -> Pool:
     """Every layout's memory, and the step-time bound of those that fit (cost/bound.py), shape by shape."""
-    pool = Pool([], np.zeros(0))
+    model, cluster, precision = pool.model, pool.cluster, pool.precision
     bounds = []
-    for shape in _shapes(model, cluster, devices, global_batch, cross_tp, where, fix):
-        rows = _rows(shape, fix)
+    for shape in _shapes(model, cluster, pool.devices, pool.global_batch, pool.cross_tp, pool.where, pool.fix):
+        rows = _rows(shape, pool.fix)
         if not len(rows):
             continue
         pool.enumerated += len(rows)
         memory = bound.memory_bytes(model, cluster, shape, rows, precision)
-        ok = (memory <= capacity) & bound.fills_pipeline(shape, rows)
+        ok = (memory <= pool.capacity) & bound.fills_pipeline(shape, rows)
         i_min = int(np.argmin(memory))
         if memory[i_min] < pool.smallest[0]:
             pool.smallest = (float(memory[i_min]), str(_layout(shape, rows, i_min)))
@@ -193,8 +219,7 @@ def score(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: in
     return pool
 
 
-def cost(pool: Pool, model: ModelSpec, cluster: ClusterSpec, global_batch: int, precision: str, capacity: float,
-         top: int, prune: bool) -> tuple[list, list, int]:
+def cost(pool: Pool, top: int, prune: bool) -> tuple[list, list, int]:
     """Cost the pool's layouts in full with `predict`, cheapest bound first, until the bound of the next one
     exceeds the K-th best time found (and the ALTERNATIVES-th best shape's). Returns the top K, the best of
     the runner-up shapes, and how many were costed."""
@@ -208,11 +233,14 @@ def cost(pool: Pool, model: ModelSpec, cluster: ClusterSpec, global_batch: int, 
             if pool.bounds[i] >= cutoff:
                 break
         layout = pool.layout(i)
-        if not runnable(layout, model, global_batch):
+        if layout not in pool.costed:
+            pool.costed[layout] = (predict(pool.model, pool.cluster, layout, pool.global_batch, pool.precision)
+                                   if runnable(layout, pool.model, pool.global_batch) else None)
+        pred = pool.costed[layout]
+        if pred is None:
             continue
-        pred = predict(model, cluster, layout, global_batch, precision)
         evaluated += 1
-        if pred.memory_per_device_bytes["total"] > capacity:
+        if pred.memory_per_device_bytes["total"] > pool.capacity:
             continue
         key = rank_key(pred)
         best = sorted(best + [(key, pred)], key=itemgetter(0))[:top]
@@ -221,6 +249,44 @@ def cost(pool: Pool, model: ModelSpec, cluster: ClusterSpec, global_batch: int, 
             by_shape[shape] = key, pred
     alternatives = [p for _, p in sorted(by_shape.values(), key=itemgetter(0))[1:ALTERNATIVES]]
     return [p for _, p in best], alternatives, evaluated
+
+
+# --fix keys that change the choices a shape offers (bound.Shape), and so its bounds
+_SHAPE_KEYS = ("schedule", "vpp", "mbs")
+
+
+def _narrowed(pool: Pool, question: tuple, where, fix: dict, cross_tp: bool) -> Pool | None:
+    """The pool of a search of `question` (model, cluster, devices, batch, precision, headroom) restricted by
+    `where` and `fix`, cut from `pool`; None unless `pool` answered the same question unrestricted (no `where`;
+    `fix` holds its fixed values and the same shape keys) over every shape that search scores."""
+    if (question != (pool.model, pool.cluster, pool.devices, pool.global_batch, pool.precision, pool.headroom)
+            or pool.where is not None or any(k not in fix or fix[k] != v for k, v in pool.fix.items())
+            or any(fix.get(k) != pool.fix.get(k) for k in _SHAPE_KEYS)):
+        return None
+    if cross_tp and not pool.cross_tp:
+        wanted = shapes(pool.model, pool.cluster, pool.devices, pool.global_batch, True)
+        held = set(shapes(pool.model, pool.cluster, pool.devices, pool.global_batch, False))
+        if any(s not in held for s in wanted if where is None or where(*s)):
+            return None
+    out = Pool(*question, cross_tp, where, fix, costed=pool.costed)
+    bounds = []
+    for (shape, rows), end in zip(pool.scored, np.cumsum([len(rows) for _, rows in pool.scored])):
+        dims = (shape.tp, shape.pp, shape.cp, shape.dp, shape.ep)
+        if (where is not None and not where(*dims)) or any(k in fix and fix[k] != v
+                                                             for k, v in zip(("tp", "pp", "cp", "dp", "ep"), dims)):
+            continue
+        keep = np.ones(len(rows), dtype=bool)
+        if "zero" in fix:
+            keep &= rows.zero == fix["zero"]
+        if "sp" in fix:
+            keep &= np.array(shape.sps)[rows.sp] == fix["sp"]
+        if "recompute" in fix:
+            keep &= np.array(RECOMPUTE)[rows.recompute] == fix["recompute"]
+        if keep.any():
+            out.scored.append((shape, rows[keep]))
+            bounds.append(pool.bounds[end - len(rows):end][keep])
+    out.bounds = np.concatenate(bounds) if bounds else np.zeros(0)
+    return out
 
 
 def _shapes(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: int, cross_tp: bool, where,
