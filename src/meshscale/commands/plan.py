@@ -3,8 +3,15 @@
 import json
 import math
 
-from meshscale.commands.predict import add_batch_arguments, add_goodput_arguments, goodput_line, goodput_of, resolve_inputs
+from rich.table import Table
+
+from meshscale.commands.predict import (add_batch_arguments, add_goodput_arguments, goodput_line, goodput_of,
+                                        resolve_inputs)
+from meshscale.commands.report import make_console
 from meshscale.errors import UserError
+from meshscale.plan.explain import explain, rejected
+from meshscale.plan.search import parse_fix, search, search_within
+from meshscale.specs.layout import Layout, trainer_refusal
 
 
 def add_arguments(p):
@@ -25,8 +32,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from meshscale.plan.search import parse_fix, search
-
     fix = parse_fix(args.fix) if args.fix is not None else {}
     model, cluster, devices, batch = resolve_inputs(args)
     if args.top < 1:
@@ -56,13 +61,12 @@ def run(args) -> int:
                         f"after {args.memory_headroom:.0%} headroom; add devices or pick a larger accelerator")
     win_devices = plan.ranked[0].devices
     if args.emit == "torchrun":
-        print(_emit(args, model, cluster, plan.ranked[0], batch, fix))
+        print(_emit(args, model, cluster, plan, batch, fix))
         return 0
     good = goodput_of(args, plan.ranked[0])  # of the winner
     if args.json:
         print(json.dumps({**plan.to_dict(), **({"goodput": good.to_dict()} if good else {})}))
         return 0
-    from meshscale.plan.explain import explain, rejected
     _print_human(plan, explain(plan, model, cluster, win_devices, batch, args.precision, args.memory_headroom),
                  rejected(plan), cluster)
     if good:
@@ -82,22 +86,20 @@ def _merge_by_cost(plans, cluster, top):
     return best
 
 
-def _emit(args, model, cluster, winner, batch: int, fix: dict) -> str:
+def _emit(args, model, cluster, plan, batch: int, fix: dict) -> str:
     """The torchrun line for the winner or, when the trainer cannot run it yet, for the best layout it can
     run (a `#` line above says why, so the output still pastes into a shell)."""
-    from meshscale.plan.search import search
-    from meshscale.specs.layout import Layout, trainer_refusal
-
+    winner = plan.ranked[0]
     reason = trainer_refusal(Layout.parse(winner.layout), model)
     if reason is None:
         return torchrun_command(args, cluster, winner.devices, winner.layout, batch)
     if trainer_refusal(Layout(), model):
         raise UserError(f"--emit torchrun: {trainer_refusal(Layout(), model)}")
     # the shape filter prunes the search; the full rule (sp, zero, schedule per model family) picks among the top
-    trainable = search(model, cluster, winner.devices, batch, args.precision, top=64, headroom=args.memory_headroom,
-                       cross_tp=args.allow_cross_tp, fix=fix,
-                       where=lambda tp, pp, cp, dp, ep: cp == 1 and model.vocab % tp == 0)
-    runs = [p for p in trainable.ranked if trainer_refusal(Layout.parse(p.layout), model) is None]
+    trainable = search_within(plan, model, cluster, winner.devices, batch, args.precision, args.memory_headroom,
+                              where=lambda tp, pp, cp, dp, ep: cp == 1 and model.vocab % tp == 0, fix=fix,
+                              cross_tp=args.allow_cross_tp, top=64)
+    runs = [p for p in trainable if trainer_refusal(Layout.parse(p.layout), model) is None]
     if not runs:
         raise UserError(f"--emit torchrun: the winner {winner.layout} cannot be trained yet ({reason}) and no "
                         "layout the trainer runs fits; add devices or lower the batch")
@@ -118,10 +120,6 @@ def torchrun_command(args, cluster, devices: int, layout: str, batch: int) -> st
 
 
 def _print_human(plan, lines, losers, cluster):
-    from rich.table import Table
-
-    from meshscale.commands.report import make_console
-
     console = make_console()
     console.print(f"searched {plan.enumerated:,} layouts ({plan.fitting:,} fit in memory), costed {plan.evaluated:,} "
                   f"in full, in {plan.seconds:.2f} s; objective: {plan.objective}")

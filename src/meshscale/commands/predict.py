@@ -2,7 +2,14 @@
 
 import json
 
+from meshscale.commands.report import print_prediction
+from meshscale.cost import predict
+from meshscale.cost.goodput import DEFAULT_CHECKPOINT_BANDWIDTH, LLAMA3_MTBF_HOURS, of_prediction
 from meshscale.errors import UserError
+from meshscale.plots import memory_plot
+from meshscale.specs.cluster import load_cluster
+from meshscale.specs.layout import Layout
+from meshscale.specs.model import load_model
 
 
 def add_arguments(p):
@@ -23,8 +30,6 @@ def add_step_arguments(p):
 
 
 def add_goodput_arguments(p):
-    from meshscale.cost.goodput import DEFAULT_CHECKPOINT_BANDWIDTH, LLAMA3_MTBF_HOURS
-
     p.add_argument("--mtbf-hours", type=float, help="mean time between failures per device, hours, for goodput "
                    f"(Llama 3's 16K-GPU run: {LLAMA3_MTBF_HOURS:,.0f})")
     p.add_argument("--checkpoint-bandwidth", type=float, default=DEFAULT_CHECKPOINT_BANDWIDTH,
@@ -35,7 +40,6 @@ def goodput_of(args, pred):
     """The Goodput of a Prediction when --mtbf-hours is given, else None."""
     if args.mtbf_hours is None:
         return None
-    from meshscale.cost.goodput import of_prediction
     return of_prediction(pred, args.mtbf_hours, args.checkpoint_bandwidth)
 
 
@@ -55,8 +59,6 @@ def add_batch_arguments(p):
 
 def model_at_seq(args):
     """--model, at --seq when given."""
-    from meshscale.specs.model import load_model
-
     model = load_model(args.model)
     if args.seq is None:
         return model
@@ -67,8 +69,6 @@ def model_at_seq(args):
 
 def resolve_inputs(args):
     """Model (with --seq), cluster, device count and batch in sequences, checked."""
-    from meshscale.specs.cluster import load_cluster
-
     model = model_at_seq(args)
     cluster = load_cluster(args.cluster)
     devices = args.devices if args.devices is not None else cluster.default_devices
@@ -87,20 +87,15 @@ def resolve_inputs(args):
 
 
 def run(args) -> int:
-    from meshscale.cost import predict
-    from meshscale.specs.layout import Layout
-
     model, cluster, devices, batch = resolve_inputs(args)
     layout = Layout.parse(args.layout, devices)
     pred = predict(model, cluster, layout, batch, args.precision)
     good = goodput_of(args, pred)
     if args.plot:
-        from meshscale.plots import memory_plot
         memory_plot(pred, args.plot)
     if args.json:
         print(json.dumps({**pred.to_dict(), **({"goodput": good.to_dict()} if good else {})}))
     else:
-        from meshscale.commands.report import print_prediction
         print_prediction(pred)
         if good:
             print(goodput_line(good))
