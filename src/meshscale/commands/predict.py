@@ -54,11 +54,17 @@ def add_batch_arguments(p):
 
 
 def model_at_seq(args):
-    """--model, at --seq when given."""
-    from meshscale.specs.model import load_model
+    """--model, at --seq when given; a Hugging Face config's own length is its max_position_embeddings, which
+    can be far longer than anyone trains at (131,072 for Llama 3.1), so using it is said on stderr."""
+    import sys
+
+    from meshscale.specs.model import is_hf_model, load_model
 
     model = load_model(args.model)
     if args.seq is None:
+        if is_hf_model(args.model):
+            print(f"meshscale: note: sequence length {model.seq:,} tokens, the config's max_position_embeddings; "
+                  "pass --seq to plan another", file=sys.stderr)
         return model
     if args.seq <= 0:
         raise UserError(f"--seq must be positive, got {args.seq}")

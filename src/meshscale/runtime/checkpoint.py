@@ -86,8 +86,9 @@ def _model_fields(spec) -> dict:
 
 
 def check_compatible(path: Path, manifest: dict, spec, precision: str) -> None:
-    saved = manifest["model"]
-    differ = [f"{k} {saved.get(k)} vs {v}" for k, v in _model_fields(spec).items() if saved.get(k) != v]
+    fields = type(spec).__dataclass_fields__  # a field newer than the manifest was saved at its default
+    saved = {k: manifest["model"].get(k, fields[k].default) for k in fields}
+    differ = [f"{k} {saved[k]} vs {v}" for k, v in _model_fields(spec).items() if saved[k] != v]
     if differ:
         raise UserError(f"checkpoint {path} holds a different model ({', '.join(differ)}; saved vs --model "
                         f"{spec.name}); use the model it was saved with or a new --checkpoint-dir")
