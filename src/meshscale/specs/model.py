@@ -4,6 +4,7 @@ Field names are the JSON names. Parameter counts follow directly from the shapes
 `param_count`), which is how the presets are checked against their published sizes.
 """
 
+import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -220,6 +221,24 @@ def from_hf_config(cfg: dict, name: str, source: str | None = None) -> ModelSpec
     return ModelSpec(name=name, **hf.model_fields(cfg, source or name))
 
 
+# The rope scalings the runtime model applies (specs/hf.py reads more, for planning).
+RUNTIME_ROPE_SCALINGS = ("linear", "llama3")
+
+
+def trainer_lacks(spec: ModelSpec) -> str | None:
+    """What of `spec` the runtime model does not build (it is planned all the same), or None."""
+    if spec.uses_mla:
+        return "multi-head latent attention (MLA)"
+    if spec.sandwich_norms:
+        return "Gemma block (norms after attention and the MLP, (1 + w) norms, soft-capped logits)"
+    if spec.mlp == "geglu":
+        return "GeGLU MLP"
+    kind = json.loads(spec.rope_scaling)["rope_type"] if spec.rope_scaling else None
+    if kind and kind not in RUNTIME_ROPE_SCALINGS:
+        return f"{kind} rope scaling (it applies {' and '.join(RUNTIME_ROPE_SCALINGS)})"
+    return None
+
+
 def _config_path(name_or_path: str) -> str:
     """A model directory stands for its config.json."""
     if Path(name_or_path).is_dir():
@@ -254,4 +273,4 @@ def load_model(name_or_path: str) -> ModelSpec:
     return build(ModelSpec, data, name_or_path)
 
 
-__all__ = ["ModelSpec", "PRESETS", "load_model", "from_hf_config", "is_hf_model"]
+__all__ = ["ModelSpec", "PRESETS", "load_model", "from_hf_config", "is_hf_model", "trainer_lacks"]
