@@ -10,7 +10,12 @@ LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_fre
           "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
 
 
-def configs() -> dict:
+NAMES = ("llama", "llama-linear-tied", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3",
+         "gpt2", "gpt_neox", "gpt_neox-sequential")
+
+
+def config(name: str):
+    """The transformers config of case `name` (transformers is imported only here, not where ranks import)."""
     import transformers as t
 
     return {
@@ -36,7 +41,7 @@ def configs() -> dict:
                                                num_attention_heads=4, vocab_size=128, max_position_embeddings=64,
                                                use_parallel_residual=False, hidden_act="gelu_new",
                                                bos_token_id=0, eos_token_id=0),
-    }
+    }[name]
 
 
 @torch.no_grad()

@@ -345,9 +345,11 @@ def _stable_hash(text: str) -> int:
 
 
 def full_shapes(spec: ModelSpec) -> dict:
-    """Every parameter's name and whole shape, built on the meta device (no memory)."""
+    """Every parameter's name and whole shape (a tied head's too: under a pipeline the last stage holds its
+    own copy), built on the meta device (no memory)."""
     with torch.device("meta"):
-        return {name: tuple(p.shape) for name, p in Transformer(spec).named_parameters()}
+        model = Transformer(spec)
+        return {name: tuple(p.shape) for name, p in model.named_parameters(remove_duplicate=False)}
 
 
 def build_model(spec: ModelSpec, seed: int = 0, device: str | torch.device = "cpu") -> Transformer:
