@@ -94,3 +94,75 @@ def test_logits_equal_transformers_under_layouts(tmp_path):
     for diffs in per_rank:
         bad = {k: v for k, v in diffs.items() if not v < 1e-5}
         assert not bad, bad
+
+
+# ---- train from a transformers checkpoint, export, reload ---------------------------------------------
+def _train(rank, world, runs):
+    from meshscale.runtime.loop.config import TrainConfig, resolve
+    from meshscale.runtime.loop.data import load_tokens
+    from meshscale.runtime.loop.trainer import train
+
+    text = load_tokens(None)[: 1 << 18]  # bytes: the models below have a vocabulary of 256
+    for options in runs:
+        train(resolve(TrainConfig(global_batch=4, warmup=0, val_batches=1, **options), world),
+              torch.device("cpu"), text, log=False)
+
+
+def _export(checkpoint, out):
+    from test_cli_predict_plan import cli
+
+    r = cli("export", str(checkpoint), "--to", "hf", str(out), "--max-shard-gb", "0.00003")
+    assert r.returncode == 0, r.stderr
+    assert "as a Hugging Face" in r.stdout
+    return r
+
+
+def _tensors(root):
+    from meshscale.models.hf_weights import Safetensors
+
+    files = Safetensors(root)
+    return {key: files.slice(key)[:] for key in files.files}
+
+
+def test_train_from_transformers_checkpoints_then_export(tmp_path):
+    """Start from transformers-made checkpoints under tp=2 (learning rate 0: the export must give back the
+    very same tensors), ep=2 and pp=2 with a tied GPT-2 table (trained: transformers reloads the export and
+    its logits equal meshscale's own from the checkpoint)."""
+    import transformers
+
+    from meshscale.commands.export import _weights
+    from multirank import run_ranks
+
+    models = {"qwen3": config("qwen3"), "qwen2_moe": config("qwen2_moe"), "gpt2": config("gpt2")}
+    for name, cfg in models.items():
+        cfg.vocab_size = 256
+        save(cfg, tmp_path / name, shard="40KB")
+    runs = [dict(init_from=str(tmp_path / "qwen3"), layout="tp=2", steps=1, lr=0.0, min_lr=0.0, seq=32,
+                 checkpoint_dir=str(tmp_path / "ck-qwen3")),
+            dict(init_from=str(tmp_path / "qwen2_moe"), layout="ep=2", steps=2, lr=1e-3, seq=32,
+                 checkpoint_dir=str(tmp_path / "ck-qwen2_moe")),
+            dict(init_from=str(tmp_path / "gpt2"), layout="pp=2", steps=2, lr=1e-3, seq=64,
+                 checkpoint_dir=str(tmp_path / "ck-gpt2"))]
+    run_ranks(2, _train, runs)
+
+    _export(tmp_path / "ck-qwen3", tmp_path / "out-qwen3")
+    original, exported = _tensors(tmp_path / "qwen3"), _tensors(tmp_path / "out-qwen3")
+    assert sorted(original) == sorted(exported)
+    assert all(torch.equal(original[k], exported[k]) for k in original)
+
+    for name in ("qwen2_moe", "gpt2"):
+        _export(tmp_path / f"ck-{name}", tmp_path / f"out-{name}")
+        spec = load_model(str(tmp_path / f"out-{name}"))
+        step = sorted((tmp_path / f"ck-{name}").glob("step-*"))[-1]
+        ours = Transformer(spec).eval()
+        weights = _weights(step, spec)
+        if spec.tied_embeddings:
+            weights["output.weight"] = weights["tok_embeddings.weight"]
+        ours.load_state_dict(weights)
+        before = _tensors(tmp_path / name)
+        changed = _tensors(tmp_path / f"out-{name}")
+        assert any(not torch.equal(before[k], changed[k]) for k in before)  # it trained
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / f"out-{name}").eval()
+        x = tokens(vocab=256)
+        with torch.no_grad():
+            assert (ours(x) - theirs(x).logits).abs().max().item() < 1e-5

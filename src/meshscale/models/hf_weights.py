@@ -21,9 +21,11 @@ from meshscale.specs.model import ModelSpec
 @dataclass(frozen=True)
 class Part:
     """Row i of the meshscale parameter is row index[i] of Hugging Face tensor `key` (column index[i], with
-    the remaining dimension transposed, when `transposed`)."""
+    the remaining dimension transposed, when `transposed`), a tensor of `rows` such rows (None: at least as
+    many as the index reaches; a position table may be longer than the run's sequence)."""
     key: str
     index: range | tuple
+    rows: int | None
     transposed: bool = False
 
 
@@ -92,23 +94,21 @@ def _hf_name(model_type: str, name: str) -> str:
     raise UserError(f"a {model_type} checkpoint has no counterpart of meshscale's {name}")
 
 
-def _rows(model_type: str, spec: ModelSpec, name: str, n: int) -> tuple[range | tuple, bool]:
-    """Where a parameter's n rows sit in its Hugging Face tensor, and whether that tensor is transposed."""
+def _rows(model_type: str, spec: ModelSpec, name: str, n: int) -> tuple[range | tuple, int | None]:
+    """Where a parameter's n rows sit in its Hugging Face tensor, and how many rows that tensor has."""
     q, kv, d = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim, spec.head_dim
-    which = re.search(r"\.w([qkv123])\.(weight|bias)$", name)
-    transposed = model_type == "gpt2" and re.search(r"\.w[qkvo12]\.weight$", name) is not None  # Conv1D
-    if which is None:
-        return range(n), transposed
-    w = which.group(1)
-    if model_type in ("phi3", "gpt2") and w in "qkv":  # [q | k | v] blocks
-        return range({"q": 0, "k": q, "v": q + kv}[w], {"q": 0, "k": q, "v": q + kv}[w] + n), transposed
-    if model_type == "phi3" and w in "13":  # [gate | up]
+    which = re.search(r"\.w([qkv13])\.(weight|bias)$", name)
+    w = which.group(1) if which else None
+    if model_type in ("phi3", "gpt2") and w and w in "qkv":  # [q | k | v] blocks
+        start = {"q": 0, "k": q, "v": q + kv}[w]
+        return range(start, start + n), q + 2 * kv
+    if model_type == "phi3" and w in ("1", "3"):  # [gate | up]
         start = 0 if w == "1" else spec.ffn
-        return range(start, start + n), transposed
-    if model_type == "gpt_neox" and w in "qkv":  # head by head: [q_h | k_h | v_h]
+        return range(start, start + n), 2 * spec.ffn
+    if model_type == "gpt_neox" and w and w in "qkv":  # head by head: [q_h | k_h | v_h]
         shift = "qkv".index(w) * d
-        return tuple(h * 3 * d + shift + j for h in range(spec.heads) for j in range(d)), transposed
-    return range(n), transposed
+        return tuple(h * 3 * d + shift + j for h in range(spec.heads) for j in range(d)), 3 * q
+    return range(n), None if name == "pos_embeddings.weight" else n
 
 
 def parts(model_type: str, spec: ModelSpec, shapes: dict) -> dict:
@@ -119,8 +119,8 @@ def parts(model_type: str, spec: ModelSpec, shapes: dict) -> dict:
             name_hf = _hf_name(model_type, "tok_embeddings.weight")
         else:
             name_hf = _hf_name(model_type, name)
-        index, transposed = _rows(model_type, spec, name, shape[0])
-        out[name] = Part(name_hf, index, transposed)
+        transposed = model_type == "gpt2" and re.search(r"\.w[qkvo12]\.weight$", name) is not None  # Conv1D
+        out[name] = Part(name_hf, *_rows(model_type, spec, name, shape[0]), transposed)
     return out
 
 
@@ -163,6 +163,7 @@ class Safetensors:
         on_disk, rows_dim = tuple(sl.get_shape()), 1 if part.transposed else 0
         rest = full_shape[1:][::-1] if part.transposed else full_shape[1:]
         if len(on_disk) != len(full_shape) or max(part.index) >= on_disk[rows_dim] or \
+                part.rows not in (None, on_disk[rows_dim]) or \
                 tuple(d for i, d in enumerate(on_disk) if i != rows_dim) != tuple(rest):
             raise UserError(f"--init-from {self.root}: tensor {part.key} has shape {list(on_disk)}, which the "
                             f"config's sizes do not give (meshscale expects {list(full_shape)} from it)")
@@ -212,3 +213,50 @@ def load(module: torch.nn.Module, root: str | Path, spec: ModelSpec, full_shapes
         full = full_shapes[name]
         value = tensors.read(mapping[name], full, region_of(tuple(p.shape), full, tp_rank, tp))
         p.copy_(value.to(p.dtype))
+
+
+# ---- writing ------------------------------------------------------------------------------------------
+def assemble(model_type: str, spec: ModelSpec, tensors: dict) -> dict:
+    """{Hugging Face name: tensor} from the whole model's {meshscale name: tensor}: fused tensors gathered
+    from their parts, Conv1D weights transposed back; a tied head is the embedding's (not written twice)."""
+    out = {}
+    for name, part in parts(model_type, spec, {n: tuple(t.shape) for n, t in tensors.items()}).items():
+        if name == "output.weight" and spec.tied_embeddings:
+            continue
+        t = tensors[name]
+        rows = part.rows or t.shape[0]
+        if part.key not in out:
+            out[part.key] = t.new_empty((t.shape[1], rows) if part.transposed else (rows, *t.shape[1:]))
+        index = torch.tensor(list(part.index))
+        if part.transposed:
+            out[part.key][:, index] = t.T
+        else:
+            out[part.key][index] = t
+    return out
+
+
+def write(tensors: dict, root: Path, max_shard_bytes: int) -> list:
+    """save_pretrained's layout: model.safetensors, or model-0000k-of-0000n.safetensors files of at most
+    `max_shard_bytes` each (a larger tensor alone in its file) with model.safetensors.index.json. Returns
+    the files written."""
+    from safetensors.torch import save_file
+
+    shards, size = [{}], 0
+    for key in sorted(tensors):
+        nbytes = tensors[key].numel() * tensors[key].element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][key] = tensors[key].contiguous()
+        size += nbytes
+    if len(shards) == 1:
+        save_file(shards[0], root / "model.safetensors", metadata={"format": "pt"})
+        return ["model.safetensors"]
+    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    for shard, name in zip(shards, names):
+        save_file(shard, root / name, metadata={"format": "pt"})
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total},
+             "weight_map": {key: name for shard, name in zip(shards, names) for key in shard}}
+    (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return names + ["model.safetensors.index.json"]

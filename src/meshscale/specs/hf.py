@@ -322,4 +322,68 @@ def model_fields(data: dict, source: str) -> dict:
     return kw
 
 
-__all__ = ["READERS", "INERT", "model_fields", "is_hf_config"]
+# ---- the other way: the config.json that reads back as a ModelSpec (meshscale export --to hf) ---------------
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
+                 "qwen2": "Qwen2ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "qwen3_moe": "Qwen3MoeForCausalLM", "phi3": "Phi3ForCausalLM", "gpt2": "GPT2LMHeadModel",
+                 "gpt_neox": "GPTNeoXForCausalLM"}
+
+
+def hf_type(spec) -> str:
+    """The model_type whose architecture is `spec`'s (to_hf_config checks that it reads back the same)."""
+    if spec.learned_positions:
+        return "gpt2"
+    if spec.biases:
+        return "gpt_neox"
+    if spec.is_moe:
+        return "qwen3_moe" if spec.qk_norm else "qwen2_moe" if spec.qkv_bias else "mixtral"
+    if spec.qk_norm or spec.qkv_bias:
+        return "qwen3" if spec.qk_norm else "qwen2"
+    return "phi3" if spec.rotary_fraction < 1 else "mistral" if spec.sliding_window else "llama"
+
+
+def to_hf_config(spec) -> dict:
+    """A Hugging Face config.json (transformers 4.x spelling, which 5.x reads too) of `spec`; a spec no
+    supported model_type expresses is one line naming the fields that would differ."""
+    kind = hf_type(spec)
+    if kind == "gpt2":
+        config = {"n_embd": spec.hidden, "n_layer": spec.layers, "n_head": spec.heads, "n_inner": spec.ffn,
+                  "n_positions": spec.seq, "activation_function": "gelu_new", "layer_norm_epsilon": spec.norm_eps}
+    else:
+        config = {"hidden_size": spec.hidden, "num_hidden_layers": spec.layers, "num_attention_heads": spec.heads,
+                  "intermediate_size": spec.ffn, "max_position_embeddings": spec.seq, "rope_theta": spec.rope_theta}
+        if spec.rope_scaling:
+            config["rope_scaling"] = json.loads(spec.rope_scaling)
+    if kind == "gpt_neox":
+        config.update(hidden_act="gelu" if spec.mlp == "gelu-erf" else "gelu_new", layer_norm_eps=spec.norm_eps,
+                      rotary_pct=spec.rotary_fraction, use_parallel_residual=spec.parallel_residual)
+    elif kind != "gpt2":
+        config.update(num_key_value_heads=spec.kv_heads, head_dim=spec.head_dim, rms_norm_eps=spec.norm_eps,
+                      hidden_act="silu")
+    if kind in ("mistral", "phi3") and spec.sliding_window:
+        config["sliding_window"] = spec.sliding_window
+    if kind == "phi3":
+        config["partial_rotary_factor"] = spec.rotary_fraction
+    if spec.is_moe:
+        experts = "num_local_experts" if kind == "mixtral" else "num_experts"
+        config.update({experts: spec.experts, "num_experts_per_tok": spec.top_k,
+                       "router_aux_loss_coef": spec.aux_loss_coef})
+    if kind in ("qwen2_moe", "qwen3_moe"):
+        config.update(moe_intermediate_size=spec.expert_ffn, norm_topk_prob=spec.norm_topk,
+                      decoder_sparse_step=spec.moe_every,
+                      mlp_only_layers=list(range(spec.first_dense_layers)) if spec.moe_every == 1 else [])
+    if kind == "qwen2_moe":
+        config["shared_expert_intermediate_size"] = spec.shared_experts * spec.expert_ffn
+    config = {"model_type": kind, "architectures": [ARCHITECTURES[kind]], "vocab_size": spec.vocab,
+              "tie_word_embeddings": spec.tied_embeddings, **config}
+    back = type(spec)(name=spec.name, **model_fields(config, "export"))
+    differ = [f"{k}={getattr(back, k)!r} (not {getattr(spec, k)!r})" for k in spec.__dataclass_fields__
+              if getattr(back, k) != getattr(spec, k)]
+    if differ:
+        raise UserError(f"model {spec.name}: no Hugging Face model_type meshscale writes has its architecture "
+                        f"(as {kind} it would read back with {', '.join(differ)})")
+    return config
+
+
+__all__ = ["READERS", "INERT", "model_fields", "is_hf_config", "to_hf_config", "hf_type"]
