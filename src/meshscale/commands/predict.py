@@ -1,6 +1,7 @@
 """`meshscale predict`: one layout's step, broken down into compute, each collective, bubble and memory."""
 
 import json
+import sys
 
 from meshscale.commands.report import print_prediction
 from meshscale.cost import predict
@@ -9,7 +10,7 @@ from meshscale.errors import UserError
 from meshscale.plots import memory_plot
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout
-from meshscale.specs.model import load_model
+from meshscale.specs.model import is_hf_model, load_model
 
 
 def add_arguments(p):
@@ -58,9 +59,13 @@ def add_batch_arguments(p):
 
 
 def model_at_seq(args):
-    """--model, at --seq when given."""
+    """--model, at --seq when given; a Hugging Face config's own length is its max_position_embeddings, which
+    can be far longer than anyone trains at (131,072 for Llama 3.1), so using it is said on stderr."""
     model = load_model(args.model)
     if args.seq is None:
+        if is_hf_model(args.model):
+            print(f"meshscale: note: sequence length {model.seq:,} tokens, the config's max_position_embeddings; "
+                  "pass --seq to plan another", file=sys.stderr)
         return model
     if args.seq <= 0:
         raise UserError(f"--seq must be positive, got {args.seq}")

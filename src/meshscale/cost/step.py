@@ -394,7 +394,7 @@ def eager_forward_elements(model: ModelSpec, tp: int, sp: bool) -> float:
     width = ((model.top_k + model.shared_experts) * model.expert_ffn if model.is_moe else model.ffn) / tp
     hidden = (2 * 18 + 2 * 3) * model.hidden / (tp if sp else 1)
     repeat = 2 * (kv + q) if kv < q else 0.0
-    return hidden + 10 * (q + kv) + repeat + 2 * q + (5 if model.mlp == "swiglu" else 2) * width
+    return hidden + 10 * (q + kv) + repeat + 2 * q + (5 if model.gated_mlp else 2) * width
 
 
 def _time(cluster, devices, layout, axis, collective, nbytes, calls, group=None) -> float:
