@@ -7,3 +7,6 @@ Three pillars share one contract, the Layout:
 """
 
 __version__ = "0.1.0"
+# The version of every --json object's keys (each carries it as "schema_version"): raised when a key is
+# renamed or removed, not when one is added.
+SCHEMA_VERSION = 1

@@ -8,6 +8,7 @@ import argparse
 import importlib
 import sys
 
+from meshscale import __version__
 from meshscale.errors import UserError, fail
 
 COMMANDS = {
@@ -27,6 +28,7 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="meshscale", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"meshscale {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     argv = sys.argv[1:] if argv is None else argv
     chosen = next((a for a in argv if not a.startswith("-")), None)
