@@ -1,8 +1,6 @@
 """`meshscale scale`: the best layout and its throughput, cost and energy across device counts."""
 
-import json
-
-from meshscale.commands.predict import add_goodput_arguments, model_at_seq
+from meshscale.commands.predict import add_goodput_arguments, json_line, model_at_seq
 
 
 def add_arguments(p):
@@ -36,7 +34,7 @@ def run(args) -> int:
         from meshscale.plots import scaling_plot
         scaling_plot(rows, mode, f"{model.name} on {cluster.name}", args.plot)
     if args.json:
-        print(json.dumps({"mode": mode, "rows": [r.to_dict() for r in rows]}))
+        print(json_line({"mode": mode, "rows": [r.to_dict() for r in rows]}))
         return 0
     _print_table(rows, mode, model, cluster)
     return 0
