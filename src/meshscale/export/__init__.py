@@ -96,7 +96,7 @@ def emit(framework: str, model: ModelSpec, cluster: ClusterSpec, layout: Layout,
                         f"{cluster.name}'s {cluster.hbm_bytes / 1e9:,.1f} GB; pick a layout that fits")
     options = [asked] if not changes else [_try_predict(model, cluster, near, global_batch, runs_in)]
     if changes and not (options[0] and options[0].fits):  # the nearest does not fit: the best that does
-        options.append(_best_expressible(framework, model, cluster, layout.devices, global_batch, runs_in,
+        options.append(best_expressible(framework, model, cluster, layout.devices, global_batch, runs_in,
                                          search_options))
     fitting = [p for p in options if p is not None and p.fits]
     if not fitting:
@@ -109,7 +109,7 @@ def emit(framework: str, model: ModelSpec, cluster: ClusterSpec, layout: Layout,
                    asked.step_time_s if changes else None, module.notes(job))
 
 
-def _best_expressible(framework, model, cluster, devices, global_batch, precision, options) -> Prediction | None:
+def best_expressible(framework, model, cluster, devices, global_batch, precision, options) -> Prediction | None:
     """The fastest layout of `devices` that `framework` expresses as it is, among the search's top 64."""
     from meshscale.plan.search import search
 
@@ -150,4 +150,25 @@ def summary(e: Emitted) -> list[str]:
     return lines + e.notes
 
 
-__all__ = ["FRAMEWORKS", "Emitted", "Job", "emit", "adapted", "summary"]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a framework config says of a job: its layout, batch and precision, and the model when it names
+    one (torchtitan's flavor) or spells it out (Megatron-LM's arguments)."""
+    layout: Layout
+    global_batch: int
+    precision: str
+    seq: int
+    model: ModelSpec | None = None
+
+
+def read(framework: str, text: str, devices: int | None) -> Shape:
+    """The job a `framework` config describes (the reverse of `render`)."""
+    module = framework_module(framework)
+    if not hasattr(module, "read"):
+        raise UserError(f"reading a {framework} config is not supported; check reads torchtitan and megatron")
+    return module.read(text, devices)
+
+
+__all__ = ["FRAMEWORKS", "Emitted", "Job", "Shape", "emit", "adapted", "best_expressible", "read", "summary"]

@@ -9,7 +9,8 @@ Megatron-FSDP's optim_grads / optim_grads_params, hybrid sharding its distribute
 import shlex
 
 from meshscale.cost.comm import DDP_BUCKET_BYTES
-from meshscale.export import Job, change
+from meshscale.errors import UserError
+from meshscale.export import Job, Shape, change
 from meshscale.specs.layout import Layout, split_layers
 from meshscale.specs.model import ModelSpec
 
@@ -152,3 +153,76 @@ def render(job: Job) -> str:
 
 def notes(job: Job) -> list[str]:
     return []
+
+
+def parse_arguments(text: str) -> dict:
+    """`--flag value` and `--switch` items of a Megatron-LM command line (a launcher before them is skipped):
+    dest name -> value, True for a switch."""
+    try:
+        tokens = shlex.split(text.replace("\\\n", " "), comments=True)
+    except ValueError as e:
+        raise UserError(f"Megatron-LM arguments: cannot split them ({e})") from None
+    start = next((i for i, t in enumerate(tokens) if t.endswith(".py")), -1) + 1
+    out: dict = {}
+    key = None
+    for token in tokens[start:]:
+        if token.startswith("--"):
+            key, _, value = token[2:].replace("-", "_").partition("=")
+            out[key] = value or True
+        elif key is not None:
+            out[key] = token if out[key] is True else f"{out[key]} {token}"
+    return out
+
+
+def read(text: str, devices: int | None) -> Shape:
+    """The job Megatron-LM's arguments describe; `devices` (the world size) is not among them."""
+    args = parse_arguments(text)
+    number = lambda key, default=None: int(args[key]) if key in args else default  # noqa: E731
+    if devices is None:
+        raise UserError("Megatron-LM arguments do not hold the world size; give --devices")
+    tp, pp, cp = number("tensor_model_parallel_size", 1), number("pipeline_model_parallel_size", 1), \
+        number("context_parallel_size", 1)
+    if devices % (tp * pp * cp):
+        raise UserError(f"Megatron-LM arguments: tp*pp*cp = {tp * pp * cp} does not divide --devices {devices}")
+    layers = number("num_layers")
+    per_chunk = number("num_layers_per_virtual_pipeline_stage")
+    vpp = number("num_virtual_stages_per_pipeline_rank") or (layers // pp // per_chunk if per_chunk else 1)
+    zero = 0
+    if args.get("use_distributed_optimizer"):
+        zero = 1
+    if args.get("use_megatron_fsdp") or args.get("use_torch_fsdp2"):
+        zero = {"optim_grads": 2, "optim": 1}.get(args.get("data_parallel_sharding_strategy"), 3)
+    dp = devices // (tp * pp * cp)
+    instances = number("num_distributed_optimizer_instances", 1)
+    granularity = args.get("recompute_granularity")
+    layout = Layout(dp=dp, zero=zero, shard=dp * cp // instances if instances > 1 else 0, tp=tp,
+                    sp=bool(args.get("sequence_parallel")), pp=pp, vpp=vpp if pp > 1 else 1,
+                    schedule="interleaved" if vpp > 1 else "1f1b", cp=cp,
+                    ep=number("expert_model_parallel_size", 1), mbs=number("micro_batch_size", 1),
+                    recompute={"full": "full", "selective": "selective"}.get(granularity, "none"))
+    precision = "fp8" if args.get("fp8_format") else "bf16" if args.get("bf16") or args.get("fp16") else "fp32"
+    seq = number("seq_length", 2048)
+    return Shape(layout, number("global_batch_size", layout.mbs * dp), precision, seq,
+                 _model_of(args, seq) if layers else None)
+
+
+def _model_of(args: dict, seq: int) -> ModelSpec:
+    """The model Megatron-LM's network-size arguments spell out (its defaults where one is left out)."""
+    number = lambda key, default=0: int(args[key]) if key in args else default  # noqa: E731
+    hidden, heads = number("hidden_size"), number("num_attention_heads")
+    swiglu = bool(args.get("swiglu"))
+    moe_freq = args.get("moe_layer_freq", "1")
+    pattern = [int(x) for x in moe_freq.strip("[]").split(",")] if moe_freq.startswith("[") else None
+    return ModelSpec(
+        name="the Megatron-LM arguments' model", layers=number("num_layers"), hidden=hidden, heads=heads,
+        ffn=number("ffn_hidden_size", 4 * hidden if not swiglu else int(8 * hidden / 3)),
+        vocab=number("vocab_size", 50257), seq=seq,
+        kv_heads=number("num_query_groups", heads) if args.get("group_query_attention") else heads,
+        head_dim=number("kv_channels"), mlp="swiglu" if swiglu else "gelu",
+        tied_embeddings=not args.get("untie_embeddings_and_output_weights"),
+        learned_positions=args.get("position_embedding_type", "learned_absolute") == "learned_absolute",
+        biases=not args.get("disable_bias_linear"), experts=number("num_experts"),
+        top_k=number("moe_router_topk", 2) if args.get("num_experts") else 0,
+        expert_ffn=number("moe_ffn_hidden_size"),
+        shared_experts=number("moe_shared_expert_intermediate_size") // max(number("moe_ffn_hidden_size"), 1),
+        first_dense_layers=pattern.index(1) if pattern and 1 in pattern else 0)

@@ -7,11 +7,13 @@ the sequence, and EP borrows its ranks from dp_shard x cp with the experts TP-sh
 """
 
 import json
+import tomllib
 
 from meshscale.cost.comm import DDP_BUCKET_BYTES
-from meshscale.export import Job, change
+from meshscale.errors import UserError
+from meshscale.export import Job, Shape, change
 from meshscale.specs.layout import Layout, split_layers
-from meshscale.specs.model import ModelSpec
+from meshscale.specs.model import ModelSpec, load_model
 
 PRECISIONS: dict = {}  # each precision runs as asked
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B",
@@ -140,3 +142,43 @@ def _value(v) -> str:
     if isinstance(v, list):
         return "[" + ", ".join(_value(x) for x in v) + "]"
     return json.dumps(v)
+
+
+def read(text: str, devices: int | None) -> Shape:
+    """The job a torchtitan job TOML describes; `devices` fills a data_parallel_shard_degree of -1."""
+    try:
+        job = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"torchtitan config: not TOML ({e})") from None
+    par, training = job.get("parallelism", {}), job.get("training", {})
+    tp, pp, cp = (par.get(k, 1) for k in ("tensor_parallel_degree", "pipeline_parallel_degree",
+                                           "context_parallel_degree"))
+    replicate, shard = par.get("data_parallel_replicate_degree", 1), par.get("data_parallel_shard_degree", -1)
+    if shard == -1:
+        if devices is None:
+            raise UserError("torchtitan config: data_parallel_shard_degree is -1 (the devices left over); give "
+                            "--devices")
+        shard = devices // (replicate * tp * pp * cp)
+    fsdp = shard * cp > 1
+    zero = (2 if par.get("fsdp_reshard_after_forward") == "never" else 3) if fsdp else 0
+    schedule = {v: k for k, v in SCHEDULES.items()}.get(par.get("pipeline_parallel_schedule", "1F1B"), "1f1b")
+    chunks = par.get("module_fqns_per_model_part")
+    vpp = len(chunks) // pp if chunks and pp > 1 else (2 if schedule in ("interleaved", "zbv", "dualpipev") else 1)
+    mode = job.get("activation_checkpoint", {}).get("mode", "selective")
+    option = job.get("activation_checkpoint", {}).get("selective_ac_option", "2")
+    recompute = {"none": "none", "full": "full"}.get(mode, "op" if option == "op" else "full")
+    dp = replicate * shard
+    local = training.get("local_batch_size", 8)
+    layout = Layout(dp=dp, zero=zero, shard=shard * cp if fsdp and replicate > 1 else 0, tp=tp, sp=tp > 1,
+                    pp=pp, vpp=vpp if pp > 1 else 1, schedule=schedule if pp > 1 else "1f1b", cp=cp,
+                    ep=par.get("expert_parallel_degree", 1),
+                    mbs=par.get("pipeline_parallel_microbatch_size", 1) if pp > 1 else local,
+                    recompute=recompute)
+    precision = ("fp8" if any("float8" in c for c in job.get("model", {}).get("converters", [])) else
+                 "bf16-pure" if training.get("dtype") == "bfloat16" else
+                 "fp32" if training.get("mixed_precision_param") == "float32" else "bf16")
+    batch = training.get("global_batch_size", -1)
+    model = {v: k for k, v in FLAVORS.items()}.get((job.get("model", {}).get("name", "llama3"),
+                                                    job.get("model", {}).get("flavor", "")))
+    return Shape(layout, batch if batch > 0 else local * dp, precision, training.get("seq_len", 2048),
+                 load_model(model) if model else None)
