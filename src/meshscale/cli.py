@@ -18,6 +18,7 @@ COMMANDS = {
     "simulate": ("meshscale.commands.simulate", "simulate one step event by event: bubble, stragglers, timeline"),
     "train": ("meshscale.commands.train", "train on torch.distributed with a layout; measure beside prediction"),
     "calibrate": ("meshscale.commands.calibrate", "measure this machine and write it as a ClusterSpec file"),
+    "budget": ("meshscale.commands.budget", "cluster, devices and layout that train N tokens by a deadline, cheapest"),
     "check": ("meshscale.commands.check", "a torchtitan or Megatron-LM job's log beside the prediction for its config"),
 }
 
