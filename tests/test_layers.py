@@ -26,7 +26,8 @@ LAYERS = {
     "commands": PLANNING | {"plan", "sim", "plots", "export", "check", "models", "parallel", "runtime", "commands"},
     "demo": PLANNING | {"plan", "runtime", "commands"},
     "cli": {"errors", "commands"},
-    "__init__": set(),
+    "api": PLANNING | {"plan", "sim"},
+    "__init__": {"api"},
     "__main__": {"cli"},
 }
 
