@@ -227,11 +227,15 @@ def test_meshscale_data_bad_input_is_one_line_and_leaves_no_files(tmp_path, caps
 
 def test_document_mask_computes_each_packed_document_as_if_alone():
     torch = pytest.importorskip("torch")
+    from dataclasses import replace
+
     from meshscale.models.transformer import build_model
     from meshscale.specs.model import PRESETS
 
-    for name in ("tiny", "tiny-gpt"):  # RoPE and learned positions
-        model = build_model(PRESETS[name], seed=1).eval()
+    specs = [PRESETS["tiny"], PRESETS["tiny-gpt"],  # RoPE and learned positions; a window inside documents
+             replace(PRESETS["tiny"], name="tiny-window", sliding_window=8, full_attention_every=2)]
+    for spec in specs:
+        model = build_model(spec, seed=1).eval()
         lengths = [5, 20, 1, 38]
         tokens = torch.randint(0, 256, (1, sum(lengths)), generator=torch.Generator().manual_seed(0))
         documents = torch.repeat_interleave(torch.arange(4), torch.tensor(lengths))[None]
