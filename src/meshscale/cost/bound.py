@@ -19,14 +19,14 @@ from meshscale.cost import comm
 from meshscale.cost.comm import Overlap
 from meshscale.cost.kernels import Passes, attention_core_seconds, counted_seconds, kernel_shape
 from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busiest_rank, expert_params_on_rank,
-                                   expert_params_per_rank, held_layers, params_on_rank, params_per_rank,
-                                   rebuilt_layer_bytes, root_params_on_rank, zero_copy_bytes)
+                                   expert_params_per_rank, heaviest_rank, held_layers, params_on_rank,
+                                   params_per_rank, rebuilt_layer_bytes, root_params_on_rank, zero_copy_bytes)
 from meshscale.cost.pipeline import head_on_chain, schedule_bubble, v_tail
 from meshscale.cost.step import chunk_kinds, elementwise_seconds, grad_reduce_bytes, param_gather_bytes, rank_kinds
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import RECOMPUTE, V_SCHEDULES, Layout
 from meshscale.specs.model import ModelSpec
-from meshscale.specs.placement import stage_layers
+from meshscale.specs.placement import layer_counts, sends_per_rank
 
 
 @dataclass(frozen=True)
@@ -99,12 +99,8 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
     static = sum(b * (dense / np.where(z >= stage, shard, 1) + experts / np.where(z >= stage, dp * cp // ep, 1))
                  for b, stage in ((bytes_["params"], 3), (bytes_["grads"], 2), (bytes_["optimizer"] + copies, 1)))
     scale = bytes_["compute"] / 2
-    eager = not cluster.software.fused_elementwise
-    per_token = np.array([[activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute=r), 1,
-                                                      cluster.fused_attention, eager)
-                           for r in RECOMPUTE] for sp in shape.sps]) * scale
-    rebuild = np.array([rebuilt_layer_bytes(model, tp, sp, 1, cluster.fused_attention, eager)
-                        for sp in shape.sps]) * scale
+    per_token, rebuild = (a * scale for a in _activation_bytes(model, tp, shape.sps, cluster.fused_attention,
+                                                               not cluster.software.fused_elementwise))
     tokens = rows.mbs * model.seq / cp
     held = np.array([[held_layers(model.layers, pp, v, n, shape.per_rank // b) for b in shape.microbatch_sizes]
                      for n, v in shape.schedules])[k_i, rows.mbs_index]
@@ -113,11 +109,22 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
     return static + acts
 
 
+@lru_cache(maxsize=1024)
+def _activation_bytes(model: ModelSpec, tp: int, sps: tuple, fused_attention: bool, eager: bool) -> tuple:
+    """Per token, 2-byte activations: a layer's (memory.activation_bytes_per_layer) per (sp, recompute), and
+    the layer rebuilt under full recompute's per sp (read only)."""
+    per_token = np.array([[activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute=r), 1, fused_attention,
+                                                      eager) for r in RECOMPUTE] for sp in sps])
+    rebuild = np.array([rebuilt_layer_bytes(model, tp, sp, 1, fused_attention, eager) for sp in sps])
+    per_token.flags.writeable = rebuild.flags.writeable = False
+    return per_token, rebuild
+
+
 def busiest_params(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_shaped: bool) -> tuple[float, float]:
     """(parameters, routed expert parameters) of the pipeline rank holding the most (memory.busiest_rank)."""
-    per_rank = params_per_rank(model, tp, ep, pp, chunks, v_shaped)
-    rank = max(range(pp), key=per_rank.__getitem__)
-    return per_rank[rank], (expert_params_per_rank(model, tp, ep, pp, chunks, v_shaped)[rank] if ep > 1 else 0.0)
+    rank = heaviest_rank(model, tp, ep, pp, chunks, v_shaped)
+    return (params_per_rank(model, tp, ep, pp, chunks, v_shaped)[rank],
+            expert_params_per_rank(model, tp, ep, pp, chunks, v_shaped)[rank] if ep > 1 else 0.0)
 
 
 def fills_pipeline(shape: Shape, rows: Rows) -> np.ndarray:
@@ -143,7 +150,7 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     compute = m * (f + b + w)
     forward = m * f  # what is left of a micro-batch once its backward has started
 
-    owned = [[len(stage_layers(model, lay, r)) for r in range(pp)] for lay in shape.layouts]
+    owned = [layer_counts(model.layers, pp, lay.stages, lay.v_shaped) for lay in shape.layouts]
     fewest, most = min(map(min, owned)), max(map(max, owned))
     args = (model, cluster, shape, act_bytes)
     cp_floor = np.array([context_parallel_floor(*args, r, fewest, most, precision) for r in RECOMPUTE])
@@ -249,35 +256,43 @@ def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape,
     """`PipelinePasses` of every (schedule, micro-batch size, recompute) of a shape. A rank's (and a chunk's)
     time is linear in its dense layers, MoE layers and head: step.rank_kinds counts them per distinct rank."""
     pp, scheds = shape.pp, shape.schedules
-    columns = _unit_columns(model)
     unit = np.stack([_unit_passes(model, cluster, shape.tp, shape.cp, shape.ep, mbs, precision)
                      for mbs in shape.microbatch_sizes])
     grid = (len(scheds), len(shape.microbatch_sizes), len(RECOMPUTE))
     slowest, others, first, last = (np.zeros(grid + (3,)) for _ in range(4))
     lead, head_slowest = np.zeros(grid), np.zeros(grid, dtype=bool)
     placements = {}  # (chunks, V-shaped) -> the (slowest, others, lead, head_slowest, first, last) it gives
+    at = np.ogrid[:grid[1], :grid[2]]  # every (mbs, recompute)
     for k, lay in enumerate(shape.layouts):
         key = (lay.stages, lay.v_shaped)
         if key not in placements:
-            kinds_n = np.array(rank_kinds(model, pp, *key), dtype=float)
-            per_rank = np.einsum("ni,jrip->njrp", kinds_n[:, columns], unit)
-            totals, count = per_rank.sum(-1), kinds_n[:, -1]
+            kinds, count, ends = _placement_kinds(model, pp, *key)
+            per_rank = np.einsum("ni,jrip->njrp", kinds, unit)
+            totals = per_rank.sum(-1)
             top = totals.argmax(0)
-            slow = np.take_along_axis(per_rank, top[None, :, :, None], 0)[0]
+            slow = per_rank[(top, *at)]
             if pp == 1:
                 placements[key] = slow, slow, 0.0, False, 0.0, 0.0
             else:
                 mean = (np.einsum("n,njrp->jrp", count, per_rank) - slow) / (pp - 1)
                 next_slowest = np.where(np.arange(len(count))[:, None, None] == top, -np.inf, totals).max(0)
-                ends = [np.einsum("i,jrip->jrp", np.array(chunk_kinds(model, lay.stages)[c], dtype=float)[columns],
-                                  unit) for c in (0, lay.stages - 1)]  # the first and last chunks
                 placements[key] = (slow, mean, np.where(count[top] > 1, 0.0, totals.max(0) - next_slowest),
-                                   top == 0, *ends)
+                                   top == 0, *(np.einsum("i,jrip->jrp", end, unit) for end in ends))
         slowest[k], others[k], lead[k], head_slowest[k], first[k], last[k] = placements[key]
 
     def passes(a):
         return Passes(a[..., 0], a[..., 1], a[..., 2])
     return PipelinePasses(passes(slowest), passes(others), lead, head_slowest, passes(first), passes(last))
+
+
+@lru_cache(maxsize=4096)
+def _placement_kinds(model: ModelSpec, pp: int, chunks: int, v_shaped: bool) -> tuple:
+    """Of a placement, per distinct rank the (dense layers, MoE layers, head) it holds (those the model has)
+    and how many ranks are alike (step.rank_kinds); the same of the first and last chunks."""
+    columns = _unit_columns(model)
+    kinds = np.array(rank_kinds(model, pp, chunks, v_shaped), dtype=float)
+    ends = tuple(np.array(chunk_kinds(model, chunks)[c], dtype=float)[columns] for c in (0, chunks - 1))
+    return kinds[:, columns], kinds[:, -1], ends
 
 
 @lru_cache(maxsize=256)
@@ -345,7 +360,8 @@ def pipeline_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_byt
     """Bandwidth time of the stage-boundary sends of the rank sending fewest (predict costs one rank's)."""
     if shape.pp == 1:
         return 0.0
-    quietest = min(range(shape.pp), key=lambda r: comm.pipeline_sends(layout, r))
+    per_rank = sends_per_rank(shape.pp, layout.stages, layout.v_shaped)
+    quietest = min(range(shape.pp), key=per_rank.__getitem__)
     ops = comm.pipeline_ops(model, layout, shape.per_rank * model.seq / shape.cp, act_bytes, 1, quietest)
     return sum(bandwidth_seconds(cluster, shape.devices, op.collective, op.bytes, 2, shape.tp * shape.cp * shape.dp)
                for op in ops)

@@ -242,7 +242,7 @@ def cost(pool: Pool, top: int, prune: bool) -> tuple[list, list, int]:
         evaluated += 1
         if pred.memory_per_device_bytes["total"] > pool.capacity:
             continue
-        key = rank_key(pred)
+        key = rank_key(pred, layout)
         best = sorted(best + [(key, pred)], key=itemgetter(0))[:top]
         shape = (layout.tp, layout.pp, layout.cp, layout.dp, layout.ep, layout.zero, layout.shard)
         if shape not in by_shape or key < by_shape[shape][0]:
@@ -331,9 +331,9 @@ def _shard_sizes(cluster: ClusterSpec, tp: int, replicas: int) -> list[int]:
     return [replicas]
 
 
-def rank_key(pred: Prediction) -> tuple:
-    """Fastest first; on a tie, the simpler layout (fewer parallel axes, lower ZeRO stage, less memory)."""
-    layout = Layout.parse(pred.layout)
+def rank_key(pred: Prediction, layout: Layout) -> tuple:
+    """Fastest first; on a tie, the simpler layout (fewer parallel axes, lower ZeRO stage, less memory);
+    `layout` is the prediction's."""
     axes = sum(d > 1 for d in (layout.tp, layout.pp, layout.cp, layout.ep))
     return pred.step_time_s, axes, layout.zero, pred.memory_per_device_bytes["total"]
 
