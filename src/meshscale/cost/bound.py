@@ -236,53 +236,56 @@ def schedule_bubbles(schedules, k_i, pp: int, m, f, b, w) -> np.ndarray:
 @dataclass(frozen=True)
 class PipelinePasses:
     """The kernels' F, B, W of one micro-batch as predict's `pipeline_passes` charges them, less the
-    element-wise work (alike on every rank): arrays over (schedule, micro-batch size, recompute), or, `at`
-    rows, one value per row."""
+    element-wise work (alike on every rank): arrays over (placement, micro-batch size, recompute), `placement`
+    giving each schedule's (schedules of a shape that place chunks alike share one), or, `at` rows, one value
+    per row."""
     slowest: Passes  # the slowest pipeline rank's
     others: Passes  # their mean over the other ranks
     lead: np.ndarray  # how much longer the slowest rank's micro-batch takes than the next slowest's
     head_slowest: np.ndarray  # rank 0 is the slowest
     first: Passes  # the first chunk's
     last: Passes  # the last chunk's (rank 0's under a V)
+    placement: np.ndarray  # per schedule of the shape
 
     def at(self, schedule, mbs, recompute) -> "PipelinePasses":
+        index = (self.placement[schedule], mbs, recompute)
+
         def pick(p: Passes) -> Passes:
-            return Passes(*(getattr(p, n)[schedule, mbs, recompute] for n in ("forward", "backward", "weight")))
-        return PipelinePasses(pick(self.slowest), pick(self.others), self.lead[schedule, mbs, recompute],
-                              self.head_slowest[schedule, mbs, recompute], pick(self.first), pick(self.last))
+            return Passes(p.forward[index], p.backward[index], p.weight[index])
+        return PipelinePasses(pick(self.slowest), pick(self.others), self.lead[index], self.head_slowest[index],
+                              pick(self.first), pick(self.last), self.placement)
 
 
 def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, precision: str) -> PipelinePasses:
     """`PipelinePasses` of every (schedule, micro-batch size, recompute) of a shape. A rank's (and a chunk's)
     time is linear in its dense layers, MoE layers and head: step.rank_kinds counts them per distinct rank."""
-    pp, scheds = shape.pp, shape.schedules
+    pp = shape.pp
     unit = np.stack([_unit_passes(model, cluster, shape.tp, shape.cp, shape.ep, mbs, precision)
                      for mbs in shape.microbatch_sizes])
-    grid = (len(scheds), len(shape.microbatch_sizes), len(RECOMPUTE))
-    slowest, others, first, last = (np.zeros(grid + (3,)) for _ in range(4))
-    lead, head_slowest = np.zeros(grid), np.zeros(grid, dtype=bool)
-    placements = {}  # (chunks, V-shaped) -> the (slowest, others, lead, head_slowest, first, last) it gives
-    at = np.ogrid[:grid[1], :grid[2]]  # every (mbs, recompute)
-    for k, lay in enumerate(shape.layouts):
-        key = (lay.stages, lay.v_shaped)
-        if key not in placements:
-            kinds, count, ends = _placement_kinds(model, pp, *key)
-            per_rank = np.einsum("ni,jrip->njrp", kinds, unit)
-            totals = per_rank.sum(-1)
-            top = totals.argmax(0)
-            slow = per_rank[(top, *at)]
-            if pp == 1:
-                placements[key] = slow, slow, 0.0, False, 0.0, 0.0
-            else:
-                mean = (np.einsum("n,njrp->jrp", count, per_rank) - slow) / (pp - 1)
-                next_slowest = np.where(np.arange(len(count))[:, None, None] == top, -np.inf, totals).max(0)
-                placements[key] = (slow, mean, np.where(count[top] > 1, 0.0, totals.max(0) - next_slowest),
-                                   top == 0, *(np.einsum("i,jrip->jrp", end, unit) for end in ends))
-        slowest[k], others[k], lead[k], head_slowest[k], first[k], last[k] = placements[key]
+    keys = {}  # (chunks, V-shaped) -> its placement's index
+    placement = np.array([keys.setdefault((lay.stages, lay.v_shaped), len(keys)) for lay in shape.layouts])
+    at = np.ogrid[:unit.shape[0], :unit.shape[1]]  # every (mbs, recompute)
+    parts = []  # per placement: slowest, others, lead, head_slowest, first, last
+    for chunks, v_shaped in keys:
+        kinds, count, ends = _placement_kinds(model, pp, chunks, v_shaped)
+        per_rank = np.einsum("ni,jrip->njrp", kinds, unit)
+        totals = per_rank.sum(-1)
+        top = totals.argmax(0)
+        slow = per_rank[(top, *at)]
+        if pp == 1:
+            none = np.zeros_like(slow)
+            parts.append((slow, slow, none[..., 0], top < 0, none, none))
+            continue
+        mean = (np.einsum("n,njrp->jrp", count, per_rank) - slow) / (pp - 1)
+        next_slowest = np.where(np.arange(len(count))[:, None, None] == top, -np.inf, totals).max(0)
+        parts.append((slow, mean, np.where(count[top] > 1, 0.0, totals.max(0) - next_slowest), top == 0,
+                      *(np.einsum("i,jrip->jrp", end, unit) for end in ends)))
+    slowest, others, lead, head_slowest, first, last = (np.stack(a) for a in zip(*parts))
 
     def passes(a):
         return Passes(a[..., 0], a[..., 1], a[..., 2])
-    return PipelinePasses(passes(slowest), passes(others), lead, head_slowest, passes(first), passes(last))
+    return PipelinePasses(passes(slowest), passes(others), lead, head_slowest, passes(first), passes(last),
+                          placement)
 
 
 @lru_cache(maxsize=4096)

@@ -151,15 +151,17 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
 
 def search_within(plan: Plan, model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: int,
                   precision: str, headroom: float, where=None, fix: dict | None = None, cross_tp: bool = False,
-                  top: int = 1) -> list:
+                  top: int = 1, shapes: int = ALTERNATIVES) -> list:
     """The `top` layouts of `search(..., where=where, fix=fix)`: taken from the plan's pool where it holds
-    every layout that search scores (their bounds and order are the same, so are the results), else searched."""
+    every layout that search scores (their bounds and order are the same, so are the results), else searched.
+    With shapes=1 it stops at the first bound that reaches the best time, which is all the caller reads then
+    (equal times may then rank in another order)."""
     pool = plan.pool and _narrowed(plan.pool, (model, cluster, devices, global_batch, precision, headroom), where,
                                    fix or {}, cross_tp)
     if pool is None:
         return search(model, cluster, devices, global_batch, precision, top, headroom, cross_tp, where=where,
                       fix=fix).ranked
-    return cost(pool, top, prune=True)[0] if len(pool.bounds) else []
+    return cost(pool, top, prune=True, shapes=shapes)[0] if len(pool.bounds) else []
 
 
 @dataclass
@@ -219,17 +221,17 @@ def score(pool: Pool) -> Pool:
     return pool
 
 
-def cost(pool: Pool, top: int, prune: bool) -> tuple[list, list, int]:
+def cost(pool: Pool, top: int, prune: bool, shapes: int = ALTERNATIVES) -> tuple[list, list, int]:
     """Cost the pool's layouts in full with `predict`, cheapest bound first, until the bound of the next one
-    exceeds the K-th best time found (and the ALTERNATIVES-th best shape's). Returns the top K, the best of
-    the runner-up shapes, and how many were costed."""
+    exceeds the K-th best time found (and the best time of the `shapes`-th best parallel shape). Returns the
+    top K, the best of the runner-up shapes, and how many were costed."""
     best: list = []  # the top K, (rank_key, Prediction), keyed once
     by_shape: dict = {}  # the best layout of each parallel shape: the alternatives the explanation cites
     evaluated = 0
     for i in np.argsort(pool.bounds, kind="stable"):
-        if prune and len(best) >= top and len(by_shape) >= ALTERNATIVES:
+        if prune and len(best) >= top and len(by_shape) >= shapes:
             cutoff = max(best[-1][1].step_time_s,
-                         sorted(p.step_time_s for _, p in by_shape.values())[ALTERNATIVES - 1])
+                         sorted(p.step_time_s for _, p in by_shape.values())[shapes - 1])
             if pool.bounds[i] >= cutoff:
                 break
         layout = pool.layout(i)
@@ -247,7 +249,7 @@ def cost(pool: Pool, top: int, prune: bool) -> tuple[list, list, int]:
         shape = (layout.tp, layout.pp, layout.cp, layout.dp, layout.ep, layout.zero, layout.shard)
         if shape not in by_shape or key < by_shape[shape][0]:
             by_shape[shape] = key, pred
-    alternatives = [p for _, p in sorted(by_shape.values(), key=itemgetter(0))[1:ALTERNATIVES]]
+    alternatives = [p for _, p in sorted(by_shape.values(), key=itemgetter(0))[1:shapes]]
     return [p for _, p in best], alternatives, evaluated
 
 
