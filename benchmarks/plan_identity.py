@@ -44,7 +44,8 @@ SEARCHES = [
 
 # (model, cluster, layout, global batch, simulate too)
 PREDICTIONS = [
-    ("llama3-405b", "h100-80gb", "tp=8,pp=16,dp=128,zero=1,schedule=1f1b,mbs=1,recompute=selective,sp=true", 2048, True),
+    ("llama3-405b", "h100-80gb", "tp=8,pp=16,dp=128,zero=1,schedule=1f1b,mbs=1,recompute=selective,sp=true", 2048,
+     True),
     ("llama3-405b", "h100-80gb", "tp=8,pp=16,dp=64,cp=2,zero=1,schedule=interleaved,vpp=2,mbs=1,sp=true", 2048, True),
     ("llama3-70b", "h100-80gb", "tp=8,pp=4,dp=32,zero=1,schedule=zbv,mbs=1,sp=true", 512, True),
     ("llama3-70b", "h100-80gb", "tp=8,pp=4,dp=32,zero=1,schedule=dualpipev,mbs=1,sp=true", 512, True),

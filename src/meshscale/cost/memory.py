@@ -271,9 +271,3 @@ def rebuilt_layer_bytes(model: ModelSpec, tp: int, sp: bool, tokens: float, fuse
     recompute = "none" if eager else "selective"
     return activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute=recompute), tokens, fused_attention,
                                       eager)
-
-
-def checkpointed_activation_bytes(model: ModelSpec, tokens: int, widths: tuple, dtype_bytes: int = 2) -> float:
-    """Activations when only the inputs of a few matmuls per layer are saved (the scaling book's
-    'checkpoint 3 matmuls per layer': widths = (ffn, ffn, hidden)): dtype * layers * tokens * sum(widths)."""
-    return dtype_bytes * model.layers * tokens * sum(widths)

@@ -271,7 +271,12 @@ def chunk_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, chunk: 
     (cost/kernels.py), the output head on the last chunk, its share (1/vpp) of the rank's element-wise
     work, a third in forward and two thirds in backward, and the host time of its operators (calibrated
     clusters, cost/overhead.py). `layout` must have its mbs resolved."""
-    kind = chunk_kinds(model, layout.stages)[chunk]
+    return _kind_passes(model, cluster, layout, chunk_kinds(model, layout.stages)[chunk], precision)
+
+
+@lru_cache(maxsize=4096)
+def _kind_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, kind: tuple, precision: str) -> Passes:
+    """`chunk_passes` of every chunk of this kind (dense layers, MoE layers, holds the head): ranks hold many."""
     act_bytes = PRECISIONS[precision]["compute"]
     kernels = counted_seconds(model, cluster, kernel_shape(layout), *kind, precision)
     tokens = layout.mbs * model.seq / layout.cp

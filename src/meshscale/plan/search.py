@@ -7,6 +7,7 @@ other term of the step is non-negative). Survivors are costed in full with `pred
 first, until the bound of the next one exceeds the K-th best time found: none after it can enter the top K.
 """
 
+import bisect
 import math
 import time
 from dataclasses import dataclass, field
@@ -227,12 +228,11 @@ def cost(pool: Pool, top: int, prune: bool, shapes: int = ALTERNATIVES) -> tuple
     top K, the best of the runner-up shapes, and how many were costed."""
     best: list = []  # the top K, (rank_key, Prediction), keyed once
     by_shape: dict = {}  # the best layout of each parallel shape: the alternatives the explanation cites
+    shape_times: list = []  # their step times, ascending
     evaluated = 0
     for i in np.argsort(pool.bounds, kind="stable"):
         if prune and len(best) >= top and len(by_shape) >= shapes:
-            cutoff = max(best[-1][1].step_time_s,
-                         sorted(p.step_time_s for _, p in by_shape.values())[shapes - 1])
-            if pool.bounds[i] >= cutoff:
+            if pool.bounds[i] >= max(best[-1][1].step_time_s, shape_times[shapes - 1]):
                 break
         layout = pool.layout(i)
         if layout not in pool.costed:
@@ -248,7 +248,10 @@ def cost(pool: Pool, top: int, prune: bool, shapes: int = ALTERNATIVES) -> tuple
         best = sorted(best + [(key, pred)], key=itemgetter(0))[:top]
         shape = (layout.tp, layout.pp, layout.cp, layout.dp, layout.ep, layout.zero, layout.shard)
         if shape not in by_shape or key < by_shape[shape][0]:
+            if shape in by_shape:
+                shape_times.remove(by_shape[shape][1].step_time_s)
             by_shape[shape] = key, pred
+            bisect.insort(shape_times, pred.step_time_s)
     alternatives = [p for _, p in sorted(by_shape.values(), key=itemgetter(0))[1:shapes]]
     return [p for _, p in best], alternatives, evaluated
 
