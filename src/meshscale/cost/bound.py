@@ -28,6 +28,9 @@ from meshscale.specs.layout import RECOMPUTE, V_SCHEDULES, Layout
 from meshscale.specs.model import ModelSpec
 from meshscale.specs.placement import layer_counts, sends_per_rank
 
+# The recompute modes the planner searches (op is torchtitan's policy for predict and train, with its own rules)
+RECOMPUTE_MODES = tuple(r for r in RECOMPUTE if r != "op")
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -66,7 +69,7 @@ class Shape:
 @dataclass
 class Rows:
     """Layouts of one Shape, one per row: the ZeRO stage, shard group size and micro-batch size as values; sp,
-    schedule and recompute as indices into Shape.sps, Shape.schedules and RECOMPUTE."""
+    schedule and recompute as indices into Shape.sps, Shape.schedules and RECOMPUTE_MODES."""
     zero: np.ndarray
     shard: np.ndarray
     sp: np.ndarray
@@ -105,7 +108,8 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
     held = np.array([[held_layers(model.layers, pp, v, n, shape.per_rank // b) for b in shape.microbatch_sizes]
                      for n, v in shape.schedules])[k_i, rows.mbs_index]
     logits = np.where(v_shaped | (pp == 1), 4 * model.vocab / tp, 0.0)  # the head on the first rank
-    acts = (per_token[s_i, r_i] * held + np.where(r_i == 2, rebuild[s_i], 0.0) + logits) * tokens
+    full = r_i == RECOMPUTE_MODES.index("full")  # one layer rebuilt at a time during backward
+    acts = (per_token[s_i, r_i] * held + np.where(full, rebuild[s_i], 0.0) + logits) * tokens
     return static + acts
 
 
@@ -114,7 +118,7 @@ def _activation_bytes(model: ModelSpec, tp: int, sps: tuple, fused_attention: bo
     """Per token, 2-byte activations: a layer's (memory.activation_bytes_per_layer) per (sp, recompute), and
     the layer rebuilt under full recompute's per sp (read only)."""
     per_token = np.array([[activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute=r), 1, fused_attention,
-                                                      eager) for r in RECOMPUTE] for sp in sps])
+                                                      eager) for r in RECOMPUTE_MODES] for sp in sps])
     rebuild = np.array([rebuilt_layer_bytes(model, tp, sp, 1, fused_attention, eager) for sp in sps])
     per_token.flags.writeable = rebuild.flags.writeable = False
     return per_token, rebuild
@@ -144,7 +148,7 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     kernels = pipeline_kernel_passes(model, cluster, shape, precision).at(k_i, rows.mbs_index, r_i)
     elementwise = rows.mbs * np.array([[elementwise_seconds(
         model, cluster, Layout(tp=tp, sp=sp, recompute=r, pp=pp), model.seq / cp, act_bytes)
-        for r in RECOMPUTE] for sp in shape.sps])[rows.sp, r_i]
+        for r in RECOMPUTE_MODES] for sp in shape.sps])[rows.sp, r_i]
     slowest, others = _with_elementwise(kernels.slowest, elementwise), _with_elementwise(kernels.others, elementwise)
     f, b, w = slowest.forward, slowest.backward, slowest.weight
     compute = m * (f + b + w)
@@ -153,8 +157,9 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     owned = [layer_counts(model.layers, pp, lay.stages, lay.v_shaped) for lay in shape.layouts]
     fewest, most = min(map(min, owned)), max(map(max, owned))
     args = (model, cluster, shape, act_bytes)
-    cp_floor = np.array([context_parallel_floor(*args, r, fewest, most, precision) for r in RECOMPUTE])
-    tp_floor = {n: np.array([tensor_parallel_floor(*args, r, n) for r in RECOMPUTE]) for n in {min(o) for o in owned}}
+    cp_floor = np.array([context_parallel_floor(*args, r, fewest, most, precision) for r in RECOMPUTE_MODES])
+    tp_floor = {n: np.array([tensor_parallel_floor(*args, r, n) for r in RECOMPUTE_MODES])
+                for n in {min(o) for o in owned}}
     comm_floor = np.array([tp_floor[min(o)] + cp_floor for o in owned])  # per schedule x recompute
     send_floor = np.array([pipeline_floor(*args, lay) for lay in shape.layouts])
     # per schedule, the busiest rank's parameters and those of its root unit: what predict charges over
@@ -309,8 +314,8 @@ def _unit_passes(model, cluster, tp, cp, ep, mbs, precision) -> np.ndarray:
     """F, B, W of one dense layer, one MoE layer and the head (those the model has) per recompute mode: an
     array (recompute, kinds, 3), shared by every shape with these tp, cp, ep and mbs (so read only)."""
     kinds = [((1, 0, False), (0, 1, False), (0, 0, True))[c] for c in _unit_columns(model)]
-    unit = np.zeros((len(RECOMPUTE), len(kinds), 3))
-    for r, recompute in enumerate(RECOMPUTE):
+    unit = np.zeros((len(RECOMPUTE_MODES), len(kinds), 3))
+    for r, recompute in enumerate(RECOMPUTE_MODES):
         shape = kernel_shape(Layout(tp=tp, cp=cp, ep=ep, dp=ep, mbs=mbs, recompute=recompute))
         for i, kind in enumerate(kinds):
             p = counted_seconds(model, cluster, shape, *kind, precision)

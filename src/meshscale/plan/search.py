@@ -286,7 +286,7 @@ def _narrowed(pool: Pool, question: tuple, where, fix: dict, cross_tp: bool) -> 
         if "sp" in fix:
             keep &= np.array(shape.sps)[rows.sp] == fix["sp"]
         if "recompute" in fix:
-            keep &= np.array(RECOMPUTE)[rows.recompute] == fix["recompute"]
+            keep &= np.array(bound.RECOMPUTE_MODES)[rows.recompute] == fix["recompute"]
         if keep.any():
             out.scored.append((shape, rows[keep]))
             bounds.append(pool.bounds[end - len(rows):end][keep])
@@ -317,7 +317,7 @@ def _rows(shape: bound.Shape, fix: dict) -> bound.Rows:
     replicas = shape.dp * shape.cp
     zeros = [z for z in (range(4) if replicas > 1 else [0]) if _allowed(fix, "zero", z)]
     sp_idx = [i for i, sp in enumerate(shape.sps) if _allowed(fix, "sp", sp)]
-    rec_idx = [i for i, r in enumerate(RECOMPUTE) if r != "op" and _allowed(fix, "recompute", r)]
+    rec_idx = [i for i, r in enumerate(bound.RECOMPUTE_MODES) if _allowed(fix, "recompute", r)]
     axes = (zeros, shape.shards, sp_idx, range(len(shape.schedules)), shape.microbatch_sizes, rec_idx)
     grid = np.stack(np.meshgrid(*(np.asarray(a, dtype=float) for a in axes), indexing="ij"), -1).reshape(-1, 6)
     grid = grid[(grid[:, 0] > 0) | (grid[:, 1] == replicas)]
@@ -349,4 +349,4 @@ def _layout(shape: bound.Shape, rows: bound.Rows, i: int) -> Layout:
     name, v = shape.schedules[rows.schedule[i]]
     return Layout(dp=shape.dp, zero=z, shard=int(rows.shard[i]) if z else 0, tp=shape.tp, sp=shape.sps[rows.sp[i]],
                   pp=shape.pp, vpp=v, schedule=name, cp=shape.cp, ep=shape.ep, mbs=int(rows.mbs[i]),
-                  recompute=RECOMPUTE[rows.recompute[i]])
+                  recompute=bound.RECOMPUTE_MODES[rows.recompute[i]])
