@@ -1,8 +1,6 @@
 """`meshscale scale`: the best layout and its throughput, cost and energy across device counts."""
 
-import json
-
-from meshscale.commands.predict import add_goodput_arguments, model_at_seq
+from meshscale.commands.predict import add_goodput_arguments, json_line, model_at_seq
 from meshscale.cost.goodput import check_inputs
 from meshscale.plan.scaling import parse_devices, scale
 from meshscale.plots import scaling_plot
@@ -35,7 +33,7 @@ def run(args) -> int:
     if args.plot:
         scaling_plot(rows, mode, f"{model.name} on {cluster.name}", args.plot)
     if args.json:
-        print(json.dumps({"mode": mode, "rows": [r.to_dict() for r in rows]}))
+        print(json_line({"mode": mode, "rows": [r.to_dict() for r in rows]}))
         return 0
     _print_table(rows, mode, model, cluster)
     return 0

@@ -1,10 +1,9 @@
 """`meshscale simulate`: one optimizer step, pass by pass: bubble, stragglers, critical path, timeline."""
 
-import json
-
 from rich.table import Table
 
-from meshscale.commands.predict import add_goodput_arguments, add_step_arguments, goodput_line, resolve_inputs
+from meshscale.commands.predict import (add_goodput_arguments, add_step_arguments, goodput_line, json_line,
+                                        resolve_inputs)
 from meshscale.commands.report import make_console, ms
 from meshscale.cost import predict
 from meshscale.cost.goodput import goodput
@@ -45,7 +44,7 @@ def run(args) -> int:
     if args.plot:
         timeline_plot(sim, args.plot)
     if args.json:
-        print(json.dumps({**sim.to_dict(), **({"goodput": good.to_dict()} if good else {})}))
+        print(json_line({**sim.to_dict(), **({"goodput": good.to_dict()} if good else {})}))
         return 0
     _print(sim)
     if good:
@@ -81,7 +80,7 @@ def _replay(args, layout, model, batch) -> int:
     layout = layout.resolve_mbs(batch)
     r = replay(args.times_from, layout, layout.microbatches(batch))
     if args.json:
-        print(json.dumps({"measured_bubble": r.measured, "simulated_bubble": r.simulated, "gaps_s": vars(r.gaps)}))
+        print(json_line({"measured_bubble": r.measured, "simulated_bubble": r.simulated, "gaps_s": vars(r.gaps)}))
         return 0
     g = r.gaps
     print(f"between passes (trace means): {g.delivered * 1e3:.2f} ms from an input made on another rank, "

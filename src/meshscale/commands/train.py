@@ -1,11 +1,14 @@
 """`meshscale train`: check everything, then run here, as N local processes, or as one worker of an
 outer torchrun."""
 
-from meshscale.runtime.config import config_fields, load_config, resolve, world_from_env
+from meshscale.runtime.loop.config import config_fields, load_config, resolve, world_from_env
 
 _HELP = {
     "config": "TOML file of train options (top level or a [train] table); flags override it",
-    "model": "model preset or ModelSpec file (default tiny)",
+    "model": "model preset, ModelSpec file, or Hugging Face config.json / model directory (default tiny; with "
+             "--init-from, its model)",
+    "init_from": "start from the weights of this Hugging Face model directory (save_pretrained's safetensors, "
+                 "sharded or not); each rank reads only its pieces",
     "layout": "layout string, e.g. dp=2,zero=2 or fsdp=2 (dp fills the processes when left out)",
     "nproc": "local processes to start through torch.distributed's launcher (default 1)",
     "steps": "optimizer steps", "global_batch": "sequences per optimizer step",
@@ -57,9 +60,9 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from meshscale.runtime import launch
+    from meshscale.runtime.loop import launch
 
-    from meshscale.runtime import faults
+    from meshscale.runtime.resilience import faults
 
     faults.from_env()  # a malformed MESHSCALE_FAULT is bad input: one line before any process starts
     overrides = {name: getattr(args, name, None) for name in config_fields()}

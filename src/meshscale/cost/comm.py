@@ -1,8 +1,8 @@
 """Every collective a layout issues in one step: its contract bytes, the tier it crosses, its time.
 
-Bytes follow the comm-accounting contract the ledger measures (runtime/ledger.py): per-rank payload per
-optimizer step, a call counting the FULL buffer the collective operates on; send_recv counts sends only. Wire
-factors such as a ring's 2(n-1)/n are applied to time only.
+Bytes follow the comm-accounting contract (parallel/ledger.py defines it): per-rank payload per optimizer
+step, a call counting the FULL buffer the collective operates on; send_recv counts sends only. Wire factors
+such as a ring's 2(n-1)/n are applied to time only.
 
 Time is the alpha-beta model (Hockney 1994): steps * alpha + wire bytes / bus bandwidth, with the ring
 volumes of Patarasuk & Yuan 2009 (all-reduce 2(n-1)/n V, all-gather / reduce-scatter (n-1)/n V) and, for

@@ -92,9 +92,10 @@ def heaviest_rank(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_sh
 
 def _tp_replicated_params(model: ModelSpec, layer: int) -> float:
     """Parameters of a layer every TP rank holds whole: norms, the biases added after a row-parallel sum
-    (attention output and MLP down projection), the router."""
+    (attention output and MLP down projection), the router (and Qwen2-MoE's shared-expert gate)."""
+    router = model.hidden * (model.experts + model.shared_expert_gate)
     return (model.norm_params() + (2 * model.hidden if model.biases else 0)
-            + (model.hidden * model.experts if model.is_moe_layer(layer) else 0))
+            + (router if model.is_moe_layer(layer) else 0))
 
 
 def expert_params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
@@ -124,7 +125,7 @@ def kv_replicated_params(model: ModelSpec, tp: int) -> float:
     """K and V projection parameters a TP rank holds beyond its 1/tp share when tp exceeds kv_heads and each
     rank keeps a copy of its KV head (Megatron-LM's grouped-query rule)."""
     extra_heads = kv_heads_per_rank(model.kv_heads, tp) - model.kv_heads / tp
-    return 2 * (model.hidden + (1 if model.biases else 0)) * model.head_dim * extra_heads
+    return 2 * (model.hidden + (1 if model.biases or model.qkv_bias else 0)) * model.head_dim * extra_heads
 
 
 def busiest_rank(model: ModelSpec, layout: Layout) -> int:
@@ -153,7 +154,7 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, 
     # Attention block: qkv input 2h, Q 2h(q width), K and V 2kv each, out-proj input 2h, dropout mask h.
     q = model.heads * model.head_dim
     attn_split = 2 * q + 4 * kv + 2 * q
-    if model.mlp == "gelu":
+    if not model.gated_mlp:
         mlp_split = 4 * model.ffn  # GeLU input and output (2 bytes each)
     else:
         mlp_split = 6 * model.ffn  # gate, up and their product (the down projection's input)
@@ -183,7 +184,7 @@ def zero_copy_bytes(precision: str, zero: int) -> int:
 
 
 def eager_saved_elements(model: ModelSpec, tp: int, sp: bool, selective: bool) -> float:
-    """Elements per token one block of our runtime (runtime/model.py) keeps for backward when every operator
+    """Elements per token one block of our runtime (models/transformer.py) keeps for backward when every operator
     runs eagerly ([software] fused_elementwise = false), as autograd saves them (tests/test_calibrate.py
     counts them with saved-tensor hooks): per RMSNorm its input, rsqrt and normalised output, (LayerNorm: input,
     mean and rstd) sharded by SP, and the projection's input, gathered whole; for attention the query, key and
@@ -195,7 +196,7 @@ def eager_saved_elements(model: ModelSpec, tp: int, sp: bool, selective: bool) -
     width = ((model.top_k + model.shared_experts) * model.expert_ffn if model.is_moe else model.ffn) / tp
     norm = (model.hidden + 2 if model.biases else 2 * model.hidden + 1) / (tp if sp else 1) + model.hidden
     attention = q + 2 * kv + q if selective else 4 * q + model.heads / tp
-    return 2 * norm + attention + (4 if model.mlp == "swiglu" else 2) * width
+    return 2 * norm + attention + (4 if model.gated_mlp else 2) * width
 
 
 def inflight_microbatches(layout: Layout, m: int) -> float:

@@ -213,7 +213,7 @@ def control_seconds(cluster: ClusterSpec, devices: int, layout: Layout) -> float
     gradient norm for clipping over the groups that split the gradient (Megatron-LM optimizer/clip_grads.py:
     the model-parallel group, and the data-parallel one where gradients are sharded), the loss averaged over
     the replicas for logging (Megatron-LM's average_losses_across_data_parallel_group), and the non-finite
-    check every rank joins (Megatron-LM's found_inf; runtime/guards.py)."""
+    check every rank joins (Megatron-LM's found_inf; runtime/resilience/guards.py)."""
     t, c, d = layout.tp, layout.cp, layout.dp
     groups = [(t, 1), (layout.pp, t * c * d), (d * c, t), (devices, 1)]
     if layout.zero >= 2:
@@ -400,7 +400,7 @@ def eager_forward_elements(model: ModelSpec, tp: int, sp: bool) -> float:
     width = ((model.top_k + model.shared_experts) * model.expert_ffn if model.is_moe else model.ffn) / tp
     hidden = (2 * 18 + 2 * 3) * model.hidden / (tp if sp else 1)
     repeat = 2 * (kv + q) if kv < q else 0.0
-    return hidden + 10 * (q + kv) + repeat + 2 * q + (5 if model.mlp == "swiglu" else 2) * width
+    return hidden + 10 * (q + kv) + repeat + 2 * q + (5 if model.gated_mlp else 2) * width
 
 
 def _time(cluster, devices, layout, axis, collective, nbytes, calls, group=None) -> float:

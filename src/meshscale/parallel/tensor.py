@@ -34,24 +34,22 @@ copy of that head's K and V projections, and their gradients are summed over the
 """
 
 import time
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from meshscale.runtime.ledger import record
-from meshscale.runtime.model import MoE, RMSNorm, Transformer
+from meshscale.models.transformer import MoE, RMSNorm, Transformer
+from meshscale.parallel.compat import all_gather_into, all_reduce, reduce_scatter_from
+from meshscale.parallel.ledger import record
+from meshscale.parallel.mesh import cached_mesh
 
 # Parameters left whole on every TP rank (norms, router, position table, row-parallel biases); everything
 # else is a TP shard.
 _REPLICATED_SUFFIXES = ("norm.weight", "norm.bias", "router.weight", "pos_embeddings.weight", "wo.bias",
-                        "w2.bias")
-
-# Bound once at import: these calls record themselves below, so `ledger.tap()` (which wraps the
-# torch.distributed functions for code we do not own, FSDP2) must not count them a second time.
-_all_reduce_fn = dist.all_reduce
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+                        "w2.bias", "shared_gate.weight")
 
 
 def _timed(collective: str, nbytes: int, fn, *args, **kwargs) -> None:
@@ -63,7 +61,7 @@ def _timed(collective: str, nbytes: int, fn, *args, **kwargs) -> None:
 # ---- collectives on the TP group (each one recorded with the contract's payload) ------------------------
 def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
     x = x.contiguous().clone()
-    _timed("all_reduce", x.numel() * x.element_size(), _all_reduce_fn, x, group=group)
+    _timed("all_reduce", x.numel() * x.element_size(), all_reduce, x, group=group)
     return x
 
 
@@ -72,7 +70,7 @@ def _gather_seq(x: torch.Tensor, group) -> torch.Tensor:
     t = dist.get_world_size(group)
     local = x.transpose(0, 1).contiguous()
     out = local.new_empty((t * local.shape[0], *local.shape[1:]))
-    _timed("all_gather", out.numel() * out.element_size(), _all_gather, out, local, group=group)
+    _timed("all_gather", out.numel() * out.element_size(), all_gather_into, out, local, group=group)
     return out.transpose(0, 1)
 
 
@@ -81,59 +79,43 @@ def _reduce_scatter_seq(x: torch.Tensor, group) -> torch.Tensor:
     t = dist.get_world_size(group)
     full = x.transpose(0, 1).contiguous()
     out = full.new_empty((full.shape[0] // t, *full.shape[1:]))
-    _timed("reduce_scatter", full.numel() * full.element_size(), _reduce_scatter, out, full, group=group)
+    _timed("reduce_scatter", full.numel() * full.element_size(), reduce_scatter_from, out, full, group=group)
     return out.transpose(0, 1)
 
 
-class _CopyToTP(torch.autograd.Function):
-    """Megatron's f: the input is replicated, so its gradient is the sum of every rank's partial one."""
+def _same(x: torch.Tensor, group) -> torch.Tensor:
+    return x.view_as(x)
+
+
+class _Conjugate(torch.autograd.Function):
+    """A collective in forward and its conjugate in backward, over one TP group."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_reduce(grad, ctx.group), None
-
-
-class _ReduceFromTP(torch.autograd.Function):
-    """Megatron's g: sum the partial outputs of a row-parallel matmul."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        return _all_reduce(x, group)
+    def forward(ctx, x, group, forward, backward):
+        ctx.group, ctx.conjugate = group, backward
+        return forward(x, group)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None
+        return ctx.conjugate(grad, ctx.group), None, None, None
 
 
-class _GatherSeq(torch.autograd.Function):
-    """SP's f: all-gather the sequence before a column-parallel matmul; reduce-scatter its gradient."""
+class _Pair(NamedTuple):
+    forward: Callable
+    backward: Callable
 
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _gather_seq(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _reduce_scatter_seq(grad, ctx.group), None
+    def apply(self, x: torch.Tensor, group) -> torch.Tensor:
+        return _Conjugate.apply(x, group, self.forward, self.backward)
 
 
-class _ReduceScatterSeq(torch.autograd.Function):
-    """SP's g: reduce-scatter the partial sums of a row-parallel matmul along the sequence."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _reduce_scatter_seq(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _gather_seq(grad, ctx.group), None
+# Megatron's f: the input is replicated, so its gradient is the sum of every rank's partial one.
+_CopyToTP = _Pair(_same, _all_reduce)
+# Megatron's g: sum the partial outputs of a row-parallel matmul.
+_ReduceFromTP = _Pair(_all_reduce, _same)
+# SP's f: all-gather the sequence before a column-parallel matmul; reduce-scatter its gradient.
+_GatherSeq = _Pair(_gather_seq, _reduce_scatter_seq)
+# SP's g: reduce-scatter the partial sums of a row-parallel matmul along the sequence.
+_ReduceScatterSeq = _Pair(_reduce_scatter_seq, _gather_seq)
 
 
 class _ScatterToNextStage(torch.autograd.Function):
@@ -190,7 +172,8 @@ class VocabParallelEmbedding(nn.Module):
 
 class SequenceParallelRMSNorm(RMSNorm):
     """RMSNorm over a sequence chunk: each rank's weight gradient covers only its tokens, so the gradient
-    of the (replicated) weight is summed over the TP group, exactly as f does for a replicated input."""
+    of the (replicated) weight is summed over the TP group, exactly as f does for a replicated input.
+    Qwen3's qk-norm (over each head, every rank holding some of the heads) needs the same sum."""
 
     def __init__(self, norm: RMSNorm, group):
         super().__init__(norm.weight.shape[0], norm.eps)
@@ -219,7 +202,6 @@ class ReplicatedKVLinear(nn.Module):
 def _kv_copy_group(tp_mesh, kv_heads: int):
     """The process group of the TP ranks holding copies of the same KV head (consecutive ranks); its mesh is
     built once, in the cache that forget_meshes clears, like every other sub-mesh."""
-    from meshscale.parallel.mesh import cached_mesh
 
     t = tp_mesh.size()
     split = cached_mesh((id(tp_mesh), "kv", kv_heads),
@@ -330,6 +312,9 @@ def apply_tensor_parallel(model: Transformer, tp_mesh, sequence_parallel: bool =
         for column in (attention.wq, *kv):
             _shard(column, 0, rank, t)
         attention.wo = RowParallelLinear(attention.wo, rank, t, group, sp)
+        if attention.q_norm is not None:  # qk-norm: each rank's heads give part of the weights' gradient
+            attention.q_norm, attention.k_norm = (SequenceParallelRMSNorm(n, group)
+                                                  for n in (attention.q_norm, attention.k_norm))
         _enter_region(attention, group, sp)
         if isinstance(mlp, MoE):
             _shard_moe(mlp, group, rank, t, sp)
@@ -395,7 +380,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
 def _all_reduce_max(x: torch.Tensor, group) -> torch.Tensor:
     x = x.contiguous().clone()
-    _timed("all_reduce", x.numel() * x.element_size(), _all_reduce_fn, x, op=dist.ReduceOp.MAX, group=group)
+    _timed("all_reduce", x.numel() * x.element_size(), all_reduce, x, op=dist.ReduceOp.MAX, group=group)
     return x
 
 
@@ -423,18 +408,3 @@ def tp_duplicate(tp_rank: int, tp: int, kv_heads: int):
         return (tp_rank > 0 and is_tp_replicated(name)) or (kv_copy and name.endswith(("wk.weight", "wv.weight")))
 
     return duplicate
-
-
-def local_grad_norm_sq(model: nn.Module, tp_mesh) -> torch.Tensor:
-    """Sum of squared gradients this rank must contribute to the global norm: TP shards always, replicated
-    parameters only on TP rank 0. Sum the result over the TP, PP (and, where gradients are sharded,
-    DP) groups, then take the square root. DTensor gradients (FSDP2) contribute their local shard."""
-    group = _group_of(tp_mesh)
-    first = dist.get_rank(group) == 0 if dist.get_world_size(group) > 1 else True
-    total = torch.zeros((), dtype=torch.float32)
-    for name, p in model.named_parameters():
-        if p.grad is None or (is_tp_replicated(name) and not first):
-            continue
-        g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-        total = total.to(g.device) + g.float().pow(2).sum()
-    return total

@@ -16,6 +16,7 @@ and the ranks holding the same experts, i % ep equal, form the expert data-paral
 from dataclasses import dataclass, fields, replace
 
 from meshscale.errors import UserError
+from meshscale.specs.model import trainer_lacks
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb", "zbv", "dualpipev")
 RECOMPUTE = ("none", "selective", "full", "op")
@@ -299,12 +300,22 @@ def pipeline_refusal(layout: Layout, n_microbatches: int) -> str | None:
     return None
 
 
+def check_trainable(layout: Layout, model) -> None:
+    """Raise the trainer's refusal of `layout` for `model` as one line, if it has one."""
+    reason = trainer_refusal(layout, model)
+    if reason:
+        raise UserError(f"layout {layout}: {reason}")
+
+
 def trainer_refusal(layout: Layout, model) -> str | None:
     """Why `meshscale train` cannot run `layout` of `model` yet, or None. Torch-free, so `plan --emit torchrun`
     can pick the best layout the trainer runs. (What it runs, it runs with the single-device loss:
     tests/test_train_matrix.py.)"""
-    if model.uses_mla:
-        return f"model {model.name}: the trainer has no multi-head latent attention (MLA)"
+    lacks = trainer_lacks(model)
+    if lacks:
+        return f"model {model.name}: the trainer has no {lacks}"
+    if layout.cp > 1 and model.sliding_window and model.sliding_window < model.seq:
+        return f"cp>1 is not built for sliding-window attention ({model.name}); use cp=1"
     if layout.sp and (model.is_moe or model.biases):
         # MoE routing and LayerNorm biases would need their own sequence-parallel gradient sums
         return f"sp=true is not built for {'MoE' if model.is_moe else 'GPT-style (biased)'} models; use sp=false"
@@ -314,7 +325,7 @@ def trainer_refusal(layout: Layout, model) -> str | None:
         return f"cp>1 is not built for learned position embeddings ({model.name}); use cp=1"
     if model.is_moe and model.biases and layout.tp > 1:
         return "tp>1 is not built for MoE experts with biases (their row-parallel bias); use tp=1"
-    if model.biases and layout.tp > model.kv_heads:
+    if (model.biases or model.qkv_bias) and layout.tp > model.kv_heads:
         return f"tp={layout.tp} > kv_heads is not built for biased K/V projections; use tp<={model.kv_heads}"
     if layout.replicas > 1 and layout.ep > 1:
         # the experts' state shards over their own expert data-parallel group, not the shard groups
