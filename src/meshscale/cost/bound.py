@@ -24,7 +24,7 @@ from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busie
 from meshscale.cost.pipeline import head_on_chain, schedule_bubble, v_tail
 from meshscale.cost.step import chunk_kinds, elementwise_seconds, grad_reduce_bytes, param_gather_bytes, rank_kinds
 from meshscale.specs.cluster import ClusterSpec
-from meshscale.specs.layout import RECOMPUTE, V_SCHEDULES, Layout
+from meshscale.specs.layout import RECOMPUTE, Layout
 from meshscale.specs.model import ModelSpec
 from meshscale.specs.placement import layer_counts, sends_per_rank
 
@@ -61,6 +61,11 @@ class Shape:
         return [Layout(dp=self.dp, tp=self.tp, pp=self.pp, vpp=v, schedule=n, cp=self.cp, ep=self.ep)
                 for n, v in self.schedules]
 
+    @cached_property
+    def v_shaped(self) -> np.ndarray:
+        """Per schedule: Layout.v_shaped."""
+        return np.array([lay.v_shaped for lay in self.layouts])
+
     def schedule_is(self, *names) -> np.ndarray:
         """Per schedule: whether it is one of `names`."""
         return np.array([n in names for n, _ in self.schedules])
@@ -92,7 +97,7 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
     tp, pp, cp, dp, ep = shape.tp, shape.pp, shape.cp, shape.dp, shape.ep
     z, shard, s_i, k_i, r_i = rows.zero, rows.shard, rows.sp, rows.schedule, rows.recompute
     bytes_ = PRECISIONS[precision]
-    v_shaped = shape.schedule_is(*V_SCHEDULES)[k_i]
+    v_shaped = shape.v_shaped[k_i]
     p_std, e_std = busiest_params(model, tp, ep, pp, pp, False)
     p_v, e_v = busiest_params(model, tp, ep, pp, 2 * pp, True) if pp > 1 and 2 * pp <= model.layers else (p_std,
                                                                                                            e_std)
@@ -214,7 +219,7 @@ def bubble_floor(shape: Shape, rows: Rows, kernels: "PipelinePasses", elementwis
     total, total_o = slowest.total, others.total
     ratio = schedule_bubbles(shape.schedules, k_i, pp, m, others.forward, others.backward, others.weight)
     ratio = ratio * total_o / total
-    v_first = shape.schedule_is(*V_SCHEDULES)[k_i] & kernels.head_slowest
+    v_first = shape.v_shaped[k_i] & kernels.head_slowest
     beyond = ratio + total_o / total - 1
     if v_first.any():
         zbv = shape.schedule_is("zbv")[k_i]
