@@ -6,6 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
+from meshscale.data import indexed
+from meshscale.data.sources import documents, input_files
+from meshscale.data.tokenizer import load_tokenizer, train_bpe
 from meshscale.errors import UserError
 
 BATCH_CHARS = 1 << 20  # texts handed to the tokenizer together (it encodes a batch on every core)
@@ -41,8 +44,6 @@ def run(args) -> int:
 
 
 def _files(args) -> list[Path]:
-    from meshscale.data.sources import input_files
-
     return [f for path in args.inputs for f in input_files(path)]
 
 
@@ -54,9 +55,6 @@ def _writable(path: Path, overwrite: bool, flag: str = "--out") -> None:
 
 
 def train_tokenizer(args) -> int:
-    from meshscale.data.sources import documents
-    from meshscale.data.tokenizer import train_bpe
-
     out = Path(args.out)
     _writable(out, args.overwrite)
     files = _files(args)
@@ -68,10 +66,6 @@ def train_tokenizer(args) -> int:
 
 
 def prepare(args) -> int:
-    from meshscale.data import indexed
-    from meshscale.data.sources import documents
-    from meshscale.data.tokenizer import load_tokenizer
-
     tokenizer = load_tokenizer(args.tokenizer, args.eos)
     bin_path, idx_path = indexed.paths(args.out)
     for f in (bin_path, idx_path):
@@ -135,9 +129,7 @@ class _progress:
 
 
 def inspect(args) -> int:
-    from meshscale.data.indexed import IndexedDataset
-
-    data = IndexedDataset(args.prefix)
+    data = indexed.IndexedDataset(args.prefix)
     lengths = np.diff(data.doc_bounds)
     top = int(data.tokens.max())
     print(f"{data.bin_path} / {data.idx_path.name}: {data.documents:,} documents in {len(data.sizes):,} sequences, "
@@ -145,8 +137,6 @@ def inspect(args) -> int:
     print(f"document length: min {lengths.min():,}  median {int(np.median(lengths)):,}  "
           f"mean {lengths.mean():,.1f}  max {lengths.max():,}")
     if args.tokenizer:
-        from meshscale.data.tokenizer import load_tokenizer
-
         tokenizer = load_tokenizer(args.tokenizer)
         if top >= tokenizer.vocab:
             raise UserError(f"{data.bin_path}: token id {top} is beyond the {tokenizer.vocab}-token vocabulary of "
