@@ -20,6 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 test: setup
+	$(PY) -m mypy
 	$(PY) -m pytest -q -n 2 --dist loadscope
 
 demo: setup

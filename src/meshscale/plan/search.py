@@ -58,6 +58,7 @@ def parse_fix(text: str) -> dict:
         if key not in _FIXABLE or not raw:
             raise UserError(f"--fix: {item!r} is not key=value with a layout key ({', '.join(_FIXABLE)}, fsdp); "
                             "example: --fix pp=1,tp=8")
+        value: bool | str | int
         if key == "sp":
             if raw not in ("true", "false", "1", "0"):
                 raise UserError(f"--fix: sp must be true or false, got {raw!r}")
@@ -307,9 +308,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
             continue
         key = rank_key(pred)
         best = sorted(best + [(key, pred)], key=itemgetter(0))[:top]
-        shape = (tp, pp, cp, dp, ep, int(z), layout.shard)
-        if shape not in by_shape or key < by_shape[shape][0]:
-            by_shape[shape] = key, pred
+        parallel = (tp, pp, cp, dp, ep, int(z), layout.shard)
+        if parallel not in by_shape or key < by_shape[parallel][0]:
+            by_shape[parallel] = key, pred
     alternatives = [p for _, p in sorted(by_shape.values(), key=itemgetter(0))[1:ALTERNATIVES]]
     return Plan([p for _, p in best], enumerated, fitting, evaluated, time.perf_counter() - start, smallest,
                 rejected=alternatives, fixed=fix)
