@@ -3,9 +3,15 @@
 import math
 import shlex
 
+from rich.table import Table
+
 from meshscale.commands.predict import (add_batch_arguments, add_emit_arguments, add_goodput_arguments, goodput_line,
                                         goodput_of, json_line, print_emitted, resolve_inputs)
+from meshscale.commands.report import make_console
 from meshscale.errors import UserError
+from meshscale.plan.explain import explain, rejected
+from meshscale.plan.search import parse_fix, search, search_within
+from meshscale.specs.layout import Layout, trainer_refusal
 
 
 def add_arguments(p):
@@ -26,8 +32,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from meshscale.plan.search import parse_fix, search
-
     fix = parse_fix(args.fix) if args.fix is not None else {}
     model, cluster, devices, batch = resolve_inputs(args)
     if args.top < 1:
@@ -59,7 +63,7 @@ def run(args) -> int:
     good = goodput_of(args, plan.ranked[0])  # of the winner
     extra = {**plan.to_dict(), **({"goodput": good.to_dict()} if good else {})}
     if args.emit == "torchrun":
-        command = emit_torchrun(args, model, cluster, plan.ranked[0], batch, fix)
+        command = emit_torchrun(args, model, cluster, plan.ranked[0], batch, fix, plan)
         print(json_line({**extra, "emit": {"framework": "torchrun", "command": command}}) if args.json else command)
         return 0
     if args.emit:
@@ -68,7 +72,6 @@ def run(args) -> int:
     if args.json:
         print(json_line(extra))
         return 0
-    from meshscale.plan.explain import explain, rejected
     _print_human(plan, explain(plan, model, cluster, win_devices, batch, args.precision, args.memory_headroom),
                  rejected(plan), cluster)
     if good:
@@ -78,7 +81,6 @@ def run(args) -> int:
 
 def _emit_framework(args, model, cluster, plan, batch: int, fix: dict):
     from meshscale.export import emit
-    from meshscale.specs.layout import Layout
 
     return emit(args.emit, model, cluster, Layout.parse(plan.ranked[0].layout), batch, args.precision, args.steps,
                 args.data, headroom=args.memory_headroom, cross_tp=args.allow_cross_tp, fix=fix)
@@ -96,12 +98,9 @@ def _merge_by_cost(plans, cluster, top):
     return best
 
 
-def emit_torchrun(args, model, cluster, winner, batch: int, fix: dict, search_nearest: bool = True) -> str:
-    """The torchrun line for the winner or, when the trainer cannot run it yet, for the best layout it can
-    run (a `#` line above says why, so the output still pastes into a shell)."""
-    from meshscale.plan.search import search
-    from meshscale.specs.layout import Layout, trainer_refusal
-
+def emit_torchrun(args, model, cluster, winner, batch: int, fix: dict, plan=None) -> str:
+    """The torchrun line for the winner or, when the trainer cannot run it yet, for the best layout of `plan`'s
+    pool it can run (a `#` line above says why, so the output still pastes into a shell; without a plan, refused)."""
     if cluster.torus:
         raise UserError(f"--emit torchrun: meshscale train runs on torch.distributed (GPUs or CPUs); {cluster.name} "
                         "is a TPU slice, use --emit maxtext")
@@ -110,13 +109,13 @@ def emit_torchrun(args, model, cluster, winner, batch: int, fix: dict, search_ne
     reason = trainer_refusal(Layout.parse(winner.layout), model)
     if reason is None:
         return torchrun_command(args, cluster, winner.devices, winner.layout, batch)
-    if trainer_refusal(Layout(), model) or not search_nearest:
+    if trainer_refusal(Layout(), model) or plan is None:
         raise UserError(f"--emit torchrun: {reason or trainer_refusal(Layout(), model)}")
     # the shape filter prunes the search; the full rule (sp, zero, schedule per model family) picks among the top
-    trainable = search(model, cluster, winner.devices, batch, args.precision, top=64, headroom=args.memory_headroom,
-                       cross_tp=args.allow_cross_tp, fix=fix,
-                       where=lambda tp, pp, cp, dp, ep: cp == 1 and model.vocab % tp == 0)
-    runs = [p for p in trainable.ranked if trainer_refusal(Layout.parse(p.layout), model) is None]
+    trainable = search_within(plan, model, cluster, winner.devices, batch, args.precision, args.memory_headroom,
+                              where=lambda tp, pp, cp, dp, ep: cp == 1 and model.vocab % tp == 0, fix=fix,
+                              cross_tp=args.allow_cross_tp, top=64)
+    runs = [p for p in trainable if trainer_refusal(Layout.parse(p.layout), model) is None]
     if not runs:
         raise UserError(f"--emit torchrun: the winner {winner.layout} cannot be trained yet ({reason}) and no "
                         "layout the trainer runs fits; add devices or lower the batch")
@@ -138,10 +137,6 @@ def torchrun_command(args, cluster, devices: int, layout: str, batch: int) -> st
 
 
 def _print_human(plan, lines, losers, cluster):
-    from rich.table import Table
-
-    from meshscale.commands.report import make_console
-
     console = make_console()
     console.print(f"searched {plan.enumerated:,} layouts ({plan.fitting:,} fit in memory), costed {plan.evaluated:,} "
                   f"in full, in {plan.seconds:.2f} s; objective: {plan.objective}")
