@@ -114,7 +114,7 @@ def _pipeline_arguments(model: ModelSpec, lay: Layout) -> list[str]:
     # t a transformer layer, L the output head and loss
     stages = ["t" * len(r) for r in split_layers(model.layers, lay.stages)]
     stages[0], stages[-1] = "E" + stages[0], stages[-1] + "L"
-    return [f"--pipeline-model-parallel-layout {'|'.join(stages)}"]
+    return [f"--pipeline-model-parallel-layout {shlex.quote('|'.join(stages))}"]  # quoted: | is a shell pipe
 
 
 def _data_parallel_arguments(job: Job) -> list[str]:
