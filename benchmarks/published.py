@@ -306,11 +306,11 @@ def rows():
         yield run, layout, pred.step_time_s, run.seconds, pred
 
 
-def summary(errors: list[float]) -> tuple[float, float, float]:
-    """Median, 90th percentile and max of |error|."""
+def summary(errors: list[float]) -> tuple[float, float, float, float]:
+    """Median, 90th percentile and max of |error|, and the mean signed error (negative: predicted too fast)."""
     a = sorted(map(abs, errors))
     p90 = a[min(len(a) - 1, round(0.9 * (len(a) - 1)))]
-    return statistics.median(a), p90, a[-1]
+    return statistics.median(a), p90, a[-1], statistics.mean(errors)
 
 
 if __name__ == "__main__":
@@ -322,11 +322,12 @@ if __name__ == "__main__":
         fit = "" if p.fits else "  (does not fit)"
         print(f"{run.source:28s} {run.name:18s} {run.devices:6d} {str(layout):62s} predicted {pred:8.3f} s  "
               f"measured {real:8.3f} s  {err:+6.1%}{fit}")
-    print(f"\n| hardware | kind | runs | median abs error | 90th percentile | max |\n|---|---|---|---|---|---|")
+    print(f"\n| hardware | kind | runs | median abs error | 90th percentile | max | mean signed |\n"
+          "|---|---|---|---|---|---|---|")
     everything = []
     for (hw, kind), errs in sorted(by_category.items()):
         everything += errs
-        med, p90, worst = summary(errs)
-        print(f"| {hw} | {kind} | {len(errs)} | {med:.1%} | {p90:.1%} | {worst:.1%} |")
-    med, p90, worst = summary(everything)
-    print(f"| all | | {len(everything)} | {med:.1%} | {p90:.1%} | {worst:.1%} |")
+        med, p90, worst, bias = summary(errs)
+        print(f"| {hw} | {kind} | {len(errs)} | {med:.1%} | {p90:.1%} | {worst:.1%} | {bias:+.1%} |")
+    med, p90, worst, bias = summary(everything)
+    print(f"| all | | {len(everything)} | {med:.1%} | {p90:.1%} | {worst:.1%} | {bias:+.1%} |")

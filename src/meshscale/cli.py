@@ -1,4 +1,4 @@
-"""`meshscale` command line: predict, plan, scale, simulate, train, calibrate.
+"""`meshscale` command line: predict, plan, scale, simulate, train, calibrate, collectives.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args) -> int`;
 they are imported lazily so `predict` and `plan` never import torch.
@@ -17,6 +17,7 @@ COMMANDS = {
     "simulate": ("meshscale.commands.simulate", "simulate one step event by event: bubble, stragglers, timeline"),
     "train": ("meshscale.commands.train", "train on torch.distributed with a layout; measure beside prediction"),
     "calibrate": ("meshscale.commands.calibrate", "measure this machine and write it as a ClusterSpec file"),
+    "collectives": ("meshscale.commands.collectives", "a collective's predicted time and bus bandwidth per size"),
 }
 
 

@@ -4,9 +4,11 @@ Bytes follow the comm-accounting contract (notes/common.md): per-rank payload pe
 counting the FULL buffer the collective operates on; send_recv counts sends only. Wire factors such as a
 ring's 2(n-1)/n are applied to time only.
 
-Time is the alpha-beta model (Hockney 1994): steps * alpha + wire bytes / bus bandwidth, with the ring
-volumes of Patarasuk & Yuan 2009 (all-reduce 2(n-1)/n V, all-gather / reduce-scatter (n-1)/n V) and, for
-all-reduce latency, NCCL's double binary tree (2 log2 n steps) when shorter than the ring's 2(n-1).
+On GPU clusters (ClusterSpec.gpu_arch) time is NCCL's: cost/collectives.py picks the algorithm and
+protocol per call as NCCL's tuner does, with per-hop latencies by what each hop crosses. Elsewhere (TPU ICI,
+calibrated CPU hosts) it is the alpha-beta model (Hockney 1994): steps * alpha + wire bytes / bus bandwidth,
+with the ring volumes of Patarasuk & Yuan 2009 (all-reduce 2(n-1)/n V, all-gather / reduce-scatter
+(n-1)/n V) and, for all-reduce latency, a double binary tree (2 log2 n steps) when shorter than the ring's.
 """
 
 import itertools
@@ -15,6 +17,7 @@ import operator
 from dataclasses import dataclass
 from functools import lru_cache
 
+from meshscale.cost import collectives
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import Layout, kv_heads_per_rank
 from meshscale.specs.model import ModelSpec
@@ -29,6 +32,7 @@ class Link:
     raw_bandwidth: float  # the same before efficiency (for the scaling book's rooflines)
     latency: float
     steps: int  # latency steps of one ring pass over the group
+    fabric: collectives.Fabric | None = None  # NCCL's view of the group (GPU clusters): collective_time uses it
 
 
 # ---- what is communicated ----------------------------------------------------------------------------
@@ -225,15 +229,30 @@ def group_link(cluster: ClusterSpec, devices: int, size: int, stride: int) -> Li
         return _torus_link(cluster, devices, size, stride)
     domain = min(fast.size or devices, devices)
     if size * stride <= domain or len(cluster.tiers) == 1:
-        return Link(fast.name, fast.bandwidth * fast.efficiency, fast.bandwidth, fast.latency, size - 1)
+        link = Link(fast.name, fast.bandwidth * fast.efficiency, fast.bandwidth, fast.latency, size - 1)
+        return _with_fabric(cluster, link, size, 1)
     if stride >= domain:
-        return Link(slow.name, slow.bandwidth * slow.efficiency, slow.bandwidth, slow.latency, size - 1)
+        link = Link(slow.name, slow.bandwidth * slow.efficiency, slow.bandwidth, slow.latency, size - 1)
+        return _with_fabric(cluster, link, 1, size)
     # Hierarchical: k members per domain share k NICs, so the scale-out part runs at k x NIC bandwidth
     # (nccl-tests multi-node busbw on DGX ~ 8 x NIC), capped by the fast tier.
     k = domain // stride
     bw = min(fast.bandwidth * fast.efficiency, k * slow.bandwidth * slow.efficiency)
     raw = min(fast.bandwidth, k * slow.bandwidth)
-    return Link(f"{fast.name}+{slow.name}", bw, raw, slow.latency, size - 1)
+    return _with_fabric(cluster, Link(f"{fast.name}+{slow.name}", bw, raw, slow.latency, size - 1), k,
+                        -(-size // k))
+
+
+def _with_fabric(cluster: ClusterSpec, link: Link, ppn: int, nodes: int) -> Link:
+    """The link with NCCL's view of its group (GPU clusters only): `ppn` ranks in each of `nodes` NVLink
+    domains, the link's bus bandwidth, NVLS where the group has ranks sharing an NVSwitch."""
+    if not cluster.gpu_arch:
+        return link
+    slow = cluster.tiers[-1]
+    fabric = collectives.Fabric(cluster.gpu_arch, ppn, nodes, link.bandwidth / 1e9,
+                                cluster.nvls_bandwidth / 1e9 if ppn > 1 else 0.0,
+                                slow.bandwidth * slow.efficiency / 1e9, host=cluster.host_cpu)
+    return Link(link.tier, link.bandwidth, link.raw_bandwidth, link.latency, link.steps, fabric)
 
 
 def _torus_link(cluster: ClusterSpec, devices: int, size: int, stride: int) -> Link:
@@ -269,8 +288,15 @@ def _axes_spanned(dims: tuple, stride: int, size: int) -> tuple[float, int]:
 
 
 def collective_time(collective: str, nbytes: float, calls: int, n: int, link: Link) -> float:
+    """Seconds of `calls` calls moving `nbytes` in all over a group of `n` on `link`; calls=0: bandwidth
+    time alone (a lower bound whatever the calls, for the planner)."""
     if n <= 1 or nbytes == 0:
         return 0.0
+    # all-to-all stays on the hierarchical link below: NCCL's (collectives.all_to_all_seconds, each rank's
+    # outside share through its own NIC) puts the published Qwen3 FSDP run at +71%, whose EP group Megatron
+    # folds inside a node and our Layout cannot (issue 18 item 3 switches it with EP folding)
+    if link.fabric is not None and link.fabric.ranks == n and collective != "all_to_all":
+        return collectives.seconds(collective, link.fabric, nbytes, calls)
     bw, alpha = link.bandwidth, link.latency
     if collective == "all_reduce":
         steps = min(2 * link.steps, 2 * math.ceil(math.log2(n)))

@@ -102,6 +102,13 @@ class ClusterSpec:
     # Power per device (W) for energy per token: board power when busy, idle power otherwise (see POWER_W).
     board_power_w: float = 0.0
     idle_power_w: float = 0.0
+    # NCCL's view (cost/collectives.py): the GPU generation whose tuner constants apply ("": not NCCL; the
+    # alpha-beta model of cost/comm.py), the bus bandwidth of NVLink SHARP all-reduce inside the NVLink domain
+    # (bytes/s, nccl-tests' measured ceiling; 0: no NVLS), and the host CPU (NCCL's LL cap and network post
+    # overhead depend on it).
+    gpu_arch: str = ""
+    nvls_bandwidth: float = 0.0
+    host_cpu: str = "intel"
 
     def __post_init__(self):
         tiers = tuple(t if isinstance(t, Tier) else build(Tier, dict(t), f"cluster {self.name} tier")
@@ -138,6 +145,11 @@ class ClusterSpec:
                 raise UserError(f"cluster {self.name}: tier {t.name} needs bandwidth > 0, efficiency in (0, 1], "
                                 "latency >= 0, size >= 0")
 
+        if self.gpu_arch not in ("", "volta", "ampere", "hopper", "blackwell"):
+            raise UserError(f"cluster {self.name}: gpu_arch must be one of volta, ampere, hopper, blackwell "
+                            "(or empty: not an NCCL cluster)")
+        if self.host_cpu not in ("intel", "amd", "arm") or self.nvls_bandwidth < 0:
+            raise UserError(f"cluster {self.name}: host_cpu must be intel, amd or arm and nvls_bandwidth >= 0")
         if not 0 <= self.software.overlap_efficiency <= 1:
             raise UserError(f"cluster {self.name}: [software] overlap_efficiency must be in [0, 1]")
         if self.calibrated_ranks < 0:
@@ -228,31 +240,38 @@ def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, eff=0
 # TFLOP/s (Dao 2023, arXiv:2307.08691, fig. 6; 0.60); FlashAttention-3 on H100 (Shah et al. 2024,
 # arXiv:2407.08608, figs. 5-6: forward up to 740 TFLOP/s, backward 1.5-1.75x FlashAttention-2's ~330), ~0.50.
 # Bus-bandwidth efficiencies are nccl-tests all_reduce busbw over the link rate on DGX systems:
-# A100 NVLink3 ~230 of 300 GB/s (0.78), H100 NVLink4 ~360-380 of 450 GB/s (0.80), HDR/NDR IB ~0.85.
+# A100 NVLink3 ~230 of 300 GB/s (0.78), H100 NVLink4 ~360-380 of 450 GB/s (0.80), HDR/NDR IB ~0.85;
+# NVLink5 ring 680 of 900 GB/s at 8 GiB on a GB200 tray (Azure/AI-benchmarking-guide ND_GB200_v6_results.md,
+# NCCL 2.25.1, NCCL_ALGO=Ring: 0.76, B200's too). NVLS (NVLink SHARP) all-reduce ceilings: 8 H100/H200 ~480
+# GB/s (NCCL's maintainer in NVIDIA/nccl-tests#212; Azure ND_H200_v5_results.md 8 GiB: 480), 72 GB200
+# 835-847 GB/s at 4-8 GiB (coreweave/nccl-tests#43); B200 has no published NVLS figure: none charged.
+# gpu_arch selects NCCL's tuner constants (cost/collectives.py); DGX A100's host is AMD EPYC 7742, DGX H100's
+# Intel Xeon 8480C, GB200's Grace (Arm).
 PRESETS: dict[str, ClusterSpec] = {
     # NVIDIA A100 datasheet: 312 TFLOP/s bf16, 19.5 fp32 (156 TF32), 80 GB HBM2e at 2.039 TB/s, 108 SMs
     # (nvidia-smi reports 81920 MiB);
     # DGX A100: NVLink3 600 GB/s bidirectional per GPU (300 one way), 8x HDR 200 Gb/s NICs (25 GB/s per GPU).
     "a100-80gb": _gpu("a100-80gb", "A100-SXM4-80GB", 312e12, 312e12, 19.5e12, 81920 * MiB, 2.039e12, 0.72,
-                      300 * GB, 8, 25 * GB, 1.8, 108, 0.60, nvlink_eff=0.78),
+                      300 * GB, 8, 25 * GB, 1.8, 108, 0.60, nvlink_eff=0.78, gpu_arch="ampere", host_cpu="amd"),
     # NVIDIA H100 SXM datasheet: 989 TFLOP/s bf16 dense, 1979 fp8, 67 fp32; 80 GB HBM3 at 3.35 TB/s, 132 SMs
     # (nvidia-smi reports 81559 MiB);
     # DGX H100: NVLink4 900 GB/s bidirectional (450 one way), 8x ConnectX-7 NDR 400 Gb/s (50 GB/s per GPU).
     "h100-80gb": _gpu("h100-80gb", "H100-SXM5-80GB", 989e12, 1979e12, 67e12, 81559 * MiB, 3.35e12, 0.711,
-                      450 * GB, 8, 50 * GB, 2.5, 132, 0.50),
+                      450 * GB, 8, 50 * GB, 2.5, 132, 0.50, gpu_arch="hopper", nvls_bandwidth=480 * GB),
     # NVIDIA H200 datasheet: same compute as H100, 141 GB HBM3e at 4.8 TB/s (nvidia-smi: 143771 MiB); DGX H200
     # has the fabric of DGX H100.
     "h200": _gpu("h200", "H200-SXM-141GB", 989e12, 1979e12, 67e12, 143771 * MiB, 4.8e12, 0.711,
-                 450 * GB, 8, 50 * GB, 3.5, 132, 0.50),
+                 450 * GB, 8, 50 * GB, 3.5, 132, 0.50, gpu_arch="hopper", nvls_bandwidth=480 * GB),
     # NVIDIA B200 (DGX B200 datasheet): 2.25 PFLOP/s bf16 dense, 4.5 fp8, 180 GB HBM3e at 8 TB/s (per GPU of
     # the 1440 GB system), 148 SMs, NVLink5 1.8 TB/s bidirectional (900 one way), 8x ConnectX-7 400 Gb/s.
     # No published fused-attention figure yet: H100's fraction.
     "b200": _gpu("b200", "B200-180GB", 2.25e15, 4.5e15, 75e12, 180 * GB, 8e12, 0.640,
-                 900 * GB, 8, 50 * GB, 5.0, 148, 0.50),
+                 900 * GB, 8, 50 * GB, 5.0, 148, 0.50, nvlink_eff=0.76, gpu_arch="blackwell"),
     # GB200 NVL72 datasheet: 72 GPUs in one NVLink domain, 2.5 PFLOP/s bf16 dense, 5 fp8 per GPU,
     # 186 GB HBM3e at 8 TB/s, NVLink5 900 GB/s one way; ConnectX-8 800 Gb/s (100 GB/s) per GPU across racks.
     "gb200-nvl72": _gpu("gb200-nvl72", "GB200", 2.5e15, 5e15, 80e12, 186 * GB, 8e12, 0.640,
-                        900 * GB, 72, 100 * GB, 6.0, 148, 0.50),
+                        900 * GB, 72, 100 * GB, 6.0, 148, 0.50, nvlink_eff=0.76, gpu_arch="blackwell",
+                        nvls_bandwidth=840 * GB, host_cpu="arm"),
     # TPU v5p (Cloud TPU docs, scaling book Part 2): 4.59e14 bf16, 9.18e14 int8, 95 GiB HBM at 2.765 TB/s,
     # ICI 9e10 B/s bidirectional per link, so 1.8e11 per torus axis with wraparound (the book's W_ici);
     # pods of up to 8960 chips, 16x16x16 = 4096 per slice here; DCN ~6.25e9 B/s per chip.
