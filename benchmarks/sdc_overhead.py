@@ -1,4 +1,4 @@
-"""Cost of the cross-replica SDC check (runtime/sdc.py) against the training step, on local gloo ranks.
+"""Cost of the cross-replica SDC check (runtime/resilience/sdc.py) against the training step, on local gloo ranks.
 
 For each layout: the median step time of a real training run without the check, and the median time of one
 check (fingerprints of every replicated parameter and optimizer tensor, an all-gather per replica group and
@@ -26,12 +26,12 @@ def _rank(rank: int, world: int, init_file: str, args, queue) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     from meshscale.parallel.apply import apply_layout
     from meshscale.parallel.mesh import build_mesh
-    from meshscale.runtime.config import TrainConfig, resolve
-    from meshscale.runtime.ledger import CommLedger
-    from meshscale.runtime.model import build_model
-    from meshscale.runtime.optim import build_optimizer
-    from meshscale.runtime.sdc import ReplicaCheck
-    from meshscale.runtime.trainer import train
+    from meshscale.runtime.loop.config import TrainConfig, resolve
+    from meshscale.parallel.ledger import CommLedger
+    from meshscale.models.transformer import build_model
+    from meshscale.runtime.loop.optim import build_optimizer
+    from meshscale.runtime.resilience.sdc import ReplicaCheck
+    from meshscale.runtime.loop.trainer import train
 
     for text in LAYOUTS:
         run = resolve(TrainConfig(model=args.model, layout=text.format(n=world), steps=args.steps,

@@ -130,7 +130,7 @@ def test_train_predict_ends_the_metrics_with_one_summary(calibrated, tmp_path):
 def test_memory_probe_sees_a_tensor_freed_inside_the_step():
     import torch
 
-    from meshscale.runtime.metrics import MemoryProbe, heap_bytes
+    from meshscale.runtime.measure.metrics import MemoryProbe, heap_bytes
 
     import torch.profiler  # noqa: F401  (imported before the baseline, as the trainer does)
 
@@ -142,13 +142,13 @@ def test_memory_probe_sees_a_tensor_freed_inside_the_step():
 
 
 def test_operator_counts_match_the_runtime_model():
-    """cost/overhead.py charges these per layer; count them on runtime/model.py's blocks (1 and 2 layers, so
+    """cost/overhead.py charges these per layer; count them on models/transformer.py's blocks (1 and 2 layers, so
     the root's share separates) with a dispatch mode."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from meshscale.runtime.model import build_model
-    from meshscale.runtime.optim import build_optimizer
+    from meshscale.models.transformer import build_model
+    from meshscale.runtime.loop.optim import build_optimizer
 
     class Count(TorchDispatchMode):
         n = 0
@@ -187,13 +187,13 @@ def test_operator_counts_match_the_runtime_model():
 @pytest.mark.parametrize("name", ["tiny", "tiny-gpt"])
 @pytest.mark.parametrize("mode", ["none", "selective"])
 def test_eager_activation_count_matches_what_autograd_saves(name, mode):
-    """cost/memory.py's eager count: the bytes autograd keeps for backward in one block of runtime/model.py
+    """cost/memory.py's eager count: the bytes autograd keeps for backward in one block of models/transformer.py
     (fp32), found with saved-tensor hooks, each storage once, parameters and RoPE tables left out."""
     import torch
 
     from meshscale.cost.memory import eager_saved_elements
     from meshscale.parallel.recompute import apply_recompute
-    from meshscale.runtime.model import build_model
+    from meshscale.models.transformer import build_model
 
     spec = load_model(name)
     model = build_model(spec, 0, "cpu")

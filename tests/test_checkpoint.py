@@ -1,4 +1,4 @@
-"""Checkpoints (runtime/checkpoint.py) on real gloo ranks: exact resume under the same layout (bit for bit,
+"""Checkpoints (runtime/resilience/checkpoint.py) on real gloo ranks: exact resume under the same layout (bit for bit,
 twice in a row for one), resharded resume across layouts and process counts (the loaded state equal to
 what was saved, losses to 1e-5), retention, a save cut short, checksums, the cost model's size, and bad
 input refused before anything changes on disk.
@@ -25,7 +25,7 @@ TWICE = "pp=2,schedule=1f1b"  # resumed twice in a row
 
 
 def _run(model: str, layout: str, world: int, ckpt: str, **kw):
-    from meshscale.runtime.config import TrainConfig, resolve
+    from meshscale.runtime.loop.config import TrainConfig, resolve
 
     cfg = dict(model=model, layout=layout, steps=STEPS, global_batch=8, val_batches=1, checkpoint_dir=ckpt,
                checkpoint_every=1, keep=3, bucket_mb=0.01)
@@ -35,13 +35,13 @@ def _run(model: str, layout: str, world: int, ckpt: str, **kw):
 def _losses(run, tokens) -> list[float]:
     import torch
 
-    from meshscale.runtime.trainer import train
+    from meshscale.runtime.loop.trainer import train
 
     return [r["loss"] for r in train(run, torch.device("cpu"), tokens, log=False)["rows"]]
 
 
 def _tokens():
-    from meshscale.runtime.data import load_tokens
+    from meshscale.runtime.loop.data import load_tokens
 
     return load_tokens(None)[: 1 << 20]
 
@@ -50,7 +50,7 @@ def _copy_checkpoint(src_root: str, step: int, dst_root: str) -> None:
     """Rank 0 copies one checkpoint into a new directory; everyone waits for it."""
     import torch.distributed as dist
 
-    from meshscale.runtime.checkpoint import step_dir
+    from meshscale.runtime.resilience.checkpoint import step_dir
 
     if not dist.is_initialized() or dist.get_rank() == 0:
         shutil.copytree(step_dir(src_root, step), step_dir(dst_root, step))
@@ -67,10 +67,10 @@ def _reload_and_save(run, dst_root: str) -> None:
 
     from meshscale.parallel.apply import apply_layout
     from meshscale.parallel.mesh import build_mesh
-    from meshscale.runtime import checkpoint
-    from meshscale.runtime.ledger import CommLedger
-    from meshscale.runtime.model import build_model
-    from meshscale.runtime.optim import build_optimizer
+    from meshscale.runtime.resilience import checkpoint
+    from meshscale.parallel.ledger import CommLedger
+    from meshscale.models.transformer import build_model
+    from meshscale.runtime.loop.optim import build_optimizer
 
     mesh = build_mesh(run.layout, "cpu") if run.layout.devices > 1 else None
     par = apply_layout(build_model(run.spec, 0), run.layout, mesh, CommLedger(), "fp32", run.config.bucket_mb)
@@ -83,7 +83,7 @@ def _reload_and_save(run, dst_root: str) -> None:
 
 def _same_layout_cases(rank, world, root, model):
     """Uninterrupted runs saving every step, then resumes from their step-2 checkpoints."""
-    from meshscale.runtime.checkpoint import complete
+    from meshscale.runtime.resilience.checkpoint import complete
 
     tokens, out = _tokens(), {}
     for layout in SAME_LAYOUT[world]:
@@ -235,7 +235,7 @@ def one_process(tmp_path_factory, model_file):
 
 
 def test_a_save_cut_short_leaves_the_previous_checkpoint_usable(tmp_path, model_file, one_process, monkeypatch):
-    from meshscale.runtime import checkpoint
+    from meshscale.runtime.resilience import checkpoint
 
     root, reference = one_process
     _copy_checkpoint(f"{root}/full", 2, str(tmp_path))

@@ -29,8 +29,8 @@ def _ring_cases(rank, world):
     import torch.distributed as dist
 
     from meshscale.parallel.context import _RingAttention
-    from meshscale.runtime.data import cp_positions
-    from meshscale.runtime.ledger import CommLedger
+    from meshscale.parallel.context import cp_positions
+    from meshscale.parallel.ledger import CommLedger
 
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     out = {}

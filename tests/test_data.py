@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from meshscale.errors import UserError
-from meshscale.runtime.data import TokenData, check_tokens, cp_positions, load_tokens, rank_microbatches
+from meshscale.parallel.context import cp_positions
+from meshscale.runtime.loop.data import TokenData, check_tokens, load_tokens, rank_microbatches
 
 
 def test_stdlib_corpus_is_real_deterministic_text():

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from meshscale.errors import UserError
-from meshscale.runtime.faults import Fault, Injector, parse
+from meshscale.runtime.resilience.faults import Fault, Injector, parse
 
 
 def test_parse_kinds_ranks_and_options():

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_spike_rule_needs_warmup_and_flags_only_far_outliers():
     import math
 
-    from meshscale.runtime.guards import SpikeRule
+    from meshscale.runtime.resilience.guards import SpikeRule
 
     rule = SpikeRule(sigma=6.0, window=10, warmup=5)
     values = (1.0, 1.2, 0.8, 1.1, 0.9)
@@ -44,7 +44,7 @@ def test_spike_rule_needs_warmup_and_flags_only_far_outliers():
 def test_fingerprint_sees_every_single_bit_and_majority_names_the_odd_replica():
     import torch
 
-    from meshscale.runtime.sdc import fingerprint, outliers
+    from meshscale.runtime.resilience.sdc import fingerprint, outliers
 
     t = torch.randn(100)
     base = int(fingerprint(t))
@@ -56,7 +56,7 @@ def test_fingerprint_sees_every_single_bit_and_majority_names_the_odd_replica():
 
 
 def test_hang_diagnosis_names_the_rank_behind_ahead_or_silent():
-    from meshscale.runtime.watchdog import diagnose
+    from meshscale.runtime.resilience.watchdog import diagnose
 
     def beat(step, phase, calls=0, last=None, alive=100.0):
         return {"step": step, "phase": phase, "since": 80.0, "alive": alive, "calls": calls, "last": last}
@@ -78,9 +78,9 @@ def _train(world, layout, fault="", steps=6, **options):
     one-line stop message)."""
     import torch
 
-    from meshscale.runtime.config import TrainConfig, resolve
-    from meshscale.runtime.guards import TrainingStopped
-    from meshscale.runtime.trainer import train
+    from meshscale.runtime.loop.config import TrainConfig, resolve
+    from meshscale.runtime.resilience.guards import TrainingStopped
+    from meshscale.runtime.loop.trainer import train
 
     os.environ["MESHSCALE_FAULT"] = fault
     cfg = TrainConfig(layout=layout, steps=steps, global_batch=4, seq=16, warmup=2, val_batches=1, **options)

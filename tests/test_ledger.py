@@ -1,4 +1,4 @@
-"""The comm ledger measures, on real gloo ranks, exactly the bytes the contract (notes/common.md)
+"""The comm ledger measures, on real gloo ranks, exactly the bytes the contract (parallel/ledger.py)
 derives from the parameter count, for every zero stage with and without accumulation; and the
 predicted-vs-measured comparison agrees only when bytes agree."""
 
@@ -32,7 +32,7 @@ def expected_comm(spec, zero: int, m: int, precision: str) -> dict:
 
 
 def _run(case: str):
-    from meshscale.runtime.config import TrainConfig, resolve
+    from meshscale.runtime.loop.config import TrainConfig, resolve
 
     layout, _, precision = case.partition("@")
     return resolve(TrainConfig(layout=layout, steps=2, global_batch=8, precision=precision or "fp32",
@@ -42,8 +42,8 @@ def _run(case: str):
 def _measure(rank, world, cases):
     import torch
 
-    from meshscale.runtime.data import load_tokens
-    from meshscale.runtime.trainer import train
+    from meshscale.runtime.loop.data import load_tokens
+    from meshscale.runtime.loop.trainer import train
 
     tokens = load_tokens(None)[: 1 << 20]
     return {case: train(_run(case), torch.device("cpu"), tokens, log=False) for case in cases}
@@ -55,7 +55,7 @@ def measured():
 
 
 def test_model_parameters_match_the_spec():
-    from meshscale.runtime.model import build_model
+    from meshscale.models.transformer import build_model
     from meshscale.specs.model import PRESETS
 
     spec = PRESETS["tiny"]
@@ -94,7 +94,7 @@ def test_fsdp_calls_per_microbatch(measured):
 
 
 def test_comparison_flags_any_byte_difference(measured):
-    from meshscale.runtime.ledger import compare_comm, format_comparison
+    from meshscale.runtime.measure.metrics import compare_comm, format_comparison
 
     summary = measured[0]["zero=2,mbs=1"]["comm"][-1]
     exact = [{"axis": e["axis"], "collective": e["collective"], "bytes": e["bytes"], "time_s": 0.01} for e in summary]
@@ -109,7 +109,7 @@ def test_comparison_flags_any_byte_difference(measured):
 
 
 def test_ledger_requires_named_groups():
-    from meshscale.runtime.ledger import CommLedger
+    from meshscale.parallel.ledger import CommLedger
 
     ledger = CommLedger()
     ledger.name_group("g", "tp")
@@ -123,7 +123,7 @@ def test_ledger_requires_named_groups():
 
 
 def test_report_puts_prediction_beside_measurement(measured):
-    from meshscale.runtime.metrics import report
+    from meshscale.runtime.measure.metrics import report
 
     case = "zero=2,mbs=1"
     run, result = _run(case), measured[0][case]
@@ -143,7 +143,7 @@ def _functional(rank, world):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
-    from meshscale.runtime.ledger import CommLedger
+    from meshscale.parallel.ledger import CommLedger
 
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
     ledger = CommLedger()
@@ -163,7 +163,7 @@ def test_tap_records_dtensor_functional_collectives():
 
 
 def test_module_level_record_goes_to_the_active_ledger():
-    from meshscale.runtime.ledger import CommLedger, record
+    from meshscale.parallel.ledger import CommLedger, record
 
     ledger = CommLedger()
     record("tp", "all_gather", 64)  # no active ledger: dropped

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from meshscale.errors import UserError
-from meshscale.runtime.model import MoE, balance_loss, build_model
+from meshscale.models.transformer import MoE, balance_loss, build_model
 from meshscale.specs.layout import Layout, check_against, trainer_refusal
 from meshscale.specs.model import PRESETS
 

@@ -9,9 +9,9 @@ import torch.distributed as dist
 
 from meshscale.parallel.pipeline import PipelineRunner, pipeline_chunks, schedule_refusal, split_layers
 from meshscale.parallel.tensor import apply_tensor_parallel, vocab_parallel_cross_entropy
-from meshscale.runtime.ledger import CommLedger
-from meshscale.runtime.trace import analytic_bubble, chrome_trace, measured_bubble
-from meshscale.runtime.model import build_model
+from meshscale.parallel.ledger import CommLedger
+from meshscale.runtime.measure.trace import analytic_bubble, chrome_trace, measured_bubble
+from meshscale.models.transformer import build_model
 from meshscale.errors import UserError
 from meshscale.specs.layout import Layout, check_against, trainer_refusal
 from meshscale.specs.model import PRESETS

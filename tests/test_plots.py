@@ -8,7 +8,7 @@ import pytest
 
 from meshscale.cli import main
 from meshscale.errors import UserError
-from meshscale.runtime.config import load_config, resolve
+from meshscale.runtime.loop.config import load_config, resolve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -12,7 +12,7 @@ from meshscale.cost import predict
 from meshscale.cost.kernels import Passes
 from meshscale.cost.pipeline import bubble_ratio
 from meshscale.cost.step import chunk_passes, pipeline_passes, stage_passes
-from meshscale.runtime.trace import chrome_trace
+from meshscale.runtime.measure.trace import chrome_trace
 from meshscale.sim import engine
 from meshscale.sim.measured import gaps, read_trace, replay
 from meshscale.sim.schedule import rank_orders, stage_owner
@@ -230,7 +230,7 @@ def test_json_trace_and_bad_input(tmp_path, capsys):
 
 
 def test_replay_of_a_trace_gives_back_its_bubble(tmp_path, capsys):
-    """A trace in runtime/trace.py's format, drawn from a simulated pipeline with uneven stages and gaps of
+    """A trace in runtime/measure/trace.py's format, drawn from a simulated pipeline with uneven stages and gaps of
     each kind between passes (a send's delivery 0.05, 0.2 after the previous pass before a pass taking
     another rank's input, 0.1 before the others), gives back those gaps and replays to the bubble it shows."""
     layout = Layout(pp=4, schedule="1f1b", mbs=1)

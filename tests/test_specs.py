@@ -91,7 +91,7 @@ def test_tp_splits_or_replicates_kv_heads_and_nothing_else():
 
 
 def test_mistyped_model_and_train_files_are_one_line(tmp_path):
-    from meshscale.runtime.config import load_config
+    from meshscale.runtime.loop.config import load_config
     from meshscale.specs.model import load_model
 
     model = tmp_path / "m.json"

@@ -4,15 +4,29 @@ loss over a few AdamW steps, for `tiny` in fp32 on real gloo ranks."""
 import torch
 import torch.distributed as dist
 
-from meshscale.parallel.tensor import (apply_tensor_parallel, is_tp_replicated, local_grad_norm_sq,
-                                       vocab_parallel_cross_entropy)
-from meshscale.runtime.ledger import CommLedger
-from meshscale.runtime.model import build_model
+from meshscale.models.transformer import build_model
+from meshscale.parallel.ledger import CommLedger
+from meshscale.parallel.tensor import apply_tensor_parallel, is_tp_replicated, vocab_parallel_cross_entropy
 from meshscale.specs.model import PRESETS
 from tests.multirank import run_ranks
 
 SPEC = PRESETS["tiny"]
 ROW_PARALLEL = ("wo.weight", "w2.weight")  # sharded along input features; every other shard is along rows
+
+
+def local_grad_norm_sq(model: torch.nn.Module, tp_mesh) -> torch.Tensor:
+    """Sum of squared gradients this rank must contribute to the global norm: TP shards always, replicated
+    parameters only on TP rank 0. Sum the result over the TP, PP (and, where gradients are sharded,
+    DP) groups, then take the square root. DTensor gradients (FSDP2) contribute their local shard."""
+    group = tp_mesh.get_group() if hasattr(tp_mesh, "get_group") else tp_mesh
+    first = dist.get_rank(group) == 0 if dist.get_world_size(group) > 1 else True
+    total = torch.zeros((), dtype=torch.float32)
+    for name, p in model.named_parameters():
+        if p.grad is None or (is_tp_replicated(name) and not first):
+            continue
+        g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+        total = total.to(g.device) + g.float().pow(2).sum()
+    return total
 
 
 def batch(seed: int, n: int = 2):

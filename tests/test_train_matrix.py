@@ -70,14 +70,14 @@ def sampled(world: int) -> list[str]:
 
 
 def _run(layout: str, world: int, model: str = "tiny"):
-    from meshscale.runtime.config import TrainConfig, resolve
+    from meshscale.runtime.loop.config import TrainConfig, resolve
 
     return resolve(TrainConfig(model=model, layout=layout, steps=STEPS, global_batch=BATCH, bucket_mb=0.5,
                                val_batches=1), world)
 
 
 def _tokens():
-    from meshscale.runtime.data import load_tokens
+    from meshscale.runtime.loop.data import load_tokens
 
     return load_tokens(None)[: 1 << 20]
 
@@ -85,7 +85,7 @@ def _tokens():
 def _train_all(rank, world, layouts, model="tiny"):
     import torch
 
-    from meshscale.runtime.trainer import train
+    from meshscale.runtime.loop.trainer import train
 
     tokens = _tokens()
     out = {}
@@ -104,7 +104,7 @@ def reference():
 def _reference(model: str) -> dict:
     import torch
 
-    from meshscale.runtime.trainer import train
+    from meshscale.runtime.loop.trainer import train
 
     result = train(_run("", 1, model), torch.device("cpu"), _tokens(), log=False)
     return {"losses": [r["loss"] for r in result["rows"]], "val": result["val_loss"],
@@ -189,7 +189,7 @@ FAMILY_CASES = {
 
 
 def _family_run(model: str, layout: str, world: int):
-    from meshscale.runtime.config import TrainConfig, resolve
+    from meshscale.runtime.loop.config import TrainConfig, resolve
 
     return resolve(TrainConfig(model=model, layout=layout, steps=FAMILY_STEPS, global_batch=BATCH, bucket_mb=0.5,
                                val_batches=1), world)
@@ -198,7 +198,7 @@ def _family_run(model: str, layout: str, world: int):
 def _train_family(rank, world, model, layouts):
     import torch
 
-    from meshscale.runtime.trainer import train
+    from meshscale.runtime.loop.trainer import train
 
     tokens = _tokens()
     out = {}

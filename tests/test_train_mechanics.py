@@ -11,11 +11,11 @@ def _mechanics(rank, world):
 
     from meshscale.parallel.apply import apply_layout
     from meshscale.parallel.mesh import build_mesh
-    from meshscale.runtime.config import TrainConfig, resolve
-    from meshscale.runtime.data import load_tokens
-    from meshscale.runtime.ledger import CommLedger
-    from meshscale.runtime.model import build_model
-    from meshscale.runtime.trainer import train
+    from meshscale.runtime.loop.config import TrainConfig, resolve
+    from meshscale.runtime.loop.data import load_tokens
+    from meshscale.parallel.ledger import CommLedger
+    from meshscale.models.transformer import build_model
+    from meshscale.runtime.loop.trainer import train
     from meshscale.specs.layout import Layout
     from meshscale.specs.model import PRESETS
 
@@ -73,7 +73,7 @@ def test_recompute_keeps_fewer_activations_and_the_same_gradients():
 
     from meshscale.cost.flops import op_recomputed_matmuls
     from meshscale.parallel.recompute import apply_recompute
-    from meshscale.runtime.model import build_model
+    from meshscale.models.transformer import build_model
     from meshscale.specs.model import PRESETS
 
     class CountMatmuls(TorchDispatchMode):

@@ -21,13 +21,13 @@ CASES = {
 
 
 def _run(layout: str, world: int):
-    from meshscale.runtime.config import TrainConfig, resolve
+    from meshscale.runtime.loop.config import TrainConfig, resolve
 
     return resolve(TrainConfig(layout=layout, steps=STEPS, global_batch=8, bucket_mb=0.5), world)
 
 
 def _tokens():
-    from meshscale.runtime.data import load_tokens
+    from meshscale.runtime.loop.data import load_tokens
 
     return load_tokens(None)[: 1 << 20]
 
@@ -35,7 +35,7 @@ def _tokens():
 def _curves(rank, world, layouts):
     import torch
 
-    from meshscale.runtime.trainer import train
+    from meshscale.runtime.loop.trainer import train
 
     tokens = _tokens()
     out = {}
@@ -49,7 +49,7 @@ def _curves(rank, world, layouts):
 def reference():
     import torch
 
-    from meshscale.runtime.trainer import train
+    from meshscale.runtime.loop.trainer import train
 
     result = train(_run("", 1), torch.device("cpu"), _tokens(), log=False)
     return [r["loss"] for r in result["rows"]], result["val_loss"]

@@ -30,7 +30,7 @@ def winner() -> str:
 
 
 def show_checkpoint(root: Path) -> None:
-    from meshscale.runtime.checkpoint import complete
+    from meshscale.runtime.resilience.checkpoint import complete
 
     step, path = complete(root)[-1]
     manifest = json.loads((path / "manifest.json").read_text())

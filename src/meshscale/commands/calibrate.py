@@ -23,7 +23,7 @@ def run(args) -> int:
         raise UserError(f"--out {out}: directory {out.parent} does not exist")
     if out.exists() and not args.overwrite:
         raise UserError(f"--out {out} already exists; choose a new file or pass --overwrite")
-    from meshscale.runtime.calibrate import launch  # imports torch
+    from meshscale.runtime.measure.calibrate import launch  # imports torch
 
     launch(args.nproc, str(out), args.quick)
     print(summary(str(out)))

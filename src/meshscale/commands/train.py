@@ -1,7 +1,7 @@
 """`meshscale train`: check everything, then run here, as N local processes, or as one worker of an
 outer torchrun."""
 
-from meshscale.runtime.config import config_fields, load_config, resolve, world_from_env
+from meshscale.runtime.loop.config import config_fields, load_config, resolve, world_from_env
 
 _HELP = {
     "config": "TOML file of train options (top level or a [train] table); flags override it",
@@ -57,9 +57,9 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from meshscale.runtime import launch
+    from meshscale.runtime.loop import launch
 
-    from meshscale.runtime import faults
+    from meshscale.runtime.resilience import faults
 
     faults.from_env()  # a malformed MESHSCALE_FAULT is bad input: one line before any process starts
     overrides = {name: getattr(args, name, None) for name in config_fields()}

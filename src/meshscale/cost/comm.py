@@ -1,6 +1,6 @@
 """Every collective a layout issues in one step: its contract bytes, the tier it crosses, its time.
 
-Bytes follow the comm-accounting contract (notes/common.md): per-rank payload per optimizer step, a call
+Bytes follow the comm-accounting contract (parallel/ledger.py defines it): per-rank payload per optimizer step, a call
 counting the FULL buffer the collective operates on; send_recv counts sends only. Wire factors such as a
 ring's 2(n-1)/n are applied to time only.
 

@@ -193,7 +193,7 @@ def zero_copy_bytes(precision: str, zero: int) -> int:
 
 
 def eager_saved_elements(model: ModelSpec, tp: int, sp: bool, selective: bool) -> float:
-    """Elements per token one block of our runtime (runtime/model.py) keeps for backward when every operator
+    """Elements per token one block of our runtime (models/transformer.py) keeps for backward when every operator
     runs eagerly ([software] fused_elementwise = false), as autograd saves them (tests/test_calibrate.py
     counts them with saved-tensor hooks): per RMSNorm its input, rsqrt and normalised output, (LayerNorm: input,
     mean and rstd) sharded by SP, and the projection's input, gathered whole; for attention the query, key and

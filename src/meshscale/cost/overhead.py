@@ -15,12 +15,12 @@ from meshscale.cost.comm import Link
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import Layout
 
-# aten operators of runtime/model.py, counted with a TorchDispatchMode (tests/test_calibrate.py recounts them):
+# aten operators of models/transformer.py, counted with a TorchDispatchMode (tests/test_calibrate.py recounts them):
 FORWARD_OPS_PER_LAYER = 94  # one block: two RMSNorms, q/k/v/o, RoPE, SDPA, SwiGLU, residuals
 BACKWARD_OPS_PER_LAYER = 150
 SELECTIVE_OPS_PER_LAYER = 12  # the attention core (RoPE, SDPA, reshapes) run again before backward
 ROOT_FORWARD_OPS, ROOT_BACKWARD_OPS = 20, 34  # embedding, final norm, head, cross-entropy
-OPTIMIZER_OPS_PER_TENSOR = 10  # AdamW with foreach=False (runtime/optim.py): one update per tensor
+OPTIMIZER_OPS_PER_TENSOR = 10  # AdamW with foreach=False (runtime/loop/optim.py): one update per tensor
 TENSORS_PER_LAYER = 9  # two norm gains, four attention and three MLP weights
 ROOT_TENSORS = 3  # embedding, final norm, head
 

@@ -205,7 +205,7 @@ def control_seconds(cluster: ClusterSpec, devices: int, layout: Layout) -> float
     gradient norm for clipping over the groups that split the gradient (Megatron-LM optimizer/clip_grads.py:
     the model-parallel group, and the data-parallel one where gradients are sharded), the loss averaged over
     the replicas for logging (Megatron-LM's average_losses_across_data_parallel_group), and the non-finite
-    check every rank joins (Megatron-LM's found_inf; runtime/guards.py)."""
+    check every rank joins (Megatron-LM's found_inf; runtime/resilience/guards.py)."""
     t, c, d = layout.tp, layout.cp, layout.dp
     groups = [(t, 1), (layout.pp, t * c * d), (d * c, t), (devices, 1)]
     if layout.zero >= 2:

@@ -20,6 +20,16 @@ import torch
 import torch.distributed as dist
 
 from meshscale.errors import UserError
+from meshscale.parallel.context import apply_context_parallel
+from meshscale.parallel.data_parallel import DDP, Local, PipelinedDDP
+from meshscale.parallel.expert import apply_expert_parallel, build_expert_mesh, expert_data_parallel
+from meshscale.parallel.fsdp import FSDP
+from meshscale.parallel.mesh import hybrid_mesh, replica_mesh
+from meshscale.parallel.pipeline import crosses_ranks, pipeline_chunks
+from meshscale.parallel.recompute import apply_recompute
+from meshscale.parallel.tensor import apply_tensor_parallel, scatter_gather_stage, tp_duplicate
+from meshscale.parallel.tied import TiedEmbeddings
+from meshscale.parallel.zero import Zero
 from meshscale.specs.layout import Layout, trainer_refusal
 
 
@@ -40,8 +50,6 @@ class Parallel:
         self.model = chunks[0][1]
         self.tied = None
         if layout.pp > 1 and self.model.spec.tied_embeddings:
-            from meshscale.parallel.tied import TiedEmbeddings
-
             self.tied = TiedEmbeddings(chunks, layout)
         # the head's copy of a tied table counts once, as the embedding's
         self._skip = (lambda name: duplicate(name) or name == "output.weight") if self.tied else duplicate
@@ -76,19 +84,13 @@ class Parallel:
 
 
 def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", bucket_mb: float = 1.0) -> Parallel:
-    from meshscale.parallel.recompute import apply_recompute
-
     check_runtime(layout, model.spec)
     if layout.pp > 1:
-        from meshscale.parallel.pipeline import pipeline_chunks
-
         chunks = pipeline_chunks(model, layout, mesh["pp"].get_local_rank())
     else:
         chunks = [(0, model)]
     emesh = None
     if layout.ep > 1:
-        from meshscale.parallel.expert import apply_expert_parallel, build_expert_mesh
-
         emesh = build_expert_mesh(layout, mesh.device_type)
         for axis in ("ep", "edp"):
             if emesh[axis].size() > 1:
@@ -100,21 +102,13 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
     wrapped, strategies = [], []
     for stage, module in chunks:
         if layout.tp > 1:
-            from meshscale.parallel.tensor import apply_tensor_parallel, scatter_gather_stage
-
             apply_tensor_parallel(module, mesh["tp"], layout.sp)
             if layout.pp > 1 and not layout.sp:
-                from meshscale.parallel.pipeline import crosses_ranks
-
                 scatter_gather_stage(module, mesh["tp"], *crosses_ranks(stage, layout))
         if layout.cp > 1:
-            from meshscale.parallel.context import apply_context_parallel
-
             apply_context_parallel(module, mesh["cp"])
         apply_recompute(module, layout.recompute)
         if emesh is not None:
-            from meshscale.parallel.expert import expert_data_parallel
-
             def dense(select, module=module):
                 return _data_parallel(module, layout, mesh, ledger, precision, bucket_mb, select)
 
@@ -123,7 +117,6 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
             strategy = _data_parallel(module, layout, mesh, ledger, precision, bucket_mb)
         wrapped.append((stage, strategy.model))
         strategies.append(strategy)
-    from meshscale.parallel.tensor import tp_duplicate
 
     tp_rank = mesh["tp"].get_local_rank() if mesh is not None else 0
     return Parallel(wrapped, strategies, layout, mesh, tp_duplicate(tp_rank, layout.tp, model.spec.kv_heads))
@@ -132,8 +125,6 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
 def _data_parallel(module, layout: Layout, mesh, ledger, precision: str, bucket_mb: float, select=None):
     """The data-parallel strategy for one chunk (see data_parallel.Local for its interface), over the
     dp x cp ranks that hold the same parameters and the parameters `select(name)` picks (default all)."""
-    from meshscale.parallel.data_parallel import DDP, Local, PipelinedDDP
-    from meshscale.parallel.mesh import hybrid_mesh, replica_mesh
 
     if layout.dp * layout.cp == 1:
         return Local(module, select)
@@ -148,10 +139,7 @@ def _data_parallel(module, layout: Layout, mesh, ledger, precision: str, bucket_
         for dim in ("replicate", "shard"):
             ledger.name_group(dp_mesh[dim].get_group(), "dp")
     if layout.zero in (1, 2):
-        from meshscale.parallel.zero import Zero
-
         shard = dp_mesh["shard"] if replicate is not None else dp_mesh
         return Zero(module, shard, ledger, layout.zero, bucket_mb, select, replicate)
-    from meshscale.parallel.fsdp import FSDP
 
     return FSDP(module, dp_mesh, ledger, precision, select)

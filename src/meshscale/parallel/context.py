@@ -1,6 +1,6 @@
 """Context parallelism: ring attention over the CP group, with the load-balanced causal layout.
 
-Each sequence is cut into 2*cp chunks and CP rank i holds chunks i and 2cp-1-i (`runtime.data.cp_positions`),
+Each sequence is cut into 2*cp chunks and CP rank i holds chunks i and 2cp-1-i (`cp_positions`),
 so every rank does the same causal work (Megatron-LM / TransformerEngine context parallelism). Everything
 but attention is position-wise and runs on the local tokens unchanged; RoPE follows each token's global
 position because the rank's RoPE tables are re-indexed by those positions.
@@ -27,9 +27,16 @@ import time
 import torch
 import torch.distributed as dist
 
-from meshscale.runtime.data import cp_positions
-from meshscale.runtime.ledger import record
-from meshscale.runtime.model import apply_rope
+from meshscale.models.transformer import apply_rope
+from meshscale.parallel.ledger import record
+
+
+def cp_positions(seq: int, cp_rank: int, cp: int) -> torch.Tensor:
+    """Token positions of a context-parallel rank: of 2*cp equal chunks, chunks cp_rank and 2cp-1-cp_rank
+    (the load-balanced causal layout: early and late chunks paired, so causal attention work is even)."""
+    chunk = seq // (2 * cp)
+    ids = torch.arange(seq)
+    return torch.cat((ids[cp_rank * chunk:(cp_rank + 1) * chunk], ids[(2 * cp - 1 - cp_rank) * chunk:][:chunk]))
 
 
 def _exchange(tensor: torch.Tensor, group, tag: int) -> tuple[torch.Tensor, list]:

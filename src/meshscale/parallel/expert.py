@@ -19,14 +19,16 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from meshscale.parallel.data_parallel import Local
-from meshscale.runtime.ledger import record
-from meshscale.runtime.model import moe_layers, run_experts
+from meshscale.models.transformer import moe_layers, run_experts
+from meshscale.parallel.data_parallel import Local, PipelinedDDP
+from meshscale.parallel.ledger import record
+from meshscale.parallel.mesh import cached_mesh, replica_mesh
+from meshscale.parallel.zero import Zero
 from meshscale.specs.layout import Layout, expert_mesh_shape
+
 
 def build_expert_mesh(layout: Layout, device_type: str) -> DeviceMesh:
     """The (pp, edp, ep, tp) mesh over the same ranks as the main mesh; one per shape per process."""
-    from meshscale.parallel.mesh import cached_mesh
 
     shape = expert_mesh_shape(layout)
     ranks = torch.arange(layout.devices).reshape(shape)
@@ -177,9 +179,6 @@ def expert_data_parallel(module, layout: Layout, mesh, emesh, ledger, bucket_mb:
                          dense_strategy):
     """Wrap the layout's strategy for the dense parameters (`dense_strategy(select)`) and add the experts'
     own over the expert data-parallel group, averaged over dp*cp."""
-    from meshscale.parallel.data_parallel import PipelinedDDP
-    from meshscale.parallel.mesh import replica_mesh
-    from meshscale.parallel.zero import Zero
 
     divide, edp = layout.dp * layout.cp, emesh["edp"]
     if edp.size() == 1:

@@ -32,6 +32,15 @@ def build_mesh(layout: Layout, device_type: str) -> DeviceMesh:
     return cached_mesh(shape, lambda: init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS))
 
 
+def from_every_rank(obj) -> list:
+    """`obj` as each rank of the world holds it, in rank order ([obj] outside a process group)."""
+    if not dist.is_initialized():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def forget_meshes() -> None:
     """Drop the cached meshes before the process groups are destroyed: a mesh keeps its groups (and their
     worker threads) alive, and threads still alive when the interpreter finalises abort the process."""

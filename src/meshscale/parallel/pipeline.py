@@ -13,11 +13,16 @@ import time
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                          ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble)
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+)
 
-from meshscale.runtime.ledger import record
-from meshscale.runtime.model import Transformer
+from meshscale.models.transformer import Transformer
+from meshscale.parallel.ledger import record
 from meshscale.specs.layout import V_SCHEDULES, Layout, pipeline_refusal, split_layers
 
 try:  # both exist in torch 2.11 and 2.13; guarded so an older torch refuses them instead of failing to import

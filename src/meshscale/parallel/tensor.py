@@ -39,19 +39,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from meshscale.runtime.ledger import record
-from meshscale.runtime.model import MoE, RMSNorm, Transformer
+from meshscale.models.transformer import MoE, RMSNorm, Transformer
+from meshscale.parallel.compat import all_gather_into, all_reduce, reduce_scatter_from
+from meshscale.parallel.ledger import record
+from meshscale.parallel.mesh import cached_mesh
 
 # Parameters left whole on every TP rank (norms, router, position table, row-parallel biases); everything
 # else is a TP shard.
 _REPLICATED_SUFFIXES = ("norm.weight", "norm.bias", "router.weight", "pos_embeddings.weight", "wo.bias",
                         "w2.bias")
-
-# Bound once at import: these calls record themselves below, so `ledger.tap()` (which wraps the
-# torch.distributed functions for code we do not own, FSDP2) must not count them a second time.
-_all_reduce_fn = dist.all_reduce
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _timed(collective: str, nbytes: int, fn, *args, **kwargs) -> None:
@@ -63,7 +59,7 @@ def _timed(collective: str, nbytes: int, fn, *args, **kwargs) -> None:
 # ---- collectives on the TP group (each one recorded with the contract's payload) ------------------------
 def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
     x = x.contiguous().clone()
-    _timed("all_reduce", x.numel() * x.element_size(), _all_reduce_fn, x, group=group)
+    _timed("all_reduce", x.numel() * x.element_size(), all_reduce, x, group=group)
     return x
 
 
@@ -72,7 +68,7 @@ def _gather_seq(x: torch.Tensor, group) -> torch.Tensor:
     t = dist.get_world_size(group)
     local = x.transpose(0, 1).contiguous()
     out = local.new_empty((t * local.shape[0], *local.shape[1:]))
-    _timed("all_gather", out.numel() * out.element_size(), _all_gather, out, local, group=group)
+    _timed("all_gather", out.numel() * out.element_size(), all_gather_into, out, local, group=group)
     return out.transpose(0, 1)
 
 
@@ -81,7 +77,7 @@ def _reduce_scatter_seq(x: torch.Tensor, group) -> torch.Tensor:
     t = dist.get_world_size(group)
     full = x.transpose(0, 1).contiguous()
     out = full.new_empty((full.shape[0] // t, *full.shape[1:]))
-    _timed("reduce_scatter", full.numel() * full.element_size(), _reduce_scatter, out, full, group=group)
+    _timed("reduce_scatter", full.numel() * full.element_size(), reduce_scatter_from, out, full, group=group)
     return out.transpose(0, 1)
 
 
@@ -219,7 +215,6 @@ class ReplicatedKVLinear(nn.Module):
 def _kv_copy_group(tp_mesh, kv_heads: int):
     """The process group of the TP ranks holding copies of the same KV head (consecutive ranks); its mesh is
     built once, in the cache that forget_meshes clears, like every other sub-mesh."""
-    from meshscale.parallel.mesh import cached_mesh
 
     t = tp_mesh.size()
     split = cached_mesh((id(tp_mesh), "kv", kv_heads),
@@ -395,7 +390,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
 def _all_reduce_max(x: torch.Tensor, group) -> torch.Tensor:
     x = x.contiguous().clone()
-    _timed("all_reduce", x.numel() * x.element_size(), _all_reduce_fn, x, op=dist.ReduceOp.MAX, group=group)
+    _timed("all_reduce", x.numel() * x.element_size(), all_reduce, x, op=dist.ReduceOp.MAX, group=group)
     return x
 
 
@@ -423,18 +418,3 @@ def tp_duplicate(tp_rank: int, tp: int, kv_heads: int):
         return (tp_rank > 0 and is_tp_replicated(name)) or (kv_copy and name.endswith(("wk.weight", "wv.weight")))
 
     return duplicate
-
-
-def local_grad_norm_sq(model: nn.Module, tp_mesh) -> torch.Tensor:
-    """Sum of squared gradients this rank must contribute to the global norm: TP shards always, replicated
-    parameters only on TP rank 0. Sum the result over the TP, PP (and, where gradients are sharded,
-    DP) groups, then take the square root. DTensor gradients (FSDP2) contribute their local shard."""
-    group = _group_of(tp_mesh)
-    first = dist.get_rank(group) == 0 if dist.get_world_size(group) > 1 else True
-    total = torch.zeros((), dtype=torch.float32)
-    for name, p in model.named_parameters():
-        if p.grad is None or (is_tp_replicated(name) and not first):
-            continue
-        g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-        total = total.to(g.device) + g.float().pow(2).sum()
-    return total

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import torch.distributed as dist
 
-from meshscale.runtime.ledger import record
+from meshscale.parallel.ledger import record
 from meshscale.specs.layout import V_SCHEDULES, Layout
 
 _groups: dict = {}

@@ -24,11 +24,8 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
+from meshscale.parallel.compat import all_gather_into, reduce_scatter_from
 from meshscale.parallel.data_parallel import grad_buckets
-
-# torch >= 2.12 names these *_single; older releases only have the *_tensor spellings.
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class _Bucket:
@@ -98,7 +95,7 @@ class Zero:
     def _reduce_scatter(self, bucket: _Bucket) -> None:
         out = torch.empty_like(bucket.shard)
         start = time.perf_counter()
-        work = _reduce_scatter(out, bucket.grad_flat, group=self.group, async_op=True)
+        work = reduce_scatter_from(out, bucket.grad_flat, group=self.group, async_op=True)
         self._pending.append((work, start, out, bucket, bucket.grad_flat))
 
     def _drain(self) -> None:
@@ -159,7 +156,7 @@ class Zero:
         launched = []
         for b in self.buckets:
             start = time.perf_counter()
-            launched.append((_all_gather(b.flat, b.shard.detach(), group=self.group, async_op=True), start, b))
+            launched.append((all_gather_into(b.flat, b.shard.detach(), group=self.group, async_op=True), start, b))
         for work, start, b in launched:
             work.wait()
             self.ledger.record(self.axis, "all_gather", b.flat.numel() * 4, time.perf_counter() - start)

@@ -1,5 +1,5 @@
 """Replay a measured pipeline step: the F/B/W duration of every pass in a `meshscale train --trace` Chrome
-trace (runtime/trace.py), fed through the same schedule orders, beside the bubble the trace itself shows.
+trace (runtime/measure/trace.py), fed through the same schedule orders, beside the bubble the trace itself shows.
 Each pass keeps its own measured duration, not a mean: a pipeline's span is a max over paths, and averaging
 the durations first would understate it.
 
@@ -10,7 +10,7 @@ rank's previous pass plus a delivery that only then begins (gloo moves a message
 posted, which torch's schedules do after the rank's previous pass); a pass with no input from another rank
 starts after its rank's own bookkeeping. Each kind is charged its mean, not its median: a rank's idle is the
 sum of its gaps, and on shared cores (4 ranks on 2) a long tail of them is a rank waiting for a core.
-Both bubbles are in the trace's own form (runtime/trace.py measured_bubble): per pipeline rank, the fraction
+Both bubbles are in the trace's own form (runtime/measure/trace.py measured_bubble): per pipeline rank, the fraction
 of the step (first pass start to last pass end, over all ranks) its rank spent outside F/B/W.
 """
 

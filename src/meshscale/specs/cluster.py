@@ -87,7 +87,7 @@ class ClusterSpec:
     # fp8 peak (so 1x where there are no FP8 units); the fused attention kernel stays in bf16.
     fp8_gemm_speedup: float = 1.75
     software: Software = Software()
-    # Measured on the machine in hand by `meshscale calibrate` (runtime/calibrate.py); presets leave them
+    # Measured on the machine in hand by `meshscale calibrate` (runtime/measure/calibrate.py); presets leave them
     # empty. cost/kernels.py uses the rates, cost/overhead.py the operator and collective figures.
     op_overhead_s: float = 0.0  # host time per framework operator (Python, dispatch, autograd), tiny tensors
     fsdp_unit_overhead_s: float = 0.0  # FSDP2's host time per unit for one forward + backward, besides traffic

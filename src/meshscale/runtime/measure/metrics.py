@@ -5,10 +5,14 @@ import ctypes
 import json
 import os
 import sys
+from collections import defaultdict
 from contextlib import contextmanager
 from functools import lru_cache
 
 import torch
+
+from meshscale.cost import predict
+from meshscale.specs.cluster import load_cluster
 
 
 class _MallInfo2(ctypes.Structure):
@@ -153,8 +157,6 @@ def _keep_rows_before(path: str, step: int) -> None:
 
 def predicted(run) -> dict:
     """The cost model's prediction for this run (imported only here: --predict)."""
-    from meshscale.cost import predict
-    from meshscale.specs.cluster import load_cluster
 
     prediction = predict(run.spec, load_cluster(run.config.cluster), run.layout, run.config.global_batch,
                          run.config.precision)
@@ -173,7 +175,6 @@ def median_step_time(rows: list[dict]) -> float:
 
 def summary(result: dict, prediction: dict) -> dict:
     """The closed loop as one object (the last line of --metrics-out with --predict)."""
-    from meshscale.runtime.ledger import compare_comm
 
     return {"summary": True, "step_time_s": median_step_time(result["rows"]),
             "predicted_step_time_s": prediction["step_time_s"],
@@ -186,7 +187,6 @@ def summary(result: dict, prediction: dict) -> dict:
 def report(run, result: dict, prediction: dict | None = None) -> str:
     """The closing summary: loss first and last, validation loss, measured comm of the last step,
     and, given a prediction, bytes per (collective, axis) beside it with memory and time ratios."""
-    from meshscale.runtime.ledger import compare_comm, format_comparison
 
     rows = result["rows"]
     step_time = median_step_time(rows)
@@ -229,3 +229,36 @@ def print_report(run, result: dict) -> None:
     if prediction is not None and run.config.metrics_out:
         with open(run.config.metrics_out, "a") as f:
             f.write(json.dumps(summary(result, prediction)) + "\n")
+
+
+def compare_comm(measured: list[dict], predicted: list[dict]) -> list[dict]:
+    """Join measured and predicted comm entries on (collective, axis). Each row: bytes of both,
+    whether they agree exactly, and the time ratio measured/predicted (None where not defined)."""
+    def by_key(entries):
+        acc: dict = defaultdict(lambda: {"bytes": 0, "time_s": 0.0})
+        for e in entries:
+            a = acc[(e["collective"], e["axis"])]
+            a["bytes"] += int(e["bytes"])
+            a["time_s"] += float(e.get("time_s") or 0.0)
+        return acc
+
+    m, p = by_key(measured), by_key(predicted)
+    rows = []
+    for key in sorted(set(m) | set(p)):
+        mb, pb = m[key]["bytes"] if key in m else 0, p[key]["bytes"] if key in p else 0
+        mt, pt = m[key]["time_s"] if key in m else 0.0, p[key]["time_s"] if key in p else 0.0
+        rows.append({"collective": key[0], "axis": key[1], "measured_bytes": mb, "predicted_bytes": pb,
+                     "match": mb == pb, "measured_time_s": mt, "predicted_time_s": pt,
+                     "time_ratio": mt / pt if pt > 0 else None})
+    return rows
+
+
+def format_comparison(rows: list[dict]) -> str:
+    lines = [f"{'collective':<15}{'axis':<5}{'measured B':>14}{'predicted B':>14}  {'':5}"
+             f"{'meas. s':>10}{'pred. s':>10}{'ratio':>7}"]
+    for r in rows:
+        ratio = f"{r['time_ratio']:.2f}" if r["time_ratio"] is not None else "-"
+        lines.append(f"{r['collective']:<15}{r['axis']:<5}{r['measured_bytes']:>14,}{r['predicted_bytes']:>14,}  "
+                     f"{'ok' if r['match'] else 'DIFF':5}{r['measured_time_s']:>10.4f}{r['predicted_time_s']:>10.4f}"
+                     f"{ratio:>7}")
+    return "\n".join(lines)

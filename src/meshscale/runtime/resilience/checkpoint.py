@@ -40,6 +40,12 @@ import torch.distributed as dist
 
 import meshscale
 from meshscale.errors import UserError
+from meshscale.models.transformer import Transformer
+from meshscale.parallel.compat import all_gather_into
+from meshscale.parallel.expert import ExpertSplit, is_expert_param
+from meshscale.parallel.mesh import from_every_rank
+from meshscale.parallel.zero import Zero
+from meshscale.specs.layout import expert_mesh_shape
 
 MANIFEST = "manifest.json"
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -145,8 +151,6 @@ def _held(strategy, optimizer) -> tuple[dict, Callable]:
     """{fqn: {"param", "exp_avg", "exp_avg_sq"}} of one chunk as this rank holds them across DP (whole
     tensors, or FSDP2's dp-sharded DTensors), and a function writing loaded values back where the tensors
     are copies (ZeRO's gathered moments)."""
-    from meshscale.parallel.expert import ExpertSplit
-    from meshscale.parallel.zero import Zero
 
     if isinstance(strategy, ExpertSplit):  # dense and routed-expert parameters, each with its own strategy
         (dense, write_dense), (experts, write_experts) = (_held(s, optimizer)
@@ -162,13 +166,12 @@ def _held(strategy, optimizer) -> tuple[dict, Callable]:
 def _zero_held(zero, optimizer) -> tuple[dict, Callable]:
     """ZeRO-1/2: parameters are whole on every rank (views into the flat buckets); the moments live in flat
     shards, so gather each bucket's moments over the shard group and view them per parameter."""
-    from meshscale.parallel.zero import _all_gather
 
     held, gathered = {}, []
     for b in zero.buckets:
         full = {k: torch.empty_like(b.flat) for k in MOMENTS}
         for k in MOMENTS:
-            _all_gather(full[k], optimizer.state[b.shard][k], group=zero.group)
+            all_gather_into(full[k], optimizer.state[b.shard][k], group=zero.group)
         for p in b.params:
             view = slice(b.offsets[p], b.offsets[p] + p.numel())
             held[zero._names[p]] = {"param": p.detach(), **{k: full[k][view].view_as(p) for k in MOMENTS}}
@@ -185,8 +188,6 @@ def _zero_held(zero, optimizer) -> tuple[dict, Callable]:
 
 
 def _full_shapes(spec) -> dict:
-    from meshscale.runtime.model import Transformer
-
     with torch.device("meta"):
         return {name: tuple(p.shape) for name, p in Transformer(spec).named_parameters()}
 
@@ -195,7 +196,6 @@ def _holders(layout, expert: bool) -> torch.Tensor:
     """The global ranks holding a piece or a copy of this rank's dense (or routed-expert) tensors, as a
     (data-parallel ranks, tp) grid: this rank's pipeline stage (and expert-parallel rank) of the main mesh's
     (pp, dp, cp, tp) order, or the expert mesh's (pp, edp, ep, tp) order."""
-    from meshscale.specs.layout import expert_mesh_shape
 
     rank = dist.get_rank()
     if expert:
@@ -246,7 +246,6 @@ def _global(t: torch.Tensor, full_shape: tuple, holders: torch.Tensor, shard_siz
 
 def _state_dict(run, par, optimizer, mesh) -> tuple[dict, list]:
     """The layout-free state dict of this rank, and the write-backs to run after loading into it."""
-    from meshscale.parallel.expert import is_expert_param
 
     _ensure_optimizer_state(optimizer)
     shapes, layout = _full_shapes(run.spec), run.layout
@@ -302,7 +301,7 @@ def save(run, par, optimizer, mesh, step: int) -> Path:
         warnings.simplefilter("ignore", UserWarning)
         dcp.save(state, storage_writer=dcp.FileSystemWriter(path, sync_files=True), no_dist=not multi)
     mine = {f.name: _sha256(f) for f in sorted(path.glob(f"__{rank}_*"))}  # each rank hashes what it wrote
-    files = _gather(mine, multi)
+    files = from_every_rank(mine)
     if rank == 0:
         digests = {name: d for per_rank in files for name, d in per_rank.items()}
         digests.update({f.name: _sha256(f) for f in path.iterdir() if not f.name.startswith("__")})
@@ -348,14 +347,6 @@ def _barrier(multi: bool) -> None:
         dist.barrier()
 
 
-def _gather(obj, multi: bool) -> list:
-    if not multi:
-        return [obj]
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
-
-
 # ---- load ---------------------------------------------------------------------------------------------
 def restore_latest(run, par, optimizer, mesh) -> int:
     """Load the newest complete checkpoint under run.config.checkpoint_dir into the live training state
@@ -378,7 +369,7 @@ def restore_latest(run, par, optimizer, mesh) -> int:
             verify(path, manifest)
         except UserError as e:
             problem = str(e)
-    problem = _gather(problem, multi)[0]
+    problem = from_every_rank(problem)[0]
     if problem:
         raise UserError(problem)
     manifest = read_manifest(path)

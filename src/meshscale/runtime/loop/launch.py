@@ -17,7 +17,10 @@ import traceback
 import uuid
 
 from meshscale.errors import UserError
-from meshscale.runtime.config import Resolved
+from meshscale.parallel.mesh import forget_meshes
+from meshscale.runtime.loop.config import Resolved
+from meshscale.runtime.loop.trainer import pick_device, train
+from meshscale.runtime.measure.metrics import predicted, print_report
 
 
 def run_here(run: Resolved) -> dict:
@@ -26,12 +29,10 @@ def run_here(run: Resolved) -> dict:
 
     import torch.distributed as dist
 
-    from meshscale.runtime.metrics import predicted, print_report
-    from meshscale.runtime.trainer import pick_device, train
 
     device = pick_device(run.config.device, int(os.environ.get("LOCAL_RANK", 0)))
     if run.layout.devices > 1 and not dist.is_initialized():
-        # a backstop behind the trainer's watchdog (runtime/watchdog.py), which names the stuck rank first
+        # a backstop behind the trainer's watchdog (runtime/resilience/watchdog.py), which names the stuck rank first
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                 timeout=timedelta(seconds=2 * run.config.timeout))
     try:
@@ -55,7 +56,6 @@ def _shut_down() -> None:
 
     import torch.distributed as dist
 
-    from meshscale.parallel.mesh import forget_meshes
 
     forget_meshes()
     gc.collect()
@@ -88,12 +88,12 @@ def launch_local(run: Resolved) -> None:
                               max_restarts=run.config.max_restarts,
                               monitor_interval=0.1)
         try:
-            elastic_launch(config, sys.executable)("-m", "meshscale.runtime.launch", spec_file)
+            elastic_launch(config, sys.executable)("-m", "meshscale.runtime.loop.launch", spec_file)
         except ChildFailedError as e:
-            raise UserError(_first_failure(e)) from None
+            raise UserError(first_failure(e)) from None
 
 
-def _first_failure(error) -> str:
+def first_failure(error) -> str:
     """The message of the rank that failed first (by our fine-grained timestamp), not of the ranks that
     died after it because a peer vanished."""
     ours = [(f.error_file_data.get("meshscale_t", float("inf")), rank, f) for rank, f in error.failures.items()

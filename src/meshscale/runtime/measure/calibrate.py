@@ -19,13 +19,17 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from meshscale.errors import UserError
+from meshscale.parallel.compat import all_gather_into, reduce_scatter_from
+from meshscale.runtime.loop.launch import exit_worker, first_failure
+from meshscale.runtime.loop.optim import build_optimizer
+from meshscale.runtime.loop.trainer import pick_device
+
 GEMM_SHAPES = ((512, 64, 176), (512, 176, 64), (2048, 256, 688), (2048, 688, 256), (2048, 256, 256),
                (1024, 1024, 1024))  # (m, n, k): tiny's and small's layer GEMMs, then a square one
 ATTENTION_SHAPES = ((64, 8), (256, 32), (1024, 64))  # (seq, head_dim)
 MESSAGE_BYTES = (4 * 2**10, 64 * 2**10, 1 * 2**20, 8 * 2**20)
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # torch < 2.13
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _timed(fn, device, repeat: int, stat=statistics.median, before=None) -> float:
@@ -122,7 +126,6 @@ def _units_timed(device, repeat: int, group) -> tuple[float, float]:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
-    from meshscale.runtime.optim import build_optimizer
 
     torch.manual_seed(0)
     x = torch.randn(16, 32, device=device)
@@ -159,8 +162,8 @@ def collective_times(device, repeat: int, sizes=MESSAGE_BYTES) -> dict:
                 work.wait()
 
         calls = {"all_reduce": lambda: dist.all_reduce(full),
-                 "all_gather": lambda: _all_gather(full, part),
-                 "reduce_scatter": lambda: _reduce_scatter(part, full),
+                 "all_gather": lambda: all_gather_into(full, part),
+                 "reduce_scatter": lambda: reduce_scatter_from(part, full),
                  "all_to_all": lambda: dist.all_to_all_single(torch.empty_like(full), full),
                  "send_recv": send_recv}
         for kind, fn in calls.items():
@@ -302,8 +305,6 @@ def launch(nproc: int, out: str, quick: bool) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from meshscale.errors import UserError
-    from meshscale.runtime.launch import _first_failure
 
     method = f"meshscale calibrate, {nproc} process(es), {'quick' if quick else 'full'} sweep"
     if nproc == 1:
@@ -314,15 +315,13 @@ def launch(nproc: int, out: str, quick: bool) -> None:
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1)
     try:
-        elastic_launch(config, sys.executable)("-m", "meshscale.runtime.calibrate", out,
+        elastic_launch(config, sys.executable)("-m", "meshscale.runtime.measure.calibrate", out,
                                                "quick" if quick else "full", method)
     except ChildFailedError as e:
-        raise UserError(_first_failure(e)) from None
+        raise UserError(first_failure(e)) from None
 
 
 def _worker(out: str, quick: bool, method: str) -> int:
-    from meshscale.runtime.trainer import pick_device
-
     device = pick_device("auto", int(os.environ.get("LOCAL_RANK", 0)))
     world = int(os.environ.get("WORLD_SIZE", 1))
     if world > 1:
@@ -344,6 +343,4 @@ def _worker(out: str, quick: bool, method: str) -> int:
 
 
 if __name__ == "__main__":
-    from meshscale.runtime.launch import exit_worker
-
     exit_worker(_worker(sys.argv[1], sys.argv[2] == "quick", sys.argv[3]))

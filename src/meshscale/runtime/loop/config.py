@@ -6,6 +6,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from meshscale.errors import UserError
+from meshscale.parallel.apply import check_runtime
+from meshscale.runtime.loop.data import check_tokens, load_tokens
+from meshscale.runtime.resilience.checkpoint import check_dir
+from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout, check_against
 from meshscale.specs.loading import build, read_mapping
 from meshscale.specs.model import ModelSpec, load_model
@@ -42,7 +46,7 @@ class TrainConfig:
     spike_sigma: float = 6.0  # spike rule: std above the trailing mean (0: off)
     sdc_check_every: int = 50  # cross-replica fingerprint check every N steps (0: off)
     replay_anomalies: bool = False  # re-run an anomalous step from a snapshot to classify it
-    # checkpoints and restarts (runtime/checkpoint.py)
+    # checkpoints and restarts (runtime/resilience/checkpoint.py)
     checkpoint_dir: str | None = None
     checkpoint_every: int = 50  # steps between saves; the last step is always saved
     keep: int = 3  # complete checkpoints kept
@@ -74,7 +78,6 @@ def world_from_env() -> int | None:
 
 def resolve(cfg: TrainConfig, world: int) -> Resolved:
     """Every pre-launch check. `world` is the number of processes that will run the job."""
-    from meshscale.parallel.apply import check_runtime
 
     if cfg.precision not in ("fp32", "bf16"):
         raise UserError(f"--precision must be fp32 or bf16, got {cfg.precision!r}")
@@ -99,8 +102,6 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
         raise UserError(f"--data {cfg.data}: no such file or directory; pass a text file, a directory of "
                         "text files, or a .bin token file")
     if cfg.data is not None:
-        from meshscale.runtime.data import check_tokens, load_tokens
-
         check_tokens(load_tokens(cfg.data), spec.vocab, spec.seq, f"--data {cfg.data}")
     if cfg.metrics_out and not Path(cfg.metrics_out).absolute().parent.is_dir():
         raise UserError(f"--metrics-out {cfg.metrics_out}: directory {Path(cfg.metrics_out).parent} does not exist")
@@ -117,8 +118,6 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
         if os.environ.get("RANK", "0") == "0" and Path(cfg.trace).exists() and not cfg.overwrite:
             raise UserError(f"--trace {cfg.trace} already exists; choose a new file or pass --overwrite")
     if cfg.predict:
-        from meshscale.specs.cluster import load_cluster
-
         load_cluster(cfg.cluster)  # a bad --cluster file is one line now, not an error after training
     if cfg.timeout <= 0:
         raise UserError(f"--timeout must be a positive number of seconds, got {cfg.timeout:g}")
@@ -139,7 +138,6 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
 def _check_checkpoints(cfg: TrainConfig, spec: ModelSpec) -> bool:
     """The checkpoint options, and the newest checkpoint in --checkpoint-dir (compatible, intact); True
     when the run will resume from one."""
-    from meshscale.runtime.checkpoint import check_dir
 
     if cfg.checkpoint_every < 1:
         raise UserError(f"--checkpoint-every must be at least 1 step, got {cfg.checkpoint_every}")

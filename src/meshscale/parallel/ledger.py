@@ -1,6 +1,6 @@
 """Comm ledger: every collective a rank runs in a training step, with its mesh axis, bytes and time.
 
-Bytes follow the shared contract (notes/common.md): the FULL buffer a call operates on (all_reduce:
+Bytes follow the comm-accounting contract (defined here, and costed the same way by cost/comm.py): the FULL buffer a call operates on (all_reduce:
 the tensor; reduce_scatter: the whole input; all_gather: the whole output; send_recv: the tensor
 sent; all_to_all: the buffer sent), summed per optimizer step. Wire factors are not included.
 
@@ -187,36 +187,3 @@ def record(axis: str, collective: str, nbytes: int, seconds: float = 0.0) -> Non
     """Record into the active ledger, if a training loop has one; otherwise a no-op."""
     if _active is not None:
         _active.record(axis, collective, nbytes, seconds)
-
-
-def compare_comm(measured: list[dict], predicted: list[dict]) -> list[dict]:
-    """Join measured and predicted comm entries on (collective, axis). Each row: bytes of both,
-    whether they agree exactly, and the time ratio measured/predicted (None where not defined)."""
-    def by_key(entries):
-        acc: dict = defaultdict(lambda: {"bytes": 0, "time_s": 0.0})
-        for e in entries:
-            a = acc[(e["collective"], e["axis"])]
-            a["bytes"] += int(e["bytes"])
-            a["time_s"] += float(e.get("time_s") or 0.0)
-        return acc
-
-    m, p = by_key(measured), by_key(predicted)
-    rows = []
-    for key in sorted(set(m) | set(p)):
-        mb, pb = m[key]["bytes"] if key in m else 0, p[key]["bytes"] if key in p else 0
-        mt, pt = m[key]["time_s"] if key in m else 0.0, p[key]["time_s"] if key in p else 0.0
-        rows.append({"collective": key[0], "axis": key[1], "measured_bytes": mb, "predicted_bytes": pb,
-                     "match": mb == pb, "measured_time_s": mt, "predicted_time_s": pt,
-                     "time_ratio": mt / pt if pt > 0 else None})
-    return rows
-
-
-def format_comparison(rows: list[dict]) -> str:
-    lines = [f"{'collective':<15}{'axis':<5}{'measured B':>14}{'predicted B':>14}  {'':5}"
-             f"{'meas. s':>10}{'pred. s':>10}{'ratio':>7}"]
-    for r in rows:
-        ratio = f"{r['time_ratio']:.2f}" if r["time_ratio"] is not None else "-"
-        lines.append(f"{r['collective']:<15}{r['axis']:<5}{r['measured_bytes']:>14,}{r['predicted_bytes']:>14,}  "
-                     f"{'ok' if r['match'] else 'DIFF':5}{r['measured_time_s']:>10.4f}{r['predicted_time_s']:>10.4f}"
-                     f"{ratio:>7}")
-    return "\n".join(lines)

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from meshscale.errors import UserError
+from meshscale.parallel.context import cp_positions
 
 VAL_FRACTION = 0.05
 STDLIB_BYTES = 8 << 20  # enough real text for CPU runs, read in well under a second
@@ -87,14 +88,6 @@ class TokenData:
         starts = rng.integers(0, len(tokens) - self.seq - 1, size=size)
         rows = np.stack([np.asarray(tokens[s:s + self.seq + 1], dtype=np.int64) for s in starts])
         return torch.from_numpy(rows)
-
-
-def cp_positions(seq: int, cp_rank: int, cp: int) -> torch.Tensor:
-    """Token positions of a context-parallel rank: of 2*cp equal chunks, chunks cp_rank and 2cp-1-cp_rank
-    (the load-balanced causal layout: early and late chunks paired, so causal attention work is even)."""
-    chunk = seq // (2 * cp)
-    ids = torch.arange(seq)
-    return torch.cat((ids[cp_rank * chunk:(cp_rank + 1) * chunk], ids[(2 * cp - 1 - cp_rank) * chunk:][:chunk]))
 
 
 def rank_microbatches(batch: torch.Tensor, dp_rank: int, dp: int, mbs: int, cp_rank: int = 0,

@@ -19,7 +19,10 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
-from meshscale.runtime.guards import Anomaly
+from meshscale.parallel.expert import build_expert_mesh, is_expert_param
+from meshscale.parallel.mesh import hybrid_mesh, replica_mesh
+from meshscale.parallel.tensor import is_tp_replicated
+from meshscale.runtime.resilience.guards import Anomaly
 
 
 def fingerprint(t: torch.Tensor) -> torch.Tensor:
@@ -42,9 +45,6 @@ def outliers(values: list) -> list[int]:
 
 class ReplicaCheck:
     def __init__(self, par, optimizer: torch.optim.Optimizer, rollback: bool = False):
-        from meshscale.parallel.mesh import hybrid_mesh
-        from meshscale.parallel.tensor import is_tp_replicated
-
         self.optimizer, layout, mesh = optimizer, par.layout, par.mesh
         self.action = "rollback" if rollback else "stop"  # a corrupted replica is repaired only by a checkpoint
         named = [(name, p) for s in par.strategies for name, p in s.module.named_parameters()]
@@ -62,12 +62,10 @@ class ReplicaCheck:
     def _data_parallel_groups(layout, mesh, named: list) -> list:
         """Every dp x cp replica holds the same dense parameters; under EP the routed experts are replicas
         only within their expert data-parallel group (the ranks holding the same experts)."""
-        from meshscale.parallel.mesh import replica_mesh
 
         dp_group = replica_mesh(mesh).get_group()
         if layout.ep == 1:
             return [("dp", dp_group, named, layout.zero == 0)]
-        from meshscale.parallel.expert import build_expert_mesh, is_expert_param
 
         groups = [("dp", dp_group, [(n, p) for n, p in named if not is_expert_param(n)],
                    layout.zero == 0)]

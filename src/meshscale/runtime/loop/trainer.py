@@ -10,17 +10,24 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from meshscale.runtime import checkpoint
-from meshscale.runtime.config import Resolved
-from meshscale.runtime.data import TokenData, load_tokens, rank_microbatches
-from meshscale.runtime.faults import Injector, from_env
-from meshscale.runtime.guards import Guards, Snapshot, TrainingStopped
-from meshscale.runtime.ledger import CommLedger
-from meshscale.runtime.metrics import MemoryProbe, MetricsLog, heap_bytes, memory_bytes
-from meshscale.runtime.model import build_model, moe_layers
-from meshscale.runtime.optim import build_optimizer, clip_gradients, lr_at, set_lr
-from meshscale.runtime.sdc import ReplicaCheck
-from meshscale.runtime.watchdog import Watchdog
+from meshscale.cost.memory import busiest_rank
+from meshscale.models.transformer import build_model, moe_layers
+from meshscale.parallel.apply import apply_layout
+from meshscale.parallel.expert import ep_group_mean
+from meshscale.parallel.ledger import CommLedger
+from meshscale.parallel.mesh import build_mesh, from_every_rank, replica_mesh
+from meshscale.parallel.pipeline import PipelineRunner
+from meshscale.parallel.tensor import vocab_parallel_cross_entropy
+from meshscale.runtime.loop.config import Resolved
+from meshscale.runtime.loop.data import TokenData, load_tokens, rank_microbatches
+from meshscale.runtime.loop.optim import build_optimizer, clip_gradients, lr_at, set_lr
+from meshscale.runtime.measure.metrics import MemoryProbe, MetricsLog, heap_bytes, memory_bytes
+from meshscale.runtime.measure.trace import analytic_bubble, measured_bubble, write_chrome_trace
+from meshscale.runtime.resilience import checkpoint
+from meshscale.runtime.resilience.faults import Injector, from_env
+from meshscale.runtime.resilience.guards import Guards, Snapshot, TrainingStopped
+from meshscale.runtime.resilience.sdc import ReplicaCheck
+from meshscale.runtime.resilience.watchdog import Watchdog
 
 
 def pick_device(choice: str, local_rank: int = 0) -> torch.device:
@@ -52,7 +59,6 @@ def loss_function(tp_group):
     """Mean next-token cross-entropy of (b, s, vocab) logits, or of vocabulary-sharded ones under TP."""
     if tp_group is None:
         return lambda logits, targets: F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-    from meshscale.parallel.tensor import vocab_parallel_cross_entropy
 
     return lambda logits, targets: vocab_parallel_cross_entropy(logits, targets, tp_group)
 
@@ -88,8 +94,6 @@ class PipelineStep:
     the data-parallel strategies sync once the schedule is done."""
 
     def __init__(self, par, layout, mesh, loss_fn, m: int, autocast, device):
-        from meshscale.parallel.pipeline import PipelineRunner
-
         self.par, self.autocast, self.device = par, autocast, device
         self.runner = PipelineRunner(par.chunks, layout, mesh["pp"], loss_fn, m, device)
 
@@ -116,9 +120,6 @@ class Training:
     steps (guards, cross-replica check, watchdog, fault injection, checkpoints, memory probe)."""
 
     def __init__(self, run: Resolved, device: torch.device, tokens, log: bool):
-        from meshscale.parallel.apply import apply_layout
-        from meshscale.parallel.mesh import build_mesh, replica_mesh
-
         self.resolved, self.device, self.log = run, device, log
         self.cfg, self.spec, self.layout = cfg, spec, layout = run.config, run.spec, run.layout
         self.multi = multi = layout.devices > 1
@@ -184,16 +185,14 @@ class Training:
         result = {"rows": self.metrics.rows, "val_loss": val_loss, "comm": summaries,
                   "records": self.ledger.records}
         if self.multi:  # once, after training: not step traffic
-            per_rank, described = _gather(summaries), described_rank(self.resolved)
+            per_rank, described = from_every_rank(summaries), described_rank(self.resolved)
             result["comm"] = per_rank[described]
             if layout.ep > 1:
-                from meshscale.parallel.expert import ep_group_mean
-
                 result["comm"], result["ep_imbalance"] = ep_group_mean(per_rank, layout, described)
             if layout.pp > 1:
                 result["bubble"] = pipeline_trace(self.resolved, self.step_fn.runner, self.m)
         peak = max(r["peak_memory_bytes"] for r in self.metrics.rows)
-        result["peak_memory_per_rank"] = _gather(peak) if self.multi else [peak]
+        result["peak_memory_per_rank"] = from_every_rank(peak)
         return result
 
     def steps(self) -> None:
@@ -290,12 +289,9 @@ class Training:
 
 def _import_setup() -> None:
     """Import what setting up a run imports lazily (torch.optim's first optimizer pulls in torch._dynamo,
-    about 20 MiB of Python heap; the parallel wrappers; the profiler), so that the heap baseline holds
-    code and the memory measured above it is the run's."""
+    about 20 MiB of Python heap; the profiler), so that the heap baseline holds code and the memory
+    measured above it is the run's. The parallel wrappers are imported with this module."""
     import torch.profiler  # noqa: F401
-
-    import meshscale.parallel.data_parallel, meshscale.parallel.fsdp, meshscale.parallel.pipeline  # noqa: F401
-    import meshscale.parallel.recompute, meshscale.parallel.tensor, meshscale.parallel.zero  # noqa: F401,E401
 
     build_optimizer([torch.zeros(1, requires_grad=True)], 0.0, 0.0)
 
@@ -314,15 +310,8 @@ def balance_loss_value(moe: list, mesh, dp_group, layout, m: int) -> float:
     return _all_mean(total, dp_group, layout.dp * layout.cp)
 
 
-def _gather(obj) -> list:
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
-
-
 def described_rank(run: Resolved) -> int:
     """The global rank whose traffic the cost model predicts: the first rank of its busiest pipeline stage."""
-    from meshscale.cost.memory import busiest_rank
 
     layout = run.layout
     return busiest_rank(run.spec, layout) * layout.dp * layout.cp * layout.tp
@@ -331,10 +320,9 @@ def described_rank(run: Resolved) -> int:
 def pipeline_trace(run: Resolved, runner, m: int) -> dict:
     """Gather the last step's F/B/W runs of the first rank of each pipeline stage, write them as a Chrome
     trace (rank 0, with --trace), and return the measured bubble per PP rank beside the predicted one."""
-    from meshscale.runtime.trace import analytic_bubble, measured_bubble, write_chrome_trace
 
     layout = run.layout
-    per_rank = _gather((runner.events, runner.step_span))
+    per_rank = from_every_rank((runner.events, runner.step_span))
     stride = layout.dp * layout.cp * layout.tp
     stages = [per_rank[r * stride] for r in range(layout.pp)]
     if run.config.trace and dist.get_rank() == 0:
