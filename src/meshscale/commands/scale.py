@@ -36,7 +36,7 @@ def run(args) -> int:
         from meshscale.plots import scaling_plot
         scaling_plot(rows, mode, f"{model.name} on {cluster.name}", args.plot)
     if args.json:
-        print(json.dumps({"mode": mode, "rows": [r.to_dict() for r in rows]}))
+        print(json.dumps({"mode": mode, "rows": [r.to_dict() for r in rows], "band": rows[0].band}))
         return 0
     _print_table(rows, mode, model, cluster)
     return 0
@@ -46,13 +46,16 @@ def _print_table(rows, mode, model, cluster):
     from rich.console import Console
     from rich.table import Table
 
+    from meshscale.commands.report import band_cell
+    from meshscale.cost.bands import band_text
+
     console = Console()
     if not console.is_terminal:  # piped: wide enough that layouts stay on one line
         console = Console(width=230)
     held = (f"global batch {rows[0].global_batch * model.seq:,} tokens" if mode == "strong"
             else f"{rows[0].global_batch * model.seq // rows[0].devices:,} tokens per device")
     t = Table(title=f"{mode} scaling of {model.name} on {cluster.name} ({held})", title_justify="left")
-    cols = ["devices", "layout", "step", "tokens/s", "per device", "MFU", "efficiency", "marginal", "exposed comm",
+    cols = ["devices", "layout", "step", "band", "tokens/s", "per device", "MFU", "efficiency", "marginal", "exposed comm",
             "$/M tokens", "J/token"]
     if rows[0].goodput:
         cols += ["ETTR", "goodput tokens/s"]
@@ -60,6 +63,7 @@ def _print_table(rows, mode, model, cluster):
         t.add_column(col, justify="left" if col == "layout" else "right", no_wrap=True)
     for r in rows:
         cells = [f"{r.devices:,}", ("* " if r.change else "") + r.layout, f"{r.step_time_s * 1e3:,.0f} ms",
+                 band_cell(r.band),
                  f"{r.tokens_per_s:,.0f}", f"{r.tokens_per_s_per_device:,.0f}", f"{r.mfu:.1%}", f"{r.efficiency:.0%}",
                  "" if r.marginal_tokens_per_s_per_device is None else f"{r.marginal_tokens_per_s_per_device:,.0f}",
                  f"{r.exposed_comm_fraction:.0%}",
@@ -69,6 +73,7 @@ def _print_table(rows, mode, model, cluster):
             cells += [f"{r.goodput['ettr']:.1%}", f"{r.goodput['tokens_per_s']:,.0f}"]
         t.add_row(*cells)
     console.print(t)
+    console.print(f"error band: {band_text(rows[0].band)}")
     for r in rows:
         if r.change:
             console.print(f"* at {r.devices:,} the winner changes: {r.change}")

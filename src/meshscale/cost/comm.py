@@ -18,11 +18,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from meshscale.cost import collectives
-from meshscale.specs.cluster import ClusterSpec
+from meshscale.specs.cluster import FRAMEWORK_BUCKETS, ClusterSpec, Software
 from meshscale.specs.layout import Layout, kv_heads_per_rank
 from meshscale.specs.model import ModelSpec
 
-DDP_BUCKET_BYTES = 25e6  # torch DDP's default bucket_cap_mb=25: one all-reduce launch per bucket
 
 
 @dataclass(frozen=True)
@@ -37,19 +36,30 @@ class Link:
 
 # ---- what is communicated ----------------------------------------------------------------------------
 
+def grad_buckets(sw: Software, params: float, dp: int, first_stage: bool = True, chunks: int = 1) -> int:
+    """Gradient buckets (reduce launches) for `params` parameters reduced over `dp` ranks by a pipeline rank
+    holding `chunks` model chunks (`first_stage`: pipeline rank 0), as `sw.framework` cuts them."""
+    if sw.grad_bucket_params:
+        return max(chunks, math.ceil(params / sw.grad_bucket_params))
+    floor, per_rank = FRAMEWORK_BUCKETS[sw.framework]
+    if sw.framework == "megatron-core":
+        if not sw.grad_reduce_overlap or not first_stage:
+            return chunks
+        return math.ceil(params / chunks / max(floor, per_rank * dp)) + chunks - 1
+    return max(chunks, math.ceil(params / floor))
+
+
 def data_parallel_ops(zero: int, params: float, m: int, param_bytes: int, units: int,
                       root_params: float = 0.0, pipelined: bool = False, grad_bytes: int = 4,
-                      update_bytes: int = 4) -> list[tuple]:
+                      update_bytes: int = 4, buckets: int = 1) -> list[tuple]:
     """The data-parallel family per optimizer step (the contract's rule, in one place).
     params: parameters on the rank; m: micro-batches per DP rank; gradients travel in `grad_bytes` per
     parameter (fp32 unless [software] grad_reduce_fp32 is off), ZeRO-1/2's updated parameters in
     `update_bytes` ([software] param_gather_fp32), ZeRO-3's gathered ones in `param_bytes`;
     units: FSDP wrapping units (layers + root); root_params: those in the root unit (embedding, final norm,
-    head); pipelined: inside a pipeline schedule (pp > 1). Returns (collective, bytes, calls, overlap)."""
+    head); pipelined: inside a pipeline schedule (pp > 1); buckets: DDP/ZeRO-1/2's gradient buckets
+    (`grad_buckets`), each one launch of each collective. Returns (collective, bytes, calls, overlap)."""
     grads = grad_bytes * params
-    # buckets partition the parameters (25 MB of fp32 gradient each); narrower gradients keep the partition,
-    # as Megatron's buckets count elements (DistributedDataParallelConfig.bucket_size)
-    buckets = max(1, math.ceil(4 * params / DDP_BUCKET_BYTES))
     if zero == 0:  # DDP: one all-reduce after the last micro-batch (no_sync before)
         return [("all_reduce", grads, buckets, "backward")]
     if zero == 1:  # reduce-scatter the gradient once; all-gather the updated params
@@ -74,16 +84,16 @@ def data_parallel_ops(zero: int, params: float, m: int, param_bytes: int, units:
 
 
 def replica_ops(zero: int, params: float, m: int, units: int, shard: int, replicas: int,
-                pipelined: bool = False, grad_bytes: int = 4) -> list[tuple]:
+                pipelined: bool = False, grad_bytes: int = 4, buckets: int = 1) -> list[tuple]:
     """Hybrid sharding (HSDP; Zhao et al. 2023, "PyTorch FSDP", sec. 3.2.2): after the shard group's
     reduce-scatter, each rank all-reduces its gradient shard (grad_bytes * params / shard bytes) with the ranks
     holding the same shard in the other `replicas` groups. FSDP2 (zero=3) does so after every reduce-scatter
-    (each unit, each micro-batch; once per unit inside a pipeline), our ZeRO-1/2 once per step per bucket."""
+    (each unit, each micro-batch; once per unit inside a pipeline), ZeRO-1/2 once per step per bucket."""
     if replicas == 1:
         return []
     v = grad_bytes * params / shard
     if zero in (1, 2):
-        return [("all_reduce", v, max(1, math.ceil(4 * params / DDP_BUCKET_BYTES)), "none")]
+        return [("all_reduce", v, buckets, "none")]
     times = 1 if pipelined else m
     return [("all_reduce", times * v, times * units, "fsdp")]
 

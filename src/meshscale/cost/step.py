@@ -8,7 +8,7 @@ step = (compute + TP + PP + EP + unhidden CP) * (1 + bubble ratio) + unhidden da
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from meshscale.cost import comm, critical, flops, overhead
+from meshscale.cost import bands, comm, critical, flops, overhead
 from meshscale.cost.checkpoint import checkpoint_bytes
 from meshscale.cost.kernels import Passes, column_parallel_share, counted_seconds, kernel_shape
 from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busiest_rank,
@@ -66,10 +66,11 @@ class Prediction:
     regime: dict = field(default_factory=dict)
     checkpoint_bytes_per_device: float = 0.0  # what one checkpoint writes (cost/checkpoint.py)
     checkpoint_bytes_total: float = 0.0
+    band: dict = field(default_factory=dict)  # the error its category earned on the validation set (cost/bands.py)
 
     def to_dict(self) -> dict:
         return {**self.__dict__, "memory_per_device_bytes": dict(self.memory_per_device_bytes),
-                "comm": [dict(e) for e in self.comm], "regime": dict(self.regime)}
+                "comm": [dict(e) for e in self.comm], "regime": dict(self.regime), "band": dict(self.band)}
 
 
 def _axis_group(layout: Layout, axis: str) -> tuple[int, int]:
@@ -116,17 +117,24 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     experts = expert_params_on_rank(model, layout, rank) if layout.ep > 1 else 0.0
     grad_bytes = grad_reduce_bytes(sw, precision)
     update_bytes = param_gather_bytes(sw, precision)
+    chunks = len(rank_chunks(layout.pp, layout.stages, is_v(layout), rank))
+
+    def buckets(n):  # the framework's gradient buckets for n parameters ([software] framework, grad_bucket_params)
+        return comm.grad_buckets(sw, n, layout.dp * layout.cp, first, chunks)
+
     if layout.dp * layout.cp > 1:
         ops += [("dp",) + op for op in comm.data_parallel_ops(layout.zero, params - experts, m, act_bytes,
                                                               n_layers + 1, root_params_on_rank(model, layout, rank),
-                                                              layout.pp > 1, grad_bytes, update_bytes)]
+                                                              layout.pp > 1, grad_bytes, update_bytes,
+                                                              buckets(params - experts))]
         ops += [("dp_replicate",) + op for op in comm.replica_ops(layout.zero, params - experts, m, n_layers + 1,
                                                                   layout.shard_size, layout.replicas, layout.pp > 1,
-                                                                  grad_bytes)]
+                                                                  grad_bytes, buckets(params - experts))]
     if experts and layout.dp * layout.cp > layout.ep:
         units = moe_layers * model.experts // layout.ep + 1  # zero=3: each expert is an FSDP unit (+ a root)
         ops += [("edp",) + op for op in comm.data_parallel_ops(layout.zero, experts, m, act_bytes, units, 0.0,
-                                                               layout.pp > 1, grad_bytes, update_bytes)]
+                                                               layout.pp > 1, grad_bytes, update_bytes,
+                                                               buckets(experts))]
     crossings = comm.pipeline_sends(layout, rank) if layout.pp > 1 else 0
     ops += [("tp",) + op for op in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, first,
                                                           last, m, crossings, moe_layers)]
@@ -190,7 +198,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         bubble_fraction=bubble_s / step, fits=fits, hbm_bytes=cluster.hbm_bytes,
         memory_per_device_bytes=mem.to_dict(), comm=[dict(e.__dict__) for e in entries],
         bound=bound if fits else "memory", regime=regime(model, cluster, layout, n_tokens),
-        checkpoint_bytes_per_device=ckpt_device, checkpoint_bytes_total=ckpt_total)
+        checkpoint_bytes_per_device=ckpt_device, checkpoint_bytes_total=ckpt_total,
+        band=bands.band(cluster, model, precision))
 
 
 def exposed_seconds(t: float, hidden_by: float, shown: float, efficiency: float = 1.0) -> float:

@@ -49,11 +49,29 @@ class Software:
     # Element-wise work (norms, RoPE, activations, residuals) in fused kernels (Megatron's fused norm and bias-
     # activation kernels, XLA, torch.compile); false: one kernel per operator, as eager PyTorch runs it.
     fused_elementwise: bool = True
+    # The framework whose defaults fill what is left unset (`grad_buckets`): megatron-core, torch (DDP, FSDP2)
+    # or deepspeed.
+    framework: str = "megatron-core"
+    # Parameters per gradient bucket of DDP and ZeRO-1/2 (one reduce launch each; ZeRO-3 reduces one wrapped
+    # unit at a time whatever this says, as FSDP2 does). Unset: the framework's default, FRAMEWORK_BUCKETS.
+    grad_bucket_params: int | None = None
     # Fraction of an overlapped collective's time that can run beside compute, the rest adding to the step
     # (cost/step.py exposed_seconds): 1 where a separate engine moves the data (NCCL on GPUs, ICI DMA on TPUs);
     # calibrate measures it where collectives and compute share the cores (gloo on this CPU: 0-0.6 in full
     # calibrations; --quick's three repeats scatter up to 1).
     overlap_efficiency: float = 1.0
+
+
+# Each framework's default gradient bucket, in parameters, and where it is set:
+# - megatron-core: max(40M, 1M x data-parallel size) parameters (megatron/core/distributed/
+#   distributed_data_parallel.py, DistributedDataParallelConfig.bucket_size's default, "so that collectives do
+#   not become latency-bound"); one bucket per gradient buffer where overlap_grad_reduce is off, and on every
+#   pipeline stage but the first, and for every virtual chunk but the first (disable_bucketing);
+# - torch: DDP's bucket_cap_mb=25, 25 MiB of the fp32 gradient (torch/nn/parallel/distributed.py), 6.55M
+#   parameters; FSDP2 reduces per fully_shard unit;
+# - deepspeed: ZeRO-1/2's reduce_bucket_size, 5e8 elements (deepspeed/runtime/zero/config.py).
+# (parameters per bucket, and per data-parallel rank: the bucket is the larger)
+FRAMEWORK_BUCKETS = {"megatron-core": (40e6, 1e6), "torch": (25 * 2**20 / 4, 0.0), "deepspeed": (5e8, 0.0)}
 
 
 @dataclass(frozen=True)
@@ -150,6 +168,16 @@ class ClusterSpec:
                             "(or empty: not an NCCL cluster)")
         if self.host_cpu not in ("intel", "amd", "arm") or self.nvls_bandwidth < 0:
             raise UserError(f"cluster {self.name}: host_cpu must be intel, amd or arm and nvls_bandwidth >= 0")
+        sw = self.software
+        if sw.framework not in FRAMEWORK_BUCKETS:
+            raise UserError(f"cluster {self.name}: [software] framework must be one of "
+                            f"{', '.join(FRAMEWORK_BUCKETS)}, got {sw.framework!r}")
+        if sw.grad_bucket_params is not None and (isinstance(sw.grad_bucket_params, bool) or not
+                                                  isinstance(sw.grad_bucket_params, (int, float)) or
+                                                  not sw.grad_bucket_params >= 1):
+            raise UserError(f"cluster {self.name}: [software] grad_bucket_params must be a positive number of "
+                            f"parameters per gradient bucket (leave it out for {sw.framework}'s default), "
+                            f"got {sw.grad_bucket_params!r}")
         if not 0 <= self.software.overlap_efficiency <= 1:
             raise UserError(f"cluster {self.name}: [software] overlap_efficiency must be in [0, 1]")
         if self.calibrated_ranks < 0:
@@ -208,7 +236,9 @@ def _gpu(name, accel, bf16, fp8, fp32, hbm, hbm_bw, eff, nvlink, nvlink_size, ni
     # 3-stage shared-memory pipeline of k-slices of 64 before the first MMA, so each tile pays ~128 of k
     # (NVIDIA "Matrix Multiplication Background" guide: tile and wave quantization; Anthony et al. 2024,
     # arXiv:2401.14489, sec. 4: GEMM throughput against shape).
+    # Software: Megatron-Core's defaults (the Software dataclass), the framework the published GPU runs use.
     tiers = (Tier("nvlink", nvlink_size, nvlink, 1.5e-6, nvlink_eff), Tier("ib", 0, nic, 5e-6, nic_eff))
+    kw.setdefault("software", Software(framework="megatron-core"))
     return ClusterSpec(name=name, accelerator=accel, peak_flops_bf16=bf16, peak_flops_fp8=fp8,
                        peak_flops_fp32=fp32, hbm_bytes=hbm, hbm_bandwidth=hbm_bw, matmul_efficiency=eff,
                        tiers=tiers, default_devices=nvlink_size, price_per_device_hour=price, compute_units=sms,
@@ -221,11 +251,13 @@ def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, eff=0
     # (Cloud TPU "performance guide": dimensions are padded to multiples of 128); large MXU-aligned matmuls run
     # near peak (scaling book Part 1 takes them at peak; we keep 10% for the vector-unit epilogue), and XLA
     # schedules tiles without GPU-style waves.
+    # Software: MaxText shards with FSDP (zero=3: one reduce per layer, whatever the framework); for zero 0-2 XLA
+    # combines all-reduces up to a threshold we have no published figure for: Megatron-Core's buckets stand in.
     tiers = (Tier("ici", _prod(torus), ici_axis, 1e-6, 0.90), Tier("dcn", 0, dcn, 10e-6, 0.80))
     return ClusterSpec(name=name, accelerator=accel, peak_flops_bf16=bf16, peak_flops_fp8=fp8,
                        peak_flops_fp32=bf16 / 2, hbm_bytes=hbm, hbm_bandwidth=hbm_bw, matmul_efficiency=eff,
                        tiers=tiers, torus=torus, default_devices=_prod(torus), price_per_device_hour=price,
-                       gemm_tile=(128, 128))
+                       gemm_tile=(128, 128), software=Software(framework="megatron-core"))
 
 
 # matmul_efficiency: the fraction of the dense peak the best-shaped bf16 GEMM sustains, the ceiling of the
@@ -288,10 +320,14 @@ PRESETS: dict[str, ClusterSpec] = {
     # 1024^3 (2026-11-23); bf16 has no native CPU GEMM here, rough 1e10. gloo all_reduce over loopback,
     # 2 ranks (tests/multirank.py): 0.77-0.87 GB/s bus bandwidth for 4-16 MB, 0.77 ms for 4 bytes (two ring
     # steps, ~0.35 ms each) while three engineers shared the cores. Issue 4's trainer measures whole steps.
+    # Software: torch's (FSDP2 units), with our runtime's gradient buckets, 1 MiB of fp32 gradient
+    # (runtime/config.py bucket_mb, parallel/data_parallel.py grad_buckets).
     "local-cpu": ClusterSpec(name="local-cpu", accelerator="cpu (2 cores)", peak_flops_bf16=1e10,
                              peak_flops_fp8=0.0, peak_flops_fp32=3.4e10, hbm_bytes=8 * GB, hbm_bandwidth=10e9,
                              matmul_efficiency=1.0, tiers=(Tier("loopback", 0, 0.87e9, 3.5e-4, 1.0),),
-                             default_devices=2, gemm_tile=(1, 1), software=Software(param_gather_fp32=True)),
+                             default_devices=2, gemm_tile=(1, 1),
+                             software=Software(framework="torch", grad_bucket_params=2**18,
+                                               param_gather_fp32=True)),
 }
 
 # Power per device, (board power, idle power) in W, for `meshscale scale`'s energy per token: a device draws
