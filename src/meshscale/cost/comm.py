@@ -297,15 +297,66 @@ def _axes_spanned(dims: tuple, stride: int, size: int) -> tuple[float, int]:
     return max(axes, 0.5), max(steps, 1)
 
 
+# DeepEP's normal (training) kernels, deepseek-ai/DeepEP README "Performance": on H800 (~160 GB/s NVLink, one
+# CX7 400 Gb/s NIC ~50 GB/s per GPU), DeepSeek-V3's setting (4096 tokens, hidden 7168, top-8), the bottleneck
+# bandwidth of dispatch / combine: intranode EP8 153 / 158 GB/s (NVLink); internode EP16 43 / 43, EP32 44 / 47,
+# EP64 46 / 45 GB/s (RDMA). As fractions of the links' rates (dispatch and combine averaged), applied to any
+# NVIDIA link: NVLink 0.97; RDMA 0.86 at EP16, 0.91 at EP32, 0.91 at EP64 and beyond.
+DEEPEP_NVLINK = (153 + 158) / 2 / 160
+DEEPEP_RDMA = ((16, 43 / 50), (32, (44 + 47) / 2 / 50), (64, (46 + 45) / 2 / 50))
+# SMs the dispatch and combine kernels hold while they run: DeepSeek-V3 (arXiv:2412.19437 sec. 3.2.2) "only 20
+# SMs are sufficient to fully utilize the bandwidths of IB and NVLink" (DeepEP's Buffer.num_sms default, 20);
+# NCCL's all-to-all one thread block per channel (collectives.CHANNELS).
+DEEPEP_SMS = 20
+
+
+def deepep_seconds(nbytes: float, calls: int, n: int, link: Link, cluster: ClusterSpec) -> float:
+    """Dispatch or combine by DeepEP: of a rank's `nbytes`, the share for its own NVLink domain at DeepEP's
+    NVLink fraction of the NVLink rate, the rest at its RDMA fraction of the rank's own NIC, both at once (the
+    slower sets the time); per call the latency of NCCL's all-to-all over the same ranks."""
+    fast, slow = cluster.tiers[0], cluster.tiers[-1]
+    fabric = link.fabric
+    ppn = fabric.ppn if fabric else n
+    inside = (ppn - 1) / n * nbytes / (fast.bandwidth * DEEPEP_NVLINK)
+    rdma = next((f for size, f in reversed(DEEPEP_RDMA) if n >= size), DEEPEP_RDMA[0][1])
+    outside = (n - ppn) / n * nbytes / (slow.bandwidth * rdma)
+    latency = collectives.all_to_all_seconds(fabric, 0.0, calls) if fabric else calls * link.steps * link.latency
+    return max(inside, outside) + latency
+
+
+def sm_share(cluster: ClusterSpec, axis: str) -> float:
+    """The share of compute throughput a collective of `axis` takes from the kernels running beside it: the SMs
+    its kernels hold, one thread block per NCCL channel (collectives.CHANNELS: 24 on Ampere and Hopper, 18% of
+    an H100), DeepEP's 20 for MoE dispatch and combine. Measured: GEMMs beside NCCL collectives slow 18.9% on
+    average (max 40%) on A100 and H100 (Agrawal et al. 2025, arXiv:2507.03114, "Characterizing
+    Compute-Communication Overlap"); NVIDIA's forum case of a 132-tile GEMM beside a 24-block all-gather on
+    H100 shows the mechanism. A measured `ClusterSpec.overlap_slowdown` wins; 0 off NVIDIA GPUs (TPU ICI
+    collectives run on DMA engines)."""
+    if cluster.overlap_slowdown is not None and axis != "ep":
+        return cluster.overlap_slowdown
+    if not (cluster.gpu_arch and cluster.compute_units):
+        return 0.0
+    deepep = axis == "ep" and cluster.software.moe_dispatcher == "deepep"
+    return min(1.0, (DEEPEP_SMS if deepep else collectives.CHANNELS[cluster.gpu_arch]) / cluster.compute_units)
+
+
+def expert_dispatch_time(cluster: ClusterSpec, nbytes: float, calls: int, n: int, link: Link) -> float:
+    """The EP all-to-alls of the busiest EP rank ([software] moe_imbalance times the mean rank's bytes, which it
+    receives and returns) by the [software] moe_dispatcher."""
+    sw = cluster.software
+    if sw.moe_dispatcher == "deepep" and n > 1 and nbytes:
+        t = deepep_seconds(nbytes, calls, n, link, cluster)
+    else:
+        t = collective_time("all_to_all", nbytes, calls, n, link)
+    return t * sw.moe_imbalance
+
+
 def collective_time(collective: str, nbytes: float, calls: int, n: int, link: Link) -> float:
     """Seconds of `calls` calls moving `nbytes` in all over a group of `n` on `link`; calls=0: bandwidth
     time alone (a lower bound whatever the calls, for the planner)."""
     if n <= 1 or nbytes == 0:
         return 0.0
-    # all-to-all stays on the hierarchical link below: NCCL's (collectives.all_to_all_seconds, each rank's
-    # outside share through its own NIC) puts the published Qwen3 FSDP run at +71%, whose EP group Megatron
-    # folds inside a node and our Layout cannot (issue 18 item 3 switches it with EP folding)
-    if link.fabric is not None and link.fabric.ranks == n and collective != "all_to_all":
+    if link.fabric is not None and link.fabric.ranks == n:
         return collectives.seconds(collective, link.fabric, nbytes, calls)
     bw, alpha = link.bandwidth, link.latency
     if collective == "all_reduce":

@@ -5,6 +5,7 @@ step = (compute + TP + PP + EP + unhidden CP) * (1 + bubble ratio) + unhidden da
 (the composition of Narayanan et al. 2021 sec. 3 with the overlap rules of each collective below).
 """
 
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -34,6 +35,8 @@ class CommEntry:
     overlap: str  # what hides it (predict's rules below); "none" where its [software] switch is off
     hidden_by_s: float = 0.0  # the compute it may hide behind: exposed_s = max(time_s - hidden_by_s, shown_s)
     shown_s: float = 0.0  # what shows however much compute there is
+    # what the compute it hides behind loses to it: the SMs its kernels hold while it runs (comm.sm_share)
+    interference_s: float = 0.0
 
 
 @dataclass
@@ -88,6 +91,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     """Predict one optimizer step of `global_batch` sequences (of model.seq tokens) under `layout`."""
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    cluster.check_precision(precision)
     check_against(layout, model, global_batch)
     layout = layout.resolve_mbs(global_batch)
     m = layout.microbatches(global_batch)
@@ -150,7 +154,10 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     for axis, collective, nbytes, calls, overlap in ops:
         size, stride = _axis_group(layout, axis)
         link = overhead.measured_link(cluster, collective, comm.group_link(cluster, devices, size, stride))
-        t = comm.collective_time(collective, nbytes, calls, size, link)
+        if axis == "ep":
+            t = comm.expert_dispatch_time(cluster, nbytes, calls, size, link)
+        else:
+            t = comm.collective_time(collective, nbytes, calls, size, link)
         overlap = _hides(overlap, sw, layout, m)
         # the compute each overlap class hides behind (FSDP: its share of all compute); _shown: what shows anyway
         windows = {"attention": attention_s, "backward": backward_mb, "each_backward": backward_mb * m,
@@ -161,6 +168,10 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         if axis == "pp" and collective == "send_recv":  # behind the faster ranks' slack (cost/pipeline.py)
             hidden_by, shown = (t if layout.schedule in QUEUED else m * lead), t / calls * _chain_crossings(layout)
         exposed = exposed_seconds(t, hidden_by, shown, sw.overlap_efficiency)
+        # the compute it hides behind runs on the SMs its kernels leave: that compute takes longer by the hidden
+        # time x their share (critical path: it slows passes, and so the bubble, wherever it lands)
+        interference = (t - exposed) * comm.sm_share(cluster, axis)
+        critical_path += interference
         if axis in ("dp", "dp_replicate", "edp"):
             dp_exposed += exposed
         else:
@@ -168,7 +179,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         # both groups of hybrid sharding are the ledger's dp axis (their collectives differ)
         ledger_axis = "dp" if axis == "dp_replicate" else axis
         entries.append(CommEntry(ledger_axis, collective, nbytes, t, exposed, link.tier, calls, size, overlap,
-                                 hidden_by, shown))
+                                 hidden_by, shown, interference))
 
     ratio = bubble_ratio(layout, m, passes, others, _head_ends(model, cluster, layout, precision, passes))
     bubble_s = ratio * (compute_s + critical_path)
@@ -277,7 +288,16 @@ def chunk_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, chunk: 
     tokens = layout.mbs * model.seq / layout.cp
     elementwise = elementwise_seconds(model, cluster, layout, tokens, act_bytes) / layout.vpp
     host_f, host_b = overhead.chunk_seconds(cluster, layout, kind[0] + kind[1], kind[2])
-    return kernels + Passes(elementwise / 3 + host_f, elementwise * 2 / 3 + host_b)
+    return (kernels + Passes(elementwise / 3 + host_f, elementwise * 2 / 3 + host_b)) * slowest_of(cluster, layout.devices)
+
+
+def slowest_of(cluster: ClusterSpec, devices: int) -> float:
+    """How much slower the slowest of `devices` devices computes than the typical one, which every synchronous
+    step waits for: with device speeds spread normally by sigma (ClusterSpec.device_spread), the expected
+    maximum of n draws is about sigma * sqrt(2 ln n) above the mean (the Gaussian extreme-value bound)."""
+    if devices <= 1 or not cluster.device_spread:
+        return 1.0
+    return 1.0 + cluster.device_spread * math.sqrt(2 * math.log(devices))
 
 
 def rank_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: int,

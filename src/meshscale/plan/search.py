@@ -149,6 +149,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
     start = time.perf_counter()
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    cluster.check_precision(precision)
     capacity = cluster.hbm_bytes * (1 - headroom)
     bytes_ = PRECISIONS[precision]
     enumerated = fitting = 0
