@@ -50,11 +50,12 @@ def print_prediction(pred, console: Console | None = None) -> None:
     console.print(f"error band: {band_text(pred.band)}")
     if pred.comm:
         c = Table(title="communication per device per step", title_justify="left")
-        for col in ("axis", "collective", "bytes", "calls", "group", "tier", "time", "exposed"):
+        # slows compute: what the compute it hides behind loses to its kernels (cost/comm.py sm_share)
+        for col in ("axis", "collective", "bytes", "calls", "group", "tier", "time", "exposed", "slows compute"):
             c.add_column(col, justify="left" if col in ("axis", "collective", "tier") else "right")
         for e in pred.comm:
             c.add_row(e["axis"], e["collective"], si_bytes(e["bytes"]), str(e["calls"]), str(e["group"]),
-                      e["tier"], ms(e["time_s"]), ms(e["exposed_s"]))
+                      e["tier"], ms(e["time_s"]), ms(e["exposed_s"]), ms(e["interference_s"]))
         console.print(c)
     mem = pred.memory_per_device_bytes
     m = Table(title=f"memory per device (HBM {gb(pred.hbm_bytes)})", title_justify="left")
