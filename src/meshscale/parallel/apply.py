@@ -83,8 +83,12 @@ class Parallel:
             s.after_step()
 
 
-def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", bucket_mb: float = 1.0) -> Parallel:
+def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", bucket_mb: float = 1.0,
+                 load=None) -> Parallel:
+    """load(module, tp_rank, tp): fills a chunk's parameters (its tensor-, pipeline- and expert-parallel
+    pieces, under their global names) before data parallelism copies or shards them (--init-from)."""
     check_runtime(layout, model.spec)
+    tp_rank = mesh["tp"].get_local_rank() if mesh is not None else 0
     if layout.pp > 1:
         chunks = pipeline_chunks(model, layout, mesh["pp"].get_local_rank())
     else:
@@ -108,6 +112,8 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
         if layout.cp > 1:
             apply_context_parallel(module, mesh["cp"])
         apply_recompute(module, layout.recompute)
+        if load is not None:
+            load(module, tp_rank, layout.tp)
         if emesh is not None:
             def dense(select, module=module):
                 return _data_parallel(module, layout, mesh, ledger, precision, bucket_mb, select)
@@ -118,7 +124,6 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
         wrapped.append((stage, strategy.model))
         strategies.append(strategy)
 
-    tp_rank = mesh["tp"].get_local_rank() if mesh is not None else 0
     return Parallel(wrapped, strategies, layout, mesh, tp_duplicate(tp_rank, layout.tp, model.spec.kv_heads))
 
 

@@ -47,7 +47,7 @@ from meshscale.parallel.mesh import cached_mesh
 # Parameters left whole on every TP rank (norms, router, position table, row-parallel biases); everything
 # else is a TP shard.
 _REPLICATED_SUFFIXES = ("norm.weight", "norm.bias", "router.weight", "pos_embeddings.weight", "wo.bias",
-                        "w2.bias")
+                        "w2.bias", "shared_gate.weight")
 
 
 def _timed(collective: str, nbytes: int, fn, *args, **kwargs) -> None:
@@ -186,7 +186,8 @@ class VocabParallelEmbedding(nn.Module):
 
 class SequenceParallelRMSNorm(RMSNorm):
     """RMSNorm over a sequence chunk: each rank's weight gradient covers only its tokens, so the gradient
-    of the (replicated) weight is summed over the TP group, exactly as f does for a replicated input."""
+    of the (replicated) weight is summed over the TP group, exactly as f does for a replicated input.
+    Qwen3's qk-norm (over each head, every rank holding some of the heads) needs the same sum."""
 
     def __init__(self, norm: RMSNorm, group):
         super().__init__(norm.weight.shape[0], norm.eps)
@@ -325,6 +326,9 @@ def apply_tensor_parallel(model: Transformer, tp_mesh, sequence_parallel: bool =
         for column in (attention.wq, *kv):
             _shard(column, 0, rank, t)
         attention.wo = RowParallelLinear(attention.wo, rank, t, group, sp)
+        if attention.q_norm is not None:  # qk-norm: each rank's heads give part of the weights' gradient
+            attention.q_norm, attention.k_norm = (SequenceParallelRMSNorm(n, group)
+                                                  for n in (attention.q_norm, attention.k_norm))
         _enter_region(attention, group, sp)
         if isinstance(mlp, MoE):
             _shard_moe(mlp, group, rank, t, sp)
