@@ -300,6 +300,13 @@ def pipeline_refusal(layout: Layout, n_microbatches: int) -> str | None:
     return None
 
 
+def check_trainable(layout: Layout, model) -> None:
+    """Raise the trainer's refusal of `layout` for `model` as one line, if it has one."""
+    reason = trainer_refusal(layout, model)
+    if reason:
+        raise UserError(f"layout {layout}: {reason}")
+
+
 def trainer_refusal(layout: Layout, model) -> str | None:
     """Why `meshscale train` cannot run `layout` of `model` yet, or None. Torch-free, so `plan --emit torchrun`
     can pick the best layout the trainer runs. (What it runs, it runs with the single-device loss:
