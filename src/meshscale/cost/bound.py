@@ -22,7 +22,8 @@ from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busie
                                    expert_params_per_rank, held_layers, params_on_rank, params_per_rank,
                                    rebuilt_layer_bytes, root_params_on_rank, zero_copy_bytes)
 from meshscale.cost.pipeline import head_on_chain, schedule_bubble, v_tail
-from meshscale.cost.step import chunk_kinds, elementwise_seconds, grad_reduce_bytes, param_gather_bytes, rank_kinds
+from meshscale.cost.step import (chunk_kinds, elementwise_seconds, grad_reduce_bytes, param_gather_bytes, rank_kinds,
+                                 slowest_of)
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import RECOMPUTE, V_SCHEDULES, Layout
 from meshscale.specs.model import ModelSpec
@@ -134,8 +135,11 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     z, shard, k_i, r_i = rows.zero, rows.shard, rows.schedule, rows.recompute
     m = shape.per_rank / rows.mbs
     act_bytes = PRECISIONS[precision]["compute"]
-    kernels = pipeline_kernel_passes(model, cluster, shape, precision).at(k_i, rows.mbs_index, r_i)
-    elementwise = rows.mbs * np.array([[elementwise_seconds(
+    # every pass at the pace of the slowest device, as predict's chunk passes (step.slowest_of)
+    slowest_device = slowest_of(cluster, shape.devices)
+    kernels = pipeline_kernel_passes(model, cluster, shape, precision).at(k_i, rows.mbs_index, r_i).scaled(
+        slowest_device)
+    elementwise = slowest_device * rows.mbs * np.array([[elementwise_seconds(
         model, cluster, Layout(tp=tp, sp=sp, recompute=r, pp=pp), model.seq / cp, act_bytes)
         for r in RECOMPUTE] for sp in shape.sps])[rows.sp, r_i]
     slowest, others = _with_elementwise(kernels.slowest, elementwise), _with_elementwise(kernels.others, elementwise)
@@ -244,6 +248,10 @@ class PipelinePasses:
         return PipelinePasses(pick(self.slowest), pick(self.others), self.lead[schedule, mbs, recompute],
                               self.head_slowest[schedule, mbs, recompute], pick(self.first), pick(self.last))
 
+    def scaled(self, factor: float) -> "PipelinePasses":
+        return PipelinePasses(self.slowest * factor, self.others * factor, self.lead * factor, self.head_slowest,
+                              self.first * factor, self.last * factor)
+
 
 def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, precision: str) -> PipelinePasses:
     """`PipelinePasses` of every (schedule, micro-batch size, recompute) of a shape. A rank's (and a chunk's)
@@ -328,17 +336,18 @@ def tensor_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, 
 def context_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, recompute: str,
                            fewest: int, most: int, precision: str) -> float:
     """The CP ring time the attention cannot hide: the ring of the rank with the `fewest` layers against the
-    attention of the `most`. A fused kernel's time is linear in the tokens, so it does not depend on mbs; the
-    batched GEMMs of unfused attention are not, and get no CP term."""
+    attention of the `most`; plus what the part it hides at least (against the `fewest` layers' attention) takes
+    from that attention's SMs (predict's interference_s, comm.sm_share). A fused kernel's time is linear in the
+    tokens, so it does not depend on mbs; the batched GEMMs of unfused attention are not, and get no CP term."""
     if shape.cp == 1 or not cluster.fused_attention:
         return 0.0
     layout = Layout(dp=shape.dp, tp=shape.tp, cp=shape.cp, ep=shape.ep, recompute=recompute, mbs=1)
     f, b = attention_core_seconds(model, cluster, layout, model.seq / shape.cp, precision)
-    attention = shape.per_rank * most * (f + b + (f if recompute != "none" else 0.0))
+    per_layer = shape.per_rank * (f + b + (f if recompute != "none" else 0.0))
     tokens = shape.per_rank * model.seq / shape.cp
     ring = sum(bandwidth_seconds(cluster, shape.devices, op.collective, op.bytes, shape.cp, shape.tp)
                for op in comm.context_parallel_ops(model, layout, tokens, act_bytes, fewest, 1))
-    return max(0.0, ring - attention)
+    return max(0.0, ring - most * per_layer) + min(ring, fewest * per_layer) * comm.sm_share(cluster, "cp")
 
 
 def pipeline_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, layout: Layout) -> float:
