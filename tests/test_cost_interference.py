@@ -62,3 +62,19 @@ def test_bad_interference_fields_are_one_line(tmp_path, field, value, needle):
     with pytest.raises(UserError, match=re.escape(needle)) as e:
         load_cluster(str(path))
     assert "\n" not in str(e.value)
+
+
+def test_the_planners_bound_stays_below_predict_with_interference_and_spread():
+    """Every layout an exhaustive search costs: its bound (which charges the slowest device's pace, the CP
+    ring's and FSDP's interference at least) is at most predict's step time."""
+    from meshscale.plan.search import search
+
+    for model, devices, batch in ((load_model("llama2-13b"), 8, 64), (load_model("llama3-8b").with_seq(32768), 64, 64)):
+        pool = search(model, H100, devices, batch, top=3, prune=False).pool
+        checked = 0
+        for i, b in enumerate(pool.bounds):
+            pred = pool.costed.get(pool.layout(i))
+            if pred is not None:
+                assert b <= pred.step_time_s * (1 + 1e-9), (pool.layout(i), b, pred.step_time_s)
+                checked += 1
+        assert checked > 1000

@@ -167,6 +167,7 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
         return np.where(shard == shape.shards[0], full, hybrid)
 
     ag, rs = per_byte("all_gather"), per_byte("reduce_scatter")
+    ar = np.minimum(per_byte("all_reduce"), 2 * rs)  # DDP's all-reduce: NVLS may beat reduce-scatter + gather
     update = param_gather_bytes(cluster.software, precision)
     gather = ag * update * p_k if not cluster.software.param_gather_overlap else 0.0
     ratio = bubble_floor(shape, rows, kernels, elementwise, m, slowest, others)
@@ -183,9 +184,15 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
             fsdp = m * (grads + ag * act_bytes * (2 * blocks + root_k))
         else:
             fsdp = grads + ag * act_bytes * ((m + 1) * blocks + root_k)
-        unhidden = np.select([z == 0, z == 1, z == 2], [2 * grads - backward / m, grads - backward / m,
+        ar_grads = ar * grad_reduce_bytes(cluster.software, precision) * p_k
+        unhidden = np.select([z == 0, z == 1, z == 2], [ar_grads - backward / m, grads - backward / m,
                                                          m * grads - backward], fsdp - compute)
         bound = bound + np.maximum(unhidden, 0.0)
+        if cluster.software.fsdp_prefetch:
+            # FSDP's collectives (each of >= 2 calls, one of which may show) hide at least min(compute,
+            # efficiency x half their time), which slows that compute by their SM share (predict's interference)
+            hides = np.minimum(compute, cluster.software.overlap_efficiency * fsdp / 2)
+            bound = bound + np.where(z == 3, comm.sm_share(cluster, "dp") * hides, 0.0)
     return bound
 
 
@@ -328,7 +335,10 @@ def tensor_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, 
     tokens = shape.per_rank * model.seq / shape.cp
     sw = cluster.software
     hidden = {Overlap.GEMM: sw.tp_comm_overlap, Overlap.WGRAD: sw.tp_comm_overlap or sw.tp_wgrad_overlap}
-    return sum(bandwidth_seconds(cluster, shape.devices, op.collective, op.bytes, shape.tp, 1)
+    # a byte of an all-gather or reduce-scatter at no less than half an all-reduce's byte: NVLS all-reduces
+    # (cost/collectives.py) beat the ring's all-gather + reduce-scatter pair that SP splits them into
+    half_ar = bandwidth_seconds(cluster, shape.devices, "all_reduce", 1.0, shape.tp, 1) / 2
+    return sum(op.bytes * min(half_ar, bandwidth_seconds(cluster, shape.devices, op.collective, 1.0, shape.tp, 1))
                for op in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, fewest, False, False, 1)
                if op.collective != "all_reduce" and not hidden.get(op.overlap, False))
 
