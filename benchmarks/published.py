@@ -371,7 +371,7 @@ if __name__ == "__main__":
         fit = "" if p.fits else "  (does not fit)"
         print(f"{run.source:28s} {run.name:18s} {run.devices:6d} {str(layout):62s} predicted {pred:8.3f} s  "
               f"measured {real:8.3f} s  {err:+6.1%}{fit}")
-    print(f"\n| category | runs | median abs error | 90th percentile | max | mean signed |\n"
+    print("\n| category | runs | median abs error | 90th percentile | max | mean signed |\n"
           "|---|---|---|---|---|---|")
     everything = []
     for key, errs in sorted(by_category.items()):

@@ -10,6 +10,7 @@ from meshscale.commands.predict import (add_batch_arguments, add_emit_arguments,
 from meshscale.commands.report import band_cell, make_console
 from meshscale.cost.bands import band_text
 from meshscale.errors import UserError
+from meshscale.export import emit
 from meshscale.plan.explain import explain, rejected
 from meshscale.plan.search import parse_fix, search, search_within
 from meshscale.specs.layout import Layout, trainer_refusal
@@ -81,8 +82,6 @@ def run(args) -> int:
 
 
 def _emit_framework(args, model, cluster, plan, batch: int, fix: dict):
-    from meshscale.export import emit
-
     return emit(args.emit, model, cluster, Layout.parse(plan.ranked[0].layout), batch, args.precision, args.steps,
                 args.data, headroom=args.memory_headroom, cross_tp=args.allow_cross_tp, fix=fix)
 

@@ -17,7 +17,6 @@ Where this misses the curves (benchmarks/nccl_curves.py) is stated there and in 
 Pure Python, no torch; used by cost/comm.py for GPU clusters (ClusterSpec.gpu_arch set).
 """
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 
