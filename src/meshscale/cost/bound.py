@@ -272,7 +272,8 @@ class PipelinePasses:
         index = (self.placement[schedule], mbs, recompute)
 
         def pick(p: Passes) -> Passes:
-            return Passes(p.forward[index], p.backward[index], p.weight[index])
+            # the bound's Passes hold arrays over (placement, mbs, recompute), not the floats they are typed as
+            return Passes(p.forward[index], p.backward[index], p.weight[index])  # type: ignore[index]
         return PipelinePasses(pick(self.slowest), pick(self.others), self.lead[index], self.head_slowest[index],
                               pick(self.first), pick(self.last), self.placement)
 
@@ -287,7 +288,7 @@ def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape,
     pp = shape.pp
     unit = np.stack([_unit_passes(model, cluster, shape.tp, shape.cp, shape.ep, mbs, precision)
                      for mbs in shape.microbatch_sizes])
-    keys = {}  # (chunks, V-shaped) -> its placement's index
+    keys: dict = {}  # (chunks, V-shaped) -> its placement's index
     placement = np.array([keys.setdefault((lay.stages, lay.v_shaped), len(keys)) for lay in shape.layouts])
     at = np.ogrid[:unit.shape[0], :unit.shape[1]]  # every (mbs, recompute)
     parts = []  # per placement: slowest, others, lead, head_slowest, first, last

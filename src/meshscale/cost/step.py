@@ -373,7 +373,8 @@ def _distinct_ranks(model: ModelSpec, pp: int, chunks: int, v_shaped: bool) -> t
     """((rank, how many ranks hold alike chunks), ...): one pipeline rank per distinct multiset of chunk kinds,
     as ranks holding alike chunks cost alike."""
     kinds = chunk_kinds(model, chunks)
-    count, first = {}, {}
+    count: dict = {}
+    first: dict = {}
     for r in range(pp):
         key = tuple(sorted(kinds[c] for c in rank_chunks(pp, chunks, v_shaped, r)))
         first.setdefault(key, r)

@@ -94,7 +94,7 @@ def emit(framework: str, model: ModelSpec, cluster: ClusterSpec, layout: Layout,
         raise UserError(f"--emit {framework}: layout {asked.layout} needs "
                         f"{asked.memory_per_device_bytes['total'] / 1e9:,.1f} GB per device, more than "
                         f"{cluster.name}'s {cluster.hbm_bytes / 1e9:,.1f} GB; pick a layout that fits")
-    options = [asked] if not changes else [_try_predict(model, cluster, near, global_batch, runs_in)]
+    options: list[Prediction | None] = [asked] if not changes else [_try_predict(model, cluster, near, global_batch, runs_in)]
     if changes and not (options[0] and options[0].fits):  # the nearest does not fit: the best that does
         options.append(best_expressible(framework, model, cluster, layout.devices, global_batch, runs_in,
                                          search_options))
@@ -154,7 +154,7 @@ def summary(e: Emitted) -> list[str]:
     p = e.prediction
     lines = [f"{e.framework}: layout {e.layout}, predicted step {p.step_time_s * 1e3:,.1f} ms, MFU {p.mfu:.1%}, "
              f"{p.memory_per_device_bytes['total'] / 1e9:,.1f} GB per device"]
-    if e.changes:
+    if e.changes and e.asked_step_s is not None:
         lines.append(f"{e.framework} cannot express {e.asked} (predicted {e.asked_step_s * 1e3:,.1f} ms): "
                      + "; ".join(e.changes))
     return lines + e.notes

@@ -29,7 +29,7 @@ def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
                         ("ep", "deepspeed.moe layers")):
         degree = getattr(layout, axis)
         if degree > 1:
-            values = {axis: 1, "dp": layout.dp * (degree if axis != "ep" else 1)}
+            values: dict[str, object] = {axis: 1, "dp": layout.dp * (degree if axis != "ep" else 1)}
             if axis == "pp":
                 values.update(schedule="1f1b", vpp=1)
             if layout.shard:

@@ -59,7 +59,7 @@ def render(job: Job) -> str:
     name, flavor = FLAVORS.get(model.name, ("llama3", model.name))
     dp_shard = lay.shard_size // lay.cp if lay.zero >= 2 else 1
     replicate = lay.replicas if lay.zero >= 2 else lay.dp
-    parallelism = {
+    parallelism: dict[str, object] = {
         "data_parallel_replicate_degree": replicate,
         "data_parallel_shard_degree": dp_shard,
         # ZeRO-2: parameters stay gathered from forward through backward; ZeRO-3 reshards them after forward

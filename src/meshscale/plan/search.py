@@ -89,7 +89,7 @@ class Plan:
     objective: str = "time"
     rejected: list = field(default_factory=list)  # best layouts of the runner-up parallel shapes
     fixed: dict = field(default_factory=dict)  # the --fix values every searched layout has
-    pool: object = field(default=None, repr=False)  # the search's scored layouts (search_within narrows them)
+    pool: "Pool | None" = field(default=None, repr=False)  # the search's scored layouts (search_within narrows them)
 
     def to_dict(self) -> dict:
         return {"evaluated": self.evaluated, "enumerated": self.enumerated, "fitting": self.fitting,
