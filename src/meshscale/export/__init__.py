@@ -110,19 +110,29 @@ def emit(framework: str, model: ModelSpec, cluster: ClusterSpec, layout: Layout,
 
 
 def best_expressible(framework, model, cluster, devices, global_batch, precision, options) -> Prediction | None:
-    """The fastest layout of `devices` that `framework` expresses as it is, among the search's top 64."""
+    """The fastest layout of `devices` that `framework` expresses, among the search's top 64 as it would run
+    them."""
     from meshscale.plan.search import search
 
     def keeps_shape(tp, pp, cp, dp, ep):  # the framework expresses these degrees under some ZeRO stage
         near = adapted(framework, Layout(dp=dp, zero=3, tp=tp, sp=tp > 1, pp=pp, cp=cp, ep=ep), model)[0]
         return near is not None and (near.tp, near.pp, near.cp, near.dp, near.ep) == (tp, pp, cp, dp, ep)
 
+    # each of the top 64 as the framework would run it (MaxText's FSDP for a ZeRO-1 winner, say), the fastest
+    # that keeps its parallel shape and fits
+    best = None
     for pred in search(model, cluster, devices, global_batch, precision, top=64, where=keeps_shape,
                        **options).ranked:
         shape = Layout.parse(pred.layout)
-        if adapted(framework, shape, model) == (shape, []):
-            return pred
-    return None
+        near, changes = adapted(framework, shape, model)
+        if changes and near is not None and (near.tp, near.pp, near.cp, near.dp, near.ep) == \
+                (shape.tp, shape.pp, shape.cp, shape.dp, shape.ep):
+            pred = _try_predict(model, cluster, near, global_batch, precision)
+        elif changes:
+            continue
+        if pred is not None and pred.fits and (best is None or pred.step_time_s < best.step_time_s):
+            best = pred
+    return best
 
 
 def _try_predict(model, cluster, layout, global_batch, precision) -> Prediction | None:

@@ -8,7 +8,7 @@ Megatron-FSDP's optim_grads / optim_grads_params, hybrid sharding its distribute
 
 import shlex
 
-from meshscale.cost.comm import DDP_BUCKET_BYTES
+from meshscale.cost.comm import bucket_params
 from meshscale.errors import UserError
 from meshscale.export import Job, Shape, change
 from meshscale.specs.layout import Layout, split_layers
@@ -121,8 +121,8 @@ def _data_parallel_arguments(job: Job) -> list[str]:
     lay, sw = job.layout, job.cluster.software
     if lay.dp * lay.cp == 1:
         return []
-    # buckets of the size the cost model charged: 25 MB of fp32 gradient (Megatron counts elements)
-    args = [f"--ddp-bucket-size {int(DDP_BUCKET_BYTES // 4)}"]
+    # buckets of the size the cost model charged ([software] framework's default or grad_bucket_params; elements)
+    args = [f"--ddp-bucket-size {int(bucket_params(sw, lay.dp * lay.cp))}"]
     if sw.grad_reduce_overlap:
         args.append("--overlap-grad-reduce")
     if sw.grad_reduce_fp32:

@@ -34,6 +34,7 @@ class Row:
     joules_per_token: float | None
     change: str = ""  # why the winning layout differs from the previous row's, or ""
     goodput: dict = field(default_factory=dict)
+    band: dict = field(default_factory=dict)  # the error band of the winner's category (cost/bands.py)
 
     def to_dict(self) -> dict:
         out = dict(self.__dict__)
@@ -109,7 +110,8 @@ def scale(model: ModelSpec, cluster: ClusterSpec, counts: list[int], global_batc
             exposed_comm_fraction=win.exposed_comm_s / win.step_time_s,
             usd_per_million_tokens=n * price / 3600 / win.tokens_per_s * 1e6 if price else None,
             joules_per_token=joules_per_token(cluster, win),
-            change=why_changed(model, cluster, winners[-1], win, batch, precision) if winners else "")
+            change=why_changed(model, cluster, winners[-1], win, batch, precision) if winners else "",
+            band=win.band)
         if mtbf_hours is not None:
             good = of_prediction(win, mtbf_hours, checkpoint_bandwidth)
             row.goodput = {**good.to_dict(), "tokens_per_s": win.tokens_per_s * good.ettr}

@@ -142,6 +142,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
     start = time.perf_counter()
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    cluster.check_precision(precision)
     pool = score(Pool(model, cluster, devices, global_batch, precision, headroom, cross_tp, where, fix or {}))
     if not len(pool.bounds):
         return Plan([], pool.enumerated, 0, 0, time.perf_counter() - start, pool.smallest, fixed=pool.fix)

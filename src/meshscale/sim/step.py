@@ -171,9 +171,15 @@ def _durations(model, cluster, layout, precision, pred, ring):
         return sum(exposed_seconds(factor * e["time_s"], e["hidden_by_s"], factor * e["shown_s"], efficiency)
                    for e in inline)
 
+    # compute slowed beside the collectives it hides (predict's interference_s): the inline ones' as long as they
+    # are (a slow link's longer), the data-parallel ones'; the stage sends' is left to their own events
+    inline_slowing = sum(e["interference_s"] for e in inline)
+    dp_slowing = sum(e["interference_s"] for e in pred.comm if e["axis"] in DATA_AXES)
+
     def seconds_for(slow: dict, links: dict):
         # per rank: the inline collectives and the FSDP traffic compute cannot hide, spread over its passes
-        serial = {r: exposed(links.get(r, 1.0)) + (1 - efficiency) * fsdp * ring[r] for r in range(layout.pp)}
+        serial = {r: exposed(links.get(r, 1.0)) + (1 - efficiency) * fsdp * ring[r]
+                  + inline_slowing * links.get(r, 1.0) + dp_slowing for r in range(layout.pp)}
 
         def seconds(rank, stage, kind, mb):
             compute = per_pass[kind](chunk[stage])
