@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from meshscale.errors import UserError
+from meshscale.parallel.construct import has_meta, materialise_owned, origins
 from meshscale.parallel.context import apply_context_parallel
 from meshscale.parallel.data_parallel import DDP, Local, PipelinedDDP
 from meshscale.parallel.expert import apply_expert_parallel, build_expert_mesh, expert_data_parallel
@@ -83,8 +84,13 @@ class Parallel:
             s.after_step()
 
 
-def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", bucket_mb: float = 1.0) -> Parallel:
+def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", bucket_mb: float = 1.0,
+                 seed: int = 0, device=None) -> Parallel:
+    """model: built (models.transformer.build_model), or its meta structure (meta_model), in which case each
+    rank materialises only what it owns, initialised from `seed`, on `device` (parallel/construct.py)."""
     check_runtime(layout, model.spec)
+    meta = has_meta(model)
+    fsdp = layout.zero == 3 and layout.dp * layout.cp > 1  # FSDP2 shards the meta parameters, then we fill them
     if layout.pp > 1:
         chunks = pipeline_chunks(model, layout, mesh["pp"].get_local_rank())
     else:
@@ -108,6 +114,9 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
         if layout.cp > 1:
             apply_context_parallel(module, mesh["cp"])
         apply_recompute(module, layout.recompute)
+        known = origins(module)
+        if meta and not fsdp:
+            materialise_owned(module, seed, device, known)
         if emesh is not None:
             def dense(select, module=module):
                 return _data_parallel(module, layout, mesh, ledger, precision, bucket_mb, select)
@@ -115,6 +124,8 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
             strategy = expert_data_parallel(module, layout, mesh, emesh, ledger, bucket_mb, precision, dense)
         else:
             strategy = _data_parallel(module, layout, mesh, ledger, precision, bucket_mb)
+        if meta and fsdp:
+            materialise_owned(module, seed, device, known)
         wrapped.append((stage, strategy.model))
         strategies.append(strategy)
 

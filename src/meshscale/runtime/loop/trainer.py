@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from meshscale.cost.memory import busiest_rank
-from meshscale.models.transformer import build_model, moe_layers
+from meshscale.models.transformer import meta_model, moe_layers
 from meshscale.parallel.apply import apply_layout
 from meshscale.parallel.expert import ep_group_mean
 from meshscale.parallel.ledger import CommLedger
@@ -135,8 +135,8 @@ class Training:
         if device.type == "cpu":
             _import_setup()
         self.baseline = heap_bytes() if device.type == "cpu" else 0  # the corpus is not the model's memory
-        par = self.par = apply_layout(build_model(spec, cfg.seed, device), layout, mesh, self.ledger,
-                                      cfg.precision, cfg.bucket_mb)
+        par = self.par = apply_layout(meta_model(spec, device), layout, mesh, self.ledger, cfg.precision,
+                                      cfg.bucket_mb, cfg.seed, device)
         self.optimizer = build_optimizer(par.optim_params(), cfg.lr, cfg.weight_decay)
         autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
         self.m = m = layout.microbatches(cfg.global_batch)
