@@ -7,7 +7,11 @@ _HELP = {
     "config": "TOML file of train options (top level or a [train] table); flags override it",
     "model": "model preset or ModelSpec file (default tiny)",
     "layout": "layout string, e.g. dp=2,zero=2 or fsdp=2 (dp fills the processes when left out)",
-    "nproc": "local processes to start through torch.distributed's launcher (default 1)",
+    "nproc": "processes to start on this node through torch.distributed's launcher (default 1)",
+    "nnodes": "nodes of the run (default 1); run the same command on each with its --node-rank",
+    "node_rank": "this node's index, 0..nnodes-1 (node 0 hosts the rendezvous)",
+    "master_addr": "address of node 0, reachable from every node (needed with --nnodes > 1)",
+    "master_port": "TCP port of the rendezvous on node 0 (default 29500)",
     "steps": "optimizer steps", "global_batch": "sequences per optimizer step",
     "seq": "sequence length (default: the model's)", "seed": "initialisation and data seed",
     "precision": "fp32 or bf16 (bf16 autocast, fp32 master weights and reductions)",
@@ -42,7 +46,7 @@ def add_arguments(parser) -> None:
         flag = "--" + name.replace("_", "-")
         if name in _FLAGS:
             continue
-        kind = {"nproc": int, "steps": int, "global_batch": int, "seq": int, "seed": int, "val_batches": int, "log_every": int,
+        kind = {"nproc": int, "nnodes": int, "node_rank": int, "master_port": int, "steps": int, "global_batch": int, "seq": int, "seed": int, "val_batches": int, "log_every": int,
                 "lr": float, "min_lr": float, "warmup": int, "weight_decay": float, "clip": float,
                 "bucket_mb": float, "timeout": float, "spike_sigma": float, "sdc_check_every": int,
                 "checkpoint_every": int, "keep": int, "max_restarts": int}.get(name, str)
@@ -68,8 +72,8 @@ def run(args) -> int:
     if outer is not None:  # one worker of an outer torchrun: every process checks, then trains
         launch.run_here(resolve(cfg, outer))
         launch.exit_worker(0)
-    checked = resolve(cfg, cfg.nproc)
-    if cfg.nproc == 1:
+    checked = resolve(cfg, cfg.nproc * cfg.nnodes)
+    if cfg.nproc * cfg.nnodes == 1:
         launch.run_here(checked)
     else:
         launch.launch_local(checked)
