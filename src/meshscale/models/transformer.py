@@ -284,6 +284,8 @@ def init_weights(model: Transformer, seed: int, where=whole) -> None:
         if local.dim() == 1:  # a vector is one row
             local, offset, shape = local.view(1, -1), (0, *offset), (1, *shape)
         scale = out_std if name.endswith(("wo.weight", "w2.weight")) else std
+        if name == "output.weight" and spec.tied_embeddings:  # a pipeline's last stage holds its own copy
+            name = "tok_embeddings.weight"
         local.copy_(normal_block(f"{seed}:{name}", shape, offset, tuple(local.shape)) * scale)
 
 
