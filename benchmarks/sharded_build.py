@@ -46,16 +46,17 @@ def _rank(rank, world, init_file, job, queue):
     tokens = load_tokens(None)[: 1 << 20]
     out = []
     for model, layout, steps, seq in job:
-        run = resolve(TrainConfig(model=model, layout=layout, steps=steps, global_batch=world, seq=seq,
-                                  val_batches=1, sdc_check_every=0, warmup=1), world)
+        run = resolve(TrainConfig(model=model, layout=layout, steps=max(steps, 1), global_batch=world, seq=seq,
+                                  val_batches=1, sdc_check_every=0, warmup=1, predict=True), world)
         before = rss_bytes()
         start = time.perf_counter()
         training = Training(run, torch.device("cpu"), tokens, log=False)
         build_s = time.perf_counter() - start
         built = rss_bytes() - before
-        losses = [r["loss"] for r in training.run()["rows"]] if steps else []
+        rows = training.run()["rows"] if steps else []
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
-        out.append({"build_s": build_s, "built_bytes": built, "peak_bytes": peak, "losses": losses,
+        out.append({"build_s": build_s, "built_bytes": built, "peak_bytes": peak, "losses": [r["loss"] for r in rows],
+                    "probe_bytes": max((r["peak_memory_bytes"] for r in rows), default=0),
                     "params": run.spec.param_count()})
         del training
     queue.put((rank, out))
@@ -86,6 +87,10 @@ def whole_then_shard_s(model: str, seq: int) -> float:
 
 
 def main() -> None:
+    import functools
+    import builtins
+
+    builtins.print = functools.partial(print, flush=True)
     p = argparse.ArgumentParser()
     p.add_argument("--layers", type=int, default=20, help="depth of the trained model (20: 1.01e9 parameters)")
     p.add_argument("--layout", default="fsdp=4")
@@ -120,10 +125,14 @@ def main() -> None:
         print(f"\ntraining {run.spec.param_count() / 1e9:.2f}B parameters under {run.layout}: fp32 training state "
               f"{state / 2**30:.1f} GiB, one rank's share of the host {available_host_bytes() / world / 2**30:.1f} GiB")
         trained = on_ranks(world, [(model, layout, args.steps, args.seq)])
-        print(f"{'rank':>4} {'build s':>8} {'peak MiB':>9} {'predicted MiB':>14} {'ratio':>6}  losses")
+        print(f"predicted per rank: {', '.join(f'{k} {v / 2**20:.0f} MiB' for k, v in pred.items())}")
+        print("peak: the heap's peak in the last step above the heap before building (the trainer's probe), and the "
+              "process's peak resident memory above its resident memory before building")
+        print(f"{'rank':>4} {'build s':>8} {'heap peak MiB':>14} {'ratio':>6} {'RSS peak MiB':>13} {'ratio':>6}  losses")
         for rank, (r,) in enumerate(trained):
-            print(f"{rank:>4} {r['build_s']:>8.1f} {r['peak_bytes'] / 2**20:>9.0f} {pred['total'] / 2**20:>14.0f} "
-                  f"{r['peak_bytes'] / pred['total']:>6.2f}  {', '.join(f'{x:.4f}' for x in r['losses'])}")
+            print(f"{rank:>4} {r['build_s']:>8.1f} {r['probe_bytes'] / 2**20:>14.0f} {r['probe_bytes'] / pred['total']:>6.2f} "
+                  f"{r['peak_bytes'] / 2**20:>13.0f} {r['peak_bytes'] / pred['total']:>6.2f}  "
+                  f"{', '.join(f'{x:.4f}' for x in r['losses'])}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ _HELP = {
     "precision": "fp32 or bf16 (bf16 autocast, fp32 master weights and reductions)",
     "lr": "peak learning rate", "min_lr": "final learning rate of the cosine decay",
     "warmup": "linear warm-up steps", "weight_decay": "AdamW weight decay", "clip": "gradient-norm clip (0: off)",
-    "bucket_mb": "gradient bucket size in MiB (DDP, ZeRO)",
+    "bucket_mb": "gradient bucket size in MiB (DDP, ZeRO; default 25, torch DDP's)",
     "data": "text file, directory of text files, or .bin token file (default: Python's standard library)",
     "val_batches": "global batches of held-out text for the final validation loss",
     "log_every": "print every n-th step",

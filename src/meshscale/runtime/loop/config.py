@@ -37,7 +37,7 @@ class TrainConfig:
     warmup: int = 5
     weight_decay: float = 0.1
     clip: float = 1.0
-    bucket_mb: float = 1.0  # DDP / ZeRO gradient bucket size
+    bucket_mb: float = 25.0  # DDP / ZeRO gradient bucket size: torch DDP's bucket_cap_mb (and the cost model's)
     data: str | None = None  # None: the Python standard library's sources
     val_batches: int = 4
     log_every: int = 1  # print every n-th step (the JSONL file gets them all)
