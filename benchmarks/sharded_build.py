@@ -47,12 +47,13 @@ def _rank(rank, world, init_file, job, queue):
     out = []
     for model, layout, steps, seq in job:
         run = resolve(TrainConfig(model=model, layout=layout, steps=max(steps, 1), global_batch=world, seq=seq,
-                                  val_batches=1, sdc_check_every=0, warmup=1, predict=True), world)
+                                  val_batches=1, sdc_check_every=0, warmup=1, predict=True, timeout=3600), world)
         before = rss_bytes()
         start = time.perf_counter()
         training = Training(run, torch.device("cpu"), tokens, log=False)
         build_s = time.perf_counter() - start
-        built = rss_bytes() - before
+        built = sum((p.to_local() if hasattr(p, "to_local") else p).numel() * 4
+                    for _, chunk in training.par.chunks for p in chunk.parameters())
         rows = training.run()["rows"] if steps else []
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
         out.append({"build_s": build_s, "built_bytes": built, "peak_bytes": peak, "losses": [r["loss"] for r in rows],
@@ -107,7 +108,7 @@ def main() -> None:
     layout = args.layout
     with tempfile.TemporaryDirectory() as tmp:
         print(f"build time vs size ({layout}, {world} ranks, each its share; whole: one process, every parameter)")
-        print(f"{'layers':>6} {'params':>10} {'sharded build s (max rank)':>27} {'held MiB/rank':>14} {'whole build s':>14}")
+        print(f"{'layers':>6} {'params':>10} {'sharded build s (max rank)':>27} {'params MiB/rank':>16} {'whole build s':>14}")
         sizes = [int(x) for x in args.sizes.split(",")]
         built = on_ranks(world, [(spec_file(tmp, n, args.seq), layout, 0, args.seq) for n in sizes])
         for i, n in enumerate(sizes):
@@ -115,7 +116,7 @@ def main() -> None:
             whole = (f"{whole_then_shard_s(spec_file(tmp, n, args.seq), args.seq):14.1f}"
                      if n <= args.whole_max_layers else f"{'-':>14}")
             print(f"{n:>6} {per_rank[0]['params'] / 1e9:>9.2f}B {max(r['build_s'] for r in per_rank):>27.1f} "
-                  f"{max(r['built_bytes'] for r in per_rank) / 2**20:>14.0f} {whole}")
+                  f"{max(r['built_bytes'] for r in per_rank) / 2**20:>16.0f} {whole}")
 
         model = spec_file(tmp, args.layers, args.seq)
         run = resolve(TrainConfig(model=model, layout=layout, steps=args.steps, global_batch=world, seq=args.seq,

@@ -304,9 +304,10 @@ def trainer_refusal(layout: Layout, model) -> str | None:
         return "tp>1 is not built for MoE experts with biases (their row-parallel bias); use tp=1"
     if model.biases and layout.tp > model.kv_heads:
         return f"tp={layout.tp} > kv_heads is not built for biased K/V projections; use tp<={model.kv_heads}"
-    if layout.pp > 1 and model.tied_embeddings and layout.dp * layout.cp > 1 and layout.zero >= 2:
-        # the two copies' gradients are summed after the schedule; zero>=2 reduce-scatters them during it
-        return f"pp>1 with tied embeddings ({model.name}) needs zero<=1; use zero=0 or 1"
+    if layout.pp > 1 and model.tied_embeddings and layout.dp * layout.cp > 1 and layout.zero == 2:
+        # the two copies' gradients are summed after the schedule; zero=2 reduce-scatters them into flat buckets
+        # that differ between the stages during it (zero=3 sums its FSDP2 shards)
+        return f"pp>1 with tied embeddings ({model.name}) is not built for zero=2; use zero=1 or 3"
     if model.vocab % layout.tp:
         # the cost model pads the vocabulary like Megatron; the trainer's vocabulary-parallel embedding does not
         return (f"tp={layout.tp} must divide the vocabulary ({model.vocab}) of {model.name} for the trainer's "
