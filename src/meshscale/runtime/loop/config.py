@@ -2,18 +2,18 @@
 made before a process starts (so bad input costs one line and exit code 2, not a crashed job)."""
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
 
 from meshscale.cost import predict
 from meshscale.errors import UserError
-from meshscale.parallel.apply import check_runtime
+from meshscale.models import hf_weights
 from meshscale.runtime.loop.data import check_tokens, load_tokens
 from meshscale.runtime.resilience.checkpoint import check_dir
 from meshscale.specs.cluster import load_cluster
-from meshscale.specs.layout import Layout, check_against
+from meshscale.specs.layout import Layout, check_against, check_trainable
 from meshscale.specs.loading import build, read_mapping
 from meshscale.specs.model import ModelSpec, load_model
 
@@ -21,6 +21,7 @@ from meshscale.specs.model import ModelSpec, load_model
 @dataclass(frozen=True)
 class TrainConfig:
     model: str = "tiny"
+    init_from: str | None = None  # a Hugging Face save_pretrained directory: its model and weights start the run
     layout: str = ""  # empty: dp over every process
     nproc: int = 1  # processes on this node
     nnodes: int = 1
@@ -91,11 +92,11 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
     for key in ("steps", "global_batch", "nproc", "nnodes"):
         if getattr(cfg, key) < 1:
             raise UserError(f"--{key.replace('_', '-')} must be at least 1, got {getattr(cfg, key)}")
-    spec = load_model(cfg.model)
+    spec = _model(cfg)
     if cfg.seq:
         spec = spec.with_seq(cfg.seq)
     layout = Layout.parse(cfg.layout, devices=world)
-    check_runtime(layout, spec)
+    check_trainable(layout, spec)
     per_rank = cfg.global_batch // layout.dp
     if cfg.global_batch % layout.dp:
         raise UserError(f"global batch {cfg.global_batch} does not split over dp={layout.dp}; "
@@ -192,6 +193,23 @@ def available_host_bytes() -> int:
             return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
     except (OSError, StopIteration):
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _model(cfg: TrainConfig) -> ModelSpec:
+    """--model; with --init-from, the directory's model (--model, if given, must have its shapes), its
+    weights checked to be ones meshscale loads."""
+    if not cfg.init_from:
+        return load_model(cfg.model)
+    if not Path(cfg.init_from).is_dir():
+        raise UserError(f"--init-from {cfg.init_from}: not a directory; pass one written by transformers' "
+                        "save_pretrained")
+    spec = load_model(cfg.init_from)
+    hf_weights.model_type(cfg.init_from)
+    hf_weights.Safetensors(cfg.init_from)
+    if cfg.model != TrainConfig.model and replace(load_model(cfg.model), name=spec.name, seq=spec.seq) != spec:
+        raise UserError(f"--model {cfg.model} is not the model in --init-from {cfg.init_from}; leave --model out "
+                        "or name the same architecture")
+    return spec
 
 
 def _check_checkpoints(cfg: TrainConfig, spec: ModelSpec) -> bool:

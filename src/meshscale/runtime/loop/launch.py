@@ -19,10 +19,7 @@ import uuid
 import torch
 
 from meshscale.errors import UserError
-from meshscale.parallel.mesh import forget_meshes
 from meshscale.runtime.loop.config import Resolved, local_processes
-from meshscale.runtime.loop.trainer import pick_device, train
-from meshscale.runtime.measure.metrics import predicted, print_report
 
 
 def run_here(run: Resolved) -> dict:
@@ -31,6 +28,9 @@ def run_here(run: Resolved) -> dict:
 
     import torch.distributed as dist
 
+    # the trainer (and the parallel wrappers under it) load in the processes that train, not in the launcher
+    from meshscale.runtime.loop.trainer import pick_device, train
+    from meshscale.runtime.measure.metrics import predicted, print_report
 
     device = pick_device(run.config.device, int(os.environ.get("LOCAL_RANK", 0)))
     torch.set_num_threads(owned_cores(local_processes(run.config)))
@@ -66,6 +66,7 @@ def _shut_down() -> None:
 
     import torch.distributed as dist
 
+    from meshscale.parallel.mesh import forget_meshes
 
     forget_meshes()
     gc.collect()

@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 import meshscale
 from meshscale.errors import UserError
-from meshscale.models.transformer import Transformer
+from meshscale.models.transformer import full_shapes
 from meshscale.parallel.compat import all_gather_into
 from meshscale.parallel.expert import ExpertSplit, is_expert_param
 from meshscale.parallel.mesh import from_every_rank
@@ -92,8 +92,9 @@ def _model_fields(spec) -> dict:
 
 
 def check_compatible(path: Path, manifest: dict, spec, precision: str) -> None:
-    saved = manifest["model"]
-    differ = [f"{k} {saved.get(k)} vs {v}" for k, v in _model_fields(spec).items() if saved.get(k) != v]
+    fields = type(spec).__dataclass_fields__  # a field newer than the manifest was saved at its default
+    saved = {k: manifest["model"].get(k, fields[k].default) for k in fields}
+    differ = [f"{k} {saved[k]} vs {v}" for k, v in _model_fields(spec).items() if saved[k] != v]
     if differ:
         raise UserError(f"checkpoint {path} holds a different model ({', '.join(differ)}; saved vs --model "
                         f"{spec.name}); use the model it was saved with or a new --checkpoint-dir")
@@ -187,11 +188,6 @@ def _zero_held(zero, optimizer) -> tuple[dict, Callable]:
     return held, write_back
 
 
-def _full_shapes(spec) -> dict:
-    with torch.device("meta"):
-        return {name: tuple(p.shape) for name, p in Transformer(spec).named_parameters()}
-
-
 def _holders(layout, expert: bool) -> torch.Tensor:
     """The global ranks holding a piece or a copy of this rank's dense (or routed-expert) tensors, as a
     (data-parallel ranks, tp) grid: this rank's pipeline stage (and expert-parallel rank) of the main mesh's
@@ -248,7 +244,7 @@ def _state_dict(run, par, optimizer, mesh) -> tuple[dict, list]:
     """The layout-free state dict of this rank, and the write-backs to run after loading into it."""
 
     _ensure_optimizer_state(optimizer)
-    shapes, layout = _full_shapes(run.spec), run.layout
+    shapes, layout = full_shapes(run.spec), run.layout
     state, write_backs = {}, []
     if mesh is not None:  # (holders, FSDP2 shard group size) of dense and of routed-expert tensors
         kinds = {False: (_holders(layout, False), layout.shard_size)}
