@@ -45,9 +45,9 @@ def _rank(rank, world, init_file, job, queue):
 
     tokens = load_tokens(None)[: 1 << 20]
     out = []
-    for model, layout, steps, seq in job:
+    for model, layout, steps, seq, probe in job:  # probe: the trainer's profiler-based heap peak, last step
         run = resolve(TrainConfig(model=model, layout=layout, steps=max(steps, 1), global_batch=world, seq=seq,
-                                  val_batches=1, sdc_check_every=0, warmup=1, predict=True, timeout=3600), world)
+                                  val_batches=1, sdc_check_every=0, warmup=1, predict=probe, timeout=3600), world)
         before = rss_bytes()
         start = time.perf_counter()
         training = Training(run, torch.device("cpu"), tokens, log=False)
@@ -99,6 +99,8 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--sizes", default="2,5,10,20", help="depths for the build-time sweep")
     p.add_argument("--whole-max-layers", type=int, default=5)
+    p.add_argument("--probe", action="store_true", help="the trainer's heap probe on the last step (the profiler: "
+                   "memory-hungry at this size)")
     args = p.parse_args()
     from meshscale.cost import predict
     from meshscale.runtime.loop.config import TrainConfig, available_host_bytes, resolve
@@ -110,7 +112,7 @@ def main() -> None:
         print(f"build time vs size ({layout}, {world} ranks, each its share; whole: one process, every parameter)")
         print(f"{'layers':>6} {'params':>10} {'sharded build s (max rank)':>27} {'params MiB/rank':>16} {'whole build s':>14}")
         sizes = [int(x) for x in args.sizes.split(",")]
-        built = on_ranks(world, [(spec_file(tmp, n, args.seq), layout, 0, args.seq) for n in sizes])
+        built = on_ranks(world, [(spec_file(tmp, n, args.seq), layout, 0, args.seq, False) for n in sizes])
         for i, n in enumerate(sizes):
             per_rank = [r[i] for r in built]
             whole = (f"{whole_then_shard_s(spec_file(tmp, n, args.seq), args.seq):14.1f}"
@@ -125,11 +127,12 @@ def main() -> None:
         state = 16 * run.spec.param_count()
         print(f"\ntraining {run.spec.param_count() / 1e9:.2f}B parameters under {run.layout}: fp32 training state "
               f"{state / 2**30:.1f} GiB, one rank's share of the host {available_host_bytes() / world / 2**30:.1f} GiB")
-        trained = on_ranks(world, [(model, layout, args.steps, args.seq)])
+        trained = on_ranks(world, [(model, layout, args.steps, args.seq, args.probe)])
         print(f"predicted per rank: {', '.join(f'{k} {v / 2**20:.0f} MiB' for k, v in pred.items())}")
-        print("peak: the heap's peak in the last step above the heap before building (the trainer's probe), and the "
-              "process's peak resident memory above its resident memory before building")
-        print(f"{'rank':>4} {'build s':>8} {'heap peak MiB':>14} {'ratio':>6} {'RSS peak MiB':>13} {'ratio':>6}  losses")
+        print("heap: above the heap before building, the last step's peak with --probe (the trainer's profiler probe), "
+              "else the most in use after a step; RSS: the process's peak resident memory above its resident memory "
+              "before building")
+        print(f"{'rank':>4} {'build s':>8} {'heap MiB':>14} {'ratio':>6} {'RSS peak MiB':>13} {'ratio':>6}  losses")
         for rank, (r,) in enumerate(trained):
             print(f"{rank:>4} {r['build_s']:>8.1f} {r['probe_bytes'] / 2**20:>14.0f} {r['probe_bytes'] / pred['total']:>6.2f} "
                   f"{r['peak_bytes'] / 2**20:>13.0f} {r['peak_bytes'] / pred['total']:>6.2f}  "
