@@ -27,6 +27,11 @@ _HELP = {
     "metrics_out": "write one JSON object per step to this new file",
     "trace": "write the last step's pipeline forward/backward runs as Chrome-trace JSON to this new file "
              "(pp > 1) and print the measured bubble beside the predicted one",
+    "tensorboard": "write TensorBoard event files here, each step's measured values beside the prediction",
+    "wandb": "write a Weights & Biases run in this folder (offline unless WANDB_MODE says otherwise), measured "
+             "beside predicted",
+    "profile": "trace these steps with torch.profiler, e.g. 3, 2,5 or 2-4 (Chrome traces in --profile-dir)",
+    "profile_dir": "folder of --profile's traces, one file per step and rank (default ./profile)",
     "plot": "draw the loss and the measured vs predicted step time as a PNG in this new file",
     "device": "auto, cpu or cuda",
     "cluster": "ClusterSpec that --predict uses: a preset or a file from `meshscale calibrate` (default local-cpu)",

@@ -11,6 +11,7 @@ from meshscale.cost import predict
 from meshscale.errors import UserError
 from meshscale.models import hf_weights
 from meshscale.runtime.loop.data import check_tokens, load_tokens
+from meshscale.runtime.measure import live
 from meshscale.runtime.resilience.checkpoint import check_dir
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout, check_against, check_trainable
@@ -44,6 +45,10 @@ class TrainConfig:
     log_every: int = 1  # print every n-th step (the JSONL file gets them all)
     metrics_out: str | None = None
     trace: str | None = None  # Chrome-trace JSON of the last step's pipeline runs
+    tensorboard: str | None = None  # TensorBoard event files, measured beside predicted (rank 0)
+    wandb: str | None = None  # a W&B run in this folder, offline unless WANDB_MODE says otherwise (rank 0)
+    profile: str | None = None  # steps traced by torch.profiler, e.g. "3", "2,5", "2-4"
+    profile_dir: str = "profile"  # where each traced step's Chrome trace goes, one file per rank
     plot: str | None = None  # PNG: loss and measured vs predicted step time, drawn by rank 0 at the end
     overwrite: bool = False
     predict: bool = False
@@ -143,6 +148,7 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
         raise UserError(f"--device cuda: this torch ({torch.__version__}) {build}; use --device cpu (or auto)")
     _check_nodes(cfg)
     check_fits(cfg, spec, layout)
+    live.check(cfg)
     resuming = _check_checkpoints(cfg, spec)
     _check_metrics_out(cfg, resuming)
     return Resolved(cfg, spec, layout)

@@ -22,6 +22,7 @@ from meshscale.parallel.tensor import vocab_parallel_cross_entropy
 from meshscale.runtime.loop.config import Resolved
 from meshscale.runtime.loop.data import TokenData, load_tokens, rank_microbatches
 from meshscale.runtime.loop.optim import build_optimizer, clip_gradients, lr_at, set_lr
+from meshscale.runtime.measure.live import LiveMetrics, StepProfiler
 from meshscale.runtime.measure.metrics import MemoryProbe, MetricsLog, heap_bytes, memory_bytes
 from meshscale.runtime.measure.trace import analytic_bubble, measured_bubble, write_chrome_trace
 from meshscale.runtime.resilience import checkpoint
@@ -152,6 +153,8 @@ class Training:
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
         self.metrics = MetricsLog(cfg.steps, cfg.metrics_out, self.is_logger, cfg.overwrite, cfg.log_every,
                                   resume_at=self.first_step if self.first_step or restarted else None)
+        self.live = LiveMetrics(run, self.is_logger)
+        self.profiler = StepProfiler(cfg.profile, cfg.steps, cfg.profile_dir, dist.get_rank() if multi else 0)
         self.named = [(name, p) for s in par.strategies for name, p in s.module.named_parameters()]
         self.faults.arm_gradients(self.named)  # before the guards' hooks, so they see the corrupted gradient
         self.guards = Guards([p for _, p in self.named], cfg.on_anomaly, cfg.spike_sigma, multi, device)
@@ -182,6 +185,7 @@ class Training:
                                     self.device)
         finally:
             self.metrics.close()
+            self.live.close()
         summaries = [self.ledger.summary(s) for s in range(self.first_step, cfg.steps)]
         result = {"rows": self.metrics.rows, "val_loss": val_loss, "comm": summaries,
                   "records": self.ledger.records}
@@ -200,12 +204,13 @@ class Training:
         """Run the steps from the first one not yet done; an anomaly stops, or rolls back to a checkpoint."""
         cfg, step = self.cfg, self.first_step
         while step < cfg.steps:
-            if self.probe is not None and step == cfg.steps - 1:
+            if self.probe is not None and step == cfg.steps - 1 and step not in self.profiler.chosen:
                 with self.probe.step():
                     row, anomalies = self.step(step)
                 row = dict(row, peak_memory_bytes=self.probe.peak, memory_probe=True)
             else:
-                row, anomalies = self.step(step)
+                with self.profiler.around(step):  # one profiler at a time: a traced step has no probe
+                    row, anomalies = self.step(step)
             actions = {a.action: a for a in anomalies}
             if "stop" in actions:
                 self.metrics.log(row)
@@ -219,6 +224,7 @@ class Training:
                 checkpoint.save(self.resolved, self.par, self.optimizer, self.mesh, step + 1)
                 row["checkpoint_save_s"] = time.perf_counter() - saving
             self.metrics.log(row)
+            self.live.log(row, self.ledger)
             step += 1
 
     def forward_backward(self, step: int, micro: list) -> tuple:
