@@ -10,13 +10,17 @@ _HELP = {
     "init_from": "start from the weights of this Hugging Face model directory (save_pretrained's safetensors, "
                  "sharded or not); each rank reads only its pieces",
     "layout": "layout string, e.g. dp=2,zero=2 or fsdp=2 (dp fills the processes when left out)",
-    "nproc": "local processes to start through torch.distributed's launcher (default 1)",
+    "nproc": "processes to start on this node through torch.distributed's launcher (default 1)",
+    "nnodes": "nodes of the run (default 1); run the same command on each with its --node-rank",
+    "node_rank": "this node's index, 0..nnodes-1 (node 0 hosts the rendezvous)",
+    "master_addr": "address of node 0, reachable from every node (needed with --nnodes > 1)",
+    "master_port": "TCP port of the rendezvous on node 0 (default 29500)",
     "steps": "optimizer steps", "global_batch": "sequences per optimizer step",
     "seq": "sequence length (default: the model's)", "seed": "initialisation and data seed",
     "precision": "fp32 or bf16 (bf16 autocast, fp32 master weights and reductions)",
     "lr": "peak learning rate", "min_lr": "final learning rate of the cosine decay",
     "warmup": "linear warm-up steps", "weight_decay": "AdamW weight decay", "clip": "gradient-norm clip (0: off)",
-    "bucket_mb": "gradient bucket size in MiB (DDP, ZeRO)",
+    "bucket_mb": "gradient bucket size in MiB (DDP, ZeRO; default 25, torch DDP's)",
     "data": "indexed dataset PREFIX (PREFIX.bin + PREFIX.idx from `meshscale data prepare`), text file, directory "
             "of text files, or .bin of raw token ids (default: Python's standard library)",
     "val_batches": "global batches of held-out text for the final validation loss",
@@ -51,7 +55,7 @@ def add_arguments(parser) -> None:
         flag = "--" + name.replace("_", "-")
         if name in _FLAGS:
             continue
-        kind = {"nproc": int, "steps": int, "global_batch": int, "seq": int, "seed": int, "val_batches": int, "log_every": int,
+        kind = {"nproc": int, "nnodes": int, "node_rank": int, "master_port": int, "steps": int, "global_batch": int, "seq": int, "seed": int, "val_batches": int, "log_every": int,
                 "lr": float, "min_lr": float, "warmup": int, "weight_decay": float, "clip": float,
                 "bucket_mb": float, "timeout": float, "spike_sigma": float, "sdc_check_every": int,
                 "checkpoint_every": int, "keep": int, "max_restarts": int}.get(name, str)
@@ -80,8 +84,8 @@ def run(args) -> int:
     if outer is not None:  # one worker of an outer torchrun: every process checks, then trains
         launch.run_here(resolve(cfg, outer))
         launch.exit_worker(0)
-    checked = resolve(cfg, cfg.nproc)
-    if cfg.nproc == 1:
+    checked = resolve(cfg, cfg.nproc * cfg.nnodes)
+    if cfg.nproc * cfg.nnodes == 1:
         launch.run_here(checked)
     else:
         launch.launch_local(checked)

@@ -194,7 +194,10 @@ def tied_embedding_ops(model: ModelSpec, layout: Layout, holds_an_end: bool) -> 
     V schedules keep both ends on one rank: nothing travels."""
     if not (model.tied_embeddings and layout.pp > 1 and holds_an_end) or layout.v_shaped:
         return []
-    return [CommOp("all_reduce", 4 * model.vocab * model.hidden / layout.tp, 1, Overlap.NONE)]
+    rows = model.vocab / layout.tp
+    if layout.zero == 3 and layout.dp * layout.cp > 1:  # each rank sums its FSDP shard (the first rank: the ceiling)
+        rows = math.ceil(rows / layout.shard_size)
+    return [CommOp("all_reduce", 4 * rows * model.hidden, 1, Overlap.NONE)]
 
 
 def context_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, n_layers: int,

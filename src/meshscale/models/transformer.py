@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from meshscale.models.init import normal_block
 from meshscale.specs.model import ModelSpec, trainer_lacks
 
 
@@ -38,7 +39,7 @@ def rope_frequencies(spec: ModelSpec) -> torch.Tensor:
     config's rope_scaling says: "linear" divides them by the factor (position interpolation, Chen et al.
     2023); "llama3" divides only the low frequencies, blending the band between (Llama 3.1's rope scaling)."""
     dim = rotary_dims(spec)
-    inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device="cpu") / dim))
     scaling = json.loads(spec.rope_scaling) if spec.rope_scaling else {}
     kind, factor = scaling.get("rope_type"), scaling.get("factor", 1.0)
     if kind == "linear":
@@ -57,8 +58,9 @@ def rotary_dims(spec: ModelSpec) -> int:
 
 
 def rope_tables(spec: ModelSpec, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
-    # in fp32, as Hugging Face's models compute them: the same angles to the last bit
-    angles = torch.outer(torch.arange(seq, dtype=torch.float32), rope_frequencies(spec))
+    # in fp32, as Hugging Face's models compute them: the same angles to the last bit; on the CPU whatever the
+    # default device, so a model built on the meta device keeps real tables
+    angles = torch.outer(torch.arange(seq, dtype=torch.float32, device="cpu"), rope_frequencies(spec))
     return angles.cos(), angles.sin()
 
 
@@ -334,31 +336,63 @@ def document_positions(documents: torch.Tensor) -> torch.Tensor:
     return index - torch.where(starts, index, 0).cummax(1).values
 
 
+def whole(name: str, p: torch.Tensor) -> tuple:
+    """Where a parameter held whole sits in the global one: (the tensor to fill, its offset, the global shape)."""
+    return p, (0,) * p.dim(), tuple(p.shape)
+
+
 @torch.no_grad()
-def init_weights(model: Transformer, seed: int) -> None:
-    """Initialise from the seed alone: each parameter draws from its own generator seeded by
-    (seed, parameter name), so the values never depend on the layout or on which layers exist."""
+def init_weights(model: Transformer, seed: int, where=whole) -> None:
+    """Initialise from the seed alone: every value is a function of (seed, parameter name, global index)
+    (models/init.py), so it never depends on the layout, on which layers exist or on which slice a process
+    holds. where(name, p) -> (tensor to fill, its offset in the global parameter, the global shape)."""
     spec = model.spec
     std = 0.02
     out_std = std / math.sqrt(2 * spec.layers)  # GPT-2 style scaling of residual projections
     for name, p in model.named_parameters():
+        local, offset, shape = where(name, p)
         if name.endswith("norm.weight"):
-            p.fill_(1.0)
+            local.fill_(1.0)
             continue
         if name.endswith("bias"):
-            p.zero_()
+            local.zero_()
             continue
-        g = torch.Generator().manual_seed(_stable_hash(f"{seed}:{name}"))
+        if local.dim() == 1:  # a vector is one row
+            local, offset, shape = local.view(1, -1), (0, *offset), (1, *shape)
         scale = out_std if name.endswith(("wo.weight", "w2.weight")) else std
-        p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * scale)
+        if name == "output.weight" and spec.tied_embeddings:  # a pipeline's last stage holds its own copy
+            name = "tok_embeddings.weight"
+        local.copy_(normal_block(f"{seed}:{name}", shape, offset, tuple(local.shape)) * scale)
 
 
-def _stable_hash(text: str) -> int:
-    # Python's hash() is salted per process; ranks must agree, so use a fixed FNV-1a.
-    h = 0xCBF29CE484222325
-    for byte in text.encode():
-        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return h & 0x7FFFFFFFFFFFFFFF
+def meta_model(spec: ModelSpec, device: str | torch.device = "cpu") -> Transformer:
+    """The model's structure with its parameters on the meta device (no memory, no values) and its buffers on
+    `device`; parallel/construct.py materialises what each rank owns."""
+    with torch.device("meta"):
+        model = Transformer(spec)
+    for module in model.modules():
+        for name, buffer in module._buffers.items():
+            module._buffers[name] = buffer.to(device)
+    return model
+
+
+@torch.no_grad()
+def materialise(model: nn.Module, seed: int, device: str | torch.device, where=whole) -> None:
+    """Give the meta parameters of `model` (a built model, a pipeline chunk, with parallel wrappers applied)
+    memory on `device` and their initial values, keeping the buffers and the parameters shared by two
+    modules (tied embeddings) as they were."""
+    buffers = [(m, n, b) for m in model.modules() for n, b in m._buffers.items() if b is not None]
+    shared: dict = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        shared.setdefault(id(p), []).append(name)
+    model.to_empty(device=device)
+    for m, n, b in buffers:
+        m._buffers[n] = b
+    for first, *others in (names for names in shared.values() if len(names) > 1):
+        for name in others:  # to_empty gives each module its own tensor
+            owner, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(owner), leaf, model.get_parameter(first))
+    init_weights(model, seed, where)
 
 
 def full_shapes(spec: ModelSpec) -> dict:
@@ -370,6 +404,7 @@ def full_shapes(spec: ModelSpec) -> dict:
 
 
 def build_model(spec: ModelSpec, seed: int = 0, device: str | torch.device = "cpu") -> Transformer:
-    model = Transformer(spec).to(device)
-    init_weights(model, seed)
+    """The whole model, initialised, on one process."""
+    model = meta_model(spec, device)
+    materialise(model, seed, device)
     return model

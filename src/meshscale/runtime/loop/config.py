@@ -5,6 +5,9 @@ import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+import torch
+
+from meshscale.cost import predict
 from meshscale.data.indexed import is_indexed
 from meshscale.errors import UserError
 from meshscale.models import hf_weights
@@ -22,7 +25,11 @@ class TrainConfig:
     model: str = "tiny"
     init_from: str | None = None  # a Hugging Face save_pretrained directory: its model and weights start the run
     layout: str = ""  # empty: dp over every process
-    nproc: int = 1
+    nproc: int = 1  # processes on this node
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = ""  # the host of node 0 (needed with nnodes > 1)
+    master_port: int = 29500
     steps: int = 20
     global_batch: int = 8  # sequences per optimizer step
     seq: int = 0  # 0: the model's own sequence length
@@ -33,7 +40,7 @@ class TrainConfig:
     warmup: int = 5
     weight_decay: float = 0.1
     clip: float = 1.0
-    bucket_mb: float = 1.0  # DDP / ZeRO gradient bucket size
+    bucket_mb: float = 25.0  # DDP / ZeRO gradient bucket size: torch DDP's bucket_cap_mb (and the cost model's)
     data: str | None = None  # None: the Python standard library's sources
     document_mask: bool = False  # attention within each document, positions from each one's start
     val_batches: int = 4
@@ -89,7 +96,7 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
 
     if cfg.precision not in ("fp32", "bf16"):
         raise UserError(f"--precision must be fp32 or bf16, got {cfg.precision!r}")
-    for key in ("steps", "global_batch", "nproc"):
+    for key in ("steps", "global_batch", "nproc", "nnodes"):
         if getattr(cfg, key) < 1:
             raise UserError(f"--{key.replace('_', '-')} must be at least 1, got {getattr(cfg, key)}")
     spec = _model(cfg)
@@ -137,6 +144,11 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
             raise UserError(f"--{key.replace('_', '-')} must be 0 (off) or positive, got {getattr(cfg, key)}")
     if cfg.device not in ("auto", "cpu", "cuda"):
         raise UserError(f"--device must be auto, cpu or cuda, got {cfg.device!r}")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        build = "has no CUDA" if torch.version.cuda is None else "sees no GPU"
+        raise UserError(f"--device cuda: this torch ({torch.__version__}) {build}; use --device cpu (or auto)")
+    _check_nodes(cfg)
+    check_fits(cfg, spec, layout)
     live.check(cfg)
     resuming = _check_checkpoints(cfg, spec)
     _check_metrics_out(cfg, resuming)
@@ -150,6 +162,53 @@ def _check_document_mask(cfg: TrainConfig, layout: Layout) -> None:
     if layout.pp > 1 or layout.cp > 1:
         raise UserError(f"--document-mask runs without pipeline or context parallelism (layout has pp={layout.pp}, "
                         f"cp={layout.cp}): the pipeline's stages and the CP ring pass no per-token documents")
+
+
+def _check_nodes(cfg: TrainConfig) -> None:
+    if not 0 <= cfg.node_rank < cfg.nnodes:
+        raise UserError(f"--node-rank must be in 0..{cfg.nnodes - 1} for --nnodes {cfg.nnodes}, got {cfg.node_rank}")
+    if cfg.nnodes > 1 and not cfg.master_addr:
+        raise UserError("--nnodes > 1 needs --master-addr, the address of node 0 that every node can reach")
+    if not 0 < cfg.master_port < 65536:
+        raise UserError(f"--master-port must be a TCP port (1-65535), got {cfg.master_port}")
+
+
+def local_processes(cfg: TrainConfig) -> int:
+    """The processes of this run on this host (they share its cores and memory)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", cfg.nproc))
+
+
+def check_fits(cfg: TrainConfig, spec: ModelSpec, layout: Layout) -> None:
+    """Refuse, before anything is built, a layout whose predicted memory per rank (the cost model's) exceeds
+    what a rank has: the GPU's memory, or on CPU the host's available memory shared by its local processes."""
+    need = predict(spec, load_cluster("local-cpu"), layout, cfg.global_batch, cfg.precision).memory_per_device_bytes
+    gpu = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if gpu:
+        have, where = torch.cuda.get_device_properties(0).total_memory, "the GPU's memory"
+    else:
+        procs, host = local_processes(cfg), available_host_bytes()
+        have, where = host // procs, f"this host's available {host / 2**30:.1f} GiB shared by {procs} local process(es)"
+    if need["total"] <= have:
+        return
+    state = need["params"] + need["grads"] + need["optimizer"]
+    if state > have:
+        fix = ("shard the training state over more devices: zero=3 (fsdp=N), tp or pp" if gpu else
+               "this host cannot hold it; run on more hosts (--nnodes) with a sharded layout (fsdp=N, tp, pp) or "
+               "pick a smaller model")
+    else:
+        fix = "lower mbs or --seq, or recompute activations (recompute=full)"
+    raise UserError(f"{spec.name} under {layout} needs {need['total'] / 2**30:.1f} GiB per rank (cost model: "
+                    f"{state / 2**30:.1f} GiB of weights, gradients and optimizer state, "
+                    f"{need['activations'] / 2**30:.1f} GiB of activations), more than the {have / 2**30:.1f} GiB "
+                    f"a rank has ({where}); {fix}")
+
+
+def available_host_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def _model(cfg: TrainConfig) -> ModelSpec:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from meshscale.cost.memory import busiest_rank
 from meshscale.models import hf_weights
-from meshscale.models.transformer import build_model, full_shapes, moe_layers
+from meshscale.models.transformer import full_shapes, meta_model, moe_layers
 from meshscale.parallel.apply import apply_layout
 from meshscale.parallel.expert import ep_group_mean
 from meshscale.parallel.ledger import CommLedger
@@ -138,8 +138,8 @@ class Training:
         if device.type == "cpu":
             _import_setup()
         self.baseline = heap_bytes() if device.type == "cpu" else 0  # the corpus is not the model's memory
-        par = self.par = apply_layout(build_model(spec, cfg.seed, device), layout, mesh, self.ledger,
-                                      cfg.precision, cfg.bucket_mb, _weights_from(cfg.init_from, spec))
+        par = self.par = apply_layout(meta_model(spec, device), layout, mesh, self.ledger, cfg.precision,
+                                      cfg.bucket_mb, _weights_from(cfg.init_from, spec), cfg.seed, device)
         self.optimizer = build_optimizer(par.optim_params(), cfg.lr, cfg.weight_decay)
         autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
         self.m = m = layout.microbatches(cfg.global_batch)
