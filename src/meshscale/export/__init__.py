@@ -77,9 +77,9 @@ def emit(framework: str, model: ModelSpec, cluster: ClusterSpec, layout: Layout,
     """`layout` as `framework`'s config or, where it cannot express it, the nearest layout it can (when that
     does not fit, the fastest it expresses on the same devices; `search_options` go to that search)."""
     module = framework_module(framework)
-    refusal = module.refusal(cluster)
-    if refusal:
-        raise UserError(f"--emit {framework}: {refusal}")
+    if cluster.torus and module.GPU_ONLY:
+        raise UserError(f"--emit {framework}: {module.GPU_ONLY} runs on GPUs; {cluster.name} is a TPU slice, use "
+                        "--emit maxtext")
     if steps <= 0:
         raise UserError(f"--steps must be positive, got {steps}")
     asked = predict(model, cluster, layout, global_batch, precision)

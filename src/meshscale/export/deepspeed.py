@@ -12,15 +12,10 @@ from meshscale.export import Job, change
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import ModelSpec
 
+GPU_ONLY = "DeepSpeed"  # named in the refusal of a TPU slice
 PRECISIONS = {"fp8": ("bf16", "DeepSpeed's JSON has no FP8 switch (FP8 GEMMs live in Transformer Engine "
                               "modules)"),
               "bf16-pure": ("bf16", "DeepSpeed's bf16 mode keeps fp32 master weights (16 B/param)")}
-
-
-def refusal(cluster) -> str | None:
-    if cluster.torus:
-        return f"DeepSpeed runs on GPUs; {cluster.name} is a TPU slice, use --emit maxtext"
-    return None
 
 
 def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:

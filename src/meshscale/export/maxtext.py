@@ -15,6 +15,7 @@ from meshscale.export import Job, change
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import ModelSpec
 
+GPU_ONLY = None  # MaxText runs on TPU slices and GPUs alike
 PRECISIONS: dict = {}  # each precision runs as asked
 # MaxText's own model configs of our presets (configs/models/*.yml)
 MODEL_NAMES = {"llama2-7b": "llama2-7b", "llama2-13b": "llama2-13b", "llama2-70b": "llama2-70b",
@@ -23,10 +24,6 @@ MODEL_NAMES = {"llama2-7b": "llama2-7b", "llama2-13b": "llama2-13b", "llama2-70b
 # remat_policy: MaxText's policies from fastest (saves most) to slowest; 'minimal_with_context' keeps every
 # matmul output and the attention context, the nearest to recompute=none
 REMAT = {"none": "minimal_with_context", "full": "full"}
-
-
-def refusal(cluster) -> str | None:
-    return None
 
 
 def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:

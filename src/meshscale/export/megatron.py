@@ -14,13 +14,8 @@ from meshscale.export import Job, Shape, change
 from meshscale.specs.layout import Layout, split_layers
 from meshscale.specs.model import ModelSpec
 
+GPU_ONLY = "Megatron-LM"  # named in the refusal of a TPU slice
 PRECISIONS = {"bf16-pure": ("bf16", "Megatron-LM keeps fp32 main parameters under --bf16 (16 B/param)")}
-
-
-def refusal(cluster) -> str | None:
-    if cluster.torus:
-        return f"Megatron-LM runs on GPUs; {cluster.name} is a TPU slice, use --emit maxtext"
-    return None
 
 
 def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:

@@ -15,18 +15,13 @@ from meshscale.export import Job, Shape, change
 from meshscale.specs.layout import Layout, split_layers
 from meshscale.specs.model import ModelSpec, load_model
 
+GPU_ONLY = "torchtitan"  # named in the refusal of a TPU slice
 PRECISIONS: dict = {}  # each precision runs as asked
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B",
              "zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
 # torchtitan's own model flavors of our presets (torchtitan/models/*/__init__.py)
 FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3-405b": ("llama3", "405B"),
            "deepseek-v3": ("deepseek_v3", "671B")}
-
-
-def refusal(cluster) -> str | None:
-    if cluster.torus:
-        return f"torchtitan runs on GPUs; {cluster.name} is a TPU slice, use --emit maxtext"
-    return None
 
 
 def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
