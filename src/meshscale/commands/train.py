@@ -59,6 +59,17 @@ def add_arguments(parser) -> None:
                         help="re-run an anomalous step from a pre-step snapshot: transient or persistent")
 
 
+def _note_seq(cfg, spec) -> None:
+    """A Hugging Face config's own length is its max_position_embeddings: say so when training at it."""
+    import sys
+
+    from meshscale.specs.model import is_hf_model
+
+    if not cfg.seq and is_hf_model(cfg.init_from or cfg.model):
+        print(f"meshscale: note: sequence length {spec.seq:,} tokens, the config's max_position_embeddings; "
+              "pass --seq to train at another", file=sys.stderr)
+
+
 def run(args) -> int:
     from meshscale.runtime.loop import launch
 
@@ -72,6 +83,7 @@ def run(args) -> int:
         launch.run_here(resolve(cfg, outer))
         launch.exit_worker(0)
     checked = resolve(cfg, cfg.nproc)
+    _note_seq(cfg, checked.spec)
     if cfg.nproc == 1:
         launch.run_here(checked)
     else:
