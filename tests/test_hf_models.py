@@ -173,3 +173,25 @@ def test_train_from_transformers_checkpoints_then_export(tmp_path):
         x = tokens(vocab=256)
         with torch.no_grad():
             assert (ours(x) - theirs(x).logits).abs().max().item() < 1e-5
+
+
+def test_init_from_refusals_are_one_line(tmp_path):
+    import json
+
+    from meshscale.errors import UserError
+    from meshscale.runtime.loop.config import TrainConfig, resolve
+
+    def refused(match, **options):
+        with pytest.raises(UserError, match=match):
+            resolve(TrainConfig(global_batch=2, **options), 1)
+
+    refused("not a directory", init_from=str(tmp_path / "nowhere"))
+    config(case := "qwen3").save_pretrained(tmp_path / case)  # a config, no weights
+    refused("no model.safetensors or model.safetensors.index.json", init_from=str(tmp_path / case))
+    save(config(case), tmp_path / case)
+    refused("--model tiny-gpt is not the model in --init-from", init_from=str(tmp_path / case), model="tiny-gpt")
+    assert resolve(TrainConfig(global_batch=2, init_from=str(tmp_path / case), seq=32), 1).spec.qk_norm
+    quantized = json.loads((tmp_path / case / "config.json").read_text())
+    quantized["quantization_config"] = {"quant_method": "fp8"}
+    (tmp_path / case / "config.json").write_text(json.dumps(quantized))
+    refused("quantized weights \\(fp8\\) are not read", init_from=str(tmp_path / case))
