@@ -8,6 +8,7 @@ import argparse
 import importlib
 import sys
 
+from meshscale import __version__
 from meshscale.errors import UserError, fail
 
 COMMANDS = {
@@ -18,6 +19,8 @@ COMMANDS = {
     "train": ("meshscale.commands.train", "train on torch.distributed with a layout; measure beside prediction"),
     "calibrate": ("meshscale.commands.calibrate", "measure this machine and write it as a ClusterSpec file"),
     "export": ("meshscale.commands.export", "write a training checkpoint as a Hugging Face model directory"),
+    "budget": ("meshscale.commands.budget", "cluster, devices and layout that train N tokens by a deadline, cheapest"),
+    "check": ("meshscale.commands.check", "a torchtitan or Megatron-LM job's log beside the prediction for its config"),
 }
 
 
@@ -28,6 +31,7 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="meshscale", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"meshscale {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     argv = sys.argv[1:] if argv is None else argv
     chosen = next((a for a in argv if not a.startswith("-")), None)

@@ -19,7 +19,6 @@ from contextlib import ExitStack
 import torch
 import torch.distributed as dist
 
-from meshscale.errors import UserError
 from meshscale.parallel.context import apply_context_parallel
 from meshscale.parallel.data_parallel import DDP, Local, PipelinedDDP
 from meshscale.parallel.expert import apply_expert_parallel, build_expert_mesh, expert_data_parallel
@@ -30,13 +29,7 @@ from meshscale.parallel.recompute import apply_recompute
 from meshscale.parallel.tensor import apply_tensor_parallel, scatter_gather_stage, tp_duplicate
 from meshscale.parallel.tied import TiedEmbeddings
 from meshscale.parallel.zero import Zero
-from meshscale.specs.layout import Layout, trainer_refusal
-
-
-def check_runtime(layout: Layout, model) -> None:
-    reason = trainer_refusal(layout, model)
-    if reason:
-        raise UserError(f"layout {layout}: {reason}")
+from meshscale.specs.layout import Layout, check_trainable
 
 
 class Parallel:
@@ -87,7 +80,7 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
                  load=None) -> Parallel:
     """load(module, tp_rank, tp): fills a chunk's parameters (its tensor-, pipeline- and expert-parallel
     pieces, under their global names) before data parallelism copies or shards them (--init-from)."""
-    check_runtime(layout, model.spec)
+    check_trainable(layout, model.spec)
     tp_rank = mesh["tp"].get_local_rank() if mesh is not None else 0
     if layout.pp > 1:
         chunks = pipeline_chunks(model, layout, mesh["pp"].get_local_rank())

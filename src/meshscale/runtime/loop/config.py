@@ -7,11 +7,10 @@ from pathlib import Path
 
 from meshscale.errors import UserError
 from meshscale.models import hf_weights
-from meshscale.parallel.apply import check_runtime
 from meshscale.runtime.loop.data import check_tokens, load_tokens
 from meshscale.runtime.resilience.checkpoint import check_dir
 from meshscale.specs.cluster import load_cluster
-from meshscale.specs.layout import Layout, check_against
+from meshscale.specs.layout import Layout, check_against, check_trainable
 from meshscale.specs.loading import build, read_mapping
 from meshscale.specs.model import ModelSpec, load_model
 
@@ -90,7 +89,7 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
     if cfg.seq:
         spec = spec.with_seq(cfg.seq)
     layout = Layout.parse(cfg.layout, devices=world)
-    check_runtime(layout, spec)
+    check_trainable(layout, spec)
     per_rank = cfg.global_batch // layout.dp
     if cfg.global_batch % layout.dp:
         raise UserError(f"global batch {cfg.global_batch} does not split over dp={layout.dp}; "
