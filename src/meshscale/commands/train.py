@@ -1,7 +1,10 @@
 """`meshscale train`: check everything, then run here, as N local processes, or as one worker of an
 outer torchrun."""
 
+import sys
+
 from meshscale.runtime.loop.config import config_fields, load_config, resolve, world_from_env
+from meshscale.specs.model import is_hf_model
 
 _HELP = {
     "config": "TOML file of train options (top level or a [train] table); flags override it",
@@ -10,19 +13,29 @@ _HELP = {
     "init_from": "start from the weights of this Hugging Face model directory (save_pretrained's safetensors, "
                  "sharded or not); each rank reads only its pieces",
     "layout": "layout string, e.g. dp=2,zero=2 or fsdp=2 (dp fills the processes when left out)",
-    "nproc": "local processes to start through torch.distributed's launcher (default 1)",
+    "nproc": "processes to start on this node through torch.distributed's launcher (default 1)",
+    "nnodes": "nodes of the run (default 1); run the same command on each with its --node-rank",
+    "node_rank": "this node's index, 0..nnodes-1 (node 0 hosts the rendezvous)",
+    "master_addr": "address of node 0, reachable from every node (needed with --nnodes > 1)",
+    "master_port": "TCP port of the rendezvous on node 0 (default 29500)",
     "steps": "optimizer steps", "global_batch": "sequences per optimizer step",
     "seq": "sequence length (default: the model's)", "seed": "initialisation and data seed",
     "precision": "fp32 or bf16 (bf16 autocast, fp32 master weights and reductions)",
     "lr": "peak learning rate", "min_lr": "final learning rate of the cosine decay",
     "warmup": "linear warm-up steps", "weight_decay": "AdamW weight decay", "clip": "gradient-norm clip (0: off)",
-    "bucket_mb": "gradient bucket size in MiB (DDP, ZeRO)",
-    "data": "text file, directory of text files, or .bin token file (default: Python's standard library)",
+    "bucket_mb": "gradient bucket size in MiB (DDP, ZeRO; default 25, torch DDP's)",
+    "data": "indexed dataset PREFIX (PREFIX.bin + PREFIX.idx from `meshscale data prepare`), text file, directory "
+            "of text files, or .bin of raw token ids (default: Python's standard library)",
     "val_batches": "global batches of held-out text for the final validation loss",
     "log_every": "print every n-th step",
     "metrics_out": "write one JSON object per step to this new file",
     "trace": "write the last step's pipeline forward/backward runs as Chrome-trace JSON to this new file "
              "(pp > 1) and print the measured bubble beside the predicted one",
+    "tensorboard": "write TensorBoard event files here, each step's measured values beside the prediction",
+    "wandb": "write a Weights & Biases run in this folder (offline unless WANDB_MODE says otherwise), measured "
+             "beside predicted",
+    "profile": "trace these steps with torch.profiler, e.g. 3, 2,5 or 2-4 (Chrome traces in --profile-dir)",
+    "profile_dir": "folder of --profile's traces, one file per step and rank (default ./profile)",
     "plot": "draw the loss and the measured vs predicted step time as a PNG in this new file",
     "device": "auto, cpu or cuda",
     "cluster": "ClusterSpec that --predict uses: a preset or a file from `meshscale calibrate` (default local-cpu)",
@@ -37,7 +50,7 @@ _HELP = {
     "max_restarts": "restart all local workers this many times after a failure, resuming from the newest "
                     "checkpoint (needs --checkpoint-dir; under an outer torchrun use torchrun --max-restarts)",
 }
-_FLAGS = ("overwrite", "predict", "replay_anomalies")
+_FLAGS = ("overwrite", "predict", "replay_anomalies", "document_mask")
 
 
 def add_arguments(parser) -> None:
@@ -45,7 +58,7 @@ def add_arguments(parser) -> None:
         flag = "--" + name.replace("_", "-")
         if name in _FLAGS:
             continue
-        kind = {"nproc": int, "steps": int, "global_batch": int, "seq": int, "seed": int, "val_batches": int, "log_every": int,
+        kind = {"nproc": int, "nnodes": int, "node_rank": int, "master_port": int, "steps": int, "global_batch": int, "seq": int, "seed": int, "val_batches": int, "log_every": int,
                 "lr": float, "min_lr": float, "warmup": int, "weight_decay": float, "clip": float,
                 "bucket_mb": float, "timeout": float, "spike_sigma": float, "sdc_check_every": int,
                 "checkpoint_every": int, "keep": int, "max_restarts": int}.get(name, str)
@@ -55,16 +68,15 @@ def add_arguments(parser) -> None:
                         help="allow replacing --metrics-out, --trace and --plot")
     parser.add_argument("--predict", action="store_true", default=None,
                         help="print the cost model's prediction beside what was measured")
+    parser.add_argument("--document-mask", action="store_true", default=None,
+                        help="attention stays within each document and positions restart at each one "
+                             "(needs an indexed dataset; not with pp or cp)")
     parser.add_argument("--replay-anomalies", action="store_true", default=None,
                         help="re-run an anomalous step from a pre-step snapshot: transient or persistent")
 
 
 def _note_seq(cfg, spec) -> None:
     """A Hugging Face config's own length is its max_position_embeddings: say so when training at it."""
-    import sys
-
-    from meshscale.specs.model import is_hf_model
-
     if not cfg.seq and is_hf_model(cfg.init_from or cfg.model):
         print(f"meshscale: note: sequence length {spec.seq:,} tokens, the config's max_position_embeddings; "
               "pass --seq to train at another", file=sys.stderr)
@@ -82,9 +94,9 @@ def run(args) -> int:
     if outer is not None:  # one worker of an outer torchrun: every process checks, then trains
         launch.run_here(resolve(cfg, outer))
         launch.exit_worker(0)
-    checked = resolve(cfg, cfg.nproc)
+    checked = resolve(cfg, cfg.nproc * cfg.nnodes)
     _note_seq(cfg, checked.spec)
-    if cfg.nproc == 1:
+    if cfg.nproc * cfg.nnodes == 1:
         launch.run_here(checked)
     else:
         launch.launch_local(checked)

@@ -97,7 +97,7 @@ def mesh(layout: Layout, slice_size: int) -> dict[str, int]:
 def render(job: Job) -> str:
     lay, model = job.layout, job.model
     accumulate = job.microbatches if lay.pp == 1 else 1
-    values = {"base_config": "base.yml", "run_name": f"meshscale-{model.name}",
+    values: dict[str, object] = {"base_config": "base.yml", "run_name": f"meshscale-{model.name}",
               "hardware": "tpu" if job.cluster.torus else "gpu", "steps": job.steps}
     values |= {"model_name": MODEL_NAMES[model.name]} if model.name in MODEL_NAMES else _shape(model)
     values |= {"max_target_length": model.seq,

@@ -9,7 +9,7 @@ the sequence, and EP borrows its ranks from dp_shard x cp with the experts TP-sh
 import json
 import tomllib
 
-from meshscale.cost.comm import DDP_BUCKET_BYTES
+from meshscale.cost.comm import bucket_params
 from meshscale.errors import UserError
 from meshscale.export import Job, Shape, change
 from meshscale.specs.layout import Layout, split_layers
@@ -59,7 +59,7 @@ def render(job: Job) -> str:
     name, flavor = FLAVORS.get(model.name, ("llama3", model.name))
     dp_shard = lay.shard_size // lay.cp if lay.zero >= 2 else 1
     replicate = lay.replicas if lay.zero >= 2 else lay.dp
-    parallelism = {
+    parallelism: dict[str, object] = {
         "data_parallel_replicate_degree": replicate,
         "data_parallel_shard_degree": dp_shard,
         # ZeRO-2: parameters stay gathered from forward through backward; ZeRO-3 reshards them after forward
@@ -106,7 +106,8 @@ def render(job: Job) -> str:
     header = [f"# meshscale: {model.name}, {job.global_batch} x {model.seq} tokens a step on {lay.devices} x "
               f"{job.cluster.name}, layout {lay}",
               f"# The cost model assumed FSDP2's prefetch of the next block (on: {sw.fsdp_prefetch}), gradients "
-              f"reduced in fp32, DDP buckets of {DDP_BUCKET_BYTES / 1e6:.0f} MB (torch's default)."]
+              f"reduced in fp32, DDP buckets of {bucket_params(sw, lay.dp * lay.cp) / 1e6:.1f}M parameters "
+              f"({sw.framework}'s default unless [software] grad_bucket_params says otherwise)."]
     return "\n".join(header) + "\n\n" + toml(sections)
 
 

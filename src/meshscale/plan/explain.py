@@ -58,7 +58,7 @@ def rejected(plan: Plan) -> list[tuple[str, str]]:
     out = []
     for alt in plan.rejected:
         diff = {k: v - base.get(k, 0.0) for k, v in components(alt).items()}
-        worst = max(diff, key=diff.get)
+        worst = max(diff, key=lambda k: diff[k])
         out.append((alt.layout, f"+{ms(alt.step_time_s - win.step_time_s)}: {worst} {ms(diff[worst])} longer"))
     return out
 
@@ -129,7 +129,7 @@ def _best_other(model, cluster, devices, batch, precision, headroom, win, plan) 
     alt = found[0]
     base = components(win)
     diff = {k: v - base.get(k, 0.0) for k, v in components(alt).items()}
-    worst = max(diff, key=diff.get)
+    worst = max(diff, key=lambda k: diff[k])
     return (f"the best layout with TP, PP or EP, {alt.layout}, is predicted {ms(alt.step_time_s)} "
             f"(+{ms(alt.step_time_s - win.step_time_s)}, most of it {worst}: {ms(diff[worst])} longer)")
 
@@ -145,9 +145,9 @@ def _why_tp(model, cluster, devices, batch, precision, headroom, layout, win, pl
     domain = cluster.tiers[0].name
     neighbours = []
     for other in sorted({max(1, tp // 2), tp * 2} - {tp}):
-        sub = search_within(plan, model, cluster, devices, batch, precision, headroom, cross_tp=True,
+        sub = search_within(plan, model, cluster, devices, batch, precision, headroom, cross_tp=True, shapes=1,
                             where=lambda t, pp, cp, dp, ep, o=other: t == o, fix=_except(plan.fixed, "tp", "dp"))
-        if sub:
+        if sub:  # its time only
             neighbours.append(f"tp={other} at best {ms(sub[0].step_time_s)}")
         else:
             neighbours.append(f"tp={other} fits nowhere")
