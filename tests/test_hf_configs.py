@@ -187,6 +187,8 @@ def test_the_planner_costs_the_counted_parameters():
     ({"tie_word_embeddings": 1}, "tie_word_embeddings must be true or false"),
     ({"num_hidden_layers": None}, "lacks 'num_hidden_layers'"),
     ({"rope_scaling": {"rope_type": "su"}}, "rope scaling 'su' is not supported"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "llama3 rope scaling needs 'original_max_position"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": "8"}}, "factor must be a number, got '8'"),
     ({"attention_bias": True}, "attention_bias=true is not supported"),
     ({"hidden_act": "relu"}, "hidden_act='relu' is not supported"),
     ({"logit_scale": 0.5}, "field(s) logit_scale of model_type llama are not ones meshscale maps"),

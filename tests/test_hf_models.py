@@ -10,19 +10,29 @@ from meshscale.specs.model import load_model
 
 
 
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Each case saved once (in several safetensors files with an index), with transformers' logits."""
+    root = tmp_path_factory.mktemp("hf")
+    out = {}
+    for case in NAMES:
+        hf = save(config(case), root / case, shard="30KB")
+        with torch.no_grad():
+            out[case] = (root / case, hf(tokens()).logits, sum(p.numel() for p in hf.parameters()))
+    return out
+
+
 @pytest.mark.parametrize("case", NAMES)
-def test_logits_equal_transformers(tmp_path, case):
-    hf = save(config(case), tmp_path, shard="20KB" if case == "mixtral" else None)
-    if case == "mixtral":
-        assert (tmp_path / "model.safetensors.index.json").is_file()
-    spec = load_model(str(tmp_path))
-    assert spec.param_count() == sum(p.numel() for p in hf.parameters())
+def test_logits_equal_transformers(saved, case):
+    path, want, count = saved[case]
+    assert (path / "model.safetensors.index.json").is_file()
+    spec = load_model(str(path))
+    assert spec.param_count() == count
     model = Transformer(spec).eval()
-    load(model, tmp_path, spec, full_shapes(spec))
-    x = tokens()
+    load(model, path, spec, full_shapes(spec))
     with torch.no_grad():
-        ours, theirs = model(x), hf(x).logits
-    assert (ours - theirs).abs().max().item() < 1e-5, (ours - theirs).abs().max().item()
+        got = model(tokens())
+    assert (got - want).abs().max().item() < 1e-5, (got - want).abs().max().item()
 
 
 # ---- under layouts: each rank loads only its pieces ----------------------------------------------------
@@ -79,16 +89,13 @@ def _logits_under_layouts(rank, world, jobs):
     return out
 
 
-def test_logits_equal_transformers_under_layouts(tmp_path):
+def test_logits_equal_transformers_under_layouts(saved):
     from multirank import run_ranks
 
     jobs = []
-    for case in NAMES:
-        hf = save(config(case), tmp_path / case, shard="30KB")  # several files: each rank opens those it needs
-        with torch.no_grad():
-            want = hf(tokens()).logits
+    for case, (path, want, _) in saved.items():  # several files: each rank opens those it needs
         moe = "moe" in case or case == "mixtral"
-        jobs.append((case, str(tmp_path / case), MOE_LAYOUTS if moe else DENSE, want))
+        jobs.append((case, str(path), MOE_LAYOUTS if moe else DENSE, want))
     per_rank = run_ranks(2, _logits_under_layouts, jobs)
     assert len(per_rank[0]) == sum(len(j[2]) for j in jobs)
     for diffs in per_rank:
@@ -166,3 +173,25 @@ def test_train_from_transformers_checkpoints_then_export(tmp_path):
         x = tokens(vocab=256)
         with torch.no_grad():
             assert (ours(x) - theirs(x).logits).abs().max().item() < 1e-5
+
+
+def test_init_from_refusals_are_one_line(tmp_path):
+    import json
+
+    from meshscale.errors import UserError
+    from meshscale.runtime.loop.config import TrainConfig, resolve
+
+    def refused(match, **options):
+        with pytest.raises(UserError, match=match):
+            resolve(TrainConfig(global_batch=2, **options), 1)
+
+    refused("not a directory", init_from=str(tmp_path / "nowhere"))
+    config(case := "qwen3").save_pretrained(tmp_path / case)  # a config, no weights
+    refused("no model.safetensors or model.safetensors.index.json", init_from=str(tmp_path / case))
+    save(config(case), tmp_path / case)
+    refused("--model tiny-gpt is not the model in --init-from", init_from=str(tmp_path / case), model="tiny-gpt")
+    assert resolve(TrainConfig(global_batch=2, init_from=str(tmp_path / case), seq=32), 1).spec.qk_norm
+    quantized = json.loads((tmp_path / case / "config.json").read_text())
+    quantized["quantization_config"] = {"quant_method": "fp8"}
+    (tmp_path / case / "config.json").write_text(json.dumps(quantized))
+    refused("quantized weights \\(fp8\\) are not read", init_from=str(tmp_path / case))

@@ -1,7 +1,10 @@
 """`meshscale train`: check everything, then run here, as N local processes, or as one worker of an
 outer torchrun."""
 
+import sys
+
 from meshscale.runtime.loop.config import config_fields, load_config, resolve, world_from_env
+from meshscale.specs.model import is_hf_model
 
 _HELP = {
     "config": "TOML file of train options (top level or a [train] table); flags override it",
@@ -72,6 +75,13 @@ def add_arguments(parser) -> None:
                         help="re-run an anomalous step from a pre-step snapshot: transient or persistent")
 
 
+def _note_seq(cfg, spec) -> None:
+    """A Hugging Face config's own length is its max_position_embeddings: say so when training at it."""
+    if not cfg.seq and is_hf_model(cfg.init_from or cfg.model):
+        print(f"meshscale: note: sequence length {spec.seq:,} tokens, the config's max_position_embeddings; "
+              "pass --seq to train at another", file=sys.stderr)
+
+
 def run(args) -> int:
     from meshscale.runtime.loop import launch
 
@@ -85,6 +95,7 @@ def run(args) -> int:
         launch.run_here(resolve(cfg, outer))
         launch.exit_worker(0)
     checked = resolve(cfg, cfg.nproc * cfg.nnodes)
+    _note_seq(cfg, checked.spec)
     if cfg.nproc * cfg.nnodes == 1:
         launch.run_here(checked)
     else:

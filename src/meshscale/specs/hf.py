@@ -92,7 +92,14 @@ def _rope(f: Fields) -> dict:
     if kind not in ("default", "linear", "llama3", "yarn", "longrope", "dynamic"):
         raise UserError(f"{f.source}: rope scaling {kind!r} is not supported; meshscale reads default, linear, "
                         "llama3, yarn, longrope and dynamic")
-    for key, value in (("rope_theta", theta), ("partial_rotary_factor", fraction)):
+    needs = {"linear": ("factor",), "llama3": ("factor", "original_max_position_embeddings")}.get(kind, ())
+    for key in needs:
+        if key not in params:
+            raise UserError(f"{f.source}: {kind} rope scaling needs {key!r}")
+    numbers = [("rope_theta", theta), ("partial_rotary_factor", fraction)] + [
+        (key, params[key]) for key in ("factor", "low_freq_factor", "high_freq_factor",
+                                       "original_max_position_embeddings") if key in params]
+    for key, value in numbers:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise UserError(f"{f.source}: {key} must be a number, got {value!r}")
     out: dict[str, float | str] = {"rope_theta": float(theta), "rotary_fraction": float(fraction)}
