@@ -16,8 +16,8 @@ from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import Layout
 
 # aten operators of models/transformer.py, counted with a TorchDispatchMode (tests/test_calibrate.py recounts them):
-FORWARD_OPS_PER_LAYER = 94  # one block: two RMSNorms, q/k/v/o, RoPE, SDPA, SwiGLU, residuals
-BACKWARD_OPS_PER_LAYER = 150
+FORWARD_OPS_PER_LAYER = 90  # one block: two RMSNorms, q/k/v/o, half-split RoPE, SDPA, SwiGLU, residuals
+BACKWARD_OPS_PER_LAYER = 154
 SELECTIVE_OPS_PER_LAYER = 12  # the attention core (RoPE, SDPA, reshapes) run again before backward
 ROOT_FORWARD_OPS, ROOT_BACKWARD_OPS = 20, 34  # embedding, final norm, head, cross-entropy
 OPTIMIZER_OPS_PER_TENSOR = 10  # AdamW with foreach=False (runtime/loop/optim.py): one update per tensor
