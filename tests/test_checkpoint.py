@@ -317,6 +317,10 @@ def _bad_cases() -> list:
         ([], "unreadable manifest.json", damaged_manifest),
         ([], "file __0_0.distcp is missing", missing_shard),
         (["--max-restarts", "1", "--checkpoint-dir", ""], "pass --checkpoint-dir DIR too", None),
+        # another run's checkpoint: its settings must match, or the user says they may change
+        (["--seed", "1", "--global-batch", "4"], ("saved by a run with other settings (--seed 0 -> 1; "
+                                                   "--global-batch 8 -> 4)"), None),
+        (["--lr", "0.001", "--data", __file__], "--data None -> ", None),
     ]
 
 
@@ -335,6 +339,8 @@ def test_bad_checkpoint_input_is_one_line_and_changes_nothing(tmp_path, one_proc
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.count("\n") == 1 and message in err, (extra, err)
         assert _tree(d) == before, extra
+    _copy_checkpoint(f"{one_process[0]}/full", 2, str(tmp_path / "allowed"))
+    _run(model_file, "dp=1", 1, str(tmp_path / "allowed"), seed=1, allow_config_change=True)  # accepted
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("x")
     for target, message in ((not_a_dir, "is a file"), (not_a_dir / "sub", "is not writable")):

@@ -4,12 +4,19 @@ launcher (torch.distributed.launcher, what `torchrun` runs), or as one worker of
 A worker that fails writes its error to torchelastic's per-worker error file and exits; the launcher
 then stops the other workers (no rank is left hanging in a collective) and we print the error of the
 rank that failed first, once.
+
+Workers die with their launcher: each asks the kernel for SIGKILL when its parent dies (PR_SET_PDEATHSIG),
+so a launcher killed with SIGKILL leaves no worker training unsupervised. A SIGTERM/SIGINT to the launcher
+reaches the workers through torchelastic (once: they run in their own sessions), which waits for them to
+finish their step and save (runtime/resilience/preemption.py).
 """
 
+import ctypes
 import json
 import logging
 import os
 import pickle
+import signal
 import sys
 import tempfile
 import time
@@ -21,6 +28,9 @@ from meshscale.parallel.mesh import forget_meshes
 from meshscale.runtime.loop.config import Resolved
 from meshscale.runtime.loop.trainer import pick_device, train
 from meshscale.runtime.measure.metrics import predicted, print_report
+from meshscale.runtime.resilience.preemption import EXIT_PREEMPTED, STATUS_ENV, Preempted, leave_status, read_status
+
+_LAUNCHER_ENV = "MESHSCALE_LAUNCHER_PID"
 
 
 def run_here(run: Resolved) -> dict:
@@ -62,10 +72,19 @@ def _shut_down() -> None:
     dist.destroy_process_group()
 
 
-def launch_local(run: Resolved) -> None:
+def say_stopped(line: str, rank0: bool = True) -> None:
+    """The one line of a run a signal or --time-limit stopped (preemption.Preempted), from rank 0 only."""
+    if rank0:
+        print(f"meshscale: {line}", file=sys.stderr, flush=True)
+
+
+def launch_local(run: Resolved) -> int:
     """Start run.config.nproc local workers with torch.distributed's elastic launcher (c10d rendezvous on a
     free port) and wait for them. With --max-restarts R, when a worker fails the launcher stops them all
-    and starts the group again, up to R times; each new group resumes from the newest checkpoint."""
+    and starts the group again, up to R times; each new group resumes from the newest checkpoint. Returns
+    0, or EXIT_PREEMPTED when a signal or --time-limit stopped the workers after they saved; a second
+    signal ends the launcher at once, and its workers with it (128 + the signal's number)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -78,9 +97,13 @@ def launch_local(run: Resolved) -> None:
     # ("recvValue failed ... Connection reset by peer") before the launcher stops them, burying the one line
     # that says what went wrong. Failures reach the user through the error files instead.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # we report failures ourselves
+    # we report failures and signals ourselves; torchelastic's modules set their loggers' levels one by one
+    for name in [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")]:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     with tempfile.TemporaryDirectory(prefix="meshscale-") as tmp:
         spec_file = os.path.join(tmp, "run.pkl")
+        os.environ[STATUS_ENV] = status = os.path.join(tmp, "status.json")
+        os.environ[_LAUNCHER_ENV] = str(os.getpid())
         with open(spec_file, "wb") as f:
             pickle.dump(run, f)
         config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=run.config.nproc, run_id=str(uuid.uuid4()),
@@ -91,6 +114,16 @@ def launch_local(run: Resolved) -> None:
             elastic_launch(config, sys.executable)("-m", "meshscale.runtime.loop.launch", spec_file)
         except ChildFailedError as e:
             raise UserError(first_failure(e)) from None
+        except SignalException as e:
+            if read_status(status) is None:  # a second signal, or workers that could not save in time
+                print(f"meshscale: {e.sigval.name}: stopped at once; nothing saved since the last checkpoint",
+                      file=sys.stderr, flush=True)
+                return 128 + e.sigval
+        line = read_status(status)
+        if line is not None:
+            say_stopped(line)
+            return EXIT_PREEMPTED
+    return 0
 
 
 def first_failure(error) -> str:
@@ -106,11 +139,27 @@ def first_failure(error) -> str:
     return f"rank {rank} failed: {message}"
 
 
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent (the launcher) dies, and die now if it already has
+    (it died before the request: this process was handed to another parent)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the launcher's own shutdown is all there is
+        return
+    if str(os.getppid()) != os.environ.get(_LAUNCHER_ENV, str(os.getppid())):
+        os._exit(1)
+
+
 def _worker(spec_file: str) -> int:
+    die_with_parent()
     with open(spec_file, "rb") as f:
         run = pickle.load(f)
     try:
         run_here(run)
+        return 0
+    except Preempted as e:  # exit 0: a failure would be restarted; the launcher reports the line
+        if os.environ.get("RANK") == "0":
+            leave_status(str(e))
         return 0
     except BaseException as e:  # noqa: BLE001 - every failure must reach the launcher, once
         message = str(e) if isinstance(e, UserError) else traceback.format_exc().rstrip()
