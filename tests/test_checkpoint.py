@@ -308,8 +308,20 @@ def _bad_cases() -> list:
     def missing_shard(d: Path):
         (d / "step-00000002" / "__0_0.distcp").unlink()
 
+    def edit_manifest(**fields):
+        def edit(d: Path):
+            path = d / "step-00000002" / "manifest.json"
+            path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+        return edit
+
+    def stray(d: Path):
+        (d / "step-00000001").write_text("notes")  # a file named like a checkpoint
+
     return [
         (["--keep", "1"], "--keep must be at least 2", None),
+        ([], "its manifest.json says step 7, not what the directory holds", edit_manifest(step=7)),
+        ([], "its manifest.json lists no DCP .metadata file", edit_manifest(files={})),
+        ([], "holds step-00000001, which is not a meshscale checkpoint", stray),
         (["--checkpoint-every", "0"], "--checkpoint-every must be at least 1", None),
         (["--model", "tiny"], "holds a different model (layers 4 vs 8", None),
         (["--precision", "bf16"], "trained at --precision fp32, not bf16", None),

@@ -64,7 +64,7 @@ def complete(root: str | Path) -> list[tuple[int, Path]]:
     """(step, directory) of every committed checkpoint under root, oldest first."""
     found = []
     for d in Path(root).glob(f"{_PREFIX}*"):
-        if (d / MANIFEST).is_file() and d.name[len(_PREFIX):].isdigit():
+        if _step_dir_name(d) and (d / MANIFEST).is_file():
             found.append((int(d.name[len(_PREFIX):]), d))
     return sorted(found)
 
@@ -78,8 +78,15 @@ def read_manifest(path: Path) -> dict:
 
 
 def verify(path: Path, manifest: dict) -> None:
-    """Every file the manifest lists exists and has its sha256: a truncated or altered shard is never loaded."""
-    for name, digest in manifest["files"].items():
+    """The manifest is this directory's (its step, DCP's metadata among its files), and every file it lists
+    exists and has its sha256: an edited manifest or a truncated or altered shard is never loaded."""
+    step, files = manifest.get("step"), manifest.get("files")
+    what = (f"says step {step}" if step != int(path.name[len(_PREFIX):]) else
+            None if isinstance(files, dict) and ".metadata" in files else "lists no DCP .metadata file")
+    if what:
+        raise UserError(f"checkpoint {path}: its {MANIFEST} {what}, not what the directory holds (edited or "
+                        f"copied?); delete {path} to resume from the previous checkpoint")
+    for name, digest in files.items():
         f = path / name
         if not f.is_file():
             raise UserError(f"checkpoint {path}: file {name} is missing; delete {path} to resume from the "
@@ -145,7 +152,7 @@ def check_dir(root: str, spec, precision: str) -> tuple[int, Path] | None:
         raise UserError(f"--checkpoint-dir {root}: {existing} is not writable; choose a directory you can write to")
     if not p.exists():
         return None
-    strangers = sorted(c.name for c in p.iterdir() if not c.name.startswith(_PREFIX) and c.name != LOCK)
+    strangers = sorted(c.name for c in p.iterdir() if c.name != LOCK and not _step_dir_name(c))
     if strangers:
         raise UserError(f"--checkpoint-dir {root} holds {strangers[0]}, which is not a meshscale checkpoint; "
                         "choose a new or empty directory (old checkpoints there may be deleted)")
@@ -308,8 +315,13 @@ def _retain(root: Path, keep: int) -> None:
         if d != anchor:
             shutil.rmtree(d)
     for d in root.glob(f"{_PREFIX}*"):
-        if not (d / MANIFEST).exists() and d.name[len(_PREFIX):].isdigit() and int(d.name[len(_PREFIX):]) < newest:
+        if _step_dir_name(d) and not (d / MANIFEST).exists() and int(d.name[len(_PREFIX):]) < newest:
             shutil.rmtree(d)
+
+
+def _step_dir_name(d: Path) -> bool:
+    """A directory named like a save (step-NNNNNNNN): any other entry is not ours to read or delete."""
+    return d.name.startswith(_PREFIX) and d.name[len(_PREFIX):].isdigit() and d.is_dir()
 
 
 def newest_verified(found: list[tuple[int, Path]]) -> Path | None:
