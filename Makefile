@@ -8,11 +8,15 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q "torch==2.13.0"
 	$(PY) -m pip install -q -e ".[train,test]"
+	# The frameworks whose own loaders read `--emit`'s configs (tests/test_export.py), without their
+	# dependencies so that torch stays the wheel above; their light dependencies are in the test extra.
+	$(PY) -m pip install -q --no-deps "torchtitan==0.2.2" "megatron-core==0.16.1"
+	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-deps --no-build-isolation "deepspeed==0.19.8"
 	touch $(STAMP)
 
 test: setup

@@ -87,15 +87,21 @@ def test_plan_json_and_emit_torchrun():
 
 
 def test_emit_runs_the_winner_or_falls_back_to_a_layout_the_trainer_runs():
-    # the seed's Problem 3 winner uses context parallelism, which the trainer runs: emitted as it is
-    args = ("--model", "llama2-13b", "--cluster", "tpu-v5p", "--devices", "4096", "--global-batch-tokens",
-            "3145728", "--seq", "32768")
+    # a context-parallel winner, which the trainer runs: emitted as it is, with the steps and data to run
+    args = ("--model", "llama3-70b", "--cluster", "h100-80gb", "--devices", "64", "--global-batch", "256")
     winner = json.loads(cli("plan", *args, "--json").stdout)["ranked"][0]["layout"]
-    r = cli("plan", *args, "--emit", "torchrun")
+    r = cli("plan", *args, "--emit", "torchrun", "--steps", "30", "--data", "corpus dir/")
     assert r.returncode == 0, r.stderr
     (command,) = r.stdout.strip().splitlines()
     layout = Layout.parse(command.split("--layout ")[1].split()[0])
-    assert str(layout) == winner and layout.cp > 1 and layout.devices == 4096
+    assert str(layout) == winner and layout.cp > 1 and layout.devices == 64
+    assert command.endswith("--steps 30 --data 'corpus dir/'")
+    d = json.loads(cli("plan", *args, "--emit", "torchrun", "--json").stdout)  # --json: one object, the line in it
+    assert d["schema_version"] == 1 and d["emit"]["command"] == command.replace("30", "1000").split(" --data")[0]
+    # a TPU slice runs no torchrun: one line pointing at MaxText
+    r = cli("plan", "--model", "llama2-13b", "--cluster", "tpu-v5p", "--devices", "256", "--global-batch", "256",
+            "--emit", "torchrun")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--emit maxtext" in r.stderr
     mixtral = ("plan", "--model", "mixtral-8x7b", "--cluster", "h100-80gb", "--devices", "64", "--global-batch", "256")
     winner = json.loads(cli(*mixtral, "--json").stdout)["ranked"][0]["layout"]
     r = cli(*mixtral, "--emit", "torchrun")

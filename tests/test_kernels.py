@@ -7,7 +7,7 @@ import pytest
 from meshscale.cost.flops import block_matmuls, op_recomputed_matmuls
 from meshscale.cost.kernels import (Gemm, attention_seconds, fp8_cast_seconds, gemm_efficiency, gemm_pass_seconds,
                                     gemm_seconds, layer_gemms, microbatch_seconds)
-from meshscale.cost.step import stage_passes
+from meshscale.cost.step import pipeline_passes
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import load_model
@@ -66,7 +66,7 @@ def test_tp_and_micro_batch_size_change_efficiency_as_on_hardware():
     flops_rate = {}
     for tp, mbs in ((1, 1), (8, 1), (8, 4)):
         layout = Layout(tp=tp, mbs=mbs)
-        passes = stage_passes(model, h100, layout)
+        passes = pipeline_passes(model, h100, layout)[0]
         flops_rate[tp, mbs] = mbs / tp / passes.total  # work per second, in units of one micro-batch
     assert flops_rate[8, 1] < flops_rate[1, 1]  # TP8 shards shrink every GEMM
     assert flops_rate[8, 4] > flops_rate[8, 1]  # a larger micro-batch fills them again
@@ -145,5 +145,5 @@ def test_fp8_runs_the_linear_layers_faster_and_keeps_attention_and_the_head_in_b
     heads = [microbatch_seconds(model, h100, layout, head, True, p) for p in ("bf16", "fp8")]
     assert heads[0] == heads[1]
     # the whole step gains, but less than the GEMMs alone
-    bf16_step, fp8_step = (stage_passes(model, h100, Layout(mbs=1, dp=8), p).total for p in ("bf16", "fp8"))
+    bf16_step, fp8_step = (pipeline_passes(model, h100, Layout(mbs=1, dp=8), p)[0].total for p in ("bf16", "fp8"))
     assert 1.2 < bf16_step / fp8_step < bf16_gemm / fp8_gemm

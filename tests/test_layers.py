@@ -18,13 +18,16 @@ LAYERS = {
     "plan": PLANNING,
     "sim": PLANNING,
     "plots": PLANNING | {"plan", "sim"},
+    "export": PLANNING | {"plan"},
+    "check": PLANNING | {"plan", "export", "check"},
     "models": {"errors", "specs"},
     "parallel": PLANNING | {"models"},
     "runtime": PLANNING | {"models", "parallel", "plots"},
-    "commands": PLANNING | {"plan", "sim", "plots", "models", "parallel", "runtime", "commands"},
+    "commands": PLANNING | {"plan", "sim", "plots", "export", "check", "models", "parallel", "runtime", "commands"},
     "demo": PLANNING | {"plan", "runtime", "commands"},
     "cli": {"errors", "commands"},
-    "__init__": set(),
+    "api": PLANNING | {"plan", "sim"},
+    "__init__": {"api"},
     "__main__": {"cli"},
 }
 

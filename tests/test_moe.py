@@ -92,7 +92,8 @@ def test_cost_model_ep_terms():
     layout = Layout.parse("dp=4,ep=2")
     tokens, m, moe = 2 * SPEC.seq, 1, SPEC.moe_layers
     (op,) = comm.expert_parallel_ops(SPEC, layout, tokens, 4, moe, m)
-    assert op[:3] == ("all_to_all", 4 * moe * SPEC.top_k * tokens * SPEC.hidden * 4, 4 * moe)
+    assert (op.collective, op.bytes, op.calls) == ("all_to_all", 4 * moe * SPEC.top_k * tokens * SPEC.hidden * 4,
+                                                   4 * moe)
     assert _axis_group(layout, "ep") == (2, 1) and _axis_group(layout, "edp") == (2, 2)
     entries = predict(SPEC, load_cluster("local-cpu"), layout, 8, "fp32").comm
     experts = moe * SPEC.experts * SPEC.expert_params() / 2

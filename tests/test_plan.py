@@ -5,7 +5,7 @@ import importlib
 import numpy as np
 import pytest
 
-from meshscale.cost import predict
+from meshscale.cost import bound, predict
 from meshscale.cost.kernels import Passes
 from meshscale.cost.pipeline import bubble_ratio
 
@@ -148,7 +148,7 @@ def test_vectorised_bubble_is_the_closed_form():
         m = np.tile(np.arange(pp, pp + 40), len(scheds)).astype(float)
         for fbw in ((1.0, 1.0, 1.0), (1.0, 1.5, 0.7), (0.3, 0.5, 0.2)):
             f, b, w = (np.full_like(m, x) for x in fbw)
-            got = search_mod._bubble(scheds, k_i, pp, m, f, b, w)
+            got = bound.schedule_bubbles(scheds, k_i, pp, m, f, b, w)
             want = [bubble_ratio(Layout(pp=pp, vpp=vv if pp > 1 else 1, schedule=n), int(mm), Passes(*fbw))
                     for (n, vv), mm in zip((scheds[k] for k in k_i), m)]
             assert got == pytest.approx(want)

@@ -11,15 +11,16 @@ from meshscale.cli import main
 from meshscale.cost import predict
 from meshscale.cost.kernels import Passes
 from meshscale.cost.pipeline import bubble_ratio
-from meshscale.cost.step import chunk_passes, pipeline_passes, stage_passes
+from meshscale.cost.step import chunk_passes, pipeline_passes
 from meshscale.runtime.measure.trace import chrome_trace
 from meshscale.sim import engine
 from meshscale.sim.measured import gaps, read_trace, replay
-from meshscale.sim.schedule import rank_orders, stage_owner
+from meshscale.sim.schedule import rank_orders
 from meshscale.sim.step import simulate
 from meshscale.specs.cluster import PRESETS as CLUSTERS, Software
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import PRESETS as MODELS
+from meshscale.specs.placement import stage_owner
 
 SHAPES = [(s, v) for s, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 3), ("zb", 1),
                               ("zbv", 2), ("dualpipev", 2))]
@@ -124,7 +125,7 @@ def test_predict_computes_from_the_chunks_the_simulator_runs():
                       for r in range(layout.pp))
         pred = predict(MODELS[model], cluster, layout, batch)
         assert pred.compute_s == pytest.approx(pred.microbatches * slowest, rel=1e-12)
-        assert stage_passes(MODELS[model], cluster, layout).total == pytest.approx(slowest, rel=1e-12)
+        assert pipeline_passes(MODELS[model], cluster, layout)[0].total == pytest.approx(slowest, rel=1e-12)
 
 
 @pytest.mark.parametrize("model,layout,devices,batch", AGREE)

@@ -5,6 +5,20 @@ Three pillars share one contract, the Layout:
   * models/                    -- the transformer in plain PyTorch, unaware of parallelism.
   * parallel/, runtime/        -- torch.distributed trainer applying a Layout to an unmodified model.
   * the closed loop            -- every run prints what it measured beside the cost model's prediction.
+
+The Python API (meshscale/api.py): meshscale.predict, meshscale.plan, meshscale.simulate, meshscale.scale,
+each returning a typed result (Prediction, Plan, Simulation, list of scaling Rows).
 """
 
 __version__ = "0.1.0"
+# The version of every --json object's keys (each carries it as "schema_version"): raised when a key is
+# renamed or removed, not when one is added.
+SCHEMA_VERSION = 1
+
+# Loading the API loads the planner package meshscale.plan first, so that the function bound below, not
+# the package, is what `meshscale.plan` names (a submodule binds its name on the parent when first loaded).
+from meshscale.api import (ClusterSpec, Layout, ModelSpec, Plan, Prediction, Row, Simulation,  # noqa: E402
+                           plan, predict, scale, simulate)
+
+__all__ = ["__version__", "SCHEMA_VERSION", "ClusterSpec", "Layout", "ModelSpec", "Plan", "Prediction", "Row",
+           "Simulation", "plan", "predict", "scale", "simulate"]

@@ -1,4 +1,4 @@
-"""`meshscale` command line: predict, plan, scale, simulate, train, calibrate.
+"""`meshscale` command line: predict, plan, scale, simulate, train, calibrate, export.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args) -> int`;
 they are imported lazily so `predict` and `plan` never import torch.
@@ -8,6 +8,7 @@ import argparse
 import importlib
 import sys
 
+from meshscale import __version__
 from meshscale.errors import UserError, fail
 
 COMMANDS = {
@@ -17,6 +18,9 @@ COMMANDS = {
     "simulate": ("meshscale.commands.simulate", "simulate one step event by event: bubble, stragglers, timeline"),
     "train": ("meshscale.commands.train", "train on torch.distributed with a layout; measure beside prediction"),
     "calibrate": ("meshscale.commands.calibrate", "measure this machine and write it as a ClusterSpec file"),
+    "export": ("meshscale.commands.export", "write a training checkpoint as a Hugging Face model directory"),
+    "budget": ("meshscale.commands.budget", "cluster, devices and layout that train N tokens by a deadline, cheapest"),
+    "check": ("meshscale.commands.check", "a torchtitan or Megatron-LM job's log beside the prediction for its config"),
 }
 
 
@@ -27,6 +31,7 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="meshscale", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"meshscale {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     argv = sys.argv[1:] if argv is None else argv
     chosen = next((a for a in argv if not a.startswith("-")), None)

@@ -99,3 +99,21 @@ def training_plot(rows: list[dict], predicted_step_s: float | None, path: str) -
         step.axhline(predicted_step_s * 1e3, color="red", linestyle="--", label="predicted")
     step.set_xlabel("step"), step.set_ylabel("step time (ms)"), step.legend(fontsize=8)
     _save(fig, path)
+
+
+def budget_plot(options, deadline_days: float, title: str, path: str) -> None:
+    """Days against dollars for every (cluster, devices) option; the Pareto front joined, the deadline drawn."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for cluster in dict.fromkeys(o.cluster for o in options):
+        mine = [o for o in options if o.cluster == cluster]
+        ax.scatter([o.days for o in mine], [o.dollars for o in mine], label=cluster, s=18)
+        for o in mine:
+            ax.annotate(f"{o.devices:,}", (o.days, o.dollars), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    front = sorted((o for o in options if o.pareto), key=lambda o: o.days)
+    ax.plot([o.days for o in front], [o.dollars for o in front], "k--", lw=1, label="Pareto front")
+    ax.axvline(deadline_days, color="red", lw=1, label=f"deadline ({deadline_days:g} days)")
+    ax.set_xscale("log"), ax.set_yscale("log")
+    ax.set_xlabel("days (wall clock, failures included)"), ax.set_ylabel("dollars")
+    ax.set_title(title), ax.legend(fontsize=8)
+    _save(fig, path)

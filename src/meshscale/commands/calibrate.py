@@ -4,6 +4,7 @@
 from pathlib import Path
 
 from meshscale.errors import UserError
+from meshscale.specs.cluster import load_cluster
 
 
 def add_arguments(p):
@@ -32,8 +33,6 @@ def run(args) -> int:
 
 def summary(path: str) -> str:
     """What was measured, in one paragraph, read back through the loader that `predict` uses."""
-    from meshscale.specs.cluster import load_cluster
-
     c = load_cluster(path)
     kinds = ", ".join(f"{k} {bw / 1e9:.2f} GB/s {lat * 1e6:.0f} us" for k, lat, bw in c.collectives)
     rates = ", ".join(f"{m}x{n}x{k} {r / 1e9:.1f}" for m, n, k, r in c.gemm_rates)

@@ -1,10 +1,17 @@
 """`meshscale plan`: search every hybrid layout, rank by predicted step time (or cost), explain the winner."""
 
-import json
 import math
+import shlex
 
-from meshscale.commands.predict import add_batch_arguments, add_goodput_arguments, goodput_line, goodput_of, resolve_inputs
+from rich.table import Table
+
+from meshscale.commands.predict import (add_batch_arguments, add_emit_arguments, add_goodput_arguments, goodput_line,
+                                        goodput_of, json_line, print_emitted, resolve_inputs)
+from meshscale.commands.report import make_console
 from meshscale.errors import UserError
+from meshscale.plan.explain import explain, rejected
+from meshscale.plan.search import parse_fix, search, search_within
+from meshscale.specs.layout import Layout, trainer_refusal
 
 
 def add_arguments(p):
@@ -19,14 +26,12 @@ def add_arguments(p):
                    help="time: fastest step; cost: fewest dollars per step, also trying 1/2, 1/4, 1/8 of the devices")
     p.add_argument("--allow-cross-tp", action="store_true", help="let TP span beyond the fast (NVLink) domain")
     p.add_argument("--fix", help="search only layouts with these values, e.g. pp=1,tp=8 or zero=3,schedule=1f1b")
-    p.add_argument("--emit", choices=("torchrun",), help="print the command that runs the winning layout")
+    add_emit_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_goodput_arguments(p)
 
 
 def run(args) -> int:
-    from meshscale.plan.search import parse_fix, search
-
     fix = parse_fix(args.fix) if args.fix is not None else {}
     model, cluster, devices, batch = resolve_inputs(args)
     if args.top < 1:
@@ -55,19 +60,30 @@ def run(args) -> int:
                         f"(at {where}), but {cluster.name} offers {cluster.hbm_bytes * (1 - args.memory_headroom) / 1e9:,.1f} GB "
                         f"after {args.memory_headroom:.0%} headroom; add devices or pick a larger accelerator")
     win_devices = plan.ranked[0].devices
-    if args.emit == "torchrun":
-        print(_emit(args, model, cluster, plan.ranked[0], batch, fix))
-        return 0
     good = goodput_of(args, plan.ranked[0])  # of the winner
-    if args.json:
-        print(json.dumps({**plan.to_dict(), **({"goodput": good.to_dict()} if good else {})}))
+    extra = {**plan.to_dict(), **({"goodput": good.to_dict()} if good else {})}
+    if args.emit == "torchrun":
+        command = emit_torchrun(args, model, cluster, plan.ranked[0], batch, fix, plan)
+        print(json_line({**extra, "emit": {"framework": "torchrun", "command": command}}) if args.json else command)
         return 0
-    from meshscale.plan.explain import explain, rejected
+    if args.emit:
+        print_emitted(args, _emit_framework(args, model, cluster, plan, batch, fix), extra)
+        return 0
+    if args.json:
+        print(json_line(extra))
+        return 0
     _print_human(plan, explain(plan, model, cluster, win_devices, batch, args.precision, args.memory_headroom),
                  rejected(plan), cluster)
     if good:
         print(goodput_line(good))
     return 0
+
+
+def _emit_framework(args, model, cluster, plan, batch: int, fix: dict):
+    from meshscale.export import emit
+
+    return emit(args.emit, model, cluster, Layout.parse(plan.ranked[0].layout), batch, args.precision, args.steps,
+                args.data, headroom=args.memory_headroom, cross_tp=args.allow_cross_tp, fix=fix)
 
 
 def _merge_by_cost(plans, cluster, top):
@@ -82,22 +98,24 @@ def _merge_by_cost(plans, cluster, top):
     return best
 
 
-def _emit(args, model, cluster, winner, batch: int, fix: dict) -> str:
-    """The torchrun line for the winner or, when the trainer cannot run it yet, for the best layout it can
-    run (a `#` line above says why, so the output still pastes into a shell)."""
-    from meshscale.plan.search import search
-    from meshscale.specs.layout import Layout, trainer_refusal
-
+def emit_torchrun(args, model, cluster, winner, batch: int, fix: dict, plan=None) -> str:
+    """The torchrun line for the winner or, when the trainer cannot run it yet, for the best layout of `plan`'s
+    pool it can run (a `#` line above says why, so the output still pastes into a shell; without a plan, refused)."""
+    if cluster.torus:
+        raise UserError(f"--emit torchrun: meshscale train runs on torch.distributed (GPUs or CPUs); {cluster.name} "
+                        "is a TPU slice, use --emit maxtext")
+    if args.steps <= 0:
+        raise UserError(f"--steps must be positive, got {args.steps}")
     reason = trainer_refusal(Layout.parse(winner.layout), model)
     if reason is None:
         return torchrun_command(args, cluster, winner.devices, winner.layout, batch)
-    if trainer_refusal(Layout(), model):
-        raise UserError(f"--emit torchrun: {trainer_refusal(Layout(), model)}")
+    if trainer_refusal(Layout(), model) or plan is None:
+        raise UserError(f"--emit torchrun: {reason or trainer_refusal(Layout(), model)}")
     # the shape filter prunes the search; the full rule (sp, zero, schedule per model family) picks among the top
-    trainable = search(model, cluster, winner.devices, batch, args.precision, top=64, headroom=args.memory_headroom,
-                       cross_tp=args.allow_cross_tp, fix=fix,
-                       where=lambda tp, pp, cp, dp, ep: cp == 1 and model.vocab % tp == 0)
-    runs = [p for p in trainable.ranked if trainer_refusal(Layout.parse(p.layout), model) is None]
+    trainable = search_within(plan, model, cluster, winner.devices, batch, args.precision, args.memory_headroom,
+                              where=lambda tp, pp, cp, dp, ep: cp == 1 and model.vocab % tp == 0, fix=fix,
+                              cross_tp=args.allow_cross_tp, top=64)
+    runs = [p for p in trainable if trainer_refusal(Layout.parse(p.layout), model) is None]
     if not runs:
         raise UserError(f"--emit torchrun: the winner {winner.layout} cannot be trained yet ({reason}) and no "
                         "layout the trainer runs fits; add devices or lower the batch")
@@ -109,19 +127,16 @@ def _emit(args, model, cluster, winner, batch: int, fix: dict) -> str:
 
 def torchrun_command(args, cluster, devices: int, layout: str, batch: int) -> str:
     """torchrun line for `meshscale train`: one process per device, nodes of the fast-domain size."""
-    per_node = min(devices, cluster.tiers[0].size or devices) if not cluster.torus else min(devices, 4)
+    per_node = min(devices, cluster.tiers[0].size or devices)
     nodes = math.ceil(devices / per_node)
     rdzv = " --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29500" if nodes > 1 else ""
     seq = f" --seq {args.seq}" if args.seq else ""
+    data = f" --data {shlex.quote(args.data)}" if args.data else ""
     return (f"torchrun --nnodes {nodes} --nproc-per-node {per_node}{rdzv} -m meshscale train --model {args.model} "
-            f"--layout {layout} --global-batch {batch}{seq} --precision {args.precision}")
+            f"--layout {layout} --global-batch {batch}{seq} --precision {args.precision} --steps {args.steps}{data}")
 
 
 def _print_human(plan, lines, losers, cluster):
-    from rich.table import Table
-
-    from meshscale.commands.report import make_console
-
     console = make_console()
     console.print(f"searched {plan.enumerated:,} layouts ({plan.fitting:,} fit in memory), costed {plan.evaluated:,} "
                   f"in full, in {plan.seconds:.2f} s; objective: {plan.objective}")

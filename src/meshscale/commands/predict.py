@@ -1,14 +1,23 @@
 """`meshscale predict`: one layout's step, broken down into compute, each collective, bubble and memory."""
 
 import json
+import sys
 
+from meshscale.commands.report import print_prediction
+from meshscale.cost import predict
+from meshscale.cost.goodput import DEFAULT_CHECKPOINT_BANDWIDTH, LLAMA3_MTBF_HOURS, of_prediction
 from meshscale.errors import UserError
+from meshscale.plots import memory_plot
+from meshscale.specs.cluster import load_cluster
+from meshscale.specs.layout import Layout
+from meshscale.specs.model import is_hf_model, load_model
 
 
 def add_arguments(p):
     add_step_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="FILE.png", help="draw the memory per device as a PNG")
+    add_emit_arguments(p)
     add_goodput_arguments(p)
 
 
@@ -22,9 +31,39 @@ def add_step_arguments(p):
     p.add_argument("--precision", default="bf16", help="bf16 (16 B/param), bf16-pure (10 B/param), fp8, fp32")
 
 
-def add_goodput_arguments(p):
-    from meshscale.cost.goodput import DEFAULT_CHECKPOINT_BANDWIDTH, LLAMA3_MTBF_HOURS
+def add_emit_arguments(p):
+    from meshscale.export import FRAMEWORKS
 
+    p.add_argument("--emit", choices=("torchrun",) + FRAMEWORKS,
+                   help="print the layout as a command (torchrun: meshscale train) or as that framework's config "
+                        "(torchtitan TOML, Megatron-LM arguments, DeepSpeed JSON, MaxText YAML)")
+    p.add_argument("--steps", type=int, default=1000, help="optimizer steps the emitted job runs (default 1000)")
+    p.add_argument("--data", help="training data path the emitted job reads (default: the framework's own "
+                                  "synthetic or test data)")
+
+
+def print_emitted(args, emitted, extra: dict) -> None:
+    """A framework config on stdout and what was changed on stderr; or, with --json, one object."""
+    import sys
+
+    from meshscale.export import summary
+
+    if args.json:
+        print(json_line({**extra, "emit": emitted.to_dict()}))
+        return
+    print(emitted.config, end="")
+    for line in summary(emitted):
+        print(f"meshscale: {line}", file=sys.stderr)
+
+
+def json_line(obj: dict) -> str:
+    """One --json object, stamped with the schema version its keys follow."""
+    from meshscale import SCHEMA_VERSION
+
+    return json.dumps({"schema_version": SCHEMA_VERSION, **obj})
+
+
+def add_goodput_arguments(p):
     p.add_argument("--mtbf-hours", type=float, help="mean time between failures per device, hours, for goodput "
                    f"(Llama 3's 16K-GPU run: {LLAMA3_MTBF_HOURS:,.0f})")
     p.add_argument("--checkpoint-bandwidth", type=float, default=DEFAULT_CHECKPOINT_BANDWIDTH,
@@ -35,7 +74,6 @@ def goodput_of(args, pred):
     """The Goodput of a Prediction when --mtbf-hours is given, else None."""
     if args.mtbf_hours is None:
         return None
-    from meshscale.cost.goodput import of_prediction
     return of_prediction(pred, args.mtbf_hours, args.checkpoint_bandwidth)
 
 
@@ -54,11 +92,13 @@ def add_batch_arguments(p):
 
 
 def model_at_seq(args):
-    """--model, at --seq when given."""
-    from meshscale.specs.model import load_model
-
+    """--model, at --seq when given; a Hugging Face config's own length is its max_position_embeddings, which
+    can be far longer than anyone trains at (131,072 for Llama 3.1), so using it is said on stderr."""
     model = load_model(args.model)
     if args.seq is None:
+        if is_hf_model(args.model):
+            print(f"meshscale: note: sequence length {model.seq:,} tokens, the config's max_position_embeddings; "
+                  "pass --seq to plan another", file=sys.stderr)
         return model
     if args.seq <= 0:
         raise UserError(f"--seq must be positive, got {args.seq}")
@@ -67,8 +107,6 @@ def model_at_seq(args):
 
 def resolve_inputs(args):
     """Model (with --seq), cluster, device count and batch in sequences, checked."""
-    from meshscale.specs.cluster import load_cluster
-
     model = model_at_seq(args)
     cluster = load_cluster(args.cluster)
     devices = args.devices if args.devices is not None else cluster.default_devices
@@ -87,20 +125,24 @@ def resolve_inputs(args):
 
 
 def run(args) -> int:
-    from meshscale.cost import predict
-    from meshscale.specs.layout import Layout
-
     model, cluster, devices, batch = resolve_inputs(args)
     layout = Layout.parse(args.layout, devices)
     pred = predict(model, cluster, layout, batch, args.precision)
     good = goodput_of(args, pred)
     if args.plot:
-        from meshscale.plots import memory_plot
         memory_plot(pred, args.plot)
-    if args.json:
-        print(json.dumps({**pred.to_dict(), **({"goodput": good.to_dict()} if good else {})}))
+    extra = {**pred.to_dict(), **({"goodput": good.to_dict()} if good else {})}
+    if args.emit == "torchrun":
+        from meshscale.commands.plan import emit_torchrun
+        command = emit_torchrun(args, model, cluster, pred, batch, {})
+        print(json_line({**extra, "emit": {"framework": "torchrun", "command": command}}) if args.json else command)
+    elif args.emit:
+        from meshscale.export import emit
+        print_emitted(args, emit(args.emit, model, cluster, layout, batch, args.precision, args.steps, args.data),
+                      extra)
+    elif args.json:
+        print(json_line(extra))
     else:
-        from meshscale.commands.report import print_prediction
         print_prediction(pred)
         if good:
             print(goodput_line(good))

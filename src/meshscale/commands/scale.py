@@ -1,8 +1,10 @@
 """`meshscale scale`: the best layout and its throughput, cost and energy across device counts."""
 
-import json
-
-from meshscale.commands.predict import add_goodput_arguments, model_at_seq
+from meshscale.commands.predict import add_goodput_arguments, json_line, model_at_seq
+from meshscale.cost.goodput import check_inputs
+from meshscale.plan.scaling import parse_devices, scale
+from meshscale.plots import scaling_plot
+from meshscale.specs.cluster import load_cluster
 
 
 def add_arguments(p):
@@ -20,10 +22,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from meshscale.cost.goodput import check_inputs
-    from meshscale.plan.scaling import parse_devices, scale
-    from meshscale.specs.cluster import load_cluster
-
     counts = parse_devices(args.devices)
     model = model_at_seq(args)
     cluster = load_cluster(args.cluster)
@@ -33,10 +31,9 @@ def run(args) -> int:
     rows = scale(model, cluster, counts, args.global_batch_tokens, args.tokens_per_device, args.precision,
                  mtbf_hours=args.mtbf_hours, checkpoint_bandwidth=args.checkpoint_bandwidth)
     if args.plot:
-        from meshscale.plots import scaling_plot
         scaling_plot(rows, mode, f"{model.name} on {cluster.name}", args.plot)
     if args.json:
-        print(json.dumps({"mode": mode, "rows": [r.to_dict() for r in rows]}))
+        print(json_line({"mode": mode, "rows": [r.to_dict() for r in rows]}))
         return 0
     _print_table(rows, mode, model, cluster)
     return 0

@@ -1,8 +1,16 @@
 """`meshscale simulate`: one optimizer step, pass by pass: bubble, stragglers, critical path, timeline."""
 
-import json
+from rich.table import Table
 
-from meshscale.commands.predict import add_goodput_arguments, add_step_arguments, goodput_line, resolve_inputs
+from meshscale.commands.predict import (add_goodput_arguments, add_step_arguments, goodput_line, json_line,
+                                        resolve_inputs)
+from meshscale.commands.report import make_console, ms
+from meshscale.cost import predict
+from meshscale.cost.goodput import goodput
+from meshscale.plots import timeline_plot
+from meshscale.sim.measured import replay
+from meshscale.sim.step import parse_stragglers, simulate, write_trace
+from meshscale.specs.layout import Layout, check_against
 
 
 def add_arguments(p):
@@ -20,9 +28,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from meshscale.sim.step import parse_stragglers, simulate, write_trace
-    from meshscale.specs.layout import Layout
-
     model, cluster, devices, batch = resolve_inputs(args)
     layout = Layout.parse(args.layout, devices)
     if args.times_from:
@@ -31,18 +36,15 @@ def run(args) -> int:
     sim = simulate(model, cluster, layout, batch, args.precision, stragglers, slow_links)
     good = None
     if args.mtbf_hours is not None:
-        from meshscale.cost import predict
-        from meshscale.cost.goodput import goodput
         pred = predict(model, cluster, layout, batch, args.precision)
         good = goodput(pred.checkpoint_bytes_per_device, pred.checkpoint_bytes_total, devices, args.mtbf_hours,
                        args.checkpoint_bandwidth)
     if args.trace:
         write_trace(sim, args.trace)
     if args.plot:
-        from meshscale.plots import timeline_plot
         timeline_plot(sim, args.plot)
     if args.json:
-        print(json.dumps({**sim.to_dict(), **({"goodput": good.to_dict()} if good else {})}))
+        print(json_line({**sim.to_dict(), **({"goodput": good.to_dict()} if good else {})}))
         return 0
     _print(sim)
     if good:
@@ -51,10 +53,6 @@ def run(args) -> int:
 
 
 def _print(sim):
-    from rich.table import Table
-
-    from meshscale.commands.report import make_console, ms
-
     console = make_console()
     console.print(f"simulated step of {sim.layout} on {sim.devices} devices, {sim.microbatches} micro-batch(es): "
                   f"[bold]{ms(sim.step_time_s)}[/] (predict: {ms(sim.predicted_step_time_s)}), bubble "
@@ -78,14 +76,11 @@ def _print(sim):
 
 
 def _replay(args, layout, model, batch) -> int:
-    from meshscale.sim.measured import replay
-    from meshscale.specs.layout import check_against
-
     check_against(layout, model, batch)
     layout = layout.resolve_mbs(batch)
     r = replay(args.times_from, layout, layout.microbatches(batch))
     if args.json:
-        print(json.dumps({"measured_bubble": r.measured, "simulated_bubble": r.simulated, "gaps_s": vars(r.gaps)}))
+        print(json_line({"measured_bubble": r.measured, "simulated_bubble": r.simulated, "gaps_s": vars(r.gaps)}))
         return 0
     g = r.gaps
     print(f"between passes (trace means): {g.delivered * 1e3:.2f} ms from an input made on another rank, "

@@ -8,7 +8,10 @@ from meshscale.runtime.loop.config import config_fields, load_config, resolve, w
 
 _HELP = {
     "config": "TOML file of train options (top level or a [train] table); flags override it",
-    "model": "model preset or ModelSpec file (default tiny)",
+    "model": "model preset, ModelSpec file, or Hugging Face config.json / model directory (default tiny; with "
+             "--init-from, its model)",
+    "init_from": "start from the weights of this Hugging Face model directory (save_pretrained's safetensors, "
+                 "sharded or not); each rank reads only its pieces",
     "layout": "layout string, e.g. dp=2,zero=2 or fsdp=2 (dp fills the processes when left out)",
     "nproc": "local processes to start through torch.distributed's launcher (default 1)",
     "steps": "optimizer steps", "global_batch": "sequences per optimizer step",

@@ -13,13 +13,39 @@ import itertools
 import math
 import operator
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import lru_cache
 
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import Layout, kv_heads_per_rank
 from meshscale.specs.model import ModelSpec
+from meshscale.specs.placement import stage_owner
 
 DDP_BUCKET_BYTES = 25e6  # torch DDP's default bucket_cap_mb=25: one all-reduce launch per bucket
+
+
+class Overlap(StrEnum):
+    """What a collective may run behind (cost/step.py's rules say how much of it shows)."""
+    NONE = "none"  # nothing: it runs alone
+    ATTENTION = "attention"  # CP ring steps, behind the attention blocks they feed
+    BACKWARD = "backward"  # gradient buckets, behind the last micro-batch's backward
+    EACH_BACKWARD = "each_backward"  # gradient buckets, behind every micro-batch's backward (ZeRO-2)
+    FORWARD = "forward"  # ZeRO-1/2's parameter all-gather, behind the next step's forward
+    FSDP = "fsdp"  # ZeRO-3's gathers and reduce-scatters, one unit ahead, behind all compute
+    OTHER_MICROBATCH = "other_microbatch"  # EP all-to-alls, behind another micro-batch's compute
+    GEMM = "gemm"  # TP collectives decomposed into ring steps, behind the GEMM slices they feed
+    WGRAD = "wgrad"  # SP's backward reduce-scatter, behind the column-parallel weight gradients
+
+
+@dataclass
+class CommOp:
+    """One kind of collective a rank issues in a step: `calls` of them moving `bytes` in all (the contract's
+    bytes, above), over the group of mesh axis `axis` (set by predict)."""
+    collective: str  # all_reduce, all_gather, reduce_scatter, all_to_all, send_recv
+    bytes: float
+    calls: int
+    overlap: Overlap = Overlap.NONE
+    axis: str = ""
 
 
 @dataclass(frozen=True)
@@ -35,42 +61,43 @@ class Link:
 
 def data_parallel_ops(zero: int, params: float, m: int, param_bytes: int, units: int,
                       root_params: float = 0.0, pipelined: bool = False, grad_bytes: int = 4,
-                      update_bytes: int = 4) -> list[tuple]:
+                      update_bytes: int = 4) -> list[CommOp]:
     """The data-parallel family per optimizer step (the contract's rule, in one place).
     params: parameters on the rank; m: micro-batches per DP rank; gradients travel in `grad_bytes` per
     parameter (fp32 unless [software] grad_reduce_fp32 is off), ZeRO-1/2's updated parameters in
     `update_bytes` ([software] param_gather_fp32), ZeRO-3's gathered ones in `param_bytes`;
     units: FSDP wrapping units (layers + root); root_params: those in the root unit (embedding, final norm,
-    head); pipelined: inside a pipeline schedule (pp > 1). Returns (collective, bytes, calls, overlap)."""
+    head); pipelined: inside a pipeline schedule (pp > 1)."""
     grads = grad_bytes * params
     # buckets partition the parameters (25 MB of fp32 gradient each); narrower gradients keep the partition,
     # as Megatron's buckets count elements (DistributedDataParallelConfig.bucket_size)
     buckets = max(1, math.ceil(4 * params / DDP_BUCKET_BYTES))
     if zero == 0:  # DDP: one all-reduce after the last micro-batch (no_sync before)
-        return [("all_reduce", grads, buckets, "backward")]
+        return [CommOp("all_reduce", grads, buckets, Overlap.BACKWARD)]
     if zero == 1:  # reduce-scatter the gradient once; all-gather the updated params
-        return [("reduce_scatter", grads, buckets, "backward"),
-                ("all_gather", update_bytes * params, buckets, "forward")]
+        return [CommOp("reduce_scatter", grads, buckets, Overlap.BACKWARD),
+                CommOp("all_gather", update_bytes * params, buckets, Overlap.FORWARD)]
     if zero == 2:  # nobody holds a full gradient: reduce-scatter every micro-batch
-        return [("reduce_scatter", grads * m, buckets * m, "each_backward"),
-                ("all_gather", update_bytes * params, buckets, "forward")]
+        return [CommOp("reduce_scatter", grads * m, buckets * m, Overlap.EACH_BACKWARD),
+                CommOp("all_gather", update_bytes * params, buckets, Overlap.FORWARD)]
     blocks = params - root_params
     if pipelined:
         # FSDP2 inside torch's pipeline stages (measured on torch 2.13): the stage defers gradient sync and
         # backward resharding to the last micro-batch, so each block is gathered in every forward and once
         # for all backwards, the root once, and gradients are reduce-scattered once.
-        return [("all_gather", param_bytes * ((m + 1) * blocks + root_params), (m + 1) * (units - 1) + 1, "fsdp"),
-                ("reduce_scatter", grads, units, "fsdp")]
+        return [CommOp("all_gather", param_bytes * ((m + 1) * blocks + root_params), (m + 1) * (units - 1) + 1,
+                       Overlap.FSDP),
+                CommOp("reduce_scatter", grads, units, Overlap.FSDP)]
     # zero=3 (FSDP2, measured on torch 2.13): each block is gathered (compute dtype) in forward and again in
     # backward, per micro-batch; the root is not resharded after forward, so it is gathered once.
     # Recompute adds no gather: the backward gather is already in place when the block re-runs.
     gathered = 2 * params - root_params
-    return [("all_gather", m * param_bytes * gathered, m * (2 * units - 1), "fsdp"),
-            ("reduce_scatter", m * grads, m * units, "fsdp")]
+    return [CommOp("all_gather", m * param_bytes * gathered, m * (2 * units - 1), Overlap.FSDP),
+            CommOp("reduce_scatter", m * grads, m * units, Overlap.FSDP)]
 
 
 def replica_ops(zero: int, params: float, m: int, units: int, shard: int, replicas: int,
-                pipelined: bool = False, grad_bytes: int = 4) -> list[tuple]:
+                pipelined: bool = False, grad_bytes: int = 4) -> list[CommOp]:
     """Hybrid sharding (HSDP; Zhao et al. 2023, "PyTorch FSDP", sec. 3.2.2): after the shard group's
     reduce-scatter, each rank all-reduces its gradient shard (grad_bytes * params / shard bytes) with the ranks
     holding the same shard in the other `replicas` groups. FSDP2 (zero=3) does so after every reduce-scatter
@@ -79,13 +106,13 @@ def replica_ops(zero: int, params: float, m: int, units: int, shard: int, replic
         return []
     v = grad_bytes * params / shard
     if zero in (1, 2):
-        return [("all_reduce", v, max(1, math.ceil(4 * params / DDP_BUCKET_BYTES)), "none")]
+        return [CommOp("all_reduce", v, max(1, math.ceil(4 * params / DDP_BUCKET_BYTES)), Overlap.NONE)]
     times = 1 if pipelined else m
-    return [("all_reduce", times * v, times * units, "fsdp")]
+    return [CommOp("all_reduce", times * v, times * units, Overlap.FSDP)]
 
 
 def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, n_layers: int,
-                        first: bool, last: bool, m: int, crossings: int = 0, moe_layers: int = 0) -> list[tuple]:
+                        first: bool, last: bool, m: int, crossings: int = 0, moe_layers: int = 0) -> list[CommOp]:
     """Megatron TP (Shoeybi et al. 2019, sec. 3; Korthikanti et al. 2022, sec. 4.2.2), per micro-batch of
     `tokens`, as parallel/tensor.py runs it (the ledger measures exactly these bytes).
     Per layer: 2 all-reduces forward (g) + 2 backward (f); with SP each becomes an all-gather +
@@ -110,31 +137,32 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
              + moe_layers * m * model.experts * model.hidden * 4)
     if not layout.sp:
         gathers = crossings * m
-        return [("all_reduce", v * calls + small, calls + small_calls, "none")] + \
-            ([("all_gather", v * gathers, gathers, "none")] if gathers else [])
+        return [CommOp("all_reduce", v * calls + small, calls + small_calls, Overlap.NONE)] + \
+            ([CommOp("all_gather", v * gathers, gathers, Overlap.NONE)] if gathers else [])
     norm_calls = (2 * n_layers + last) * m
     # the column-parallel layers' (QKV, gate/up, the head) input gradients, reduce-scattered in backward
     dgrad = (2 * n_layers + last) * m
-    return [("all_gather", v * calls, calls, "gemm"), ("reduce_scatter", v * (calls - dgrad), calls - dgrad, "gemm"),
-            ("reduce_scatter", v * dgrad, dgrad, "wgrad"),
-            ("all_reduce", small + norm_calls * model.hidden * 4, small_calls + norm_calls, "none")]
+    return [CommOp("all_gather", v * calls, calls, Overlap.GEMM),
+            CommOp("reduce_scatter", v * (calls - dgrad), calls - dgrad, Overlap.GEMM),
+            CommOp("reduce_scatter", v * dgrad, dgrad, Overlap.WGRAD),
+            CommOp("all_reduce", small + norm_calls * model.hidden * 4, small_calls + norm_calls, Overlap.NONE)]
 
 
 def pipeline_sends(layout: Layout, rank: int) -> int:
     """Sends per micro-batch from `rank`: forward from each chunk whose successor lives elsewhere, backward
     from each chunk whose predecessor does (V schedules keep the turn of the V on one rank)."""
-    return _sends(layout.pp, layout.stages, layout.schedule in ("zbv", "dualpipev"))[rank]
+    return _sends(layout.pp, layout.stages, layout.v_shaped)[rank]
 
 
 @lru_cache(maxsize=4096)
-def _sends(pp: int, chunks: int, v_shape: bool) -> tuple:
-    owner = [(c if c < pp else chunks - 1 - c) if v_shape else c % pp for c in range(chunks)]
+def _sends(pp: int, chunks: int, v_shaped: bool) -> tuple:
+    owner = [stage_owner(c, pp, v_shaped) for c in range(chunks)]
     return tuple(sum(1 for c in range(chunks - 1) if owner[c] == r and owner[c + 1] != r)
                  + sum(1 for c in range(1, chunks) if owner[c] == r and owner[c - 1] != r) for r in range(pp))
 
 
 def pipeline_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, m: int,
-                 rank: int | None = None) -> list[tuple]:
+                 rank: int | None = None) -> list[CommOp]:
     """Activations forward and their gradients backward at each stage boundary, from pipeline rank `rank`
     (None: the rank sending most). Each TP rank sends 1/tp of the activation: its SP sequence shard, or
     without SP a slice the receiver all-gathers over TP (Megatron's scatter/gather, Narayanan et al. 2021,
@@ -142,22 +170,22 @@ def pipeline_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int
     if layout.pp == 1:
         return []
     v = tokens * model.hidden * act_bytes / layout.tp
-    per_rank = _sends(layout.pp, layout.stages, layout.schedule in ("zbv", "dualpipev"))
+    per_rank = _sends(layout.pp, layout.stages, layout.v_shaped)
     sends = (max(per_rank) if rank is None else per_rank[rank]) * m
-    return [("send_recv", v * sends, sends, "none")]
+    return [CommOp("send_recv", v * sends, sends, Overlap.NONE)]
 
 
-def tied_embedding_ops(model: ModelSpec, layout: Layout, holds_an_end: bool) -> list[tuple]:
+def tied_embedding_ops(model: ModelSpec, layout: Layout, holds_an_end: bool) -> list[CommOp]:
     """Tied input and output embeddings split over a pipeline: the first and last stages sum their copies'
     gradients once per step (Megatron's embedding group, Narayanan et al. 2021), fp32, the table's TP shard.
     V schedules keep both ends on one rank: nothing travels."""
-    if not (model.tied_embeddings and layout.pp > 1 and holds_an_end) or layout.schedule in ("zbv", "dualpipev"):
+    if not (model.tied_embeddings and layout.pp > 1 and holds_an_end) or layout.v_shaped:
         return []
-    return [("all_reduce", 4 * model.vocab * model.hidden / layout.tp, 1, "none")]
+    return [CommOp("all_reduce", 4 * model.vocab * model.hidden / layout.tp, 1, Overlap.NONE)]
 
 
 def context_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, n_layers: int,
-                         m: int) -> list[tuple]:
+                         m: int) -> list[CommOp]:
     """Ring attention (Liu et al. 2023; Megatron CP), as parallel/context.py runs it: per layer each rank sends
     a K,V block cp-1 times forward; backward sends K,V cp-1 times again and the blocks' dK,dV cp-1 times;
     recompute (selective reruns the attention core, full the block) repeats the forward's ring. Hidden
@@ -167,11 +195,11 @@ def context_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_by
     kv_block = 2 * tokens * kv_heads_per_rank(model.kv_heads, layout.tp) * model.head_dim * act_bytes
     passes = 3 + (1 if layout.recompute != "none" else 0)
     sends = n_layers * m * (layout.cp - 1) * passes
-    return [("send_recv", kv_block * sends, sends, "attention")]
+    return [CommOp("send_recv", kv_block * sends, sends, Overlap.ATTENTION)]
 
 
 def expert_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, moe_layers: int,
-                        m: int) -> list[tuple]:
+                        m: int) -> list[CommOp]:
     """Token dispatch and combine all-to-alls per MoE layer, forward and backward (Lepikhin et al. 2020,
     GShard; DeepSeek-V3 sec. 3.2); each sends top_k copies of the rank's tokens. Exact for the mean rank of an
     EP group under dropless routing (what a group sends, it receives); one rank's share depends on the routing
@@ -181,7 +209,7 @@ def expert_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     local = tokens / (layout.tp if layout.sp else 1)
     v = local * model.top_k * model.hidden * act_bytes
     calls = moe_layers * m * (4 + (2 if layout.recompute == "full" else 0))
-    return [("all_to_all", v * calls, calls, "other_microbatch")]
+    return [CommOp("all_to_all", v * calls, calls, Overlap.OTHER_MICROBATCH)]
 
 
 # ---- where it travels ------------------------------------------------------------------------------

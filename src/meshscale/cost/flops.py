@@ -63,7 +63,7 @@ def block_matmuls(model: ModelSpec) -> tuple:
     """A dense block's weight matmuls in the order they run, (in, out) widths: q, k, v, o, then gate, up,
     down (GeLU: up, down), as models/transformer.py and torchtitan's Llama run them."""
     h, q, kv, f = model.hidden, model.heads * model.head_dim, model.kv_heads * model.head_dim, model.ffn
-    mlp = ((h, f), (h, f), (f, h)) if model.mlp == "swiglu" else ((h, f), (f, h))
+    mlp = ((h, f), (h, f), (f, h)) if model.gated_mlp else ((h, f), (f, h))
     return ((h, q), (h, kv), (h, kv), (q, h)) + mlp
 
 

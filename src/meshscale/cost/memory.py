@@ -11,6 +11,7 @@ from functools import lru_cache
 
 from meshscale.cost.flops import block_matmuls
 from meshscale.specs.layout import Layout, kv_heads_per_rank, split_layers
+from meshscale.specs.placement import head_rank, rank_layers
 from meshscale.specs.model import ModelSpec
 
 # (params, grads, optimizer) bytes per parameter, and the dtype activations and gathered params travel in.
@@ -38,85 +39,62 @@ class Memory:
                 "activations": self.activations, "total": self.total}
 
 
-def stage_layers(model: ModelSpec, layout: Layout, rank: int) -> tuple:
-    """Layers a pipeline rank owns: chunk c of pp*vpp holds a contiguous run; rank r holds chunks r, r+pp, ...
-    (interleaved, Narayanan et al. 2021 sec. 2.2) or, for V schedules, r and 2pp-1-r."""
-    return _stage_layers(model.layers, layout.pp, layout.stages, is_v(layout), rank)
-
-
-def is_v(layout: Layout) -> bool:
-    return layout.schedule in ("zbv", "dualpipev") and layout.pp > 1
-
-
-def last_rank(layout: Layout) -> int:
-    """The rank holding the final norm and the output head (rank 0 when the V turns back)."""
-    return 0 if is_v(layout) else layout.pp - 1
-
-
-def rank_chunks(pp: int, chunks: int, v_shape: bool, rank: int) -> tuple:
-    """The pipeline chunks (stages) rank `rank` holds, as stage_layers places them."""
-    return (rank, chunks - 1 - rank) if v_shape else tuple(range(rank, chunks, pp))
-
-
-@lru_cache(maxsize=65536)
-def _stage_layers(layers: int, pp: int, chunks: int, v_shape: bool, rank: int) -> tuple:
-    ranges = split_layers(layers, chunks)  # the runtime's cut (embedding and head count as a layer each)
-    return tuple(i for c in rank_chunks(pp, chunks, v_shape, rank) for i in ranges[c])
-
-
 def params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
     """Parameters one device holds before ZeRO sharding. Megatron TP splits every matrix (and the
     vocabulary) by tp and replicates norms, the row-parallel biases and the MoE router; EP splits routed
     experts by ep."""
-    return _params_per_rank(model, layout.tp, layout.ep, layout.pp, layout.stages, is_v(layout))[rank]
+    return params_per_rank(model, layout.tp, layout.ep, layout.pp, layout.stages, layout.v_shaped)[rank]
 
 
 def root_params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
     """Parameters outside the transformer blocks (embedding, final norm, output head) on one device.
     FSDP wraps them in the root unit, which is gathered once per micro-batch (see comm.data_parallel_ops)."""
-    return _root_params(model, layout.tp, layout.pp, is_v(layout), rank)
+    return _root_params(model, layout.tp, layout.pp, layout.v_shaped, rank)
 
 
-def _root_params(model: ModelSpec, tp: int, pp: int, v_shape: bool, rank: int) -> float:
+def _root_params(model: ModelSpec, tp: int, pp: int, v_shaped: bool, rank: int) -> float:
     table = model.vocab * model.hidden / tp
     total = 0.0
     if rank == 0:
         total += table + (model.seq * model.hidden if model.learned_positions else 0)
-    if rank == (0 if v_shape else pp - 1):  # final norm, and the output head (a second copy of a tied table under PP)
+    if rank == (0 if v_shaped else pp - 1):  # final norm, and the output head (a second copy of a tied table under PP)
         final_norm = model.hidden * (2 if model.biases else 1)  # LayerNorm has a bias
         total += final_norm + (table if not model.tied_embeddings or pp > 1 else 0)
     return total
 
 
 @lru_cache(maxsize=4096)
-def _params_per_rank(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_shape: bool) -> tuple:
+def params_per_rank(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_shaped: bool) -> tuple:
+    """`params_on_rank` of every pipeline rank, from the layout's degrees (what the planner's bound reads)."""
     per_layer = []
     for i in range(model.layers):
         routed = model.experts * model.expert_params() if model.is_moe_layer(i) else 0
         whole = _tp_replicated_params(model, i)
         per_layer.append((model.layer_params(i) - routed - whole) / tp + routed / (tp * ep) + whole
                          + kv_replicated_params(model, tp))
-    return tuple(sum(per_layer[i] for i in _stage_layers(model.layers, pp, chunks, v_shape, rank))
-                 + _root_params(model, tp, pp, v_shape, rank) for rank in range(pp))
+    return tuple(sum(per_layer[i] for i in rank_layers(model.layers, pp, chunks, v_shaped, rank))
+                 + _root_params(model, tp, pp, v_shaped, rank) for rank in range(pp))
 
 
 def _tp_replicated_params(model: ModelSpec, layer: int) -> float:
     """Parameters of a layer every TP rank holds whole: norms, the biases added after a row-parallel sum
-    (attention output and MLP down projection), the router."""
+    (attention output and MLP down projection), the router (and Qwen2-MoE's shared-expert gate)."""
+    router = model.hidden * (model.experts + model.shared_expert_gate)
     return (model.norm_params() + (2 * model.hidden if model.biases else 0)
-            + (model.hidden * model.experts if model.is_moe_layer(layer) else 0))
+            + (router if model.is_moe_layer(layer) else 0))
 
 
 def expert_params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
     """Routed expert parameters one device holds (split by tp and ep): what EP reduces, and ZeRO shards, over
     the expert data-parallel group (dp*cp/ep ranks) rather than over dp*cp."""
-    return _expert_params_per_rank(model, layout.tp, layout.ep, layout.pp, layout.stages, is_v(layout))[rank]
+    return expert_params_per_rank(model, layout.tp, layout.ep, layout.pp, layout.stages, layout.v_shaped)[rank]
 
 
 @lru_cache(maxsize=4096)
-def _expert_params_per_rank(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_shape: bool) -> tuple:
+def expert_params_per_rank(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_shaped: bool) -> tuple:
+    """`expert_params_on_rank` of every pipeline rank, from the layout's degrees."""
     one_layer = model.experts * model.expert_params() / (tp * ep)
-    return tuple(one_layer * sum(model.is_moe_layer(i) for i in _stage_layers(model.layers, pp, chunks, v_shape, r))
+    return tuple(one_layer * sum(model.is_moe_layer(i) for i in rank_layers(model.layers, pp, chunks, v_shaped, r))
                  for r in range(pp))
 
 
@@ -133,11 +111,11 @@ def kv_replicated_params(model: ModelSpec, tp: int) -> float:
     """K and V projection parameters a TP rank holds beyond its 1/tp share when tp exceeds kv_heads and each
     rank keeps a copy of its KV head (Megatron-LM's grouped-query rule)."""
     extra_heads = kv_heads_per_rank(model.kv_heads, tp) - model.kv_heads / tp
-    return 2 * (model.hidden + (1 if model.biases else 0)) * model.head_dim * extra_heads
+    return 2 * (model.hidden + (1 if model.biases or model.qkv_bias else 0)) * model.head_dim * extra_heads
 
 
 def busiest_rank(model: ModelSpec, layout: Layout) -> int:
-    per_rank = _params_per_rank(model, layout.tp, layout.ep, layout.pp, layout.stages, is_v(layout))
+    per_rank = params_per_rank(model, layout.tp, layout.ep, layout.pp, layout.stages, layout.v_shaped)
     return max(range(layout.pp), key=per_rank.__getitem__)
 
 
@@ -163,7 +141,7 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, 
     # Attention block: qkv input 2h, Q 2h(q width), K and V 2kv each, out-proj input 2h, dropout mask h.
     q = model.heads * model.head_dim
     attn_split = 2 * q + 4 * kv + 2 * q
-    if model.mlp == "gelu":
+    if not model.gated_mlp:
         mlp_split = 4 * model.ffn  # GeLU input and output (2 bytes each)
     else:
         mlp_split = 6 * model.ffn  # gate, up and their product (the down projection's input)
@@ -205,7 +183,7 @@ def eager_saved_elements(model: ModelSpec, tp: int, sp: bool, selective: bool) -
     width = ((model.top_k + model.shared_experts) * model.expert_ffn if model.is_moe else model.ffn) / tp
     norm = (model.hidden + 2 if model.biases else 2 * model.hidden + 1) / (tp if sp else 1) + model.hidden
     attention = q + 2 * kv + q if selective else 4 * q + model.heads / tp
-    return 2 * norm + attention + (4 if model.mlp == "swiglu" else 2) * width
+    return 2 * norm + attention + (4 if model.gated_mlp else 2) * width
 
 
 def inflight_microbatches(layout: Layout, m: int) -> float:
@@ -230,13 +208,14 @@ def held_layer_microbatches(model: ModelSpec, layout: Layout, m: int) -> float:
     batches per chunk in turn, then one more before its first backward (Megatron-LM, schedules.py,
     forward_backward_pipelining_with_interleaving), and its chunks differ in size (the embedding takes a slot
     in the first). Other schedules: the rank's layers times inflight_microbatches."""
-    return _held(model.layers, layout.pp, layout.vpp, layout.schedule, is_v(layout), m)
+    return held_layers(model.layers, layout.pp, layout.vpp, layout.schedule, m)
 
 
 @lru_cache(maxsize=65536)
-def _held(layers: int, pp: int, vpp: int, schedule: str, v_shape: bool, m: int) -> float:
+def held_layers(layers: int, pp: int, vpp: int, schedule: str, m: int) -> float:
+    """`held_layer_microbatches` from the layout's pipeline degrees and schedule (what the planner's bound reads)."""
     layout = Layout(pp=pp, vpp=vpp, schedule=schedule)
-    own = _stage_layers(layers, pp, pp * vpp, v_shape, 0)
+    own = rank_layers(layers, pp, pp * vpp, layout.v_shaped, 0)
     if pp == 1 or schedule != "interleaved":
         return len(own) * inflight_microbatches(layout, m)
     ranges = split_layers(layers, pp * vpp)
@@ -268,7 +247,7 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
     if layout.recompute in ("full", "op"):  # one layer is rebuilt at a time during backward
         acts += rebuilt_layer_bytes(model, layout.tp, layout.sp, tokens, fused_attention, eager) * scale
     # fp32 logits for the loss where the first rank also holds the head (counted once: freed right away).
-    if last_rank(layout) == 0:
+    if head_rank(layout) == 0:
         acts += 4 * tokens * model.vocab / layout.tp
     return Memory(params=params, grads=grads, optimizer=optimizer, activations=acts)
 

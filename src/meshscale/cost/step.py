@@ -5,19 +5,20 @@ step = (compute + TP + PP + EP + unhidden CP) * (1 + bubble ratio) + unhidden da
 (the composition of Narayanan et al. 2021 sec. 3 with the overlap rules of each collective below).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from meshscale.cost import comm, critical, flops, overhead
+from meshscale.cost.comm import CommOp, Overlap
 from meshscale.cost.checkpoint import checkpoint_bytes
 from meshscale.cost.kernels import Passes, column_parallel_share, counted_seconds, kernel_shape
-from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busiest_rank,
-                                   expert_params_on_rank, is_v, last_rank, memory_per_device, params_on_rank,
-                                   rank_chunks, root_params_on_rank, stage_layers)
+from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busiest_rank, expert_params_on_rank,
+                                   memory_per_device, params_on_rank, root_params_on_rank)
 from meshscale.cost.pipeline import HEAD_IDLE_SCHEDULES, bubble_ratio
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import Layout, check_against, kv_heads_per_rank, split_layers
+from meshscale.specs.placement import head_rank, rank_chunks, stage_layers
 from meshscale.specs.model import ModelSpec
 
 
@@ -31,7 +32,7 @@ class CommEntry:
     tier: str
     calls: int
     group: int
-    overlap: str  # what hides it (predict's rules below); "none" where its [software] switch is off
+    overlap: Overlap  # what hides it (predict's rules below); NONE where its [software] switch is off
     hidden_by_s: float = 0.0  # the compute it may hide behind: exposed_s = max(time_s - hidden_by_s, shown_s)
     shown_s: float = 0.0  # what shows however much compute there is
 
@@ -110,57 +111,58 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     owned = stage_layers(model, layout, rank)
     n_layers = len(owned)
     moe_layers = sum(model.is_moe_layer(i) for i in owned) if model.is_moe else 0
-    first, last = rank == 0, rank == last_rank(layout)
+    first, last = rank == 0, rank == head_rank(layout)
     ops = []
     # Under EP the routed experts reduce over their own replicas (edp), the rest over dp*cp.
     experts = expert_params_on_rank(model, layout, rank) if layout.ep > 1 else 0.0
     grad_bytes = grad_reduce_bytes(sw, precision)
     update_bytes = param_gather_bytes(sw, precision)
     if layout.dp * layout.cp > 1:
-        ops += [("dp",) + op for op in comm.data_parallel_ops(layout.zero, params - experts, m, act_bytes,
-                                                              n_layers + 1, root_params_on_rank(model, layout, rank),
-                                                              layout.pp > 1, grad_bytes, update_bytes)]
-        ops += [("dp_replicate",) + op for op in comm.replica_ops(layout.zero, params - experts, m, n_layers + 1,
-                                                                  layout.shard_size, layout.replicas, layout.pp > 1,
-                                                                  grad_bytes)]
+        ops += _on("dp", comm.data_parallel_ops(layout.zero, params - experts, m, act_bytes, n_layers + 1,
+                                                root_params_on_rank(model, layout, rank), layout.pp > 1, grad_bytes,
+                                                update_bytes))
+        ops += _on("dp_replicate", comm.replica_ops(layout.zero, params - experts, m, n_layers + 1, layout.shard_size,
+                                                    layout.replicas, layout.pp > 1, grad_bytes))
     if experts and layout.dp * layout.cp > layout.ep:
         units = moe_layers * model.experts // layout.ep + 1  # zero=3: each expert is an FSDP unit (+ a root)
-        ops += [("edp",) + op for op in comm.data_parallel_ops(layout.zero, experts, m, act_bytes, units, 0.0,
-                                                               layout.pp > 1, grad_bytes, update_bytes)]
+        ops += _on("edp", comm.data_parallel_ops(layout.zero, experts, m, act_bytes, units, 0.0, layout.pp > 1,
+                                                 grad_bytes, update_bytes))
     crossings = comm.pipeline_sends(layout, rank) if layout.pp > 1 else 0
-    ops += [("tp",) + op for op in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, first,
-                                                          last, m, crossings, moe_layers)]
-    ops += [("pp",) + op for op in comm.pipeline_ops(model, layout, tokens, act_bytes, m, rank)]
-    ops += [("pp",) + op for op in comm.tied_embedding_ops(model, layout, first or last)]
-    ops += [("cp",) + op for op in comm.context_parallel_ops(model, layout, tokens, act_bytes, n_layers, m)]
-    ops += [("ep",) + op for op in comm.expert_parallel_ops(model, layout, tokens, act_bytes, moe_layers, m)]
+    ops += _on("tp", comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, first, last, m, crossings,
+                                              moe_layers))
+    ops += _on("pp", comm.pipeline_ops(model, layout, tokens, act_bytes, m, rank))
+    ops += _on("pp", comm.tied_embedding_ops(model, layout, first or last))
+    ops += _on("cp", comm.context_parallel_ops(model, layout, tokens, act_bytes, n_layers, m))
+    ops += _on("ep", comm.expert_parallel_ops(model, layout, tokens, act_bytes, moe_layers, m))
 
     forward_mb = passes.forward
     backward_mb = passes.backward + passes.weight
     entries, critical_path, dp_exposed = [], 0.0, 0.0
-    fsdp_time = sum(_time(cluster, devices, layout, a, c, b, n) for a, c, b, n, o in ops if o == "fsdp")
-    for axis, collective, nbytes, calls, overlap in ops:
-        size, stride = _axis_group(layout, axis)
-        link = overhead.measured_link(cluster, collective, comm.group_link(cluster, devices, size, stride))
-        t = comm.collective_time(collective, nbytes, calls, size, link)
-        overlap = _hides(overlap, sw, layout, m)
+    fsdp_time = sum(_time(cluster, devices, layout, op.axis, op.collective, op.bytes, op.calls) for op in ops
+                    if op.overlap == Overlap.FSDP)
+    for op in ops:
+        size, stride = _axis_group(layout, op.axis)
+        link = overhead.measured_link(cluster, op.collective, comm.group_link(cluster, devices, size, stride))
+        t = comm.collective_time(op.collective, op.bytes, op.calls, size, link)
+        overlap = _hides(op.overlap, sw, layout, m)
         # the compute each overlap class hides behind (FSDP: its share of all compute); _shown: what shows anyway
-        windows = {"attention": attention_s, "backward": backward_mb, "each_backward": backward_mb * m,
-                   "forward": forward_mb, "fsdp": t * compute_s / fsdp_time if fsdp_time else 0.0,
-                   "other_microbatch": compute_s * (m - 1) / m, "gemm": gemm_s,
-                   "wgrad": m * passes.weight * column_parallel_share(model, layout)}
-        hidden_by, shown = windows.get(overlap, 0.0), _shown(overlap, t, calls, layout.tp, m)
-        if axis == "pp" and collective == "send_recv":  # behind the faster ranks' slack (cost/pipeline.py)
-            hidden_by, shown = (t if layout.schedule in QUEUED else m * lead), t / calls * _chain_crossings(layout)
+        windows = {Overlap.ATTENTION: attention_s, Overlap.BACKWARD: backward_mb,
+                   Overlap.EACH_BACKWARD: backward_mb * m, Overlap.FORWARD: forward_mb,
+                   Overlap.FSDP: t * compute_s / fsdp_time if fsdp_time else 0.0,
+                   Overlap.OTHER_MICROBATCH: compute_s * (m - 1) / m, Overlap.GEMM: gemm_s,
+                   Overlap.WGRAD: m * passes.weight * column_parallel_share(model, layout)}
+        hidden_by, shown = windows.get(overlap, 0.0), _shown(overlap, t, op.calls, layout.tp, m)
+        if op.axis == "pp" and op.collective == "send_recv":  # behind the faster ranks' slack (cost/pipeline.py)
+            hidden_by, shown = (t if layout.schedule in QUEUED else m * lead), t / op.calls * _chain_crossings(layout)
         exposed = exposed_seconds(t, hidden_by, shown, sw.overlap_efficiency)
-        if axis in ("dp", "dp_replicate", "edp"):
+        if op.axis in ("dp", "dp_replicate", "edp"):
             dp_exposed += exposed
         else:
             critical_path += exposed
         # both groups of hybrid sharding are the ledger's dp axis (their collectives differ)
-        ledger_axis = "dp" if axis == "dp_replicate" else axis
-        entries.append(CommEntry(ledger_axis, collective, nbytes, t, exposed, link.tier, calls, size, overlap,
-                                 hidden_by, shown))
+        ledger_axis = "dp" if op.axis == "dp_replicate" else op.axis
+        entries.append(CommEntry(ledger_axis, op.collective, op.bytes, t, exposed, link.tier, op.calls, size,
+                                 overlap, hidden_by, shown))
 
     ratio = bubble_ratio(layout, m, passes, others, _head_ends(model, cluster, layout, precision, passes))
     bubble_s = ratio * (compute_s + critical_path)
@@ -191,6 +193,11 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         memory_per_device_bytes=mem.to_dict(), comm=[dict(e.__dict__) for e in entries],
         bound=bound if fits else "memory", regime=regime(model, cluster, layout, n_tokens),
         checkpoint_bytes_per_device=ckpt_device, checkpoint_bytes_total=ckpt_total)
+
+
+def _on(axis: str, ops: list[CommOp]) -> list[CommOp]:
+    """`ops` over the group of mesh axis `axis`."""
+    return [replace(op, axis=axis) for op in ops]
 
 
 def exposed_seconds(t: float, hidden_by: float, shown: float, efficiency: float = 1.0) -> float:
@@ -225,18 +232,19 @@ def param_gather_bytes(sw, precision: str) -> int:
     return 4 if sw.param_gather_fp32 else PRECISIONS[precision]["compute"]
 
 
-def _hides(overlap: str, sw, layout: Layout, m: int) -> str:
-    """A collective's overlap class (cost/comm.py) as it runs: "none" where the [software] switch is off."""
-    if overlap == "wgrad" and not sw.tp_wgrad_overlap:
-        overlap = "gemm"
-    on = {"attention": True, "backward": sw.grad_reduce_overlap, "each_backward": sw.grad_reduce_overlap,
-          "forward": sw.param_gather_overlap, "fsdp": sw.fsdp_prefetch,
-          "other_microbatch": (sw.ep_comm_overlap or layout.schedule == "dualpipev") and m > 1,
-          "gemm": sw.tp_comm_overlap, "wgrad": True}
-    return overlap if on.get(overlap, False) else "none"
+def _hides(overlap: Overlap, sw, layout: Layout, m: int) -> Overlap:
+    """A collective's overlap class (cost/comm.py) as it runs: NONE where the [software] switch is off."""
+    if overlap == Overlap.WGRAD and not sw.tp_wgrad_overlap:
+        overlap = Overlap.GEMM
+    on = {Overlap.ATTENTION: True, Overlap.BACKWARD: sw.grad_reduce_overlap,
+          Overlap.EACH_BACKWARD: sw.grad_reduce_overlap, Overlap.FORWARD: sw.param_gather_overlap,
+          Overlap.FSDP: sw.fsdp_prefetch,
+          Overlap.OTHER_MICROBATCH: (sw.ep_comm_overlap or layout.schedule == "dualpipev") and m > 1,
+          Overlap.GEMM: sw.tp_comm_overlap, Overlap.WGRAD: True}
+    return overlap if on.get(overlap, False) else Overlap.NONE
 
 
-def _shown(overlap: str, t: float, calls: int, tp: int, m: int) -> float:
+def _shown(overlap: Overlap, t: float, calls: int, tp: int, m: int) -> float:
     """The part of a collective of `t` seconds that shows behind however much compute (see `_hides`):
     - attention: CP ring steps hide behind the attention blocks they feed, all of them;
     - backward, each_backward, forward: gradient buckets behind the (last) backward, the ZeRO-1/2 gather
@@ -249,11 +257,11 @@ def _shown(overlap: str, t: float, calls: int, tp: int, m: int) -> float:
       al. 2023, ASPLOS, "Overlap communication with dependent computation via decomposition"; Megatron-Core
       --tp-comm-overlap): the first step shows;
     - none: all of it."""
-    if overlap in ("attention", "wgrad"):
+    if overlap in (Overlap.ATTENTION, Overlap.WGRAD):
         return 0.0
-    if overlap in ("backward", "each_backward", "forward", "fsdp"):
+    if overlap in (Overlap.BACKWARD, Overlap.EACH_BACKWARD, Overlap.FORWARD, Overlap.FSDP):
         return t / calls
-    return {"other_microbatch": t / m, "gemm": t / tp}.get(overlap, t)
+    return {Overlap.OTHER_MICROBATCH: t / m, Overlap.GEMM: t / tp}.get(overlap, t)
 
 
 def chunk_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, chunk: int,
@@ -276,12 +284,7 @@ def rank_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: in
     """F, B, W of one micro-batch on pipeline rank `rank`: the sum over the chunks it holds (the passes the
     simulator runs one by one)."""
     return sum((chunk_passes(model, cluster, layout, c, precision)
-                for c in rank_chunks(layout.pp, layout.stages, is_v(layout), rank)), Passes())
-
-
-def stage_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision: str = "bf16") -> Passes:
-    """F, B, W of one micro-batch on the slowest pipeline rank (what the step waits for)."""
-    return pipeline_passes(model, cluster, layout, precision)[0]
+                for c in rank_chunks(layout.pp, layout.stages, layout.v_shaped, rank)), Passes())
 
 
 def pipeline_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
@@ -289,7 +292,7 @@ def pipeline_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
     """One micro-batch's F, B, W on the slowest pipeline rank, their mean over the other ranks (whose passes
     make the bubble, cost/pipeline.py), and the slowest rank's lead: how much longer its micro-batch takes
     than the next slowest rank's (slack that hides the stage-boundary sends)."""
-    ranks = _distinct_ranks(model, layout.pp, layout.stages, is_v(layout))
+    ranks = _distinct_ranks(model, layout.pp, layout.stages, layout.v_shaped)
     per = sorted(((rank_passes(model, cluster, layout, r, precision), n) for r, n in ranks),
                  key=lambda pn: -pn[0].total)
     slowest = per[0][0]
@@ -308,13 +311,13 @@ QUEUED = ("gpipe", "interleaved")
 def _chain_crossings(layout: Layout) -> int:
     """Stage-boundary sends on the path of the first micro-batch's forward and the last one's backward, which
     nothing hides: every chunk boundary (the V's turn stays on rank p-1)."""
-    return 2 * (layout.stages - 1 - (1 if is_v(layout) else 0))
+    return 2 * (layout.stages - 1 - (1 if layout.v_shaped else 0))
 
 
 def _head_ends(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision: str, slowest: Passes):
     """The passes of the first and last chunks where the rank holding the last chunk (the head: rank 0 under a
     V, else the last rank) is the slowest; else None."""
-    head = 0 if is_v(layout) else layout.pp - 1
+    head = head_rank(layout)
     if layout.schedule not in HEAD_IDLE_SCHEDULES or rank_passes(model, cluster, layout, head, precision).total < \
             slowest.total:
         return None
@@ -332,25 +335,25 @@ def chunk_kinds(model: ModelSpec, chunks: int) -> tuple:
 
 
 @lru_cache(maxsize=4096)
-def _distinct_ranks(model: ModelSpec, pp: int, chunks: int, v_shape: bool) -> tuple:
+def _distinct_ranks(model: ModelSpec, pp: int, chunks: int, v_shaped: bool) -> tuple:
     """((rank, how many ranks hold alike chunks), ...): one pipeline rank per distinct multiset of chunk kinds,
     as ranks holding alike chunks cost alike."""
     kinds = chunk_kinds(model, chunks)
     count, first = {}, {}
     for r in range(pp):
-        key = tuple(sorted(kinds[c] for c in rank_chunks(pp, chunks, v_shape, r)))
+        key = tuple(sorted(kinds[c] for c in rank_chunks(pp, chunks, v_shaped, r)))
         first.setdefault(key, r)
         count[key] = count.get(key, 0) + 1
     return tuple((first[k], count[k]) for k in first)
 
 
 @lru_cache(maxsize=4096)
-def rank_kinds(model: ModelSpec, pp: int, chunks: int, v_shape: bool) -> tuple:
+def rank_kinds(model: ModelSpec, pp: int, chunks: int, v_shaped: bool) -> tuple:
     """(dense layers, MoE layers, 1 if it holds the head, how many ranks are alike) of each distinct pipeline
     rank (`_distinct_ranks`)."""
     kinds = chunk_kinds(model, chunks)
-    return tuple(tuple(map(sum, zip(*(kinds[c] for c in rank_chunks(pp, chunks, v_shape, r))))) + (n,)
-                 for r, n in _distinct_ranks(model, pp, chunks, v_shape))
+    return tuple(tuple(map(sum, zip(*(kinds[c] for c in rank_chunks(pp, chunks, v_shaped, r))))) + (n,)
+                 for r, n in _distinct_ranks(model, pp, chunks, v_shaped))
 
 
 def elementwise_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float,
@@ -391,7 +394,7 @@ def eager_forward_elements(model: ModelSpec, tp: int, sp: bool) -> float:
     width = ((model.top_k + model.shared_experts) * model.expert_ffn if model.is_moe else model.ffn) / tp
     hidden = (2 * 18 + 2 * 3) * model.hidden / (tp if sp else 1)
     repeat = 2 * (kv + q) if kv < q else 0.0
-    return hidden + 10 * (q + kv) + repeat + 2 * q + (5 if model.mlp == "swiglu" else 2) * width
+    return hidden + 10 * (q + kv) + repeat + 2 * q + (5 if model.gated_mlp else 2) * width
 
 
 def _time(cluster, devices, layout, axis, collective, nbytes, calls, group=None) -> float:

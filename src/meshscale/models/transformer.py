@@ -1,5 +1,7 @@
 """A decoder built from a ModelSpec: LLaMA-style (RMSNorm, RoPE, grouped-query attention, SwiGLU), GPT-style
-(LayerNorm, biases, learned positions, GeLU, tied embeddings), and mixture-of-experts layers (`MoE`).
+(LayerNorm, biases, learned positions, GeLU, tied embeddings), and mixture-of-experts layers (`MoE`), with
+what the Hugging Face model types add (specs/hf.py): rope theta and scaling, partial rotary, q/k/v biases,
+qk-norm, sliding-window attention, GPT-NeoX's parallel residual, Qwen2-MoE's gated shared expert.
 
 The model knows nothing of parallelism. Parallel wrappers are applied after construction:
   * TP shards the Linear layers in place; attention infers its local head count from the weights.
@@ -9,13 +11,14 @@ The model knows nothing of parallelism. Parallel wrappers are applied after cons
     and sets `tok_embeddings` / `norm` / `output` to None where the stage lacks them.
 """
 
+import json
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from meshscale.specs.model import ModelSpec
+from meshscale.specs.model import ModelSpec, trainer_lacks
 
 
 class RMSNorm(nn.Module):
@@ -30,30 +33,59 @@ class RMSNorm(nn.Module):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
 
-def rope_tables(head_dim: int, seq: int, theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
-    # Su et al. 2021, "RoFormer", eq. 34: rotate pairs (2i, 2i+1) by position * theta^(-2i/d).
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-    angles = torch.outer(torch.arange(seq, dtype=torch.float64), inv_freq)
-    return angles.cos().float(), angles.sin().float()
+def rope_frequencies(spec: ModelSpec) -> torch.Tensor:
+    """theta^(-2i/d) over the rotated dimensions d (Su et al. 2021, "RoFormer", eq. 34), rescaled as the
+    config's rope_scaling says: "linear" divides them by the factor (position interpolation, Chen et al.
+    2023); "llama3" divides only the low frequencies, blending the band between (Llama 3.1's rope scaling)."""
+    dim = rotary_dims(spec)
+    inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    scaling = json.loads(spec.rope_scaling) if spec.rope_scaling else {}
+    kind, factor = scaling.get("rope_type"), scaling.get("factor", 1.0)
+    if kind == "linear":
+        return inv_freq / factor
+    if kind == "llama3":
+        old = scaling["original_max_position_embeddings"]
+        low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+        wavelen = 2 * math.pi / inv_freq
+        smooth = ((old / wavelen - low) / (high - low)).clamp(0, 1)  # 0 beyond old/low, 1 below old/high
+        return (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    return inv_freq
+
+
+def rotary_dims(spec: ModelSpec) -> int:
+    return int(spec.head_dim * spec.rotary_fraction)
+
+
+def rope_tables(spec: ModelSpec, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # in fp32, as Hugging Face's models compute them: the same angles to the last bit
+    angles = torch.outer(torch.arange(seq, dtype=torch.float32), rope_frequencies(spec))
+    return angles.cos(), angles.sin()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (batch, seq, heads, head_dim); cos/sin: (seq, head_dim/2)."""
-    x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
+    """x: (batch, seq, heads, head_dim); cos/sin: (seq, r/2) for the first r dimensions, which rotate as
+    two halves (dimension i with i + r/2, the layout Hugging Face checkpoints use); the rest pass through."""
+    half = cos.shape[-1]
+    xf = x.float()
+    x1, x2, rest = xf[..., :half], xf[..., half:2 * half], xf[..., 2 * half:]
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]
-    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    return out.flatten(-2).type_as(x)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest), dim=-1).type_as(x)
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, window: int = 0):
+        """window: attend to the last `window` positions only (0: all)."""
         super().__init__()
-        self.head_dim = spec.head_dim
+        self.head_dim, self.window = spec.head_dim, window
         self.rotary = not spec.learned_positions
-        self.wq = nn.Linear(spec.hidden, spec.heads * spec.head_dim, bias=spec.biases)
-        self.wk = nn.Linear(spec.hidden, spec.kv_heads * spec.head_dim, bias=spec.biases)
-        self.wv = nn.Linear(spec.hidden, spec.kv_heads * spec.head_dim, bias=spec.biases)
+        qkv_bias = spec.biases or spec.qkv_bias
+        self.wq = nn.Linear(spec.hidden, spec.heads * spec.head_dim, bias=qkv_bias)
+        self.wk = nn.Linear(spec.hidden, spec.kv_heads * spec.head_dim, bias=qkv_bias)
+        self.wv = nn.Linear(spec.hidden, spec.kv_heads * spec.head_dim, bias=qkv_bias)
         self.wo = nn.Linear(spec.heads * spec.head_dim, spec.hidden, bias=spec.biases)
+        # Qwen3's qk-norm: one RMSNorm over head_dim shared by every head, before RoPE
+        self.q_norm = RMSNorm(spec.head_dim, spec.norm_eps) if spec.qk_norm else None
+        self.k_norm = RMSNorm(spec.head_dim, spec.norm_eps) if spec.qk_norm else None
 
     def forward(self, x, cos, sin):
         b, s, _ = x.shape
@@ -61,6 +93,8 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, s, -1, self.head_dim)
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = cos[:s], sin[:s]  # under SP the residual stream is sharded but attention sees all of s
         return self.wo(self.core(q, k, v, cos, sin).reshape(b, s, -1))
 
@@ -73,23 +107,31 @@ class Attention(nn.Module):
         if k.shape[1] != q.shape[1]:  # grouped-query attention: share each kv head among a group
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
             v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        s = q.shape[2]
+        if self.window and s > self.window:  # causal, and no further back than the window (Mistral)
+            i = torch.arange(s, device=q.device)
+            near = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < self.window)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=near)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return out.transpose(1, 2)
 
 
 class FeedForward(nn.Module):
-    """SwiGLU (gate w1, up w3, down w2) or, for mlp="gelu", GPT's GeLU MLP (up w1, down w2)."""
+    """SwiGLU (gate w1, up w3, down w2) or, for mlp="gelu" / "gelu-erf", GPT's GeLU MLP (up w1, down w2) with
+    the tanh approximation (GPT-2) or the exact GeLU (GPT-NeoX)."""
 
     def __init__(self, spec: ModelSpec, width: int | None = None):
         super().__init__()
         width = width or spec.ffn
         self.w1 = nn.Linear(spec.hidden, width, bias=spec.biases)
-        self.w3 = nn.Linear(spec.hidden, width, bias=spec.biases) if spec.mlp == "swiglu" else None
+        self.w3 = nn.Linear(spec.hidden, width, bias=spec.biases) if spec.gated_mlp else None
         self.w2 = nn.Linear(width, spec.hidden, bias=spec.biases)
+        self.approximate = "none" if spec.mlp == "gelu-erf" else "tanh"
 
     def forward(self, x):
         if self.w3 is None:
-            return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+            return self.w2(F.gelu(self.w1(x), approximate=self.approximate))
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
@@ -169,6 +211,8 @@ class MoE(nn.Module):
         self.router = Router(spec)
         self.experts = nn.ModuleDict({str(e): FeedForward(spec, spec.expert_ffn) for e in range(spec.experts)})
         self.shared = FeedForward(spec, spec.shared_experts * spec.expert_ffn) if spec.shared_experts else None
+        # Qwen2-MoE: sigmoid(x . g) scales the shared experts' output
+        self.shared_gate = nn.Linear(spec.hidden, 1, bias=False) if spec.shared_expert_gate else None
         self.n_experts, self.top_k, self.capacity_factor = spec.experts, spec.top_k, spec.capacity_factor
         self.dispatch = LocalExperts()
         self.aux_weight = spec.aux_loss_coef
@@ -189,7 +233,10 @@ class MoE(nn.Module):
         per_assignment = ys.new_zeros(flat.shape[0] * self.top_k, h).index_copy(0, order, ys)
         out = (per_assignment.view(-1, self.top_k, h) * weights.unsqueeze(-1)).sum(1)
         if self.shared is not None:
-            out = out + self.shared(flat)
+            shared = self.shared(flat)
+            if self.shared_gate is not None:  # the router's f under TP: the gate meets partial shared outputs
+                shared = shared * torch.sigmoid(F.linear(flat, self.router.copy_weight(self.shared_gate.weight)))
+            out = out + shared
         if self.training and torch.is_grad_enabled():
             out = _AttachAux.apply(out, aux, self.aux_weight, self.aux_values)
         return out.view(b, s, h)
@@ -210,27 +257,39 @@ def moe_layers(module: nn.Module) -> list:
 
 def _norm(spec: ModelSpec) -> nn.Module:
     # GPT-style models (biases) use LayerNorm with its bias; LLaMA-style RMSNorm.
-    return nn.LayerNorm(spec.hidden, eps=1e-5) if spec.biases else RMSNorm(spec.hidden)
+    return nn.LayerNorm(spec.hidden, eps=spec.norm_eps) if spec.biases else RMSNorm(spec.hidden, spec.norm_eps)
+
+
+def window_of(spec: ModelSpec, index: int) -> int:
+    """Layer `index`'s attention window (0: all positions): every layer's, or with full_attention_every = n
+    all but every n-th layer's."""
+    every = spec.full_attention_every
+    return 0 if every and (index + 1) % every == 0 else spec.sliding_window
 
 
 class Block(nn.Module):
     def __init__(self, spec: ModelSpec, index: int):
         super().__init__()
+        self.parallel_residual = spec.parallel_residual
         self.attention_norm = _norm(spec)
-        self.attention = Attention(spec)
+        self.attention = Attention(spec, window_of(spec, index))
         self.ffn_norm = _norm(spec)
         self.feed_forward = MoE(spec) if spec.is_moe_layer(index) else FeedForward(spec)
 
     def forward(self, x, cos, sin):
-        x = x + self.attention(self.attention_norm(x), cos, sin)
+        attention = self.attention(self.attention_norm(x), cos, sin)
+        if self.parallel_residual:  # GPT-NeoX: both branches read the block's input
+            return x + attention + self.feed_forward(self.ffn_norm(x))
+        x = x + attention
         return x + self.feed_forward(self.ffn_norm(x))
 
 
 class Transformer(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        if spec.uses_mla:
-            raise ValueError(f"the runtime model has no multi-head latent attention; {spec.name} needs it")
+        lacks = trainer_lacks(spec)
+        if lacks:
+            raise ValueError(f"the runtime model has no {lacks}; {spec.name} needs it")
         self.spec = spec
         self.tok_embeddings = nn.Embedding(spec.vocab, spec.hidden)
         self.pos_embeddings = nn.Embedding(spec.seq, spec.hidden) if spec.learned_positions else None
@@ -239,7 +298,7 @@ class Transformer(nn.Module):
         self.output = nn.Linear(spec.hidden, spec.vocab, bias=False)
         if spec.tied_embeddings:  # one table for both ends (Press & Wolf 2017)
             self.output.weight = self.tok_embeddings.weight
-        cos, sin = rope_tables(spec.head_dim, spec.seq)
+        cos, sin = rope_tables(spec, spec.seq)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
@@ -283,6 +342,14 @@ def _stable_hash(text: str) -> int:
     for byte in text.encode():
         h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
     return h & 0x7FFFFFFFFFFFFFFF
+
+
+def full_shapes(spec: ModelSpec) -> dict:
+    """Every parameter's name and whole shape (a tied head's too: under a pipeline the last stage holds its
+    own copy), built on the meta device (no memory)."""
+    with torch.device("meta"):
+        model = Transformer(spec)
+        return {name: tuple(p.shape) for name, p in model.named_parameters(remove_duplicate=False)}
 
 
 def build_model(spec: ModelSpec, seed: int = 0, device: str | torch.device = "cpu") -> Transformer:

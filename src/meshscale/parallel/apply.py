@@ -19,7 +19,6 @@ from contextlib import ExitStack
 import torch
 import torch.distributed as dist
 
-from meshscale.errors import UserError
 from meshscale.parallel.context import apply_context_parallel
 from meshscale.parallel.data_parallel import DDP, Local, PipelinedDDP
 from meshscale.parallel.expert import apply_expert_parallel, expert_data_parallel
@@ -30,13 +29,7 @@ from meshscale.parallel.recompute import apply_recompute
 from meshscale.parallel.tensor import apply_tensor_parallel, scatter_gather_stage, tp_duplicate
 from meshscale.parallel.tied import TiedEmbeddings
 from meshscale.parallel.zero import Zero
-from meshscale.specs.layout import Layout, trainer_refusal
-
-
-def check_runtime(layout: Layout, model) -> None:
-    reason = trainer_refusal(layout, model)
-    if reason:
-        raise UserError(f"layout {layout}: {reason}")
+from meshscale.specs.layout import Layout, check_trainable
 
 
 class Parallel:
@@ -83,8 +76,12 @@ class Parallel:
             s.after_step()
 
 
-def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", bucket_mb: float = 1.0) -> Parallel:
-    check_runtime(layout, model.spec)
+def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", bucket_mb: float = 1.0,
+                 load=None) -> Parallel:
+    """load(module, tp_rank, tp): fills a chunk's parameters (its tensor-, pipeline- and expert-parallel
+    pieces, under their global names) before data parallelism copies or shards them (--init-from)."""
+    check_trainable(layout, model.spec)
+    tp_rank = mesh["tp"].get_local_rank() if mesh is not None else 0
     if layout.pp > 1:
         chunks = pipeline_chunks(model, layout, mesh["pp"].get_local_rank())
     else:
@@ -108,6 +105,8 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
         if layout.cp > 1:
             apply_context_parallel(module, mesh["cp"])
         apply_recompute(module, layout.recompute)
+        if load is not None:
+            load(module, tp_rank, layout.tp)
         if emesh is not None:
             def dense(select, module=module):
                 return _data_parallel(module, layout, mesh, ledger, precision, bucket_mb, select)
@@ -118,7 +117,6 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
         wrapped.append((stage, strategy.model))
         strategies.append(strategy)
 
-    tp_rank = mesh["tp"].get_local_rank() if mesh is not None else 0
     return Parallel(wrapped, strategies, layout, mesh, tp_duplicate(tp_rank, layout.tp, model.spec.kv_heads))
 
 

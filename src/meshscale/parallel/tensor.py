@@ -34,6 +34,8 @@ copy of that head's K and V projections, and their gradients are summed over the
 """
 
 import time
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -47,7 +49,7 @@ from meshscale.parallel.mesh import kv_copy_mesh
 # Parameters left whole on every TP rank (norms, router, position table, row-parallel biases); everything
 # else is a TP shard.
 _REPLICATED_SUFFIXES = ("norm.weight", "norm.bias", "router.weight", "pos_embeddings.weight", "wo.bias",
-                        "w2.bias")
+                        "w2.bias", "shared_gate.weight")
 
 
 def _timed(collective: str, nbytes: int, fn, *args, **kwargs) -> None:
@@ -81,55 +83,39 @@ def _reduce_scatter_seq(x: torch.Tensor, group) -> torch.Tensor:
     return out.transpose(0, 1)
 
 
-class _CopyToTP(torch.autograd.Function):
-    """Megatron's f: the input is replicated, so its gradient is the sum of every rank's partial one."""
+def _same(x: torch.Tensor, group) -> torch.Tensor:
+    return x.view_as(x)
+
+
+class _Conjugate(torch.autograd.Function):
+    """A collective in forward and its conjugate in backward, over one TP group."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_reduce(grad, ctx.group), None
-
-
-class _ReduceFromTP(torch.autograd.Function):
-    """Megatron's g: sum the partial outputs of a row-parallel matmul."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        return _all_reduce(x, group)
+    def forward(ctx, x, group, forward, backward):
+        ctx.group, ctx.conjugate = group, backward
+        return forward(x, group)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None
+        return ctx.conjugate(grad, ctx.group), None, None, None
 
 
-class _GatherSeq(torch.autograd.Function):
-    """SP's f: all-gather the sequence before a column-parallel matmul; reduce-scatter its gradient."""
+class _Pair(NamedTuple):
+    forward: Callable
+    backward: Callable
 
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _gather_seq(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _reduce_scatter_seq(grad, ctx.group), None
+    def apply(self, x: torch.Tensor, group) -> torch.Tensor:
+        return _Conjugate.apply(x, group, self.forward, self.backward)
 
 
-class _ReduceScatterSeq(torch.autograd.Function):
-    """SP's g: reduce-scatter the partial sums of a row-parallel matmul along the sequence."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _reduce_scatter_seq(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _gather_seq(grad, ctx.group), None
+# Megatron's f: the input is replicated, so its gradient is the sum of every rank's partial one.
+_CopyToTP = _Pair(_same, _all_reduce)
+# Megatron's g: sum the partial outputs of a row-parallel matmul.
+_ReduceFromTP = _Pair(_all_reduce, _same)
+# SP's f: all-gather the sequence before a column-parallel matmul; reduce-scatter its gradient.
+_GatherSeq = _Pair(_gather_seq, _reduce_scatter_seq)
+# SP's g: reduce-scatter the partial sums of a row-parallel matmul along the sequence.
+_ReduceScatterSeq = _Pair(_reduce_scatter_seq, _gather_seq)
 
 
 class _ScatterToNextStage(torch.autograd.Function):
@@ -186,7 +172,8 @@ class VocabParallelEmbedding(nn.Module):
 
 class SequenceParallelRMSNorm(RMSNorm):
     """RMSNorm over a sequence chunk: each rank's weight gradient covers only its tokens, so the gradient
-    of the (replicated) weight is summed over the TP group, exactly as f does for a replicated input."""
+    of the (replicated) weight is summed over the TP group, exactly as f does for a replicated input.
+    Qwen3's qk-norm (over each head, every rank holding some of the heads) needs the same sum."""
 
     def __init__(self, norm: RMSNorm, group):
         super().__init__(norm.weight.shape[0], norm.eps)
@@ -315,6 +302,9 @@ def apply_tensor_parallel(model: Transformer, tp_mesh, sequence_parallel: bool =
         for column in (attention.wq, *kv):
             _shard(column, 0, rank, t)
         attention.wo = RowParallelLinear(attention.wo, rank, t, group, sp)
+        if attention.q_norm is not None:  # qk-norm: each rank's heads give part of the weights' gradient
+            attention.q_norm, attention.k_norm = (SequenceParallelRMSNorm(n, group)
+                                                  for n in (attention.q_norm, attention.k_norm))
         _enter_region(attention, group, sp)
         if isinstance(mlp, MoE):
             _shard_moe(mlp, group, rank, t, sp)

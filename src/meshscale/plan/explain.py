@@ -1,9 +1,9 @@
 """Why the winner won, in the seeds' terms: memory, critical batch sizes, the fast domain, the bubble."""
 
-from meshscale.cost import critical, predict
+from meshscale.cost import critical
 from meshscale.cost.comm import group_link
 from meshscale.cost.memory import PRECISIONS, params_on_rank
-from meshscale.plan.search import Plan, search
+from meshscale.plan.search import Plan, search_within
 from meshscale.specs.layout import Layout
 
 
@@ -36,7 +36,7 @@ def explain(plan: Plan, model, cluster, devices: int, global_batch: int, precisi
              f"{_dominant(win)}."]
     lines.append(_pure_dp(model, cluster, devices, global_batch, precision, capacity, per_device, headroom, plan))
     lines.append(_pure_fsdp(model, cluster, devices, global_batch, precision, headroom, per_device, win, plan))
-    lines.append(_why_tp(model, cluster, devices, global_batch, precision, headroom, layout, win, plan.fixed))
+    lines.append(_why_tp(model, cluster, devices, global_batch, precision, headroom, layout, win, plan))
     lines.append(_across_nodes(model, layout, win, global_batch, precision))
     r = win.regime
     if r.get("critical_tokens"):
@@ -79,9 +79,9 @@ def _pure_dp(model, cluster, devices, batch, precision, capacity, per_device, he
     if batch % devices:
         return f"Pure DP cannot split {batch} sequences over {devices} devices (it needs dp to divide the batch)."
     # the best replicated layout (every device a whole copy, zero=0), with the plan's other fixed values
-    found = search(model, cluster, devices, batch, precision, top=1, headroom=headroom,
-                   where=lambda tp, pp, cp, dp, ep: tp == pp == cp == ep == 1,
-                   fix={**_except(plan.fixed, "tp", "pp", "dp", "cp", "ep", "zero", "shard"), "zero": 0}).ranked
+    found = search_within(plan, model, cluster, devices, batch, precision, headroom,
+                          where=lambda tp, pp, cp, dp, ep: tp == pp == cp == ep == 1,
+                          fix={**_except(plan.fixed, "tp", "pp", "dp", "cp", "ep", "zero", "shard"), "zero": 0})
     if not found:
         return "Pure DP (a whole replica on every device) has no layout that fits."
     pred = found[0]
@@ -94,10 +94,10 @@ def _pure_dp(model, cluster, devices, batch, precision, capacity, per_device, he
 def _pure_fsdp(model, cluster, devices, batch, precision, headroom, per_device, win, plan) -> str:
     if devices == 1:
         return ""
-    sub = search(model, cluster, devices, batch, precision, top=1, headroom=headroom,
-                 where=lambda tp, pp, cp, dp, ep: tp == 1 and pp == 1 and ep == 1,
-                 fix={**_except(plan.fixed, "tp", "pp", "dp", "cp", "ep", "zero"), "zero": 3})
-    fsdp = [p for p in sub.ranked if "zero=3" in p.layout]
+    sub = search_within(plan, model, cluster, devices, batch, precision, headroom,
+                        where=lambda tp, pp, cp, dp, ep: tp == 1 and pp == 1 and ep == 1,
+                        fix={**_except(plan.fixed, "tp", "pp", "dp", "cp", "ep", "zero"), "zero": 3})
+    fsdp = [p for p in sub if "zero=3" in p.layout]
     if not fsdp:
         return "Pure FSDP (tp=pp=1 over every device) has no layout that fits or divides the batch."
     p = fsdp[0]
@@ -121,9 +121,9 @@ def _best_other(model, cluster, devices, batch, precision, headroom, win, plan) 
     other = lambda layout: layout.tp > 1 or layout.pp > 1 or layout.ep > 1  # noqa: E731
     found = [p for p in plan.rejected if other(Layout.parse(p.layout, devices))]
     if not found:
-        found = search(model, cluster, devices, batch, precision, top=1, headroom=headroom,
-                       where=lambda tp, pp, cp, dp, ep: other(Layout(tp=tp, pp=pp, ep=ep)),
-                       fix=_except(plan.fixed, "tp", "pp", "dp", "cp", "ep")).ranked
+        found = search_within(plan, model, cluster, devices, batch, precision, headroom,
+                              where=lambda tp, pp, cp, dp, ep: other(Layout(tp=tp, pp=pp, ep=ep)),
+                              fix=_except(plan.fixed, "tp", "pp", "dp", "cp", "ep"))
     if not found:
         return "no layout with TP, PP or EP fits"
     alt = found[0]
@@ -139,16 +139,16 @@ def _except(fixed: dict, *keys) -> dict:
     return {k: v for k, v in fixed.items() if k not in keys}
 
 
-def _why_tp(model, cluster, devices, batch, precision, headroom, layout, win, fixed) -> str:
+def _why_tp(model, cluster, devices, batch, precision, headroom, layout, win, plan) -> str:
     tp = layout.tp
     tier = next((e["tier"] for e in win.comm if e["axis"] == "tp"), None)
     domain = cluster.tiers[0].name
     neighbours = []
     for other in sorted({max(1, tp // 2), tp * 2} - {tp}):
-        sub = search(model, cluster, devices, batch, precision, top=1, headroom=headroom, cross_tp=True,
-                     where=lambda t, pp, cp, dp, ep, o=other: t == o, fix=_except(fixed, "tp", "dp"))
-        if sub.ranked:
-            neighbours.append(f"tp={other} at best {ms(sub.ranked[0].step_time_s)}")
+        sub = search_within(plan, model, cluster, devices, batch, precision, headroom, cross_tp=True,
+                            where=lambda t, pp, cp, dp, ep, o=other: t == o, fix=_except(plan.fixed, "tp", "dp"))
+        if sub:
+            neighbours.append(f"tp={other} at best {ms(sub[0].step_time_s)}")
         else:
             neighbours.append(f"tp={other} fits nowhere")
     cap = critical.max_tp(cluster.peak_flops_bf16, model.ffn, cluster.tiers[0].bandwidth)

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 from meshscale.errors import UserError
 from meshscale.sim import engine
-from meshscale.sim.schedule import rank_orders, stage_owner
-from meshscale.specs.layout import V_SCHEDULES, Layout
+from meshscale.sim.schedule import rank_orders
+from meshscale.specs.layout import Layout
+from meshscale.specs.placement import stage_owner
 
 
 @dataclass
@@ -85,8 +86,7 @@ def replay(path: str, layout: Layout, m: int) -> Replay:
     took = {(e["stage"], e["kind"], e["mb"]): e["end"] - e["start"] for e in events}
     # The trace names an input-gradient pass "B" too; a full backward is B plus W where W is traced apart.
     kinds = {"F": ("F",), "I": ("B",), "W": ("W",), "B": ("B",)}
-    v_shape = layout.schedule in V_SCHEDULES
-    owner = lambda s: stage_owner(s, layout.pp, v_shape)  # noqa: E731
+    owner = lambda s: stage_owner(s, layout.pp, layout.v_shaped)  # noqa: E731
     gap = gaps(events, owner)
 
     def seconds(rank, stage, kind, mb):

@@ -13,13 +13,6 @@ from collections import defaultdict
 from functools import lru_cache
 
 
-def stage_owner(stage: int, pp: int, v_shape: bool) -> int:
-    """The pipeline rank holding chunk `stage`: looped (r, r+pp, ...) or V (r and 2pp-1-r)."""
-    if v_shape:
-        return stage if stage < pp else 2 * pp - 1 - stage
-    return stage % pp
-
-
 @lru_cache(maxsize=256)
 def rank_orders(schedule: str, pp: int, vpp: int, m: int) -> tuple:
     """One tuple of (stage, kind, micro-batch) per pipeline rank."""

@@ -32,14 +32,16 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from meshscale.cost import predict
+from meshscale.cost.comm import Overlap
 from meshscale.cost.overhead import shared_cores
 from meshscale.cost.step import chunk_passes, control_seconds, exposed_seconds, rank_passes
 from meshscale.errors import UserError
 from meshscale.sim import engine
-from meshscale.sim.schedule import rank_orders, stage_owner
+from meshscale.sim.schedule import rank_orders
 from meshscale.specs.cluster import ClusterSpec
-from meshscale.specs.layout import V_SCHEDULES, Layout, check_against, split_layers
+from meshscale.specs.layout import Layout, check_against, split_layers
 from meshscale.specs.model import ModelSpec
+from meshscale.specs.placement import stage_owner
 
 INLINE_AXES = ("tp", "ep", "cp")
 DATA_AXES = ("dp", "edp")  # dense gradients over dp*cp, routed experts over their own replicas (MoE)
@@ -112,9 +114,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batc
     for g, factor in slow_links.items():
         ring[g // per_stage] = max(ring[g // per_stage], factor)
     seconds_for, send_for, share = _durations(model, cluster, layout, precision, pred, ring)
-    v_shape = layout.schedule in V_SCHEDULES and layout.pp > 1
     orders = rank_orders(layout.schedule if layout.pp > 1 else "1f1b", layout.pp, layout.vpp, m)
-    owner = lambda stage: stage_owner(stage, layout.pp, v_shape)  # noqa: E731
+    owner = lambda stage: stage_owner(stage, layout.pp, layout.v_shaped)  # noqa: E731
     pipelines = _replicas(layout, stragglers, slow_links)
     runs = [engine.run(orders, owner, seconds_for(slow, links), send_for(links), share, i)
             for i, (_, slow, links) in enumerate(pipelines)]
@@ -160,7 +161,7 @@ def _durations(model, cluster, layout, precision, pred, ring):
     inline = [e for e in pred.comm if e["axis"] in INLINE_AXES]
     pp_entry = next((e for e in pred.comm if e["axis"] == "pp"), None)
     send_s = pp_entry["time_s"] / pp_entry["calls"] if pp_entry else 0.0
-    fsdp = sum(e["time_s"] for e in pred.comm if e["axis"] in DATA_AXES and e["overlap"] == "fsdp")
+    fsdp = sum(e["time_s"] for e in pred.comm if e["axis"] in DATA_AXES and e["overlap"] == Overlap.FSDP)
     units = [len(r) for r in split_layers(model.layers, layout.stages)]
     per_pass = {"F": lambda c: c.forward, "B": lambda c: c.backward + c.weight, "I": lambda c: c.backward,
                 "W": lambda c: c.weight}
@@ -210,7 +211,7 @@ def _data_parallel_tail(model, cluster, layout, precision, pred, m, last_backwar
     of them) and one bucket shows; with param_gather_overlap the gather runs beside the next step's first
     forward and one bucket shows. Traffic whose [software] switch is off runs whole. `ring` slows each pipeline
     rank's traffic (a slow link in its rings)."""
-    dp = [e for e in pred.comm if e["axis"] in DATA_AXES and e["overlap"] != "fsdp"]
+    dp = [e for e in pred.comm if e["axis"] in DATA_AXES and e["overlap"] != Overlap.FSDP]
     reductions = [e for e in dp if e["collective"] != "all_gather"]
     gathers = [e for e in dp if e["collective"] == "all_gather"]
     ends, events = [], []
@@ -222,8 +223,8 @@ def _data_parallel_tail(model, cluster, layout, precision, pred, m, last_backwar
         for e in reductions:
             took = e["time_s"] * ring[r]
             end = t + took
-            if e["overlap"] in ("backward", "each_backward"):
-                window = (passes.backward + passes.weight) * (m if e["overlap"] == "each_backward" else 1)
+            if e["overlap"] in (Overlap.BACKWARD, Overlap.EACH_BACKWARD):
+                window = (passes.backward + passes.weight) * (m if e["overlap"] == Overlap.EACH_BACKWARD else 1)
                 end = t + exposed_seconds(took, t - backward_end + window, took / e["calls"], efficiency)
             events.append(engine.Event(r, "dp", "sync", end - took, end))
             t = end
@@ -233,7 +234,7 @@ def _data_parallel_tail(model, cluster, layout, precision, pred, m, last_backwar
         for e in gathers:
             took = e["time_s"] * ring[r]
             events.append(engine.Event(r, "dp", "gather", t, t + took))
-            hidden = passes.forward if e["overlap"] == "forward" else 0.0
+            hidden = passes.forward if e["overlap"] == Overlap.FORWARD else 0.0
             t += exposed_seconds(took, hidden, took / e["calls"], efficiency)
         ends.append(t)
     return ends, events

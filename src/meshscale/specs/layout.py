@@ -16,6 +16,7 @@ and the ranks holding the same experts, i % ep equal, form the expert data-paral
 from dataclasses import dataclass, fields, replace
 
 from meshscale.errors import UserError
+from meshscale.specs.model import trainer_lacks
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb", "zbv", "dualpipev")
 RECOMPUTE = ("none", "selective", "full", "op")
@@ -64,7 +65,7 @@ class Layout:
                 raise UserError(f"layout: vpp={self.vpp} needs schedule=interleaved (or zbv/dualpipev for 2)")
         elif self.vpp > 1:
             raise UserError("layout: vpp > 1 needs pp > 1")
-        if self.schedule in V_SCHEDULES and self.pp > 1 and self.vpp == 1:
+        if self.v_shaped and self.vpp == 1:
             object.__setattr__(self, "vpp", 2)
         if self.shard:
             replicas = self.dp * self.cp
@@ -96,6 +97,11 @@ class Layout:
     def replicas(self) -> int:
         """Shard groups holding copies of the same state (1 unless hybrid sharding)."""
         return self.dp * self.cp // self.shard_size
+
+    @property
+    def v_shaped(self) -> bool:
+        """Two chunks per rank placed as a V, down the ranks and back up (specs/placement.py)."""
+        return self.schedule in V_SCHEDULES and self.pp > 1
 
     @property
     def fsdp(self) -> bool:
@@ -132,22 +138,13 @@ class Layout:
         """Parse the string form; with `devices`, dp fills what is left and the product is checked."""
         values: dict = {}
         fsdp = None
-        for item in filter(None, (p.strip() for p in text.replace(" ", "").split(","))):
-            key, sep, raw = item.partition("=")
-            if not sep or not raw:
-                raise UserError(f"layout: {item!r} is not key=value (example: tp=8,pp=4,dp=16,zero=1)")
+        for key, raw in layout_items(text):
             if key in values or (key == "fsdp" and fsdp is not None):
                 raise UserError(f"layout: {key} given twice")
             if key == "fsdp":
-                fsdp = _parse_int(key, raw)
-            elif key in _INT_KEYS:
-                values[key] = _parse_int(key, raw)
-            elif key == "sp":
-                if raw.lower() not in ("true", "false", "1", "0"):
-                    raise UserError(f"layout: sp must be true or false, got {raw!r}")
-                values[key] = raw.lower() in ("true", "1")
-            elif key in ("schedule", "recompute"):
-                values[key] = raw.lower()
+                fsdp = parse_value(key, raw)
+            elif key in _KEY_ORDER:
+                values[key] = parse_value(key, raw)
             else:
                 known = ", ".join(_KEY_ORDER + ("fsdp",))
                 raise UserError(f"layout: unknown key {key!r}; known keys: {known}")
@@ -179,11 +176,31 @@ def expert_mesh_shape(layout: Layout) -> tuple[int, int, int, int]:
     return layout.pp, dc // layout.ep, layout.ep, layout.tp
 
 
-def _parse_int(key: str, raw: str) -> int:
-    try:
-        return int(raw)
-    except ValueError:
-        raise UserError(f"layout: {key} must be an integer, got {raw!r}") from None
+def layout_items(text: str, what: str = "layout") -> list[tuple[str, str]]:
+    """(key, value text) of each key=value item of a layout string, spaces dropped; `what` names the input in
+    the error."""
+    items = []
+    for item in filter(None, (p.strip() for p in text.replace(" ", "").split(","))):
+        key, sep, raw = item.partition("=")
+        if not sep or not raw:
+            raise UserError(f"{what}: {item!r} is not key=value (example: tp=8,pp=4,dp=16,zero=1)")
+        items.append((key, raw))
+    return items
+
+
+def parse_value(key: str, raw: str, what: str = "layout"):
+    """The value of layout key `key` from its text: a whole number, sp a bool, schedule and recompute their
+    lower-case names (which Layout checks)."""
+    if key in _INT_KEYS + ("fsdp",):
+        try:
+            return int(raw)
+        except ValueError:
+            raise UserError(f"{what}: {key} must be a whole number, got {raw!r}") from None
+    if key == "sp":
+        if raw.lower() not in ("true", "false", "1", "0"):
+            raise UserError(f"{what}: sp must be true or false, got {raw!r}")
+        return raw.lower() in ("true", "1")
+    return raw.lower()
 
 
 def check_against(layout: Layout, model, global_batch: int | None = None) -> None:
@@ -283,12 +300,22 @@ def pipeline_refusal(layout: Layout, n_microbatches: int) -> str | None:
     return None
 
 
+def check_trainable(layout: Layout, model) -> None:
+    """Raise the trainer's refusal of `layout` for `model` as one line, if it has one."""
+    reason = trainer_refusal(layout, model)
+    if reason:
+        raise UserError(f"layout {layout}: {reason}")
+
+
 def trainer_refusal(layout: Layout, model) -> str | None:
     """Why `meshscale train` cannot run `layout` of `model` yet, or None. Torch-free, so `plan --emit torchrun`
     can pick the best layout the trainer runs. (What it runs, it runs with the single-device loss:
     tests/test_train_matrix.py.)"""
-    if model.uses_mla:
-        return f"model {model.name}: the trainer has no multi-head latent attention (MLA)"
+    lacks = trainer_lacks(model)
+    if lacks:
+        return f"model {model.name}: the trainer has no {lacks}"
+    if layout.cp > 1 and model.sliding_window and model.sliding_window < model.seq:
+        return f"cp>1 is not built for sliding-window attention ({model.name}); use cp=1"
     if layout.sp and (model.is_moe or model.biases):
         # MoE routing and LayerNorm biases would need their own sequence-parallel gradient sums
         return f"sp=true is not built for {'MoE' if model.is_moe else 'GPT-style (biased)'} models; use sp=false"
@@ -298,7 +325,7 @@ def trainer_refusal(layout: Layout, model) -> str | None:
         return f"cp>1 is not built for learned position embeddings ({model.name}); use cp=1"
     if model.is_moe and model.biases and layout.tp > 1:
         return "tp>1 is not built for MoE experts with biases (their row-parallel bias); use tp=1"
-    if model.biases and layout.tp > model.kv_heads:
+    if (model.biases or model.qkv_bias) and layout.tp > model.kv_heads:
         return f"tp={layout.tp} > kv_heads is not built for biased K/V projections; use tp<={model.kv_heads}"
     if layout.replicas > 1 and layout.ep > 1:
         # the experts' state shards over their own expert data-parallel group, not the shard groups

@@ -4,10 +4,15 @@ Field names are the JSON names. Parameter counts follow directly from the shapes
 `param_count`), which is how the presets are checked against their published sizes.
 """
 
+import json
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 from meshscale.errors import UserError
 from meshscale.specs.loading import build, read_spec_file
+
+
+MLPS = ("swiglu", "geglu", "gelu", "gelu-erf")
 
 
 @dataclass(frozen=True)
@@ -21,15 +26,28 @@ class ModelSpec:
     seq: int = 2048
     kv_heads: int = 0  # 0 means heads (multi-head attention); fewer means grouped-query attention
     head_dim: int = 0  # 0 means hidden // heads
-    mlp: str = "swiglu"  # "swiglu": 3 matrices (gate, up, down); "gelu": 2 (up, down)
+    # "swiglu"/"geglu": 3 matrices (gate, up, down) with SiLU / tanh-GeLU gates (Llama / Gemma);
+    # "gelu"/"gelu-erf": 2 (up, down) with the tanh / exact GeLU (GPT-2 / GPT-NeoX)
+    mlp: str = "swiglu"
     tied_embeddings: bool = False
     learned_positions: bool = False  # GPT-style absolute position table (seq x hidden) instead of RoPE
-    biases: bool = False  # GPT-style biases on every linear layer
+    biases: bool = False  # GPT-style biases on every linear layer (and LayerNorm, not RMSNorm)
+    qkv_bias: bool = False  # biases on q, k and v alone (Qwen2)
+    qk_norm: bool = False  # RMSNorm over each head's q and k before RoPE (Qwen3, Gemma 3)
+    norm_eps: float = 1e-5
+    parallel_residual: bool = False  # GPT-NeoX: x + attn(norm1(x)) + mlp(norm2(x))
+    sandwich_norms: bool = False  # Gemma 2/3: norms after attention and the MLP too (4 per layer)
+    rope_theta: float = 10000.0
+    rope_scaling: str = ""  # Hugging Face's rope scaling as sorted JSON (rope_type, factor, ...); "" for none
+    rotary_fraction: float = 1.0  # the share of each head's dimensions RoPE rotates (GPT-NeoX: 0.25)
+    sliding_window: int = 0  # attend to the last n positions only; 0: to all
+    full_attention_every: int = 0  # with a window, every n-th layer attends to all (Gemma 2: 2, Gemma 3: 6)
     # Mixture of experts (experts == 0: dense).
     experts: int = 0
     top_k: int = 0
     expert_ffn: int = 0  # 0 means ffn
     shared_experts: int = 0
+    shared_expert_gate: bool = False  # Qwen2-MoE: a sigmoid gate (hidden -> 1) scales the shared experts' output
     first_dense_layers: int = 0  # DeepSeek keeps its first layers dense
     moe_every: int = 1  # every n-th layer after those is MoE (1: all of them)
     norm_topk: bool = True  # renormalise the top_k routing weights to sum to 1 (Mixtral, DeepSeek-V3)
@@ -54,8 +72,8 @@ class ModelSpec:
         for key in ("layers", "hidden", "heads", "ffn", "vocab", "seq"):
             if getattr(self, key) <= 0:
                 raise UserError(f"model {self.name}: {key} must be a positive integer, got {getattr(self, key)}")
-        if self.mlp not in ("swiglu", "gelu"):
-            raise UserError(f"model {self.name}: mlp must be 'swiglu' or 'gelu', got {self.mlp!r}")
+        if self.mlp not in MLPS:
+            raise UserError(f"model {self.name}: mlp must be one of {', '.join(MLPS)}, got {self.mlp!r}")
         if self.heads % self.kv_heads:
             raise UserError(f"model {self.name}: heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
         if self.experts:
@@ -77,8 +95,12 @@ class ModelSpec:
         return self.kv_lora_rank > 0
 
     @property
+    def gated_mlp(self) -> bool:
+        return self.mlp in ("swiglu", "geglu")
+
+    @property
     def mlp_matrices(self) -> int:
-        return 3 if self.mlp == "swiglu" else 2
+        return 3 if self.gated_mlp else 2
 
     def is_moe_layer(self, i: int) -> bool:
         return self.is_moe and i >= self.first_dense_layers and (i - self.first_dense_layers) % self.moe_every == 0
@@ -104,7 +126,7 @@ class ModelSpec:
             kv = h * (self.kv_lora_rank + self.rope_head_dim) + self.kv_lora_rank + self.kv_lora_rank * a * (d + v)
             return q + kv + a * v * h
         qkvo = h * a * d * 2 + h * self.kv_heads * d * 2
-        bias = (a * d + 2 * self.kv_heads * d + h) if self.biases else 0
+        bias = (a * d + 2 * self.kv_heads * d) * (self.biases or self.qkv_bias) + h * self.biases
         return qkvo + bias
 
     def dense_mlp_params(self) -> int:
@@ -116,10 +138,13 @@ class ModelSpec:
         return self.mlp_matrices * self.hidden * self.expert_ffn
 
     def moe_mlp_params(self) -> int:
-        return (self.experts + self.shared_experts) * self.expert_params() + self.hidden * self.experts  # + router
+        gate = self.hidden if self.shared_expert_gate else 0
+        return (self.experts + self.shared_experts) * self.expert_params() + self.hidden * self.experts + gate
 
     def norm_params(self) -> int:
-        return self.hidden * (2 if not self.biases else 4)  # two norms per layer (LayerNorm has a bias too)
+        # two norms per layer, four with sandwich norms; LayerNorm has a bias too; qk-norm: one head_dim each
+        per_norm = self.hidden * (2 if self.biases else 1)
+        return per_norm * (4 if self.sandwich_norms else 2) + (2 * self.head_dim if self.qk_norm else 0)
 
     def embedding_params(self) -> int:
         table = self.vocab * self.hidden
@@ -189,49 +214,63 @@ PRESETS: dict[str, ModelSpec] = {
 }
 
 
-def from_hf_config(cfg: dict, name: str) -> ModelSpec:
-    """Read a Hugging Face config.json of a Llama, Mistral, Mixtral or DeepSeek-V3 model."""
-    try:
-        heads = cfg["num_attention_heads"]
-        experts = cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0
-        kw = dict(
-            name=name,
-            layers=cfg["num_hidden_layers"],
-            hidden=cfg["hidden_size"],
-            heads=heads,
-            kv_heads=cfg.get("num_key_value_heads") or heads,
-            ffn=cfg["intermediate_size"],
-            vocab=cfg["vocab_size"],
-            seq=cfg.get("max_position_embeddings", 4096),
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            mlp="gelu" if cfg.get("hidden_act", "silu") in ("gelu", "gelu_new") else "swiglu",
-        )
-    except KeyError as e:
-        raise UserError(f"{name}: Hugging Face config lacks field {e.args[0]!r}") from None
-    if cfg.get("head_dim"):
-        kw["head_dim"] = cfg["head_dim"]
-    if experts:
-        kw.update(experts=experts, top_k=cfg.get("num_experts_per_tok", 2),
-                  expert_ffn=cfg.get("moe_intermediate_size") or cfg["intermediate_size"],
-                  shared_experts=cfg.get("n_shared_experts") or 0,
-                  first_dense_layers=cfg.get("first_k_dense_replace") or 0,
-                  moe_every=cfg.get("moe_layer_freq") or 1)
-    if cfg.get("kv_lora_rank"):
-        kw.update(kv_lora_rank=cfg["kv_lora_rank"], q_lora_rank=cfg.get("q_lora_rank") or 0,
-                  rope_head_dim=cfg.get("qk_rope_head_dim", 64), head_dim=cfg.get("qk_nope_head_dim", 128),
-                  v_head_dim=cfg.get("v_head_dim", 128))
-    return ModelSpec(**kw)
+def from_hf_config(cfg: dict, name: str, source: str | None = None) -> ModelSpec:
+    """A Hugging Face config.json's model (specs/hf.py reads it per model_type)."""
+    from meshscale.specs import hf
+
+    return ModelSpec(name=name, **hf.model_fields(cfg, source or name))
+
+
+# The rope scalings the runtime model applies (specs/hf.py reads more, for planning).
+RUNTIME_ROPE_SCALINGS = ("linear", "llama3")
+
+
+def trainer_lacks(spec: ModelSpec) -> str | None:
+    """What of `spec` the runtime model does not build (it is planned all the same), or None."""
+    if spec.uses_mla:
+        return "multi-head latent attention (MLA)"
+    if spec.sandwich_norms:
+        return "Gemma block (norms after attention and the MLP, (1 + w) norms, soft-capped logits)"
+    if spec.mlp == "geglu":
+        return "GeGLU MLP"
+    kind = json.loads(spec.rope_scaling)["rope_type"] if spec.rope_scaling else None
+    if kind and kind not in RUNTIME_ROPE_SCALINGS:
+        return f"{kind} rope scaling (it applies {' and '.join(RUNTIME_ROPE_SCALINGS)})"
+    return None
+
+
+def _config_path(name_or_path: str) -> str:
+    """A model directory stands for its config.json."""
+    if Path(name_or_path).is_dir():
+        path = Path(name_or_path) / "config.json"
+        if not path.is_file():
+            raise UserError(f"model directory {name_or_path} has no config.json; pass a directory saved by "
+                            "transformers' save_pretrained, a config.json, or a preset")
+        return str(path)
+    return name_or_path
+
+
+def is_hf_model(name_or_path: str) -> bool:
+    """Whether --model names a Hugging Face config (whose seq is its max_position_embeddings)."""
+    if name_or_path in PRESETS:
+        return False
+    from meshscale.specs import hf
+
+    return hf.is_hf_config(read_spec_file(_config_path(name_or_path), PRESETS, "model"))
 
 
 def load_model(name_or_path: str) -> ModelSpec:
-    """A preset name, a meshscale JSON/TOML ModelSpec, or a Hugging Face config.json."""
+    """A preset name, a meshscale JSON/TOML ModelSpec, or a Hugging Face config.json or model directory."""
     if name_or_path in PRESETS:
         return PRESETS[name_or_path]
-    data = read_spec_file(name_or_path, PRESETS, "model")
-    if "num_hidden_layers" in data:
-        return from_hf_config(data, data.get("_name_or_path") or name_or_path)
+    from meshscale.specs import hf
+
+    path = _config_path(name_or_path)
+    data = read_spec_file(path, PRESETS, "model")
+    if hf.is_hf_config(data):
+        return from_hf_config(data, data.get("_name_or_path") or name_or_path, path)
     data.setdefault("name", name_or_path)
     return build(ModelSpec, data, name_or_path)
 
 
-__all__ = ["ModelSpec", "PRESETS", "load_model", "from_hf_config"]
+__all__ = ["ModelSpec", "PRESETS", "load_model", "from_hf_config", "is_hf_model", "trainer_lacks"]

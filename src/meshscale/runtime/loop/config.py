@@ -2,15 +2,15 @@
 made before a process starts (so bad input costs one line and exit code 2, not a crashed job)."""
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from meshscale.errors import UserError
-from meshscale.parallel.apply import check_runtime
+from meshscale.models import hf_weights
 from meshscale.runtime.loop.data import check_tokens, load_tokens
 from meshscale.runtime.resilience.checkpoint import check_dir, check_same_run, read_manifest
 from meshscale.specs.cluster import load_cluster
-from meshscale.specs.layout import Layout, check_against
+from meshscale.specs.layout import Layout, check_against, check_trainable
 from meshscale.specs.loading import build, read_mapping
 from meshscale.specs.model import ModelSpec, load_model
 
@@ -18,6 +18,7 @@ from meshscale.specs.model import ModelSpec, load_model
 @dataclass(frozen=True)
 class TrainConfig:
     model: str = "tiny"
+    init_from: str | None = None  # a Hugging Face save_pretrained directory: its model and weights start the run
     layout: str = ""  # empty: dp over every process
     nproc: int = 1
     steps: int = 20
@@ -87,11 +88,11 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
     for key in ("steps", "global_batch", "nproc"):
         if getattr(cfg, key) < 1:
             raise UserError(f"--{key.replace('_', '-')} must be at least 1, got {getattr(cfg, key)}")
-    spec = load_model(cfg.model)
+    spec = _model(cfg)
     if cfg.seq:
         spec = spec.with_seq(cfg.seq)
     layout = Layout.parse(cfg.layout, devices=world)
-    check_runtime(layout, spec)
+    check_trainable(layout, spec)
     per_rank = cfg.global_batch // layout.dp
     if cfg.global_batch % layout.dp:
         raise UserError(f"global batch {cfg.global_batch} does not split over dp={layout.dp}; "
@@ -136,6 +137,23 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
     resuming = _check_checkpoints(cfg, spec)
     _check_metrics_out(cfg, resuming)
     return Resolved(cfg, spec, layout)
+
+
+def _model(cfg: TrainConfig) -> ModelSpec:
+    """--model; with --init-from, the directory's model (--model, if given, must have its shapes), its
+    weights checked to be ones meshscale loads."""
+    if not cfg.init_from:
+        return load_model(cfg.model)
+    if not Path(cfg.init_from).is_dir():
+        raise UserError(f"--init-from {cfg.init_from}: not a directory; pass one written by transformers' "
+                        "save_pretrained")
+    spec = load_model(cfg.init_from)
+    hf_weights.model_type(cfg.init_from)
+    hf_weights.Safetensors(cfg.init_from)
+    if cfg.model != TrainConfig.model and replace(load_model(cfg.model), name=spec.name, seq=spec.seq) != spec:
+        raise UserError(f"--model {cfg.model} is not the model in --init-from {cfg.init_from}; leave --model out "
+                        "or name the same architecture")
+    return spec
 
 
 def _check_checkpoints(cfg: TrainConfig, spec: ModelSpec) -> bool:

@@ -24,10 +24,7 @@ import traceback
 import uuid
 
 from meshscale.errors import UserError
-from meshscale.parallel.mesh import forget_meshes
 from meshscale.runtime.loop.config import Resolved
-from meshscale.runtime.loop.trainer import pick_device, train
-from meshscale.runtime.measure.metrics import predicted, print_report
 from meshscale.runtime.resilience.preemption import EXIT_PREEMPTED, STATUS_ENV, Preempted, leave_status, read_status
 
 _LAUNCHER_ENV = "MESHSCALE_LAUNCHER_PID"
@@ -39,6 +36,9 @@ def run_here(run: Resolved) -> dict:
 
     import torch.distributed as dist
 
+    # the trainer (and the parallel wrappers under it) load in the processes that train, not in the launcher
+    from meshscale.runtime.loop.trainer import pick_device, train
+    from meshscale.runtime.measure.metrics import predicted, print_report
 
     device = pick_device(run.config.device, int(os.environ.get("LOCAL_RANK", 0)))
     if run.layout.devices > 1 and not dist.is_initialized():
@@ -66,6 +66,7 @@ def _shut_down() -> None:
 
     import torch.distributed as dist
 
+    from meshscale.parallel.mesh import forget_meshes
 
     forget_meshes()
     gc.collect()

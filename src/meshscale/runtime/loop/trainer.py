@@ -12,7 +12,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from meshscale.cost.memory import busiest_rank
-from meshscale.models.transformer import build_model, moe_layers
+from meshscale.models import hf_weights
+from meshscale.models.transformer import build_model, full_shapes, moe_layers
 from meshscale.parallel.apply import apply_layout
 from meshscale.parallel.expert import ep_group_mean
 from meshscale.parallel.ledger import CommLedger
@@ -138,7 +139,7 @@ class Training:
             _import_setup()
         self.baseline = heap_bytes() if device.type == "cpu" else 0  # the corpus is not the model's memory
         par = self.par = apply_layout(build_model(spec, cfg.seed, device), layout, mesh, self.ledger,
-                                      cfg.precision, cfg.bucket_mb)
+                                      cfg.precision, cfg.bucket_mb, _weights_from(cfg.init_from, spec))
         self.optimizer = build_optimizer(par.optim_params(), cfg.lr, cfg.weight_decay)
         autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
         self.m = m = layout.microbatches(cfg.global_batch)
@@ -317,6 +318,14 @@ class Training:
         if self.is_logger:
             print(f"rolled back to the checkpoint of step {back} after: {anomaly.message}", flush=True)
         return back
+
+
+def _weights_from(root: str | None, spec):
+    """--init-from's loader for apply_layout: each rank reads its own pieces of the safetensors."""
+    if root is None:
+        return None
+    shapes = full_shapes(spec)
+    return lambda module, tp_rank, tp: hf_weights.load(module, root, spec, shapes, tp_rank, tp)
 
 
 def _import_setup() -> None:

@@ -126,7 +126,6 @@ def _units_timed(device, repeat: int, group) -> tuple[float, float]:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
-
     torch.manual_seed(0)
     x = torch.randn(16, 32, device=device)
     units = torch.nn.Sequential(*(torch.nn.Linear(32, 32) for _ in range(8))).to(device)
@@ -304,7 +303,6 @@ def launch(nproc: int, out: str, quick: bool) -> None:
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
 
     method = f"meshscale calibrate, {nproc} process(es), {'quick' if quick else 'full'} sweep"
     if nproc == 1:

@@ -45,7 +45,7 @@ import torch.distributed as dist
 
 import meshscale
 from meshscale.errors import UserError
-from meshscale.models.transformer import Transformer
+from meshscale.models.transformer import full_shapes
 from meshscale.parallel.expert import is_expert_param
 from meshscale.parallel.mesh import describing_mesh, from_every_rank, holder_grid
 from meshscale.parallel.strategy import MOMENTS
@@ -102,8 +102,9 @@ def _model_fields(spec) -> dict:
 
 
 def check_compatible(path: Path, manifest: dict, spec, precision: str) -> None:
-    saved = manifest["model"]
-    differ = [f"{k} {saved.get(k)} vs {v}" for k, v in _model_fields(spec).items() if saved.get(k) != v]
+    fields = type(spec).__dataclass_fields__  # a field newer than the manifest was saved at its default
+    saved = {k: manifest["model"].get(k, fields[k].default) for k in fields}
+    differ = [f"{k} {saved[k]} vs {v}" for k, v in _model_fields(spec).items() if saved[k] != v]
     if differ:
         raise UserError(f"checkpoint {path} holds a different model ({', '.join(differ)}; saved vs --model "
                         f"{spec.name}); use the model it was saved with or a new --checkpoint-dir")
@@ -186,11 +187,6 @@ def _ensure_optimizer_state(optimizer) -> None:
                     state[k] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
-def _full_shapes(spec) -> dict:
-    with torch.device("meta"):
-        return {name: tuple(p.shape) for name, p in Transformer(spec).named_parameters()}
-
-
 def _global(t: torch.Tensor, full_shape: tuple, holders: torch.Tensor, shard_size: int):
     """`t` (whole over the data-parallel ranks, or FSDP2's shard of it) as a DTensor of the full shape on
     the (replicas, shards, tp...) grid of its `holders`; `shard_size`: the FSDP2 shard group's size."""
@@ -221,7 +217,7 @@ def _state_dict(run, par, optimizer, mesh) -> tuple[dict, list]:
     """The layout-free state dict of this rank, and the write-backs to run after loading into it."""
 
     _ensure_optimizer_state(optimizer)
-    shapes, layout = _full_shapes(run.spec), run.layout
+    shapes, layout = full_shapes(run.spec), run.layout
     state, write_backs = {}, []
     if mesh is not None:  # (holders, FSDP2 shard group size) of dense and of routed-expert tensors
         kinds = {False: (holder_grid(layout, False), layout.shard_size)}

@@ -1,0 +1,94 @@
+"""`meshscale budget`: the cluster, device count and layout that train a token count by a deadline, with
+days, dollars, energy and ETTR, and the Pareto front of time against cost."""
+
+from meshscale.commands.predict import json_line, model_at_seq
+from meshscale.errors import UserError
+
+
+def add_arguments(p):
+    from meshscale.cost.goodput import DEFAULT_CHECKPOINT_BANDWIDTH, LLAMA3_MTBF_HOURS
+
+    p.add_argument("--model", required=True, help="preset name, meshscale JSON/TOML, or HF config.json")
+    p.add_argument("--tokens", required=True, type=float, help="tokens to train on, e.g. 2e12")
+    p.add_argument("--deadline-days", required=True, type=float, help="wall-clock days the run may take")
+    p.add_argument("--cluster", required=True, action="append", metavar="NAME[:PRICE[:MTBF]]",
+                   help="a candidate: preset or ClusterSpec file, its $/device-hour (default: its list price) and "
+                        f"MTBF in hours per device (default: Llama 3's {LLAMA3_MTBF_HOURS:,.0f}); repeat for more")
+    p.add_argument("--global-batch-tokens", required=True, type=int, help="tokens per optimizer step")
+    p.add_argument("--devices", help="device counts to try, 64,128,256 or 64..16384 (default: doubling from one "
+                                     "node or 64-chip slice up to --max-devices)")
+    p.add_argument("--max-devices", type=int, default=16384, help="largest count tried by default (16384)")
+    p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
+    p.add_argument("--precision", default="bf16", help="bf16, bf16-pure, fp8, fp32")
+    p.add_argument("--checkpoint-bandwidth", type=float, default=DEFAULT_CHECKPOINT_BANDWIDTH,
+                   help="bytes/s per device to storage (default: Llama 3's 2 TB/s over 16,384 GPUs)")
+    p.add_argument("--plot", metavar="FILE.png", help="draw days against dollars with the Pareto front")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def candidate(text: str):
+    from meshscale.cost.goodput import LLAMA3_MTBF_HOURS, check_inputs
+    from meshscale.plan.budget import Candidate
+    from meshscale.specs.cluster import load_cluster
+
+    name, *rest = text.split(":")
+    if len(rest) > 2:
+        raise UserError(f"--cluster {text!r}: give NAME, NAME:PRICE or NAME:PRICE:MTBF_HOURS")
+    try:
+        numbers = [float(x) for x in rest]
+    except ValueError:
+        raise UserError(f"--cluster {text!r}: price and MTBF must be numbers (NAME:PRICE:MTBF_HOURS)") from None
+    cluster = load_cluster(name)
+    price = numbers[0] if numbers else cluster.price_per_device_hour
+    mtbf = numbers[1] if len(numbers) > 1 else LLAMA3_MTBF_HOURS
+    if not price > 0:
+        raise UserError(f"--cluster {text!r}: {cluster.name} has no list price; give one as {name}:PRICE")
+    check_inputs(mtbf, 1.0)
+    return Candidate(cluster, price, mtbf)
+
+
+def run(args) -> int:
+    from meshscale.plan.budget import choose, options
+    from meshscale.plan.scaling import parse_devices
+
+    model = model_at_seq(args)
+    candidates = [candidate(text) for text in args.cluster]
+    counts = parse_devices(args.devices) if args.devices else None
+    if args.max_devices <= 0:
+        raise UserError(f"--max-devices must be positive, got {args.max_devices}")
+    if args.global_batch_tokens <= 0 or args.global_batch_tokens % model.seq:
+        raise UserError(f"--global-batch-tokens {args.global_batch_tokens} must be a positive multiple of the "
+                        f"sequence length {model.seq}")
+    opts = options(model, candidates, args.tokens, args.global_batch_tokens, args.deadline_days, counts,
+                   args.max_devices, args.precision, args.checkpoint_bandwidth)
+    best = choose(opts)
+    if args.plot:
+        from meshscale.plots import budget_plot
+        budget_plot(opts, args.deadline_days, f"{model.name}, {args.tokens:.3g} tokens", args.plot)
+    if args.json:
+        print(json_line({"choice": best.to_dict(), "options": [o.to_dict() for o in opts]}))
+        return 0
+    _print(opts, best, model, args)
+    return 0
+
+
+def _print(opts, best, model, args) -> None:
+    from rich.table import Table
+
+    from meshscale.commands.report import make_console
+
+    console = make_console()
+    t = Table(title=f"Pareto front of days against dollars: {model.name}, {args.tokens:.3g} tokens, "
+                    f"{args.global_batch_tokens:,} tokens a step", title_justify="left")
+    for col in ("cluster", "devices", "layout", "step", "ETTR", "days", "dollars", "energy MWh", "deadline"):
+        t.add_column(col, justify="left" if col in ("cluster", "layout") else "right")
+    for o in (o for o in opts if o.pareto):
+        t.add_row(o.cluster, f"{o.devices:,}", o.layout, f"{o.step_time_s * 1e3:,.0f} ms", f"{o.ettr:.1%}",
+                  f"{o.days:,.1f}", f"{o.dollars:,.0f}", "" if o.energy_mwh is None else f"{o.energy_mwh:,.1f}",
+                  "met" if o.meets_deadline else "missed")
+    console.print(t)
+    verdict = ("the cheapest that meets" if best.meets_deadline else
+               "none meets the deadline; the fastest misses")
+    console.print(f"choice ({verdict} {args.deadline_days:g} days): {best.devices:,} x {best.cluster}, layout "
+                  f"{best.layout}: {best.days:,.1f} days, ${best.dollars:,.0f}, ETTR {best.ettr:.1%}"
+                  + ("" if best.energy_mwh is None else f", {best.energy_mwh:,.1f} MWh"))

@@ -1,0 +1,78 @@
+"""`meshscale check`: a running torchtitan or Megatron-LM job's log beside the prediction for its config."""
+
+from pathlib import Path
+
+from meshscale.commands.predict import json_line
+from meshscale.errors import UserError
+
+
+def add_arguments(p):
+    p.add_argument("--log", required=True, help="the job's training log (torchtitan or Megatron-LM step lines)")
+    p.add_argument("--config", required=True, help="the job's config: torchtitan job TOML, or a file of "
+                                                     "Megatron-LM arguments (its launch script will do)")
+    p.add_argument("--cluster", required=True, help="preset name or JSON/TOML ClusterSpec")
+    p.add_argument("--devices", type=int, help="device count (Megatron-LM's arguments do not hold it)")
+    p.add_argument("--model", help="preset or ModelSpec file (default: the model the config names or spells out)")
+    p.add_argument("--framework", choices=("torchtitan", "megatron"), help="default: read from the log")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args) -> int:
+    from meshscale.check import check
+    from meshscale.specs.cluster import load_cluster
+    from meshscale.specs.model import load_model
+
+    if args.devices is not None and args.devices <= 0:
+        raise UserError(f"--devices must be positive, got {args.devices}")
+    result = check(_read(args.log, "--log"), _read(args.config, "--config"), load_cluster(args.cluster),
+                   args.devices, load_model(args.model) if args.model else None, args.framework)
+    if args.json:
+        print(json_line(result.to_dict()))
+        return 0
+    _print(result)
+    return 0
+
+
+def _read(path: str, flag: str) -> str:
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"{flag} {path}: no such file")
+    return file.read_text(errors="replace")
+
+
+def _print(result) -> None:
+    from rich.table import Table
+
+    from meshscale.commands.report import make_console
+
+    console = make_console()
+    pred = result.prediction
+    console.print(f"{result.framework} job: {pred.model} on {pred.devices} x {pred.cluster}, layout "
+                  f"[bold]{pred.layout}[/], {pred.global_batch} x {pred.seq} tokens a step; "
+                  f"{result.measured.steps} step lines read")
+    table = Table(title="measured vs predicted", title_justify="left")
+    for col in ("", "measured", "predicted", "measured / predicted"):
+        table.add_column(col, justify="right" if col else "left")
+    for r in result.rows:
+        table.add_row(r.name, _fmt(r.measured, r.unit), _fmt(r.predicted, r.unit), f"{r.ratio:.2f}x")
+    console.print(table)
+    terms = sorted(result.breakdown.items(), key=lambda kv: -kv[1])[:4]
+    console.print(f"differs most: [bold]{result.worst.name}[/] ({result.worst.ratio:.2f}x); the predicted step is "
+                  + ", ".join(f"{name} {t * 1e3:,.1f} ms" for name, t in terms if t > 0))
+    if result.proposal is None:
+        console.print(f"no layout {result.framework} expresses is predicted 3% faster than this one")
+        return
+    p = result.proposal
+    console.print(f"proposed: [bold]{p.layout}[/], predicted {p.step_time_s * 1e3:,.1f} ms (now "
+                  f"{pred.step_time_s * 1e3:,.1f} ms); at this job's measured/predicted ratio, "
+                  f"{result.expected_step_s * 1e3:,.1f} ms a step")
+    for line in result.diff:
+        console.print(line, markup=False, highlight=False)
+
+
+def _fmt(x: float, unit: str) -> str:
+    if unit == "s":
+        return f"{x * 1e3:,.1f} ms"
+    if unit == "B":
+        return f"{x / 2**30:,.1f} GiB"
+    return f"{x:,.1f}"

@@ -1,0 +1,351 @@
+"""Memory and a lower bound on step time for every layout of one parallel shape at once, over numpy arrays.
+
+The planner (plan/search.py) scores each layout it enumerates with these, then costs the promising ones in
+full with `predict`, cheapest bound first. Both are built from predict's own terms (cost/memory.py,
+cost/kernels.py, cost/comm.py, cost/pipeline.py, cost/step.py), so a change there reaches the bound too:
+- memory: predict's memory per device, with the parameters of the busiest rank of the shape's plain or V
+  placement;
+- step time: (compute of the slowest stage + the bandwidth part of the collectives on the critical path) x
+  (1 + bubble ratio) + the ZeRO-1/2 parameter all-gather + the data-parallel traffic backward cannot hide;
+  latencies and per-kernel host overheads are dropped, and every term is at most predict's.
+"""
+
+from dataclasses import dataclass, fields
+from functools import cached_property, lru_cache
+
+import numpy as np
+
+from meshscale.cost import comm
+from meshscale.cost.comm import Overlap
+from meshscale.cost.kernels import Passes, attention_core_seconds, counted_seconds, kernel_shape
+from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busiest_rank, expert_params_on_rank,
+                                   expert_params_per_rank, held_layers, params_on_rank, params_per_rank,
+                                   rebuilt_layer_bytes, root_params_on_rank, zero_copy_bytes)
+from meshscale.cost.pipeline import head_on_chain, schedule_bubble, v_tail
+from meshscale.cost.step import chunk_kinds, elementwise_seconds, grad_reduce_bytes, param_gather_bytes, rank_kinds
+from meshscale.specs.cluster import ClusterSpec
+from meshscale.specs.layout import RECOMPUTE, V_SCHEDULES, Layout
+from meshscale.specs.model import ModelSpec
+from meshscale.specs.placement import stage_layers
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One parallel shape and the choices enumerated inside it, for a global batch of `global_batch`."""
+    tp: int
+    pp: int
+    cp: int
+    dp: int
+    ep: int
+    global_batch: int
+    schedules: tuple  # (name, vpp) pairs
+    microbatch_sizes: tuple  # ascending
+    sps: tuple  # (False,) or (False, True)
+    shards: tuple  # ZeRO shard group sizes: all dp*cp ranks first, then a hybrid group
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def per_rank(self) -> int:
+        """Sequences per data-parallel rank and step."""
+        return self.global_batch // self.dp
+
+    @cached_property
+    def layouts(self) -> list:
+        """One Layout per schedule (dp, tp, pp, cp, ep and the schedule; what placement depends on)."""
+        return [Layout(dp=self.dp, tp=self.tp, pp=self.pp, vpp=v, schedule=n, cp=self.cp, ep=self.ep)
+                for n, v in self.schedules]
+
+    def schedule_is(self, *names) -> np.ndarray:
+        """Per schedule: whether it is one of `names`."""
+        return np.array([n in names for n, _ in self.schedules])
+
+
+@dataclass
+class Rows:
+    """Layouts of one Shape, one per row: the ZeRO stage, shard group size and micro-batch size as values; sp,
+    schedule and recompute as indices into Shape.sps, Shape.schedules and RECOMPUTE."""
+    zero: np.ndarray
+    shard: np.ndarray
+    sp: np.ndarray
+    schedule: np.ndarray
+    mbs: np.ndarray
+    recompute: np.ndarray
+    mbs_index: np.ndarray  # into Shape.microbatch_sizes
+
+    def __getitem__(self, which) -> "Rows":
+        return Rows(*(getattr(self, f.name)[which] for f in fields(self)))
+
+    def __len__(self) -> int:
+        return len(self.zero)
+
+
+def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Rows, precision: str) -> np.ndarray:
+    """Predict's memory per device (memory.memory_per_device) of each row: parameters, gradients and optimizer
+    state sharded by ZeRO over the shard group (routed experts over their dp*cp/ep replicas), then the
+    activations the first rank holds in flight."""
+    tp, pp, cp, dp, ep = shape.tp, shape.pp, shape.cp, shape.dp, shape.ep
+    z, shard, s_i, k_i, r_i = rows.zero, rows.shard, rows.sp, rows.schedule, rows.recompute
+    bytes_ = PRECISIONS[precision]
+    v_shaped = shape.schedule_is(*V_SCHEDULES)[k_i]
+    p_std, e_std = busiest_params(model, tp, ep, pp, pp, False)
+    p_v, e_v = busiest_params(model, tp, ep, pp, 2 * pp, True) if pp > 1 and 2 * pp <= model.layers else (p_std,
+                                                                                                           e_std)
+    params, experts = np.where(v_shaped, p_v, p_std), np.where(v_shaped, e_v, e_std)
+    dense = params - experts
+    copies = np.select([z == 1, z == 2], [zero_copy_bytes(precision, 1), zero_copy_bytes(precision, 2)], 0)
+    static = sum(b * (dense / np.where(z >= stage, shard, 1) + experts / np.where(z >= stage, dp * cp // ep, 1))
+                 for b, stage in ((bytes_["params"], 3), (bytes_["grads"], 2), (bytes_["optimizer"] + copies, 1)))
+    scale = bytes_["compute"] / 2
+    eager = not cluster.software.fused_elementwise
+    per_token = np.array([[activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute=r), 1,
+                                                      cluster.fused_attention, eager)
+                           for r in RECOMPUTE] for sp in shape.sps]) * scale
+    rebuild = np.array([rebuilt_layer_bytes(model, tp, sp, 1, cluster.fused_attention, eager)
+                        for sp in shape.sps]) * scale
+    tokens = rows.mbs * model.seq / cp
+    held = np.array([[held_layers(model.layers, pp, v, n, shape.per_rank // b) for b in shape.microbatch_sizes]
+                     for n, v in shape.schedules])[k_i, rows.mbs_index]
+    logits = np.where(v_shaped | (pp == 1), 4 * model.vocab / tp, 0.0)  # the head on the first rank
+    acts = (per_token[s_i, r_i] * held + np.where(r_i == 2, rebuild[s_i], 0.0) + logits) * tokens
+    return static + acts
+
+
+def busiest_params(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_shaped: bool) -> tuple[float, float]:
+    """(parameters, routed expert parameters) of the pipeline rank holding the most (memory.busiest_rank)."""
+    per_rank = params_per_rank(model, tp, ep, pp, chunks, v_shaped)
+    rank = max(range(pp), key=per_rank.__getitem__)
+    return per_rank[rank], (expert_params_per_rank(model, tp, ep, pp, chunks, v_shaped)[rank] if ep > 1 else 0.0)
+
+
+def fills_pipeline(shape: Shape, rows: Rows) -> np.ndarray:
+    """All schedules but GPipe need at least pp micro-batches in flight (specs.layout.pipeline_refusal)."""
+    if shape.pp == 1:
+        return np.ones(len(rows), dtype=bool)
+    return (shape.per_rank / rows.mbs >= shape.pp) | shape.schedule_is("gpipe")[rows.schedule]
+
+
+def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Rows, precision: str) -> np.ndarray:
+    """A lower bound on predict's step time for each row. Compute is predict's own: the kernels' F, B, W of
+    the slowest rank plus its element-wise work (a third of it in the forward), less the per-kernel overheads."""
+    tp, pp, cp, dp, ep = shape.tp, shape.pp, shape.cp, shape.dp, shape.ep
+    z, shard, k_i, r_i = rows.zero, rows.shard, rows.schedule, rows.recompute
+    m = shape.per_rank / rows.mbs
+    act_bytes = PRECISIONS[precision]["compute"]
+    kernels = pipeline_kernel_passes(model, cluster, shape, precision).at(k_i, rows.mbs_index, r_i)
+    elementwise = rows.mbs * np.array([[elementwise_seconds(
+        model, cluster, Layout(tp=tp, sp=sp, recompute=r, pp=pp), model.seq / cp, act_bytes)
+        for r in RECOMPUTE] for sp in shape.sps])[rows.sp, r_i]
+    slowest, others = _with_elementwise(kernels.slowest, elementwise), _with_elementwise(kernels.others, elementwise)
+    f, b, w = slowest.forward, slowest.backward, slowest.weight
+    compute = m * (f + b + w)
+    forward = m * f  # what is left of a micro-batch once its backward has started
+
+    owned = [[len(stage_layers(model, lay, r)) for r in range(pp)] for lay in shape.layouts]
+    fewest, most = min(map(min, owned)), max(map(max, owned))
+    args = (model, cluster, shape, act_bytes)
+    cp_floor = np.array([context_parallel_floor(*args, r, fewest, most, precision) for r in RECOMPUTE])
+    tp_floor = {n: np.array([tensor_parallel_floor(*args, r, n) for r in RECOMPUTE]) for n in {min(o) for o in owned}}
+    comm_floor = np.array([tp_floor[min(o)] + cp_floor for o in owned])  # per schedule x recompute
+    send_floor = np.array([pipeline_floor(*args, lay) for lay in shape.layouts])
+    # per schedule, the busiest rank's parameters and those of its root unit: what predict charges over
+    # dp*cp (under EP the routed experts reduce over their own, smaller group: left out of the bound)
+    busy = [busiest_rank(model, lay) for lay in shape.layouts]
+    p_k = np.array([params_on_rank(model, lay, r) - (expert_params_on_rank(model, lay, r) if ep > 1 else 0.0)
+                    for lay, r in zip(shape.layouts, busy)])[k_i]
+    root_k = np.array([root_params_on_rank(model, lay, r) for lay, r in zip(shape.layouts, busy)])[k_i]
+
+    def per_byte(collective):  # seconds per byte over each row's shard group
+        full, hybrid = (bandwidth_seconds(cluster, shape.devices, collective, 1.0, g, tp)
+                        for g in (shape.shards * 2)[:2])
+        return np.where(shard == shape.shards[0], full, hybrid)
+
+    ag, rs = per_byte("all_gather"), per_byte("reduce_scatter")
+    update = param_gather_bytes(cluster.software, precision)
+    gather = ag * update * p_k if not cluster.software.param_gather_overlap else 0.0
+    ratio = bubble_floor(shape, rows, kernels, elementwise, m, slowest, others)
+    sends = np.maximum(send_floor[k_i] - m * kernels.lead, 0.0)  # what the slowest rank's lead leaves
+    bound = (compute + comm_floor[k_i, r_i] + sends) * (1 + ratio) + np.where((z == 1) | (z == 2), gather, 0.0)
+    if dp * cp > 1:  # gradient reduction not hidden by backward (zero 0-2) or FSDP traffic beyond compute
+        grads = rs * grad_reduce_bytes(cluster.software, precision) * p_k
+        backward = compute - forward
+        # ZeRO-3 (comm.data_parallel_ops): without a pipeline each micro-batch gathers the blocks twice and
+        # the root once and reduce-scatters the gradient; inside one, every forward gathers the blocks, all
+        # backwards gather them once more, and the gradient is reduce-scattered once.
+        blocks = p_k - root_k
+        if pp == 1:
+            fsdp = m * (grads + ag * act_bytes * (2 * blocks + root_k))
+        else:
+            fsdp = grads + ag * act_bytes * ((m + 1) * blocks + root_k)
+        unhidden = np.select([z == 0, z == 1, z == 2], [2 * grads - backward / m, grads - backward / m,
+                                                         m * grads - backward], fsdp - compute)
+        bound = bound + np.maximum(unhidden, 0.0)
+    return bound
+
+
+def _with_elementwise(kernels: Passes, elementwise) -> Passes:
+    """Kernel passes plus the element-wise work, a third in the forward and two thirds in the backward."""
+    f, b, w = (k + elementwise * share for k, share in zip((kernels.forward, kernels.backward, kernels.weight),
+                                                            (1 / 3, 2 / 3, 0)))
+    return Passes(f, b, w)
+
+
+def bubble_floor(shape: Shape, rows: Rows, kernels: "PipelinePasses", elementwise, m, slowest: Passes,
+                 others: Passes):
+    """Predict's bubble ratio (pipeline.bubble_ratio) of each row, or less: the even bubble of the other ranks'
+    passes; where rank 0 holds the head and is the slowest under a V, the later of the others' span and its
+    own cool-down (ZB-V's warm-up left out); ZB-H1: the others' span, below predict's whichever rank is the
+    slowest."""
+    pp, k_i = shape.pp, rows.schedule
+    total, total_o = slowest.total, others.total
+    ratio = schedule_bubbles(shape.schedules, k_i, pp, m, others.forward, others.backward, others.weight)
+    ratio = ratio * total_o / total
+    v_first = shape.schedule_is(*V_SCHEDULES)[k_i] & kernels.head_slowest
+    beyond = ratio + total_o / total - 1
+    if v_first.any():
+        zbv = shape.schedule_is("zbv")[k_i]
+        last = Passes(kernels.last.forward + elementwise / 6, kernels.last.backward + elementwise / 3)  # half of it
+        beyond = np.where(v_first & zbv, beyond + head_on_chain("zbv", Passes(others.forward, others.backward),
+                                                                last) / (m * total), beyond)
+        first = Passes(0.0, kernels.first.backward + elementwise / 3, kernels.first.weight)  # B: 2/3 of half of it
+        tail = np.where(zbv, v_tail(pp, Passes(0.0, others.backward), first, Passes(weight=kernels.last.weight),
+                                    np.maximum),
+                        (pp - 1) * (others.backward - others.weight) / 2)
+        ratio = np.where(v_first, np.maximum(tail / (m * total), beyond), ratio)
+    return np.where(shape.schedule_is("zb")[k_i], beyond, ratio)
+
+
+def schedule_bubbles(schedules, k_i, pp: int, m, f, b, w) -> np.ndarray:
+    """Each row's `pipeline.schedule_bubble` (its schedule `schedules[k_i]`) with its F, B, W, over arrays."""
+    out = np.zeros_like(m)
+    for k, (name, v) in enumerate(schedules):
+        at = k_i == k
+        out[at] = schedule_bubble(name, pp, v, m[at], f[at], b[at], w[at], np.maximum, np.minimum)
+    return out
+
+
+@dataclass(frozen=True)
+class PipelinePasses:
+    """The kernels' F, B, W of one micro-batch as predict's `pipeline_passes` charges them, less the
+    element-wise work (alike on every rank): arrays over (schedule, micro-batch size, recompute), or, `at`
+    rows, one value per row."""
+    slowest: Passes  # the slowest pipeline rank's
+    others: Passes  # their mean over the other ranks
+    lead: np.ndarray  # how much longer the slowest rank's micro-batch takes than the next slowest's
+    head_slowest: np.ndarray  # rank 0 is the slowest
+    first: Passes  # the first chunk's
+    last: Passes  # the last chunk's (rank 0's under a V)
+
+    def at(self, schedule, mbs, recompute) -> "PipelinePasses":
+        def pick(p: Passes) -> Passes:
+            return Passes(*(getattr(p, n)[schedule, mbs, recompute] for n in ("forward", "backward", "weight")))
+        return PipelinePasses(pick(self.slowest), pick(self.others), self.lead[schedule, mbs, recompute],
+                              self.head_slowest[schedule, mbs, recompute], pick(self.first), pick(self.last))
+
+
+def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, precision: str) -> PipelinePasses:
+    """`PipelinePasses` of every (schedule, micro-batch size, recompute) of a shape. A rank's (and a chunk's)
+    time is linear in its dense layers, MoE layers and head: step.rank_kinds counts them per distinct rank."""
+    pp, scheds = shape.pp, shape.schedules
+    columns = _unit_columns(model)
+    unit = np.stack([_unit_passes(model, cluster, shape.tp, shape.cp, shape.ep, mbs, precision)
+                     for mbs in shape.microbatch_sizes])
+    grid = (len(scheds), len(shape.microbatch_sizes), len(RECOMPUTE))
+    slowest, others, first, last = (np.zeros(grid + (3,)) for _ in range(4))
+    lead, head_slowest = np.zeros(grid), np.zeros(grid, dtype=bool)
+    placements = {}  # (chunks, V-shaped) -> the (slowest, others, lead, head_slowest, first, last) it gives
+    for k, lay in enumerate(shape.layouts):
+        key = (lay.stages, lay.v_shaped)
+        if key not in placements:
+            kinds_n = np.array(rank_kinds(model, pp, *key), dtype=float)
+            per_rank = np.einsum("ni,jrip->njrp", kinds_n[:, columns], unit)
+            totals, count = per_rank.sum(-1), kinds_n[:, -1]
+            top = totals.argmax(0)
+            slow = np.take_along_axis(per_rank, top[None, :, :, None], 0)[0]
+            if pp == 1:
+                placements[key] = slow, slow, 0.0, False, 0.0, 0.0
+            else:
+                mean = (np.einsum("n,njrp->jrp", count, per_rank) - slow) / (pp - 1)
+                next_slowest = np.where(np.arange(len(count))[:, None, None] == top, -np.inf, totals).max(0)
+                ends = [np.einsum("i,jrip->jrp", np.array(chunk_kinds(model, lay.stages)[c], dtype=float)[columns],
+                                  unit) for c in (0, lay.stages - 1)]  # the first and last chunks
+                placements[key] = (slow, mean, np.where(count[top] > 1, 0.0, totals.max(0) - next_slowest),
+                                   top == 0, *ends)
+        slowest[k], others[k], lead[k], head_slowest[k], first[k], last[k] = placements[key]
+
+    def passes(a):
+        return Passes(a[..., 0], a[..., 1], a[..., 2])
+    return PipelinePasses(passes(slowest), passes(others), lead, head_slowest, passes(first), passes(last))
+
+
+@lru_cache(maxsize=256)
+def _unit_columns(model: ModelSpec) -> list[int]:
+    """Which of (a dense layer, a MoE layer, the head) the model has."""
+    return [c for c, present in enumerate((model.dense_layers > 0, model.is_moe, True)) if present]
+
+
+@lru_cache(maxsize=4096)
+def _unit_passes(model, cluster, tp, cp, ep, mbs, precision) -> np.ndarray:
+    """F, B, W of one dense layer, one MoE layer and the head (those the model has) per recompute mode: an
+    array (recompute, kinds, 3), shared by every shape with these tp, cp, ep and mbs (so read only)."""
+    kinds = [((1, 0, False), (0, 1, False), (0, 0, True))[c] for c in _unit_columns(model)]
+    unit = np.zeros((len(RECOMPUTE), len(kinds), 3))
+    for r, recompute in enumerate(RECOMPUTE):
+        shape = kernel_shape(Layout(tp=tp, cp=cp, ep=ep, dp=ep, mbs=mbs, recompute=recompute))
+        for i, kind in enumerate(kinds):
+            p = counted_seconds(model, cluster, shape, *kind, precision)
+            unit[r, i] = p.forward, p.backward, p.weight
+    unit.flags.writeable = False
+    return unit
+
+
+def bandwidth_seconds(cluster: ClusterSpec, devices: int, collective: str, nbytes: float, size: int,
+                      stride: int) -> float:
+    """A collective's time over a group of `size` ranks `stride` apart, latency left out."""
+    return comm.collective_time(collective, nbytes, 0, size, comm.group_link(cluster, devices, size, stride))
+
+
+def tensor_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, recompute: str,
+                          fewest: int) -> float:
+    """Bandwidth time of the TP traffic for the whole step on the lightest rank (`fewest` layers; with layers
+    not divisible by the chunks that is fewer than layers / pp). EP all-to-alls are left out: another
+    micro-batch's compute may hide them (dualpipev, ep_comm_overlap)."""
+    if shape.tp == 1:
+        return 0.0
+    # SP's all-gathers and reduce-scatters take the bandwidth time of the all-reduces without SP; only the
+    # unhidden ones count (the small all-reduces are left out: SP adds its norm gradients to them)
+    layout = Layout(dp=shape.dp, tp=shape.tp, sp=True, cp=shape.cp, ep=shape.ep, recompute=recompute)
+    tokens = shape.per_rank * model.seq / shape.cp
+    sw = cluster.software
+    hidden = {Overlap.GEMM: sw.tp_comm_overlap, Overlap.WGRAD: sw.tp_comm_overlap or sw.tp_wgrad_overlap}
+    return sum(bandwidth_seconds(cluster, shape.devices, op.collective, op.bytes, shape.tp, 1)
+               for op in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, fewest, False, False, 1)
+               if op.collective != "all_reduce" and not hidden.get(op.overlap, False))
+
+
+def context_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, recompute: str,
+                           fewest: int, most: int, precision: str) -> float:
+    """The CP ring time the attention cannot hide: the ring of the rank with the `fewest` layers against the
+    attention of the `most`. A fused kernel's time is linear in the tokens, so it does not depend on mbs; the
+    batched GEMMs of unfused attention are not, and get no CP term."""
+    if shape.cp == 1 or not cluster.fused_attention:
+        return 0.0
+    layout = Layout(dp=shape.dp, tp=shape.tp, cp=shape.cp, ep=shape.ep, recompute=recompute, mbs=1)
+    f, b = attention_core_seconds(model, cluster, layout, model.seq / shape.cp, precision)
+    attention = shape.per_rank * most * (f + b + (f if recompute != "none" else 0.0))
+    tokens = shape.per_rank * model.seq / shape.cp
+    ring = sum(bandwidth_seconds(cluster, shape.devices, op.collective, op.bytes, shape.cp, shape.tp)
+               for op in comm.context_parallel_ops(model, layout, tokens, act_bytes, fewest, 1))
+    return max(0.0, ring - attention)
+
+
+def pipeline_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, layout: Layout) -> float:
+    """Bandwidth time of the stage-boundary sends of the rank sending fewest (predict costs one rank's)."""
+    if shape.pp == 1:
+        return 0.0
+    quietest = min(range(shape.pp), key=lambda r: comm.pipeline_sends(layout, r))
+    ops = comm.pipeline_ops(model, layout, shape.per_rank * model.seq / shape.cp, act_bytes, 1, quietest)
+    return sum(bandwidth_seconds(cluster, shape.devices, op.collective, op.bytes, 2, shape.tp * shape.cp * shape.dp)
+               for op in ops)

@@ -1,0 +1,228 @@
+"""Megatron-LM's command line (`pretrain_gpt.py` arguments, megatron/training/arguments.py; Megatron-Core
+turns them into its TransformerConfig and DistributedDataParallelConfig field by field).
+
+Megatron's mesh is [pp, dp, cp, tp] as ours, and its expert ranks are carved out of dp x cp with the experts
+TP-sharded like the rest (expert-tensor-parallel-size = tp). ZeRO-1 is its distributed optimizer, ZeRO-2/3
+Megatron-FSDP's optim_grads / optim_grads_params, hybrid sharding its distributed-optimizer instances.
+"""
+
+import shlex
+
+from meshscale.cost.comm import DDP_BUCKET_BYTES
+from meshscale.errors import UserError
+from meshscale.export import Job, Shape, change
+from meshscale.specs.layout import Layout, split_layers
+from meshscale.specs.model import ModelSpec
+
+PRECISIONS = {"bf16-pure": ("bf16", "Megatron-LM keeps fp32 main parameters under --bf16 (16 B/param)")}
+
+
+def refusal(cluster) -> str | None:
+    if cluster.torus:
+        return f"Megatron-LM runs on GPUs; {cluster.name} is a TPU slice, use --emit maxtext"
+    return None
+
+
+def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
+    changes = []
+    if layout.pp > 1 and layout.schedule not in ("1f1b", "interleaved"):
+        layout, why = change(layout, f"Megatron-LM schedules 1F1B and interleaved 1F1B, not "
+                                     f"{layout.schedule}", schedule="1f1b", vpp=1)
+        changes.append(why)
+    if layout.recompute == "op":
+        layout, why = change(layout, "Megatron-LM recomputes whole layers or named modules, not every other "
+                                     "matmul", recompute="full")
+        changes.append(why)
+    return layout, changes
+
+
+def arguments(job: Job) -> list[str]:
+    """The arguments, as `--flag` or `--flag value` items."""
+    lay, model, sw = job.layout, job.model, job.cluster.software
+    args = _model_arguments(model)
+    args += [f"--seq-length {model.seq}", f"--micro-batch-size {lay.mbs}",
+             f"--global-batch-size {job.global_batch}", f"--train-iters {job.steps}",
+             f"--tensor-model-parallel-size {lay.tp}", f"--pipeline-model-parallel-size {lay.pp}",
+             f"--context-parallel-size {lay.cp}"]
+    if lay.sp:
+        args.append("--sequence-parallel")
+    if lay.tp > 1 and sw.tp_comm_overlap:
+        args.append("--tp-comm-overlap")
+    if lay.pp > 1:
+        args += _pipeline_arguments(model, lay)
+    if lay.cp > 1:
+        args.append("--cp-comm-type p2p")  # K,V passed around the ring, as the cost model charges
+    if lay.ep > 1:
+        args += [f"--expert-model-parallel-size {lay.ep}", f"--expert-tensor-parallel-size {lay.tp}"]
+        if sw.ep_comm_overlap:
+            args.append("--overlap-moe-expert-parallel-comm")
+    args += _data_parallel_arguments(job)
+    args += {"none": [], "selective": ["--recompute-granularity selective"],
+             "full": ["--recompute-granularity full", "--recompute-method uniform",
+                      "--recompute-num-layers 1"]}[lay.recompute]
+    if job.precision in ("bf16", "bf16-pure", "fp8"):
+        args.append("--bf16")
+    if job.precision == "fp8":
+        args.append("--fp8-format hybrid")  # Transformer Engine's recipe: e4m3 forward, e5m2 gradients
+    args.append(f"--data-path {shlex.quote(job.data)}" if job.data else "--mock-data")
+    return args
+
+
+def _model_arguments(model: ModelSpec) -> list[str]:
+    args = [f"--num-layers {model.layers}", f"--hidden-size {model.hidden}",
+            f"--num-attention-heads {model.heads}", f"--ffn-hidden-size {model.ffn}",
+            f"--max-position-embeddings {model.seq}", "--tokenizer-type NullTokenizer",
+            f"--vocab-size {model.vocab}"]
+    if model.head_dim != model.hidden // model.heads and not model.uses_mla:
+        args.append(f"--kv-channels {model.head_dim}")
+    if model.kv_heads != model.heads:
+        args += ["--group-query-attention", f"--num-query-groups {model.kv_heads}"]
+    if model.mlp == "swiglu":
+        args.append("--swiglu")
+    if model.learned_positions:
+        args += ["--position-embedding-type learned_absolute", "--normalization LayerNorm"]
+    else:
+        args += ["--position-embedding-type rope", "--normalization RMSNorm"]
+    if not model.biases:
+        args.append("--disable-bias-linear")
+    if not model.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    if model.is_moe:
+        pattern = [int(model.is_moe_layer(i)) for i in range(model.layers)]
+        args += [f"--num-experts {model.experts}", f"--moe-router-topk {model.top_k}",
+                 f"--moe-ffn-hidden-size {model.expert_ffn}", "--moe-grouped-gemm",
+                 "--moe-token-dispatcher-type alltoall", f"--moe-aux-loss-coeff {model.aux_loss_coef}",
+                 f"--moe-layer-freq {shlex.quote(str(pattern).replace(' ', ''))}"]
+        if model.shared_experts:
+            args.append(f"--moe-shared-expert-intermediate-size {model.shared_experts * model.expert_ffn}")
+        if model.capacity_factor:
+            args.append(f"--moe-expert-capacity-factor {model.capacity_factor}")
+    if model.uses_mla:
+        args += ["--multi-latent-attention", f"--kv-lora-rank {model.kv_lora_rank}",
+                 f"--qk-head-dim {model.head_dim}", f"--qk-pos-emb-head-dim {model.rope_head_dim}",
+                 f"--v-head-dim {model.v_head_dim}"]
+        if model.q_lora_rank:
+            args.append(f"--q-lora-rank {model.q_lora_rank}")
+    return args
+
+
+def _pipeline_arguments(model: ModelSpec, lay: Layout) -> list[str]:
+    if model.layers % lay.stages == 0:
+        return ([f"--num-layers-per-virtual-pipeline-stage {model.layers // lay.stages}"]
+                if lay.vpp > 1 else [])
+    # the uneven cut the cost model charged (specs.layout.split_layers), stage by stage: E embedding,
+    # t a transformer layer, L the output head and loss
+    stages = ["t" * len(r) for r in split_layers(model.layers, lay.stages)]
+    stages[0], stages[-1] = "E" + stages[0], stages[-1] + "L"
+    return [f"--pipeline-model-parallel-layout {'|'.join(stages)}"]
+
+
+def _data_parallel_arguments(job: Job) -> list[str]:
+    lay, sw = job.layout, job.cluster.software
+    if lay.dp * lay.cp == 1:
+        return []
+    # buckets of the size the cost model charged: 25 MB of fp32 gradient (Megatron counts elements)
+    args = [f"--ddp-bucket-size {int(DDP_BUCKET_BYTES // 4)}"]
+    if sw.grad_reduce_overlap:
+        args.append("--overlap-grad-reduce")
+    if sw.grad_reduce_fp32:
+        args.append("--accumulate-allreduce-grads-in-fp32")
+    if lay.zero >= 1:
+        args.append("--use-distributed-optimizer")
+    if lay.zero == 1 and sw.param_gather_overlap:
+        args.append("--overlap-param-gather")
+    if lay.zero >= 2:
+        strategy = "optim_grads" if lay.zero == 2 else "optim_grads_params"
+        args += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}",
+                 "--ckpt-format fsdp_dtensor"]
+    if lay.replicas > 1:
+        args.append(f"--num-distributed-optimizer-instances {lay.replicas}")
+    return args
+
+
+def render(job: Job) -> str:
+    lay = job.layout
+    per_node = job.devices_per_node
+    nodes = max(1, lay.devices // per_node)
+    rdzv = " --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29500" if nodes > 1 else ""
+    header = (f"# meshscale: {job.model.name}, {job.global_batch} x {job.model.seq} tokens a step on "
+              f"{lay.devices} x {job.cluster.name}, layout {lay}")
+    launcher = f"torchrun --nnodes {nodes} --nproc-per-node {per_node}{rdzv} pretrain_gpt.py"
+    return header + "\n" + " \\\n    ".join([launcher] + arguments(job)) + "\n"
+
+
+def notes(job: Job) -> list[str]:
+    return []
+
+
+def parse_arguments(text: str) -> dict:
+    """`--flag value` and `--switch` items of a Megatron-LM command line (a launcher before them is skipped):
+    dest name -> value, True for a switch."""
+    try:
+        tokens = shlex.split(text.replace("\\\n", " "), comments=True)
+    except ValueError as e:
+        raise UserError(f"Megatron-LM arguments: cannot split them ({e})") from None
+    start = next((i for i, t in enumerate(tokens) if t.endswith(".py")), -1) + 1
+    out: dict = {}
+    key = None
+    for token in tokens[start:]:
+        if token.startswith("--"):
+            key, _, value = token[2:].replace("-", "_").partition("=")
+            out[key] = value or True
+        elif key is not None:
+            out[key] = token if out[key] is True else f"{out[key]} {token}"
+    return out
+
+
+def read(text: str, devices: int | None) -> Shape:
+    """The job Megatron-LM's arguments describe; `devices` (the world size) is not among them."""
+    args = parse_arguments(text)
+    number = lambda key, default=None: int(args[key]) if key in args else default  # noqa: E731
+    if devices is None:
+        raise UserError("Megatron-LM arguments do not hold the world size; give --devices")
+    tp, pp, cp = number("tensor_model_parallel_size", 1), number("pipeline_model_parallel_size", 1), \
+        number("context_parallel_size", 1)
+    if devices % (tp * pp * cp):
+        raise UserError(f"Megatron-LM arguments: tp*pp*cp = {tp * pp * cp} does not divide --devices {devices}")
+    layers = number("num_layers")
+    per_chunk = number("num_layers_per_virtual_pipeline_stage")
+    vpp = number("num_virtual_stages_per_pipeline_rank") or (layers // pp // per_chunk if per_chunk else 1)
+    zero = 0
+    if args.get("use_distributed_optimizer"):
+        zero = 1
+    if args.get("use_megatron_fsdp") or args.get("use_torch_fsdp2"):
+        zero = {"optim_grads": 2, "optim": 1}.get(args.get("data_parallel_sharding_strategy"), 3)
+    dp = devices // (tp * pp * cp)
+    instances = number("num_distributed_optimizer_instances", 1)
+    granularity = args.get("recompute_granularity")
+    layout = Layout(dp=dp, zero=zero, shard=dp * cp // instances if instances > 1 else 0, tp=tp,
+                    sp=bool(args.get("sequence_parallel")), pp=pp, vpp=vpp if pp > 1 else 1,
+                    schedule="interleaved" if vpp > 1 else "1f1b", cp=cp,
+                    ep=number("expert_model_parallel_size", 1), mbs=number("micro_batch_size", 1),
+                    recompute={"full": "full", "selective": "selective"}.get(granularity, "none"))
+    precision = "fp8" if args.get("fp8_format") else "bf16" if args.get("bf16") or args.get("fp16") else "fp32"
+    seq = number("seq_length", 2048)
+    return Shape(layout, number("global_batch_size", layout.mbs * dp), precision, seq,
+                 _model_of(args, seq) if layers else None)
+
+
+def _model_of(args: dict, seq: int) -> ModelSpec:
+    """The model Megatron-LM's network-size arguments spell out (its defaults where one is left out)."""
+    number = lambda key, default=0: int(args[key]) if key in args else default  # noqa: E731
+    hidden, heads = number("hidden_size"), number("num_attention_heads")
+    swiglu = bool(args.get("swiglu"))
+    moe_freq = args.get("moe_layer_freq", "1")
+    pattern = [int(x) for x in moe_freq.strip("[]").split(",")] if moe_freq.startswith("[") else None
+    return ModelSpec(
+        name="the Megatron-LM arguments' model", layers=number("num_layers"), hidden=hidden, heads=heads,
+        ffn=number("ffn_hidden_size", 4 * hidden if not swiglu else int(8 * hidden / 3)),
+        vocab=number("vocab_size", 50257), seq=seq,
+        kv_heads=number("num_query_groups", heads) if args.get("group_query_attention") else heads,
+        head_dim=number("kv_channels"), mlp="swiglu" if swiglu else "gelu",
+        tied_embeddings=not args.get("untie_embeddings_and_output_weights"),
+        learned_positions=args.get("position_embedding_type", "learned_absolute") == "learned_absolute",
+        biases=not args.get("disable_bias_linear"), experts=number("num_experts"),
+        top_k=number("moe_router_topk", 2) if args.get("num_experts") else 0,
+        expert_ffn=number("moe_ffn_hidden_size"),
+        shared_experts=number("moe_shared_expert_intermediate_size") // max(number("moe_ffn_hidden_size"), 1),
+        first_dense_layers=pattern.index(1) if pattern and 1 in pattern else 0)

@@ -1,0 +1,184 @@
+"""torchtitan's job TOML (JobConfig, read by `torchtitan.config.ConfigManager` through `--job.config_file`;
+torchtitan 0.1-0.2, before its configs became Python registries).
+
+torchtitan's mesh is [pp, dp_replicate, dp_shard, cp, tp]: FSDP2 shards over dp_shard x cp (so CP ranks
+always shard the parameters), HSDP replicates the shard groups, TP always shards the norms' activations over
+the sequence, and EP borrows its ranks from dp_shard x cp with the experts TP-sharded as the rest (etp = tp).
+"""
+
+import json
+import tomllib
+
+from meshscale.cost.comm import DDP_BUCKET_BYTES
+from meshscale.errors import UserError
+from meshscale.export import Job, Shape, change
+from meshscale.specs.layout import Layout, split_layers
+from meshscale.specs.model import ModelSpec, load_model
+
+PRECISIONS: dict = {}  # each precision runs as asked
+SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B",
+             "zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
+# torchtitan's own model flavors of our presets (torchtitan/models/*/__init__.py)
+FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3-405b": ("llama3", "405B"),
+           "deepseek-v3": ("deepseek_v3", "671B")}
+
+
+def refusal(cluster) -> str | None:
+    if cluster.torus:
+        return f"torchtitan runs on GPUs; {cluster.name} is a TPU slice, use --emit maxtext"
+    return None
+
+
+def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
+    changes = []
+    if layout.zero == 0 and (layout.cp > 1 or layout.ep > 1):
+        layout, why = change(layout, "torchtitan shards parameters over its CP and EP ranks (FSDP2 over "
+                                     "dp_shard x cp)", zero=3)
+        changes.append(why)
+    if layout.zero == 1:
+        layout, why = change(layout, "torchtitan has no ZeRO-1; FSDP2 that keeps parameters gathered from "
+                                     "forward to backward (reshard_after_forward=never) is ZeRO-2", zero=2)
+        changes.append(why)
+    if layout.shard and layout.shard % layout.cp:
+        layout, why = change(layout, f"torchtitan's shard groups span all cp={layout.cp} ranks, so shard "
+                                     "must be a multiple of cp", shard=0)
+        changes.append(why)
+    if layout.tp > 1 and not layout.sp:
+        layout, why = change(layout, "torchtitan's TP always shards norms and residuals over the sequence",
+                             sp=True)
+        changes.append(why)
+    if layout.recompute == "selective":
+        layout, why = change(layout, "torchtitan's selective recompute is op-level (recompute=op) or per "
+                                     "layer, not the attention core alone", recompute="full")
+        changes.append(why)
+    return layout, changes
+
+
+def render(job: Job) -> str:
+    lay, model, sw = job.layout, job.model, job.cluster.software
+    name, flavor = FLAVORS.get(model.name, ("llama3", model.name))
+    dp_shard = lay.shard_size // lay.cp if lay.zero >= 2 else 1
+    replicate = lay.replicas if lay.zero >= 2 else lay.dp
+    parallelism = {
+        "data_parallel_replicate_degree": replicate,
+        "data_parallel_shard_degree": dp_shard,
+        # ZeRO-2: parameters stay gathered from forward through backward; ZeRO-3 reshards them after forward
+        "fsdp_reshard_after_forward": "never" if lay.zero == 2 else "default",
+        "tensor_parallel_degree": lay.tp,
+        "enable_async_tensor_parallel": lay.tp > 1 and sw.tp_comm_overlap,
+        "pipeline_parallel_degree": lay.pp,
+        "context_parallel_degree": lay.cp,
+        # K,V travel around the ring of CP ranks cp-1 times, as the cost model charges
+        "context_parallel_rotate_method": "alltoall",
+        "expert_parallel_degree": lay.ep,
+        "expert_tensor_parallel_degree": lay.tp if lay.ep > 1 else 1,
+    }
+    if lay.pp > 1:
+        parallelism.update({
+            "pipeline_parallel_schedule": SCHEDULES[lay.schedule],
+            "pipeline_parallel_microbatch_size": lay.mbs,
+            # the even cut the cost model charged (specs.layout.split_layers), one list per model chunk
+            "module_fqns_per_model_part": chunk_modules(model, lay),
+        })
+    training = {
+        "local_batch_size": job.global_batch // lay.dp if lay.pp > 1 else lay.mbs,
+        "global_batch_size": job.global_batch,
+        "seq_len": model.seq,
+        "steps": job.steps,
+        "mixed_precision_param": "float32" if job.precision == "fp32" else "bfloat16",
+        "mixed_precision_reduce": "float32",
+    }
+    if job.precision == "bf16-pure":
+        training["dtype"] = "bfloat16"
+    if job.data:
+        training["dataset_path"] = job.data
+    mode = {"none": "none", "full": "full", "op": "selective"}[lay.recompute]
+    recompute = {"mode": mode} | ({"selective_ac_option": "op"} if mode == "selective" else {})
+    sections = {
+        "job": {"description": f"meshscale: {model.name} on {lay.devices} x {job.cluster.name}, {lay}"},
+        "model": {"name": name, "flavor": flavor}
+        | ({"converters": ["quantize.linear.float8"]} if job.precision == "fp8" else {}),
+        "training": training,
+        "parallelism": parallelism,
+        "activation_checkpoint": recompute,
+        "compile": {"enable": bool(parallelism["enable_async_tensor_parallel"])},  # async TP needs compile
+    }
+    header = [f"# meshscale: {model.name}, {job.global_batch} x {model.seq} tokens a step on {lay.devices} x "
+              f"{job.cluster.name}, layout {lay}",
+              f"# The cost model assumed FSDP2's prefetch of the next block (on: {sw.fsdp_prefetch}), gradients "
+              f"reduced in fp32, DDP buckets of {DDP_BUCKET_BYTES / 1e6:.0f} MB (torch's default)."]
+    return "\n".join(header) + "\n\n" + toml(sections)
+
+
+def notes(job: Job) -> list[str]:
+    if job.model.name in FLAVORS:
+        return []
+    return [f"torchtitan has no flavor {job.model.name!r}: register one with its shapes (layers "
+            f"{job.model.layers}, dim {job.model.hidden}, heads {job.model.heads}, kv heads {job.model.kv_heads}) "
+            f"in torchtitan/models/llama3 or name an existing flavor"]
+
+
+def chunk_modules(model: ModelSpec, layout: Layout) -> list[list[str]]:
+    """torchtitan's module names per model chunk: the embedding with the first, norm and head with the last."""
+    chunks = [[f"layers.{i}" for i in r] for r in split_layers(model.layers, layout.stages)]
+    chunks[0].insert(0, "tok_embeddings")
+    chunks[-1] += ["norm", "output"]
+    return chunks
+
+
+def toml(sections: dict) -> str:
+    """A TOML document of tables of scalars and (nested) lists."""
+    out = []
+    for name, table in sections.items():
+        out.append(f"[{name}]")
+        out += [f"{key} = {_value(value)}" for key, value in table.items()]
+        out.append("")
+    return "\n".join(out)
+
+
+def _value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    return json.dumps(v)
+
+
+def read(text: str, devices: int | None) -> Shape:
+    """The job a torchtitan job TOML describes; `devices` fills a data_parallel_shard_degree of -1."""
+    try:
+        job = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"torchtitan config: not TOML ({e})") from None
+    par, training = job.get("parallelism", {}), job.get("training", {})
+    tp, pp, cp = (par.get(k, 1) for k in ("tensor_parallel_degree", "pipeline_parallel_degree",
+                                           "context_parallel_degree"))
+    replicate, shard = par.get("data_parallel_replicate_degree", 1), par.get("data_parallel_shard_degree", -1)
+    if shard == -1:
+        if devices is None:
+            raise UserError("torchtitan config: data_parallel_shard_degree is -1 (the devices left over); give "
+                            "--devices")
+        shard = devices // (replicate * tp * pp * cp)
+    fsdp = shard * cp > 1
+    zero = (2 if par.get("fsdp_reshard_after_forward") == "never" else 3) if fsdp else 0
+    schedule = {v: k for k, v in SCHEDULES.items()}.get(par.get("pipeline_parallel_schedule", "1F1B"), "1f1b")
+    chunks = par.get("module_fqns_per_model_part")
+    vpp = len(chunks) // pp if chunks and pp > 1 else (2 if schedule in ("interleaved", "zbv", "dualpipev") else 1)
+    mode = job.get("activation_checkpoint", {}).get("mode", "selective")
+    option = job.get("activation_checkpoint", {}).get("selective_ac_option", "2")
+    recompute = {"none": "none", "full": "full"}.get(mode, "op" if option == "op" else "full")
+    dp = replicate * shard
+    local = training.get("local_batch_size", 8)
+    layout = Layout(dp=dp, zero=zero, shard=shard * cp if fsdp and replicate > 1 else 0, tp=tp, sp=tp > 1,
+                    pp=pp, vpp=vpp if pp > 1 else 1, schedule=schedule if pp > 1 else "1f1b", cp=cp,
+                    ep=par.get("expert_parallel_degree", 1),
+                    mbs=par.get("pipeline_parallel_microbatch_size", 1) if pp > 1 else local,
+                    recompute=recompute)
+    precision = ("fp8" if any("float8" in c for c in job.get("model", {}).get("converters", [])) else
+                 "bf16-pure" if training.get("dtype") == "bfloat16" else
+                 "fp32" if training.get("mixed_precision_param") == "float32" else "bf16")
+    batch = training.get("global_batch_size", -1)
+    model = {v: k for k, v in FLAVORS.items()}.get((job.get("model", {}).get("name", "llama3"),
+                                                    job.get("model", {}).get("flavor", "")))
+    return Shape(layout, batch if batch > 0 else local * dp, precision, training.get("seq_len", 2048),
+                 load_model(model) if model else None)

@@ -1,0 +1,41 @@
+"""Where a pipeline's chunks and layers live: which rank holds which chunk (stage) and layer.
+
+The model is cut into pp*vpp chunks of contiguous layers (`layout.split_layers`). Rank r holds chunks r, r+pp,
+... (looped, interleaved 1F1B; Narayanan et al. 2021 sec. 2.2) or, under a V schedule (`Layout.v_shaped`),
+r and 2pp-1-r (the model goes down the ranks and back up; Qi et al. 2024 sec. 6). The cost model, the
+simulator and the runtime all place chunks with these functions.
+"""
+
+from functools import lru_cache
+
+from meshscale.specs.layout import Layout, split_layers
+
+
+def rank_chunks(pp: int, chunks: int, v_shaped: bool, rank: int) -> tuple:
+    """The pipeline chunks (stages) rank `rank` holds."""
+    return (rank, chunks - 1 - rank) if v_shaped else tuple(range(rank, chunks, pp))
+
+
+def stage_owner(stage: int, pp: int, v_shaped: bool) -> int:
+    """The pipeline rank holding chunk `stage` (the inverse of `rank_chunks`)."""
+    if v_shaped:
+        return stage if stage < pp else 2 * pp - 1 - stage
+    return stage % pp
+
+
+@lru_cache(maxsize=65536)
+def rank_layers(layers: int, pp: int, chunks: int, v_shaped: bool, rank: int) -> tuple:
+    """The layers rank `rank` holds, in order, cut as the runtime cuts them (the embedding and the head count
+    as a layer each in the cut)."""
+    ranges = split_layers(layers, chunks)
+    return tuple(i for c in rank_chunks(pp, chunks, v_shaped, rank) for i in ranges[c])
+
+
+def stage_layers(model, layout: Layout, rank: int) -> tuple:
+    """The layers of `model` pipeline rank `rank` owns under `layout`."""
+    return rank_layers(model.layers, layout.pp, layout.stages, layout.v_shaped, rank)
+
+
+def head_rank(layout: Layout) -> int:
+    """The rank holding the final norm and the output head (rank 0 when the V turns back)."""
+    return 0 if layout.v_shaped else layout.pp - 1

@@ -1,0 +1,68 @@
+"""`meshscale budget`: days, dollars, energy and ETTR per (cluster, devices); the Pareto front; the choice."""
+
+import json
+import math
+
+import pytest
+
+from meshscale.cli import main
+from meshscale.cost.goodput import of_prediction
+from meshscale.plan.budget import Candidate, choose, options
+from meshscale.plan.search import search
+from meshscale.specs.cluster import load_cluster
+from meshscale.specs.model import load_model
+
+MODEL = load_model("llama2-7b")
+BATCH_TOKENS = 256 * 4096
+
+
+@pytest.fixture(scope="module")
+def opts():
+    candidates = [Candidate(load_cluster("h100-80gb"), 2.5, 50_000), Candidate(load_cluster("a100-80gb"), 1.2, 20_000)]
+    return options(MODEL, candidates, 2e11, BATCH_TOKENS, deadline_days=20, counts=[16, 32, 64])
+
+
+def test_each_option_is_its_plans_winner_priced_with_failures(opts):
+    assert {(o.cluster, o.devices) for o in opts} == {(c, n) for c in ("h100-80gb", "a100-80gb") for n in (16, 32, 64)}
+    o = next(o for o in opts if (o.cluster, o.devices) == ("a100-80gb", 32))
+    win = search(MODEL, load_cluster("a100-80gb"), 32, 256, top=1).ranked[0]
+    ettr = of_prediction(win, 20_000).ettr
+    assert o.layout == win.layout and o.ettr == ettr < 1
+    assert o.steps == math.ceil(2e11 / BATCH_TOKENS)
+    assert o.days == pytest.approx(o.steps * win.step_time_s / ettr / 86400)
+    assert o.dollars == pytest.approx(32 * 1.2 * o.days * 24)
+    assert o.energy_mwh > 0 and o.meets_deadline == (o.days <= 20)
+
+
+def test_pareto_front_and_choice(opts):
+    front = [o for o in opts if o.pareto]
+    assert front
+    for o in opts:  # on the front: nothing both faster and cheaper; off it: something on it is
+        better = [p for p in front if p.days <= o.days and p.dollars <= o.dollars and p is not o]
+        assert bool(better) != o.pareto
+    pick = choose(opts)
+    meeting = [o for o in opts if o.meets_deadline]
+    assert pick.meets_deadline and pick.dollars == min(o.dollars for o in meeting)
+    for o in opts:
+        o.meets_deadline = False
+    assert choose(opts).days == min(o.days for o in opts)  # none meets it: the fastest
+
+
+def test_cli_table_plot_json_and_bad_input(tmp_path, capsys):
+    args = ["budget", "--model", "llama2-7b", "--tokens", "2e11", "--deadline-days", "20", "--cluster",
+            "h100-80gb:2.5:50000", "--cluster", "a100-80gb", "--global-batch-tokens", str(BATCH_TOKENS),
+            "--devices", "16,32"]
+    main(args + ["--plot", str(tmp_path / "b.png")])
+    out = capsys.readouterr().out
+    assert "Pareto front" in out and "choice (the cheapest that meets 20 days)" in out
+    assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    main(args + ["--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert d["schema_version"] == 1 and d["choice"]["meets_deadline"] and len(d["options"]) == 4
+    for bad, needle in (("h100-80gb:cheap", "must be numbers"), ("local-cpu", "no list price"),
+                        ("h100-80gb:2:0", "--mtbf-hours must be positive")):
+        with pytest.raises(SystemExit) as stop:
+            main(["budget", "--model", "llama2-7b", "--tokens", "1e9", "--deadline-days", "1", "--cluster", bad,
+                  "--global-batch-tokens", str(BATCH_TOKENS), "--devices", "16"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert stop.value.code == 2 and len(err) == 1 and needle in err[0]

@@ -1,0 +1,91 @@
+"""`meshscale check` on log excerpts in torchtitan's and Megatron-LM's documented step-line formats."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from meshscale.check import check
+from meshscale.check.logs import GiB, MiB
+from meshscale.cli import main
+from meshscale.cost import predict
+from meshscale.export import adapted
+from meshscale.specs.cluster import load_cluster
+from meshscale.specs.layout import Layout
+from meshscale.specs.model import load_model
+
+DATA = Path(__file__).parent / "data"
+
+
+def files(stem, config_suffix):
+    return (DATA / f"{stem}.log").read_text(), (DATA / f"{stem}{config_suffix}").read_text()
+
+
+def test_torchtitan_log_and_toml():
+    log, config = files("torchtitan_llama3_8b", ".toml")
+    result = check(log, config, load_cluster("h100-80gb"), devices=8)
+    assert result.framework == "torchtitan" and result.prediction.model == "llama3-8b"
+    # the TOML's layout: FSDP over the 8 devices left over, 2 sequences per device, op-level recompute
+    assert result.prediction.layout == "dp=8,zero=3,mbs=2,recompute=op" and result.prediction.global_batch == 16
+    m = result.measured
+    assert m.steps == 3  # step 1 carries start-up and is left out
+    assert m.tokens_per_s_per_device == 5104  # the median tps, ANSI colours stripped
+    assert math.isclose(m.step_time_s, 16 * 8192 / (5104 * 8))  # tps is per device
+    assert m.memory_bytes == 61.53 * GiB
+    rows = {r.name: r for r in result.rows}
+    assert rows["step time"].predicted == result.prediction.step_time_s
+    assert result.worst.name in ("step time", "memory per device")
+    assert abs(math.log(result.worst.ratio)) == max(abs(math.log(rows[k].ratio))
+                                                   for k in ("step time", "memory per device"))
+    _proposal_is_a_faster_expressible_layout(result, "torchtitan")
+
+
+def test_megatron_log_and_arguments():
+    log, config = files("megatron_llama2_7b", ".sh")
+    result = check(log, config, load_cluster("h100-80gb"), devices=16)
+    assert result.framework == "megatron"
+    assert result.prediction.layout == "dp=8,zero=1,tp=2,sp=true,mbs=1" and result.prediction.global_batch == 128
+    m = result.measured
+    assert m.steps == 3 and m.step_time_s == pytest.approx(5.8217)  # median of iterations 20-40
+    assert m.tflops_per_device == 211.6 and m.memory_bytes == 38121.77 * MiB
+    assert math.isclose(m.tokens_per_s_per_device, 128 * 4096 / 5.8217 / 16)
+    # the model is the one the arguments spell out: Llama 2 7B's shapes, so its preset's FLOPs and memory
+    preset = predict(load_model("llama2-7b"), load_cluster("h100-80gb"), Layout.parse(result.prediction.layout),
+                     128, "bf16")
+    assert result.prediction.model_flops_per_step == preset.model_flops_per_step
+    assert result.prediction.memory_per_device_bytes == preset.memory_per_device_bytes
+    _proposal_is_a_faster_expressible_layout(result, "megatron")
+    assert any(line.startswith(("-    --", "+    --")) for line in result.diff)  # in Megatron-LM's own terms
+
+
+def _proposal_is_a_faster_expressible_layout(result, framework):
+    if result.proposal is None:
+        return
+    p = result.proposal
+    assert p.step_time_s < 0.97 * result.prediction.step_time_s and p.fits and p.devices == result.prediction.devices
+    shape = Layout.parse(p.layout)
+    assert adapted(framework, shape, None) == (shape, [])
+    scale = result.measured.step_time_s / result.prediction.step_time_s
+    assert result.expected_step_s == pytest.approx(p.step_time_s * scale)
+    assert result.diff[:2] == ["--- now", "+++ proposed"] and len(result.diff) > 2
+
+
+def test_cli_table_json_and_bad_input(capsys, tmp_path):
+    args = ["check", "--log", str(DATA / "megatron_llama2_7b.log"), "--config", str(DATA / "megatron_llama2_7b.sh"),
+            "--cluster", "h100-80gb", "--devices", "16"]
+    main(args)
+    out = capsys.readouterr().out
+    assert "measured vs predicted" in out and "differs most:" in out
+    main(args + ["--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert d["schema_version"] == 1 and d["framework"] == "megatron" and d["worst"] in ("step time", "memory per device")
+    bad = tmp_path / "empty.log"
+    bad.write_text("nothing to see\n")
+    for argv, needle in ((args[:2] + [str(bad)] + args[3:], "no torchtitan step lines"),
+                         (args[:-2], "--devices"),
+                         (args[:2] + [str(tmp_path / "missing.log")] + args[3:], "no such file")):
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert stop.value.code == 2 and len(err) == 1 and needle in err[0]

@@ -1,0 +1,293 @@
+"""`--emit torchtitan|megatron|deepspeed|maxtext`: every emitted config is read by its framework's own loader
+(torchtitan's ConfigManager, Megatron-Core's config dataclasses with Megatron-LM's recorded flags, DeepSpeed's
+DeepSpeedConfig, MaxText's recorded base.yml keys), so a renamed option fails here, and the values it loads
+are the layout's."""
+
+import dataclasses
+import importlib.util
+import json
+import shlex
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from meshscale.export import FRAMEWORKS, adapted, emit
+from meshscale.specs.cluster import load_cluster
+from meshscale.specs.layout import Layout
+from meshscale.specs.model import load_model
+
+DATA = Path(__file__).parent / "data"
+ROOT = Path(__file__).parent.parent
+
+# (model, cluster, layout, global batch, precision): dense, pipelined, hybrid-sharded, context-parallel, MoE
+# with EP, MLA, GPT-style, FP8, each recompute mode
+CASES = [
+    ("llama3-8b", "h100-80gb", "dp=2,zero=1,tp=8,sp=true,mbs=2,recompute=selective", 64, "bf16"),
+    ("llama3-70b", "h100-80gb", "dp=8,zero=3,pp=2,vpp=8,schedule=interleaved,cp=4,mbs=1", 256, "bf16"),
+    ("llama3-70b", "h100-80gb", "dp=16,zero=3,shard=8,tp=4,sp=true,mbs=2,recompute=full", 128, "fp8"),
+    ("llama2-7b", "a100-80gb", "dp=4,pp=4,schedule=zbv,mbs=1", 64, "bf16-pure"),
+    ("mixtral-8x7b", "h100-80gb", "dp=16,zero=1,tp=2,sp=true,pp=2,ep=8,mbs=1", 256, "bf16"),
+    ("deepseek-v3", "h100-80gb", "dp=64,zero=1,pp=16,ep=64,mbs=1,recompute=full", 1024, "bf16"),
+    ("gpt3-175b", "a100-80gb", "dp=8,zero=1,tp=8,sp=true,pp=12,vpp=2,schedule=interleaved,mbs=1", 1536, "bf16"),
+    ("llama3-8b", "h100-80gb", "dp=8,zero=3,mbs=1,recompute=op", 64, "fp32"),
+    ("llama2-13b", "tpu-v5p", "dp=32,zero=3,tp=4,cp=32,recompute=full", 96, "bf16"),
+]
+
+
+def emitted(framework, case):
+    model, cluster, layout, batch, precision = case
+    m, c = load_model(model), load_cluster(cluster)
+    shape = Layout.parse(layout)
+    if framework != "maxtext" and c.torus:
+        pytest.skip(f"{framework} runs on GPUs")
+    return emit(framework, m, c, shape, batch, precision, steps=100), m, shape
+
+
+def installed(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+# ---- torchtitan ----------------------------------------------------------------------------------------
+
+def torchtitan_config_manager():
+    """torchtitan.config without torchtitan/__init__.py, which imports its Triton kernels (absent from
+    torch's CPU wheel): the config package itself is plain dataclasses and tyro."""
+    if "torchtitan.config" not in sys.modules:
+        spec = importlib.util.find_spec("torchtitan")
+        package = types.ModuleType("torchtitan")
+        package.__path__ = list(spec.submodule_search_locations)
+        sys.modules.setdefault("torchtitan", package)
+    from torchtitan.config import ConfigManager
+    return ConfigManager
+
+
+@pytest.mark.skipif(not installed("torchtitan"), reason="torchtitan is not installed (pip install '.[test]')")
+@pytest.mark.parametrize("case", CASES, ids=[c[2] for c in CASES])
+def test_torchtitan_config_manager_loads_it(case, tmp_path):
+    out, model, asked = emitted("torchtitan", case)
+    path = tmp_path / "job.toml"
+    path.write_text(out.config)
+    job = torchtitan_config_manager()().parse_args(["--job.config_file", str(path)])
+    lay = Layout.parse(out.layout)
+    par = job.parallelism
+    assert (par.data_parallel_replicate_degree * par.data_parallel_shard_degree * par.context_parallel_degree
+            * par.tensor_parallel_degree * par.pipeline_parallel_degree) == lay.devices == asked.devices
+    assert (par.tensor_parallel_degree, par.pipeline_parallel_degree, par.context_parallel_degree,
+            par.expert_parallel_degree) == (lay.tp, lay.pp, lay.cp, lay.ep)
+    assert par.data_parallel_shard_degree * lay.cp == (lay.shard_size if lay.zero >= 2 else lay.cp)
+    assert job.training.global_batch_size == case[3] and job.training.seq_len == model.seq
+    if lay.pp > 1:
+        chunks = par.module_fqns_per_model_part
+        assert len(chunks) == lay.pp * lay.vpp and sum(len(c) for c in chunks) == model.layers + 3
+        assert job.training.local_batch_size // par.pipeline_parallel_microbatch_size == out.prediction.microbatches
+    assert job.activation_checkpoint.mode == {"none": "none", "full": "full", "op": "selective"}[lay.recompute]
+    assert ("quantize.linear.float8" in job.model.converters) == (case[4] == "fp8")
+
+
+# ---- Megatron-LM / Megatron-Core -----------------------------------------------------------------------
+
+def megatron_flags() -> dict:
+    rows = [line.rstrip("\n").split("\t") for line in (DATA / "megatron_lm_flags.tsv").read_text().splitlines()
+            if line and not line.startswith("#")]
+    return {flag: (dest, takes, set(choices.split(",")) if choices else None) for flag, dest, takes, choices in rows}
+
+
+def parse_megatron(text: str) -> dict:
+    """Megatron-LM's parse of the emitted arguments, by its recorded flags: each flag known, each value count
+    and choice its own; returns dest -> value as argparse would set it."""
+    flags = megatron_flags()
+    tokens = shlex.split(text.replace("\\\n", " "), comments=True)
+    tokens = tokens[tokens.index("pretrain_gpt.py") + 1:]
+    out, i = {}, 0
+    while i < len(tokens):
+        flag = tokens[i]
+        assert flag in flags, f"Megatron-LM has no flag {flag}"
+        dest, takes, choices = flags[flag]
+        values = []
+        while i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            values.append(tokens[i + 1])
+            i += 1
+        i += 1
+        if takes == "0":
+            assert not values, f"{flag} is a switch, given {values}"
+            out[dest] = not flag.startswith(("--disable-", "--no-"))  # Megatron-LM's store_false switches
+            continue
+        assert values and (takes in "*+" or len(values) == int(takes)), f"{flag} takes {takes} values: {values}"
+        assert choices is None or set(values) <= choices, f"{flag} {values} not in {sorted(choices)}"
+        out[dest] = [_number(v) for v in values] if takes in "*+" else _number(values[0])
+    return out
+
+
+def _number(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+@pytest.mark.skipif(not installed("megatron.core"), reason="megatron-core is not installed (pip install '.[test]')")
+@pytest.mark.parametrize("case", [c for c in CASES if not c[1].startswith("tpu")], ids=lambda c: c[2])
+def test_megatron_core_configs_take_it(case):
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    out, model, asked = emitted("megatron", case)
+    args = parse_megatron(out.config)
+    lay = Layout.parse(out.layout)
+    # Megatron-LM's core_transformer_config_from_args: every argument named as a field, plus its renames
+    kind = MLATransformerConfig if args.get("multi_latent_attention") else TransformerConfig
+    names = {f.name for f in dataclasses.fields(kind)}
+    kw = {k: v for k, v in args.items() if k in names}
+    if len(kw.get("cp_comm_type", ())) == 1:  # validate_args: one type for every layer
+        kw["cp_comm_type"] = kw["cp_comm_type"][0]
+    kw.update(num_moe_experts=args.get("num_experts"), gated_linear_unit=bool(args.get("swiglu")),
+              activation_func=F.silu if args.get("swiglu") else F.gelu,
+              num_query_groups=args.get("num_query_groups"), fp8=args.get("fp8"),
+              pipeline_dtype=torch.bfloat16 if args.get("bf16") else torch.float32)
+    if lay.vpp > 1 and "num_layers_per_virtual_pipeline_stage" in args:
+        kw["virtual_pipeline_model_parallel_size"] = model.layers // lay.pp // args["num_layers_per_virtual_pipeline_stage"]
+    if kind is MLATransformerConfig:
+        kw.pop("kv_channels", None)
+    config = kind(**kw)
+    assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size, config.context_parallel_size,
+            config.expert_model_parallel_size) == (lay.tp, lay.pp, lay.cp, lay.ep)
+    assert config.sequence_parallel == lay.sp and config.num_layers == model.layers
+    assert config.recompute_granularity == {"none": None, "selective": "selective", "full": "full"}[lay.recompute]
+    ddp_names = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
+    ddp = DistributedDataParallelConfig(**{k: v for k, v in args.items() if k in ddp_names},
+                                        grad_reduce_in_fp32=bool(args.get("accumulate_allreduce_grads_in_fp32")),
+                                        bucket_size=args.get("ddp_bucket_size"))
+    assert ddp.use_distributed_optimizer == (lay.zero >= 1 and lay.dp * lay.cp > 1)
+    assert ddp.use_megatron_fsdp == (lay.zero >= 2 and lay.dp * lay.cp > 1)
+    # Megatron-LM's batch rule (validate_args): the global batch splits into micro-batches of every DP rank
+    dp = asked.devices // (lay.tp * lay.pp * lay.cp)
+    assert args["global_batch_size"] % (args["micro_batch_size"] * dp) == 0
+    assert args["global_batch_size"] // (args["micro_batch_size"] * dp) == out.prediction.microbatches
+
+
+# ---- DeepSpeed -----------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not installed("deepspeed"), reason="deepspeed is not installed (pip install '.[test]')")
+def test_deepspeed_config_class_takes_every_case(tmp_path):
+    """One process reads them all (DeepSpeed's import costs seconds); a world of one: DeepSpeed checks
+    train_batch_size against the data-parallel world of a running job, so that rule is checked here."""
+    configs = []
+    for case in CASES:
+        if case[1].startswith("tpu"):
+            continue
+        out, _, asked = emitted("deepspeed", case)
+        lay = Layout.parse(out.layout)
+        cfg = json.loads(out.config)
+        assert (lay.pp, lay.cp, lay.ep, lay.shard) == (1, 1, 1, 0)
+        assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * \
+            cfg["gradient_accumulation_steps"] * lay.dp
+        assert cfg.get("tensor_parallel", {}).get("autotp_size", 1) == lay.tp and lay.devices == asked.devices
+        configs.append({k: v for k, v in cfg.items() if k != "train_batch_size"})
+    script = ("import json, sys\nfrom deepspeed.runtime.config import DeepSpeedConfig\n"
+              "for cfg in json.load(open(sys.argv[1])):\n"
+              "    c = DeepSpeedConfig(cfg)\n"
+              "    print('loaded', json.dumps([c.zero_optimization_stage, c.zero_config.overlap_comm,\n"
+              "                      c.zero_config.reduce_bucket_size, c.bfloat16_config.enabled,\n"
+              "                      c.gradient_accumulation_steps, c.tensor_parallel_config.autotp_size]))\n")
+    path = tmp_path / "configs.json"
+    path.write_text(json.dumps(configs))
+    r = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    loaded = [json.loads(line[len("loaded "):]) for line in r.stdout.splitlines() if line.startswith("loaded ")]
+    assert len(loaded) == len(configs)
+    for cfg, (stage, overlap, bucket, bf16, accumulate, autotp) in zip(configs, loaded):
+        zero = cfg["zero_optimization"]
+        assert (stage, overlap, bucket) == (zero["stage"], zero["overlap_comm"], zero["reduce_bucket_size"])
+        assert bf16 == ("bf16" in cfg) and accumulate == cfg["gradient_accumulation_steps"]
+        assert autotp == cfg.get("tensor_parallel", {}).get("autotp_size", 0)
+
+
+# ---- MaxText -------------------------------------------------------------------------------------------
+
+def maxtext_keys() -> dict:
+    rows = [line.split("\t") for line in (DATA / "maxtext_base_keys.tsv").read_text().splitlines()
+            if line and not line.startswith("#")]
+    return dict(rows)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[2] for c in CASES])
+def test_maxtext_keys_are_base_yml_keys(case):
+    yaml = pytest.importorskip("yaml", reason="pyyaml is not installed (pip install '.[test]')")
+    out, model, asked = emitted("maxtext", case)
+    values = yaml.safe_load(out.config)
+    keys = maxtext_keys()
+    assert values.pop("base_config") == "base.yml"
+    kinds = {bool: "bool", int: "int", float: "float", str: "str", list: "list"}
+    for key, value in values.items():
+        assert key in keys, f"MaxText's base.yml has no key {key}"
+        assert kinds[type(value)] == keys[key] or (keys[key], kinds[type(value)]) == ("float", "int"), key
+    lay = Layout.parse(out.layout)
+    ici = [v for k, v in values.items() if k.startswith("ici_")]
+    dcn = [v for k, v in values.items() if k.startswith("dcn_")]
+    slices = values["num_slices"]
+    assert _product(ici) * slices == lay.devices == asked.devices and _product(dcn) == slices
+    assert values["per_device_batch_size"] * lay.devices * values["gradient_accumulation_steps"] == case[3]
+    if lay.pp > 1:
+        assert values["num_layers_per_pipeline_stage"] * lay.pp * values["num_pipeline_repeats"] == model.layers
+
+
+def _product(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+# ---- what a framework cannot express -------------------------------------------------------------------
+
+def test_what_a_framework_cannot_express_is_said_and_the_nearest_emitted_with_its_prediction():
+    model, cluster = load_model("llama3-70b"), load_cluster("h100-80gb")
+    asked = Layout.parse("dp=8,zero=3,pp=2,vpp=8,schedule=interleaved,cp=4,mbs=1")
+    out = emit("deepspeed", model, cluster, asked, 256, "bf16", steps=10)
+    assert out.changes and any("pp=2" in c for c in out.changes) and any("cp=4" in c for c in out.changes)
+    lay = Layout.parse(out.layout)
+    assert (lay.pp, lay.cp) == (1, 1) and lay.devices == 64 and out.prediction.fits
+    assert out.asked_step_s < out.prediction.step_time_s  # the asked layout was faster, and it is said
+    # Megatron-LM has no zero-bubble schedules: the nearest is 1F1B, predicted on its own
+    out = emit("megatron", load_model("llama2-7b"), load_cluster("a100-80gb"),
+               Layout.parse("dp=4,zero=1,pp=4,schedule=zb,mbs=1"), 64, "bf16", steps=10)
+    assert Layout.parse(out.layout).schedule == "1f1b" and "zb" in out.changes[0]
+    assert out.prediction.layout == out.layout
+    # what each expresses exactly comes back unchanged
+    for framework in FRAMEWORKS:
+        same = Layout.parse({"deepspeed": "dp=8,zero=2,tp=8,recompute=full",
+                             "maxtext": "dp=8,zero=3,tp=8,recompute=full"}.get(framework,
+                                                                                "dp=8,zero=3,tp=8,sp=true,recompute=full"))
+        assert adapted(framework, same, model) == (same, [])
+
+
+def cli(*args):
+    import os
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, "-m", "meshscale", *args], capture_output=True, text=True, env=env)
+
+
+def test_cli_emit_prints_the_config_and_json_carries_it():
+    args = ["plan", "--model", "llama3-8b", "--cluster", "h100-80gb", "--devices", "16", "--global-batch", "64"]
+    r = cli(*args, "--emit", "deepspeed", "--steps", "50")
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads(r.stdout)  # stdout is the config alone; what was changed goes to stderr
+    assert cfg["train_batch_size"] == 64 and "predicted step" in r.stderr
+    r = cli(*args, "--emit", "maxtext", "--json")
+    d = json.loads(r.stdout)
+    assert d["schema_version"] == 1 and d["emit"]["framework"] == "maxtext" and d["ranked"]
+    assert "ici_tensor_parallelism" in d["emit"]["config"] and d["emit"]["prediction"]["fits"]
+    r = cli("predict", "--model", "llama3-8b", "--cluster", "h100-80gb", "--devices", "16", "--global-batch", "64",
+            "--layout", "dp=2,tp=8,sp=true,zero=1,mbs=2", "--emit", "torchtitan")
+    assert r.returncode == 0 and "tensor_parallel_degree = 8" in r.stdout
+    assert "ZeRO-1" in r.stderr  # torchtitan has none: the nearest (ZeRO-2) is emitted and said
+    r = cli("plan", "--model", "llama2-13b", "--cluster", "tpu-v5p", "--devices", "256", "--global-batch", "256",
+            "--emit", "megatron")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "maxtext" in r.stderr
