@@ -286,7 +286,8 @@ class Training:
         if flipped and self.log:
             print(f"step {step:>4}  fault: {flipped}", flush=True)
         # every checkpoint is checked before it is written: a corrupted replica is never the one saved
-        checked = self.replicas is not None and ((step + 1) % cfg.sdc_check_every == 0 or checkpoint.due(cfg, step + 1))
+        checked = self.replicas is not None and ((step + 1) % cfg.sdc_check_every == 0
+                                                 or checkpoint.due(cfg, step + 1))
         if checked:
             self.beat(step, "sdc check")
             anomalies += filter(None, [self.replicas.run(step)])

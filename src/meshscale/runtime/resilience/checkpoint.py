@@ -5,9 +5,10 @@ The form. Every tensor is keyed by the unmodified model's parameter name (FQN): 
 weight, `optim.<fqn>.exp_avg` / `.exp_avg_sq` for AdamW's moments, each a DTensor of the full parameter's
 shape over the ranks that hold a piece or a copy of it, arranged as (replicas, shards, tp)
 (`parallel.mesh.holder_grid`). The data-parallel ranks (dp x cp, or for routed experts the expert
-data-parallel group) are `Replicate()` (DDP, and ZeRO-1/2 once its flat shards are gathered into per-parameter tensors), or FSDP2's own `Shard(0)` over
-its shard group and `Replicate()` across hybrid-sharding replica groups (`_StridedShard` when TP already
-cut dim 0, the order FSDP2 itself uses for 2-D meshes). Over tp a tensor is `Shard(d)` (d: the dim where
+data-parallel group) are `Replicate()` (DDP, and ZeRO-1/2 once its flat shards are gathered into
+per-parameter tensors), or FSDP2's own `Shard(0)` over its shard group and `Replicate()` across
+hybrid-sharding replica groups (`_StridedShard` when TP already cut dim 0, the order FSDP2 itself uses for
+2-D meshes). Over tp a tensor is `Shard(d)` (d: the dim where
 the local shape differs from the full one; our TP keeps plain tensors, so the shape says how it was cut),
 `Replicate()` (norms), or, for a KV head copied onto tp/kv_heads ranks, `Shard(0)` over the head groups and
 `Replicate()` within them. These meshes only describe where the pieces are: they are built without process
@@ -17,7 +18,8 @@ de-duplicated and spread over the ranks holding them) and loads any other cut of
 
 On disk: DIR/step-00000010/ holds DCP's files, then, written last, manifest.json: model, layout, world
 size, precision, versions, step, tokens seen, data position (the batches are a function of seed and
-step), and the sha256 of every other file; each rank's RNG state is in DCP's files as `rng.<rank>`.
+step), the run's settings a resume must keep (`RUN_FIELDS`), whether it was verified, and the sha256 of
+every other file; each rank's RNG state is in DCP's files as `rng.<rank>`.
 The manifest is the commit marker: rank 0 writes it (temporary file, fsync, atomic rename) after a barrier
 that follows every rank's fsynced writes, so a directory without it -- a save cut short -- never counts.
 
