@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import pickle
+import shutil
 import signal
 import sys
 import tempfile
@@ -83,8 +84,8 @@ def launch_local(run: Resolved) -> int:
     """Start run.config.nproc local workers with torch.distributed's elastic launcher (c10d rendezvous on a
     free port) and wait for them. With --max-restarts R, when a worker fails the launcher stops them all
     and starts the group again, up to R times; each new group resumes from the newest checkpoint. Returns
-    0, or EXIT_PREEMPTED when a signal or --time-limit stopped the workers after they saved; a second
-    signal ends the launcher at once, and its workers with it (128 + the signal's number)."""
+    0, or EXIT_PREEMPTED when a signal or --time-limit stopped the workers after they saved. A second
+    signal ends the launcher at once (exit 128 + the signal's number), and its workers with it."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -119,7 +120,10 @@ def launch_local(run: Resolved) -> int:
             if read_status(status) is None:  # a second signal, or workers that could not save in time
                 print(f"meshscale: {e.sigval.name}: stopped at once; nothing saved since the last checkpoint",
                       file=sys.stderr, flush=True)
-                return 128 + e.sigval
+                # at once: the interpreter's teardown after torchelastic was interrupted took 15-20 s here; the
+                # workers end with this process (PR_SET_PDEATHSIG), the kernel releases the directory's lock
+                shutil.rmtree(tmp, ignore_errors=True)
+                os._exit(128 + e.sigval)
         line = read_status(status)
         if line is not None:
             say_stopped(line)
