@@ -26,7 +26,17 @@ import uuid
 
 from meshscale.errors import UserError
 from meshscale.runtime.loop.config import Resolved
-from meshscale.runtime.resilience.preemption import EXIT_PREEMPTED, STATUS_ENV, Preempted, leave_status, read_status
+from meshscale.runtime.resilience.preemption import (
+    EXIT_PREEMPTED,
+    FORWARDED,
+    PREEMPT_ENV,
+    SIGNALS,
+    STATUS_ENV,
+    Preempted,
+    launcher_signal,
+    leave_status,
+    read_status,
+)
 
 _LAUNCHER_ENV = "MESHSCALE_LAUNCHER_PID"
 
@@ -106,6 +116,10 @@ def launch_local(run: Resolved) -> int:
         spec_file = os.path.join(tmp, "run.pkl")
         os.environ[STATUS_ENV] = status = os.path.join(tmp, "status.json")
         os.environ[_LAUNCHER_ENV] = str(os.getpid())
+        os.environ[PREEMPT_ENV] = marker = os.path.join(tmp, "preempting")
+        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGHUP,SIGQUIT"  # SIGTERM and SIGINT are ours
+        for s in SIGNALS:
+            signal.signal(s, lambda signum, frame: _preempting(marker, signum, SignalException))
         with open(spec_file, "wb") as f:
             pickle.dump(run, f)
         config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=run.config.nproc, run_id=str(uuid.uuid4()),
@@ -118,17 +132,30 @@ def launch_local(run: Resolved) -> int:
             raise UserError(first_failure(e)) from None
         except SignalException as e:
             if read_status(status) is None:  # a second signal, or workers that could not save in time
-                print(f"meshscale: {e.sigval.name}: stopped at once; nothing saved since the last checkpoint",
+                name = launcher_signal() if e.sigval == FORWARDED else e.sigval.name
+                print(f"meshscale: {name}: stopped at once; nothing saved since the last checkpoint",
                       file=sys.stderr, flush=True)
                 # at once: the interpreter's teardown after torchelastic was interrupted took 15-20 s here; the
                 # workers end with this process (PR_SET_PDEATHSIG), the kernel releases the directory's lock
                 shutil.rmtree(tmp, ignore_errors=True)
-                os._exit(128 + e.sigval)
+                os._exit(128 + getattr(signal, name))
         line = read_status(status)
         if line is not None:
             say_stopped(line)
             return EXIT_PREEMPTED
     return 0
+
+
+def _preempting(marker: str, signum: int, raised) -> None:
+    """The launcher's SIGTERM/SIGINT ends the agent's run as torchelastic's own handler does; the agent then
+    sends the exception's signal to the workers and waits for them. The first is passed on as FORWARDED (a
+    preemption: finish the step and save), with its name in `marker`; a second one as itself (SIGTERM's
+    default action ends the workers at once)."""
+    if os.path.exists(marker):
+        raise raised(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+    with open(marker, "w") as f:
+        f.write(signal.Signals(signum).name)
+    raise raised(f"Process {os.getpid()} got signal: {signum}", sigval=FORWARDED)
 
 
 def first_failure(error) -> str:

@@ -10,6 +10,11 @@ Exit code EXIT_PREEMPTED (75, sysexits' EX_TEMPFAIL: "try again later") with one
 at a step boundary; rerun the same command to resume from the checkpoint it saved. Under the local
 launcher the workers exit 0 (a failure would be restarted) and leave the line in MESHSCALE_STATUS_FILE,
 which the launcher prints and turns into the exit code.
+
+Under the local launcher the workers keep SIGTERM's default action: torchelastic sends SIGTERM to stop them
+after another worker failed, and a Python handler would only run once the collective the worker waits in
+returns, which with a dead peer is never. The launcher instead passes its own SIGTERM/SIGINT on as SIGUSR1
+(FORWARDED), with the original signal's name in the file MESHSCALE_PREEMPT_FILE names.
 """
 
 import json
@@ -25,6 +30,8 @@ EXIT_PREEMPTED = 75
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 DEADLINE_ENV = "MESHSCALE_DEADLINE"  # absolute time (epoch seconds) set once by the first process of a run
 STATUS_ENV = "MESHSCALE_STATUS_FILE"  # where a worker of the local launcher leaves its stop line
+FORWARDED = signal.SIGUSR1  # the local launcher's preemption request to its workers
+PREEMPT_ENV = "MESHSCALE_PREEMPT_FILE"  # set by the local launcher: the name of the signal it received
 
 
 class Preempted(Exception):
@@ -51,7 +58,8 @@ class Preemption:
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():  # Python delivers signals there only
-            self._previous = {s: signal.signal(s, self._on_signal) for s in SIGNALS}
+            mine = (FORWARDED,) if os.environ.get(PREEMPT_ENV) else SIGNALS
+            self._previous = {s: signal.signal(s, self._on_signal) for s in mine}
         return self
 
     def __exit__(self, *exc):
@@ -61,7 +69,7 @@ class Preemption:
     def _on_signal(self, signum: int, frame) -> None:
         if self.signal is not None:  # the second one: no more waiting
             os._exit(128 + signum)
-        self.signal = signal.Signals(signum).name
+        self.signal = launcher_signal() if signum == FORWARDED else signal.Signals(signum).name
 
     def requested(self) -> str | None:
         """Collective: "SIGTERM" (the first signal any rank got), "time limit", or None to go on."""
@@ -77,6 +85,15 @@ class Preemption:
         if code == 0:
             return None
         return SIGNALS[code - 1].name if code <= len(SIGNALS) else "time limit"
+
+
+def launcher_signal() -> str:
+    """The name of the signal the local launcher received (FORWARDED to its workers)."""
+    try:
+        with open(os.environ[PREEMPT_ENV]) as f:
+            return f.read().strip() or "SIGTERM"
+    except (OSError, KeyError):
+        return "SIGTERM"
 
 
 def stop_line(reason: str, step: int, saved, time_limit: float) -> str:
