@@ -4,7 +4,7 @@ must stay byte-identical.
     PYTHONPATH=src python benchmarks/plan_identity.py run OUT.json      # every number, repr'd exactly
     PYTHONPATH=src python benchmarks/plan_identity.py compare A.json B.json
 
-`run` searches 16 cases (7 models, 6 clusters, several --fix, precisions, cross-TP, 65,536 devices) and dumps
+`run` searches 16 cases (10 models, 8 clusters, several --fix, precisions, cross-TP, 65,536 devices) and dumps
 each plan (counts, smallest, ranked and rejected predictions in full, the explanation's lines), then 17
 predictions and 8 simulations of fixed layouts. `compare` exits 0 when the two files are byte-identical, else
 prints the first differing entries and exits 1.
@@ -44,7 +44,8 @@ SEARCHES = [
 
 # (model, cluster, layout, global batch, simulate too)
 PREDICTIONS = [
-    ("llama3-405b", "h100-80gb", "tp=8,pp=16,dp=128,zero=1,schedule=1f1b,mbs=1,recompute=selective,sp=true", 2048, True),
+    ("llama3-405b", "h100-80gb", "tp=8,pp=16,dp=128,zero=1,schedule=1f1b,mbs=1,recompute=selective,sp=true", 2048,
+     True),
     ("llama3-405b", "h100-80gb", "tp=8,pp=16,dp=64,cp=2,zero=1,schedule=interleaved,vpp=2,mbs=1,sp=true", 2048, True),
     ("llama3-70b", "h100-80gb", "tp=8,pp=4,dp=32,zero=1,schedule=zbv,mbs=1,sp=true", 512, True),
     ("llama3-70b", "h100-80gb", "tp=8,pp=4,dp=32,zero=1,schedule=dualpipev,mbs=1,sp=true", 512, True),

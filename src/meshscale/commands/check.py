@@ -2,8 +2,14 @@
 
 from pathlib import Path
 
+from rich.table import Table
+
+from meshscale.check import check
 from meshscale.commands.predict import json_line
+from meshscale.commands.report import make_console
 from meshscale.errors import UserError
+from meshscale.specs.cluster import load_cluster
+from meshscale.specs.model import load_model
 
 
 def add_arguments(p):
@@ -18,10 +24,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from meshscale.check import check
-    from meshscale.specs.cluster import load_cluster
-    from meshscale.specs.model import load_model
-
     if args.devices is not None and args.devices <= 0:
         raise UserError(f"--devices must be positive, got {args.devices}")
     result = check(_read(args.log, "--log"), _read(args.config, "--config"), load_cluster(args.cluster),
@@ -41,10 +43,6 @@ def _read(path: str, flag: str) -> str:
 
 
 def _print(result) -> None:
-    from rich.table import Table
-
-    from meshscale.commands.report import make_console
-
     console = make_console()
     pred = result.prediction
     console.print(f"{result.framework} job: {pred.model} on {pred.devices} x {pred.cluster}, layout "

@@ -5,6 +5,8 @@ import json
 from pathlib import Path
 
 from meshscale.errors import UserError
+from meshscale.specs.hf import to_hf_config
+from meshscale.specs.model import ModelSpec
 
 
 def add_arguments(p):
@@ -50,8 +52,6 @@ def _weights(path: Path, spec) -> dict:
 def run(args) -> int:
     from meshscale.models.hf_weights import assemble, write
     from meshscale.runtime.resilience.checkpoint import read_manifest, verify
-    from meshscale.specs.hf import to_hf_config
-    from meshscale.specs.model import ModelSpec
 
     path = _checkpoint(args.checkpoint)
     manifest = read_manifest(path)

@@ -9,6 +9,7 @@ from meshscale.commands.predict import (add_batch_arguments, add_emit_arguments,
                                         goodput_of, json_line, print_emitted, resolve_inputs)
 from meshscale.commands.report import make_console
 from meshscale.errors import UserError
+from meshscale.export import emit
 from meshscale.plan.explain import explain, rejected
 from meshscale.plan.search import parse_fix, search, search_within
 from meshscale.specs.layout import Layout, trainer_refusal
@@ -80,8 +81,6 @@ def run(args) -> int:
 
 
 def _emit_framework(args, model, cluster, plan, batch: int, fix: dict):
-    from meshscale.export import emit
-
     return emit(args.emit, model, cluster, Layout.parse(plan.ranked[0].layout), batch, args.precision, args.steps,
                 args.data, headroom=args.memory_headroom, cross_tp=args.allow_cross_tp, fix=fix)
 

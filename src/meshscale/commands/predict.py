@@ -3,10 +3,12 @@
 import json
 import sys
 
+from meshscale import SCHEMA_VERSION
 from meshscale.commands.report import print_prediction
 from meshscale.cost import predict
 from meshscale.cost.goodput import DEFAULT_CHECKPOINT_BANDWIDTH, LLAMA3_MTBF_HOURS, of_prediction
 from meshscale.errors import UserError
+from meshscale.export import FRAMEWORKS, emit, summary
 from meshscale.plots import memory_plot
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout
@@ -32,8 +34,6 @@ def add_step_arguments(p):
 
 
 def add_emit_arguments(p):
-    from meshscale.export import FRAMEWORKS
-
     p.add_argument("--emit", choices=("torchrun",) + FRAMEWORKS,
                    help="print the layout as a command (torchrun: meshscale train) or as that framework's config "
                         "(torchtitan TOML, Megatron-LM arguments, DeepSpeed JSON, MaxText YAML)")
@@ -44,10 +44,6 @@ def add_emit_arguments(p):
 
 def print_emitted(args, emitted, extra: dict) -> None:
     """A framework config on stdout and what was changed on stderr; or, with --json, one object."""
-    import sys
-
-    from meshscale.export import summary
-
     if args.json:
         print(json_line({**extra, "emit": emitted.to_dict()}))
         return
@@ -58,8 +54,6 @@ def print_emitted(args, emitted, extra: dict) -> None:
 
 def json_line(obj: dict) -> str:
     """One --json object, stamped with the schema version its keys follow."""
-    from meshscale import SCHEMA_VERSION
-
     return json.dumps({"schema_version": SCHEMA_VERSION, **obj})
 
 
@@ -133,11 +127,10 @@ def run(args) -> int:
         memory_plot(pred, args.plot)
     extra = {**pred.to_dict(), **({"goodput": good.to_dict()} if good else {})}
     if args.emit == "torchrun":
-        from meshscale.commands.plan import emit_torchrun
+        from meshscale.commands.plan import emit_torchrun  # commands.plan imports this module
         command = emit_torchrun(args, model, cluster, pred, batch, {})
         print(json_line({**extra, "emit": {"framework": "torchrun", "command": command}}) if args.json else command)
     elif args.emit:
-        from meshscale.export import emit
         print_emitted(args, emit(args.emit, model, cluster, layout, batch, args.precision, args.steps, args.data),
                       extra)
     elif args.json:

@@ -19,14 +19,17 @@ from meshscale.cost import comm
 from meshscale.cost.comm import Overlap
 from meshscale.cost.kernels import Passes, attention_core_seconds, counted_seconds, kernel_shape
 from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busiest_rank, expert_params_on_rank,
-                                   expert_params_per_rank, held_layers, params_on_rank, params_per_rank,
-                                   rebuilt_layer_bytes, root_params_on_rank, zero_copy_bytes)
+                                   expert_params_per_rank, heaviest_rank, held_layers, params_on_rank,
+                                   params_per_rank, rebuilt_layer_bytes, root_params_on_rank, zero_copy_bytes)
 from meshscale.cost.pipeline import head_on_chain, schedule_bubble, v_tail
 from meshscale.cost.step import chunk_kinds, elementwise_seconds, grad_reduce_bytes, param_gather_bytes, rank_kinds
 from meshscale.specs.cluster import ClusterSpec
-from meshscale.specs.layout import RECOMPUTE, V_SCHEDULES, Layout
+from meshscale.specs.layout import RECOMPUTE, Layout
 from meshscale.specs.model import ModelSpec
-from meshscale.specs.placement import stage_layers
+from meshscale.specs.placement import layer_counts, sends_per_rank
+
+# The recompute modes the planner searches (op is torchtitan's policy for predict and train, with its own rules)
+RECOMPUTE_MODES = tuple(r for r in RECOMPUTE if r != "op")
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,11 @@ class Shape:
         return [Layout(dp=self.dp, tp=self.tp, pp=self.pp, vpp=v, schedule=n, cp=self.cp, ep=self.ep)
                 for n, v in self.schedules]
 
+    @cached_property
+    def v_shaped(self) -> np.ndarray:
+        """Per schedule: Layout.v_shaped."""
+        return np.array([lay.v_shaped for lay in self.layouts])
+
     def schedule_is(self, *names) -> np.ndarray:
         """Per schedule: whether it is one of `names`."""
         return np.array([n in names for n, _ in self.schedules])
@@ -66,7 +74,7 @@ class Shape:
 @dataclass
 class Rows:
     """Layouts of one Shape, one per row: the ZeRO stage, shard group size and micro-batch size as values; sp,
-    schedule and recompute as indices into Shape.sps, Shape.schedules and RECOMPUTE."""
+    schedule and recompute as indices into Shape.sps, Shape.schedules and RECOMPUTE_MODES."""
     zero: np.ndarray
     shard: np.ndarray
     sp: np.ndarray
@@ -89,7 +97,7 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
     tp, pp, cp, dp, ep = shape.tp, shape.pp, shape.cp, shape.dp, shape.ep
     z, shard, s_i, k_i, r_i = rows.zero, rows.shard, rows.sp, rows.schedule, rows.recompute
     bytes_ = PRECISIONS[precision]
-    v_shaped = shape.schedule_is(*V_SCHEDULES)[k_i]
+    v_shaped = shape.v_shaped[k_i]
     p_std, e_std = busiest_params(model, tp, ep, pp, pp, False)
     p_v, e_v = busiest_params(model, tp, ep, pp, 2 * pp, True) if pp > 1 and 2 * pp <= model.layers else (p_std,
                                                                                                            e_std)
@@ -99,25 +107,33 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
     static = sum(b * (dense / np.where(z >= stage, shard, 1) + experts / np.where(z >= stage, dp * cp // ep, 1))
                  for b, stage in ((bytes_["params"], 3), (bytes_["grads"], 2), (bytes_["optimizer"] + copies, 1)))
     scale = bytes_["compute"] / 2
-    eager = not cluster.software.fused_elementwise
-    per_token = np.array([[activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute=r), 1,
-                                                      cluster.fused_attention, eager)
-                           for r in RECOMPUTE] for sp in shape.sps]) * scale
-    rebuild = np.array([rebuilt_layer_bytes(model, tp, sp, 1, cluster.fused_attention, eager)
-                        for sp in shape.sps]) * scale
+    per_token, rebuild = (a * scale for a in _activation_bytes(model, tp, shape.sps, cluster.fused_attention,
+                                                               not cluster.software.fused_elementwise))
     tokens = rows.mbs * model.seq / cp
     held = np.array([[held_layers(model.layers, pp, v, n, shape.per_rank // b) for b in shape.microbatch_sizes]
                      for n, v in shape.schedules])[k_i, rows.mbs_index]
     logits = np.where(v_shaped | (pp == 1), 4 * model.vocab / tp, 0.0)  # the head on the first rank
-    acts = (per_token[s_i, r_i] * held + np.where(r_i == 2, rebuild[s_i], 0.0) + logits) * tokens
+    full = r_i == RECOMPUTE_MODES.index("full")  # one layer rebuilt at a time during backward
+    acts = (per_token[s_i, r_i] * held + np.where(full, rebuild[s_i], 0.0) + logits) * tokens
     return static + acts
+
+
+@lru_cache(maxsize=1024)
+def _activation_bytes(model: ModelSpec, tp: int, sps: tuple, fused_attention: bool, eager: bool) -> tuple:
+    """Per token, 2-byte activations: a layer's (memory.activation_bytes_per_layer) per (sp, recompute), and
+    the layer rebuilt under full recompute's per sp (read only)."""
+    per_token = np.array([[activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute=r), 1, fused_attention,
+                                                      eager) for r in RECOMPUTE_MODES] for sp in sps])
+    rebuild = np.array([rebuilt_layer_bytes(model, tp, sp, 1, fused_attention, eager) for sp in sps])
+    per_token.flags.writeable = rebuild.flags.writeable = False
+    return per_token, rebuild
 
 
 def busiest_params(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_shaped: bool) -> tuple[float, float]:
     """(parameters, routed expert parameters) of the pipeline rank holding the most (memory.busiest_rank)."""
-    per_rank = params_per_rank(model, tp, ep, pp, chunks, v_shaped)
-    rank = max(range(pp), key=per_rank.__getitem__)
-    return per_rank[rank], (expert_params_per_rank(model, tp, ep, pp, chunks, v_shaped)[rank] if ep > 1 else 0.0)
+    rank = heaviest_rank(model, tp, ep, pp, chunks, v_shaped)
+    return (params_per_rank(model, tp, ep, pp, chunks, v_shaped)[rank],
+            expert_params_per_rank(model, tp, ep, pp, chunks, v_shaped)[rank] if ep > 1 else 0.0)
 
 
 def fills_pipeline(shape: Shape, rows: Rows) -> np.ndarray:
@@ -137,17 +153,18 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     kernels = pipeline_kernel_passes(model, cluster, shape, precision).at(k_i, rows.mbs_index, r_i)
     elementwise = rows.mbs * np.array([[elementwise_seconds(
         model, cluster, Layout(tp=tp, sp=sp, recompute=r, pp=pp), model.seq / cp, act_bytes)
-        for r in RECOMPUTE] for sp in shape.sps])[rows.sp, r_i]
+        for r in RECOMPUTE_MODES] for sp in shape.sps])[rows.sp, r_i]
     slowest, others = _with_elementwise(kernels.slowest, elementwise), _with_elementwise(kernels.others, elementwise)
     f, b, w = slowest.forward, slowest.backward, slowest.weight
     compute = m * (f + b + w)
     forward = m * f  # what is left of a micro-batch once its backward has started
 
-    owned = [[len(stage_layers(model, lay, r)) for r in range(pp)] for lay in shape.layouts]
+    owned = [layer_counts(model.layers, pp, lay.stages, lay.v_shaped) for lay in shape.layouts]
     fewest, most = min(map(min, owned)), max(map(max, owned))
     args = (model, cluster, shape, act_bytes)
-    cp_floor = np.array([context_parallel_floor(*args, r, fewest, most, precision) for r in RECOMPUTE])
-    tp_floor = {n: np.array([tensor_parallel_floor(*args, r, n) for r in RECOMPUTE]) for n in {min(o) for o in owned}}
+    cp_floor = np.array([context_parallel_floor(*args, r, fewest, most, precision) for r in RECOMPUTE_MODES])
+    tp_floor = {n: np.array([tensor_parallel_floor(*args, r, n) for r in RECOMPUTE_MODES])
+                for n in {min(o) for o in owned}}
     comm_floor = np.array([tp_floor[min(o)] + cp_floor for o in owned])  # per schedule x recompute
     send_floor = np.array([pipeline_floor(*args, lay) for lay in shape.layouts])
     # per schedule, the busiest rank's parameters and those of its root unit: what predict charges over
@@ -202,7 +219,7 @@ def bubble_floor(shape: Shape, rows: Rows, kernels: "PipelinePasses", elementwis
     total, total_o = slowest.total, others.total
     ratio = schedule_bubbles(shape.schedules, k_i, pp, m, others.forward, others.backward, others.weight)
     ratio = ratio * total_o / total
-    v_first = shape.schedule_is(*V_SCHEDULES)[k_i] & kernels.head_slowest
+    v_first = shape.v_shaped[k_i] & kernels.head_slowest
     beyond = ratio + total_o / total - 1
     if v_first.any():
         zbv = shape.schedule_is("zbv")[k_i]
@@ -229,55 +246,66 @@ def schedule_bubbles(schedules, k_i, pp: int, m, f, b, w) -> np.ndarray:
 @dataclass(frozen=True)
 class PipelinePasses:
     """The kernels' F, B, W of one micro-batch as predict's `pipeline_passes` charges them, less the
-    element-wise work (alike on every rank): arrays over (schedule, micro-batch size, recompute), or, `at`
-    rows, one value per row."""
+    element-wise work (alike on every rank): arrays over (placement, micro-batch size, recompute), `placement`
+    giving each schedule's (schedules of a shape that place chunks alike share one), or, `at` rows, one value
+    per row."""
     slowest: Passes  # the slowest pipeline rank's
     others: Passes  # their mean over the other ranks
     lead: np.ndarray  # how much longer the slowest rank's micro-batch takes than the next slowest's
     head_slowest: np.ndarray  # rank 0 is the slowest
     first: Passes  # the first chunk's
     last: Passes  # the last chunk's (rank 0's under a V)
+    placement: np.ndarray  # per schedule of the shape
 
     def at(self, schedule, mbs, recompute) -> "PipelinePasses":
+        index = (self.placement[schedule], mbs, recompute)
+
         def pick(p: Passes) -> Passes:
-            return Passes(*(getattr(p, n)[schedule, mbs, recompute] for n in ("forward", "backward", "weight")))
-        return PipelinePasses(pick(self.slowest), pick(self.others), self.lead[schedule, mbs, recompute],
-                              self.head_slowest[schedule, mbs, recompute], pick(self.first), pick(self.last))
+            return Passes(p.forward[index], p.backward[index], p.weight[index])
+        return PipelinePasses(pick(self.slowest), pick(self.others), self.lead[index], self.head_slowest[index],
+                              pick(self.first), pick(self.last), self.placement)
 
 
 def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, precision: str) -> PipelinePasses:
     """`PipelinePasses` of every (schedule, micro-batch size, recompute) of a shape. A rank's (and a chunk's)
     time is linear in its dense layers, MoE layers and head: step.rank_kinds counts them per distinct rank."""
-    pp, scheds = shape.pp, shape.schedules
-    columns = _unit_columns(model)
+    pp = shape.pp
     unit = np.stack([_unit_passes(model, cluster, shape.tp, shape.cp, shape.ep, mbs, precision)
                      for mbs in shape.microbatch_sizes])
-    grid = (len(scheds), len(shape.microbatch_sizes), len(RECOMPUTE))
-    slowest, others, first, last = (np.zeros(grid + (3,)) for _ in range(4))
-    lead, head_slowest = np.zeros(grid), np.zeros(grid, dtype=bool)
-    placements = {}  # (chunks, V-shaped) -> the (slowest, others, lead, head_slowest, first, last) it gives
-    for k, lay in enumerate(shape.layouts):
-        key = (lay.stages, lay.v_shaped)
-        if key not in placements:
-            kinds_n = np.array(rank_kinds(model, pp, *key), dtype=float)
-            per_rank = np.einsum("ni,jrip->njrp", kinds_n[:, columns], unit)
-            totals, count = per_rank.sum(-1), kinds_n[:, -1]
-            top = totals.argmax(0)
-            slow = np.take_along_axis(per_rank, top[None, :, :, None], 0)[0]
-            if pp == 1:
-                placements[key] = slow, slow, 0.0, False, 0.0, 0.0
-            else:
-                mean = (np.einsum("n,njrp->jrp", count, per_rank) - slow) / (pp - 1)
-                next_slowest = np.where(np.arange(len(count))[:, None, None] == top, -np.inf, totals).max(0)
-                ends = [np.einsum("i,jrip->jrp", np.array(chunk_kinds(model, lay.stages)[c], dtype=float)[columns],
-                                  unit) for c in (0, lay.stages - 1)]  # the first and last chunks
-                placements[key] = (slow, mean, np.where(count[top] > 1, 0.0, totals.max(0) - next_slowest),
-                                   top == 0, *ends)
-        slowest[k], others[k], lead[k], head_slowest[k], first[k], last[k] = placements[key]
+    keys = {}  # (chunks, V-shaped) -> its placement's index
+    placement = np.array([keys.setdefault((lay.stages, lay.v_shaped), len(keys)) for lay in shape.layouts])
+    at = np.ogrid[:unit.shape[0], :unit.shape[1]]  # every (mbs, recompute)
+    parts = []  # per placement: slowest, others, lead, head_slowest, first, last
+    for chunks, v_shaped in keys:
+        kinds, count, ends = _placement_kinds(model, pp, chunks, v_shaped)
+        per_rank = np.einsum("ni,jrip->njrp", kinds, unit)
+        totals = per_rank.sum(-1)
+        top = totals.argmax(0)
+        slow = per_rank[(top, *at)]
+        if pp == 1:
+            none = np.zeros_like(slow)
+            parts.append((slow, slow, none[..., 0], top < 0, none, none))
+            continue
+        mean = (np.einsum("n,njrp->jrp", count, per_rank) - slow) / (pp - 1)
+        next_slowest = np.where(np.arange(len(count))[:, None, None] == top, -np.inf, totals).max(0)
+        parts.append((slow, mean, np.where(count[top] > 1, 0.0, totals.max(0) - next_slowest), top == 0,
+                      *(np.einsum("i,jrip->jrp", end, unit) for end in ends)))
+    slowest, others, lead, head_slowest, first, last = (np.stack(a) for a in zip(*parts))
 
     def passes(a):
         return Passes(a[..., 0], a[..., 1], a[..., 2])
-    return PipelinePasses(passes(slowest), passes(others), lead, head_slowest, passes(first), passes(last))
+    return PipelinePasses(passes(slowest), passes(others), lead, head_slowest, passes(first), passes(last),
+                          placement)
+
+
+@lru_cache(maxsize=4096)
+def _placement_kinds(model: ModelSpec, pp: int, chunks: int, v_shaped: bool) -> tuple:
+    """Of a placement, per distinct rank the (dense layers, MoE layers, head) it holds (those the model has)
+    and how many ranks are alike (step.rank_kinds); the same of the first and last chunks."""
+    columns = _unit_columns(model)
+    kinds = np.array(rank_kinds(model, pp, chunks, v_shaped), dtype=float)
+    ends = tuple(np.array(chunk_kinds(model, chunks)[c], dtype=float)[columns] for c in (0, chunks - 1))
+    return kinds[:, columns], kinds[:, -1], ends
 
 
 @lru_cache(maxsize=256)
@@ -291,8 +319,8 @@ def _unit_passes(model, cluster, tp, cp, ep, mbs, precision) -> np.ndarray:
     """F, B, W of one dense layer, one MoE layer and the head (those the model has) per recompute mode: an
     array (recompute, kinds, 3), shared by every shape with these tp, cp, ep and mbs (so read only)."""
     kinds = [((1, 0, False), (0, 1, False), (0, 0, True))[c] for c in _unit_columns(model)]
-    unit = np.zeros((len(RECOMPUTE), len(kinds), 3))
-    for r, recompute in enumerate(RECOMPUTE):
+    unit = np.zeros((len(RECOMPUTE_MODES), len(kinds), 3))
+    for r, recompute in enumerate(RECOMPUTE_MODES):
         shape = kernel_shape(Layout(tp=tp, cp=cp, ep=ep, dp=ep, mbs=mbs, recompute=recompute))
         for i, kind in enumerate(kinds):
             p = counted_seconds(model, cluster, shape, *kind, precision)
@@ -345,7 +373,8 @@ def pipeline_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_byt
     """Bandwidth time of the stage-boundary sends of the rank sending fewest (predict costs one rank's)."""
     if shape.pp == 1:
         return 0.0
-    quietest = min(range(shape.pp), key=lambda r: comm.pipeline_sends(layout, r))
+    per_rank = sends_per_rank(shape.pp, layout.stages, layout.v_shaped)
+    quietest = min(range(shape.pp), key=per_rank.__getitem__)
     ops = comm.pipeline_ops(model, layout, shape.per_rank * model.seq / shape.cp, act_bytes, 1, quietest)
     return sum(bandwidth_seconds(cluster, shape.devices, op.collective, op.bytes, 2, shape.tp * shape.cp * shape.dp)
                for op in ops)

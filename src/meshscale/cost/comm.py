@@ -1,8 +1,8 @@
 """Every collective a layout issues in one step: its contract bytes, the tier it crosses, its time.
 
-Bytes follow the comm-accounting contract (parallel/ledger.py defines it): per-rank payload per optimizer step, a call
-counting the FULL buffer the collective operates on; send_recv counts sends only. Wire factors such as a
-ring's 2(n-1)/n are applied to time only.
+Bytes follow the comm-accounting contract (parallel/ledger.py defines it): per-rank payload per optimizer
+step, a call counting the FULL buffer the collective operates on; send_recv counts sends only. Wire factors
+such as a ring's 2(n-1)/n are applied to time only.
 
 Time is the alpha-beta model (Hockney 1994): steps * alpha + wire bytes / bus bandwidth, with the ring
 volumes of Patarasuk & Yuan 2009 (all-reduce 2(n-1)/n V, all-gather / reduce-scatter (n-1)/n V) and, for
@@ -19,7 +19,7 @@ from functools import lru_cache
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import Layout, kv_heads_per_rank
 from meshscale.specs.model import ModelSpec
-from meshscale.specs.placement import stage_owner
+from meshscale.specs.placement import sends_per_rank
 
 DDP_BUCKET_BYTES = 25e6  # torch DDP's default bucket_cap_mb=25: one all-reduce launch per bucket
 
@@ -149,16 +149,8 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
 
 
 def pipeline_sends(layout: Layout, rank: int) -> int:
-    """Sends per micro-batch from `rank`: forward from each chunk whose successor lives elsewhere, backward
-    from each chunk whose predecessor does (V schedules keep the turn of the V on one rank)."""
-    return _sends(layout.pp, layout.stages, layout.v_shaped)[rank]
-
-
-@lru_cache(maxsize=4096)
-def _sends(pp: int, chunks: int, v_shaped: bool) -> tuple:
-    owner = [stage_owner(c, pp, v_shaped) for c in range(chunks)]
-    return tuple(sum(1 for c in range(chunks - 1) if owner[c] == r and owner[c + 1] != r)
-                 + sum(1 for c in range(1, chunks) if owner[c] == r and owner[c - 1] != r) for r in range(pp))
+    """Sends per micro-batch from `rank` (specs.placement.sends_per_rank)."""
+    return sends_per_rank(layout.pp, layout.stages, layout.v_shaped)[rank]
 
 
 def pipeline_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, m: int,
@@ -170,7 +162,7 @@ def pipeline_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int
     if layout.pp == 1:
         return []
     v = tokens * model.hidden * act_bytes / layout.tp
-    per_rank = _sends(layout.pp, layout.stages, layout.v_shaped)
+    per_rank = sends_per_rank(layout.pp, layout.stages, layout.v_shaped)
     sends = (max(per_rank) if rank is None else per_rank[rank]) * m
     return [CommOp("send_recv", v * sends, sends, Overlap.NONE)]
 

@@ -66,14 +66,28 @@ def _root_params(model: ModelSpec, tp: int, pp: int, v_shaped: bool, rank: int) 
 @lru_cache(maxsize=4096)
 def params_per_rank(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_shaped: bool) -> tuple:
     """`params_on_rank` of every pipeline rank, from the layout's degrees (what the planner's bound reads)."""
+    per_layer = _layer_params_on_rank(model, tp, ep)
+    return tuple(sum(per_layer[i] for i in rank_layers(model.layers, pp, chunks, v_shaped, rank))
+                 + _root_params(model, tp, pp, v_shaped, rank) for rank in range(pp))
+
+
+@lru_cache(maxsize=1024)
+def _layer_params_on_rank(model: ModelSpec, tp: int, ep: int) -> tuple:
+    """Each layer's parameters on one device under tp and ep."""
     per_layer = []
     for i in range(model.layers):
         routed = model.experts * model.expert_params() if model.is_moe_layer(i) else 0
         whole = _tp_replicated_params(model, i)
         per_layer.append((model.layer_params(i) - routed - whole) / tp + routed / (tp * ep) + whole
                          + kv_replicated_params(model, tp))
-    return tuple(sum(per_layer[i] for i in rank_layers(model.layers, pp, chunks, v_shaped, rank))
-                 + _root_params(model, tp, pp, v_shaped, rank) for rank in range(pp))
+    return tuple(per_layer)
+
+
+@lru_cache(maxsize=4096)
+def heaviest_rank(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_shaped: bool) -> int:
+    """The pipeline rank holding the most parameters (the first of equals)."""
+    per_rank = params_per_rank(model, tp, ep, pp, chunks, v_shaped)
+    return max(range(pp), key=per_rank.__getitem__)
 
 
 def _tp_replicated_params(model: ModelSpec, layer: int) -> float:
@@ -115,8 +129,7 @@ def kv_replicated_params(model: ModelSpec, tp: int) -> float:
 
 
 def busiest_rank(model: ModelSpec, layout: Layout) -> int:
-    per_rank = params_per_rank(model, layout.tp, layout.ep, layout.pp, layout.stages, layout.v_shaped)
-    return max(range(layout.pp), key=per_rank.__getitem__)
+    return heaviest_rank(model, layout.tp, layout.ep, layout.pp, layout.stages, layout.v_shaped)
 
 
 def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, fused_attention: bool = False,
@@ -259,9 +272,3 @@ def rebuilt_layer_bytes(model: ModelSpec, tp: int, sp: bool, tokens: float, fuse
     recompute = "none" if eager else "selective"
     return activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute=recompute), tokens, fused_attention,
                                       eager)
-
-
-def checkpointed_activation_bytes(model: ModelSpec, tokens: int, widths: tuple, dtype_bytes: int = 2) -> float:
-    """Activations when only the inputs of a few matmuls per layer are saved (the scaling book's
-    'checkpoint 3 matmuls per layer': widths = (ffn, ffn, hidden)): dtype * layers * tokens * sum(widths)."""
-    return dtype_bytes * model.layers * tokens * sum(widths)

@@ -114,15 +114,3 @@ def v_tail(p: int, others, first, last, maximum=max) -> float:
     gradients of its first chunk (the order's cool-down; sim/schedule.py). At even ranks it is below the
     closed form above, which then stands. Arrays take maximum=np.maximum (the planner's bound)."""
     return maximum(0.0, (p - 1) * others.backward - last.weight - (p - 1) * (first.backward + first.weight))
-
-
-def slots(stages: int, microbatches: int) -> tuple[int, int]:
-    """GPipe drawn as unit forward and backward slots (the lecture's picture): busy slots and all slots.
-    Each stage runs m forwards and m backwards; the step lasts 2(m + p - 1) slots."""
-    busy = 2 * stages * microbatches
-    return busy, 2 * stages * (microbatches + stages - 1)
-
-
-def utilisation(stages: int, microbatches: int) -> float:
-    busy, total = slots(stages, microbatches)
-    return busy / total

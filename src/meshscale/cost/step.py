@@ -5,7 +5,7 @@ step = (compute + TP + PP + EP + unhidden CP) * (1 + bubble ratio) + unhidden da
 (the composition of Narayanan et al. 2021 sec. 3 with the overlap rules of each collective below).
 """
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from meshscale.cost import comm, critical, flops, overhead
@@ -138,6 +138,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     forward_mb = passes.forward
     backward_mb = passes.backward + passes.weight
     entries, critical_path, dp_exposed = [], 0.0, 0.0
+    wgrad_s = m * passes.weight * column_parallel_share(model, layout)
     fsdp_time = sum(_time(cluster, devices, layout, op.axis, op.collective, op.bytes, op.calls) for op in ops
                     if op.overlap == Overlap.FSDP)
     for op in ops:
@@ -150,7 +151,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
                    Overlap.EACH_BACKWARD: backward_mb * m, Overlap.FORWARD: forward_mb,
                    Overlap.FSDP: t * compute_s / fsdp_time if fsdp_time else 0.0,
                    Overlap.OTHER_MICROBATCH: compute_s * (m - 1) / m, Overlap.GEMM: gemm_s,
-                   Overlap.WGRAD: m * passes.weight * column_parallel_share(model, layout)}
+                   Overlap.WGRAD: wgrad_s}
         hidden_by, shown = windows.get(overlap, 0.0), _shown(overlap, t, op.calls, layout.tp, m)
         if op.axis == "pp" and op.collective == "send_recv":  # behind the faster ranks' slack (cost/pipeline.py)
             hidden_by, shown = (t if layout.schedule in QUEUED else m * lead), t / op.calls * _chain_crossings(layout)
@@ -197,7 +198,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
 
 def _on(axis: str, ops: list[CommOp]) -> list[CommOp]:
     """`ops` over the group of mesh axis `axis`."""
-    return [replace(op, axis=axis) for op in ops]
+    return [CommOp(op.collective, op.bytes, op.calls, op.overlap, axis) for op in ops]
 
 
 def exposed_seconds(t: float, hidden_by: float, shown: float, efficiency: float = 1.0) -> float:
@@ -270,7 +271,12 @@ def chunk_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, chunk: 
     (cost/kernels.py), the output head on the last chunk, its share (1/vpp) of the rank's element-wise
     work, a third in forward and two thirds in backward, and the host time of its operators (calibrated
     clusters, cost/overhead.py). `layout` must have its mbs resolved."""
-    kind = chunk_kinds(model, layout.stages)[chunk]
+    return _kind_passes(model, cluster, layout, chunk_kinds(model, layout.stages)[chunk], precision)
+
+
+@lru_cache(maxsize=4096)
+def _kind_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, kind: tuple, precision: str) -> Passes:
+    """`chunk_passes` of every chunk of this kind (dense layers, MoE layers, holds the head): ranks hold many."""
     act_bytes = PRECISIONS[precision]["compute"]
     kernels = counted_seconds(model, cluster, kernel_shape(layout), *kind, precision)
     tokens = layout.mbs * model.seq / layout.cp

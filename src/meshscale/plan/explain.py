@@ -145,9 +145,9 @@ def _why_tp(model, cluster, devices, batch, precision, headroom, layout, win, pl
     domain = cluster.tiers[0].name
     neighbours = []
     for other in sorted({max(1, tp // 2), tp * 2} - {tp}):
-        sub = search_within(plan, model, cluster, devices, batch, precision, headroom, cross_tp=True,
+        sub = search_within(plan, model, cluster, devices, batch, precision, headroom, cross_tp=True, shapes=1,
                             where=lambda t, pp, cp, dp, ep, o=other: t == o, fix=_except(plan.fixed, "tp", "dp"))
-        if sub:
+        if sub:  # its time only
             neighbours.append(f"tp={other} at best {ms(sub[0].step_time_s)}")
         else:
             neighbours.append(f"tp={other} fits nowhere")

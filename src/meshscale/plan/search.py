@@ -7,6 +7,7 @@ other term of the step is non-negative). Survivors are costed in full with `pred
 first, until the bound of the next one exceeds the K-th best time found: none after it can enter the top K.
 """
 
+import bisect
 import math
 import time
 from dataclasses import dataclass, field
@@ -151,15 +152,17 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
 
 def search_within(plan: Plan, model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: int,
                   precision: str, headroom: float, where=None, fix: dict | None = None, cross_tp: bool = False,
-                  top: int = 1) -> list:
+                  top: int = 1, shapes: int = ALTERNATIVES) -> list:
     """The `top` layouts of `search(..., where=where, fix=fix)`: taken from the plan's pool where it holds
-    every layout that search scores (their bounds and order are the same, so are the results), else searched."""
+    every layout that search scores (their bounds and order are the same, so are the results), else searched.
+    With shapes=1 it stops at the first bound that reaches the best time, which is all the caller reads then
+    (equal times may then rank in another order)."""
     pool = plan.pool and _narrowed(plan.pool, (model, cluster, devices, global_batch, precision, headroom), where,
                                    fix or {}, cross_tp)
     if pool is None:
         return search(model, cluster, devices, global_batch, precision, top, headroom, cross_tp, where=where,
                       fix=fix).ranked
-    return cost(pool, top, prune=True)[0] if len(pool.bounds) else []
+    return cost(pool, top, prune=True, shapes=shapes)[0] if len(pool.bounds) else []
 
 
 @dataclass
@@ -219,18 +222,17 @@ def score(pool: Pool) -> Pool:
     return pool
 
 
-def cost(pool: Pool, top: int, prune: bool) -> tuple[list, list, int]:
+def cost(pool: Pool, top: int, prune: bool, shapes: int = ALTERNATIVES) -> tuple[list, list, int]:
     """Cost the pool's layouts in full with `predict`, cheapest bound first, until the bound of the next one
-    exceeds the K-th best time found (and the ALTERNATIVES-th best shape's). Returns the top K, the best of
-    the runner-up shapes, and how many were costed."""
+    exceeds the K-th best time found (and the best time of the `shapes`-th best parallel shape). Returns the
+    top K, the best of the runner-up shapes, and how many were costed."""
     best: list = []  # the top K, (rank_key, Prediction), keyed once
     by_shape: dict = {}  # the best layout of each parallel shape: the alternatives the explanation cites
+    shape_times: list = []  # their step times, ascending
     evaluated = 0
     for i in np.argsort(pool.bounds, kind="stable"):
-        if prune and len(best) >= top and len(by_shape) >= ALTERNATIVES:
-            cutoff = max(best[-1][1].step_time_s,
-                         sorted(p.step_time_s for _, p in by_shape.values())[ALTERNATIVES - 1])
-            if pool.bounds[i] >= cutoff:
+        if prune and len(best) >= top and len(by_shape) >= shapes:
+            if pool.bounds[i] >= max(best[-1][1].step_time_s, shape_times[shapes - 1]):
                 break
         layout = pool.layout(i)
         if layout not in pool.costed:
@@ -242,12 +244,15 @@ def cost(pool: Pool, top: int, prune: bool) -> tuple[list, list, int]:
         evaluated += 1
         if pred.memory_per_device_bytes["total"] > pool.capacity:
             continue
-        key = rank_key(pred)
+        key = rank_key(pred, layout)
         best = sorted(best + [(key, pred)], key=itemgetter(0))[:top]
         shape = (layout.tp, layout.pp, layout.cp, layout.dp, layout.ep, layout.zero, layout.shard)
         if shape not in by_shape or key < by_shape[shape][0]:
+            if shape in by_shape:
+                shape_times.remove(by_shape[shape][1].step_time_s)
             by_shape[shape] = key, pred
-    alternatives = [p for _, p in sorted(by_shape.values(), key=itemgetter(0))[1:ALTERNATIVES]]
+            bisect.insort(shape_times, pred.step_time_s)
+    alternatives = [p for _, p in sorted(by_shape.values(), key=itemgetter(0))[1:shapes]]
     return [p for _, p in best], alternatives, evaluated
 
 
@@ -281,7 +286,7 @@ def _narrowed(pool: Pool, question: tuple, where, fix: dict, cross_tp: bool) -> 
         if "sp" in fix:
             keep &= np.array(shape.sps)[rows.sp] == fix["sp"]
         if "recompute" in fix:
-            keep &= np.array(RECOMPUTE)[rows.recompute] == fix["recompute"]
+            keep &= np.array(bound.RECOMPUTE_MODES)[rows.recompute] == fix["recompute"]
         if keep.any():
             out.scored.append((shape, rows[keep]))
             bounds.append(pool.bounds[end - len(rows):end][keep])
@@ -312,7 +317,7 @@ def _rows(shape: bound.Shape, fix: dict) -> bound.Rows:
     replicas = shape.dp * shape.cp
     zeros = [z for z in (range(4) if replicas > 1 else [0]) if _allowed(fix, "zero", z)]
     sp_idx = [i for i, sp in enumerate(shape.sps) if _allowed(fix, "sp", sp)]
-    rec_idx = [i for i, r in enumerate(RECOMPUTE) if r != "op" and _allowed(fix, "recompute", r)]
+    rec_idx = [i for i, r in enumerate(bound.RECOMPUTE_MODES) if _allowed(fix, "recompute", r)]
     axes = (zeros, shape.shards, sp_idx, range(len(shape.schedules)), shape.microbatch_sizes, rec_idx)
     grid = np.stack(np.meshgrid(*(np.asarray(a, dtype=float) for a in axes), indexing="ij"), -1).reshape(-1, 6)
     grid = grid[(grid[:, 0] > 0) | (grid[:, 1] == replicas)]
@@ -331,9 +336,9 @@ def _shard_sizes(cluster: ClusterSpec, tp: int, replicas: int) -> list[int]:
     return [replicas]
 
 
-def rank_key(pred: Prediction) -> tuple:
-    """Fastest first; on a tie, the simpler layout (fewer parallel axes, lower ZeRO stage, less memory)."""
-    layout = Layout.parse(pred.layout)
+def rank_key(pred: Prediction, layout: Layout) -> tuple:
+    """Fastest first; on a tie, the simpler layout (fewer parallel axes, lower ZeRO stage, less memory);
+    `layout` is the prediction's."""
     axes = sum(d > 1 for d in (layout.tp, layout.pp, layout.cp, layout.ep))
     return pred.step_time_s, axes, layout.zero, pred.memory_per_device_bytes["total"]
 
@@ -344,4 +349,4 @@ def _layout(shape: bound.Shape, rows: bound.Rows, i: int) -> Layout:
     name, v = shape.schedules[rows.schedule[i]]
     return Layout(dp=shape.dp, zero=z, shard=int(rows.shard[i]) if z else 0, tp=shape.tp, sp=shape.sps[rows.sp[i]],
                   pp=shape.pp, vpp=v, schedule=name, cp=shape.cp, ep=shape.ep, mbs=int(rows.mbs[i]),
-                  recompute=RECOMPUTE[rows.recompute[i]])
+                  recompute=bound.RECOMPUTE_MODES[rows.recompute[i]])

@@ -23,6 +23,7 @@ RECOMPUTE = ("none", "selective", "full", "op")
 # Schedules that place two model chunks on each pipeline rank (a "V": down then back up).
 V_SCHEDULES = ("zbv", "dualpipev")
 _INT_KEYS = ("dp", "zero", "shard", "tp", "pp", "vpp", "cp", "ep", "mbs")
+_INT_MINIMA = tuple((key, 0 if key in ("zero", "mbs", "shard") else 1) for key in _INT_KEYS)
 _KEY_ORDER = ("dp", "zero", "shard", "tp", "sp", "pp", "vpp", "schedule", "cp", "ep", "mbs", "recompute")
 
 
@@ -42,11 +43,10 @@ class Layout:
     recompute: str = "none"
 
     def __post_init__(self):
-        for key in _INT_KEYS:
+        for key, least in _INT_MINIMA:
             value = getattr(self, key)
-            zero_ok = key in ("zero", "mbs", "shard")
-            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if zero_ok else 1):
-                raise UserError(f"layout: {key} must be a {'non-negative' if zero_ok else 'positive'} "
+            if (type(value) is not int and (isinstance(value, bool) or not isinstance(value, int))) or value < least:
+                raise UserError(f"layout: {key} must be a {'non-negative' if least == 0 else 'positive'} "
                                 f"integer, got {value!r}")
         if self.zero > 3:
             raise UserError(f"layout: zero must be 0, 1, 2 or 3, got {self.zero}")

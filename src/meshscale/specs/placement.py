@@ -31,6 +31,21 @@ def rank_layers(layers: int, pp: int, chunks: int, v_shaped: bool, rank: int) ->
     return tuple(i for c in rank_chunks(pp, chunks, v_shaped, rank) for i in ranges[c])
 
 
+@lru_cache(maxsize=4096)
+def layer_counts(layers: int, pp: int, chunks: int, v_shaped: bool) -> tuple:
+    """How many layers each rank holds."""
+    return tuple(len(rank_layers(layers, pp, chunks, v_shaped, r)) for r in range(pp))
+
+
+@lru_cache(maxsize=4096)
+def sends_per_rank(pp: int, chunks: int, v_shaped: bool) -> tuple:
+    """Stage-boundary sends per micro-batch from each rank: forward from each chunk whose successor lives
+    elsewhere, backward from each chunk whose predecessor does (a V keeps its turn on one rank)."""
+    owner = [stage_owner(c, pp, v_shaped) for c in range(chunks)]
+    return tuple(sum(1 for c in range(chunks - 1) if owner[c] == r and owner[c + 1] != r)
+                 + sum(1 for c in range(1, chunks) if owner[c] == r and owner[c - 1] != r) for r in range(pp))
+
+
 def stage_layers(model, layout: Layout, rank: int) -> tuple:
     """The layers of `model` pipeline rank `rank` owns under `layout`."""
     return rank_layers(model.layers, layout.pp, layout.stages, layout.v_shaped, rank)
