@@ -117,7 +117,9 @@ def launch_local(run: Resolved) -> int:
         os.environ[STATUS_ENV] = status = os.path.join(tmp, "status.json")
         os.environ[_LAUNCHER_ENV] = str(os.getpid())
         os.environ[PREEMPT_ENV] = marker = os.path.join(tmp, "preempting")
-        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGHUP,SIGQUIT"  # SIGTERM and SIGINT are ours
+        ours = "SIGHUP,SIGQUIT"  # torchelastic's handler for these; SIGTERM and SIGINT are ours
+        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ours  # what torch reads where LaunchConfig cannot say it
+        handled = {"signals_to_handle": ours} if "signals_to_handle" in LaunchConfig.__dataclass_fields__ else {}
         for s in SIGNALS:
             signal.signal(s, lambda signum, frame: _preempting(marker, signum, SignalException))
         with open(spec_file, "wb") as f:
@@ -125,7 +127,7 @@ def launch_local(run: Resolved) -> int:
         config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=run.config.nproc, run_id=str(uuid.uuid4()),
                               rdzv_backend="c10d", rdzv_endpoint="localhost:0",
                               max_restarts=run.config.max_restarts,
-                              monitor_interval=0.1)
+                              monitor_interval=0.1, **handled)
         try:
             elastic_launch(config, sys.executable)("-m", "meshscale.runtime.loop.launch", spec_file)
         except ChildFailedError as e:
