@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo clean
+.PHONY: setup test demo docs clean
 
 setup: $(STAMP)
 
@@ -20,7 +20,13 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 test: setup
+	$(PY) -m mypy
 	$(PY) -m pytest -q -n 2 --dist loadscope
+
+# The docs site (mkdocs-material) into build/site, every console example re-run first.
+docs: setup
+	$(PY) docs/examples.py
+	$(PY) -m mkdocs build --strict
 
 demo: setup
 	$(PY) -m meshscale.demo

@@ -4,13 +4,17 @@ Each run states its source (paper table or repository file), the layout the sour
 measured step time, derived from what the source publishes (a step time, tokens/s per device, or TFLOP/s per
 device with the source's own FLOP count). Nothing here sets an efficiency factor: those come from
 micro-benchmarks and datasheets (specs/cluster.py). Run: PYTHONPATH=src python benchmarks/published.py
+(--write-bands: rewrite cost/bands.py's error bands from these runs, after any change to the model).
 """
 
+import datetime
 import math
+import os
 import statistics
+import sys
 from dataclasses import dataclass, replace
 
-from meshscale.cost import predict
+from meshscale.cost import bands, predict
 from meshscale.cost.flops import model_flops_per_step
 from meshscale.specs.cluster import Software, load_cluster
 from meshscale.specs.layout import Layout
@@ -28,7 +32,7 @@ class Run:
     batch: int  # sequences per step
     seconds: float  # measured step time
     hardware: str
-    software: Software = Software()
+    software: Software = Software(framework="megatron-core")
     fused_attention: bool = True
     nic: float = 0.0  # scale-out bytes/s per GPU where the site differs from the preset's (0: the preset's)
     precision: str = "bf16"
@@ -83,12 +87,15 @@ KORTHIKANTI_2022 = [
 # backward (overlapped reduction came with Megatron-Core's distributed optimizer in 2023). The papers train
 # in fp16 (their 312 TFLOP/s half-precision peak), where Megatron-LM all-reduces the gradients in fp16:
 # arguments.py switches fp32 accumulation and all-reduce on only for bf16.
-MEGATRON_2021 = Software(grad_reduce_overlap=False, param_gather_overlap=False, grad_reduce_fp32=False)
+# Gradient buckets: Megatron-LM 2021 all-reduced its one contiguous gradient buffer in one call, which is
+# Megatron-Core's rule without overlap (framework megatron-core, one bucket a buffer).
+MEGATRON_2021 = Software(framework="megatron-core", grad_reduce_overlap=False, param_gather_overlap=False,
+                         grad_reduce_fp32=False)
 # Sequence parallelism came with the backward's input-gradient reduce-scatter run behind the weight-gradient
 # GEMM (Megatron-LM mpu/layers.py of 2022, LinearWithGradAccumulationAndAsyncCommunication); Megatron-Core
 # keeps it (core/tensor_parallel/layers.py).
 MEGATRON_2022 = replace(MEGATRON_2021, tp_wgrad_overlap=True)
-MEGATRON_CORE = Software(tp_wgrad_overlap=True)
+MEGATRON_CORE = Software(framework="megatron-core", tp_wgrad_overlap=True)
 
 
 def narayanan_seconds(h, l, batch, gpus, tflops, s=2048, v=51200):
@@ -113,7 +120,7 @@ def megatron_runs():
                   MEGATRON_2022, False)
 
 
-EAGER = Software(fused_elementwise=False)
+EAGER = Software(framework="torch", fused_elementwise=False)
 
 
 def torchtitan_runs():
@@ -184,16 +191,19 @@ def qwen3_runs():
     heads / 4 KV heads of 128, 128 experts of 1536, top-8, vocab 151936) on 256 H100, seq 4096, GBS 2048,
     Megatron-Core, step seconds as published. Both rows keep experts whole (ETP=1) in EP groups folded out of
     tp x dp inside a node (Megatron-Core's MoE parallel folding), with the DeepEP dispatcher and dropless
-    routing. Our Layout cannot say ETP=1: the closest layout it can run splits experts over TP and strides
-    the EP group over the TP ranks (across nodes here); that difference, routing imbalance and DeepEP's host
-    synchronisation are the error left."""
+    routing. Our Layout cannot say ETP=1. The FSDP row is written without TP: its experts then stay whole and
+    its EP group inside a node, as the run's, and each rank's GEMMs keep the run's shapes (2 sequences whole
+    instead of 4 split over TP2's heads and sequence; the same 4096 tokens per expert); only TP2's attention
+    collectives are missing. The PP row keeps TP4, so it splits the experts over TP and strides its EP group
+    over 4 nodes where the run's stays inside one: its dispatch crosses the network and the run's does not,
+    so that row's agreement is not evidence for the MoE terms."""
     model = ModelSpec(name="qwen3-235b-a22b", layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128,
                       ffn=12288, vocab=151936, seq=4096, experts=128, top_k=8, expert_ffn=1536)
     rows = [("235B TP4 EP8 PP8", "dp=8,tp=4,sp=true,pp=8,vpp=4,schedule=interleaved,ep=8,mbs=1", 29.0),
-            ("235B TP2 EP8 FSDP", "dp=128,zero=3,tp=2,sp=true,ep=8,mbs=4,recompute=full", 17.6)]
+            ("235B TP2 EP8 FSDP", "dp=256,zero=3,ep=8,mbs=2,recompute=full", 17.6)]
     for name, layout, seconds in rows:
         yield Run("Megatron-MoE-ModelZoo Qwen3", name, model, "h100-80gb", layout, 256, 2048, seconds, "H100",
-                  MEGATRON_CORE)
+                  replace(MEGATRON_CORE, moe_dispatcher="deepep"))
 
 
 def megatron_core_flops(model: ModelSpec, batch: int) -> float:
@@ -216,7 +226,8 @@ def mixtral_runs():
               megatron_core_flops(model, 256) / (64 * 438e12), "H100", MEGATRON_CORE)
 
 
-BLOOM_SOFTWARE = replace(MEGATRON_2021, grad_reduce_fp32=True)
+# Megatron-DeepSpeed: DeepSpeed's ZeRO-1 reduces the gradients (its default reduce_bucket_size).
+BLOOM_SOFTWARE = replace(MEGATRON_2021, framework="deepspeed", grad_reduce_fp32=True)
 
 
 def bloom_runs():
@@ -301,32 +312,71 @@ def rows():
         cluster = replace(load_cluster(run.cluster), software=run.software, fused_attention=run.fused_attention)
         if run.nic:
             cluster = replace(cluster, tiers=(cluster.tiers[0], replace(cluster.tiers[-1], bandwidth=run.nic)))
+        assert run.hardware in pred_category(cluster, run), (run.hardware, run.cluster)
         layout = Layout.parse(run.layout, run.devices)
         pred = predict(run.model, cluster, layout, run.batch, run.precision)
         yield run, layout, pred.step_time_s, run.seconds, pred
 
 
-def summary(errors: list[float]) -> tuple[float, float, float]:
-    """Median, 90th percentile and max of |error|."""
+def pred_category(cluster, run) -> str:
+    return bands.category(cluster, run.model, run.precision)
+
+
+def errors_by_category() -> dict[str, list[float]]:
+    """Signed errors (predicted / measured - 1) per error-band category (cost/bands.py)."""
+    out: dict = {}
+    for run, _, pred, real, p in rows():
+        out.setdefault(p.band["category"], []).append(pred / real - 1)
+    return out
+
+
+def computed_bands() -> dict[str, tuple]:
+    """What cost/bands.py's BANDS must hold: per category (runs, median, p90, mean signed), to 0.01%."""
+    out = {}
+    for key, errs in sorted(errors_by_category().items()):
+        med, p90, _, bias = summary(errs)
+        out[key] = (len(errs), round(med, 4), round(p90, 4), round(bias, 4))
+    return out
+
+
+def write_bands(path: str) -> None:
+    """Rewrite the written part of cost/bands.py from the current model (its SOURCE and BANDS lines)."""
+    text = open(path).read()
+    head, rest = text.split("SOURCE = ", 1)
+    _, tail = rest.split("# --- end of written part", 1)
+    table = computed_bands()
+    body = "".join(f"    {k!r}: {v!r},\n" for k, v in table.items())
+    source = (f"benchmarks/published.py --write-bands, {sum(v[0] for v in table.values())} published runs "
+              f"up to 2024, {datetime.date.today().isoformat()}")
+    open(path, "w").write(f"{head}SOURCE = {source!r}\n# \"hardware kind precision\": (runs, median |error|, "
+                          f"p90 |error|, mean signed error)\nBANDS: dict[str, tuple[int, float, float, float]] = "
+                          f"{{\n{body}}}\n# --- end of written part{tail}")
+
+
+def summary(errors: list[float]) -> tuple[float, float, float, float]:
+    """Median, 90th percentile and max of |error|, and the mean signed error (negative: predicted too fast)."""
     a = sorted(map(abs, errors))
     p90 = a[min(len(a) - 1, round(0.9 * (len(a) - 1)))]
-    return statistics.median(a), p90, a[-1]
+    return statistics.median(a), p90, a[-1], statistics.mean(errors)
 
 
 if __name__ == "__main__":
+    if "--write-bands" in sys.argv:
+        write_bands(os.path.join(os.path.dirname(__file__), "..", "src", "meshscale", "cost", "bands.py"))
+        sys.exit(0)
     by_category: dict = {}
     for run, layout, pred, real, p in rows():
         err = pred / real - 1
-        kind = ("MoE" if run.moe else "dense") + (f" {run.precision}" if run.precision != "bf16" else "")
-        by_category.setdefault((run.hardware, kind), []).append(err)
+        by_category.setdefault(p.band["category"], []).append(err)
         fit = "" if p.fits else "  (does not fit)"
         print(f"{run.source:28s} {run.name:18s} {run.devices:6d} {str(layout):62s} predicted {pred:8.3f} s  "
               f"measured {real:8.3f} s  {err:+6.1%}{fit}")
-    print(f"\n| hardware | kind | runs | median abs error | 90th percentile | max |\n|---|---|---|---|---|---|")
+    print("\n| category | runs | median abs error | 90th percentile | max | mean signed |\n"
+          "|---|---|---|---|---|---|")
     everything = []
-    for (hw, kind), errs in sorted(by_category.items()):
+    for key, errs in sorted(by_category.items()):
         everything += errs
-        med, p90, worst = summary(errs)
-        print(f"| {hw} | {kind} | {len(errs)} | {med:.1%} | {p90:.1%} | {worst:.1%} |")
-    med, p90, worst = summary(everything)
-    print(f"| all | | {len(everything)} | {med:.1%} | {p90:.1%} | {worst:.1%} |")
+        med, p90, worst, bias = summary(errs)
+        print(f"| {key} | {len(errs)} | {med:.1%} | {p90:.1%} | {worst:.1%} | {bias:+.1%} |")
+    med, p90, worst, bias = summary(everything)
+    print(f"| all | {len(everything)} | {med:.1%} | {p90:.1%} | {worst:.1%} | {bias:+.1%} |")

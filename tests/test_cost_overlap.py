@@ -74,7 +74,10 @@ def test_sp_input_gradient_reduce_scatter_hides_behind_the_weight_gradient():
     assert set(rs) == {"none", "wgrad"} and rs["none"]["bytes"] == rs["wgrad"]["bytes"]
     assert rs["none"]["exposed_s"] == rs["none"]["time_s"] and rs["wgrad"]["exposed_s"] < rs["wgrad"]["time_s"]
     assert ops_on["tp", "all_gather"]["exposed_s"] == ops_on["tp", "all_gather"]["time_s"]
-    assert off.step_time_s - on.step_time_s == pytest.approx(rs["wgrad"]["time_s"] - rs["wgrad"]["exposed_s"])
+    # what hides still slows the weight-gradient GEMMs beside it by its kernels' share of the SMs
+    hidden = rs["wgrad"]["time_s"] - rs["wgrad"]["exposed_s"]
+    assert rs["wgrad"]["interference_s"] == pytest.approx(hidden * 24 / 132)
+    assert off.step_time_s - on.step_time_s == pytest.approx(hidden - rs["wgrad"]["interference_s"])
     # over a slow link the weight gradients cannot hide it all
     slow = replace(H100, tiers=(replace(H100.tiers[0], bandwidth=5e9),) + H100.tiers[1:],
                    software=replace(H100.software, tp_wgrad_overlap=True))

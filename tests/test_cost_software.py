@@ -1,16 +1,22 @@
-"""[software] options beyond overlap: the gradient reduction dtype and fused element-wise kernels (and the
-planner's bound under them and the wgrad overlap)."""
+"""[software] options beyond overlap: the gradient reduction dtype, fused element-wise kernels, the framework's
+gradient buckets (and the planner's bound under them and the wgrad overlap)."""
 
+import json
+import math
+import re
 from dataclasses import replace
 
 import pytest
 
 from meshscale.cost import predict
+from meshscale.cost.comm import grad_buckets
+from meshscale.cost.memory import params_on_rank
+from meshscale.errors import UserError
 from meshscale.cost.step import eager_forward_elements, elementwise_seconds
 from meshscale.plan.search import search
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout
-from meshscale.specs.model import load_model
+from meshscale.specs.model import ModelSpec, load_model
 
 A100 = load_cluster("a100-80gb")
 MODEL = load_model("llama3-8b")
@@ -118,3 +124,55 @@ def test_zero_parameter_gather_travels_in_the_compute_dtype_or_in_fp32():
     fast = search(MODEL, cluster, 16, 64, top=3, fix={"pp": 1, "cp": 1, "tp": 1})
     full = search(MODEL, cluster, 16, 64, top=3, fix={"pp": 1, "cp": 1, "tp": 1}, prune=False)
     assert [p.layout for p in fast.ranked] == [p.layout for p in full.ranked]
+
+
+# Nemotron-4 15B (arXiv:2402.16819 Table 1: 32 layers, h 6144, 48 heads, 8 KV heads, squared-ReLU MLP of
+# 24576, 256k vocab, seq 4096): the issue's 64-B200 DDP run.
+NEMOTRON = ModelSpec(name="nemotron-4-15b", layers=32, hidden=6144, heads=48, kv_heads=8, ffn=24576,
+                     vocab=256000, seq=4096, mlp="gelu")
+
+
+def dp_calls(pred) -> int:
+    return next(e["calls"] for e in pred.comm if e["axis"] == "dp")
+
+
+def test_gradient_buckets_follow_the_framework():
+    b200 = load_cluster("b200")
+    assert b200.software.framework == "megatron-core"
+    layout = Layout.parse("dp=64,mbs=1", 64)
+    params = params_on_rank(NEMOTRON, layout, 0)
+    megatron = predict(NEMOTRON, b200, layout, 256)
+    torch = predict(NEMOTRON, replace(b200, software=replace(b200.software, framework="torch")), layout, 256)
+    assert dp_calls(megatron) == math.ceil(params / 64e6)  # max(40M, 1M x 64) parameters a bucket
+    assert dp_calls(torch) == math.ceil(params / (25 * 2**20 / 4))  # DDP's 25 MiB of fp32 gradient
+    assert dp_calls(torch) > 2000 and dp_calls(megatron) < 250
+    assert megatron.step_time_s < torch.step_time_s
+    small = predict(NEMOTRON, b200, Layout.parse("dp=8,mbs=1", 8), 32)
+    assert dp_calls(small) == math.ceil(params / 40e6)  # the 40M floor below dp=40
+    deepspeed = predict(NEMOTRON, replace(b200, software=replace(b200.software, framework="deepspeed")),
+                        Layout.parse("dp=64,zero=1,mbs=1", 64), 256)
+    assert dp_calls(deepspeed) == math.ceil(params / 5e8)  # reduce_bucket_size
+
+
+def test_megatron_buckets_once_without_overlap_and_off_the_first_stage():
+    sw = replace(A100.software, framework="megatron-core")
+    assert grad_buckets(sw, 4e9, 64) == 63
+    assert grad_buckets(replace(sw, grad_reduce_overlap=False), 4e9, 64) == 1
+    assert grad_buckets(sw, 4e9, 64, first_stage=False, chunks=3) == 3  # one per virtual chunk
+    assert grad_buckets(sw, 4e9, 64, first_stage=True, chunks=2) == 32 + 1  # only the first chunk is cut
+    assert grad_buckets(replace(sw, grad_bucket_params=1e8), 4e9, 64) == 40  # the knob wins
+    layout = Layout.parse("dp=16,zero=1,pp=4,mbs=1", 64)
+    pred = predict(MODEL, replace(A100, software=sw), layout, 64)
+    assert dp_calls(pred) == 1  # the busiest rank is a later stage: one bucket
+
+
+@pytest.mark.parametrize("software, needle", [({"grad_bucket_params": 0}, "grad_bucket_params"),
+                                              ({"grad_bucket_params": -5}, "grad_bucket_params"),
+                                              ({"framework": "jax"}, "framework must be one of"),
+                                              ({"bucket_cap_mb": 25}, "unknown field(s) bucket_cap_mb")])
+def test_bad_bucket_knobs_are_one_line(tmp_path, software, needle):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"base": "h100-80gb", "software": software}))
+    with pytest.raises(UserError, match=re.escape(needle)) as e:
+        load_cluster(str(path))
+    assert "\n" not in str(e.value)

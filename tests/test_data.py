@@ -1,4 +1,5 @@
-"""Data: the stdlib corpus, user files (text and .bin), the split, and layout-independent batches."""
+"""Data: the stdlib corpus, user files (text, raw .bin, indexed datasets), the split, and layout-independent
+batches (random windows of text, packed windows of documents with their document ids)."""
 
 import numpy as np
 import pytest
@@ -48,7 +49,7 @@ def test_missing_path_and_bad_tokens_are_user_errors(tmp_path):
 def test_split_and_batches_do_not_depend_on_the_layout():
     tokens = np.arange(100_000) % 251
     data = TokenData(tokens, seq=16, seed=3)
-    assert len(data.train) + len(data.val) == len(tokens) and len(data.val) > 0
+    assert len(data.tokens["train"]) + len(data.tokens["val"]) == len(tokens) and len(data.tokens["val"]) > 0
     batch = data.global_batch(7, 8)
     assert batch.shape == (8, 17) and np.array_equal(batch, data.global_batch(7, 8))
     assert not np.array_equal(batch, data.global_batch(8, 8))
@@ -72,3 +73,42 @@ def test_context_parallel_ranks_hold_balanced_chunks_of_every_sequence():
         assert sorted(torch.cat(positions).tolist()) == list(range(16))  # every token once
         for (x, y), pos in zip(parts, positions):
             assert np.array_equal(x, batch[:, :-1][:, pos]) and np.array_equal(y, batch[:, 1:][:, pos])
+
+
+def test_indexed_datasets_by_prefix_bin_or_idx(tmp_path):
+    from meshscale.data.indexed import IndexedWriter
+    from meshscale.runtime.loop.data import load_corpus
+
+    with IndexedWriter(tmp_path / "c", 1000) as w:
+        w.add_document([7, 8, 0])
+        w.add_document([9, 0])
+    for name in ("c", "c.bin", "c.idx"):
+        corpus = load_corpus(str(tmp_path / name))
+        assert corpus.tokens.tolist() == [7, 8, 0, 9, 0] and corpus.bounds.tolist() == [0, 3, 5]
+    assert load_corpus(str(tmp_path / "c")).tokens.tolist() == load_tokens(str(tmp_path / "c.idx")).tolist()
+    (tmp_path / "c.bin").unlink()
+    with pytest.raises(UserError, match="c.bin: no such file"):
+        load_corpus(str(tmp_path / "c.idx"))
+    (tmp_path / "raw.bin").write_bytes(b"\1\0\2\0")  # no .idx beside it: raw ids, no documents
+    assert load_corpus(str(tmp_path / "raw.bin")).bounds is None
+
+
+def test_packed_batches_are_layout_independent_and_carry_documents():
+    tokens = np.arange(20_000)  # each token its own offset
+    bounds = np.arange(0, 20_001, 50)  # documents of 50 tokens
+    data = TokenData(tokens, seq=16, seed=3, bounds=bounds)
+    batch, docs = data.global_batch(4, 8), data.global_documents(4, 8)
+    assert batch.shape == docs.shape == (8, 17) and np.array_equal(batch, data.global_batch(4, 8))
+    starts = batch[:, 0].numpy()
+    assert np.array_equal(docs, (starts[:, None] + np.arange(17)) // 50 - starts[:, None] // 50)
+    for dp, mbs in [(1, 8), (2, 2), (4, 1)]:
+        rows = [mb for r in range(dp) for mb in rank_microbatches(batch, r, dp, mbs, documents=docs)]
+        assert all(len(mb) == 3 for mb in rows)
+        assert np.array_equal(np.concatenate([d for _, _, d in rows]), docs[:, :-1])
+    parts = [rank_microbatches(batch, 0, 1, 8, r, 2, documents=docs)[0] for r in range(2)]
+    for (x, _, d), pos in zip(parts, [cp_positions(16, r, 2) for r in range(2)]):
+        assert np.array_equal(x, batch[:, :-1][:, pos]) and np.array_equal(d, docs[:, :-1][:, pos])
+    val = data.global_batch(0, 4, "val")
+    assert val.min() >= 19_000 and data.global_batch(0, 8).max() < 19_000  # the last 5%, held out
+    with pytest.raises(UserError, match="needs documents"):
+        TokenData(tokens, seq=16, seed=3).global_documents(0, 4)

@@ -99,7 +99,11 @@ def parse_megatron(text: str) -> dict:
     """Megatron-LM's parse of the emitted arguments, by its recorded flags: each flag known, each value count
     and choice its own; returns dest -> value as argparse would set it."""
     flags = megatron_flags()
-    tokens = shlex.split(text.replace("\\\n", " "), comments=True)
+    # as bash reads it: an operator (a pipe, a redirect) outside quotes would end the command
+    lexer = shlex.shlex(text.replace("\\\n", " "), posix=True, punctuation_chars=True)
+    lexer.whitespace_split, lexer.commenters = True, "#"
+    tokens = list(lexer)
+    assert not any(set(t) <= set("|&;<>()") for t in tokens), f"a shell operator in {tokens}"
     tokens = tokens[tokens.index("pretrain_gpt.py") + 1:]
     out, i = {}, 0
     while i < len(tokens):

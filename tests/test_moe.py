@@ -72,10 +72,12 @@ def test_ep_rules():
         check_against(Layout.parse("dp=2,ep=2"), PRESETS["tiny"])
     assert trainer_refusal(Layout.parse("dp=2,ep=2,zero=3"), SPEC) is None
     assert trainer_refusal(Layout.parse("dp=2,tp=2,sp=true,ep=2"), SPEC)
-    # what the context-parallel and hybrid-sharding runtime does not combine with these models
-    for text, model in (("dp=2,cp=2", SPEC), ("dp=4,zero=1,shard=2,ep=2", SPEC), ("cp=2", PRESETS["tiny-gpt"])):
+    assert trainer_refusal(Layout.parse("dp=2,tp=2,sp=true"), SPEC) is None  # SP around MoE layers, no EP
+    # what the context-parallel runtime does not combine with these models
+    for text, model in (("dp=2,cp=2", SPEC), ("cp=2", PRESETS["tiny-gpt"])):
         assert trainer_refusal(Layout.parse(text), model), text
-    assert trainer_refusal(Layout.parse("dp=4,zero=1,shard=2"), SPEC) is None
+    for text in ("dp=4,zero=1,shard=2", "dp=4,zero=1,shard=2,ep=2", "dp=4,zero=3,shard=2,ep=2"):
+        assert trainer_refusal(Layout.parse(text), SPEC) is None, text
 
 
 def test_bad_ep_is_one_line_exit_2_before_any_process_starts():

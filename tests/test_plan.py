@@ -1,6 +1,7 @@
 """The planner: the seed's Problem 3, pure DP for small models, nothing-fits, the fast domain, the bound."""
 
 import importlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -58,16 +59,19 @@ def test_problem3_explanation_rejects_pure_dp_for_memory_and_pure_fsdp_as_comm_b
 
 
 def test_when_pure_fsdp_wins_it_is_compared_with_a_different_strategy():
+    # on H100 as preset, FSDP's per-micro-batch traffic takes its SMs' share from the compute it hides behind and
+    # ZeRO-1 with PP2 wins; where collectives take nothing from GEMMs (overlap_slowdown 0) pure FSDP does
+    h100 = replace(H100, overlap_slowdown=0.0)
     model = load_model("llama2-13b")
-    plan = search(model, H100, 8, 64)
+    plan = search(model, h100, 8, 64)
     win = Layout.parse(plan.ranked[0].layout, 8)
     assert (win.tp, win.pp, win.ep, win.zero) == (1, 1, 1, 3)
-    line = next(line for line in explain(plan, model, H100, 8, 64) if "FSDP" in line)
+    line = next(line for line in explain(plan, model, h100, 8, 64) if "FSDP" in line)
     assert line.startswith("Pure FSDP wins") and plan.ranked[0].layout not in line
     other = line.split("the best layout with TP, PP or EP, ")[1].split(", is predicted")[0]
     alt = Layout.parse(other, 8)
     assert alt.tp > 1 or alt.pp > 1 or alt.ep > 1
-    assert predict(model, H100, alt, 64).step_time_s > plan.ranked[0].step_time_s
+    assert predict(model, h100, alt, 64).step_time_s > plan.ranked[0].step_time_s
 
 
 def test_small_model_with_large_batch_picks_pure_dp():
@@ -157,8 +161,6 @@ def test_vectorised_bubble_is_the_closed_form():
 def test_when_plain_dp_wins_pure_fsdp_is_still_described_as_fsdp():
     """Without FSDP prefetch its gathers show, so plain DP wins; the pure-FSDP line must still name a zero=3
     layout (the comparison fixes zero=3, not just tp=pp=1)."""
-    from dataclasses import replace
-
     model, cpu = load_model("tiny"), load_cluster("local-cpu")
     cluster = replace(cpu, software=replace(cpu.software, fsdp_prefetch=False))
     plan = search(model, cluster, 2, 16, "fp32")

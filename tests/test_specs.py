@@ -6,6 +6,7 @@ import pytest
 
 from meshscale.errors import UserError
 from meshscale.specs.cluster import PRESETS, ClusterSpec, Tier, load_cluster
+from meshscale.specs.layout import Layout
 
 
 def test_presets_cover_the_issue_and_are_valid():
@@ -104,3 +105,26 @@ def test_mistyped_model_and_train_files_are_one_line(tmp_path):
         load_config(str(train), {})
     train.write_text('[train]\nlr = 1\nsteps = 5\n')  # an integer learning rate is a number
     assert load_config(str(train), {}).lr == 1
+
+
+def test_fp8_asked_of_a_cluster_without_fp8_data_is_one_line():
+    from meshscale.cost import predict
+    from meshscale.plan.search import search
+    from meshscale.specs.model import load_model
+
+    model, a100 = load_model("llama3-8b"), load_cluster("a100-80gb")
+    for ask in (lambda: predict(model, a100, Layout.parse("dp=8", 8), 8, "fp8"),
+                lambda: search(model, a100, 8, 8, "fp8")):
+        with pytest.raises(UserError, match="a100-80gb: no FP8 data") as e:
+            ask()
+        assert "\n" not in str(e.value)
+    assert predict(model, load_cluster("h100-80gb"), Layout.parse("dp=8", 8), 8, "fp8").precision == "fp8"
+
+
+def test_new_generations_from_their_datasheets():
+    b300, gb300, mi300x, mi325x, v6e = (load_cluster(n) for n in ("b300", "gb300-nvl72", "mi300x", "mi325x", "tpu-v6e"))
+    assert b300.peak_flops_fp8 == 2 * b300.peak_flops_bf16 and b300.hbm_bytes == 288e9
+    assert gb300.fast_domain == 72 and gb300.nvls_bandwidth > 0
+    assert mi300x.gpu_arch == "" and mi300x.tiers[0].name == "xgmi"  # RCCL: the alpha-beta model, not NCCL's tuner
+    assert mi325x.peak_flops_bf16 == mi300x.peak_flops_bf16 and mi325x.hbm_bytes > mi300x.hbm_bytes
+    assert v6e.torus == (16, 16) and v6e.peak_flops_bf16 == 918e12

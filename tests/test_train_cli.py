@@ -34,6 +34,11 @@ def _meshscale(*args, env=None, timeout=240, module=("-m", "meshscale")):
     (["--trace", "t.json"], "needs a layout with pp > 1"),
     (["--precision", "fp8"], "fp32 or bf16"),
     (["--config", "/no/such.toml"], "file not found"),
+    (["--nnodes", "2", "--nproc", "2"], "needs --master-addr"),
+    (["--nnodes", "2", "--node-rank", "2", "--master-addr", "127.0.0.1"], "--node-rank must be in 0..1"),
+    (["--model", "llama2-7b"], "GiB per rank (cost model"),
+    pytest.param(["--device", "cuda"], "--device cuda: this torch",
+                 marks=pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here")),
 ])
 def test_bad_input_is_one_line_before_any_process(args, message):
     start = time.perf_counter()
@@ -105,3 +110,29 @@ def test_pipeline_trace_and_closed_loop(tmp_path):
     assert max(abs(a - b) for a, b in zip(r.measured, r.simulated)) < 0.05, (r.measured, r.simulated)
     again = _meshscale("train", "--nproc", "4", "--layout", "pp=2,tp=2,mbs=1", "--steps", "1", "--trace", str(trace))
     assert again.returncode == 2 and "--overwrite" in again.stderr
+
+
+def test_two_nodes_of_two_processes(tmp_path):
+    """--nnodes 2: two launchers on this host (loopback) as nodes 0 and 1, two processes each, one dp=4 run
+    whose losses are those of the same run on one node."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    common = ["train", "--nnodes", "2", "--nproc", "2", "--master-addr", "127.0.0.1", "--master-port", port,
+              "--layout", "dp=4", "--steps", "3", "--val-batches", "1"]
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    nodes = [subprocess.Popen([sys.executable, "-m", "meshscale", *common, "--node-rank", str(r),
+                               *(["--metrics-out", str(tmp_path / "m.jsonl")] if r == 0 else [])],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env, cwd=ROOT)
+             for r in (0, 1)]
+    outs = [n.communicate(timeout=400) for n in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], [err for _, err in outs]
+    assert "layout dp=4" in outs[0][0] and "validation loss" not in outs[1][0]  # rank 0 (node 0) reports
+    one_node = _meshscale("train", "--nproc", "4", "--layout", "dp=4", "--steps", "3", "--val-batches", "1",
+                          "--metrics-out", str(tmp_path / "one.jsonl"))
+    assert one_node.returncode == 0, one_node.stderr
+    losses = [[json.loads(line)["loss"] for line in (tmp_path / f).read_text().splitlines()]
+              for f in ("m.jsonl", "one.jsonl")]
+    assert losses[0] == losses[1] and len(losses[0]) == 3

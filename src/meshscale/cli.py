@@ -1,4 +1,4 @@
-"""`meshscale` command line: predict, plan, scale, simulate, train, calibrate, export.
+"""`meshscale` command line: predict, plan, scale, simulate, train, calibrate, collectives, export, data.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args) -> int`;
 they are imported lazily so `predict` and `plan` never import torch.
@@ -18,9 +18,11 @@ COMMANDS = {
     "simulate": ("meshscale.commands.simulate", "simulate one step event by event: bubble, stragglers, timeline"),
     "train": ("meshscale.commands.train", "train on torch.distributed with a layout; measure beside prediction"),
     "calibrate": ("meshscale.commands.calibrate", "measure this machine and write it as a ClusterSpec file"),
+    "collectives": ("meshscale.commands.collectives", "a collective's predicted time and bus bandwidth per size"),
     "export": ("meshscale.commands.export", "write a training checkpoint as a Hugging Face model directory"),
     "budget": ("meshscale.commands.budget", "cluster, devices and layout that train N tokens by a deadline, cheapest"),
     "check": ("meshscale.commands.check", "a torchtitan or Megatron-LM job's log beside the prediction for its config"),
+    "data": ("meshscale.commands.data", "train a tokenizer, tokenize text/JSONL/Parquet into Megatron's .bin/.idx, inspect"),
 }
 
 

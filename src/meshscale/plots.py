@@ -101,6 +101,19 @@ def training_plot(rows: list[dict], predicted_step_s: float | None, path: str) -
     _save(fig, path)
 
 
+def collective_plot(rows: list[dict], title: str, path: str, measured: list[tuple] = ()) -> None:
+    """Bus bandwidth against message size (nccl-tests' view), with measured (bytes, GB/s) points if given."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([r["bytes"] for r in rows], [r["busbw_GBps"] for r in rows], "o-", label="model")
+    if measured:
+        ax.plot([b for b, _ in measured], [g for _, g in measured], "x", label="nccl-tests")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)"), ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(title, fontsize=9), ax.legend(fontsize=8)
+    _save(fig, path)
+
+
 def budget_plot(options, deadline_days: float, title: str, path: str) -> None:
     """Days against dollars for every (cluster, devices) option; the Pareto front joined, the deadline drawn."""
     plt = _pyplot()

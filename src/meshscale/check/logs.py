@@ -28,8 +28,8 @@ GiB, MiB = 2**30, 2**20
 class Measured:
     framework: str
     steps: int  # step lines read (the first, which carries start-up, left out when there are more)
-    step_time_s: float | None  # median
-    tokens_per_s_per_device: float | None
+    step_time_s: float  # median
+    tokens_per_s_per_device: float
     tflops_per_device: float | None
     memory_bytes: float | None  # peak per device
 
@@ -61,7 +61,7 @@ def read_log(text: str, framework: str, tokens_per_step: int, devices: int) -> M
         raise UserError("the log has no Megatron-LM iteration lines ('iteration N/M | ... elapsed time per "
                         "iteration (ms): ...')")
     lines = lines[1:] if len(lines) > 1 else lines
-    step = median(float(_MEGATRON.search(line).group(2)) for line in lines) / 1e3
+    step = median(float(m.group(2)) for line in lines if (m := _MEGATRON.search(line))) / 1e3
     tflops = [float(m.group(1)) for line in lines if (m := _MEGATRON_TFLOPS.search(line))]
     memory = [float(m.group(1)) for m in _MEGATRON_MEMORY.finditer(text)]
     return Measured(framework, len(lines), step, tokens_per_step / step / devices,

@@ -7,7 +7,8 @@ from rich.table import Table
 
 from meshscale.commands.predict import (add_batch_arguments, add_emit_arguments, add_goodput_arguments, goodput_line,
                                         goodput_of, json_line, print_emitted, resolve_inputs)
-from meshscale.commands.report import make_console
+from meshscale.commands.report import band_cell, make_console
+from meshscale.cost.bands import band_text
 from meshscale.errors import UserError
 from meshscale.export import emit
 from meshscale.plan.explain import explain, rejected
@@ -140,13 +141,16 @@ def _print_human(plan, lines, losers, cluster):
     console.print(f"searched {plan.enumerated:,} layouts ({plan.fitting:,} fit in memory), costed {plan.evaluated:,} "
                   f"in full, in {plan.seconds:.2f} s; objective: {plan.objective}")
     t = Table(title=f"top {len(plan.ranked)} layouts", title_justify="left")
-    for col in ("#", "layout", "memory / HBM", "step", "MFU", "tokens/s", "bound"):
+    for col in ("#", "layout", "memory / HBM", "step", "band", "MFU", "tokens/s", "bound"):
         t.add_column(col, justify="left" if col in ("layout", "bound") else "right", overflow="fold")
     for i, p in enumerate(plan.ranked, 1):
         mem = p.memory_per_device_bytes["total"]
         t.add_row(str(i), p.layout, f"{mem / 1e9:,.1f} / {cluster.hbm_bytes / 1e9:,.0f} GB",
-                  f"{p.step_time_s * 1e3:,.1f} ms", f"{p.mfu:.1%}", f"{p.tokens_per_s:,.0f}", p.bound)
+                  f"{p.step_time_s * 1e3:,.1f} ms", band_cell(p.band), f"{p.mfu:.1%}", f"{p.tokens_per_s:,.0f}",
+                  p.bound)
     console.print(t)
+    if plan.ranked:
+        console.print(f"error band: {band_text(plan.ranked[0].band)}")
     console.print("[bold]Why[/]")
     for line in lines:
         console.print(f"- {line}")

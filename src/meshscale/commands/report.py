@@ -3,6 +3,8 @@
 from rich.console import Console
 from rich.table import Table
 
+from meshscale.cost.bands import band_text
+
 
 def gb(x: float) -> str:
     return f"{x / 1e9:,.2f} GB"
@@ -13,6 +15,13 @@ def si_bytes(x: float) -> str:
         if x >= scale:
             return f"{x / scale:,.2f} {unit}"
     return f"{x:,.0f} B"
+
+
+def band_cell(band: dict) -> str:
+    """The band beside a figure: its category's median and p90 |error| on the validation set."""
+    if not band.get("runs"):
+        return "no band"
+    return f"±{band['median_abs_error']:.1%} (p90 ±{band['p90_abs_error']:.1%})"
 
 
 def ms(x: float) -> str:
@@ -36,15 +45,17 @@ def print_prediction(pred, console: Console | None = None) -> None:
             ("pipeline bubble", pred.bubble_s), ("optimizer update", pred.optimizer_s)]
     for name, v in rows:
         t.add_row(name, ms(v), f"{v / pred.step_time_s:.1%}")
-    t.add_row("[bold]step[/]", f"[bold]{ms(pred.step_time_s)}[/]", "")
+    t.add_row("[bold]step[/]", f"[bold]{ms(pred.step_time_s)}[/]", band_cell(pred.band))
     console.print(t)
+    console.print(f"error band: {band_text(pred.band)}")
     if pred.comm:
         c = Table(title="communication per device per step", title_justify="left")
-        for col in ("axis", "collective", "bytes", "calls", "group", "tier", "time", "exposed"):
+        # slows compute: what the compute it hides behind loses to its kernels (cost/comm.py sm_share)
+        for col in ("axis", "collective", "bytes", "calls", "group", "tier", "time", "exposed", "slows compute"):
             c.add_column(col, justify="left" if col in ("axis", "collective", "tier") else "right")
         for e in pred.comm:
             c.add_row(e["axis"], e["collective"], si_bytes(e["bytes"]), str(e["calls"]), str(e["group"]),
-                      e["tier"], ms(e["time_s"]), ms(e["exposed_s"]))
+                      e["tier"], ms(e["time_s"]), ms(e["exposed_s"]), ms(e["interference_s"]))
         console.print(c)
     mem = pred.memory_per_device_bytes
     m = Table(title=f"memory per device (HBM {gb(pred.hbm_bytes)})", title_justify="left")

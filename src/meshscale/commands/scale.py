@@ -1,6 +1,8 @@
 """`meshscale scale`: the best layout and its throughput, cost and energy across device counts."""
 
 from meshscale.commands.predict import add_goodput_arguments, json_line, model_at_seq
+from meshscale.commands.report import band_cell
+from meshscale.cost.bands import band_text
 from meshscale.cost.goodput import check_inputs
 from meshscale.plan.scaling import parse_devices, scale
 from meshscale.plots import scaling_plot
@@ -33,7 +35,7 @@ def run(args) -> int:
     if args.plot:
         scaling_plot(rows, mode, f"{model.name} on {cluster.name}", args.plot)
     if args.json:
-        print(json_line({"mode": mode, "rows": [r.to_dict() for r in rows]}))
+        print(json_line({"mode": mode, "rows": [r.to_dict() for r in rows], "band": rows[0].band}))
         return 0
     _print_table(rows, mode, model, cluster)
     return 0
@@ -49,7 +51,7 @@ def _print_table(rows, mode, model, cluster):
     held = (f"global batch {rows[0].global_batch * model.seq:,} tokens" if mode == "strong"
             else f"{rows[0].global_batch * model.seq // rows[0].devices:,} tokens per device")
     t = Table(title=f"{mode} scaling of {model.name} on {cluster.name} ({held})", title_justify="left")
-    cols = ["devices", "layout", "step", "tokens/s", "per device", "MFU", "efficiency", "marginal", "exposed comm",
+    cols = ["devices", "layout", "step", "band", "tokens/s", "per device", "MFU", "efficiency", "marginal", "exposed comm",
             "$/M tokens", "J/token"]
     if rows[0].goodput:
         cols += ["ETTR", "goodput tokens/s"]
@@ -57,6 +59,7 @@ def _print_table(rows, mode, model, cluster):
         t.add_column(col, justify="left" if col == "layout" else "right", no_wrap=True)
     for r in rows:
         cells = [f"{r.devices:,}", ("* " if r.change else "") + r.layout, f"{r.step_time_s * 1e3:,.0f} ms",
+                 band_cell(r.band),
                  f"{r.tokens_per_s:,.0f}", f"{r.tokens_per_s_per_device:,.0f}", f"{r.mfu:.1%}", f"{r.efficiency:.0%}",
                  "" if r.marginal_tokens_per_s_per_device is None else f"{r.marginal_tokens_per_s_per_device:,.0f}",
                  f"{r.exposed_comm_fraction:.0%}",
@@ -66,6 +69,7 @@ def _print_table(rows, mode, model, cluster):
             cells += [f"{r.goodput['ettr']:.1%}", f"{r.goodput['tokens_per_s']:,.0f}"]
         t.add_row(*cells)
     console.print(t)
+    console.print(f"error band: {band_text(rows[0].band)}")
     for r in rows:
         if r.change:
             console.print(f"* at {r.devices:,} the winner changes: {r.change}")

@@ -13,19 +13,29 @@ _HELP = {
     "init_from": "start from the weights of this Hugging Face model directory (save_pretrained's safetensors, "
                  "sharded or not); each rank reads only its pieces",
     "layout": "layout string, e.g. dp=2,zero=2 or fsdp=2 (dp fills the processes when left out)",
-    "nproc": "local processes to start through torch.distributed's launcher (default 1)",
+    "nproc": "processes to start on this node through torch.distributed's launcher (default 1)",
+    "nnodes": "nodes of the run (default 1); run the same command on each with its --node-rank",
+    "node_rank": "this node's index, 0..nnodes-1 (node 0 hosts the rendezvous)",
+    "master_addr": "address of node 0, reachable from every node (needed with --nnodes > 1)",
+    "master_port": "TCP port of the rendezvous on node 0 (default 29500)",
     "steps": "optimizer steps", "global_batch": "sequences per optimizer step",
     "seq": "sequence length (default: the model's)", "seed": "initialisation and data seed",
     "precision": "fp32 or bf16 (bf16 autocast, fp32 master weights and reductions)",
     "lr": "peak learning rate", "min_lr": "final learning rate of the cosine decay",
     "warmup": "linear warm-up steps", "weight_decay": "AdamW weight decay", "clip": "gradient-norm clip (0: off)",
-    "bucket_mb": "gradient bucket size in MiB (DDP, ZeRO)",
-    "data": "text file, directory of text files, or .bin token file (default: Python's standard library)",
+    "bucket_mb": "gradient bucket size in MiB (DDP, ZeRO; default 25, torch DDP's)",
+    "data": "indexed dataset PREFIX (PREFIX.bin + PREFIX.idx from `meshscale data prepare`), text file, directory "
+            "of text files, or .bin of raw token ids (default: Python's standard library)",
     "val_batches": "global batches of held-out text for the final validation loss",
     "log_every": "print every n-th step",
     "metrics_out": "write one JSON object per step to this new file",
     "trace": "write the last step's pipeline forward/backward runs as Chrome-trace JSON to this new file "
              "(pp > 1) and print the measured bubble beside the predicted one",
+    "tensorboard": "write TensorBoard event files here, each step's measured values beside the prediction",
+    "wandb": "write a Weights & Biases run in this folder (offline unless WANDB_MODE says otherwise), measured "
+             "beside predicted",
+    "profile": "trace these steps with torch.profiler, e.g. 3, 2,5 or 2-4 (Chrome traces in --profile-dir)",
+    "profile_dir": "folder of --profile's traces, one file per step and rank (default ./profile)",
     "plot": "draw the loss and the measured vs predicted step time as a PNG in this new file",
     "device": "auto, cpu or cuda",
     "cluster": "ClusterSpec that --predict uses: a preset or a file from `meshscale calibrate` (default local-cpu)",
@@ -43,7 +53,7 @@ _HELP = {
     "time_limit": "seconds of training, then every rank finishes its step, saves and exits with code 75 "
                   "(as on SIGTERM/SIGINT; rerun to resume; needs --checkpoint-dir)",
 }
-_FLAGS = ("overwrite", "predict", "replay_anomalies", "allow_config_change")
+_FLAGS = ("overwrite", "predict", "replay_anomalies", "document_mask", "allow_config_change")
 
 
 def add_arguments(parser) -> None:
@@ -51,7 +61,7 @@ def add_arguments(parser) -> None:
         flag = "--" + name.replace("_", "-")
         if name in _FLAGS:
             continue
-        kind = {"nproc": int, "steps": int, "global_batch": int, "seq": int, "seed": int, "val_batches": int, "log_every": int,
+        kind = {"nproc": int, "nnodes": int, "node_rank": int, "master_port": int, "steps": int, "global_batch": int, "seq": int, "seed": int, "val_batches": int, "log_every": int,
                 "lr": float, "min_lr": float, "warmup": int, "weight_decay": float, "clip": float,
                 "bucket_mb": float, "timeout": float, "spike_sigma": float, "sdc_check_every": int,
                 "checkpoint_every": int, "keep": int, "max_restarts": int, "max_rollbacks": int,
@@ -62,6 +72,9 @@ def add_arguments(parser) -> None:
                         help="allow replacing --metrics-out, --trace and --plot")
     parser.add_argument("--predict", action="store_true", default=None,
                         help="print the cost model's prediction beside what was measured")
+    parser.add_argument("--document-mask", action="store_true", default=None,
+                        help="attention stays within each document and positions restart at each one "
+                             "(needs an indexed dataset; not with pp or cp)")
     parser.add_argument("--replay-anomalies", action="store_true", default=None,
                         help="re-run an anomalous step from a pre-step snapshot: transient or persistent")
     parser.add_argument("--allow-config-change", action="store_true", default=None,
@@ -89,10 +102,12 @@ def run(args) -> int:
             launch.say_stopped(str(e), rank0)
             launch.exit_worker(EXIT_PREEMPTED)
         launch.exit_worker(0)
-    checked = resolve(cfg, cfg.nproc)
+    world = cfg.nproc * cfg.nnodes
+    checked = resolve(cfg, world)
     set_deadline(cfg.time_limit)
-    with _locked(cfg.checkpoint_dir):  # held by this process (the launcher) until the run ends
-        if cfg.nproc > 1:
+    # held by this process (the launcher; node 0's under --nnodes) until the run ends
+    with _locked(cfg.checkpoint_dir if cfg.node_rank == 0 else None):
+        if world > 1:
             return launch.launch_local(checked)
         try:
             launch.run_here(checked)

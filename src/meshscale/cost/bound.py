@@ -22,7 +22,8 @@ from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busie
                                    expert_params_per_rank, heaviest_rank, held_layers, params_on_rank,
                                    params_per_rank, rebuilt_layer_bytes, root_params_on_rank, zero_copy_bytes)
 from meshscale.cost.pipeline import head_on_chain, schedule_bubble, v_tail
-from meshscale.cost.step import chunk_kinds, elementwise_seconds, grad_reduce_bytes, param_gather_bytes, rank_kinds
+from meshscale.cost.step import (chunk_kinds, elementwise_seconds, grad_reduce_bytes, param_gather_bytes, rank_kinds,
+                                 slowest_of)
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import RECOMPUTE, Layout
 from meshscale.specs.model import ModelSpec
@@ -150,8 +151,11 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     z, shard, k_i, r_i = rows.zero, rows.shard, rows.schedule, rows.recompute
     m = shape.per_rank / rows.mbs
     act_bytes = PRECISIONS[precision]["compute"]
-    kernels = pipeline_kernel_passes(model, cluster, shape, precision).at(k_i, rows.mbs_index, r_i)
-    elementwise = rows.mbs * np.array([[elementwise_seconds(
+    # every pass at the pace of the slowest device, as predict's chunk passes (step.slowest_of)
+    slowest_device = slowest_of(cluster, shape.devices)
+    kernels = pipeline_kernel_passes(model, cluster, shape, precision).at(k_i, rows.mbs_index, r_i).scaled(
+        slowest_device)
+    elementwise = slowest_device * rows.mbs * np.array([[elementwise_seconds(
         model, cluster, Layout(tp=tp, sp=sp, recompute=r, pp=pp), model.seq / cp, act_bytes)
         for r in RECOMPUTE_MODES] for sp in shape.sps])[rows.sp, r_i]
     slowest, others = _with_elementwise(kernels.slowest, elementwise), _with_elementwise(kernels.others, elementwise)
@@ -180,6 +184,7 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
         return np.where(shard == shape.shards[0], full, hybrid)
 
     ag, rs = per_byte("all_gather"), per_byte("reduce_scatter")
+    ar = np.minimum(per_byte("all_reduce"), 2 * rs)  # DDP's all-reduce: NVLS may beat reduce-scatter + gather
     update = param_gather_bytes(cluster.software, precision)
     gather = ag * update * p_k if not cluster.software.param_gather_overlap else 0.0
     ratio = bubble_floor(shape, rows, kernels, elementwise, m, slowest, others)
@@ -196,9 +201,15 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
             fsdp = m * (grads + ag * act_bytes * (2 * blocks + root_k))
         else:
             fsdp = grads + ag * act_bytes * ((m + 1) * blocks + root_k)
-        unhidden = np.select([z == 0, z == 1, z == 2], [2 * grads - backward / m, grads - backward / m,
+        ar_grads = ar * grad_reduce_bytes(cluster.software, precision) * p_k
+        unhidden = np.select([z == 0, z == 1, z == 2], [ar_grads - backward / m, grads - backward / m,
                                                          m * grads - backward], fsdp - compute)
         bound = bound + np.maximum(unhidden, 0.0)
+        if cluster.software.fsdp_prefetch:
+            # FSDP's collectives (each of >= 2 calls, one of which may show) hide at least min(compute,
+            # efficiency x half their time), which slows that compute by their SM share (predict's interference)
+            hides = np.minimum(compute, cluster.software.overlap_efficiency * fsdp / 2)
+            bound = bound + np.where(z == 3, comm.sm_share(cluster, "dp") * hides, 0.0)
     return bound
 
 
@@ -261,9 +272,14 @@ class PipelinePasses:
         index = (self.placement[schedule], mbs, recompute)
 
         def pick(p: Passes) -> Passes:
-            return Passes(p.forward[index], p.backward[index], p.weight[index])
+            # the bound's Passes hold arrays over (placement, mbs, recompute), not the floats they are typed as
+            return Passes(p.forward[index], p.backward[index], p.weight[index])  # type: ignore[index]
         return PipelinePasses(pick(self.slowest), pick(self.others), self.lead[index], self.head_slowest[index],
                               pick(self.first), pick(self.last), self.placement)
+
+    def scaled(self, factor: float) -> "PipelinePasses":
+        return PipelinePasses(self.slowest * factor, self.others * factor, self.lead * factor, self.head_slowest,
+                              self.first * factor, self.last * factor, self.placement)
 
 
 def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, precision: str) -> PipelinePasses:
@@ -272,7 +288,7 @@ def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape,
     pp = shape.pp
     unit = np.stack([_unit_passes(model, cluster, shape.tp, shape.cp, shape.ep, mbs, precision)
                      for mbs in shape.microbatch_sizes])
-    keys = {}  # (chunks, V-shaped) -> its placement's index
+    keys: dict = {}  # (chunks, V-shaped) -> its placement's index
     placement = np.array([keys.setdefault((lay.stages, lay.v_shaped), len(keys)) for lay in shape.layouts])
     at = np.ogrid[:unit.shape[0], :unit.shape[1]]  # every (mbs, recompute)
     parts = []  # per placement: slowest, others, lead, head_slowest, first, last
@@ -348,7 +364,10 @@ def tensor_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, 
     tokens = shape.per_rank * model.seq / shape.cp
     sw = cluster.software
     hidden = {Overlap.GEMM: sw.tp_comm_overlap, Overlap.WGRAD: sw.tp_comm_overlap or sw.tp_wgrad_overlap}
-    return sum(bandwidth_seconds(cluster, shape.devices, op.collective, op.bytes, shape.tp, 1)
+    # a byte of an all-gather or reduce-scatter at no less than half an all-reduce's byte: NVLS all-reduces
+    # (cost/collectives.py) beat the ring's all-gather + reduce-scatter pair that SP splits them into
+    half_ar = bandwidth_seconds(cluster, shape.devices, "all_reduce", 1.0, shape.tp, 1) / 2
+    return sum(op.bytes * min(half_ar, bandwidth_seconds(cluster, shape.devices, op.collective, 1.0, shape.tp, 1))
                for op in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, fewest, False, False, 1)
                if op.collective != "all_reduce" and not hidden.get(op.overlap, False))
 
@@ -356,17 +375,18 @@ def tensor_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, 
 def context_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, recompute: str,
                            fewest: int, most: int, precision: str) -> float:
     """The CP ring time the attention cannot hide: the ring of the rank with the `fewest` layers against the
-    attention of the `most`. A fused kernel's time is linear in the tokens, so it does not depend on mbs; the
-    batched GEMMs of unfused attention are not, and get no CP term."""
+    attention of the `most`; plus what the part it hides at least (against the `fewest` layers' attention) takes
+    from that attention's SMs (predict's interference_s, comm.sm_share). A fused kernel's time is linear in the
+    tokens, so it does not depend on mbs; the batched GEMMs of unfused attention are not, and get no CP term."""
     if shape.cp == 1 or not cluster.fused_attention:
         return 0.0
     layout = Layout(dp=shape.dp, tp=shape.tp, cp=shape.cp, ep=shape.ep, recompute=recompute, mbs=1)
     f, b = attention_core_seconds(model, cluster, layout, model.seq / shape.cp, precision)
-    attention = shape.per_rank * most * (f + b + (f if recompute != "none" else 0.0))
+    per_layer = shape.per_rank * (f + b + (f if recompute != "none" else 0.0))
     tokens = shape.per_rank * model.seq / shape.cp
     ring = sum(bandwidth_seconds(cluster, shape.devices, op.collective, op.bytes, shape.cp, shape.tp)
                for op in comm.context_parallel_ops(model, layout, tokens, act_bytes, fewest, 1))
-    return max(0.0, ring - attention)
+    return max(0.0, ring - most * per_layer) + min(ring, fewest * per_layer) * comm.sm_share(cluster, "cp")
 
 
 def pipeline_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, layout: Layout) -> float:

@@ -4,9 +4,11 @@ Bytes follow the comm-accounting contract (parallel/ledger.py defines it): per-r
 step, a call counting the FULL buffer the collective operates on; send_recv counts sends only. Wire factors
 such as a ring's 2(n-1)/n are applied to time only.
 
-Time is the alpha-beta model (Hockney 1994): steps * alpha + wire bytes / bus bandwidth, with the ring
-volumes of Patarasuk & Yuan 2009 (all-reduce 2(n-1)/n V, all-gather / reduce-scatter (n-1)/n V) and, for
-all-reduce latency, NCCL's double binary tree (2 log2 n steps) when shorter than the ring's 2(n-1).
+On GPU clusters (ClusterSpec.gpu_arch) time is NCCL's: cost/collectives.py picks the algorithm and
+protocol per call as NCCL's tuner does, with per-hop latencies by what each hop crosses. Elsewhere (TPU ICI,
+calibrated CPU hosts) it is the alpha-beta model (Hockney 1994): steps * alpha + wire bytes / bus bandwidth,
+with the ring volumes of Patarasuk & Yuan 2009 (all-reduce 2(n-1)/n V, all-gather / reduce-scatter
+(n-1)/n V) and, for all-reduce latency, a double binary tree (2 log2 n steps) when shorter than the ring's.
 """
 
 import itertools
@@ -16,12 +18,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
 
-from meshscale.specs.cluster import ClusterSpec
+from meshscale.cost import collectives
+from meshscale.specs.cluster import FRAMEWORK_BUCKETS, ClusterSpec, Software
 from meshscale.specs.layout import Layout, kv_heads_per_rank
 from meshscale.specs.model import ModelSpec
 from meshscale.specs.placement import sends_per_rank
 
-DDP_BUCKET_BYTES = 25e6  # torch DDP's default bucket_cap_mb=25: one all-reduce launch per bucket
 
 
 class Overlap(StrEnum):
@@ -55,23 +57,42 @@ class Link:
     raw_bandwidth: float  # the same before efficiency (for the scaling book's rooflines)
     latency: float
     steps: int  # latency steps of one ring pass over the group
+    fabric: collectives.Fabric | None = None  # NCCL's view of the group (GPU clusters): collective_time uses it
 
 
 # ---- what is communicated ----------------------------------------------------------------------------
 
+def bucket_params(sw: Software, dp: int) -> float:
+    """Parameters in one gradient bucket over `dp` ranks: [software] grad_bucket_params, or the framework's
+    default (specs/cluster.py FRAMEWORK_BUCKETS); what the exporters write as the bucket size."""
+    if sw.grad_bucket_params:
+        return sw.grad_bucket_params
+    floor, per_rank = FRAMEWORK_BUCKETS[sw.framework]
+    return max(floor, per_rank * dp)
+
+
+def grad_buckets(sw: Software, params: float, dp: int, first_stage: bool = True, chunks: int = 1) -> int:
+    """Gradient buckets (reduce launches) for `params` parameters reduced over `dp` ranks by a pipeline rank
+    holding `chunks` model chunks (`first_stage`: pipeline rank 0), as `sw.framework` cuts them."""
+    size = bucket_params(sw, dp)
+    if sw.framework == "megatron-core" and not sw.grad_bucket_params:
+        if not sw.grad_reduce_overlap or not first_stage:
+            return chunks
+        return math.ceil(params / chunks / size) + chunks - 1
+    return max(chunks, math.ceil(params / size))
+
+
 def data_parallel_ops(zero: int, params: float, m: int, param_bytes: int, units: int,
                       root_params: float = 0.0, pipelined: bool = False, grad_bytes: int = 4,
-                      update_bytes: int = 4) -> list[CommOp]:
+                      update_bytes: int = 4, buckets: int = 1) -> list[CommOp]:
     """The data-parallel family per optimizer step (the contract's rule, in one place).
     params: parameters on the rank; m: micro-batches per DP rank; gradients travel in `grad_bytes` per
     parameter (fp32 unless [software] grad_reduce_fp32 is off), ZeRO-1/2's updated parameters in
     `update_bytes` ([software] param_gather_fp32), ZeRO-3's gathered ones in `param_bytes`;
     units: FSDP wrapping units (layers + root); root_params: those in the root unit (embedding, final norm,
-    head); pipelined: inside a pipeline schedule (pp > 1)."""
+    head); pipelined: inside a pipeline schedule (pp > 1); buckets: DDP/ZeRO-1/2's gradient buckets
+    (`grad_buckets`), each one launch of each collective."""
     grads = grad_bytes * params
-    # buckets partition the parameters (25 MB of fp32 gradient each); narrower gradients keep the partition,
-    # as Megatron's buckets count elements (DistributedDataParallelConfig.bucket_size)
-    buckets = max(1, math.ceil(4 * params / DDP_BUCKET_BYTES))
     if zero == 0:  # DDP: one all-reduce after the last micro-batch (no_sync before)
         return [CommOp("all_reduce", grads, buckets, Overlap.BACKWARD)]
     if zero == 1:  # reduce-scatter the gradient once; all-gather the updated params
@@ -97,16 +118,16 @@ def data_parallel_ops(zero: int, params: float, m: int, param_bytes: int, units:
 
 
 def replica_ops(zero: int, params: float, m: int, units: int, shard: int, replicas: int,
-                pipelined: bool = False, grad_bytes: int = 4) -> list[CommOp]:
+                pipelined: bool = False, grad_bytes: int = 4, buckets: int = 1) -> list[CommOp]:
     """Hybrid sharding (HSDP; Zhao et al. 2023, "PyTorch FSDP", sec. 3.2.2): after the shard group's
     reduce-scatter, each rank all-reduces its gradient shard (grad_bytes * params / shard bytes) with the ranks
     holding the same shard in the other `replicas` groups. FSDP2 (zero=3) does so after every reduce-scatter
-    (each unit, each micro-batch; once per unit inside a pipeline), our ZeRO-1/2 once per step per bucket."""
+    (each unit, each micro-batch; once per unit inside a pipeline), ZeRO-1/2 once per step per bucket."""
     if replicas == 1:
         return []
     v = grad_bytes * params / shard
     if zero in (1, 2):
-        return [CommOp("all_reduce", v, max(1, math.ceil(4 * params / DDP_BUCKET_BYTES)), Overlap.NONE)]
+        return [CommOp("all_reduce", v, buckets, Overlap.NONE)]
     times = 1 if pipelined else m
     return [CommOp("all_reduce", times * v, times * units, Overlap.FSDP)]
 
@@ -173,7 +194,10 @@ def tied_embedding_ops(model: ModelSpec, layout: Layout, holds_an_end: bool) -> 
     V schedules keep both ends on one rank: nothing travels."""
     if not (model.tied_embeddings and layout.pp > 1 and holds_an_end) or layout.v_shaped:
         return []
-    return [CommOp("all_reduce", 4 * model.vocab * model.hidden / layout.tp, 1, Overlap.NONE)]
+    rows = model.vocab / layout.tp
+    if layout.zero == 3 and layout.dp * layout.cp > 1:  # each rank sums its FSDP shard (the first rank: the ceiling)
+        rows = math.ceil(rows / layout.shard_size)
+    return [CommOp("all_reduce", 4 * rows * model.hidden, 1, Overlap.NONE)]
 
 
 def context_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, n_layers: int,
@@ -245,15 +269,30 @@ def group_link(cluster: ClusterSpec, devices: int, size: int, stride: int) -> Li
         return _torus_link(cluster, devices, size, stride)
     domain = min(fast.size or devices, devices)
     if size * stride <= domain or len(cluster.tiers) == 1:
-        return Link(fast.name, fast.bandwidth * fast.efficiency, fast.bandwidth, fast.latency, size - 1)
+        link = Link(fast.name, fast.bandwidth * fast.efficiency, fast.bandwidth, fast.latency, size - 1)
+        return _with_fabric(cluster, link, size, 1)
     if stride >= domain:
-        return Link(slow.name, slow.bandwidth * slow.efficiency, slow.bandwidth, slow.latency, size - 1)
+        link = Link(slow.name, slow.bandwidth * slow.efficiency, slow.bandwidth, slow.latency, size - 1)
+        return _with_fabric(cluster, link, 1, size)
     # Hierarchical: k members per domain share k NICs, so the scale-out part runs at k x NIC bandwidth
     # (nccl-tests multi-node busbw on DGX ~ 8 x NIC), capped by the fast tier.
     k = domain // stride
     bw = min(fast.bandwidth * fast.efficiency, k * slow.bandwidth * slow.efficiency)
     raw = min(fast.bandwidth, k * slow.bandwidth)
-    return Link(f"{fast.name}+{slow.name}", bw, raw, slow.latency, size - 1)
+    return _with_fabric(cluster, Link(f"{fast.name}+{slow.name}", bw, raw, slow.latency, size - 1), k,
+                        -(-size // k))
+
+
+def _with_fabric(cluster: ClusterSpec, link: Link, ppn: int, nodes: int) -> Link:
+    """The link with NCCL's view of its group (GPU clusters only): `ppn` ranks in each of `nodes` NVLink
+    domains, the link's bus bandwidth, NVLS where the group has ranks sharing an NVSwitch."""
+    if not cluster.gpu_arch:
+        return link
+    slow = cluster.tiers[-1]
+    fabric = collectives.Fabric(cluster.gpu_arch, ppn, nodes, link.bandwidth / 1e9,
+                                cluster.nvls_bandwidth / 1e9 if ppn > 1 else 0.0,
+                                slow.bandwidth * slow.efficiency / 1e9, host=cluster.host_cpu)
+    return Link(link.tier, link.bandwidth, link.raw_bandwidth, link.latency, link.steps, fabric)
 
 
 def _torus_link(cluster: ClusterSpec, devices: int, size: int, stride: int) -> Link:
@@ -288,9 +327,67 @@ def _axes_spanned(dims: tuple, stride: int, size: int) -> tuple[float, int]:
     return max(axes, 0.5), max(steps, 1)
 
 
+# DeepEP's normal (training) kernels, deepseek-ai/DeepEP README "Performance": on H800 (~160 GB/s NVLink, one
+# CX7 400 Gb/s NIC ~50 GB/s per GPU), DeepSeek-V3's setting (4096 tokens, hidden 7168, top-8), the bottleneck
+# bandwidth of dispatch / combine: intranode EP8 153 / 158 GB/s (NVLink); internode EP16 43 / 43, EP32 44 / 47,
+# EP64 46 / 45 GB/s (RDMA). As fractions of the links' rates (dispatch and combine averaged), applied to any
+# NVIDIA link: NVLink 0.97; RDMA 0.86 at EP16, 0.91 at EP32, 0.91 at EP64 and beyond.
+DEEPEP_NVLINK = (153 + 158) / 2 / 160
+DEEPEP_RDMA = ((16, 43 / 50), (32, (44 + 47) / 2 / 50), (64, (46 + 45) / 2 / 50))
+# SMs the dispatch and combine kernels hold while they run: DeepSeek-V3 (arXiv:2412.19437 sec. 3.2.2) "only 20
+# SMs are sufficient to fully utilize the bandwidths of IB and NVLink" (DeepEP's Buffer.num_sms default, 20);
+# NCCL's all-to-all one thread block per channel (collectives.CHANNELS).
+DEEPEP_SMS = 20
+
+
+def deepep_seconds(nbytes: float, calls: int, n: int, link: Link, cluster: ClusterSpec) -> float:
+    """Dispatch or combine by DeepEP: of a rank's `nbytes`, the share for its own NVLink domain at DeepEP's
+    NVLink fraction of the NVLink rate, the rest at its RDMA fraction of the rank's own NIC, both at once (the
+    slower sets the time); per call the latency of NCCL's all-to-all over the same ranks."""
+    fast, slow = cluster.tiers[0], cluster.tiers[-1]
+    fabric = link.fabric
+    ppn = fabric.ppn if fabric else n
+    inside = (ppn - 1) / n * nbytes / (fast.bandwidth * DEEPEP_NVLINK)
+    rdma = next((f for size, f in reversed(DEEPEP_RDMA) if n >= size), DEEPEP_RDMA[0][1])
+    outside = (n - ppn) / n * nbytes / (slow.bandwidth * rdma)
+    latency = collectives.all_to_all_seconds(fabric, 0.0, calls) if fabric else calls * link.steps * link.latency
+    return max(inside, outside) + latency
+
+
+def sm_share(cluster: ClusterSpec, axis: str) -> float:
+    """The share of compute throughput a collective of `axis` takes from the kernels running beside it: the SMs
+    its kernels hold, one thread block per NCCL channel (collectives.CHANNELS: 24 on Ampere and Hopper, 18% of
+    an H100), DeepEP's 20 for MoE dispatch and combine. Measured: GEMMs beside NCCL collectives slow 18.9% on
+    average (max 40%) on A100 and H100 (Agrawal et al. 2025, arXiv:2507.03114, "Characterizing
+    Compute-Communication Overlap"); NVIDIA's forum case of a 132-tile GEMM beside a 24-block all-gather on
+    H100 shows the mechanism. A measured `ClusterSpec.overlap_slowdown` wins; 0 off NVIDIA GPUs (TPU ICI
+    collectives run on DMA engines)."""
+    if cluster.overlap_slowdown is not None and axis != "ep":
+        return cluster.overlap_slowdown
+    if not (cluster.gpu_arch and cluster.compute_units):
+        return 0.0
+    deepep = axis == "ep" and cluster.software.moe_dispatcher == "deepep"
+    return min(1.0, (DEEPEP_SMS if deepep else collectives.CHANNELS[cluster.gpu_arch]) / cluster.compute_units)
+
+
+def expert_dispatch_time(cluster: ClusterSpec, nbytes: float, calls: int, n: int, link: Link) -> float:
+    """The EP all-to-alls of the busiest EP rank ([software] moe_imbalance times the mean rank's bytes, which it
+    receives and returns) by the [software] moe_dispatcher."""
+    sw = cluster.software
+    if sw.moe_dispatcher == "deepep" and n > 1 and nbytes:
+        t = deepep_seconds(nbytes, calls, n, link, cluster)
+    else:
+        t = collective_time("all_to_all", nbytes, calls, n, link)
+    return t * sw.moe_imbalance
+
+
 def collective_time(collective: str, nbytes: float, calls: int, n: int, link: Link) -> float:
+    """Seconds of `calls` calls moving `nbytes` in all over a group of `n` on `link`; calls=0: bandwidth
+    time alone (a lower bound whatever the calls, for the planner)."""
     if n <= 1 or nbytes == 0:
         return 0.0
+    if link.fabric is not None and link.fabric.ranks == n:
+        return collectives.seconds(collective, link.fabric, nbytes, calls)
     bw, alpha = link.bandwidth, link.latency
     if collective == "all_reduce":
         steps = min(2 * link.steps, 2 * math.ceil(math.log2(n)))

@@ -85,11 +85,12 @@ class Gemm:
     batch: int = 1
 
 
-def layer_gemms(model: ModelSpec, layer: int, layout: Layout, tokens: float) -> tuple:
+def layer_gemms(model: ModelSpec, layer: int, layout: Layout, tokens: float, imbalance: float = 1.0) -> tuple:
     """The forward GEMMs of one layer on one rank for a micro-batch of `tokens` (after CP), as Megatron shards
     them: QKV and the first MLP matrix (gate and up fused) split their outputs over TP, the output projection
     and the down projection their inputs. MoE: the rank's experts (experts/ep) each see top_k*tokens*ep/experts
-    tokens (balanced routing) as one grouped GEMM; shared experts see every token."""
+    tokens (balanced routing), times `imbalance` on the busiest EP rank when ep > 1 ([software]
+    moe_imbalance), as one grouped GEMM; shared experts see every token."""
     t, h = layout.tp, model.hidden
     if model.uses_mla:  # low-rank projections: one GEMM of the same FLOPs
         attn = [Gemm(tokens, model.attention_params() / h / t, h)]
@@ -101,7 +102,7 @@ def layer_gemms(model: ModelSpec, layer: int, layout: Layout, tokens: float) -> 
     if not model.is_moe_layer(layer):
         return tuple(attn + [Gemm(tokens, up * model.ffn / t, h), Gemm(tokens, h, model.ffn / t)])
     local = max(1, model.experts // layout.ep)
-    routed = tokens * model.top_k * layout.ep / model.experts
+    routed = tokens * model.top_k * layout.ep / model.experts * (imbalance if layout.ep > 1 else 1.0)
     f = model.expert_ffn / t
     out = attn + [Gemm(tokens, model.experts, h),  # router
                   Gemm(routed, up * f, h, local), Gemm(routed, h, f, local)]
@@ -200,11 +201,14 @@ def layer_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, moe: bo
     tokens = layout.mbs * model.seq / layout.cp
     layer = model.first_dense_layers if moe else next(i for i in range(model.layers) if not model.is_moe_layer(i))
     peak, dtype_bytes = cluster.gemm_peak(precision), PRECISIONS[precision]["compute"]
-    gemms = layer_gemms(model, layer, layout, tokens)
+    gemms = layer_gemms(model, layer, layout, tokens, cluster.software.moe_imbalance)
     f, b, w = gemm_pass_seconds(cluster, gemms, peak, dtype_bytes)
     if precision == "fp8":
         cast_f, cast_b = fp8_cast_seconds(cluster, gemms)
         f, b = f + cast_f, b + cast_b
+    if moe:  # routing's memory-bound kernels, forward and (their gradients) backward
+        routing = routing_seconds(model, cluster, tokens, dtype_bytes)
+        f, b = f + routing, b + routing
     core_f, core_b = attention_core_seconds(model, cluster, layout, tokens, precision)
     if layout.recompute == "full":
         b += f + core_f
@@ -215,6 +219,18 @@ def layer_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, moe: bo
                                peak, dtype_bytes)[0]
     attention = core_f + core_b + (core_f if layout.recompute in ("selective", "full") else 0.0)
     return Passes(f + core_f, b + core_b, w, attention)
+
+
+def routing_seconds(model: ModelSpec, cluster: ClusterSpec, tokens: float, dtype_bytes: int) -> float:
+    """One MoE layer's routing kernels for `tokens` on a rank, one pass, as memory traffic (their FLOPs are
+    nil): the router's softmax and top-k over tokens x experts fp32 logits (written, read twice), the permute
+    that gathers top_k copies of each token (reads the tokens, writes the copies) and the unpermute that
+    scatters the experts' outputs back weighted by their probabilities (reads the copies, writes the tokens):
+    Megatron-Core's moe_utils.permute / unpermute (index_select and scatter_add) and its TopKRouter. Every TP
+    rank routes all tokens (memory.activation_bytes_per_layer's accounting)."""
+    router = 3 * 4 * tokens * model.experts
+    permute = 2 * (1 + model.top_k) * tokens * model.hidden * dtype_bytes
+    return (router + permute) / cluster.hbm_bandwidth
 
 
 def attention_core_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float,

@@ -154,6 +154,7 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, 
     # Attention block: qkv input 2h, Q 2h(q width), K and V 2kv each, out-proj input 2h, dropout mask h.
     q = model.heads * model.head_dim
     attn_split = 2 * q + 4 * kv + 2 * q
+    mlp_split: float
     if not model.gated_mlp:
         mlp_split = 4 * model.ffn  # GeLU input and output (2 bytes each)
     else:

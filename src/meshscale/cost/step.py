@@ -5,10 +5,11 @@ step = (compute + TP + PP + EP + unhidden CP) * (1 + bubble ratio) + unhidden da
 (the composition of Narayanan et al. 2021 sec. 3 with the overlap rules of each collective below).
 """
 
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from meshscale.cost import comm, critical, flops, overhead
+from meshscale.cost import bands, comm, critical, flops, overhead
 from meshscale.cost.comm import CommOp, Overlap
 from meshscale.cost.checkpoint import checkpoint_bytes
 from meshscale.cost.kernels import Passes, column_parallel_share, counted_seconds, kernel_shape
@@ -35,6 +36,8 @@ class CommEntry:
     overlap: Overlap  # what hides it (predict's rules below); NONE where its [software] switch is off
     hidden_by_s: float = 0.0  # the compute it may hide behind: exposed_s = max(time_s - hidden_by_s, shown_s)
     shown_s: float = 0.0  # what shows however much compute there is
+    # what the compute it hides behind loses to it: the SMs its kernels hold while it runs (comm.sm_share)
+    interference_s: float = 0.0
 
 
 @dataclass
@@ -67,10 +70,11 @@ class Prediction:
     regime: dict = field(default_factory=dict)
     checkpoint_bytes_per_device: float = 0.0  # what one checkpoint writes (cost/checkpoint.py)
     checkpoint_bytes_total: float = 0.0
+    band: dict = field(default_factory=dict)  # the error its category earned on the validation set (cost/bands.py)
 
     def to_dict(self) -> dict:
         return {**self.__dict__, "memory_per_device_bytes": dict(self.memory_per_device_bytes),
-                "comm": [dict(e) for e in self.comm], "regime": dict(self.regime)}
+                "comm": [dict(e) for e in self.comm], "regime": dict(self.regime), "band": dict(self.band)}
 
 
 def _axis_group(layout: Layout, axis: str) -> tuple[int, int]:
@@ -88,6 +92,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     """Predict one optimizer step of `global_batch` sequences (of model.seq tokens) under `layout`."""
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    cluster.check_precision(precision)
     check_against(layout, model, global_batch)
     layout = layout.resolve_mbs(global_batch)
     m = layout.microbatches(global_batch)
@@ -117,16 +122,22 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     experts = expert_params_on_rank(model, layout, rank) if layout.ep > 1 else 0.0
     grad_bytes = grad_reduce_bytes(sw, precision)
     update_bytes = param_gather_bytes(sw, precision)
+    chunks = len(rank_chunks(layout.pp, layout.stages, layout.v_shaped, rank))
+
+    def buckets(n):  # the framework's gradient buckets for n parameters ([software] framework, grad_bucket_params)
+        return comm.grad_buckets(sw, n, layout.dp * layout.cp, first, chunks)
+
     if layout.dp * layout.cp > 1:
         ops += _on("dp", comm.data_parallel_ops(layout.zero, params - experts, m, act_bytes, n_layers + 1,
                                                 root_params_on_rank(model, layout, rank), layout.pp > 1, grad_bytes,
-                                                update_bytes))
+                                                update_bytes, buckets(params - experts)))
         ops += _on("dp_replicate", comm.replica_ops(layout.zero, params - experts, m, n_layers + 1, layout.shard_size,
-                                                    layout.replicas, layout.pp > 1, grad_bytes))
+                                                    layout.replicas, layout.pp > 1, grad_bytes,
+                                                    buckets(params - experts)))
     if experts and layout.dp * layout.cp > layout.ep:
         units = moe_layers * model.experts // layout.ep + 1  # zero=3: each expert is an FSDP unit (+ a root)
         ops += _on("edp", comm.data_parallel_ops(layout.zero, experts, m, act_bytes, units, 0.0, layout.pp > 1,
-                                                 grad_bytes, update_bytes))
+                                                 grad_bytes, update_bytes, buckets(experts)))
     crossings = comm.pipeline_sends(layout, rank) if layout.pp > 1 else 0
     ops += _on("tp", comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, first, last, m, crossings,
                                               moe_layers))
@@ -144,7 +155,10 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     for op in ops:
         size, stride = _axis_group(layout, op.axis)
         link = overhead.measured_link(cluster, op.collective, comm.group_link(cluster, devices, size, stride))
-        t = comm.collective_time(op.collective, op.bytes, op.calls, size, link)
+        if op.axis == "ep":
+            t = comm.expert_dispatch_time(cluster, op.bytes, op.calls, size, link)
+        else:
+            t = comm.collective_time(op.collective, op.bytes, op.calls, size, link)
         overlap = _hides(op.overlap, sw, layout, m)
         # the compute each overlap class hides behind (FSDP: its share of all compute); _shown: what shows anyway
         windows = {Overlap.ATTENTION: attention_s, Overlap.BACKWARD: backward_mb,
@@ -156,6 +170,10 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         if op.axis == "pp" and op.collective == "send_recv":  # behind the faster ranks' slack (cost/pipeline.py)
             hidden_by, shown = (t if layout.schedule in QUEUED else m * lead), t / op.calls * _chain_crossings(layout)
         exposed = exposed_seconds(t, hidden_by, shown, sw.overlap_efficiency)
+        # the compute it hides behind runs on the SMs its kernels leave: that compute takes longer by the hidden
+        # time x their share (critical path: it slows passes, and so the bubble, wherever it lands)
+        interference = (t - exposed) * comm.sm_share(cluster, op.axis)
+        critical_path += interference
         if op.axis in ("dp", "dp_replicate", "edp"):
             dp_exposed += exposed
         else:
@@ -163,7 +181,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         # both groups of hybrid sharding are the ledger's dp axis (their collectives differ)
         ledger_axis = "dp" if op.axis == "dp_replicate" else op.axis
         entries.append(CommEntry(ledger_axis, op.collective, op.bytes, t, exposed, link.tier, op.calls, size,
-                                 overlap, hidden_by, shown))
+                                 overlap, hidden_by, shown, interference))
 
     ratio = bubble_ratio(layout, m, passes, others, _head_ends(model, cluster, layout, precision, passes))
     bubble_s = ratio * (compute_s + critical_path)
@@ -193,7 +211,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         bubble_fraction=bubble_s / step, fits=fits, hbm_bytes=cluster.hbm_bytes,
         memory_per_device_bytes=mem.to_dict(), comm=[dict(e.__dict__) for e in entries],
         bound=bound if fits else "memory", regime=regime(model, cluster, layout, n_tokens),
-        checkpoint_bytes_per_device=ckpt_device, checkpoint_bytes_total=ckpt_total)
+        checkpoint_bytes_per_device=ckpt_device, checkpoint_bytes_total=ckpt_total,
+        band=bands.band(cluster, model, precision))
 
 
 def _on(axis: str, ops: list[CommOp]) -> list[CommOp]:
@@ -282,7 +301,16 @@ def _kind_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, kind: t
     tokens = layout.mbs * model.seq / layout.cp
     elementwise = elementwise_seconds(model, cluster, layout, tokens, act_bytes) / layout.vpp
     host_f, host_b = overhead.chunk_seconds(cluster, layout, kind[0] + kind[1], kind[2])
-    return kernels + Passes(elementwise / 3 + host_f, elementwise * 2 / 3 + host_b)
+    return (kernels + Passes(elementwise / 3 + host_f, elementwise * 2 / 3 + host_b)) * slowest_of(cluster, layout.devices)
+
+
+def slowest_of(cluster: ClusterSpec, devices: int) -> float:
+    """How much slower the slowest of `devices` devices computes than the typical one, which every synchronous
+    step waits for: with device speeds spread normally by sigma (ClusterSpec.device_spread), the expected
+    maximum of n draws is about sigma * sqrt(2 ln n) above the mean (the Gaussian extreme-value bound)."""
+    if devices <= 1 or not cluster.device_spread:
+        return 1.0
+    return 1.0 + cluster.device_spread * math.sqrt(2 * math.log(devices))
 
 
 def rank_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: int,
@@ -345,7 +373,8 @@ def _distinct_ranks(model: ModelSpec, pp: int, chunks: int, v_shaped: bool) -> t
     """((rank, how many ranks hold alike chunks), ...): one pipeline rank per distinct multiset of chunk kinds,
     as ranks holding alike chunks cost alike."""
     kinds = chunk_kinds(model, chunks)
-    count, first = {}, {}
+    count: dict = {}
+    first: dict = {}
     for r in range(pp):
         key = tuple(sorted(kinds[c] for c in rank_chunks(pp, chunks, v_shaped, r)))
         first.setdefault(key, r)

@@ -77,9 +77,9 @@ def emit(framework: str, model: ModelSpec, cluster: ClusterSpec, layout: Layout,
     """`layout` as `framework`'s config or, where it cannot express it, the nearest layout it can (when that
     does not fit, the fastest it expresses on the same devices; `search_options` go to that search)."""
     module = framework_module(framework)
-    refusal = module.refusal(cluster)
-    if refusal:
-        raise UserError(f"--emit {framework}: {refusal}")
+    if cluster.torus and module.GPU_ONLY:
+        raise UserError(f"--emit {framework}: {module.GPU_ONLY} runs on GPUs; {cluster.name} is a TPU slice, use "
+                        "--emit maxtext")
     if steps <= 0:
         raise UserError(f"--steps must be positive, got {steps}")
     asked = predict(model, cluster, layout, global_batch, precision)
@@ -94,7 +94,7 @@ def emit(framework: str, model: ModelSpec, cluster: ClusterSpec, layout: Layout,
         raise UserError(f"--emit {framework}: layout {asked.layout} needs "
                         f"{asked.memory_per_device_bytes['total'] / 1e9:,.1f} GB per device, more than "
                         f"{cluster.name}'s {cluster.hbm_bytes / 1e9:,.1f} GB; pick a layout that fits")
-    options = [asked] if not changes else [_try_predict(model, cluster, near, global_batch, runs_in)]
+    options: list[Prediction | None] = [asked] if not changes else [_try_predict(model, cluster, near, global_batch, runs_in)]
     if changes and not (options[0] and options[0].fits):  # the nearest does not fit: the best that does
         options.append(best_expressible(framework, model, cluster, layout.devices, global_batch, runs_in,
                                          search_options))
@@ -110,19 +110,29 @@ def emit(framework: str, model: ModelSpec, cluster: ClusterSpec, layout: Layout,
 
 
 def best_expressible(framework, model, cluster, devices, global_batch, precision, options) -> Prediction | None:
-    """The fastest layout of `devices` that `framework` expresses as it is, among the search's top 64."""
+    """The fastest layout of `devices` that `framework` expresses, among the search's top 64 as it would run
+    them."""
     from meshscale.plan.search import search
 
     def keeps_shape(tp, pp, cp, dp, ep):  # the framework expresses these degrees under some ZeRO stage
         near = adapted(framework, Layout(dp=dp, zero=3, tp=tp, sp=tp > 1, pp=pp, cp=cp, ep=ep), model)[0]
         return near is not None and (near.tp, near.pp, near.cp, near.dp, near.ep) == (tp, pp, cp, dp, ep)
 
+    # each of the top 64 as the framework would run it (MaxText's FSDP for a ZeRO-1 winner, say), the fastest
+    # that keeps its parallel shape and fits
+    best = None
     for pred in search(model, cluster, devices, global_batch, precision, top=64, where=keeps_shape,
                        **options).ranked:
         shape = Layout.parse(pred.layout)
-        if adapted(framework, shape, model) == (shape, []):
-            return pred
-    return None
+        near, changes = adapted(framework, shape, model)
+        if changes and near is not None and (near.tp, near.pp, near.cp, near.dp, near.ep) == \
+                (shape.tp, shape.pp, shape.cp, shape.dp, shape.ep):
+            pred = _try_predict(model, cluster, near, global_batch, precision)
+        elif changes:
+            continue
+        if pred is not None and pred.fits and (best is None or pred.step_time_s < best.step_time_s):
+            best = pred
+    return best
 
 
 def _try_predict(model, cluster, layout, global_batch, precision) -> Prediction | None:
@@ -144,7 +154,7 @@ def summary(e: Emitted) -> list[str]:
     p = e.prediction
     lines = [f"{e.framework}: layout {e.layout}, predicted step {p.step_time_s * 1e3:,.1f} ms, MFU {p.mfu:.1%}, "
              f"{p.memory_per_device_bytes['total'] / 1e9:,.1f} GB per device"]
-    if e.changes:
+    if e.changes and e.asked_step_s is not None:
         lines.append(f"{e.framework} cannot express {e.asked} (predicted {e.asked_step_s * 1e3:,.1f} ms): "
                      + "; ".join(e.changes))
     return lines + e.notes

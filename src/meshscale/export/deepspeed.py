@@ -7,20 +7,15 @@ all-to-all over heads, not ring attention) are set in the model's code, so a con
 
 import json
 
-from meshscale.cost.comm import DDP_BUCKET_BYTES
+from meshscale.cost.comm import bucket_params
 from meshscale.export import Job, change
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import ModelSpec
 
+GPU_ONLY = "DeepSpeed"  # named in the refusal of a TPU slice
 PRECISIONS = {"fp8": ("bf16", "DeepSpeed's JSON has no FP8 switch (FP8 GEMMs live in Transformer Engine "
                               "modules)"),
               "bf16-pure": ("bf16", "DeepSpeed's bf16 mode keeps fp32 master weights (16 B/param)")}
-
-
-def refusal(cluster) -> str | None:
-    if cluster.torus:
-        return f"DeepSpeed runs on GPUs; {cluster.name} is a TPU slice, use --emit maxtext"
-    return None
 
 
 def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
@@ -29,7 +24,7 @@ def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
                         ("ep", "deepspeed.moe layers")):
         degree = getattr(layout, axis)
         if degree > 1:
-            values = {axis: 1, "dp": layout.dp * (degree if axis != "ep" else 1)}
+            values: dict[str, object] = {axis: 1, "dp": layout.dp * (degree if axis != "ep" else 1)}
             if axis == "pp":
                 values.update(schedule="1f1b", vpp=1)
             if layout.shard:
@@ -56,7 +51,7 @@ def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
 
 def config(job: Job) -> dict:
     lay, sw = job.layout, job.cluster.software
-    elements = int(DDP_BUCKET_BYTES // 4)  # the 25 MB fp32 buckets the cost model charged, in elements
+    elements = int(bucket_params(sw, lay.dp * lay.cp))  # the buckets the cost model charged, in elements
     zero = {"stage": lay.zero, "overlap_comm": sw.grad_reduce_overlap, "contiguous_gradients": True,
             "reduce_scatter": True, "reduce_bucket_size": elements, "allgather_bucket_size": elements}
     if lay.zero == 3:

@@ -15,6 +15,7 @@ from meshscale.export import Job, change
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import ModelSpec
 
+GPU_ONLY = None  # MaxText runs on TPU slices and GPUs alike
 PRECISIONS: dict = {}  # each precision runs as asked
 # MaxText's own model configs of our presets (configs/models/*.yml)
 MODEL_NAMES = {"llama2-7b": "llama2-7b", "llama2-13b": "llama2-13b", "llama2-70b": "llama2-70b",
@@ -23,10 +24,6 @@ MODEL_NAMES = {"llama2-7b": "llama2-7b", "llama2-13b": "llama2-13b", "llama2-70b
 # remat_policy: MaxText's policies from fastest (saves most) to slowest; 'minimal_with_context' keeps every
 # matmul output and the attention context, the nearest to recompute=none
 REMAT = {"none": "minimal_with_context", "full": "full"}
-
-
-def refusal(cluster) -> str | None:
-    return None
 
 
 def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
@@ -97,7 +94,7 @@ def mesh(layout: Layout, slice_size: int) -> dict[str, int]:
 def render(job: Job) -> str:
     lay, model = job.layout, job.model
     accumulate = job.microbatches if lay.pp == 1 else 1
-    values = {"base_config": "base.yml", "run_name": f"meshscale-{model.name}",
+    values: dict[str, object] = {"base_config": "base.yml", "run_name": f"meshscale-{model.name}",
               "hardware": "tpu" if job.cluster.torus else "gpu", "steps": job.steps}
     values |= {"model_name": MODEL_NAMES[model.name]} if model.name in MODEL_NAMES else _shape(model)
     values |= {"max_target_length": model.seq,

@@ -8,19 +8,14 @@ Megatron-FSDP's optim_grads / optim_grads_params, hybrid sharding its distribute
 
 import shlex
 
-from meshscale.cost.comm import DDP_BUCKET_BYTES
+from meshscale.cost.comm import bucket_params
 from meshscale.errors import UserError
 from meshscale.export import Job, Shape, change
 from meshscale.specs.layout import Layout, split_layers
 from meshscale.specs.model import ModelSpec
 
+GPU_ONLY = "Megatron-LM"  # named in the refusal of a TPU slice
 PRECISIONS = {"bf16-pure": ("bf16", "Megatron-LM keeps fp32 main parameters under --bf16 (16 B/param)")}
-
-
-def refusal(cluster) -> str | None:
-    if cluster.torus:
-        return f"Megatron-LM runs on GPUs; {cluster.name} is a TPU slice, use --emit maxtext"
-    return None
 
 
 def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
@@ -114,15 +109,15 @@ def _pipeline_arguments(model: ModelSpec, lay: Layout) -> list[str]:
     # t a transformer layer, L the output head and loss
     stages = ["t" * len(r) for r in split_layers(model.layers, lay.stages)]
     stages[0], stages[-1] = "E" + stages[0], stages[-1] + "L"
-    return [f"--pipeline-model-parallel-layout {'|'.join(stages)}"]
+    return [f"--pipeline-model-parallel-layout {shlex.quote('|'.join(stages))}"]  # quoted: | is a shell pipe
 
 
 def _data_parallel_arguments(job: Job) -> list[str]:
     lay, sw = job.layout, job.cluster.software
     if lay.dp * lay.cp == 1:
         return []
-    # buckets of the size the cost model charged: 25 MB of fp32 gradient (Megatron counts elements)
-    args = [f"--ddp-bucket-size {int(DDP_BUCKET_BYTES // 4)}"]
+    # buckets of the size the cost model charged ([software] framework's default or grad_bucket_params; elements)
+    args = [f"--ddp-bucket-size {int(bucket_params(sw, lay.dp * lay.cp))}"]
     if sw.grad_reduce_overlap:
         args.append("--overlap-grad-reduce")
     if sw.grad_reduce_fp32:
@@ -191,10 +186,10 @@ def read(text: str, devices: int | None) -> Shape:
     if args.get("use_distributed_optimizer"):
         zero = 1
     if args.get("use_megatron_fsdp") or args.get("use_torch_fsdp2"):
-        zero = {"optim_grads": 2, "optim": 1}.get(args.get("data_parallel_sharding_strategy"), 3)
+        zero = {"optim_grads": 2, "optim": 1}.get(args.get("data_parallel_sharding_strategy", ""), 3)
     dp = devices // (tp * pp * cp)
     instances = number("num_distributed_optimizer_instances", 1)
-    granularity = args.get("recompute_granularity")
+    granularity = args.get("recompute_granularity", "")
     layout = Layout(dp=dp, zero=zero, shard=dp * cp // instances if instances > 1 else 0, tp=tp,
                     sp=bool(args.get("sequence_parallel")), pp=pp, vpp=vpp if pp > 1 else 1,
                     schedule="interleaved" if vpp > 1 else "1f1b", cp=cp,

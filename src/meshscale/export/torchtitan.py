@@ -9,24 +9,19 @@ the sequence, and EP borrows its ranks from dp_shard x cp with the experts TP-sh
 import json
 import tomllib
 
-from meshscale.cost.comm import DDP_BUCKET_BYTES
+from meshscale.cost.comm import bucket_params
 from meshscale.errors import UserError
 from meshscale.export import Job, Shape, change
 from meshscale.specs.layout import Layout, split_layers
 from meshscale.specs.model import ModelSpec, load_model
 
+GPU_ONLY = "torchtitan"  # named in the refusal of a TPU slice
 PRECISIONS: dict = {}  # each precision runs as asked
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B",
              "zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
 # torchtitan's own model flavors of our presets (torchtitan/models/*/__init__.py)
 FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3-405b": ("llama3", "405B"),
            "deepseek-v3": ("deepseek_v3", "671B")}
-
-
-def refusal(cluster) -> str | None:
-    if cluster.torus:
-        return f"torchtitan runs on GPUs; {cluster.name} is a TPU slice, use --emit maxtext"
-    return None
 
 
 def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
@@ -59,7 +54,7 @@ def render(job: Job) -> str:
     name, flavor = FLAVORS.get(model.name, ("llama3", model.name))
     dp_shard = lay.shard_size // lay.cp if lay.zero >= 2 else 1
     replicate = lay.replicas if lay.zero >= 2 else lay.dp
-    parallelism = {
+    parallelism: dict[str, object] = {
         "data_parallel_replicate_degree": replicate,
         "data_parallel_shard_degree": dp_shard,
         # ZeRO-2: parameters stay gathered from forward through backward; ZeRO-3 reshards them after forward
@@ -106,7 +101,8 @@ def render(job: Job) -> str:
     header = [f"# meshscale: {model.name}, {job.global_batch} x {model.seq} tokens a step on {lay.devices} x "
               f"{job.cluster.name}, layout {lay}",
               f"# The cost model assumed FSDP2's prefetch of the next block (on: {sw.fsdp_prefetch}), gradients "
-              f"reduced in fp32, DDP buckets of {DDP_BUCKET_BYTES / 1e6:.0f} MB (torch's default)."]
+              f"reduced in fp32, DDP buckets of {bucket_params(sw, lay.dp * lay.cp) / 1e6:.1f}M parameters "
+              f"({sw.framework}'s default unless [software] grad_bucket_params says otherwise)."]
     return "\n".join(header) + "\n\n" + toml(sections)
 
 

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from meshscale.models.init import normal_block
 from meshscale.specs.model import ModelSpec, trainer_lacks
 
 
@@ -38,7 +39,7 @@ def rope_frequencies(spec: ModelSpec) -> torch.Tensor:
     config's rope_scaling says: "linear" divides them by the factor (position interpolation, Chen et al.
     2023); "llama3" divides only the low frequencies, blending the band between (Llama 3.1's rope scaling)."""
     dim = rotary_dims(spec)
-    inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device="cpu") / dim))
     scaling = json.loads(spec.rope_scaling) if spec.rope_scaling else {}
     kind, factor = scaling.get("rope_type"), scaling.get("factor", 1.0)
     if kind == "linear":
@@ -57,18 +58,20 @@ def rotary_dims(spec: ModelSpec) -> int:
 
 
 def rope_tables(spec: ModelSpec, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
-    # in fp32, as Hugging Face's models compute them: the same angles to the last bit
-    angles = torch.outer(torch.arange(seq, dtype=torch.float32), rope_frequencies(spec))
+    # in fp32, as Hugging Face's models compute them: the same angles to the last bit; on the CPU whatever the
+    # default device, so a model built on the meta device keeps real tables
+    angles = torch.outer(torch.arange(seq, dtype=torch.float32, device="cpu"), rope_frequencies(spec))
     return angles.cos(), angles.sin()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (batch, seq, heads, head_dim); cos/sin: (seq, r/2) for the first r dimensions, which rotate as
-    two halves (dimension i with i + r/2, the layout Hugging Face checkpoints use); the rest pass through."""
+    """x: (batch, seq, heads, head_dim); cos/sin: (seq, r/2), or (batch, seq, r/2) per token, for the first r
+    dimensions, which rotate as two halves (dimension i with i + r/2, the layout Hugging Face checkpoints
+    use); the rest pass through."""
     half = cos.shape[-1]
     xf = x.float()
     x1, x2, rest = xf[..., :half], xf[..., half:2 * half], xf[..., 2 * half:]
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest), dim=-1).type_as(x)
 
 
@@ -87,7 +90,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(spec.head_dim, spec.norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(spec.head_dim, spec.norm_eps) if spec.qk_norm else None
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, mask=None):
         b, s, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds a slice of the heads.
         q = self.wq(x).view(b, s, -1, self.head_dim)
@@ -95,12 +98,14 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, s, -1, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = cos[:s], sin[:s]  # under SP the residual stream is sharded but attention sees all of s
-        return self.wo(self.core(q, k, v, cos, sin).reshape(b, s, -1))
+        # under SP the residual stream is sharded but attention sees all of s
+        cos, sin = cos[..., :s, :], sin[..., :s, :]
+        return self.wo(self.core(q, k, v, cos, sin, mask).reshape(b, s, -1))
 
-    def core(self, q, k, v, cos, sin):
+    def core(self, q, k, v, cos, sin, mask=None):
         """The parameter-free part (RoPE, scores, softmax, weighted sum): what selective recompute reruns.
-        (batch, seq, heads, head_dim) in and out."""
+        (batch, seq, heads, head_dim) in and out; `mask` (batch, 1, seq, seq), True where a query may look,
+        replaces the causal one."""
         if self.rotary:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
@@ -111,9 +116,8 @@ class Attention(nn.Module):
         if self.window and s > self.window:  # causal, and no further back than the window (Mistral)
             i = torch.arange(s, device=q.device)
             near = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < self.window)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=near)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            mask = near if mask is None else mask & near
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         return out.transpose(1, 2)
 
 
@@ -276,8 +280,8 @@ class Block(nn.Module):
         self.ffn_norm = _norm(spec)
         self.feed_forward = MoE(spec) if spec.is_moe_layer(index) else FeedForward(spec)
 
-    def forward(self, x, cos, sin):
-        attention = self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x, cos, sin, mask=None):
+        attention = self.attention(self.attention_norm(x), cos, sin, mask)
         if self.parallel_residual:  # GPT-NeoX: both branches read the block's input
             return x + attention + self.feed_forward(self.ffn_norm(x))
         x = x + attention
@@ -302,46 +306,93 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    def forward(self, tokens_or_hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens_or_hidden: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
         """Token ids (first stage) or hidden states (later pipeline stages) in; logits (last stage)
-        or hidden states out."""
+        or hidden states out. With `documents` (batch, seq), each token's document in a packed sequence,
+        attention stays within a document and positions count from its first token: every document is
+        computed as if it were alone (Megatron's reset_attention_mask and reset_position_ids)."""
         h = self.tok_embeddings(tokens_or_hidden) if self.tok_embeddings is not None else tokens_or_hidden
-        if self.tok_embeddings is not None and self.pos_embeddings is not None:
-            h = h + self.pos_embeddings.weight[:tokens_or_hidden.shape[1]]
         # Whole tables: attention slices them to its own sequence length, which under sequence
         # parallelism is longer than the (sequence-sharded) residual stream seen here.
+        positions, cos, sin, mask = slice(tokens_or_hidden.shape[1]), self.rope_cos, self.rope_sin, None
+        if documents is not None:
+            positions = document_positions(documents)
+            cos, sin = cos[positions], sin[positions]
+            mask = (documents[:, :, None] == documents[:, None, :]).tril().unsqueeze(1)
+        if self.tok_embeddings is not None and self.pos_embeddings is not None:
+            h = h + self.pos_embeddings.weight[positions]
         for block in self.layers.values():
-            h = block(h, self.rope_cos, self.rope_sin)
+            h = block(h, cos, sin, mask)
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h
 
 
+def document_positions(documents: torch.Tensor) -> torch.Tensor:
+    """(batch, seq) position of each token inside its document, from non-decreasing document ids."""
+    index = torch.arange(documents.shape[1], device=documents.device).expand_as(documents)
+    starts = torch.ones_like(documents, dtype=torch.bool)
+    starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
+    return index - torch.where(starts, index, 0).cummax(1).values
+
+
+def whole(name: str, p: torch.Tensor) -> tuple:
+    """Where a parameter held whole sits in the global one: (the tensor to fill, its offset, the global shape)."""
+    return p, (0,) * p.dim(), tuple(p.shape)
+
+
 @torch.no_grad()
-def init_weights(model: Transformer, seed: int) -> None:
-    """Initialise from the seed alone: each parameter draws from its own generator seeded by
-    (seed, parameter name), so the values never depend on the layout or on which layers exist."""
+def init_weights(model: Transformer, seed: int, where=whole) -> None:
+    """Initialise from the seed alone: every value is a function of (seed, parameter name, global index)
+    (models/init.py), so it never depends on the layout, on which layers exist or on which slice a process
+    holds. where(name, p) -> (tensor to fill, its offset in the global parameter, the global shape)."""
     spec = model.spec
     std = 0.02
     out_std = std / math.sqrt(2 * spec.layers)  # GPT-2 style scaling of residual projections
     for name, p in model.named_parameters():
+        local, offset, shape = where(name, p)
         if name.endswith("norm.weight"):
-            p.fill_(1.0)
+            local.fill_(1.0)
             continue
         if name.endswith("bias"):
-            p.zero_()
+            local.zero_()
             continue
-        g = torch.Generator().manual_seed(_stable_hash(f"{seed}:{name}"))
+        if local.dim() == 1:  # a vector is one row
+            local, offset, shape = local.view(1, -1), (0, *offset), (1, *shape)
         scale = out_std if name.endswith(("wo.weight", "w2.weight")) else std
-        p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * scale)
+        if name == "output.weight" and spec.tied_embeddings:  # a pipeline's last stage holds its own copy
+            name = "tok_embeddings.weight"
+        local.copy_(normal_block(f"{seed}:{name}", shape, offset, tuple(local.shape)) * scale)
 
 
-def _stable_hash(text: str) -> int:
-    # Python's hash() is salted per process; ranks must agree, so use a fixed FNV-1a.
-    h = 0xCBF29CE484222325
-    for byte in text.encode():
-        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return h & 0x7FFFFFFFFFFFFFFF
+def meta_model(spec: ModelSpec, device: str | torch.device = "cpu") -> Transformer:
+    """The model's structure with its parameters on the meta device (no memory, no values) and its buffers on
+    `device`; parallel/construct.py materialises what each rank owns."""
+    with torch.device("meta"):
+        model = Transformer(spec)
+    for module in model.modules():
+        for name, buffer in module._buffers.items():
+            module._buffers[name] = buffer.to(device)
+    return model
+
+
+@torch.no_grad()
+def materialise(model: nn.Module, seed: int, device: str | torch.device, where=whole) -> None:
+    """Give the meta parameters of `model` (a built model, a pipeline chunk, with parallel wrappers applied)
+    memory on `device` and their initial values, keeping the buffers and the parameters shared by two
+    modules (tied embeddings) as they were."""
+    buffers = [(m, n, b) for m in model.modules() for n, b in m._buffers.items() if b is not None]
+    shared: dict = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        shared.setdefault(id(p), []).append(name)
+    model.to_empty(device=device)
+    for m, n, b in buffers:
+        m._buffers[n] = b
+    for first, *others in (names for names in shared.values() if len(names) > 1):
+        for name in others:  # to_empty gives each module its own tensor
+            owner, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(owner), leaf, model.get_parameter(first))
+    init_weights(model, seed, where)
 
 
 def full_shapes(spec: ModelSpec) -> dict:
@@ -353,6 +404,7 @@ def full_shapes(spec: ModelSpec) -> dict:
 
 
 def build_model(spec: ModelSpec, seed: int = 0, device: str | torch.device = "cpu") -> Transformer:
-    model = Transformer(spec).to(device)
-    init_weights(model, seed)
+    """The whole model, initialised, on one process."""
+    model = meta_model(spec, device)
+    materialise(model, seed, device)
     return model

@@ -19,6 +19,7 @@ from contextlib import ExitStack
 import torch
 import torch.distributed as dist
 
+from meshscale.parallel.construct import has_meta, materialise_owned, origins
 from meshscale.parallel.context import apply_context_parallel
 from meshscale.parallel.data_parallel import DDP, Local, PipelinedDDP
 from meshscale.parallel.expert import apply_expert_parallel, expert_data_parallel
@@ -77,11 +78,16 @@ class Parallel:
 
 
 def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", bucket_mb: float = 1.0,
-                 load=None) -> Parallel:
-    """load(module, tp_rank, tp): fills a chunk's parameters (its tensor-, pipeline- and expert-parallel
+                 load=None, seed: int = 0, device=None) -> Parallel:
+    """model: built (models.transformer.build_model), or its meta structure (meta_model), in which case each
+    rank materialises only what it owns, initialised from `seed`, on `device` (parallel/construct.py).
+    load(module, tp_rank, tp): fills a chunk's parameters (its tensor-, pipeline- and expert-parallel
     pieces, under their global names) before data parallelism copies or shards them (--init-from)."""
     check_trainable(layout, model.spec)
     tp_rank = mesh["tp"].get_local_rank() if mesh is not None else 0
+    meta = has_meta(model)
+    # FSDP2 shards meta parameters, then each rank fills its shards; loaded weights are read before it shards
+    late = layout.zero == 3 and layout.dp * layout.cp > 1 and load is None
     if layout.pp > 1:
         chunks = pipeline_chunks(model, layout, mesh["pp"].get_local_rank())
     else:
@@ -105,6 +111,9 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
         if layout.cp > 1:
             apply_context_parallel(module, mesh["cp"])
         apply_recompute(module, layout.recompute)
+        known = origins(module)
+        if meta and not late:
+            materialise_owned(module, seed, device, known)
         if load is not None:
             load(module, tp_rank, layout.tp)
         if emesh is not None:
@@ -114,6 +123,8 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
             strategy = expert_data_parallel(module, layout, mesh, emesh, ledger, bucket_mb, precision, dense)
         else:
             strategy = _data_parallel(module, layout, mesh, ledger, precision, bucket_mb)
+        if meta and late:
+            materialise_owned(module, seed, device, known)
         wrapped.append((stage, strategy.model))
         strategies.append(strategy)
 

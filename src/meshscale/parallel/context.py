@@ -173,7 +173,9 @@ class RingAttentionCore:
     def __init__(self, group):
         self.group = group
 
-    def __call__(self, q, k, v, cos, sin):
+    def __call__(self, q, k, v, cos, sin, mask=None):
+        if mask is not None:  # `train` refuses --document-mask with cp > 1 before any process starts
+            raise ValueError("ring attention is causal over the whole sequence; it takes no document mask")
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         return _RingAttention.apply(q, k, v, self.group).transpose(1, 2)

@@ -117,9 +117,12 @@ class ExpertSplit:
         sharded over them), so count them once per EP rank and, where the caller does not, sum over DP."""
         own = self.experts.sharded or self.edp_rank == 0
         experts = self.experts.local_grad_sq(skip) if own else torch.zeros(())
+        dense = self.dense.local_grad_sq(skip)
         if not self.sharded:
             dist.all_reduce(experts, group=self.group)  # control scalar, not ledger traffic
-        return self.dense.local_grad_sq(skip) + experts
+        else:  # the caller sums over dp x cp: under hybrid sharding each dense shard is on every replica
+            dense = dense / (dist.get_world_size(self.group) // dist.get_world_size(self.dense.group))
+        return dense + experts
 
     def after_step(self) -> None:
         self.dense.after_step()

@@ -43,6 +43,7 @@ from torch import nn
 
 from meshscale.models.transformer import MoE, RMSNorm, Transformer
 from meshscale.parallel.compat import all_gather_into, all_reduce, reduce_scatter_from
+from meshscale.parallel.construct import owned_slice
 from meshscale.parallel.ledger import record
 from meshscale.parallel.mesh import kv_copy_mesh
 
@@ -155,9 +156,9 @@ class VocabParallelEmbedding(nn.Module):
     """Each rank holds rows [lo, hi) of the table; tokens outside it look up zeros, and the sum over ranks
     (all-reduce, or reduce-scatter along the sequence with SP) completes every row."""
 
-    def __init__(self, weight: torch.Tensor, lo: int, group, sequence_parallel: bool):
+    def __init__(self, weight: nn.Parameter, lo: int, group, sequence_parallel: bool):
         super().__init__()
-        self.weight = nn.Parameter(weight)
+        self.weight = weight
         self.lo, self.group, self.sequence_parallel = lo, group, sequence_parallel
 
     def forward(self, tokens):
@@ -190,9 +191,9 @@ class ReplicatedKVLinear(nn.Module):
     """A copy of one KV head's K or V projection, held by each of the TP ranks whose query heads read it;
     its gradient is summed over them (f on the weight, as for the replicated norm weights under SP)."""
 
-    def __init__(self, weight: torch.Tensor, group):
+    def __init__(self, weight: nn.Parameter, group):
         super().__init__()
-        self.weight = nn.Parameter(weight)
+        self.weight = weight
         self.group = group
 
     def forward(self, x):
@@ -200,18 +201,16 @@ class ReplicatedKVLinear(nn.Module):
 
 
 def _replicate_kv(linear: nn.Linear, rank: int, t: int, kv_heads: int, group) -> ReplicatedKVLinear:
-    head = rank // (t // kv_heads)
-    return ReplicatedKVLinear(linear.weight.detach().chunk(kv_heads, dim=0)[head].clone(), group)
+    return ReplicatedKVLinear(owned_slice(linear.weight, 0, rank // (t // kv_heads), kv_heads), group)
 
 
 def _shard(linear: nn.Linear, dim: int, rank: int, t: int) -> None:
     """Keep this rank's contiguous slice of the weight: dim 0 (output features) for a column-parallel
     matmul, dim 1 (input features) for a row-parallel one. Contiguous slices keep whole heads together,
     and whole kv-head groups with their query heads. A column-parallel bias is split the same way."""
-    weight = linear.weight.detach()
-    linear.weight = nn.Parameter(weight.chunk(t, dim=dim)[rank].clone())
+    linear.weight = owned_slice(linear.weight, dim, rank, t)
     if dim == 0 and linear.bias is not None:
-        linear.bias = nn.Parameter(linear.bias.detach().chunk(t)[rank].clone())
+        linear.bias = owned_slice(linear.bias, 0, rank, t)
 
 
 class RowParallelLinear(nn.Module):
@@ -289,9 +288,8 @@ def apply_tensor_parallel(model: Transformer, tp_mesh, sequence_parallel: bool =
         return SequenceParallelRMSNorm(module, group) if sp else module
 
     if model.tok_embeddings is not None:
-        rows = spec.vocab // t
-        table = model.tok_embeddings.weight.detach()[rank * rows:(rank + 1) * rows].clone()
-        model.tok_embeddings = VocabParallelEmbedding(table, rank * rows, group, sp)
+        table = owned_slice(model.tok_embeddings.weight, 0, rank, t)
+        model.tok_embeddings = VocabParallelEmbedding(table, rank * table.shape[0], group, sp)
     for block in model.layers.values():
         block.attention_norm, block.ffn_norm = norm(block.attention_norm), norm(block.ffn_norm)
         attention, mlp = block.attention, block.feed_forward

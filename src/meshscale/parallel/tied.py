@@ -3,7 +3,8 @@ multiplies by it, and each holds its own copy. Like Megatron (Shoeybi et al. 201
 embedding group), the two copies' gradients are summed once the schedule is done, before the data-parallel
 reduction, so both copies take the same update and stay equal. V schedules hold both chunks on pipeline
 rank 0: the sum is local. Otherwise: all_reduce pp  vocab*hidden/tp*4 bytes per step on the first and last
-pipeline ranks (cost/step.py).
+pipeline ranks (cost/step.py). Under zero=3 the sum is linear in FSDP2's reduce-scatter, so each rank sums
+its shard of the reduced gradient once the schedule is done (1/shard of the bytes).
 """
 
 import time
@@ -11,6 +12,7 @@ from contextlib import contextmanager
 
 import torch.distributed as dist
 
+from meshscale.parallel.compat import all_reduce
 from meshscale.parallel.ledger import record
 from meshscale.specs.layout import V_SCHEDULES, Layout
 
@@ -48,6 +50,7 @@ class TiedEmbeddings:
                 w.grad.copy_(total)
             return
         grad = self.copies[0].grad
+        grad = grad.to_local() if hasattr(grad, "to_local") else grad  # zero=3: each rank its shard, already reduced
         start = time.perf_counter()
-        dist.all_reduce(grad, group=self.group)
+        all_reduce(grad, group=self.group)  # torch's own, not FSDP2's tap: recorded here
         record("pp", "all_reduce", grad.numel() * grad.element_size(), time.perf_counter() - start)

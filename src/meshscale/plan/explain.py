@@ -58,7 +58,7 @@ def rejected(plan: Plan) -> list[tuple[str, str]]:
     out = []
     for alt in plan.rejected:
         diff = {k: v - base.get(k, 0.0) for k, v in components(alt).items()}
-        worst = max(diff, key=diff.get)
+        worst = max(diff, key=lambda k: diff[k])
         out.append((alt.layout, f"+{ms(alt.step_time_s - win.step_time_s)}: {worst} {ms(diff[worst])} longer"))
     return out
 
@@ -129,7 +129,7 @@ def _best_other(model, cluster, devices, batch, precision, headroom, win, plan) 
     alt = found[0]
     base = components(win)
     diff = {k: v - base.get(k, 0.0) for k, v in components(alt).items()}
-    worst = max(diff, key=diff.get)
+    worst = max(diff, key=lambda k: diff[k])
     return (f"the best layout with TP, PP or EP, {alt.layout}, is predicted {ms(alt.step_time_s)} "
             f"(+{ms(alt.step_time_s - win.step_time_s)}, most of it {worst}: {ms(diff[worst])} longer)")
 

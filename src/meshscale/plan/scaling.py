@@ -34,6 +34,7 @@ class Row:
     joules_per_token: float | None
     change: str = ""  # why the winning layout differs from the previous row's, or ""
     goodput: dict = field(default_factory=dict)
+    band: dict = field(default_factory=dict)  # the error band of the winner's category (cost/bands.py)
 
     def to_dict(self) -> dict:
         out = dict(self.__dict__)
@@ -67,7 +68,7 @@ def parse_devices(text: str) -> list[int]:
 
 def batch_at(model: ModelSpec, devices: int, global_batch_tokens: int | None, tokens_per_device: int | None) -> int:
     """Global batch in sequences: fixed (strong) or tokens_per_device x devices (weak)."""
-    tokens = global_batch_tokens if global_batch_tokens is not None else tokens_per_device * devices
+    tokens = global_batch_tokens if global_batch_tokens is not None else (tokens_per_device or 0) * devices
     if tokens <= 0 or tokens % model.seq:
         what = "--global-batch-tokens" if global_batch_tokens is not None else "--tokens-per-device x devices"
         raise UserError(f"{what} = {tokens} must be a positive multiple of the sequence length {model.seq}")
@@ -89,7 +90,7 @@ def scale(model: ModelSpec, cluster: ClusterSpec, counts: list[int], global_batc
           mtbf_hours: float | None = None, checkpoint_bandwidth: float = DEFAULT_CHECKPOINT_BANDWIDTH) -> list[Row]:
     """One row per device count, in increasing order."""
     rows: list[Row] = []
-    winners = []
+    winners: list = []
     for n in counts:
         batch = batch_at(model, n, global_batch_tokens, tokens_per_device)
         plan = search(model, cluster, n, batch, precision, top=top)
@@ -109,7 +110,8 @@ def scale(model: ModelSpec, cluster: ClusterSpec, counts: list[int], global_batc
             exposed_comm_fraction=win.exposed_comm_s / win.step_time_s,
             usd_per_million_tokens=n * price / 3600 / win.tokens_per_s * 1e6 if price else None,
             joules_per_token=joules_per_token(cluster, win),
-            change=why_changed(model, cluster, winners[-1], win, batch, precision) if winners else "")
+            change=why_changed(model, cluster, winners[-1], win, batch, precision) if winners else "",
+            band=win.band)
         if mtbf_hours is not None:
             good = of_prediction(win, mtbf_hours, checkpoint_bandwidth)
             row.goodput = {**good.to_dict(), "tokens_per_s": win.tokens_per_s * good.ettr}
@@ -142,7 +144,7 @@ def why_changed(model, cluster, before, after, batch: int, precision: str) -> st
     if not pred.fits:
         return f"{kept} no longer fits in memory"
     diff = {k: v - components(after).get(k, 0.0) for k, v in components(pred).items()}
-    worst = max(diff, key=diff.get)
+    worst = max(diff, key=lambda k: diff[k])
     r = pred.regime
     side = (f"; {r['strategy']} at {r['per_device_tokens']:,.0f} tokens per device vs a critical batch of "
             f"{r['critical_tokens']:,.0f}" if r.get("critical_tokens") else "")

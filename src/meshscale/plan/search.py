@@ -89,7 +89,7 @@ class Plan:
     objective: str = "time"
     rejected: list = field(default_factory=list)  # best layouts of the runner-up parallel shapes
     fixed: dict = field(default_factory=dict)  # the --fix values every searched layout has
-    pool: object = field(default=None, repr=False)  # the search's scored layouts (search_within narrows them)
+    pool: "Pool | None" = field(default=None, repr=False)  # the search's scored layouts (search_within narrows them)
 
     def to_dict(self) -> dict:
         return {"evaluated": self.evaluated, "enumerated": self.enumerated, "fitting": self.fitting,
@@ -142,6 +142,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
     start = time.perf_counter()
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    cluster.check_precision(precision)
     pool = score(Pool(model, cluster, devices, global_batch, precision, headroom, cross_tp, where, fix or {}))
     if not len(pool.bounds):
         return Plan([], pool.enumerated, 0, 0, time.perf_counter() - start, pool.smallest, fixed=pool.fix)

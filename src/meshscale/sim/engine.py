@@ -81,7 +81,7 @@ def run(orders: tuple, owner, seconds, send, fsdp_share=None, replica: int = 0, 
                 t, gather_wait = start, 0.0
                 if fsdp_share is not None:  # unit by unit: gather u runs while unit u-1 computes
                     gather, units = fsdp_share(r, stage, compute)
-                    first = None
+                    first: float | None = None
                     for _ in range(units):
                         g_start = max(gather_end[r], prev_start[r])
                         gather_end[r] = g_start + gather / units
@@ -89,7 +89,7 @@ def run(orders: tuple, owner, seconds, send, fsdp_share=None, replica: int = 0, 
                         unit_start = max(t, gather_end[r])
                         gather_wait += unit_start - t
                         prev_start[r], t = unit_start, unit_start + compute / units
-                    out.events.append(Event(r, "dp", "fsdp", first, gather_end[r], stage, mb, replica))
+                    out.events.append(Event(r, "dp", "fsdp", first or 0.0, gather_end[r], stage, mb, replica))
                 else:
                     prev_start[r], t = start, start + compute
                 end = t + inline

@@ -82,7 +82,8 @@ class Simulation:
 def parse_stragglers(items: list[str], devices: int) -> tuple[dict[int, float], dict[int, float]]:
     """"RANK:FACTOR" (device RANK computes FACTOR times slower) and "link:RANK:FACTOR" (every transfer over
     its links takes FACTOR times longer) -> ({rank: factor} of slow devices, {rank: factor} of slow links)."""
-    slow, links = {}, {}
+    slow: dict[int, float] = {}
+    links: dict[int, float] = {}
     for item in items or []:
         link = item.startswith("link:")
         rank, sep, factor = item.removeprefix("link:").partition(":")
@@ -110,7 +111,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batc
     cluster = shared_cores(cluster, layout.devices)  # the machine each rank sees, as predict costs it
     stragglers, slow_links = stragglers or {}, slow_links or {}
     per_stage = layout.devices // layout.pp
-    ring = defaultdict(lambda: 1.0)  # pp rank -> how much slower its data-parallel rings run
+    ring: defaultdict[int, float] = defaultdict(lambda: 1.0)  # pp rank -> how much slower its data-parallel rings run
     for g, factor in slow_links.items():
         ring[g // per_stage] = max(ring[g // per_stage], factor)
     seconds_for, send_for, share = _durations(model, cluster, layout, precision, pred, ring)
@@ -170,9 +171,15 @@ def _durations(model, cluster, layout, precision, pred, ring):
         return sum(exposed_seconds(factor * e["time_s"], e["hidden_by_s"], factor * e["shown_s"], efficiency)
                    for e in inline)
 
+    # compute slowed beside the collectives it hides (predict's interference_s): the inline ones' as long as they
+    # are (a slow link's longer), the data-parallel ones'; the stage sends' is left to their own events
+    inline_slowing = sum(e["interference_s"] for e in inline)
+    dp_slowing = sum(e["interference_s"] for e in pred.comm if e["axis"] in DATA_AXES)
+
     def seconds_for(slow: dict, links: dict):
         # per rank: the inline collectives and the FSDP traffic compute cannot hide, spread over its passes
-        serial = {r: exposed(links.get(r, 1.0)) + (1 - efficiency) * fsdp * ring[r] for r in range(layout.pp)}
+        serial = {r: exposed(links.get(r, 1.0)) + (1 - efficiency) * fsdp * ring[r]
+                  + inline_slowing * links.get(r, 1.0) + dp_slowing for r in range(layout.pp)}
 
         def seconds(rank, stage, kind, mb):
             compute = per_pass[kind](chunk[stage])
@@ -200,7 +207,7 @@ def _replicas(layout: Layout, stragglers: dict, slow_links: dict) -> list[tuple[
             replica = (g % per_stage) // layout.tp
             slow[replica][which][g // per_stage] = factor
             first.setdefault(replica, f"replica of device {g}" + ("'s link" if which else ""))
-    healthy = [] if len(slow) == layout.dp * layout.cp else [("", {}, {})]
+    healthy: list = [] if len(slow) == layout.dp * layout.cp else [("", {}, {})]
     return healthy + [(first[k], *slow[k]) for k in sorted(slow)]
 
 
@@ -274,7 +281,7 @@ def _bubble(run: engine.PipelineRun, pp: int) -> float:
 
 def _waits(run: engine.PipelineRun) -> dict:
     """Seconds each rank spent waiting for each other rank's data: {(rank, on rank): seconds}."""
-    on = defaultdict(float)
+    on: defaultdict[tuple, float] = defaultdict(float)
     for p in run.passes:
         if p.wait_on is not None:
             on[(p.rank, p.wait_on)] += p.waited
@@ -284,14 +291,16 @@ def _waits(run: engine.PipelineRun) -> dict:
 def critical_path(run: engine.PipelineRun) -> list[tuple[int, int]]:
     """Walk back from the pass that ends last: through the data it waited for, else its rank's previous
     pass. Returns (rank, passes) runs, latest first."""
-    by_key, previous, last_on_rank = {}, {}, {}
+    by_key: dict = {}
+    previous: dict = {}
+    last_on_rank: dict = {}
     last_stage = max(q.stage for q in run.passes)
     for p in run.passes:
         by_key[engine.output(p.stage, p.kind, p.mb)] = p
         previous[id(p)] = last_on_rank.get(p.rank)
         last_on_rank[p.rank] = p
     p = max(run.passes, key=lambda q: q.end)
-    path = []
+    path: list = []
     while p is not None:
         if path and path[-1][0] == p.rank:
             path[-1][1] += 1
@@ -310,7 +319,7 @@ def chrome_trace(sim: Simulation) -> dict:
     threads = {"compute": 0, "pp": 1, "dp": 2}
     out = []
     replicas = sorted({e.replica for e in sim.events})
-    pids = {}
+    pids: dict = {}
     for rep in replicas:
         for r in sorted({e.rank for e in sim.events}):
             pid = len(pids)

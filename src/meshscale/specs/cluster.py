@@ -49,11 +49,38 @@ class Software:
     # Element-wise work (norms, RoPE, activations, residuals) in fused kernels (Megatron's fused norm and bias-
     # activation kernels, XLA, torch.compile); false: one kernel per operator, as eager PyTorch runs it.
     fused_elementwise: bool = True
+    # The framework whose defaults fill what is left unset (`grad_buckets`): megatron-core, torch (DDP, FSDP2)
+    # or deepspeed.
+    framework: str = "megatron-core"
+    # Parameters per gradient bucket of DDP and ZeRO-1/2 (one reduce launch each; ZeRO-3 reduces one wrapped
+    # unit at a time whatever this says, as FSDP2 does). Unset: the framework's default, FRAMEWORK_BUCKETS.
+    grad_bucket_params: int | None = None
+    # MoE token dispatch and combine: "alltoall", NCCL's all-to-all (Megatron-Core's alltoall dispatcher), or
+    # "deepep", DeepEP's NVLink/RDMA-forwarding kernels (Megatron-Core's flex dispatcher; cost/comm.py
+    # deepep_seconds); NVIDIA clusters only.
+    moe_dispatcher: str = "alltoall"
+    # Tokens the busiest expert-parallel rank receives over the balanced share (>= 1): its experts' GEMMs and its
+    # dispatch and combine take that much longer, and the step waits for it. 1: balanced, as vendor benchmarks
+    # force routing (Megatron-Core --moe-router-force-load-balancing); a measured max/mean of tokens per EP rank
+    # otherwise.
+    moe_imbalance: float = 1.0
     # Fraction of an overlapped collective's time that can run beside compute, the rest adding to the step
     # (cost/step.py exposed_seconds): 1 where a separate engine moves the data (NCCL on GPUs, ICI DMA on TPUs);
     # calibrate measures it where collectives and compute share the cores (gloo on this CPU: 0-0.6 in full
     # calibrations; --quick's three repeats scatter up to 1).
     overlap_efficiency: float = 1.0
+
+
+# Each framework's default gradient bucket, in parameters, and where it is set:
+# - megatron-core: max(40M, 1M x data-parallel size) parameters (megatron/core/distributed/
+#   distributed_data_parallel.py, DistributedDataParallelConfig.bucket_size's default, "so that collectives do
+#   not become latency-bound"); one bucket per gradient buffer where overlap_grad_reduce is off, and on every
+#   pipeline stage but the first, and for every virtual chunk but the first (disable_bucketing);
+# - torch: DDP's bucket_cap_mb=25, 25 MiB of the fp32 gradient (torch/nn/parallel/distributed.py), 6.55M
+#   parameters; FSDP2 reduces per fully_shard unit;
+# - deepspeed: ZeRO-1/2's reduce_bucket_size, 5e8 elements (deepspeed/runtime/zero/config.py).
+# (parameters per bucket, and per data-parallel rank: the bucket is the larger)
+FRAMEWORK_BUCKETS = {"megatron-core": (40e6, 1e6), "torch": (25 * 2**20 / 4, 0.0), "deepspeed": (5e8, 0.0)}
 
 
 @dataclass(frozen=True)
@@ -102,6 +129,19 @@ class ClusterSpec:
     # Power per device (W) for energy per token: board power when busy, idle power otherwise (see POWER_W).
     board_power_w: float = 0.0
     idle_power_w: float = 0.0
+    # NCCL's view (cost/collectives.py): the GPU generation whose tuner constants apply ("": not NCCL; the
+    # alpha-beta model of cost/comm.py), the bus bandwidth of NVLink SHARP all-reduce inside the NVLink domain
+    # (bytes/s, nccl-tests' measured ceiling; 0: no NVLS), and the host CPU (NCCL's LL cap and network post
+    # overhead depend on it).
+    gpu_arch: str = ""
+    nvls_bandwidth: float = 0.0
+    host_cpu: str = "intel"
+    # Fraction of compute throughput lost while a collective runs beside it (cost/comm.py sm_share), where
+    # measured on the machine in hand; unset: the SMs NCCL's channels hold on NVIDIA GPUs, 0 elsewhere.
+    overlap_slowdown: float | None = None
+    # Spread (standard deviation, a fraction) of device speed across a fleet of the same SKU: a synchronous step
+    # waits for the slowest device (cost/step.py slowest_of). 0: identical devices.
+    device_spread: float = 0.0
 
     def __post_init__(self):
         tiers = tuple(t if isinstance(t, Tier) else build(Tier, dict(t), f"cluster {self.name} tier")
@@ -138,8 +178,36 @@ class ClusterSpec:
                 raise UserError(f"cluster {self.name}: tier {t.name} needs bandwidth > 0, efficiency in (0, 1], "
                                 "latency >= 0, size >= 0")
 
+        if self.gpu_arch not in ("", "volta", "ampere", "hopper", "blackwell"):
+            raise UserError(f"cluster {self.name}: gpu_arch must be one of volta, ampere, hopper, blackwell "
+                            "(or empty: not an NCCL cluster)")
+        if self.host_cpu not in ("intel", "amd", "arm") or self.nvls_bandwidth < 0:
+            raise UserError(f"cluster {self.name}: host_cpu must be intel, amd or arm and nvls_bandwidth >= 0")
+        sw = self.software
+        if sw.framework not in FRAMEWORK_BUCKETS:
+            raise UserError(f"cluster {self.name}: [software] framework must be one of "
+                            f"{', '.join(FRAMEWORK_BUCKETS)}, got {sw.framework!r}")
+        if sw.grad_bucket_params is not None and (isinstance(sw.grad_bucket_params, bool) or not
+                                                  isinstance(sw.grad_bucket_params, (int, float)) or
+                                                  not sw.grad_bucket_params >= 1):
+            raise UserError(f"cluster {self.name}: [software] grad_bucket_params must be a positive number of "
+                            f"parameters per gradient bucket (leave it out for {sw.framework}'s default), "
+                            f"got {sw.grad_bucket_params!r}")
+        if sw.moe_dispatcher not in ("alltoall", "deepep") or (sw.moe_dispatcher == "deepep" and not self.gpu_arch):
+            raise UserError(f"cluster {self.name}: [software] moe_dispatcher must be alltoall, or deepep on an "
+                            f"NVIDIA cluster (gpu_arch set), got {sw.moe_dispatcher!r}")
+        if not sw.moe_imbalance >= 1:
+            raise UserError(f"cluster {self.name}: [software] moe_imbalance must be >= 1 (the busiest expert-parallel "
+                            f"rank's tokens over the balanced share; 1: balanced), got {sw.moe_imbalance!r}")
         if not 0 <= self.software.overlap_efficiency <= 1:
             raise UserError(f"cluster {self.name}: [software] overlap_efficiency must be in [0, 1]")
+        if self.overlap_slowdown is not None and (isinstance(self.overlap_slowdown, bool) or not isinstance(
+                self.overlap_slowdown, (int, float)) or not 0 <= self.overlap_slowdown < 1):
+            raise UserError(f"cluster {self.name}: overlap_slowdown must be a number in [0, 1) (the fraction of "
+                            f"compute lost beside a collective), got {self.overlap_slowdown!r}")
+        if not 0 <= self.device_spread < 0.5:
+            raise UserError(f"cluster {self.name}: device_spread must be in [0, 0.5) (the standard deviation of "
+                            f"device speed, a fraction), got {self.device_spread!r}")
         if self.calibrated_ranks < 0:
             raise UserError(f"cluster {self.name}: calibrated_ranks must be >= 0 (0: devices do not share cores)")
         if min(self.op_overhead_s, self.fsdp_unit_overhead_s, self.fsdp_tensor_overhead_s) < 0 or any(r[-1] <= 0 for r in self.attention_rates + self.gemm_rates):
@@ -148,6 +216,12 @@ class ClusterSpec:
         if any(len(c) != 3 or c[1] < 0 or c[2] <= 0 for c in self.collectives):
             raise UserError(f"cluster {self.name}: each of collectives needs collective, latency >= 0, "
                             "bandwidth > 0")
+
+    def check_precision(self, precision: str) -> None:
+        """FP8 asked of a cluster without FP8 data (no fp8 peak, as A100 has no FP8 tensor cores): one line."""
+        if precision == "fp8" and not self.peak_flops_fp8:
+            raise UserError(f"cluster {self.name}: no FP8 data (peak_flops_fp8 is 0: {self.accelerator} has no FP8 "
+                            "matrix units on record); use --precision bf16, or a cluster file giving peak_flops_fp8")
 
     def peak_flops(self, precision: str) -> float:
         peak = {"bf16": self.peak_flops_bf16, "fp8": self.peak_flops_fp8 or self.peak_flops_bf16,
@@ -189,14 +263,21 @@ MiB, GiB = 2**20, 2**30  # HBM stacks come in binary sizes: an "80 GB" GPU holds
 
 
 def _gpu(name, accel, bf16, fp8, fp32, hbm, hbm_bw, eff, nvlink, nvlink_size, nic, price, sms, attention,
-         nvlink_eff=0.80, nic_eff=0.85, **kw) -> ClusterSpec:
+         nvlink_eff=0.80, nic_eff=0.85, fast="nvlink", **kw) -> ClusterSpec:
     # Latencies: NCCL ring step ~1-2 us inside NVLink, ~5 us across InfiniBand (nccl-tests small-message
     # all_reduce on DGX systems: ~10-20 us for 8 GPUs, ~30-60 us across nodes).
     # GEMM blocks: cuBLAS/CUTLASS bf16 kernels on Ampere and Hopper tile the output 128x256 and fill a
     # 3-stage shared-memory pipeline of k-slices of 64 before the first MMA, so each tile pays ~128 of k
     # (NVIDIA "Matrix Multiplication Background" guide: tile and wave quantization; Anthony et al. 2024,
     # arXiv:2401.14489, sec. 4: GEMM throughput against shape).
-    tiers = (Tier("nvlink", nvlink_size, nvlink, 1.5e-6, nvlink_eff), Tier("ib", 0, nic, 5e-6, nic_eff))
+    # Software: Megatron-Core's defaults (the Software dataclass), the framework the published GPU runs use.
+    # Device spread: Sinha et al. 2022 (SC22, arXiv:2208.11035) measured 8% average performance variation
+    # (fastest to slowest, outliers aside) among same-SKU GPUs of clusters of thousands (Summit, Vortex,
+    # Frontera, Longhorn: V100; Corona: MI60), from power management and manufacturing; read as the expected
+    # range 2 sigma sqrt(2 ln n) of n ~ 5,000 normal draws, sigma = 1%. No figure for newer GPUs: the same.
+    tiers = (Tier(fast, nvlink_size, nvlink, 1.5e-6, nvlink_eff), Tier("ib", 0, nic, 5e-6, nic_eff))
+    kw.setdefault("software", Software(framework="megatron-core"))
+    kw.setdefault("device_spread", 0.01)
     return ClusterSpec(name=name, accelerator=accel, peak_flops_bf16=bf16, peak_flops_fp8=fp8,
                        peak_flops_fp32=fp32, hbm_bytes=hbm, hbm_bandwidth=hbm_bw, matmul_efficiency=eff,
                        tiers=tiers, default_devices=nvlink_size, price_per_device_hour=price, compute_units=sms,
@@ -209,11 +290,13 @@ def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, eff=0
     # (Cloud TPU "performance guide": dimensions are padded to multiples of 128); large MXU-aligned matmuls run
     # near peak (scaling book Part 1 takes them at peak; we keep 10% for the vector-unit epilogue), and XLA
     # schedules tiles without GPU-style waves.
+    # Software: MaxText shards with FSDP (zero=3: one reduce per layer, whatever the framework); for zero 0-2 XLA
+    # combines all-reduces up to a threshold we have no published figure for: Megatron-Core's buckets stand in.
     tiers = (Tier("ici", _prod(torus), ici_axis, 1e-6, 0.90), Tier("dcn", 0, dcn, 10e-6, 0.80))
     return ClusterSpec(name=name, accelerator=accel, peak_flops_bf16=bf16, peak_flops_fp8=fp8,
                        peak_flops_fp32=bf16 / 2, hbm_bytes=hbm, hbm_bandwidth=hbm_bw, matmul_efficiency=eff,
                        tiers=tiers, torus=torus, default_devices=_prod(torus), price_per_device_hour=price,
-                       gemm_tile=(128, 128))
+                       gemm_tile=(128, 128), software=Software(framework="megatron-core"))
 
 
 # matmul_efficiency: the fraction of the dense peak the best-shaped bf16 GEMM sustains, the ceiling of the
@@ -228,31 +311,62 @@ def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, eff=0
 # TFLOP/s (Dao 2023, arXiv:2307.08691, fig. 6; 0.60); FlashAttention-3 on H100 (Shah et al. 2024,
 # arXiv:2407.08608, figs. 5-6: forward up to 740 TFLOP/s, backward 1.5-1.75x FlashAttention-2's ~330), ~0.50.
 # Bus-bandwidth efficiencies are nccl-tests all_reduce busbw over the link rate on DGX systems:
-# A100 NVLink3 ~230 of 300 GB/s (0.78), H100 NVLink4 ~360-380 of 450 GB/s (0.80), HDR/NDR IB ~0.85.
+# A100 NVLink3 ~230 of 300 GB/s (0.78), H100 NVLink4 ~360-380 of 450 GB/s (0.80), HDR/NDR IB ~0.85;
+# NVLink5 ring 680 of 900 GB/s at 8 GiB on a GB200 tray (Azure/AI-benchmarking-guide ND_GB200_v6_results.md,
+# NCCL 2.25.1, NCCL_ALGO=Ring: 0.76, B200's too). NVLS (NVLink SHARP) all-reduce ceilings: 8 H100/H200 ~480
+# GB/s (NCCL's maintainer in NVIDIA/nccl-tests#212; Azure ND_H200_v5_results.md 8 GiB: 480), 72 GB200
+# 835-847 GB/s at 4-8 GiB (coreweave/nccl-tests#43); B200 has no published NVLS figure: none charged.
+# gpu_arch selects NCCL's tuner constants (cost/collectives.py); DGX A100's host is AMD EPYC 7742, DGX H100's
+# Intel Xeon 8480C, GB200's Grace (Arm).
 PRESETS: dict[str, ClusterSpec] = {
-    # NVIDIA A100 datasheet: 312 TFLOP/s bf16, 19.5 fp32 (156 TF32), 80 GB HBM2e at 2.039 TB/s, 108 SMs
+    # NVIDIA A100 datasheet: 312 TFLOP/s bf16, 19.5 fp32 (156 TF32), no FP8, 80 GB HBM2e at 2.039 TB/s, 108 SMs
     # (nvidia-smi reports 81920 MiB);
     # DGX A100: NVLink3 600 GB/s bidirectional per GPU (300 one way), 8x HDR 200 Gb/s NICs (25 GB/s per GPU).
-    "a100-80gb": _gpu("a100-80gb", "A100-SXM4-80GB", 312e12, 312e12, 19.5e12, 81920 * MiB, 2.039e12, 0.72,
-                      300 * GB, 8, 25 * GB, 1.8, 108, 0.60, nvlink_eff=0.78),
+    "a100-80gb": _gpu("a100-80gb", "A100-SXM4-80GB", 312e12, 0.0, 19.5e12, 81920 * MiB, 2.039e12, 0.72,
+                      300 * GB, 8, 25 * GB, 1.8, 108, 0.60, nvlink_eff=0.78, gpu_arch="ampere", host_cpu="amd"),
     # NVIDIA H100 SXM datasheet: 989 TFLOP/s bf16 dense, 1979 fp8, 67 fp32; 80 GB HBM3 at 3.35 TB/s, 132 SMs
     # (nvidia-smi reports 81559 MiB);
     # DGX H100: NVLink4 900 GB/s bidirectional (450 one way), 8x ConnectX-7 NDR 400 Gb/s (50 GB/s per GPU).
     "h100-80gb": _gpu("h100-80gb", "H100-SXM5-80GB", 989e12, 1979e12, 67e12, 81559 * MiB, 3.35e12, 0.711,
-                      450 * GB, 8, 50 * GB, 2.5, 132, 0.50),
+                      450 * GB, 8, 50 * GB, 2.5, 132, 0.50, gpu_arch="hopper", nvls_bandwidth=480 * GB),
     # NVIDIA H200 datasheet: same compute as H100, 141 GB HBM3e at 4.8 TB/s (nvidia-smi: 143771 MiB); DGX H200
     # has the fabric of DGX H100.
     "h200": _gpu("h200", "H200-SXM-141GB", 989e12, 1979e12, 67e12, 143771 * MiB, 4.8e12, 0.711,
-                 450 * GB, 8, 50 * GB, 3.5, 132, 0.50),
+                 450 * GB, 8, 50 * GB, 3.5, 132, 0.50, gpu_arch="hopper", nvls_bandwidth=480 * GB),
     # NVIDIA B200 (DGX B200 datasheet): 2.25 PFLOP/s bf16 dense, 4.5 fp8, 180 GB HBM3e at 8 TB/s (per GPU of
     # the 1440 GB system), 148 SMs, NVLink5 1.8 TB/s bidirectional (900 one way), 8x ConnectX-7 400 Gb/s.
     # No published fused-attention figure yet: H100's fraction.
     "b200": _gpu("b200", "B200-180GB", 2.25e15, 4.5e15, 75e12, 180 * GB, 8e12, 0.640,
-                 900 * GB, 8, 50 * GB, 5.0, 148, 0.50),
+                 900 * GB, 8, 50 * GB, 5.0, 148, 0.50, nvlink_eff=0.76, gpu_arch="blackwell"),
     # GB200 NVL72 datasheet: 72 GPUs in one NVLink domain, 2.5 PFLOP/s bf16 dense, 5 fp8 per GPU,
     # 186 GB HBM3e at 8 TB/s, NVLink5 900 GB/s one way; ConnectX-8 800 Gb/s (100 GB/s) per GPU across racks.
     "gb200-nvl72": _gpu("gb200-nvl72", "GB200", 2.5e15, 5e15, 80e12, 186 * GB, 8e12, 0.640,
-                        900 * GB, 72, 100 * GB, 6.0, 148, 0.50),
+                        900 * GB, 72, 100 * GB, 6.0, 148, 0.50, nvlink_eff=0.76, gpu_arch="blackwell",
+                        nvls_bandwidth=840 * GB, host_cpu="arm"),
+    # NVIDIA Blackwell Ultra, from the datasheets (HGX B300: per GPU 2.25 PFLOP/s bf16 dense, 4.5 fp8 (the same
+    # as B200; FP4 is what grew), 288 GB HBM3e at 8 TB/s, NVLink5 900 GB/s one way, ConnectX-8 800 Gb/s (100 GB/s)
+    # per GPU; GB300 NVL72: 72 GPUs, 2.5 PFLOP/s bf16 dense and 5 fp8 per GPU, 288 GB at 8 TB/s). Blackwell
+    # Ultra has 160 SMs. No measured GEMM, attention, NVLink or NVLS figures yet: B200's (GB200's NVLS ceiling,
+    # the same NVLink switch system) stand in; no price or power on record.
+    "b300": _gpu("b300", "B300-288GB", 2.25e15, 4.5e15, 75e12, 288 * GB, 8e12, 0.640, 900 * GB, 8, 100 * GB, 0.0,
+                 160, 0.50, nvlink_eff=0.76, gpu_arch="blackwell"),
+    "gb300-nvl72": _gpu("gb300-nvl72", "GB300", 2.5e15, 5e15, 80e12, 288 * GB, 8e12, 0.640, 900 * GB, 72, 100 * GB,
+                        0.0, 160, 0.50, nvlink_eff=0.76, gpu_arch="blackwell", nvls_bandwidth=840 * GB,
+                        host_cpu="arm"),
+    # AMD Instinct MI300X datasheet: 1307.4 TFLOP/s bf16 dense, 2614.9 fp8, 163.4 fp32 matrix, 192 GB HBM3 at
+    # 5.3 TB/s, 304 CUs; 8 GPUs fully connected by Infinity Fabric, 7 links of 64 GB/s one way (448 GB/s);
+    # 400 Gb/s NIC per GPU. MI325X: the same compute die, 256 GB HBM3E at 6 TB/s. GEMM: MAMF 781.9 of 1300
+    # (ml-engineering's MAMF table, ROCm 6.2; 0.601), sustained by the burst-to-sustained ratio measured on
+    # NVIDIA parts (0.83; see matmul_efficiency above): 0.50. Collectives are RCCL's, not NCCL's tuner
+    # (gpu_arch unset: alpha-beta); no published RCCL bus bandwidth: NVLink's 0.80 fraction stands in.
+    "mi300x": _gpu("mi300x", "MI300X-192GB", 1307.4e12, 2614.9e12, 163.4e12, 192 * GB, 5.3e12, 0.50, 448 * GB, 8,
+                   50 * GB, 0.0, 304, 0.0, fast="xgmi"),
+    "mi325x": _gpu("mi325x", "MI325X-256GB", 1307.4e12, 2614.9e12, 163.4e12, 256 * GB, 6.0e12, 0.50, 448 * GB, 8,
+                   50 * GB, 0.0, 304, 0.0, fast="xgmi"),
+    # TPU v6e (Trillium; Cloud TPU docs): 918 TFLOP/s bf16, 1836 int8, 32 GiB HBM at 1.64 TB/s, 2D torus 16x16
+    # (256 chips a pod), ICI 9e10 B/s bidirectional per link (scaling book Part 2), 1.8e11 per axis; no DCN
+    # figure per chip published: v5e's; $2.70 per chip-hour on demand.
+    "tpu-v6e": _tpu("tpu-v6e", "TPU v6e", 918e12, 1836e12, 32 * GiB, 1.64e12, 1.8e11, 3.125e9, (16, 16), 2.7),
     # TPU v5p (Cloud TPU docs, scaling book Part 2): 4.59e14 bf16, 9.18e14 int8, 95 GiB HBM at 2.765 TB/s,
     # ICI 9e10 B/s bidirectional per link, so 1.8e11 per torus axis with wraparound (the book's W_ici);
     # pods of up to 8960 chips, 16x16x16 = 4096 per slice here; DCN ~6.25e9 B/s per chip.
@@ -269,10 +383,14 @@ PRESETS: dict[str, ClusterSpec] = {
     # 1024^3 (2026-11-23); bf16 has no native CPU GEMM here, rough 1e10. gloo all_reduce over loopback,
     # 2 ranks (tests/multirank.py): 0.77-0.87 GB/s bus bandwidth for 4-16 MB, 0.77 ms for 4 bytes (two ring
     # steps, ~0.35 ms each) while three engineers shared the cores. Issue 4's trainer measures whole steps.
+    # Software: torch's (FSDP2 units), with our runtime's gradient buckets, 1 MiB of fp32 gradient
+    # (runtime/config.py bucket_mb, parallel/data_parallel.py grad_buckets).
     "local-cpu": ClusterSpec(name="local-cpu", accelerator="cpu (2 cores)", peak_flops_bf16=1e10,
                              peak_flops_fp8=0.0, peak_flops_fp32=3.4e10, hbm_bytes=8 * GB, hbm_bandwidth=10e9,
                              matmul_efficiency=1.0, tiers=(Tier("loopback", 0, 0.87e9, 3.5e-4, 1.0),),
-                             default_devices=2, gemm_tile=(1, 1), software=Software(param_gather_fp32=True)),
+                             default_devices=2, gemm_tile=(1, 1),
+                             software=Software(framework="torch", grad_bucket_params=2**18,
+                                               param_gather_fp32=True)),
 }
 
 # Power per device, (board power, idle power) in W, for `meshscale scale`'s energy per token: a device draws

@@ -38,7 +38,8 @@ class Fields:
     """A config's fields, each read at most once and type-checked; `finish` refuses whatever was not read."""
 
     def __init__(self, data: dict, source: str):
-        self.data, self.source, self.read = data, source, set()
+        self.data, self.source = data, source
+        self.read: set[str] = set()
 
     def get(self, key: str, kind: type, default=None):
         """The value of `key` (null counts as absent), or `default`; default ... means required."""
@@ -94,7 +95,7 @@ def _rope(f: Fields) -> dict:
     for key, value in (("rope_theta", theta), ("partial_rotary_factor", fraction)):
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise UserError(f"{f.source}: {key} must be a number, got {value!r}")
-    out = {"rope_theta": float(theta), "rotary_fraction": float(fraction)}
+    out: dict[str, float | str] = {"rope_theta": float(theta), "rotary_fraction": float(fraction)}
     if kind != "default":
         out["rope_scaling"] = json.dumps({"rope_type": kind, **params}, sort_keys=True)
     return out
@@ -307,7 +308,7 @@ def model_fields(data: dict, source: str) -> dict:
     outer = data.get("model_type")
     if isinstance(data.get("text_config"), dict):  # a multimodal model: plan its language model
         data = dict(data["text_config"])
-        data.setdefault("model_type", TEXT_CONFIG_TYPES.get(outer, outer))
+        data.setdefault("model_type", TEXT_CONFIG_TYPES.get(str(outer), outer))
         source = f"{source} (text_config)"
     kind = data.get("model_type")
     if kind not in READERS:

@@ -316,9 +316,13 @@ def trainer_refusal(layout: Layout, model) -> str | None:
         return f"model {model.name}: the trainer has no {lacks}"
     if layout.cp > 1 and model.sliding_window and model.sliding_window < model.seq:
         return f"cp>1 is not built for sliding-window attention ({model.name}); use cp=1"
-    if layout.sp and (model.is_moe or model.biases):
-        # MoE routing and LayerNorm biases would need their own sequence-parallel gradient sums
-        return f"sp=true is not built for {'MoE' if model.is_moe else 'GPT-style (biased)'} models; use sp=false"
+    if layout.sp and model.biases:
+        # LayerNorm biases and row-parallel biases would need their own sequence-parallel gradient sums
+        return "sp=true is not built for GPT-style (biased) models; use sp=false"
+    if layout.sp and model.is_moe and layout.ep > 1:
+        # the MoE region gathers the sequence, so every TP rank dispatches all its tokens: tp times the
+        # all-to-all bytes the cost model charges (each TP rank dispatching its sequence shard)
+        return "sp=true with ep>1 is not built (each TP rank would dispatch the whole sequence); use sp=false or ep=1"
     if layout.cp > 1 and model.is_moe:
         return "cp>1 is not built for MoE models (the balance loss is per whole sequence); use cp=1"
     if layout.cp > 1 and model.learned_positions:
@@ -327,12 +331,10 @@ def trainer_refusal(layout: Layout, model) -> str | None:
         return "tp>1 is not built for MoE experts with biases (their row-parallel bias); use tp=1"
     if (model.biases or model.qkv_bias) and layout.tp > model.kv_heads:
         return f"tp={layout.tp} > kv_heads is not built for biased K/V projections; use tp<={model.kv_heads}"
-    if layout.replicas > 1 and layout.ep > 1:
-        # the experts' state shards over their own expert data-parallel group, not the shard groups
-        return "shard is not built with ep>1; drop shard or use ep=1"
-    if layout.pp > 1 and model.tied_embeddings and layout.dp * layout.cp > 1 and layout.zero >= 2:
-        # the two copies' gradients are summed after the schedule; zero>=2 reduce-scatters them during it
-        return f"pp>1 with tied embeddings ({model.name}) needs zero<=1; use zero=0 or 1"
+    if layout.pp > 1 and model.tied_embeddings and layout.dp * layout.cp > 1 and layout.zero == 2:
+        # the two copies' gradients are summed after the schedule; zero=2 reduce-scatters them into flat buckets
+        # that differ between the stages during it (zero=3 sums its FSDP2 shards)
+        return f"pp>1 with tied embeddings ({model.name}) is not built for zero=2; use zero=1 or 3"
     if model.vocab % layout.tp:
         # the cost model pads the vocabulary like Megatron; the trainer's vocabulary-parallel embedding does not
         return (f"tp={layout.tp} must divide the vocabulary ({model.vocab}) of {model.name} for the trainer's "

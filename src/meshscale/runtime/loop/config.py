@@ -5,9 +5,14 @@ import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+import torch
+
+from meshscale.cost import predict
+from meshscale.data.indexed import is_indexed
 from meshscale.errors import UserError
 from meshscale.models import hf_weights
 from meshscale.runtime.loop.data import check_tokens, load_tokens
+from meshscale.runtime.measure import live
 from meshscale.runtime.resilience.checkpoint import check_dir, check_same_run, read_manifest
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout, check_against, check_trainable
@@ -20,7 +25,11 @@ class TrainConfig:
     model: str = "tiny"
     init_from: str | None = None  # a Hugging Face save_pretrained directory: its model and weights start the run
     layout: str = ""  # empty: dp over every process
-    nproc: int = 1
+    nproc: int = 1  # processes on this node
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = ""  # the host of node 0 (needed with nnodes > 1)
+    master_port: int = 29500
     steps: int = 20
     global_batch: int = 8  # sequences per optimizer step
     seq: int = 0  # 0: the model's own sequence length
@@ -31,12 +40,17 @@ class TrainConfig:
     warmup: int = 5
     weight_decay: float = 0.1
     clip: float = 1.0
-    bucket_mb: float = 1.0  # DDP / ZeRO gradient bucket size
+    bucket_mb: float = 25.0  # DDP / ZeRO gradient bucket size: torch DDP's bucket_cap_mb (and the cost model's)
     data: str | None = None  # None: the Python standard library's sources
+    document_mask: bool = False  # attention within each document, positions from each one's start
     val_batches: int = 4
     log_every: int = 1  # print every n-th step (the JSONL file gets them all)
     metrics_out: str | None = None
     trace: str | None = None  # Chrome-trace JSON of the last step's pipeline runs
+    tensorboard: str | None = None  # TensorBoard event files, measured beside predicted (rank 0)
+    wandb: str | None = None  # a W&B run in this folder, offline unless WANDB_MODE says otherwise (rank 0)
+    profile: str | None = None  # steps traced by torch.profiler, e.g. "3", "2,5", "2-4"
+    profile_dir: str = "profile"  # where each traced step's Chrome trace goes, one file per rank
     plot: str | None = None  # PNG: loss and measured vs predicted step time, drawn by rank 0 at the end
     overwrite: bool = False
     predict: bool = False
@@ -85,7 +99,7 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
 
     if cfg.precision not in ("fp32", "bf16"):
         raise UserError(f"--precision must be fp32 or bf16, got {cfg.precision!r}")
-    for key in ("steps", "global_batch", "nproc"):
+    for key in ("steps", "global_batch", "nproc", "nnodes"):
         if getattr(cfg, key) < 1:
             raise UserError(f"--{key.replace('_', '-')} must be at least 1, got {getattr(cfg, key)}")
     spec = _model(cfg)
@@ -102,11 +116,10 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
         raise UserError(f"layout: mbs={layout.mbs} exceeds the {per_rank} sequences each DP rank gets "
                         f"(global batch {cfg.global_batch} / dp={layout.dp}); lower mbs")
     check_against(layout, spec, cfg.global_batch)
-    if cfg.data is not None and not Path(cfg.data).exists():
-        raise UserError(f"--data {cfg.data}: no such file or directory; pass a text file, a directory of "
-                        "text files, or a .bin token file")
     if cfg.data is not None:
         check_tokens(load_tokens(cfg.data), spec.vocab, spec.seq, f"--data {cfg.data}")
+    if cfg.document_mask:
+        _check_document_mask(cfg, layout)
     if cfg.metrics_out and not Path(cfg.metrics_out).absolute().parent.is_dir():
         raise UserError(f"--metrics-out {cfg.metrics_out}: directory {Path(cfg.metrics_out).parent} does not exist")
     if cfg.plot:
@@ -134,9 +147,71 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
             raise UserError(f"--{key.replace('_', '-')} must be 0 (off) or positive, got {getattr(cfg, key)}")
     if cfg.device not in ("auto", "cpu", "cuda"):
         raise UserError(f"--device must be auto, cpu or cuda, got {cfg.device!r}")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        build = "has no CUDA" if torch.version.cuda is None else "sees no GPU"
+        raise UserError(f"--device cuda: this torch ({torch.__version__}) {build}; use --device cpu (or auto)")
+    _check_nodes(cfg)
+    check_fits(cfg, spec, layout)
+    live.check(cfg)
     resuming = _check_checkpoints(cfg, spec)
     _check_metrics_out(cfg, resuming)
     return Resolved(cfg, spec, layout)
+
+
+def _check_document_mask(cfg: TrainConfig, layout: Layout) -> None:
+    if cfg.data is None or not is_indexed(cfg.data):
+        raise UserError("--document-mask needs documents: pass --data PREFIX of an indexed dataset "
+                        "(meshscale data prepare writes one)")
+    if layout.pp > 1 or layout.cp > 1:
+        raise UserError(f"--document-mask runs without pipeline or context parallelism (layout has pp={layout.pp}, "
+                        f"cp={layout.cp}): the pipeline's stages and the CP ring pass no per-token documents")
+
+
+def _check_nodes(cfg: TrainConfig) -> None:
+    if not 0 <= cfg.node_rank < cfg.nnodes:
+        raise UserError(f"--node-rank must be in 0..{cfg.nnodes - 1} for --nnodes {cfg.nnodes}, got {cfg.node_rank}")
+    if cfg.nnodes > 1 and not cfg.master_addr:
+        raise UserError("--nnodes > 1 needs --master-addr, the address of node 0 that every node can reach")
+    if not 0 < cfg.master_port < 65536:
+        raise UserError(f"--master-port must be a TCP port (1-65535), got {cfg.master_port}")
+
+
+def local_processes(cfg: TrainConfig) -> int:
+    """The processes of this run on this host (they share its cores and memory)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", cfg.nproc))
+
+
+def check_fits(cfg: TrainConfig, spec: ModelSpec, layout: Layout) -> None:
+    """Refuse, before anything is built, a layout whose predicted memory per rank (the cost model's) exceeds
+    what a rank has: the GPU's memory, or on CPU the host's available memory shared by its local processes."""
+    need = predict(spec, load_cluster("local-cpu"), layout, cfg.global_batch, cfg.precision).memory_per_device_bytes
+    gpu = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if gpu:
+        have, where = torch.cuda.get_device_properties(0).total_memory, "the GPU's memory"
+    else:
+        procs, host = local_processes(cfg), available_host_bytes()
+        have, where = host // procs, f"this host's available {host / 2**30:.1f} GiB shared by {procs} local process(es)"
+    if need["total"] <= have:
+        return
+    state = need["params"] + need["grads"] + need["optimizer"]
+    if state > have:
+        fix = ("shard the training state over more devices: zero=3 (fsdp=N), tp or pp" if gpu else
+               "this host cannot hold it; run on more hosts (--nnodes) with a sharded layout (fsdp=N, tp, pp) or "
+               "pick a smaller model")
+    else:
+        fix = "lower mbs or --seq, or recompute activations (recompute=full)"
+    raise UserError(f"{spec.name} under {layout} needs {need['total'] / 2**30:.1f} GiB per rank (cost model: "
+                    f"{state / 2**30:.1f} GiB of weights, gradients and optimizer state, "
+                    f"{need['activations'] / 2**30:.1f} GiB of activations), more than the {have / 2**30:.1f} GiB "
+                    f"a rank has ({where}); {fix}")
+
+
+def available_host_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def _model(cfg: TrainConfig) -> ModelSpec:

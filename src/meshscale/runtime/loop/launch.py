@@ -24,8 +24,10 @@ import time
 import traceback
 import uuid
 
+import torch
+
 from meshscale.errors import UserError
-from meshscale.runtime.loop.config import Resolved
+from meshscale.runtime.loop.config import Resolved, local_processes
 from meshscale.runtime.resilience.preemption import (
     EXIT_PREEMPTED,
     FORWARDED,
@@ -52,6 +54,7 @@ def run_here(run: Resolved) -> dict:
     from meshscale.runtime.measure.metrics import predicted, print_report
 
     device = pick_device(run.config.device, int(os.environ.get("LOCAL_RANK", 0)))
+    torch.set_num_threads(owned_cores(local_processes(run.config)))
     if run.layout.devices > 1 and not dist.is_initialized():
         # a backstop behind the trainer's watchdog (runtime/resilience/watchdog.py), which names the stuck rank first
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
@@ -67,6 +70,13 @@ def run_here(run: Resolved) -> dict:
     finally:
         if dist.is_initialized():
             _shut_down()
+
+
+def owned_cores(processes: int) -> int:
+    """This process's share of the cores it may run on: torch's default intra-op thread count is every core,
+    which under N local processes (or other load) oversubscribes them."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // processes)
 
 
 def _shut_down() -> None:
@@ -91,9 +101,11 @@ def say_stopped(line: str, rank0: bool = True) -> None:
 
 
 def launch_local(run: Resolved) -> int:
-    """Start run.config.nproc local workers with torch.distributed's elastic launcher (c10d rendezvous on a
-    free port) and wait for them. With --max-restarts R, when a worker fails the launcher stops them all
-    and starts the group again, up to R times; each new group resumes from the newest checkpoint. Returns
+    """Start run.config.nproc local workers with torch.distributed's elastic launcher and wait for them: a c10d
+    rendezvous on a free port on one node; with --nnodes N, node --node-rank's share of a static rendezvous at
+    --master-addr:--master-port (node 0 hosts it), as `torchrun --rdzv-backend static` does. With
+    --max-restarts R, when a worker fails the launcher stops them all and starts the group again, up to R
+    times; each new group resumes from the newest checkpoint. Returns
     0, or EXIT_PREEMPTED when a signal or --time-limit stopped the workers after they saved. A second
     signal ends the launcher at once (exit 128 + the signal's number), and its workers with it."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -124,10 +136,12 @@ def launch_local(run: Resolved) -> int:
             signal.signal(s, lambda signum, frame: _preempting(marker, signum, SignalException))
         with open(spec_file, "wb") as f:
             pickle.dump(run, f)
-        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=run.config.nproc, run_id=str(uuid.uuid4()),
-                              rdzv_backend="c10d", rdzv_endpoint="localhost:0",
-                              max_restarts=run.config.max_restarts,
-                              monitor_interval=0.1, **handled)
+        cfg = run.config
+        rdzv = (dict(rdzv_backend="c10d", rdzv_endpoint="localhost:0", run_id=str(uuid.uuid4())) if cfg.nnodes == 1
+                else dict(rdzv_backend="static", rdzv_endpoint=f"{cfg.master_addr}:{cfg.master_port}",
+                          rdzv_configs={"rank": cfg.node_rank}, run_id=f"meshscale-{cfg.master_port}"))
+        config = LaunchConfig(min_nodes=cfg.nnodes, max_nodes=cfg.nnodes, nproc_per_node=cfg.nproc,
+                              max_restarts=cfg.max_restarts, monitor_interval=0.1, **rdzv, **handled)
         try:
             elastic_launch(config, sys.executable)("-m", "meshscale.runtime.loop.launch", spec_file)
         except ChildFailedError as e:

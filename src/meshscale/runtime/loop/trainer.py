@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from meshscale.cost.memory import busiest_rank
 from meshscale.models import hf_weights
-from meshscale.models.transformer import build_model, full_shapes, moe_layers
+from meshscale.models.transformer import full_shapes, meta_model, moe_layers
 from meshscale.parallel.apply import apply_layout
 from meshscale.parallel.expert import ep_group_mean
 from meshscale.parallel.ledger import CommLedger
@@ -21,8 +21,9 @@ from meshscale.parallel.mesh import build_mesh, from_every_rank, replica_mesh
 from meshscale.parallel.pipeline import PipelineRunner
 from meshscale.parallel.tensor import vocab_parallel_cross_entropy
 from meshscale.runtime.loop.config import Resolved
-from meshscale.runtime.loop.data import TokenData, load_tokens, rank_microbatches
+from meshscale.runtime.loop.data import Corpus, TokenData, load_corpus, rank_microbatches
 from meshscale.runtime.loop.optim import build_optimizer, clip_gradients, lr_at, set_lr
+from meshscale.runtime.measure.live import LiveMetrics, StepProfiler
 from meshscale.runtime.measure.metrics import MemoryProbe, MetricsLog, heap_bytes, memory_bytes
 from meshscale.runtime.measure.trace import analytic_bubble, measured_bubble, write_chrome_trace
 from meshscale.runtime.resilience import checkpoint
@@ -74,9 +75,9 @@ class AccumulatedStep:
         self.par, self.loss_fn, self.autocast, self.device = par, loss_fn, autocast, device
 
     def loss(self, mb: tuple) -> torch.Tensor:
-        inputs, targets = (t.to(self.device) for t in mb)
+        inputs, targets, *documents = (t.to(self.device) for t in mb)  # documents: with --document-mask
         with self.autocast:
-            logits = self.par.model(inputs)
+            logits = self.par.model(inputs, *documents)
         return self.loss_fn(logits, targets)
 
     def __call__(self, micro: list) -> torch.Tensor:
@@ -134,12 +135,13 @@ class Training:
         self.is_logger = (dist.get_rank() if multi else 0) == 0 and log
 
         self.ledger = CommLedger()
-        self.data = TokenData(load_tokens(cfg.data) if tokens is None else tokens, spec.seq, cfg.seed)
+        corpus = load_corpus(cfg.data) if tokens is None else Corpus(tokens)
+        self.data = TokenData(corpus.tokens, spec.seq, cfg.seed, corpus.bounds)
         if device.type == "cpu":
             _import_setup()
         self.baseline = heap_bytes() if device.type == "cpu" else 0  # the corpus is not the model's memory
-        par = self.par = apply_layout(build_model(spec, cfg.seed, device), layout, mesh, self.ledger,
-                                      cfg.precision, cfg.bucket_mb, _weights_from(cfg.init_from, spec))
+        par = self.par = apply_layout(meta_model(spec, device), layout, mesh, self.ledger, cfg.precision,
+                                      cfg.bucket_mb, _weights_from(cfg.init_from, spec), cfg.seed, device)
         self.optimizer = build_optimizer(par.optim_params(), cfg.lr, cfg.weight_decay)
         autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
         self.m = m = layout.microbatches(cfg.global_batch)
@@ -154,6 +156,8 @@ class Training:
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
         self.metrics = MetricsLog(cfg.steps, cfg.metrics_out, self.is_logger, cfg.overwrite, cfg.log_every,
                                   resume_at=self.first_step if self.first_step or restarted else None)
+        self.live = LiveMetrics(run, self.is_logger)
+        self.profiler = StepProfiler(cfg.profile, cfg.steps, cfg.profile_dir, dist.get_rank() if multi else 0)
         self.named = [(name, p) for s in par.strategies for name, p in s.module.named_parameters()]
         self.faults.arm_gradients(self.named)  # before the guards' hooks, so they see the corrupted gradient
         self.guards = Guards([p for _, p in self.named], cfg.on_anomaly, cfg.spike_sigma, multi, device)
@@ -186,6 +190,7 @@ class Training:
                                     self.device)
         finally:
             self.metrics.close()
+            self.live.close()
         summaries = [self.ledger.summary(s) for s in range(self.first_step, cfg.steps)]
         result = {"rows": self.metrics.rows, "val_loss": val_loss, "comm": summaries,
                   "records": self.ledger.records}
@@ -204,12 +209,13 @@ class Training:
         """Run the steps from the first one not yet done; an anomaly stops, or rolls back to a checkpoint."""
         cfg, step = self.cfg, self.first_step
         while step < cfg.steps:
-            if self.probe is not None and step == cfg.steps - 1:
+            if self.probe is not None and step == cfg.steps - 1 and step not in self.profiler.chosen:
                 with self.probe.step():
                     row, anomalies = self.step(step)
                 row = dict(row, peak_memory_bytes=self.probe.peak, memory_probe=True)
             else:
-                row, anomalies = self.step(step)
+                with self.profiler.around(step):  # one profiler at a time: a traced step has no probe
+                    row, anomalies = self.step(step)
             actions = {a.action: a for a in anomalies}
             if "stop" in actions:
                 self.metrics.log(row)
@@ -227,6 +233,7 @@ class Training:
                                         row["sdc_check"])
                 row["checkpoint_save_s"] = time.perf_counter() - saving
             self.metrics.log(row)
+            self.live.log(row, self.ledger)
             step += 1
             if stop:
                 raise Preempted(stop_line(stop, step, saved, cfg.time_limit))
@@ -265,7 +272,7 @@ class Training:
         self.ledger.begin_step(step)
         lr = lr_at(step, cfg.steps, cfg.lr, cfg.min_lr, cfg.warmup)
         set_lr(self.optimizer, lr)
-        micro = rank_microbatches(self.data.global_batch(step, cfg.global_batch), *self.mine.of(layout.mbs))
+        micro = microbatches(self.data, step, cfg, layout, self.mine)
         snapshot = Snapshot(self.state, self.optimizer) if cfg.replay_anomalies else None
         loss_value, grad_norm, anomaly = self.forward_backward(step, micro)
         if anomaly is not None and snapshot is not None:  # same data, state and RNG: does it happen again?
@@ -373,6 +380,14 @@ def pipeline_trace(run: Resolved, runner, m: int) -> dict:
             "predicted": analytic_bubble(layout.schedule, layout.pp, m, layout.vpp)}
 
 
+def microbatches(data: TokenData, step: int, cfg, layout, mine: DataShard, split: str = "train") -> list:
+    """This rank's micro-batches of the global batch of `step`, with their tokens' documents under
+    --document-mask."""
+    documents = data.global_documents(step, cfg.global_batch, split) if cfg.document_mask else None
+    return rank_microbatches(data.global_batch(step, cfg.global_batch, split), *mine.of(layout.mbs),
+                             documents=documents)
+
+
 @torch.no_grad()
 def evaluate(step_fn, par, data: TokenData, cfg, layout, mine, dp_group, device) -> float:
     """Mean loss over `val_batches` held-out global batches (each dp x cp rank its share, then averaged)."""
@@ -380,8 +395,7 @@ def evaluate(step_fn, par, data: TokenData, cfg, layout, mine, dp_group, device)
         module.eval()
     total = 0.0
     for i in range(cfg.val_batches):
-        rows = rank_microbatches(data.global_batch(i, cfg.global_batch, "val"), *mine.of(layout.mbs))
-        total += float(step_fn.evaluate(rows))
+        total += float(step_fn.evaluate(microbatches(data, i, cfg, layout, mine, "val")))
     for _, module in par.chunks:
         module.train()
     return _all_mean(torch.tensor(total / cfg.val_batches, device=device), dp_group, layout.dp * layout.cp)

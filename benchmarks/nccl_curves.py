@@ -1,0 +1,89 @@
+"""Published nccl-tests bus-bandwidth curves against cost/collectives.py (all_reduce_perf, in-place or
+out-of-place busbw as published, float sum). Each curve names its source, NCCL version and system.
+Run: PYTHONPATH=src python benchmarks/nccl_curves.py [--plot docs/collectives.png]
+"""
+
+import sys
+from dataclasses import dataclass
+
+from meshscale.cost import collectives, comm
+from meshscale.specs.cluster import load_cluster
+
+M = 2**20
+
+
+@dataclass(frozen=True)
+class Curve:
+    name: str
+    source: str
+    cluster: str  # preset whose fabric the system has
+    devices: int
+    points: tuple  # (MiB, busbw GB/s)
+    algorithms: tuple = ()  # NCCL_ALGO forced by the run ((): NCCL's choice)
+
+
+CURVES = (
+    # Azure/AI-benchmarking-guide Azure_Results/ND_A100_v4_results.md "NCCL Bandwidth": 8 A100-SXM4-80GB on
+    # NVSwitch (the DGX A100 fabric), NCCL 2.18.5, AMD EPYC host
+    Curve("HGX A100 x8", "Azure ND A100 v4 results (NCCL 2.18.5)", "a100-80gb", 8,
+          ((1, 36.22), (2, 53.54), (4, 71.43), (8, 89.99), (16, 109.22), (32, 132.77), (64, 166.63),
+           (128, 174.18), (256, 213.87), (512, 221.58), (1024, 228.10), (2048, 230.22), (4096, 230.48),
+           (8192, 231.58))),
+    # Azure ND_H200_v5_results.md: 8 H200 on NVLink4 NVSwitch (the DGX H100 fabric), NVLS, NCCL 2.20.5
+    Curve("HGX H200 x8 (DGX H100 fabric)", "Azure ND H200 v5 results (NCCL 2.20.5)", "h200", 8,
+          ((1, 52.96), (2, 88.78), (4, 138.44), (8, 181.94), (16, 240.41), (32, 300.91), (64, 368.11),
+           (128, 412.45), (256, 432.24), (512, 442.72), (1024, 467.58), (2048, 472.57), (4096, 477.41),
+           (8192, 479.98))),
+    # Azure ND_GB200_v6_results.md: one GB200 tray, 4 GPUs on NVLink5, NCCL_ALGO=Ring, NCCL 2.25.1
+    Curve("GB200 tray x4, ring", "Azure ND GB200 v6 results (NCCL 2.25.1)", "gb200-nvl72", 4,
+          ((1, 80.48), (2, 110.43), (4, 146.27), (8, 253.46), (16, 331.09), (32, 422.62), (64, 550.73),
+           (128, 574.19), (256, 593.53), (512, 618.74), (1024, 646.87), (2048, 666.63), (4096, 673.06),
+           (8192, 679.61)), ("ring",)),
+    # coreweave/nccl-tests PR #43 (2025-02-20): one full NVL72 rack, 72 GPUs, out-of-place busbw
+    Curve("GB200 NVL72 x72", "coreweave/nccl-tests#43", "gb200-nvl72", 72,
+          ((512, 586.06), (1024, 681.17), (2048, 757.78), (4096, 839.16), (8192, 834.57))),
+    # coreweave/nccl-tests PR #92 (2026-05-26): 2 nodes of 8 H100, NDR 400 Gb/s per GPU, 8 GiB all-reduce
+    Curve("H100 2 nodes x8", "coreweave/nccl-tests#92", "h100-80gb", 16, ((8192, 440.58),)),
+    # coreweave/nccl-tests PR #48 (2025-04-21): 20 NVL72 racks, 1,440 GPUs, out-of-place busbw
+    Curve("GB200 NVL72 x20 racks", "coreweave/nccl-tests#48", "gb200-nvl72", 1440,
+          ((512, 150.95), (1024, 218.85), (2048, 286.52), (4096, 346.38))),
+)
+
+
+def predicted(curve: Curve, mib: float) -> tuple[float, str]:
+    """(bus bandwidth GB/s, algorithm/protocol) the model gives one call of `mib` MiB."""
+    cluster = load_cluster(curve.cluster)
+    link = comm.group_link(cluster, curve.devices, curve.devices, 1)
+    t, option = collectives.best("all_reduce", link.fabric, mib * M, curve.algorithms)
+    return collectives.wire_factor("all_reduce", curve.devices) * mib * M / t / 1e9, f"{option[0]}/{option[1]}"
+
+
+def errors(curve: Curve) -> list[tuple]:
+    """[(MiB, measured GB/s, predicted GB/s, error, algorithm/protocol)]."""
+    out = []
+    for mib, measured in curve.points:
+        busbw, option = predicted(curve, mib)
+        out.append((mib, measured, busbw, busbw / measured - 1, option))
+    return out
+
+
+if __name__ == "__main__":
+    for curve in CURVES:
+        rows = errors(curve)
+        worst = max(abs(e) for *_, e, _ in rows)
+        print(f"\n{curve.name} ({curve.devices} GPUs, {curve.source}): worst {worst:.0%}")
+        for mib, measured, busbw, err, option in rows:
+            print(f"  {mib:6d} MiB  measured {measured:7.1f}  model {busbw:7.1f} GB/s  {err:+6.1%}  {option}")
+    if "--plot" in sys.argv:
+        from meshscale.commands.collectives import curve as model_curve
+        from meshscale.plots import _pyplot, _save
+        plt = _pyplot()
+        fig, axes = plt.subplots(2, 3, figsize=(12, 7))
+        for ax, c in zip(axes.flat, CURVES):
+            sizes = [2**i * M for i in range(14)]
+            rows = [(s, predicted(c, s / M)[0]) for s in sizes]
+            ax.plot([s for s, _ in rows], [g for _, g in rows], "-", label="model")
+            ax.plot([m * M for m, _ in c.points], [g for _, g in c.points], "x", label="nccl-tests")
+            ax.set_xscale("log", base=2), ax.set_title(f"{c.name} ({c.devices})", fontsize=9)
+            ax.set_xlabel("bytes"), ax.set_ylabel("busbw GB/s"), ax.legend(fontsize=7)
+        _save(fig, sys.argv[sys.argv.index("--plot") + 1])

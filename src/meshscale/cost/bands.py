@@ -1,0 +1,51 @@
+"""Error bands: how far `predict` was from the measured step times of benchmarks/published.py's validation
+set, per category (hardware x dense/MoE x precision): the median and 90th percentile of |error| and the mean
+signed error (negative: predicted too fast). Every predict, plan and scale figure carries its category's band.
+
+The table is data computed by a script, never typed: `PYTHONPATH=src python benchmarks/published.py
+--write-bands` rewrites it from the current model, and tests/test_bands.py fails when it no longer equals what
+the script computes (so it cannot go stale). Categories without runs have no band: say so, claim nothing.
+"""
+
+from meshscale.specs.cluster import ClusterSpec
+from meshscale.specs.model import ModelSpec
+
+# --- written by benchmarks/published.py --write-bands; do not edit by hand -----------------------------
+SOURCE = 'benchmarks/published.py --write-bands, 44 published runs up to 2024, 2026-11-25'
+# "hardware kind precision": (runs, median |error|, p90 |error|, mean signed error)
+BANDS: dict[str, tuple[int, float, float, float]] = {
+    'A100 dense bf16': (19, 0.0529, 0.1091, 0.0425),
+    'H100 MoE bf16': (3, 0.1472, 0.9897, 0.2777),
+    'H100 dense bf16': (2, 0.0271, 0.0542, -0.0271),
+    'H100 dense fp8': (12, 0.0939, 0.1346, -0.0887),
+    'TPU v4 dense bf16': (1, 0.066, 0.066, 0.066),
+    'TPU v5e dense bf16': (4, 0.0547, 0.1225, -0.0398),
+    'TPU v5p dense bf16': (3, 0.0595, 0.0606, -0.054),
+}
+# --- end of written part ------------------------------------------------------------------------------
+
+
+def category(cluster: ClusterSpec, model: ModelSpec, precision: str) -> str:
+    """"hardware kind precision" of a prediction: the accelerator's family ("H100-SXM5-80GB" -> "H100",
+    "TPU v5p"), dense or MoE, and bf16 for every 16-bit recipe (bf16-pure differs in memory, not time)."""
+    hardware = cluster.accelerator.split("-")[0]
+    kind = "MoE" if model.is_moe else "dense"
+    return f"{hardware} {kind} {'bf16' if precision.startswith('bf16') else precision}"
+
+
+def band(cluster: ClusterSpec, model: ModelSpec, precision: str) -> dict:
+    """The band a prediction carries: its category, and the runs, median, p90 and mean signed error that
+    category earned (runs 0 and None elsewhere where the validation set has none)."""
+    key = category(cluster, model, precision)
+    runs, median, p90, bias = BANDS.get(key, (0, None, None, None))
+    return {"category": key, "runs": runs, "median_abs_error": median, "p90_abs_error": p90,
+            "mean_signed_error": bias, "source": SOURCE}
+
+
+def band_text(b: dict) -> str:
+    """One line for people: `A100 dense bf16, 19 runs: median 3.0%, p90 10.2%, bias +0.4%`."""
+    if not b["runs"]:
+        return f"{b['category']}: no validation runs in this category; accuracy unknown"
+    return (f"{b['category']}, {b['runs']} runs: median {b['median_abs_error']:.1%}, p90 {b['p90_abs_error']:.1%}, "
+            f"bias {b['mean_signed_error']:+.1%} ({'too fast' if b['mean_signed_error'] < 0 else 'too slow'} "
+            "on average)")

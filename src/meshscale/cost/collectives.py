@@ -1,0 +1,194 @@
+"""Collectives as NCCL runs them: ring and tree all-reduce, ring all-gather / reduce-scatter, NVLink SHARP
+(NVLS, NVLS-tree), and all-to-all as grouped point-to-point, each in NCCL's three protocols.
+
+NCCL picks, per call, the (algorithm, protocol) its tuner predicts fastest, time = latency + bytes /
+bandwidth (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel and ncclTopoGetAlgoTime). We take the same
+structure and constants, those of NCCL 2.20.5 (v2.20.5-1, the release of the DGX H100 measurements below;
+Blackwell's rows from master 5067397c, 2026): a base latency per algorithm and protocol, a latency per hop
+that depends on what the hop crosses (an NVLink hop is not a network hop; inter-domain ring steps pay the
+network's), protocol bandwidth ceilings (LL moves 8 data bytes in 16 and is capped per GPU generation,
+LL128 120 in 128, per-channel caps), the tree's and NVLS's shapes. Departures, each from nccl-tests:
+- the bus bandwidth of a link is nccl-tests' measured ceiling (specs/cluster.py: bandwidth x efficiency),
+  not NCCL's topology-search estimate, and NVLS's is its own measured ceiling (ClusterSpec.nvls_bandwidth);
+- NVLS's fixed cost: the tuner charges a constant 23 us, nccl-tests show it growing with the ranks (~75 us on
+  8 H200, ~550 us on 72 GB200), as the ring's Simple latency over the same ranks does: we charge that.
+Where this misses the curves (benchmarks/nccl_curves.py) is stated there and in the README.
+
+Pure Python, no torch; used by cost/comm.py for GPU clusters (ClusterSpec.gpu_arch set).
+"""
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+# ---- NCCL's tuner constants (src/graph/tuning.cc, ncclTunerConstantsDefaults), microseconds and GB/s -------
+PROTOCOLS = ("LL", "LL128", "Simple")
+BASE_LATENCY_US = {"tree": (6.8, 14.0, 0.0), "ring": (6.6, 14.0, 8.4)}
+HOP_LATENCY_US = {  # hwLatencies[hw][algorithm][protocol]
+    "nvlink": {"tree": (0.6, 1.25, 28.0), "ring": (0.6, 1.9, 3.4)},
+    "pci": {"tree": (1.0, 1.9, 28.0), "ring": (1.0, 2.5, 5.7)},
+    "net": {"tree": (5.0, 8.5, 28.0), "ring": (2.7, 4.0, 14.0), "nvls_tree": (0, 0, 14.0)},
+}
+# per GPU generation, indexed by nodes (1, 2, >2); LL's cap is by GPU type on one node, by host CPU across
+# nodes (llMaxBws rows: Intel-or-other / AMD)
+LL_MAX_BW = {"volta": (39.0, 39.0, 20.4), "ampere": (87.7, 22.5, 19.0), "hopper": (87.7, 22.5, 19.0),
+             "blackwell": (282.0, 90.0, 70.0)}
+LL_MAX_BW_HOST = {"intel": (39.0, 39.0, 20.4), "amd": (87.7, 22.5, 19.0)}
+RING_LL128_PER_CHANNEL = {"volta": (20.0,) * 3, "ampere": (20.0,) * 3, "hopper": (36.7,) * 3,
+                          "blackwell": (40.0,) * 3}
+TREE_LL128_PER_CHANNEL = {"volta": (20.0,) * 3, "ampere": (20.0,) * 3, "hopper": (36.7, 36.7, 29.0),
+                          "blackwell": (55.6, 31.67, 20.0)}
+TREE_PER_CHANNEL = {"volta": (26.5, 18.5, 10.0), "ampere": (24.0, 23.6, 17.8), "hopper": (38.7, 41.4, 36.0),
+                    "blackwell": (70.0, 42.8, 24.0)}
+NVLS_TREE_PER_CHANNEL = {"hopper": (0.0, 57.7, 45.5), "blackwell": (0.0, 96.0, 80.0)}
+# Trees' measured shortfall at medium sizes, by log2(bytes / 64) (treeCorrectionFactor)
+TREE_CORRECTION = (
+    (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
+    (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
+    (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9))
+NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0, "arm": 1.0}  # getNetOverhead: a network post per ring step
+# Channels NCCL opens for collectives on these systems (NCCL_DEBUG=INFO "coll channels" on DGX A100 / H100 /
+# B200 and GB200 trays); the per-channel caps above scale with them.
+CHANNELS = {"volta": 12, "ampere": 24, "hopper": 24, "blackwell": 32}
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """What NCCL's tuner needs to know about the ranks of one group: its GPU generation and host CPU, the ranks
+    per NVLink domain (`ppn`) and the domains (`nodes`), the per-hop kind inside a domain, the bus bandwidth
+    (GB/s) of the group's ring (nccl-tests' measured ceiling for this link) and NVLS's where the domain has
+    NVLink SHARP (0: none)."""
+    arch: str
+    ppn: int
+    nodes: int
+    busbw: float  # GB/s
+    nvls_busbw: float = 0.0  # GB/s
+    net_busbw: float = 0.0  # GB/s per rank through the network (all-to-all's outside share); 0: busbw
+    intra: str = "nvlink"
+    host: str = "intel"
+
+    @property
+    def ranks(self) -> int:
+        return self.ppn * self.nodes
+
+
+def _index(nodes: int) -> int:
+    return min(nodes, 3) - 1
+
+
+def _steps(collective: str, n: int) -> int:
+    return 2 * (n - 1) if collective == "all_reduce" else n - 1
+
+
+@lru_cache(maxsize=65536)
+def options(collective: str, fabric: Fabric) -> tuple:
+    """((algorithm, protocol, latency s, bus bandwidth B/s), ...) NCCL's tuner considers for `collective` on
+    `fabric` (ncclTopoTuneModel). Bus bandwidth as nccl-tests reports it: algorithm bandwidth x its
+    collective's factor (2(n-1)/n for all-reduce, (n-1)/n for all-gather / reduce-scatter)."""
+    f, n = fabric, fabric.ranks
+    i, ch = _index(f.nodes), CHANNELS[f.arch]
+    ll_cap = LL_MAX_BW[f.arch][i] if f.nodes == 1 else LL_MAX_BW_HOST["amd" if f.host == "amd" else "intel"][i]
+    nsteps = _steps(collective, n)
+    inter_steps = 0 if f.nodes == 1 else 2 * f.nodes if collective == "all_reduce" else f.nodes - 1
+    out = []
+    for p, proto in enumerate(PROTOCOLS):
+        # ring: every step crosses one hop; the inter-domain ones cost a network hop, the others an NVLink
+        # hop (at least the network post overhead once the ring leaves the domain)
+        net_post = 0.0 if f.nodes == 1 else NET_OVERHEAD_US[f.host] * (3 if proto == "Simple" else 1)
+        intra = max(HOP_LATENCY_US[f.intra]["ring"][p], net_post)
+        inter = HOP_LATENCY_US["net"]["ring"][p]
+        lat = BASE_LATENCY_US["ring"][p] + (nsteps - inter_steps) * intra + inter_steps * inter
+        ll = .25 if (f.nodes > 1 or collective == "all_reduce") else 1 / 3
+        bw = {"LL": min(ll_cap, f.busbw * ll),
+              "LL128": min(f.busbw * (.7 if f.ppn < 2 else .92), ch * RING_LL128_PER_CHANNEL[f.arch][i]),
+              "Simple": f.busbw}[proto]
+        if proto == "Simple" and collective == "all_reduce" and f.nodes > 1:
+            lat *= 1.4 if f.arch != "volta" else 1.9  # "plateau effect of ring" (ncclTopoGetAlgoTime)
+        out.append(("ring", proto, lat * 1e-6, bw * 1e9))
+        if collective != "all_reduce":
+            continue
+        # tree (double binary tree between domains, a chain inside): up and down, 2 x (chain + log2 levels)
+        lat = BASE_LATENCY_US["tree"][p] + 2 * ((f.ppn - 1) * HOP_LATENCY_US[f.intra]["tree"][p]
+                                                + _log2i(f.nodes) * HOP_LATENCY_US["net"]["tree"][p])
+        bw = min(f.busbw * .92, ch * TREE_PER_CHANNEL[f.arch][i])
+        bw = {"LL": min(bw / 3.8, ll_cap),
+              "LL128": min(bw * (7 / 9 if f.nodes == 1 else 120 / 128), ch * TREE_LL128_PER_CHANNEL[f.arch][i]),
+              "Simple": bw}[proto]
+        out.append(("tree", proto, lat * 1e-6, bw * 1e9))
+    if collective == "all_reduce" and f.nvls_busbw and f.ppn > 1:
+        # NVLS: multimem reduce and broadcast through the switch. The tuner charges it a constant 25 us;
+        # nccl-tests show its fixed cost growing with the ranks it synchronises (~75 us on 8 H200, ~550 us on
+        # 72 GB200: benchmarks/nccl_curves.py), which the ring's Simple latency over the same ranks matches.
+        lat = BASE_LATENCY_US["ring"][2] + 2 * (f.ppn - 1) * HOP_LATENCY_US[f.intra]["ring"][2]
+        if f.nodes == 1:
+            out.append(("nvls", "Simple", lat * 1e-6, f.nvls_busbw * 1e9))
+        else:  # NVLS inside each domain, a tree between them (two domains: both trees' links, master's rule)
+            lat += 2 * _log2i(f.nodes) * HOP_LATENCY_US["net"]["nvls_tree"][2]
+            net = (f.net_busbw or f.busbw) * f.ppn * (2 if f.nodes <= 2 else 1)
+            bw = min(f.nvls_busbw, net, ch * NVLS_TREE_PER_CHANNEL[f.arch][i])
+            out.append(("nvls_tree", "Simple", lat * 1e-6, bw * 1e9))
+    return tuple(out)
+
+
+def _log2i(n: int) -> int:
+    return max(int(n).bit_length() - 1, 0)
+
+
+def wire_factor(collective: str, n: int) -> float:
+    """Bus bytes per byte of the message (nccl-tests' busbw / algbw)."""
+    if collective == "all_reduce":
+        return 2 * (n - 1) / n
+    return (n - 1) / n if n > 1 else 0.0
+
+
+def option_seconds(collective: str, fabric: Fabric, nbytes: float, option: tuple) -> float:
+    """One call of `nbytes` (the buffer the collective operates on) by one (algorithm, protocol)."""
+    algo, proto, lat, bw = option
+    n = fabric.ranks
+    wire = wire_factor(collective, n) * nbytes
+    if algo == "tree":
+        log = _log2i(int(nbytes) >> 6)
+        if log < len(TREE_CORRECTION[0]):
+            bw *= TREE_CORRECTION[PROTOCOLS.index(proto)][log]
+    t = lat + wire / bw
+    return t
+
+
+def best(collective: str, fabric: Fabric, nbytes: float, algorithms: tuple = ()) -> tuple[float, tuple]:
+    """(seconds, (algorithm, protocol, ...)) of the option NCCL's tuner picks for one call, among
+    `algorithms` if given (NCCL_ALGO)."""
+    return min((option_seconds(collective, fabric, nbytes, o), o) for o in options(collective, fabric)
+               if not algorithms or o[0] in algorithms)
+
+
+def seconds(collective: str, fabric: Fabric, nbytes: float, calls: int = 1) -> float:
+    """`calls` calls moving `nbytes` in all (each nbytes / calls), NCCL's pick for each. calls=0: the bandwidth
+    time alone at the fastest option's bandwidth (a lower bound of any number of calls, for the planner)."""
+    if fabric.ranks <= 1 or nbytes <= 0:
+        return 0.0
+    if collective == "all_to_all":
+        return all_to_all_seconds(fabric, nbytes, calls)
+    if collective == "send_recv":
+        return nbytes / (fabric.busbw * 1e9) + calls * _p2p_latency(fabric)
+    if calls == 0:
+        return wire_factor(collective, fabric.ranks) * nbytes / max(o[3] for o in options(collective, fabric))
+    return calls * best(collective, fabric, nbytes / calls)[0]
+
+
+def _p2p_latency(fabric: Fabric) -> float:
+    """One send/recv: Simple's base latency and one hop of what it crosses."""
+    hop = HOP_LATENCY_US["net" if fabric.nodes > 1 else fabric.intra]["ring"][2]
+    return (BASE_LATENCY_US["ring"][2] + hop) * 1e-6
+
+
+def all_to_all_seconds(fabric: Fabric, nbytes: float, calls: int = 1) -> float:
+    """NCCL's all-to-all is grouped send/recv to every peer (nccl-tests alltoall.cu; NCCL's p2p schedule runs
+    them over its p2p channels at once). Of a rank's buffer, (ppn-1)/n goes to its own domain over NVLink and
+    (n-ppn)/n leaves it through the rank's share of the network, both at once: the slower sets the time.
+    The inside share travels at the domain's bus bandwidth, the outside one at the rank's network share."""
+    n = fabric.ranks
+    inside = (fabric.ppn - 1) / n * nbytes / (fabric.busbw * 1e9)
+    outside = (n - fabric.ppn) / n * nbytes / ((fabric.net_busbw or fabric.busbw) * 1e9)
+    peers_latency = (fabric.ppn - 1) * HOP_LATENCY_US[fabric.intra]["ring"][2] * 1e-6 + \
+        (n - fabric.ppn) * NET_OVERHEAD_US[fabric.host] * 1e-6
+    return max(inside, outside) + calls * (BASE_LATENCY_US["ring"][2] * 1e-6 + peers_latency)
+

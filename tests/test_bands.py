@@ -1,0 +1,56 @@
+"""Error bands (cost/bands.py): the stored table is what benchmarks/published.py computes from the current
+model, and predict, plan and scale carry their category's band, in words and in JSON."""
+
+import json
+
+from meshscale.cost import predict
+from meshscale.cost.bands import BANDS, SOURCE, band, band_text, category
+from meshscale.specs.cluster import load_cluster
+from meshscale.specs.layout import Layout
+from meshscale.specs.model import load_model
+from test_cli_predict_plan import cli
+from test_cost_published import load_published
+
+
+def test_stored_bands_equal_what_the_script_computes_now():
+    """Fails whenever a change to the model moves a category's errors: rerun
+    `PYTHONPATH=src python benchmarks/published.py --write-bands` and commit the table with the change."""
+    computed = load_published().computed_bands()
+    assert computed == BANDS
+    assert sum(runs for runs, *_ in BANDS.values()) == len(list(load_published().runs()))
+    assert f"{sum(runs for runs, *_ in BANDS.values())} published runs" in SOURCE
+
+
+def test_categories_follow_hardware_kind_and_precision():
+    h100, a100 = load_cluster("h100-80gb"), load_cluster("a100-80gb")
+    dense, moe = load_model("llama3-8b"), load_model("mixtral-8x7b")
+    assert category(h100, dense, "fp8") == "H100 dense fp8"
+    assert category(h100, moe, "bf16-pure") == "H100 MoE bf16"
+    assert category(load_cluster("tpu-v5p"), dense, "bf16") == "TPU v5p dense bf16"
+    b = band(a100, dense, "bf16")
+    assert (b["runs"], b["median_abs_error"], b["p90_abs_error"], b["mean_signed_error"]) == BANDS["A100 dense bf16"]
+    assert b["median_abs_error"] <= b["p90_abs_error"]
+    none = band(load_cluster("b200"), dense, "bf16")
+    assert none["runs"] == 0 and none["median_abs_error"] is None
+    assert "no validation runs" in band_text(none)
+    assert "too fast" in band_text(band(h100, dense, "fp8"))  # the FP8 runs are predicted fast on average
+    pred = predict(dense, a100, Layout.parse("dp=8,mbs=1", 8), 8)
+    assert pred.band == b and pred.to_dict()["band"] == b
+
+
+def test_predict_plan_scale_print_and_emit_the_band():
+    args = ["--model", "llama3-8b", "--cluster", "a100-80gb", "--global-batch", "64"]
+    r = cli("predict", *args, "--devices", "16", "--layout", "dp=16", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["band"]["category"] == "A100 dense bf16"
+    r = cli("predict", *args, "--devices", "16", "--layout", "dp=16")
+    assert f"error band: A100 dense bf16, {BANDS['A100 dense bf16'][0]} runs" in r.stdout
+    r = cli("plan", *args, "--devices", "16", "--json")
+    assert r.returncode == 0, r.stderr
+    assert all(p["band"]["runs"] == BANDS["A100 dense bf16"][0] for p in json.loads(r.stdout)["ranked"])
+    r = cli("scale", *args[:4], "--devices", "8,16", "--global-batch-tokens", str(64 * 8192), "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["band"]["category"] == "A100 dense bf16" and all(row["band"] == d["band"] for row in d["rows"])
+    r = cli("scale", *args[:4], "--devices", "8,16", "--global-batch-tokens", str(64 * 8192))
+    assert "error band: A100 dense bf16" in r.stdout

@@ -1,0 +1,80 @@
+"""Interference and variation at scale (cost model only): compute beside a collective runs on the SMs its
+kernels leave, and a synchronous step waits for the slowest of its devices."""
+
+import json
+import math
+import re
+from dataclasses import replace
+
+import pytest
+
+from meshscale.cost import predict
+from meshscale.cost.comm import sm_share
+from meshscale.cost.step import slowest_of
+from meshscale.errors import UserError
+from meshscale.specs.cluster import load_cluster
+from meshscale.specs.layout import Layout
+from meshscale.specs.model import load_model
+
+H100, A100, V5P = load_cluster("h100-80gb"), load_cluster("a100-80gb"), load_cluster("tpu-v5p")
+MODEL = load_model("llama3-8b")
+
+
+def test_nccl_channels_take_their_share_of_the_sms():
+    assert sm_share(H100, "dp") == pytest.approx(24 / 132)  # ~18%, as the measured 18.9% mean slowdown
+    assert sm_share(A100, "tp") == pytest.approx(24 / 108)
+    assert sm_share(V5P, "dp") == 0.0  # ICI collectives run on DMA engines
+    assert sm_share(replace(H100, overlap_slowdown=0.05), "dp") == 0.05  # a measured figure wins
+    deepep = replace(H100, software=replace(H100.software, moe_dispatcher="deepep"))
+    assert sm_share(deepep, "ep") == pytest.approx(20 / 132)
+
+
+def test_hidden_collectives_slow_the_compute_they_hide_behind():
+    layout = Layout.parse("dp=64,mbs=1", 64)  # DDP: buckets behind the backward
+    spread_free = replace(H100, device_spread=0.0)
+    pred = predict(MODEL, spread_free, layout, 64)
+    quiet = predict(MODEL, replace(spread_free, overlap_slowdown=0.0), layout, 64)
+    dp = next(e for e in pred.comm if e["axis"] == "dp")
+    assert dp["time_s"] > dp["exposed_s"]  # mostly hidden
+    assert dp["interference_s"] == pytest.approx((dp["time_s"] - dp["exposed_s"]) * 24 / 132)
+    assert pred.step_time_s - quiet.step_time_s == pytest.approx(sum(e["interference_s"] for e in pred.comm))
+    # nothing hidden, nothing slowed
+    serial = replace(spread_free, software=replace(H100.software, grad_reduce_overlap=False))
+    assert all(e["interference_s"] == 0 for e in predict(MODEL, serial, layout, 64).comm)
+
+
+def test_the_step_waits_for_the_slowest_of_n_devices():
+    assert slowest_of(H100, 1) == 1.0
+    assert slowest_of(H100, 1024) == pytest.approx(1 + 0.01 * math.sqrt(2 * math.log(1024)))
+    assert slowest_of(H100, 8) < slowest_of(H100, 512) < slowest_of(H100, 16384) < 1.05
+    assert slowest_of(V5P, 4096) == 1.0  # no published spread for TPUs
+    layout = Layout.parse("dp=512,mbs=1", 512)
+    even = predict(MODEL, replace(H100, device_spread=0.0), layout, 512)
+    spread = predict(MODEL, H100, layout, 512)
+    assert spread.compute_s == pytest.approx(even.compute_s * slowest_of(H100, 512))
+
+
+@pytest.mark.parametrize("field, value, needle", [("overlap_slowdown", 1.0, "overlap_slowdown must be"),
+                                                  ("device_spread", 0.7, "device_spread must be")])
+def test_bad_interference_fields_are_one_line(tmp_path, field, value, needle):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"base": "h100-80gb", field: value}))
+    with pytest.raises(UserError, match=re.escape(needle)) as e:
+        load_cluster(str(path))
+    assert "\n" not in str(e.value)
+
+
+def test_the_planners_bound_stays_below_predict_with_interference_and_spread():
+    """Every layout an exhaustive search costs: its bound (which charges the slowest device's pace, the CP
+    ring's and FSDP's interference at least) is at most predict's step time."""
+    from meshscale.plan.search import search
+
+    for model, devices, batch in ((load_model("llama2-13b"), 8, 64), (load_model("llama3-8b").with_seq(32768), 64, 64)):
+        pool = search(model, H100, devices, batch, top=3, prune=False).pool
+        checked = 0
+        for i, b in enumerate(pool.bounds):
+            pred = pool.costed.get(pool.layout(i))
+            if pred is not None:
+                assert b <= pred.step_time_s * (1 + 1e-9), (pool.layout(i), b, pred.step_time_s)
+                checked += 1
+        assert checked > 1000

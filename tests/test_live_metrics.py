@@ -1,0 +1,100 @@
+"""TensorBoard event files, a W&B offline run and torch profiler traces written by `meshscale train`, read
+back: each step's measured values as the JSONL has them, the prediction beside them."""
+
+import glob
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import meshscale
+
+ROOT = Path(__file__).parent.parent
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    pytest.importorskip("tensorboard", reason="tensorboard is not installed (pip install '.[test]')")
+    pytest.importorskip("wandb", reason="wandb is not installed (pip install '.[test]')")
+    out = tmp_path_factory.mktemp("live")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "WANDB_MODE": "offline"}
+    r = subprocess.run([sys.executable, "-m", "meshscale", "train", "--model", "tiny", "--steps", str(STEPS),
+                        "--global-batch", "4", "--device", "cpu", "--metrics-out", str(out / "m.jsonl"),
+                        "--tensorboard", str(out / "tb"), "--wandb", str(out / "wb"), "--profile", "1-2",
+                        "--profile-dir", str(out / "prof")], capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "m.jsonl").read_text().splitlines()]
+    predicted = meshscale.predict("tiny", "local-cpu", "dp=1", global_batch=4, precision="fp32", devices=1)
+    return out, rows, predicted
+
+
+def test_tensorboard_events_hold_measured_beside_predicted(run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, rows, predicted = run
+    events = EventAccumulator(str(out / "tb"))
+    events.Reload()
+    for key in ("loss", "grad_norm", "step_time_s", "peak_memory_bytes"):
+        got = [(e.step, e.value) for e in events.Scalars(f"train/{key}")]
+        assert got == [(r["step"], pytest.approx(r[key], rel=1e-6)) for r in rows]
+    assert [e.value for e in events.Scalars("predicted/step_time_s")] == [pytest.approx(predicted.step_time_s)] * STEPS
+    assert [e.value for e in events.Scalars("predicted/peak_memory_bytes")] == \
+        [pytest.approx(predicted.memory_per_device_bytes["total"])] * STEPS
+    mfu = [e.value for e in events.Scalars("train/mfu")]  # the same FLOPs over the measured time
+    assert mfu == [pytest.approx(predicted.mfu * predicted.step_time_s / r["step_time_s"], rel=1e-5) for r in rows]
+
+
+def wandb_history(path: str) -> list[dict]:
+    """The history records of a W&B run file: a ':W&B' header, then LevelDB's log format (32 KiB blocks of
+    records with a 7-byte header: CRC, length, type FULL/FIRST/MIDDLE/LAST) holding W&B's Record protobufs."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = Path(path).read_bytes()
+    assert data[:4] == b":W&B"
+    block, pos, part, out = 32768, 7, b"", []
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if left < 7 or (kind == 0 and length == 0):  # a block's zero padding
+            pos += left
+            continue
+        part += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL or LAST: a whole record
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(part)
+            part = b""
+            if record.WhichOneof("record_type") == "history":
+                out.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item})
+    return out
+
+
+def test_wandb_offline_run_holds_measured_beside_predicted(run):
+    out, rows, predicted = run
+    (path,) = glob.glob(str(out / "wb" / "wandb" / "offline-run-*" / "run-*.wandb"))
+    history = wandb_history(path)
+    assert [h["_step"] for h in history] == [r["step"] for r in rows]
+    assert [h["train/loss"] for h in history] == [pytest.approx(r["loss"]) for r in rows]
+    assert all(h["predicted/step_time_s"] == pytest.approx(predicted.step_time_s) for h in history)
+    assert all(h["train/comm_bytes"] == h["predicted/comm_bytes"] == 0 for h in history)  # one rank: nothing sent
+
+
+def test_profiler_traces_the_chosen_steps(run):
+    out, _, _ = run
+    assert sorted(p.name for p in (out / "prof").iterdir()) == ["step1-rank0.json", "step2-rank0.json"]
+    trace = json.loads((out / "prof" / "step1-rank0.json").read_text())
+    assert any(e.get("name", "").startswith("aten::mm") for e in trace["traceEvents"])
+
+
+def test_bad_profile_steps_are_one_line(capsys):
+    from meshscale.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--model", "tiny", "--steps", "4", "--profile", "4"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and "--profile" in err[0]
