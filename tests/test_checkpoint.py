@@ -308,8 +308,20 @@ def _bad_cases() -> list:
     def missing_shard(d: Path):
         (d / "step-00000002" / "__0_0.distcp").unlink()
 
+    def edit_manifest(**fields):
+        def edit(d: Path):
+            path = d / "step-00000002" / "manifest.json"
+            path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+        return edit
+
+    def stray(d: Path):
+        (d / "step-00000001").write_text("notes")  # a file named like a checkpoint
+
     return [
         (["--keep", "1"], "--keep must be at least 2", None),
+        ([], "its manifest.json says step 7, not what the directory holds", edit_manifest(step=7)),
+        ([], "its manifest.json lists no DCP .metadata file", edit_manifest(files={})),
+        ([], "holds step-00000001, which is not a meshscale checkpoint", stray),
         (["--checkpoint-every", "0"], "--checkpoint-every must be at least 1", None),
         (["--model", "tiny"], "holds a different model (layers 4 vs 8", None),
         (["--precision", "bf16"], "trained at --precision fp32, not bf16", None),
@@ -317,6 +329,10 @@ def _bad_cases() -> list:
         ([], "unreadable manifest.json", damaged_manifest),
         ([], "file __0_0.distcp is missing", missing_shard),
         (["--max-restarts", "1", "--checkpoint-dir", ""], "pass --checkpoint-dir DIR too", None),
+        # another run's checkpoint: its settings must match, or the user says they may change
+        (["--seed", "1", "--global-batch", "4"], ("saved by a run with other settings (--seed 0 -> 1; "
+                                                   "--global-batch 8 -> 4)"), None),
+        (["--lr", "0.001", "--data", __file__], "--data None -> ", None),
     ]
 
 
@@ -335,6 +351,8 @@ def test_bad_checkpoint_input_is_one_line_and_changes_nothing(tmp_path, one_proc
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.count("\n") == 1 and message in err, (extra, err)
         assert _tree(d) == before, extra
+    _copy_checkpoint(f"{one_process[0]}/full", 2, str(tmp_path / "allowed"))
+    _run(model_file, "dp=1", 1, str(tmp_path / "allowed"), seed=1, allow_config_change=True)  # accepted
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("x")
     for target, message in ((not_a_dir, "is a file"), (not_a_dir / "sub", "is not writable")):

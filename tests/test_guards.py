@@ -1,6 +1,7 @@
 """Hangs, numerical guards and silent data corruption, each provoked through MESHSCALE_FAULT on real gloo
 ranks: the guard fires at the right step, names the right rank (and parameter), and every rank decides alike."""
 
+import json
 import os
 import re
 import subprocess
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from multirank import run_ranks
 
@@ -191,6 +193,14 @@ def _rollback(rank, world, root):
         # a NaN at step 3 goes back to the checkpoint of step 2
         "nan": _train(world, "dp=2,zero=1", "nan@step=3,rank=0", checkpoint_dir=f"{root}/nan", **saved),
         "nothing_saved": _train(world, "dp=2", "nan@step=1,rank=1", checkpoint_dir=f"{root}/none", **saved),
+        # issue 21's scenario: a flip at step 1, checks every 4 steps, a save after every step: no save may hold
+        # the flipped replica, so the run must end with the weights of a clean run
+        "flip_between_checks": _train(world, "dp=2", "bitflip@step=1,rank=0", steps=8, checkpoint_every=1,
+                                      sdc_check_every=4, on_anomaly="rollback", checkpoint_dir=f"{root}/flip1"),
+        "clean_saved": _train(world, "dp=2", steps=8, checkpoint_dir=f"{root}/clean"),
+        # a NaN that every rerun of step 3 brings back: three rollbacks to the checkpoint of step 2, then a stop
+        "persistent": _train(world, "dp=2,zero=1", "nan@step=3,rank=0,times=10", checkpoint_dir=f"{root}/persistent",
+                             **saved),
     }
 
 
@@ -208,6 +218,32 @@ def test_rollback_reloads_the_newest_checkpoint_and_finishes_like_a_clean_run(tm
         assert [loss for loss, _ in rows[-(8 - back):]] == losses[back:]
     assert out["nothing_saved"][1].startswith("step 1: non-finite loss on rank 1")
     assert "no complete checkpoint" in out["nothing_saved"][1]
+
+    rows, stopped = out["flip_between_checks"]
+    flagged = [a for _, anomalies in rows for a in anomalies]
+    assert stopped is None and [(a["kind"], a["action"]) for a in flagged] == [("sdc", "rollback")]
+    assert flagged[0]["message"].startswith("step 1: ")  # found by the check before the save of step 2
+    assert [loss for loss, _ in rows[-7:]] == [loss for loss, _ in out["clean_saved"][0][1:]]
+    final, clean = (_saved_state(tmp_path / name / "step-00000008") for name in ("flip1", "clean"))
+    assert final.keys() == clean.keys() and any(k.startswith("optim.") for k in final)
+    for key in final:
+        assert torch.equal(final[key], clean[key]), key
+    manifests = [json.loads(p.read_text()) for p in (tmp_path / "flip1").glob("step-*/manifest.json")]
+    assert manifests and all(m["verified"] for m in manifests)
+
+    assert out["persistent"][0] is None
+    assert out["persistent"][1].startswith("step 3: non-finite loss on rank 0; ")
+    assert out["persistent"][1].endswith(f"; rolled back to {tmp_path}/persistent/step-00000002 3 times already "
+                                         "(--max-rollbacks 3): stopped, the anomaly persists")
+
+
+def _saved_state(path: Path) -> dict:
+    """Every tensor of a checkpoint but the RNG states, whole, read in this process."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = path.parent.parent / (path.parent.name + ".pt")
+    dcp_to_torch_save(path, out)
+    return {k: v for k, v in torch.load(out).items() if not k.startswith("rng.")}
 
 
 def _processes_tagged(tag: str) -> list[int]:

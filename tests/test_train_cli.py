@@ -48,6 +48,14 @@ def test_bad_input_is_one_line_before_any_process(args, message):
     assert out.stdout == "" and time.perf_counter() - start < 30
 
 
+def test_a_path_of_the_wrong_type_in_the_toml_is_one_line(tmp_path):
+    config = tmp_path / "train.toml"
+    config.write_text("[train]\nsteps = 2\nmetrics_out = 3\n")
+    out = _meshscale("train", "--config", str(config))
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "metrics_out must be a string, got 3" in out.stderr
+
+
 def test_existing_metrics_file_is_never_overwritten_silently(tmp_path):
     target = tmp_path / "m.jsonl"
     target.write_text("keep me\n")

@@ -1,7 +1,9 @@
 """`meshscale train`: check everything, then run here, as N local processes, or as one worker of an
 outer torchrun."""
 
+import os
 import sys
+from contextlib import nullcontext
 
 from meshscale.runtime.loop.config import config_fields, load_config, resolve, world_from_env
 from meshscale.specs.model import is_hf_model
@@ -49,8 +51,11 @@ _HELP = {
     "keep": "complete checkpoints to keep, at least 2 (default 3)",
     "max_restarts": "restart all local workers this many times after a failure, resuming from the newest "
                     "checkpoint (needs --checkpoint-dir; under an outer torchrun use torchrun --max-restarts)",
+    "max_rollbacks": "--on-anomaly rollback reloads one checkpoint at most this many times, then stops (default 3)",
+    "time_limit": "seconds of training, then every rank finishes its step, saves and exits with code 75 "
+                  "(as on SIGTERM/SIGINT; rerun to resume; needs --checkpoint-dir)",
 }
-_FLAGS = ("overwrite", "predict", "replay_anomalies", "document_mask")
+_FLAGS = ("overwrite", "predict", "replay_anomalies", "document_mask", "allow_config_change")
 
 
 def add_arguments(parser) -> None:
@@ -61,7 +66,8 @@ def add_arguments(parser) -> None:
         kind = {"nproc": int, "nnodes": int, "node_rank": int, "master_port": int, "steps": int, "global_batch": int, "seq": int, "seed": int, "val_batches": int, "log_every": int,
                 "lr": float, "min_lr": float, "warmup": int, "weight_decay": float, "clip": float,
                 "bucket_mb": float, "timeout": float, "spike_sigma": float, "sdc_check_every": int,
-                "checkpoint_every": int, "keep": int, "max_restarts": int}.get(name, str)
+                "checkpoint_every": int, "keep": int, "max_restarts": int, "max_rollbacks": int,
+                "time_limit": float}.get(name, str)
         parser.add_argument(flag, type=kind, default=None, help=_HELP.get(name))
     parser.add_argument("--config", default=None, help=_HELP["config"])
     parser.add_argument("--overwrite", action="store_true", default=None,
@@ -73,6 +79,9 @@ def add_arguments(parser) -> None:
                              "(needs an indexed dataset; not with pp or cp)")
     parser.add_argument("--replay-anomalies", action="store_true", default=None,
                         help="re-run an anomalous step from a pre-step snapshot: transient or persistent")
+    parser.add_argument("--allow-config-change", action="store_true", default=None,
+                        help="resume although the seed, batch, sequence length, data or LR schedule differ from "
+                             "the checkpoint's")
 
 
 def _note_seq(cfg, spec) -> None:
@@ -83,21 +92,42 @@ def _note_seq(cfg, spec) -> None:
 
 
 def run(args) -> int:
+    """0 when the run finished; 75 (preemption.EXIT_PREEMPTED) when a signal or --time-limit stopped it
+    after saving, to be resumed by the same command."""
     from meshscale.runtime.loop import launch
-
     from meshscale.runtime.resilience import faults
+    from meshscale.runtime.resilience.preemption import EXIT_PREEMPTED, Preempted, set_deadline
 
     faults.from_env()  # a malformed MESHSCALE_FAULT is bad input: one line before any process starts
     overrides = {name: getattr(args, name, None) for name in config_fields()}
     cfg = load_config(args.config, overrides)
     outer = world_from_env()
     if outer is not None:  # one worker of an outer torchrun: every process checks, then trains
-        launch.run_here(resolve(cfg, outer))
+        checked, rank0 = resolve(cfg, outer), os.environ.get("RANK") == "0"
+        try:
+            with _locked(cfg.checkpoint_dir if rank0 else None):
+                launch.run_here(checked)
+        except Preempted as e:
+            launch.say_stopped(str(e), rank0)
+            launch.exit_worker(EXIT_PREEMPTED)
         launch.exit_worker(0)
-    checked = resolve(cfg, cfg.nproc * cfg.nnodes)
+    world = cfg.nproc * cfg.nnodes
+    checked = resolve(cfg, world)
     _note_seq(cfg, checked.spec)
-    if cfg.nproc * cfg.nnodes == 1:
-        launch.run_here(checked)
-    else:
-        launch.launch_local(checked)
+    set_deadline(cfg.time_limit)
+    # held by this process (the launcher; node 0's under --nnodes) until the run ends
+    with _locked(cfg.checkpoint_dir if cfg.node_rank == 0 else None):
+        if world > 1:
+            return launch.launch_local(checked)
+        try:
+            launch.run_here(checked)
+        except Preempted as e:
+            launch.say_stopped(str(e))
+            return EXIT_PREEMPTED
     return 0
+
+
+def _locked(checkpoint_dir: str | None):
+    from meshscale.runtime.resilience.lock import DirLock
+
+    return DirLock(checkpoint_dir) if checkpoint_dir else nullcontext()

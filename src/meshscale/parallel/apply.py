@@ -22,9 +22,9 @@ import torch.distributed as dist
 from meshscale.parallel.construct import has_meta, materialise_owned, origins
 from meshscale.parallel.context import apply_context_parallel
 from meshscale.parallel.data_parallel import DDP, Local, PipelinedDDP
-from meshscale.parallel.expert import apply_expert_parallel, build_expert_mesh, expert_data_parallel
+from meshscale.parallel.expert import apply_expert_parallel, expert_data_parallel
 from meshscale.parallel.fsdp import FSDP
-from meshscale.parallel.mesh import hybrid_mesh, replica_mesh
+from meshscale.parallel.mesh import expert_mesh, hybrid_mesh, replica_mesh
 from meshscale.parallel.pipeline import crosses_ranks, pipeline_chunks
 from meshscale.parallel.recompute import apply_recompute
 from meshscale.parallel.tensor import apply_tensor_parallel, scatter_gather_stage, tp_duplicate
@@ -94,7 +94,7 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
         chunks = [(0, model)]
     emesh = None
     if layout.ep > 1:
-        emesh = build_expert_mesh(layout, mesh.device_type)
+        emesh = expert_mesh(layout, mesh.device_type)
         for axis in ("ep", "edp"):
             if emesh[axis].size() > 1:
                 ledger.name_group(emesh[axis].get_group(), axis)

@@ -11,6 +11,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from meshscale.parallel.strategy import Held, live_state
+
 
 class _HookState:
     def __init__(self, group, ledger):
@@ -28,7 +30,7 @@ def _recorded_all_reduce(state: _HookState, bucket) -> torch.futures.Future[torc
 
 class Local:
     """One data-parallel replica (dp=1): nothing to communicate. The base of the strategies that keep whole
-    gradients on every rank."""
+    gradients on every rank. Implements parallel.strategy.Strategy."""
 
     sharded = False
 
@@ -55,6 +57,9 @@ class Local:
     def after_step(self) -> None:
         for p in self.optim_params():
             p.grad = None
+
+    def checkpoint_state(self, optimizer) -> Held:
+        return live_state(self.named_params(), optimizer)
 
 
 def grad_buckets(params: list, bucket_mb: float) -> list[list]:

@@ -22,18 +22,10 @@ from torch.distributed.device_mesh import DeviceMesh
 from meshscale.models.transformer import moe_layers, run_experts
 from meshscale.parallel.data_parallel import Local, PipelinedDDP
 from meshscale.parallel.ledger import record
-from meshscale.parallel.mesh import cached_mesh, replica_mesh
+from meshscale.parallel.mesh import replica_mesh
+from meshscale.parallel.strategy import Held
 from meshscale.parallel.zero import Zero
 from meshscale.specs.layout import Layout, expert_mesh_shape
-
-
-def build_expert_mesh(layout: Layout, device_type: str) -> DeviceMesh:
-    """The (pp, edp, ep, tp) mesh over the same ranks as the main mesh; one per shape per process."""
-
-    shape = expert_mesh_shape(layout)
-    ranks = torch.arange(layout.devices).reshape(shape)
-    names = ("pp", "edp", "ep", "tp")
-    return cached_mesh(("expert", shape), lambda: DeviceMesh(device_type, ranks, mesh_dim_names=names))
 
 
 def is_expert_param(name: str) -> bool:
@@ -104,7 +96,7 @@ def apply_expert_parallel(module, emesh: DeviceMesh) -> None:
 class ExpertSplit:
     """One chunk's data-parallel strategy under EP: `dense` (the layout's DDP / ZeRO / FSDP over dp*cp) owns
     every parameter but the routed experts, `experts` owns those over the expert data-parallel group.
-    Same interface as data_parallel.Local."""
+    A parallel.strategy.Strategy."""
 
     def __init__(self, dense, experts, group, edp_rank: int):
         """group: the dp x cp ranks, over which the dense parameters reduce (and are sharded, when they are)."""
@@ -135,6 +127,11 @@ class ExpertSplit:
     def after_step(self) -> None:
         self.dense.after_step()
         self.experts.after_step()
+
+    def checkpoint_state(self, optimizer) -> Held:
+        (dense, write_dense), (experts, write_experts) = (s.checkpoint_state(optimizer)
+                                                          for s in (self.dense, self.experts))
+        return {**dense, **experts}, lambda: (write_dense(), write_experts())
 
 
 class _AveragedLocal(Local):

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from meshscale.parallel.strategy import Held, live_state
+
 
 class FSDP:
     sharded = True
@@ -38,8 +40,11 @@ class FSDP:
         with self.ledger.tap():
             yield
 
+    def named_params(self) -> list:
+        return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad and self.select(n)]
+
     def optim_params(self) -> list:
-        return [p for n, p in self.model.named_parameters() if p.requires_grad and self.select(n)]
+        return [p for _, p in self.named_params()]
 
     def local_grad_sq(self, skip) -> torch.Tensor:
         """This rank's shards only: sum the result over the DP group."""
@@ -49,3 +54,7 @@ class FSDP:
     def after_step(self) -> None:
         for p in self.optim_params():
             p.grad = None
+
+    def checkpoint_state(self, optimizer) -> Held:
+        """The parameters and moments are FSDP2's DTensors, this rank's dim-0 shard of each."""
+        return live_state(self.named_params(), optimizer)

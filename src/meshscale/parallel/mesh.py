@@ -1,24 +1,30 @@
-"""The device mesh: every layout gets all four dimensions, named and ordered pp, dp, cp, tp (TP
-innermost, inside the fast domain), size-1 dimensions included, so each parallelism finds its axis
-by name whatever else is on.
+"""The device meshes, all of them built here (as torchtitan's ParallelDims owns its mesh): every layout gets
+all four dimensions, named and ordered pp, dp, cp, tp (TP innermost, inside the fast domain), size-1
+dimensions included, so each parallelism finds its axis by name whatever else is on.
 
-The data-parallel family works over every rank that holds the same parameters, dp x cp (context-parallel
-ranks hold the same weights and see different tokens): `replica_mesh` flattens them into one dimension,
-and `hybrid_mesh` cuts that into (replicate, shard) for hybrid sharding."""
+Its sub-meshes: the data-parallel family works over every rank that holds the same parameters, dp x cp
+(context-parallel ranks hold the same weights and see different tokens): `replica_mesh` flattens them into
+one dimension, and `hybrid_mesh` cuts that into (replicate, shard) for hybrid sharding. Expert parallelism
+has its own (pp, edp, ep, tp) view of the same ranks (`expert_mesh`), and tensor parallelism with fewer KV
+heads than ranks groups the ranks holding copies of one head (`kv_copy_mesh`). Checkpoints describe where
+pieces of a tensor live with meshes that have no process groups (`describing_mesh` over `holder_grid`).
 
+Sub-group creation is a collective, so every mesh is built once per process and reused; `forget_meshes`
+drops them all together."""
+
+import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from meshscale.specs.layout import Layout
+from meshscale.specs.layout import Layout, expert_mesh_shape
 
 MESH_DIMS = ("pp", "dp", "cp", "tp")
+EXPERT_DIMS = ("pp", "edp", "ep", "tp")
 
 _meshes: dict = {}
 
 
-def cached_mesh(key, make) -> DeviceMesh:
-    """The mesh `make()` builds, built once per key per process: sub-group creation is a collective, so
-    every mesh is reused, and all of them are dropped together by `forget_meshes`."""
+def _cached(key, make) -> DeviceMesh:
     if key not in _meshes:
         _meshes[key] = make()
     return _meshes[key]
@@ -29,7 +35,7 @@ def build_mesh(layout: Layout, device_type: str) -> DeviceMesh:
     if dist.get_world_size() != layout.devices:
         raise ValueError(f"layout {layout} needs {layout.devices} processes, the group has "
                          f"{dist.get_world_size()}")
-    return cached_mesh(shape, lambda: init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS))
+    return _cached(shape, lambda: init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS))
 
 
 def from_every_rank(obj) -> list:
@@ -51,12 +57,47 @@ def replica_mesh(mesh: DeviceMesh) -> DeviceMesh:
     """The dp x cp ranks as one 1-D mesh (mesh["dp"] itself when cp is 1), created once per mesh."""
     if mesh["cp"].size() == 1:
         return mesh["dp"]
-    return cached_mesh((id(mesh), "dp_cp"), lambda: mesh["dp", "cp"]._flatten("dp_cp"))
+    return _cached((id(mesh), "dp_cp"), lambda: mesh["dp", "cp"]._flatten("dp_cp"))
 
 
 def hybrid_mesh(mesh: DeviceMesh, shard: int) -> DeviceMesh:
     """(replicate, shard): groups of `shard` consecutive dp x cp ranks share one copy of the sharded state;
     the dp*cp/shard groups are replicas of each other."""
     flat = replica_mesh(mesh)
-    return cached_mesh((id(mesh), "hsdp", shard),
-                       lambda: flat._unflatten(0, (flat.size() // shard, shard), ("replicate", "shard")))
+    return _cached((id(mesh), "hsdp", shard),
+                   lambda: flat._unflatten(0, (flat.size() // shard, shard), ("replicate", "shard")))
+
+
+def expert_mesh(layout: Layout, device_type: str) -> DeviceMesh:
+    """The (pp, edp, ep, tp) mesh over the same ranks as the main mesh (specs.layout.expert_mesh_shape)."""
+    shape = expert_mesh_shape(layout)
+    ranks = torch.arange(layout.devices).reshape(shape)
+    return _cached(("expert", shape), lambda: DeviceMesh(device_type, ranks, mesh_dim_names=EXPERT_DIMS))
+
+
+def kv_copy_mesh(tp_mesh: DeviceMesh, kv_heads: int) -> DeviceMesh:
+    """(tp_kv, tp_kv_copy): the TP ranks cut into kv_heads groups of consecutive ranks that hold copies of
+    the same KV head."""
+    t = tp_mesh.size()
+    return _cached((id(tp_mesh), "kv", kv_heads),
+                   lambda: tp_mesh._unflatten(0, (kv_heads, t // kv_heads), ("tp_kv", "tp_kv_copy")))
+
+
+def holder_grid(layout: Layout, expert: bool) -> torch.Tensor:
+    """The global ranks holding a piece or a copy of this rank's dense (or routed-expert) tensors, as a
+    (data-parallel ranks, tp) grid: this rank's pipeline stage (and expert-parallel rank) of the main mesh's
+    (pp, dp, cp, tp) order, or the expert mesh's (pp, edp, ep, tp) order."""
+    rank = dist.get_rank()
+    if expert:
+        ranks = torch.arange(layout.devices).reshape(expert_mesh_shape(layout))
+        pp, _, ep, _ = (ranks == rank).nonzero()[0].tolist()
+        return ranks[pp, :, ep, :]
+    ranks = torch.arange(layout.devices).reshape(layout.pp, layout.dp * layout.cp, layout.tp)
+    return ranks[(ranks == rank).nonzero()[0, 0]]
+
+
+def describing_mesh(grid: torch.Tensor, device_type: str) -> DeviceMesh:
+    """A mesh over `grid`'s ranks without process groups: it only says where the pieces of a tensor are
+    (DCP's placements), so building it costs no collective and every rank may build different ones."""
+    key = ("describing", tuple(grid.shape), tuple(grid.flatten().tolist()), device_type)
+    return _cached(key, lambda: DeviceMesh(device_type, grid, _init_backend=False))

@@ -45,7 +45,7 @@ from meshscale.models.transformer import MoE, RMSNorm, Transformer
 from meshscale.parallel.compat import all_gather_into, all_reduce, reduce_scatter_from
 from meshscale.parallel.construct import owned_slice
 from meshscale.parallel.ledger import record
-from meshscale.parallel.mesh import cached_mesh
+from meshscale.parallel.mesh import kv_copy_mesh
 
 # Parameters left whole on every TP rank (norms, router, position table, row-parallel biases); everything
 # else is a TP shard.
@@ -200,16 +200,6 @@ class ReplicatedKVLinear(nn.Module):
         return nn.functional.linear(x, _CopyToTP.apply(self.weight, self.group))
 
 
-def _kv_copy_group(tp_mesh, kv_heads: int):
-    """The process group of the TP ranks holding copies of the same KV head (consecutive ranks); its mesh is
-    built once, in the cache that forget_meshes clears, like every other sub-mesh."""
-
-    t = tp_mesh.size()
-    split = cached_mesh((id(tp_mesh), "kv", kv_heads),
-                        lambda: tp_mesh._unflatten(0, (kv_heads, t // kv_heads), ("tp_kv", "tp_kv_copy")))
-    return split["tp_kv_copy"].get_group()
-
-
 def _replicate_kv(linear: nn.Linear, rank: int, t: int, kv_heads: int, group) -> ReplicatedKVLinear:
     return ReplicatedKVLinear(owned_slice(linear.weight, 0, rank // (t // kv_heads), kv_heads), group)
 
@@ -289,7 +279,7 @@ def apply_tensor_parallel(model: Transformer, tp_mesh, sequence_parallel: bool =
     if spec.heads % t or (spec.kv_heads % t and t % spec.kv_heads) or spec.ffn % t or spec.vocab % t:
         raise ValueError(f"tp={t} must divide heads, ffn and vocab of {spec.name}, and divide kv_heads or be a "
                          "multiple of it")
-    kv_group = _kv_copy_group(tp_mesh, spec.kv_heads) if t > spec.kv_heads else None
+    kv_group = kv_copy_mesh(tp_mesh, spec.kv_heads)["tp_kv_copy"].get_group() if t > spec.kv_heads else None
     sp = sequence_parallel
     if sp and spec.seq % t:
         raise ValueError(f"sequence parallelism needs tp={t} to divide seq={spec.seq}")

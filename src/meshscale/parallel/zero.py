@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from meshscale.parallel.compat import all_gather_into, reduce_scatter_from
 from meshscale.parallel.data_parallel import grad_buckets
+from meshscale.parallel.strategy import MOMENTS, Held
 
 
 class _Bucket:
@@ -57,6 +58,8 @@ class _Bucket:
 
 
 class Zero:
+    """A parallel.strategy.Strategy."""
+
     sharded = True
 
     def __init__(self, model, dp_mesh, ledger, stage: int, bucket_mb: float, select=None, replicate=None,
@@ -164,3 +167,27 @@ class Zero:
             b.shard.grad.zero_()
             if self.stage == 1:
                 b.grad_flat.zero_()
+
+    # ---- checkpoint --------------------------------------------------------------------
+    def checkpoint_state(self, optimizer) -> Held:
+        """Parameters are whole on every rank (views into the flat buckets); the moments live in flat shards,
+        so gather each bucket's moments over the shard group and view them per parameter. The write-back
+        copies the loaded parameters and moments into this rank's master shard and its state."""
+        held, gathered = {}, []
+        for b in self.buckets:
+            full = {k: torch.empty_like(b.flat) for k in MOMENTS}
+            for k in MOMENTS:
+                all_gather_into(full[k], optimizer.state[b.shard][k], group=self.group)
+            for p in b.params:
+                view = slice(b.offsets[p], b.offsets[p] + p.numel())
+                held[self._names[p]] = {"param": p.detach(), **{k: full[k][view].view_as(p) for k in MOMENTS}}
+            gathered.append((b, full))
+
+        def write_back():
+            for b, full in gathered:
+                mine = slice(self.rank * b.shard_numel, (self.rank + 1) * b.shard_numel)
+                b.shard.data.copy_(b.flat[mine])  # the parameters were loaded into views of b.flat
+                for k in MOMENTS:
+                    optimizer.state[b.shard][k].copy_(full[k][mine])
+
+        return held, write_back

@@ -49,6 +49,10 @@ def build(cls, fields: dict, source: str):
         raise UserError(f"{source}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     for name, value in fields.items():
         kind = cls.__dataclass_fields__[name].type
+        if type(None) in getattr(kind, "__args__", ()):  # `str | None` (a path): None, or the type's values
+            if value is None:
+                continue
+            kind = next(a for a in kind.__args__ if a is not type(None))
         accepts = _ACCEPTS.get(kind)
         if accepts and (not isinstance(value, accepts) or (isinstance(value, bool) and bool not in accepts)):
             raise UserError(f"{source}: {name} must be {_WHAT[kind]}, got {value!r}")

@@ -13,7 +13,7 @@ from meshscale.errors import UserError
 from meshscale.models import hf_weights
 from meshscale.runtime.loop.data import check_tokens, load_tokens
 from meshscale.runtime.measure import live
-from meshscale.runtime.resilience.checkpoint import check_dir
+from meshscale.runtime.resilience.checkpoint import check_dir, check_same_run, read_manifest
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout, check_against, check_trainable
 from meshscale.specs.loading import build, read_mapping
@@ -66,6 +66,9 @@ class TrainConfig:
     checkpoint_every: int = 50  # steps between saves; the last step is always saved
     keep: int = 3  # complete checkpoints kept
     max_restarts: int = 0  # local launcher: restarts of the whole worker group after a failure
+    max_rollbacks: int = 3  # --on-anomaly rollback: reloads of one checkpoint before the run stops
+    time_limit: float = 0.0  # seconds: then save and stop at a step boundary (0: none)
+    allow_config_change: bool = False  # resume although seed, batch, seq, data or LR schedule changed
 
 
 def load_config(path: str | None, overrides: dict) -> TrainConfig:
@@ -241,10 +244,18 @@ def _check_checkpoints(cfg: TrainConfig, spec: ModelSpec) -> bool:
         raise UserError(f"--max-restarts must be 0 or more, got {cfg.max_restarts}")
     if cfg.max_restarts and not cfg.checkpoint_dir:
         raise UserError("--max-restarts resumes from checkpoints; pass --checkpoint-dir DIR too")
+    if cfg.max_rollbacks < 1:
+        raise UserError(f"--max-rollbacks must be at least 1, got {cfg.max_rollbacks}")
+    if cfg.time_limit < 0:
+        raise UserError(f"--time-limit must be 0 (none) or a positive number of seconds, got {cfg.time_limit:g}")
+    if cfg.time_limit and not cfg.checkpoint_dir:
+        raise UserError("--time-limit saves a checkpoint to resume from before it stops; pass --checkpoint-dir DIR")
     newest = check_dir(cfg.checkpoint_dir, spec, cfg.precision) if cfg.checkpoint_dir else None
     if newest and newest[0] >= cfg.steps:
         raise UserError(f"checkpoint {newest[1]} already reached step {newest[0]} of --steps {cfg.steps}; raise "
-                        "--steps to train on, or use a new --checkpoint-dir")
+                        "--steps to train on (with --allow-config-change), or use a new --checkpoint-dir")
+    if newest and not cfg.allow_config_change:
+        check_same_run(newest[1], read_manifest(newest[1]), cfg, spec)
     return newest is not None
 
 

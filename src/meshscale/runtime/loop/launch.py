@@ -4,12 +4,20 @@ launcher (torch.distributed.launcher, what `torchrun` runs), or as one worker of
 A worker that fails writes its error to torchelastic's per-worker error file and exits; the launcher
 then stops the other workers (no rank is left hanging in a collective) and we print the error of the
 rank that failed first, once.
+
+Workers die with their launcher: each asks the kernel for SIGKILL when its parent dies (PR_SET_PDEATHSIG),
+so a launcher killed with SIGKILL leaves no worker training unsupervised. A SIGTERM/SIGINT to the launcher
+reaches the workers through torchelastic (once: they run in their own sessions), which waits for them to
+finish their step and save (runtime/resilience/preemption.py).
 """
 
+import ctypes
 import json
 import logging
 import os
 import pickle
+import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -20,6 +28,19 @@ import torch
 
 from meshscale.errors import UserError
 from meshscale.runtime.loop.config import Resolved, local_processes
+from meshscale.runtime.resilience.preemption import (
+    EXIT_PREEMPTED,
+    FORWARDED,
+    PREEMPT_ENV,
+    SIGNALS,
+    STATUS_ENV,
+    Preempted,
+    launcher_signal,
+    leave_status,
+    read_status,
+)
+
+_LAUNCHER_ENV = "MESHSCALE_LAUNCHER_PID"
 
 
 def run_here(run: Resolved) -> dict:
@@ -73,11 +94,21 @@ def _shut_down() -> None:
     dist.destroy_process_group()
 
 
-def launch_local(run: Resolved) -> None:
+def say_stopped(line: str, rank0: bool = True) -> None:
+    """The one line of a run a signal or --time-limit stopped (preemption.Preempted), from rank 0 only."""
+    if rank0:
+        print(f"meshscale: {line}", file=sys.stderr, flush=True)
+
+
+def launch_local(run: Resolved) -> int:
     """Start run.config.nproc local workers with torch.distributed's elastic launcher and wait for them: a c10d
     rendezvous on a free port on one node; with --nnodes N, node --node-rank's share of a static rendezvous at
-    --master-addr:--master-port (node 0 hosts it), as `torchrun --rdzv-backend static` does. With --max-restarts R, when a worker fails the launcher stops them all
-    and starts the group again, up to R times; each new group resumes from the newest checkpoint."""
+    --master-addr:--master-port (node 0 hosts it), as `torchrun --rdzv-backend static` does. With
+    --max-restarts R, when a worker fails the launcher stops them all and starts the group again, up to R
+    times; each new group resumes from the newest checkpoint. Returns
+    0, or EXIT_PREEMPTED when a signal or --time-limit stopped the workers after they saved. A second
+    signal ends the launcher at once (exit 128 + the signal's number), and its workers with it."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -90,9 +121,19 @@ def launch_local(run: Resolved) -> None:
     # ("recvValue failed ... Connection reset by peer") before the launcher stops them, burying the one line
     # that says what went wrong. Failures reach the user through the error files instead.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # we report failures ourselves
+    # we report failures and signals ourselves; torchelastic's modules set their loggers' levels one by one
+    for name in [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")]:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     with tempfile.TemporaryDirectory(prefix="meshscale-") as tmp:
         spec_file = os.path.join(tmp, "run.pkl")
+        os.environ[STATUS_ENV] = status = os.path.join(tmp, "status.json")
+        os.environ[_LAUNCHER_ENV] = str(os.getpid())
+        os.environ[PREEMPT_ENV] = marker = os.path.join(tmp, "preempting")
+        ours = "SIGHUP,SIGQUIT"  # torchelastic's handler for these; SIGTERM and SIGINT are ours
+        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ours  # what torch reads where LaunchConfig cannot say it
+        handled = {"signals_to_handle": ours} if "signals_to_handle" in LaunchConfig.__dataclass_fields__ else {}
+        for s in SIGNALS:
+            signal.signal(s, lambda signum, frame: _preempting(marker, signum, SignalException))
         with open(spec_file, "wb") as f:
             pickle.dump(run, f)
         cfg = run.config
@@ -100,11 +141,37 @@ def launch_local(run: Resolved) -> None:
                 else dict(rdzv_backend="static", rdzv_endpoint=f"{cfg.master_addr}:{cfg.master_port}",
                           rdzv_configs={"rank": cfg.node_rank}, run_id=f"meshscale-{cfg.master_port}"))
         config = LaunchConfig(min_nodes=cfg.nnodes, max_nodes=cfg.nnodes, nproc_per_node=cfg.nproc,
-                              max_restarts=cfg.max_restarts, monitor_interval=0.1, **rdzv)
+                              max_restarts=cfg.max_restarts, monitor_interval=0.1, **rdzv, **handled)
         try:
             elastic_launch(config, sys.executable)("-m", "meshscale.runtime.loop.launch", spec_file)
         except ChildFailedError as e:
             raise UserError(first_failure(e)) from None
+        except SignalException as e:
+            if read_status(status) is None:  # a second signal, or workers that could not save in time
+                name = launcher_signal() if e.sigval == FORWARDED else e.sigval.name
+                print(f"meshscale: {name}: stopped at once; nothing saved since the last checkpoint",
+                      file=sys.stderr, flush=True)
+                # at once: the interpreter's teardown after torchelastic was interrupted took 15-20 s here; the
+                # workers end with this process (PR_SET_PDEATHSIG), the kernel releases the directory's lock
+                shutil.rmtree(tmp, ignore_errors=True)
+                os._exit(128 + getattr(signal, name))
+        line = read_status(status)
+        if line is not None:
+            say_stopped(line)
+            return EXIT_PREEMPTED
+    return 0
+
+
+def _preempting(marker: str, signum: int, raised) -> None:
+    """The launcher's SIGTERM/SIGINT ends the agent's run as torchelastic's own handler does; the agent then
+    sends the exception's signal to the workers and waits for them. The first is passed on as FORWARDED (a
+    preemption: finish the step and save), with its name in `marker`; a second one as itself (SIGTERM's
+    default action ends the workers at once)."""
+    if os.path.exists(marker):
+        raise raised(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+    with open(marker, "w") as f:
+        f.write(signal.Signals(signum).name)
+    raise raised(f"Process {os.getpid()} got signal: {signum}", sigval=FORWARDED)
 
 
 def first_failure(error) -> str:
@@ -120,11 +187,27 @@ def first_failure(error) -> str:
     return f"rank {rank} failed: {message}"
 
 
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent (the launcher) dies, and die now if it already has
+    (it died before the request: this process was handed to another parent)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the launcher's own shutdown is all there is
+        return
+    if str(os.getppid()) != os.environ.get(_LAUNCHER_ENV, str(os.getppid())):
+        os._exit(1)
+
+
 def _worker(spec_file: str) -> int:
+    die_with_parent()
     with open(spec_file, "rb") as f:
         run = pickle.load(f)
     try:
         run_here(run)
+        return 0
+    except Preempted as e:  # exit 0: a failure would be restarted; the launcher reports the line
+        if os.environ.get("RANK") == "0":
+            leave_status(str(e))
         return 0
     except BaseException as e:  # noqa: BLE001 - every failure must reach the launcher, once
         message = str(e) if isinstance(e, UserError) else traceback.format_exc().rstrip()

@@ -3,6 +3,7 @@ steps of gradient-accumulated micro-batches, recording metrics and every collect
 
 import os
 import time
+from collections import Counter
 from contextlib import nullcontext
 from typing import NamedTuple
 
@@ -28,6 +29,7 @@ from meshscale.runtime.measure.trace import analytic_bubble, measured_bubble, wr
 from meshscale.runtime.resilience import checkpoint
 from meshscale.runtime.resilience.faults import Injector, from_env
 from meshscale.runtime.resilience.guards import Guards, Snapshot, TrainingStopped
+from meshscale.runtime.resilience.preemption import Preempted, Preemption, stop_line
 from meshscale.runtime.resilience.sdc import ReplicaCheck
 from meshscale.runtime.resilience.watchdog import Watchdog
 
@@ -170,6 +172,8 @@ class Training:
         # memory is reported (--predict, --metrics-out).
         self.probe = (MemoryProbe(self.baseline) if device.type == "cpu" and (cfg.predict or cfg.metrics_out)
                       else None)
+        self.preemption = Preemption(multi, device, cfg.time_limit)
+        self.rollbacks: Counter = Counter()  # per checkpoint directory
 
     def beat(self, step: int, phase: str) -> None:
         if self.watchdog is not None:
@@ -178,7 +182,7 @@ class Training:
     def run(self) -> dict:
         cfg, layout = self.cfg, self.layout
         try:
-            with nullcontext() if self.watchdog is None else self.watchdog:
+            with nullcontext() if self.watchdog is None else self.watchdog, self.preemption:
                 with self.ledger.active():  # code without a ledger handle (TP functions) records through it
                     self.steps()
                 self.beat(cfg.steps, "evaluate")  # not step traffic: outside the ledger
@@ -220,13 +224,32 @@ class Training:
                 self.metrics.log(row)  # the rows of the steps run again follow it in the file
                 step = self.roll_back(actions["rollback"])
                 continue
-            if checkpoint.due(cfg, step + 1):
+            stop = self.preemption.requested() if step + 1 < cfg.steps else None  # the last step just ends
+            saved = None
+            if checkpoint.due(cfg, step + 1) or (stop and cfg.checkpoint_dir):
+                self.check_before_save(step, row)
                 saving = time.perf_counter()
-                checkpoint.save(self.resolved, self.par, self.optimizer, self.mesh, step + 1)
+                saved = checkpoint.save(self.resolved, self.par, self.optimizer, self.mesh, step + 1,
+                                        row["sdc_check"])
                 row["checkpoint_save_s"] = time.perf_counter() - saving
             self.metrics.log(row)
             self.live.log(row, self.ledger)
             step += 1
+            if stop:
+                raise Preempted(stop_line(stop, step, saved, cfg.time_limit))
+
+    def check_before_save(self, step: int, row: dict) -> None:
+        """The replica check on the state about to be saved, when self.step has not run it: a corrupted
+        replica is never the one written."""
+        if self.replicas is None or row["sdc_check"]:
+            return
+        self.beat(step, "sdc check")
+        found = self.replicas.run(step)
+        row["sdc_check"] = True
+        if found is not None:
+            row["anomalies"].append(found.row())
+            self.metrics.log(row)
+            raise TrainingStopped(f"{found.message}; stopped without saving the corrupted replica")
 
     def forward_backward(self, step: int, micro: list) -> tuple:
         layout = self.layout
@@ -269,7 +292,9 @@ class Training:
         flipped = faults.flip_bit(step, self.named)
         if flipped and self.log:
             print(f"step {step:>4}  fault: {flipped}", flush=True)
-        checked = self.replicas is not None and (step + 1) % cfg.sdc_check_every == 0
+        # every checkpoint is checked before it is written: a corrupted replica is never the one saved
+        checked = self.replicas is not None and ((step + 1) % cfg.sdc_check_every == 0
+                                                 or checkpoint.due(cfg, step + 1))
         if checked:
             self.beat(step, "sdc check")
             anomalies += filter(None, [self.replicas.run(step)])
@@ -283,12 +308,20 @@ class Training:
                 "anomalies": [a.row() for a in anomalies]}, anomalies
 
     def roll_back(self, anomaly) -> int:
-        """Reload the newest complete checkpoint into every rank's live state; the step to go on from."""
-        cfg = self.cfg
-        if not checkpoint.complete(cfg.checkpoint_dir):
-            raise TrainingStopped(f"{anomaly.message}; no complete checkpoint in {cfg.checkpoint_dir} to roll "
-                                  "back to yet (save more often with --checkpoint-every)")
-        back = checkpoint.restore_latest(self.resolved, self.par, self.optimizer, self.mesh)
+        """Reload the newest complete checkpoint (verified by the replica check, when the run has one) into
+        every rank's live state; the step to go on from."""
+        cfg, verified = self.cfg, self.replicas is not None
+        found = checkpoint.complete(cfg.checkpoint_dir)
+        target = checkpoint.newest_verified(found) if verified else (found[-1][1] if found else None)
+        if target is None:
+            which = "complete checkpoint verified by the replica check" if verified else "complete checkpoint"
+            raise TrainingStopped(f"{anomaly.message}; no {which} in {cfg.checkpoint_dir} to roll back to yet "
+                                  "(save more often with --checkpoint-every)")
+        if self.rollbacks[target] >= cfg.max_rollbacks:  # what the checkpoint holds brings the anomaly back
+            raise TrainingStopped(f"{anomaly.message}; rolled back to {target} {self.rollbacks[target]} times "
+                                  f"already (--max-rollbacks {cfg.max_rollbacks}): stopped, the anomaly persists")
+        self.rollbacks[target] += 1
+        back = checkpoint.restore_latest(self.resolved, self.par, self.optimizer, self.mesh, verified)
         self.ledger.forget_from(back)
         if self.is_logger:
             print(f"rolled back to the checkpoint of step {back} after: {anomaly.message}", flush=True)

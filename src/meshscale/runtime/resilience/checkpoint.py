@@ -3,11 +3,12 @@ owns, so a checkpoint saved under any layout the trainer runs loads under any ot
 
 The form. Every tensor is keyed by the unmodified model's parameter name (FQN): `model.<fqn>` for the
 weight, `optim.<fqn>.exp_avg` / `.exp_avg_sq` for AdamW's moments, each a DTensor of the full parameter's
-shape over the ranks that hold a piece or a copy of it, arranged as (replicas, shards, tp) (`_holders`). The
-data-parallel ranks (dp x cp, or for routed experts the expert data-parallel group) are `Replicate()` (DDP,
-and ZeRO-1/2 once its flat shards are gathered into per-parameter tensors), or FSDP2's own `Shard(0)` over
-its shard group and `Replicate()` across hybrid-sharding replica groups (`_StridedShard` when TP already
-cut dim 0, the order FSDP2 itself uses for 2-D meshes). Over tp a tensor is `Shard(d)` (d: the dim where
+shape over the ranks that hold a piece or a copy of it, arranged as (replicas, shards, tp)
+(`parallel.mesh.holder_grid`). The data-parallel ranks (dp x cp, or for routed experts the expert
+data-parallel group) are `Replicate()` (DDP, and ZeRO-1/2 once its flat shards are gathered into
+per-parameter tensors), or FSDP2's own `Shard(0)` over its shard group and `Replicate()` across
+hybrid-sharding replica groups (`_StridedShard` when TP already cut dim 0, the order FSDP2 itself uses for
+2-D meshes). Over tp a tensor is `Shard(d)` (d: the dim where
 the local shape differs from the full one; our TP keeps plain tensors, so the shape says how it was cut),
 `Replicate()` (norms), or, for a KV head copied onto tp/kv_heads ranks, `Shard(0)` over the head groups and
 `Replicate()` within them. These meshes only describe where the pieces are: they are built without process
@@ -17,9 +18,16 @@ de-duplicated and spread over the ranks holding them) and loads any other cut of
 
 On disk: DIR/step-00000010/ holds DCP's files, then, written last, manifest.json: model, layout, world
 size, precision, versions, step, tokens seen, data position (the batches are a function of seed and
-step), and the sha256 of every other file; each rank's RNG state is in DCP's files as `rng.<rank>`.
+step), the run's settings a resume must keep (`RUN_FIELDS`), whether it was verified, and the sha256 of
+every other file; each rank's RNG state is in DCP's files as `rng.<rank>`.
 The manifest is the commit marker: rank 0 writes it (temporary file, fsync, atomic rename) after a barrier
 that follows every rank's fsynced writes, so a directory without it -- a save cut short -- never counts.
+
+Verified checkpoints. When the run has replicas to compare (runtime/resilience/sdc.py), the cross-replica
+check runs on the state each save writes, before it is written: a corrupted replica stops or rolls back the
+run instead of being saved, and the manifest says `verified`. A rollback goes to the newest verified
+checkpoint (one a bit flip could have reached before any check saw it never counts), and retention never
+deletes that one.
 
 Saving is synchronous: every rank returns from `save` once the checkpoint is committed, so a crash at any
 later point finds it complete, and no copy of the state waits in memory beside the live one. Its cost is
@@ -32,7 +40,6 @@ import json
 import os
 import shutil
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -41,14 +48,12 @@ import torch.distributed as dist
 import meshscale
 from meshscale.errors import UserError
 from meshscale.models.transformer import full_shapes
-from meshscale.parallel.compat import all_gather_into
-from meshscale.parallel.expert import ExpertSplit, is_expert_param
-from meshscale.parallel.mesh import from_every_rank
-from meshscale.parallel.zero import Zero
-from meshscale.specs.layout import expert_mesh_shape
+from meshscale.parallel.expert import is_expert_param
+from meshscale.parallel.mesh import describing_mesh, from_every_rank, holder_grid
+from meshscale.parallel.strategy import MOMENTS
+from meshscale.runtime.resilience.lock import LOCK
 
 MANIFEST = "manifest.json"
-MOMENTS = ("exp_avg", "exp_avg_sq")
 _PREFIX = "step-"
 
 
@@ -61,7 +66,7 @@ def complete(root: str | Path) -> list[tuple[int, Path]]:
     """(step, directory) of every committed checkpoint under root, oldest first."""
     found = []
     for d in Path(root).glob(f"{_PREFIX}*"):
-        if (d / MANIFEST).is_file() and d.name[len(_PREFIX):].isdigit():
+        if _step_dir_name(d) and (d / MANIFEST).is_file():
             found.append((int(d.name[len(_PREFIX):]), d))
     return sorted(found)
 
@@ -75,8 +80,15 @@ def read_manifest(path: Path) -> dict:
 
 
 def verify(path: Path, manifest: dict) -> None:
-    """Every file the manifest lists exists and has its sha256: a truncated or altered shard is never loaded."""
-    for name, digest in manifest["files"].items():
+    """The manifest is this directory's (its step, DCP's metadata among its files), and every file it lists
+    exists and has its sha256: an edited manifest or a truncated or altered shard is never loaded."""
+    step, files = manifest.get("step"), manifest.get("files")
+    what = (f"says step {step}" if step != int(path.name[len(_PREFIX):]) else
+            None if isinstance(files, dict) and ".metadata" in files else "lists no DCP .metadata file")
+    if what:
+        raise UserError(f"checkpoint {path}: its {MANIFEST} {what}, not what the directory holds (edited or "
+                        f"copied?); delete {path} to resume from the previous checkpoint")
+    for name, digest in files.items():
         f = path / name
         if not f.is_file():
             raise UserError(f"checkpoint {path}: file {name} is missing; delete {path} to resume from the "
@@ -103,6 +115,35 @@ def check_compatible(path: Path, manifest: dict, spec, precision: str) -> None:
                         f"pass --precision {manifest['precision']} or use a new --checkpoint-dir")
 
 
+# what fixes the batches a step sees and the learning rate it applies: resuming under other values is another run
+RUN_FIELDS = {"seed": "--seed", "global_batch": "--global-batch", "seq": "--seq", "data": "--data", "lr": "--lr",
+              "min_lr": "--min-lr", "warmup": "--warmup", "steps": "--steps"}  # the cosine decay spans --steps
+
+
+def run_fields(cfg, spec) -> dict:
+    """The run's values of RUN_FIELDS, as the manifest records them (data: its absolute path and size)."""
+    values = {k: getattr(cfg, k) for k in RUN_FIELDS if k not in ("seq", "data")}
+    values["seq"] = spec.seq
+    values["data"] = None
+    if cfg.data is not None:
+        data = Path(cfg.data).absolute()
+        files = [data] if data.is_file() else sorted(f for f in data.rglob("*") if f.is_file())
+        values["data"] = f"{data} ({sum(f.stat().st_size for f in files)} bytes)"
+    return values
+
+
+def check_same_run(path: Path, manifest: dict, cfg, spec) -> None:
+    """Refuse to resume a checkpoint under another seed, batch, sequence length, data or LR schedule."""
+    saved, now = manifest.get("run"), run_fields(cfg, spec)
+    if saved is None:  # written before the manifest recorded them
+        return
+    changed = [f"{RUN_FIELDS[k]} {saved.get(k)} -> {now[k]}" for k in RUN_FIELDS if saved.get(k) != now[k]]
+    if changed:
+        raise UserError(f"checkpoint {path} was saved by a run with other settings ({'; '.join(changed)}); "
+                        "resume with the same ones, pass --allow-config-change to continue anyway, or use a new "
+                        "--checkpoint-dir")
+
+
 def check_dir(root: str, spec, precision: str) -> tuple[int, Path] | None:
     """Every check a --checkpoint-dir allows before a process starts; returns the newest checkpoint (verified)
     or None. Changes nothing on disk."""
@@ -114,7 +155,7 @@ def check_dir(root: str, spec, precision: str) -> tuple[int, Path] | None:
         raise UserError(f"--checkpoint-dir {root}: {existing} is not writable; choose a directory you can write to")
     if not p.exists():
         return None
-    strangers = sorted(c.name for c in p.iterdir() if not c.name.startswith(_PREFIX))
+    strangers = sorted(c.name for c in p.iterdir() if c.name != LOCK and not _step_dir_name(c))
     if strangers:
         raise UserError(f"--checkpoint-dir {root} holds {strangers[0]}, which is not a meshscale checkpoint; "
                         "choose a new or empty directory (old checkpoints there may be deleted)")
@@ -148,72 +189,6 @@ def _ensure_optimizer_state(optimizer) -> None:
                     state[k] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
-def _held(strategy, optimizer) -> tuple[dict, Callable]:
-    """{fqn: {"param", "exp_avg", "exp_avg_sq"}} of one chunk as this rank holds them across DP (whole
-    tensors, or FSDP2's dp-sharded DTensors), and a function writing loaded values back where the tensors
-    are copies (ZeRO's gathered moments)."""
-
-    if isinstance(strategy, ExpertSplit):  # dense and routed-expert parameters, each with its own strategy
-        (dense, write_dense), (experts, write_experts) = (_held(s, optimizer)
-                                                          for s in (strategy.dense, strategy.experts))
-        return {**dense, **experts}, lambda: (write_dense(), write_experts())
-    if isinstance(strategy, Zero):
-        return _zero_held(strategy, optimizer)
-    held = {name: {"param": p.detach(), **{k: optimizer.state[p][k] for k in MOMENTS}}
-            for name, p in strategy.module.named_parameters() if p.requires_grad and strategy.select(name)}
-    return held, lambda: None
-
-
-def _zero_held(zero, optimizer) -> tuple[dict, Callable]:
-    """ZeRO-1/2: parameters are whole on every rank (views into the flat buckets); the moments live in flat
-    shards, so gather each bucket's moments over the shard group and view them per parameter."""
-
-    held, gathered = {}, []
-    for b in zero.buckets:
-        full = {k: torch.empty_like(b.flat) for k in MOMENTS}
-        for k in MOMENTS:
-            all_gather_into(full[k], optimizer.state[b.shard][k], group=zero.group)
-        for p in b.params:
-            view = slice(b.offsets[p], b.offsets[p] + p.numel())
-            held[zero._names[p]] = {"param": p.detach(), **{k: full[k][view].view_as(p) for k in MOMENTS}}
-        gathered.append((b, full))
-
-    def write_back():
-        for b, full in gathered:
-            mine = slice(zero.rank * b.shard_numel, (zero.rank + 1) * b.shard_numel)
-            b.shard.data.copy_(b.flat[mine])  # the parameters were loaded into views of b.flat
-            for k in MOMENTS:
-                optimizer.state[b.shard][k].copy_(full[k][mine])
-
-    return held, write_back
-
-
-def _holders(layout, expert: bool) -> torch.Tensor:
-    """The global ranks holding a piece or a copy of this rank's dense (or routed-expert) tensors, as a
-    (data-parallel ranks, tp) grid: this rank's pipeline stage (and expert-parallel rank) of the main mesh's
-    (pp, dp, cp, tp) order, or the expert mesh's (pp, edp, ep, tp) order."""
-
-    rank = dist.get_rank()
-    if expert:
-        ranks = torch.arange(layout.devices).reshape(expert_mesh_shape(layout))
-        pp, _, ep, _ = (ranks == rank).nonzero()[0].tolist()
-        return ranks[pp, :, ep, :]
-    ranks = torch.arange(layout.devices).reshape(layout.pp, layout.dp * layout.cp, layout.tp)
-    return ranks[(ranks == rank).nonzero()[0, 0]]
-
-
-_descriptions: dict = {}  # meshes without process groups, by their rank grid and device type
-
-
-def _describing_mesh(grid: torch.Tensor, device_type: str):
-    from torch.distributed.device_mesh import DeviceMesh
-
-    key = (tuple(grid.shape), tuple(grid.flatten().tolist()), device_type)
-    if key not in _descriptions:
-        _descriptions[key] = DeviceMesh(device_type, grid, _init_backend=False)
-    return _descriptions[key]
-
-
 def _global(t: torch.Tensor, full_shape: tuple, holders: torch.Tensor, shard_size: int):
     """`t` (whole over the data-parallel ranks, or FSDP2's shard of it) as a DTensor of the full shape on
     the (replicas, shards, tp...) grid of its `holders`; `shard_size`: the FSDP2 shard group's size."""
@@ -234,7 +209,7 @@ def _global(t: torch.Tensor, full_shape: tuple, holders: torch.Tensor, shard_siz
         dp = _StridedShard(0, split_factor=pieces)
     else:
         dp = Shard(0)
-    mesh = _describing_mesh(grid, local.device.type)
+    mesh = describing_mesh(grid, local.device.type)
     stride = torch.empty(full_shape, device="meta").stride()
     return DTensor.from_local(local, mesh, [Replicate(), dp, *tp_placements], run_check=False,
                               shape=torch.Size(full_shape), stride=stride)
@@ -247,9 +222,9 @@ def _state_dict(run, par, optimizer, mesh) -> tuple[dict, list]:
     shapes, layout = full_shapes(run.spec), run.layout
     state, write_backs = {}, []
     if mesh is not None:  # (holders, FSDP2 shard group size) of dense and of routed-expert tensors
-        kinds = {False: (_holders(layout, False), layout.shard_size)}
+        kinds = {False: (holder_grid(layout, False), layout.shard_size)}
         if layout.ep > 1:
-            kinds[True] = (_holders(layout, True), layout.dp * layout.cp // layout.ep)
+            kinds[True] = (holder_grid(layout, True), layout.dp * layout.cp // layout.ep)
 
     def describe(name, t):
         if mesh is None:
@@ -257,7 +232,7 @@ def _state_dict(run, par, optimizer, mesh) -> tuple[dict, list]:
         return _global(t, shapes[name], *kinds[layout.ep > 1 and is_expert_param(name)])
 
     for strategy in par.strategies:
-        held, write_back = _held(strategy, optimizer)
+        held, write_back = strategy.checkpoint_state(optimizer)
         write_backs.append(write_back)
         for name, tensors in held.items():
             state[f"model.{name}"] = describe(name, tensors["param"])
@@ -279,9 +254,10 @@ def due(cfg, done: int) -> bool:
     return bool(cfg.checkpoint_dir) and (done % cfg.checkpoint_every == 0 or done == cfg.steps)
 
 
-def save(run, par, optimizer, mesh, step: int) -> Path:
+def save(run, par, optimizer, mesh, step: int, verified: bool = False) -> Path:
     """Save the state after `step` optimizer steps (the next step to run is `step`) and commit it; then
-    keep the newest run.config.keep complete checkpoints. Every rank calls this."""
+    keep the newest run.config.keep complete checkpoints and the newest verified one. Every rank calls this.
+    verified: the cross-replica check passed on this very state (written in the manifest)."""
     import torch.distributed.checkpoint as dcp
 
     root, multi = Path(run.config.checkpoint_dir), dist.is_initialized()
@@ -307,7 +283,7 @@ def save(run, par, optimizer, mesh, step: int) -> Path:
             "model": {"name": run.spec.name, "seq": run.spec.seq, **_model_fields(run.spec)},
             "layout": str(run.layout), "world_size": run.layout.devices, "precision": run.config.precision,
             "versions": {"torch": torch.__version__, "meshscale": meshscale.__version__},
-            "files": digests})
+            "run": run_fields(run.config, run.spec), "verified": verified, "files": digests})
         _retain(root, run.config.keep)
     _barrier(multi)
     return path
@@ -328,14 +304,33 @@ def _commit(path: Path, manifest: dict) -> None:
 
 
 def _retain(root: Path, keep: int) -> None:
-    """Delete complete checkpoints beyond the newest `keep`, and saves cut short before the newest complete one."""
+    """Delete complete checkpoints beyond the newest `keep` but the newest verified one (what a rollback
+    needs), and saves cut short before the newest complete one."""
     found = complete(root)
     newest = found[-1][0]
+    anchor = newest_verified(found)
     for _, d in found[:-keep]:
-        shutil.rmtree(d)
-    for d in root.glob(f"{_PREFIX}*"):
-        if not (d / MANIFEST).exists() and d.name[len(_PREFIX):].isdigit() and int(d.name[len(_PREFIX):]) < newest:
+        if d != anchor:
             shutil.rmtree(d)
+    for d in root.glob(f"{_PREFIX}*"):
+        if _step_dir_name(d) and not (d / MANIFEST).exists() and int(d.name[len(_PREFIX):]) < newest:
+            shutil.rmtree(d)
+
+
+def _step_dir_name(d: Path) -> bool:
+    """A directory named like a save (step-NNNNNNNN): any other entry is not ours to read or delete."""
+    return d.name.startswith(_PREFIX) and d.name[len(_PREFIX):].isdigit() and d.is_dir()
+
+
+def newest_verified(found: list[tuple[int, Path]]) -> Path | None:
+    """The newest of `found` whose manifest says the cross-replica check passed on the state it holds."""
+    for _, path in reversed(found):
+        try:
+            if json.loads((path / MANIFEST).read_text()).get("verified"):
+                return path
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def _barrier(multi: bool) -> None:
@@ -344,16 +339,20 @@ def _barrier(multi: bool) -> None:
 
 
 # ---- load ---------------------------------------------------------------------------------------------
-def restore_latest(run, par, optimizer, mesh) -> int:
-    """Load the newest complete checkpoint under run.config.checkpoint_dir into the live training state
-    (parameters, AdamW moments and step, RNG state when the process count matches) and return the step to
-    continue from; 0, with nothing changed, when there is none. Every rank calls this; rank 0 verifies the
-    checksums first and every rank raises the same UserError if the checkpoint is unusable."""
+def restore_latest(run, par, optimizer, mesh, verified_only: bool = False) -> int:
+    """Load the newest complete checkpoint under run.config.checkpoint_dir (the newest verified one with
+    `verified_only`) into the live training state (parameters, AdamW moments and step, RNG state when the
+    process count matches) and return the step to continue from; 0, with nothing changed, when there is
+    none. Every rank calls this; rank 0 verifies the checksums first and every rank raises the same
+    UserError if the checkpoint is unusable."""
     import torch.distributed.checkpoint as dcp
 
     multi = dist.is_initialized()
     rank = dist.get_rank() if multi else 0
     found = complete(run.config.checkpoint_dir) if run.config.checkpoint_dir else []
+    if verified_only:  # every rank reads the same manifests: the same choice everywhere
+        anchor = newest_verified(found)
+        found = [(s, p) for s, p in found if p == anchor]
     if not found:
         return 0
     step, path = found[-1]

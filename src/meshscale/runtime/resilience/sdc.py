@@ -19,8 +19,8 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
-from meshscale.parallel.expert import build_expert_mesh, is_expert_param
-from meshscale.parallel.mesh import hybrid_mesh, replica_mesh
+from meshscale.parallel.expert import is_expert_param
+from meshscale.parallel.mesh import expert_mesh, hybrid_mesh, replica_mesh
 from meshscale.parallel.tensor import is_tp_replicated
 from meshscale.runtime.resilience.guards import Anomaly
 
@@ -69,7 +69,7 @@ class ReplicaCheck:
 
         groups = [("dp", dp_group, [(n, p) for n, p in named if not is_expert_param(n)],
                    layout.zero == 0)]
-        edp = build_expert_mesh(layout, mesh.device_type)["edp"]
+        edp = expert_mesh(layout, mesh.device_type)["edp"]
         if edp.size() > 1:
             groups.append(("edp", edp.get_group(), [(n, p) for n, p in named if is_expert_param(n)],
                            layout.zero == 0))
