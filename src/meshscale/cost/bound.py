@@ -27,7 +27,7 @@ from meshscale.cost.step import (chunk_kinds, elementwise_seconds, grad_reduce_b
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import RECOMPUTE, Layout
 from meshscale.specs.model import ModelSpec
-from meshscale.specs.placement import layer_counts, sends_per_rank
+from meshscale.specs.placement import layer_counts, rank_chunks, sends_per_rank
 
 # The recompute modes the planner searches (op is torchtitan's policy for predict and train, with its own rules)
 RECOMPUTE_MODES = tuple(r for r in RECOMPUTE if r != "op")
@@ -174,8 +174,9 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     # per schedule, the busiest rank's parameters and those of its root unit: what predict charges over
     # dp*cp (under EP the routed experts reduce over their own, smaller group: left out of the bound)
     busy = [busiest_rank(model, lay) for lay in shape.layouts]
-    p_k = np.array([params_on_rank(model, lay, r) - (expert_params_on_rank(model, lay, r) if ep > 1 else 0.0)
-                    for lay, r in zip(shape.layouts, busy)])[k_i]
+    p_k_of_schedule = np.array([params_on_rank(model, lay, r) - (expert_params_on_rank(model, lay, r) if ep > 1
+                                                                  else 0.0) for lay, r in zip(shape.layouts, busy)])
+    p_k = p_k_of_schedule[k_i]
     root_k = np.array([root_params_on_rank(model, lay, r) for lay, r in zip(shape.layouts, busy)])[k_i]
 
     def per_byte(collective):  # seconds per byte over each row's shard group
@@ -189,6 +190,13 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     gather = ag * update * p_k if not cluster.software.param_gather_overlap else 0.0
     ratio = bubble_floor(shape, rows, kernels, elementwise, m, slowest, others)
     sends = np.maximum(send_floor[k_i] - m * kernels.lead, 0.0)  # what the slowest rank's lead leaves
+    if dp * cp > 1:  # what the hidden ZeRO-0-2 traffic takes from the compute it hides behind
+        buckets = np.array([comm.grad_buckets(cluster.software, p, dp * cp, r == 0,
+                                              len(rank_chunks(pp, lay.stages, lay.v_shaped, r)))
+                            for lay, r, p in zip(shape.layouts, busy, p_k_of_schedule)])[k_i]
+        sends = sends + data_parallel_interference(cluster, z, m, buckets, compute - forward, forward,
+                                                   np.where(z == 0, ar, rs) * grad_reduce_bytes(
+                                                       cluster.software, precision) * p_k, ag * update * p_k)
     bound = (compute + comm_floor[k_i, r_i] + sends) * (1 + ratio) + np.where((z == 1) | (z == 2), gather, 0.0)
     if dp * cp > 1:  # gradient reduction not hidden by backward (zero 0-2) or FSDP traffic beyond compute
         grads = rs * grad_reduce_bytes(cluster.software, precision) * p_k
@@ -211,6 +219,28 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
             hides = np.minimum(compute, cluster.software.overlap_efficiency * fsdp / 2)
             bound = bound + np.where(z == 3, comm.sm_share(cluster, "dp") * hides, 0.0)
     return bound
+
+
+def data_parallel_interference(cluster: ClusterSpec, z, m, buckets, backward, forward, grads, gather):
+    """At most predict's interference_s of the ZeRO-0-2 collectives over dp (comm.data_parallel_ops): a
+    collective of t seconds in `calls` buckets, hidden behind h seconds of compute, hides min(h, efficiency x
+    (t - t / calls)) (step.exposed_seconds, step._shown), which runs that much slower by the SM share
+    (comm.sm_share). `grads`, `gather`: the bandwidth time of the gradient reduction (per step; zero 2: per
+    micro-batch) and of the parameter all-gather; `backward`, `forward`: the compute of the step, at most
+    predict's."""
+    sw = cluster.software
+    eff = sw.overlap_efficiency
+    hidden = np.zeros_like(m)
+    if sw.grad_reduce_overlap:  # zero 0, 1: behind the last backward; zero 2: behind every one, m x the buckets
+        each = z == 2
+        calls = np.where(each, m * buckets, buckets)
+        t = np.where(each, m * grads, grads)
+        hidden = hidden + np.where(z <= 2, np.minimum(np.where(each, backward, backward / m),
+                                                      eff * t * (1 - 1 / calls)), 0.0)
+    if sw.param_gather_overlap:  # zero 1, 2: behind the next forward
+        hidden = hidden + np.where((z == 1) | (z == 2), np.minimum(forward / m, eff * gather * (1 - 1 / buckets)),
+                                   0.0)
+    return hidden * comm.sm_share(cluster, "dp")
 
 
 def _with_elementwise(kernels: Passes, elementwise) -> Passes:

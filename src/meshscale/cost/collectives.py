@@ -160,9 +160,11 @@ def best(collective: str, fabric: Fabric, nbytes: float, algorithms: tuple = ())
                if not algorithms or o[0] in algorithms)
 
 
+@lru_cache(maxsize=8192)
 def seconds(collective: str, fabric: Fabric, nbytes: float, calls: int = 1) -> float:
     """`calls` calls moving `nbytes` in all (each nbytes / calls), NCCL's pick for each. calls=0: the bandwidth
-    time alone at the fastest option's bandwidth (a lower bound of any number of calls, for the planner)."""
+    time alone at the fastest option's bandwidth (a lower bound of any number of calls, for the planner).
+    Cached: a plan asks the same few thousand questions ~20 times each."""
     if fabric.ranks <= 1 or nbytes <= 0:
         return 0.0
     if collective == "all_to_all":

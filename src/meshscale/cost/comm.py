@@ -262,8 +262,10 @@ def slice_dims(torus: tuple, chips: int, inner: int) -> tuple:
     return min(shapes, key=lambda d: (not fills(d), max(d) / min(d), [-x for x in d]))
 
 
+@lru_cache(maxsize=4096)
 def group_link(cluster: ClusterSpec, devices: int, size: int, stride: int) -> Link:
-    """The link a group of `size` ranks, `stride` apart in the mesh, communicates over."""
+    """The link a group of `size` ranks, `stride` apart in the mesh, communicates over (a frozen Link, cached:
+    predict and the planner's bound ask for the same few groups thousands of times)."""
     fast, slow = cluster.tiers[0], cluster.tiers[-1]
     if cluster.torus:
         return _torus_link(cluster, devices, size, stride)

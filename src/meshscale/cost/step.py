@@ -237,7 +237,13 @@ def control_seconds(cluster: ClusterSpec, devices: int, layout: Layout) -> float
     groups = [(t, 1), (layout.pp, t * c * d), (d * c, t), (devices, 1)]
     if layout.zero >= 2:
         groups.append(_axis_group(layout, "dp"))
-    return sum(_time(cluster, devices, layout, None, "all_reduce", 8, 1, (n, stride)) for n, stride in groups if n > 1)
+    return _small_all_reduces(cluster, devices, tuple(groups))
+
+
+@lru_cache(maxsize=4096)
+def _small_all_reduces(cluster: ClusterSpec, devices: int, groups: tuple) -> float:
+    """One 8-byte all-reduce over each of `groups` ((size, stride), ...): many layouts share their groups."""
+    return sum(_time(cluster, devices, None, None, "all_reduce", 8, 1, (n, stride)) for n, stride in groups if n > 1)
 
 
 def grad_reduce_bytes(sw, precision: str) -> int:
