@@ -142,11 +142,11 @@ def _try_predict(model, cluster, layout, global_batch, precision) -> Prediction 
         return None
 
 
-def change(layout: Layout, why: str, **values) -> tuple[Layout, str]:
-    """`layout` with `values` replaced, and the sentence saying so."""
-    new = replace(layout, **values)
+def change(layout: Layout, changes: list[str], why: str, **values) -> Layout:
+    """`layout` with `values` replaced; the sentence saying so appended to `changes`."""
     said = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items())
-    return new, f"{why}; nearest: {said}"
+    changes.append(f"{why}; nearest: {said}")
+    return replace(layout, **values)
 
 
 def summary(e: Emitted) -> list[str]:

@@ -19,7 +19,7 @@ PRECISIONS = {"fp8": ("bf16", "DeepSpeed's JSON has no FP8 switch (FP8 GEMMs liv
 
 
 def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
-    changes = []
+    changes: list[str] = []
     for axis, where in (("pp", "PipelineModule"), ("cp", "its Ulysses all-to-all, not ring attention"),
                         ("ep", "deepspeed.moe layers")):
         degree = getattr(layout, axis)
@@ -29,23 +29,18 @@ def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
                 values.update(schedule="1f1b", vpp=1)
             if layout.shard:
                 values["shard"] = 0
-            layout, why = change(layout, f"DeepSpeed sets {axis}={degree} in the model's code ({where}), not "
-                                         "in its config", **values)
-            changes.append(why)
+            layout = change(layout, changes, f"DeepSpeed sets {axis}={degree} in the model's code ({where}), not "
+                                             "in its config", **values)
     if layout.shard:
-        layout, why = change(layout, "DeepSpeed's ZeRO shards over every data-parallel rank (MiCS, its hybrid "
-                                     "sharding, was removed in 0.19)", shard=0)
-        changes.append(why)
+        layout = change(layout, changes, "DeepSpeed's ZeRO shards over every data-parallel rank (MiCS, its hybrid "
+                                         "sharding, was removed in 0.19)", shard=0)
     if layout.tp > 1 and layout.sp:
-        layout, why = change(layout, "DeepSpeed's AutoTP keeps activations whole over the TP group", sp=False)
-        changes.append(why)
+        layout = change(layout, changes, "DeepSpeed's AutoTP keeps activations whole over the TP group", sp=False)
     if layout.tp > 1 and layout.zero == 3:
-        layout, why = change(layout, "DeepSpeed's AutoTP training combines with ZeRO stages 0-2", zero=2)
-        changes.append(why)
+        layout = change(layout, changes, "DeepSpeed's AutoTP training combines with ZeRO stages 0-2", zero=2)
     if layout.recompute in ("selective", "op"):
-        layout, why = change(layout, "DeepSpeed checkpoints whole layers (deepspeed.checkpointing)",
-                             recompute="full")
-        changes.append(why)
+        layout = change(layout, changes, "DeepSpeed checkpoints whole layers (deepspeed.checkpointing)",
+                                 recompute="full")
     return layout, changes
 
 

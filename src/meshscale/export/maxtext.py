@@ -27,37 +27,29 @@ REMAT = {"none": "minimal_with_context", "full": "full"}
 
 
 def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
-    changes = []
+    changes: list[str] = []
     if layout.pp > 1 and model.layers % layout.stages:
-        layout, why = change(layout, f"MaxText's pipeline needs pp*vpp ({layout.stages}) to divide the "
-                                     f"{model.layers} layers", pp=1, vpp=1, schedule="1f1b",
-                             dp=layout.dp * layout.pp)
-        changes.append(why)
+        layout = change(layout, changes, f"MaxText's pipeline needs pp*vpp ({layout.stages}) to divide the "
+                                         f"{model.layers} layers", pp=1, vpp=1, schedule="1f1b",
+                                 dp=layout.dp * layout.pp)
     if layout.pp > 1 and layout.schedule != "gpipe" and not (layout.schedule == "interleaved"):
-        layout, why = change(layout, "MaxText pipelines circularly in GPipe order (every micro-batch's "
-                                     f"activations held), not {layout.schedule}", schedule="gpipe", vpp=1)
-        changes.append(why)
+        layout = change(layout, changes, "MaxText pipelines circularly in GPipe order (every micro-batch's "
+                                         f"activations held), not {layout.schedule}", schedule="gpipe", vpp=1)
     if layout.ep > 1 and layout.dp % layout.ep:
-        layout, why = change(layout, f"MaxText's expert axis takes its ranks from dp={layout.dp}", ep=1)
-        changes.append(why)
+        layout = change(layout, changes, f"MaxText's expert axis takes its ranks from dp={layout.dp}", ep=1)
     if layout.zero in (0, 1) and (layout.cp > 1 or layout.ep > 1):
-        layout, why = change(layout, "MaxText shards parameters over its context and expert axes", zero=3)
-        changes.append(why)
+        layout = change(layout, changes, "MaxText shards parameters over its context and expert axes", zero=3)
     if layout.zero == 2:
-        layout, why = change(layout, "MaxText shards optimizer states over data (ZeRO-1) or everything over "
-                                     "fsdp (ZeRO-3), nothing in between", zero=3)
-        changes.append(why)
+        layout = change(layout, changes, "MaxText shards optimizer states over data (ZeRO-1) or everything over "
+                                         "fsdp (ZeRO-3), nothing in between", zero=3)
     if layout.shard and (layout.shard % layout.cp or layout.ep > 1):
-        layout, why = change(layout, "MaxText's fsdp groups span the context and expert axes whole", shard=0)
-        changes.append(why)
+        layout = change(layout, changes, "MaxText's fsdp groups span the context and expert axes whole", shard=0)
     if layout.tp > 1 and layout.sp:
-        layout, why = change(layout, "MaxText's tensor axis has no sequence-parallel switch for norms and "
-                                     "residuals", sp=False)
-        changes.append(why)
+        layout = change(layout, changes, "MaxText's tensor axis has no sequence-parallel switch for norms and "
+                                         "residuals", sp=False)
     if layout.recompute not in REMAT:
-        layout, why = change(layout, "MaxText's remat policies name tensors to save, not the attention core "
-                                     "or every other matmul", recompute="full")
-        changes.append(why)
+        layout = change(layout, changes, "MaxText's remat policies name tensors to save, not the attention core "
+                                         "or every other matmul", recompute="full")
     return layout, changes
 
 

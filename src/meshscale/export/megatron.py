@@ -19,15 +19,13 @@ PRECISIONS = {"bf16-pure": ("bf16", "Megatron-LM keeps fp32 main parameters unde
 
 
 def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
-    changes = []
+    changes: list[str] = []
     if layout.pp > 1 and layout.schedule not in ("1f1b", "interleaved"):
-        layout, why = change(layout, f"Megatron-LM schedules 1F1B and interleaved 1F1B, not "
-                                     f"{layout.schedule}", schedule="1f1b", vpp=1)
-        changes.append(why)
+        layout = change(layout, changes, f"Megatron-LM schedules 1F1B and interleaved 1F1B, not "
+                                         f"{layout.schedule}", schedule="1f1b", vpp=1)
     if layout.recompute == "op":
-        layout, why = change(layout, "Megatron-LM recomputes whole layers or named modules, not every other "
-                                     "matmul", recompute="full")
-        changes.append(why)
+        layout = change(layout, changes, "Megatron-LM recomputes whole layers or named modules, not every other "
+                                         "matmul", recompute="full")
     return layout, changes
 
 

@@ -25,27 +25,22 @@ FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llam
 
 
 def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
-    changes = []
+    changes: list[str] = []
     if layout.zero == 0 and (layout.cp > 1 or layout.ep > 1):
-        layout, why = change(layout, "torchtitan shards parameters over its CP and EP ranks (FSDP2 over "
-                                     "dp_shard x cp)", zero=3)
-        changes.append(why)
+        layout = change(layout, changes, "torchtitan shards parameters over its CP and EP ranks (FSDP2 over "
+                                         "dp_shard x cp)", zero=3)
     if layout.zero == 1:
-        layout, why = change(layout, "torchtitan has no ZeRO-1; FSDP2 that keeps parameters gathered from "
-                                     "forward to backward (reshard_after_forward=never) is ZeRO-2", zero=2)
-        changes.append(why)
+        layout = change(layout, changes, "torchtitan has no ZeRO-1; FSDP2 that keeps parameters gathered from "
+                                         "forward to backward (reshard_after_forward=never) is ZeRO-2", zero=2)
     if layout.shard and layout.shard % layout.cp:
-        layout, why = change(layout, f"torchtitan's shard groups span all cp={layout.cp} ranks, so shard "
-                                     "must be a multiple of cp", shard=0)
-        changes.append(why)
+        layout = change(layout, changes, f"torchtitan's shard groups span all cp={layout.cp} ranks, so shard "
+                                         "must be a multiple of cp", shard=0)
     if layout.tp > 1 and not layout.sp:
-        layout, why = change(layout, "torchtitan's TP always shards norms and residuals over the sequence",
-                             sp=True)
-        changes.append(why)
+        layout = change(layout, changes, "torchtitan's TP always shards norms and residuals over the sequence",
+                                 sp=True)
     if layout.recompute == "selective":
-        layout, why = change(layout, "torchtitan's selective recompute is op-level (recompute=op) or per "
-                                     "layer, not the attention core alone", recompute="full")
-        changes.append(why)
+        layout = change(layout, changes, "torchtitan's selective recompute is op-level (recompute=op) or per "
+                                         "layer, not the attention core alone", recompute="full")
     return layout, changes
 
 

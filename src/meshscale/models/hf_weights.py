@@ -57,28 +57,28 @@ _MIXTRAL = [
     (r"layers\.(\d+)\.feed_forward\.experts\.(\d+)\.(w[123])\.weight",
      r"model.layers.\1.block_sparse_moe.experts.\2.\3.weight"),
 ] + _LLAMA
+
+
+def _per_layer(prefix: str, parts: dict[str, str]) -> list:
+    """meshscale's `layers.N.<ours>.weight|bias` is Hugging Face's `<prefix>.N.<theirs>.weight|bias`."""
+    return [(rf"layers\.(\d+)\.{ours}\.(weight|bias)", rf"{prefix}.\1.{theirs}.\2") for ours, theirs in parts.items()]
+
+
 _GPT2 = [
     (r"tok_embeddings\.weight", "transformer.wte.weight"),
     (r"pos_embeddings\.weight", "transformer.wpe.weight"),
     (r"norm\.(weight|bias)", r"transformer.ln_f.\1"),
-    (r"layers\.(\d+)\.attention_norm\.(weight|bias)", r"transformer.h.\1.ln_1.\2"),
-    (r"layers\.(\d+)\.ffn_norm\.(weight|bias)", r"transformer.h.\1.ln_2.\2"),
-    (r"layers\.(\d+)\.attention\.w[qkv]\.(weight|bias)", r"transformer.h.\1.attn.c_attn.\2"),
-    (r"layers\.(\d+)\.attention\.wo\.(weight|bias)", r"transformer.h.\1.attn.c_proj.\2"),
-    (r"layers\.(\d+)\.feed_forward\.w1\.(weight|bias)", r"transformer.h.\1.mlp.c_fc.\2"),
-    (r"layers\.(\d+)\.feed_forward\.w2\.(weight|bias)", r"transformer.h.\1.mlp.c_proj.\2"),
-]
+] + _per_layer("transformer.h", {r"attention_norm": "ln_1", r"ffn_norm": "ln_2", r"attention\.w[qkv]": "attn.c_attn",
+                                 r"attention\.wo": "attn.c_proj", r"feed_forward\.w1": "mlp.c_fc",
+                                 r"feed_forward\.w2": "mlp.c_proj"})
 _NEOX = [
     (r"tok_embeddings\.weight", "gpt_neox.embed_in.weight"),
     (r"output\.weight", "embed_out.weight"),
     (r"norm\.(weight|bias)", r"gpt_neox.final_layer_norm.\1"),
-    (r"layers\.(\d+)\.attention_norm\.(weight|bias)", r"gpt_neox.layers.\1.input_layernorm.\2"),
-    (r"layers\.(\d+)\.ffn_norm\.(weight|bias)", r"gpt_neox.layers.\1.post_attention_layernorm.\2"),
-    (r"layers\.(\d+)\.attention\.w[qkv]\.(weight|bias)", r"gpt_neox.layers.\1.attention.query_key_value.\2"),
-    (r"layers\.(\d+)\.attention\.wo\.(weight|bias)", r"gpt_neox.layers.\1.attention.dense.\2"),
-    (r"layers\.(\d+)\.feed_forward\.w1\.(weight|bias)", r"gpt_neox.layers.\1.mlp.dense_h_to_4h.\2"),
-    (r"layers\.(\d+)\.feed_forward\.w2\.(weight|bias)", r"gpt_neox.layers.\1.mlp.dense_4h_to_h.\2"),
-]
+] + _per_layer("gpt_neox.layers", {r"attention_norm": "input_layernorm", r"ffn_norm": "post_attention_layernorm",
+                                   r"attention\.w[qkv]": "attention.query_key_value",
+                                   r"attention\.wo": "attention.dense", r"feed_forward\.w1": "mlp.dense_h_to_4h",
+                                   r"feed_forward\.w2": "mlp.dense_4h_to_h"})
 _PHI3 = [
     (r"layers\.(\d+)\.attention\.w[qkv]\.weight", r"model.layers.\1.self_attn.qkv_proj.weight"),
     (r"layers\.(\d+)\.feed_forward\.w[13]\.weight", r"model.layers.\1.mlp.gate_up_proj.weight"),

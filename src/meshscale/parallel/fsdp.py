@@ -13,26 +13,28 @@ from contextlib import contextmanager
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from meshscale.parallel.strategy import Held, live_state
+from meshscale.parallel.data_parallel import Local
 
 
-class FSDP:
+class FSDP(Local):
+    """Local's bookkeeping of the parameters it owns (its checkpoint state is FSDP2's DTensors, this rank's
+    dim-0 shard of each), with FSDP2 holding and communicating the shards."""
+
     sharded = True
 
     def __init__(self, model, dp_mesh, ledger, precision: str, select=None):
         """select(name): the parameters to shard (default all); the others stay whole on the rank and are
         another strategy's (expert parallelism's routed experts)."""
-        # the ranks sharing the state: the whole mesh, or its "shard" dimension under hybrid sharding
+        super().__init__(model, select)
         self.ledger = ledger
+        # the ranks sharing the state: the whole mesh, or its "shard" dimension under hybrid sharding
         self.group = (dp_mesh["shard"] if dp_mesh.ndim == 2 else dp_mesh).get_group()
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None,
                                   reduce_dtype=torch.float32)
-        self.select = select or (lambda name: True)
         ignored = {p for n, p in model.named_parameters() if not self.select(n)} or None
         for block in model.layers.values():
             fully_shard(block, mesh=dp_mesh, mp_policy=mp, ignored_params=ignored)
         fully_shard(model, mesh=dp_mesh, mp_policy=mp, ignored_params=ignored)
-        self.model = self.module = model
 
     @contextmanager
     def accumulate(self, last: bool):
@@ -40,21 +42,7 @@ class FSDP:
         with self.ledger.tap():
             yield
 
-    def named_params(self) -> list:
-        return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad and self.select(n)]
-
-    def optim_params(self) -> list:
-        return [p for _, p in self.named_params()]
-
     def local_grad_sq(self, skip) -> torch.Tensor:
         """This rank's shards only: sum the result over the DP group."""
         return sum((p.grad.to_local().float().pow(2).sum() for name, p in self.model.named_parameters()
                     if p.grad is not None and self.select(name) and not skip(name)), torch.zeros(()))
-
-    def after_step(self) -> None:
-        for p in self.optim_params():
-            p.grad = None
-
-    def checkpoint_state(self, optimizer) -> Held:
-        """The parameters and moments are FSDP2's DTensors, this rank's dim-0 shard of each."""
-        return live_state(self.named_params(), optimizer)
