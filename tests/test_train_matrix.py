@@ -181,13 +181,18 @@ FAMILY_CASES = {
     "tiny-moe": ["dp=4,ep=2", "dp=4,ep=4", "dp=4,ep=2,zero=1", "dp=4,ep=2,zero=2", "dp=2,tp=2,ep=2",
                  "dp=2,pp=2,schedule=1f1b,ep=2,mbs=1", "dp=2,zero=3,tp=2,ep=2", "dp=4,zero=3,ep=2",
                  # sequence parallelism around MoE layers; hybrid sharding with expert parallelism
-                 "dp=2,tp=2,sp=true", "dp=4,zero=3,shard=2,ep=2", "dp=4,zero=1,shard=2,ep=2"],
+                 "dp=2,tp=2,sp=true", "dp=4,zero=3,shard=2,ep=2", "dp=4,zero=1,shard=2,ep=2",
+                 # SP with EP (each TP rank dispatches its sequence chunk); CP with MoE (the balance loss's
+                 # statistics summed over CP), with EP over dp x cp, with SP
+                 "dp=2,tp=2,sp=true,ep=2", "dp=2,cp=2", "dp=2,zero=1,cp=2,ep=4", "dp=1,tp=2,sp=true,cp=2"],
     # every zero stage without a pipeline, every schedule with one (tied embeddings: zero 0, 1 or 3 there)
     "tiny-gpt": ["dp=4", "dp=4,zero=2", "dp=4,zero=3", "dp=2,zero=1,tp=2", "tp=4",
                  "dp=2,pp=2,schedule=gpipe,mbs=1", "pp=4,schedule=1f1b,mbs=1",
                  "tp=2,pp=2,schedule=interleaved,vpp=2,mbs=1", "dp=2,zero=1,pp=2,schedule=zb,mbs=1",
                  "dp=2,zero=1,pp=2,schedule=zbv,mbs=1", "dp=2,pp=2,schedule=dualpipev,mbs=1",
-                 "dp=2,zero=3,pp=2,schedule=interleaved,vpp=2,mbs=1"],  # the tied table's FSDP shards summed
+                 "dp=2,zero=3,pp=2,schedule=interleaved,vpp=2,mbs=1",  # the tied table's FSDP shards summed
+                 # SP with LayerNorm and row-parallel biases, the position table added before the scatter
+                 "dp=2,tp=2,sp=true", "tp=4,sp=true", "tp=2,pp=2,schedule=1f1b,sp=true,mbs=1"],
 }
 
 

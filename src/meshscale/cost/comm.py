@@ -160,13 +160,28 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
         gathers = crossings * m
         return [CommOp("all_reduce", v * calls + small, calls + small_calls, Overlap.NONE)] + \
             ([CommOp("all_gather", v * gathers, gathers, Overlap.NONE)] if gathers else [])
-    norm_calls = (2 * n_layers + last) * m
+    # replicated vectors whose gradients cover only this rank's tokens, each summed over TP: the norms' weights
+    # (LayerNorm's biases too) and, GPT-style, the row-parallel biases added after the reduce-scatter (wo, w2)
+    norm_calls = (2 * n_layers + last) * m * (2 if model.biases else 1) + (2 * n_layers * m if model.biases else 0)
     # the column-parallel layers' (QKV, gate/up, the head) input gradients, reduce-scattered in backward
     dgrad = (2 * n_layers + last) * m
+    # SP with EP (Megatron-Core's all-to-all dispatcher, token_dispatcher.py): each TP rank dispatches its
+    # sequence chunk (expert_parallel_ops), the TP ranks of an EP rank all-gather their arrivals for the
+    # TP-split experts and reduce-scatter the outputs (top_k * tokens rows each, the EP group's mean), forward
+    # and the conjugate in backward; full recompute repeats the forward's
+    arrivals = []
+    if layout.ep > 1 and moe_layers:
+        a = tokens * model.top_k * model.hidden * act_bytes
+        n = moe_layers * m * (2 + (1 if layout.recompute == "full" else 0))
+        arrivals = [CommOp("all_gather", a * n, n, Overlap.NONE), CommOp("reduce_scatter", a * n, n, Overlap.NONE)]
+    # a learned position table is added to the whole embedding, so it is all-reduced and then scattered (no
+    # forward reduce-scatter; Megatron-Core's LanguageModelEmbedding reduce-scatters only without positions)
+    positions = m if first and model.learned_positions else 0
     return [CommOp("all_gather", v * calls, calls, Overlap.GEMM),
-            CommOp("reduce_scatter", v * (calls - dgrad), calls - dgrad, Overlap.GEMM),
+            CommOp("reduce_scatter", v * (calls - dgrad - positions), calls - dgrad - positions, Overlap.GEMM),
             CommOp("reduce_scatter", v * dgrad, dgrad, Overlap.WGRAD),
-            CommOp("all_reduce", small + norm_calls * model.hidden * 4, small_calls + norm_calls, Overlap.NONE)]
+            CommOp("all_reduce", small + norm_calls * model.hidden * 4 + v * positions,
+                   small_calls + norm_calls + positions, Overlap.NONE)] + arrivals
 
 
 def pipeline_sends(layout: Layout, rank: int) -> int:
@@ -201,17 +216,24 @@ def tied_embedding_ops(model: ModelSpec, layout: Layout, holds_an_end: bool) -> 
 
 
 def context_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, n_layers: int,
-                         m: int) -> list[CommOp]:
+                         m: int, moe_layers: int = 0) -> list[CommOp]:
     """Ring attention (Liu et al. 2023; Megatron CP), as parallel/context.py runs it: per layer each rank sends
     a K,V block cp-1 times forward; backward sends K,V cp-1 times again and the blocks' dK,dV cp-1 times;
     recompute (selective reruns the attention core, full the block) repeats the forward's ring. Hidden
-    behind the attention core."""
+    behind the attention core. Each MoE layer's balance loss is per whole sequence: its per-sequence expert
+    counts and router-probability sums (2 x sequences x experts, fp32) are all-reduced over CP in forward
+    (Megatron-Core's router likewise all-reduces its token counts over the TP x CP group)."""
     if layout.cp == 1:
         return []
     kv_block = 2 * tokens * kv_heads_per_rank(model.kv_heads, layout.tp) * model.head_dim * act_bytes
     passes = 3 + (1 if layout.recompute != "none" else 0)
     sends = n_layers * m * (layout.cp - 1) * passes
-    return [CommOp("send_recv", kv_block * sends, sends, Overlap.ATTENTION)]
+    ops = [CommOp("send_recv", kv_block * sends, sends, Overlap.ATTENTION)]
+    if moe_layers:
+        sequences = tokens * layout.cp / model.seq
+        calls = moe_layers * m * (2 if layout.recompute == "full" else 1)
+        ops.append(CommOp("all_reduce", calls * 2 * sequences * model.experts * 4, calls, Overlap.NONE))
+    return ops
 
 
 def expert_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, moe_layers: int,

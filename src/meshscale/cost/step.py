@@ -143,7 +143,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
                                               moe_layers))
     ops += _on("pp", comm.pipeline_ops(model, layout, tokens, act_bytes, m, rank))
     ops += _on("pp", comm.tied_embedding_ops(model, layout, first or last))
-    ops += _on("cp", comm.context_parallel_ops(model, layout, tokens, act_bytes, n_layers, m))
+    ops += _on("cp", comm.context_parallel_ops(model, layout, tokens, act_bytes, n_layers, m, moe_layers))
     ops += _on("ep", comm.expert_parallel_ops(model, layout, tokens, act_bytes, moe_layers, m))
 
     forward_mb = passes.forward

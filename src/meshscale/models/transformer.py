@@ -149,6 +149,7 @@ class Router(nn.Module):
         self.weight = nn.Parameter(torch.empty(spec.experts, spec.hidden))
         self.top_k, self.norm_topk = spec.top_k, spec.norm_topk
         self.copy_weight = lambda w: w
+        self.sum_over_sequence = None  # context parallelism's sum of the balance statistics over the CP group
 
     def forward(self, x: torch.Tensor, seq: int):
         """x: (tokens, hidden), sequences of `seq` tokens back to back. Returns the top_k weights and expert
@@ -157,18 +158,23 @@ class Router(nn.Module):
         weights, experts = probs.topk(self.top_k, dim=-1)
         if self.norm_topk:
             weights = weights / weights.sum(-1, keepdim=True)
-        return weights.type_as(x), experts, balance_loss(probs, experts, seq)
+        return weights.type_as(x), experts, balance_loss(probs, experts, seq, self.sum_over_sequence)
 
 
-def balance_loss(probs: torch.Tensor, experts: torch.Tensor, seq: int) -> torch.Tensor:
+def balance_loss(probs: torch.Tensor, experts: torch.Tensor, seq: int, sum_over_sequence=None) -> torch.Tensor:
     """Switch Transformer's load-balancing loss (Fedus et al. 2021, eq. 4-6) with GShard's top-k counting,
     per sequence as DeepSeek-V3's sequence-wise balance loss (arXiv:2412.19437, eq. 17-20):
     E/(k*T) * sum_i count_i * mean_prob_i, averaged over sequences; 1 when perfectly balanced. Per sequence
-    (not per batch) so that any split of the batch over data-parallel ranks gives the same mean."""
+    (not per batch) so that any split of the batch over data-parallel ranks gives the same mean.
+    sum_over_sequence(counts, probs, seq): where a process holds part of each sequence (context
+    parallelism), the per-sequence sums over the whole sequence and its length."""
     n_experts, k = probs.shape[-1], experts.shape[-1]
-    counts = F.one_hot(experts, n_experts).sum(1).view(-1, seq, n_experts).float()
-    share = counts.mean(1) * n_experts / k
-    return (share * probs.view(-1, seq, n_experts).mean(1)).sum(-1).mean()
+    counts = F.one_hot(experts, n_experts).sum(1).view(-1, seq, n_experts).float().sum(1)
+    prob_sums = probs.view(-1, seq, n_experts).sum(1)
+    if sum_over_sequence is not None:
+        counts, prob_sums, seq = sum_over_sequence(counts, prob_sums, seq)
+    share = counts / seq * n_experts / k
+    return (share * prob_sums / seq).sum(-1).mean()
 
 
 class _AttachAux(torch.autograd.Function):
@@ -194,7 +200,10 @@ class LocalExperts:
     """Runs the tokens sorted by expert through the experts this process holds (all of them without EP;
     parallel/expert.py swaps in the all-to-all dispatcher)."""
 
-    def __call__(self, xs: torch.Tensor, counts: torch.Tensor, experts: nn.ModuleDict) -> torch.Tensor:
+    def __call__(self, xs: torch.Tensor, counts: torch.Tensor, experts: nn.ModuleDict,
+                 positions: torch.Tensor | None = None, seq: int = 0) -> torch.Tensor:
+        """positions: each assignment's token's position in its sequence of `seq` (for dispatchers that split
+        the work by sequence chunk)."""
         return run_experts(xs, counts.tolist(), list(experts.values()))
 
 
@@ -233,7 +242,7 @@ class MoE(nn.Module):
         xs = flat[order // self.top_k]
         if torch.is_autocast_enabled(xs.device.type):  # tokens travel in the compute dtype, as the experts' outputs
             xs = xs.to(torch.get_autocast_dtype(xs.device.type))
-        ys = self.dispatch(xs, counts, self.experts)
+        ys = self.dispatch(xs, counts, self.experts, order // self.top_k % s, s)
         per_assignment = ys.new_zeros(flat.shape[0] * self.top_k, h).index_copy(0, order, ys)
         out = (per_assignment.view(-1, self.top_k, h) * weights.unsqueeze(-1)).sum(1)
         if self.shared is not None:

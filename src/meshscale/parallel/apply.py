@@ -99,7 +99,7 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
             if emesh[axis].size() > 1:
                 ledger.name_group(emesh[axis].get_group(), axis)
         for _, module in chunks:
-            apply_expert_parallel(module, emesh)
+            apply_expert_parallel(module, emesh, layout.sp)
     if mesh is not None:  # after EP's: where torch shares one group between dims, the main mesh's name wins
         ledger.name_mesh(mesh)
     wrapped, strategies = [], []

@@ -27,7 +27,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from meshscale.models.transformer import apply_rope
+from meshscale.models.transformer import apply_rope, moe_layers
 from meshscale.parallel.ledger import record
 
 
@@ -181,10 +181,42 @@ class RingAttentionCore:
         return _RingAttention.apply(q, k, v, self.group).transpose(1, 2)
 
 
+class _SumStatistics(torch.autograd.Function):
+    """The MoE balance loss's per-sequence statistics (expert counts and router probabilities, (b, experts)
+    each) summed over the CP group in one all-reduce; the gradient of the probabilities' sum passes back
+    unchanged to this rank's own tokens' probabilities."""
+
+    @staticmethod
+    def forward(ctx, counts, prob_sums, group):
+        both = torch.cat((counts, prob_sums.float())).contiguous()
+        start = time.perf_counter()
+        dist.all_reduce(both, group=group)
+        record("cp", "all_reduce", both.numel() * both.element_size(), time.perf_counter() - start)
+        return both[:len(counts)].clone(), both[len(counts):].to(prob_sums.dtype, copy=True)
+
+    @staticmethod
+    def backward(ctx, _counts, grad):
+        return None, grad, None
+
+
+def _balance_over_sequence(group):
+    cp = dist.get_world_size(group)
+
+    def sum_over_sequence(counts, prob_sums, seq):
+        return (*_SumStatistics.apply(counts, prob_sums, group), seq * cp)
+
+    return sum_over_sequence
+
+
 def apply_context_parallel(model, cp_mesh) -> None:
     """Give `model` (a whole model or one pipeline chunk) ring attention over the CP group and the RoPE
-    tables of this rank's token positions. Parameters are untouched."""
+    tables of this rank's token positions. Parameters are untouched. MoE layers sum their balance loss's
+    statistics over the CP group (the loss is per whole sequence), and their balance loss's gradient weighs
+    cp times more: each CP rank's reaches only its own tokens, and data parallelism averages over dp x cp."""
     group = cp_mesh.get_group()
+    for moe in moe_layers(model):
+        moe.router.sum_over_sequence = _balance_over_sequence(group)
+        moe.aux_weight *= dist.get_world_size(group)
     positions = cp_positions(model.spec.seq, dist.get_rank(group), dist.get_world_size(group))
     for name in ("rope_cos", "rope_sin"):
         table = getattr(model, name)[positions]

@@ -12,6 +12,7 @@ depends on the routing; over an EP group it receives what the group sent, so the
 exactly top_k*tokens*hidden per call, the cost model's figure (cost/comm.py `expert_parallel_ops`).
 """
 
+import math
 import time
 from contextlib import ExitStack, contextmanager
 
@@ -20,6 +21,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from meshscale.models.transformer import moe_layers, run_experts
+from meshscale.parallel.compat import all_gather_into, reduce_scatter_from
 from meshscale.parallel.data_parallel import Local, PipelinedDDP
 from meshscale.parallel.ledger import record
 from meshscale.parallel.mesh import replica_mesh
@@ -56,15 +58,90 @@ def _all_to_all(x: torch.Tensor, out_splits: list, in_splits: list, group) -> to
     return out
 
 
+def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.cat((x, x.new_zeros((rows - x.shape[0], *x.shape[1:])))) if rows > x.shape[0] else x
+
+
+def _gather_v(x: torch.Tensor, sizes: list, group) -> torch.Tensor:
+    """All-gather pieces of `sizes` rows (one per TP rank, in rank order), through a padded buffer on gloo.
+    Recorded as the contract's all_gather: the output, sum(sizes) rows (Megatron's AllGather-V)."""
+    top = max(sizes)
+    if not top:  # every rank knows every size: all skip alike
+        return x
+    out = x.new_empty((len(sizes) * top, *x.shape[1:]))
+    start = time.perf_counter()
+    all_gather_into(out, _padded(x, top).contiguous(), group=group)
+    record("tp", "all_gather", sum(sizes) * math.prod(x.shape[1:]) * x.element_size(), time.perf_counter() - start)
+    return torch.cat([piece[:n] for piece, n in zip(out.split(top), sizes)])
+
+
+def _reduce_scatter_v(x: torch.Tensor, sizes: list, group) -> torch.Tensor:
+    """Sum `x` (pieces of `sizes` rows, one per TP rank) over the group; keep this rank's piece. Recorded as
+    the contract's reduce_scatter: the whole input."""
+    top = max(sizes)
+    if not top:
+        return x
+    full = torch.cat([_padded(piece, top) for piece in x.split(sizes)]).contiguous()
+    out = x.new_empty((top, *x.shape[1:]))
+    start = time.perf_counter()
+    reduce_scatter_from(out, full, group=group)
+    record("tp", "reduce_scatter", x.numel() * x.element_size(), time.perf_counter() - start)
+    return out[:sizes[dist.get_rank(group)]]
+
+
+class _GatherV(torch.autograd.Function):
+    """Every TP rank's arrivals to every TP rank (their experts are TP-split, so each needs all the tokens);
+    backward sums the partial input gradients and returns each rank its own."""
+
+    @staticmethod
+    def forward(ctx, x, sizes: list, group):
+        ctx.sizes, ctx.group = sizes, group
+        return _gather_v(x, sizes, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter_v(grad.contiguous(), ctx.sizes, ctx.group), None, None
+
+
+class _ReduceScatterV(torch.autograd.Function):
+    """The TP-split experts' partial outputs summed, each TP rank keeping those of its own arrivals."""
+
+    @staticmethod
+    def forward(ctx, x, sizes: list, group):
+        ctx.sizes, ctx.group = sizes, group
+        return _reduce_scatter_v(x, sizes, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_v(grad.contiguous(), ctx.sizes, ctx.group), None, None
+
+
 class AllToAllExperts:
     """The MoE dispatcher under EP (replaces model.LocalExperts): tokens sorted by global expert go to the
-    rank holding it, run through its local experts, and come back in the order they left."""
+    rank holding it, run through its local experts, and come back in the order they left.
 
-    def __init__(self, group, local: int):
-        self.group, self.local = group, local
+    With sequence parallelism (`tp_group`) the MoE region has gathered the sequence, so every TP rank holds
+    the same tokens and routing: as Megatron-Core's all-to-all dispatcher does, each TP rank sends only the
+    assignments of its own sequence chunk (1/tp of the all-to-all), the TP ranks of the receiving EP rank
+    all-gather their arrivals (the experts are TP-split), and reduce-scatter the partial outputs back before
+    the combine all-to-all. Each rank's outputs are then whole for its own chunk's assignments and zero for
+    the rest, a partial sum over TP like the rest of the region, which the region's reduce-scatter completes."""
+
+    def __init__(self, group, local: int, tp_group=None):
+        self.group, self.local, self.tp_group = group, local, tp_group
         self.ep = dist.get_world_size(group)
 
-    def __call__(self, xs: torch.Tensor, counts: torch.Tensor, experts) -> torch.Tensor:
+    def __call__(self, xs: torch.Tensor, counts: torch.Tensor, experts, positions: torch.Tensor | None = None,
+                 seq: int = 0) -> torch.Tensor:
+        if self.tp_group is None:
+            return self._exchange(xs, counts, experts)
+        t, rank = dist.get_world_size(self.tp_group), dist.get_rank(self.tp_group)
+        mine = (positions * t // seq == rank).nonzero().squeeze(1)
+        label = torch.arange(len(counts), device=xs.device).repeat_interleave(counts)
+        ys = self._exchange(xs[mine], torch.bincount(label[mine], minlength=len(counts)), experts)
+        return ys.new_zeros((xs.shape[0], *ys.shape[1:])).index_copy(0, mine, ys)
+
+    def _exchange(self, xs: torch.Tensor, counts: torch.Tensor, experts) -> torch.Tensor:
         # Split sizes first: how many tokens each source sends each of my local experts (metadata, E ints).
         received = torch.empty_like(counts)
         dist.all_to_all_single(received, counts, group=self.group)
@@ -72,25 +149,35 @@ class AllToAllExperts:
         by_source = received.view(self.ep, self.local)
         recv = by_source.sum(1).tolist()
         tokens = _AllToAll.apply(xs, recv, send, self.group)
+        if self.tp_group is not None:  # the other TP ranks' arrivals too (sizes: metadata, ep*local ints each)
+            every = [torch.empty_like(by_source) for _ in range(dist.get_world_size(self.tp_group))]
+            dist.all_gather(every, by_source, group=self.tp_group)
+            by_source = torch.cat(every)
+            sizes = [int(b.sum()) for b in every]
+            tokens = _GatherV.apply(tokens, sizes, self.tp_group)
         # Arrivals are grouped by source, then expert: regroup by expert to run each expert once.
-        label = torch.arange(self.local, device=xs.device).repeat(self.ep).repeat_interleave(by_source.reshape(-1))
+        label = torch.arange(self.local, device=xs.device).repeat(len(by_source)).repeat_interleave(
+            by_source.reshape(-1))
         order = label.argsort(stable=True)
         ys = run_experts(tokens[order], by_source.sum(0).tolist(), list(experts.values()))
         ys = torch.empty_like(ys).index_copy(0, order, ys)
+        if self.tp_group is not None:
+            ys = _ReduceScatterV.apply(ys, sizes, self.tp_group)
         return _AllToAll.apply(ys, send, recv, self.group)
 
 
-def apply_expert_parallel(module, emesh: DeviceMesh) -> None:
+def apply_expert_parallel(module, emesh: DeviceMesh, sequence_parallel: bool = False) -> None:
     """Keep this EP rank's experts (a contiguous block of experts/ep, by global index) in every MoE layer
-    and route through the all-to-all."""
+    and route through the all-to-all (with SP, each TP rank dispatching its sequence chunk)."""
     group, rank, ep = emesh["ep"].get_group(), emesh["ep"].get_local_rank(), emesh["ep"].size()
+    tp_group = emesh["tp"].get_group() if sequence_parallel and emesh["tp"].size() > 1 else None
     for moe in moe_layers(module):
         local = moe.n_experts // ep
         mine = {str(e) for e in range(rank * local, (rank + 1) * local)}
         for name in list(moe.experts):
             if name not in mine:
                 del moe.experts[name]
-        moe.dispatch = AllToAllExperts(group, local)
+        moe.dispatch = AllToAllExperts(group, local, tp_group)
 
 
 class ExpertSplit:
@@ -194,9 +281,10 @@ def expert_data_parallel(module, layout: Layout, mesh, emesh, ledger, bucket_mb:
 
 
 def ep_group_mean(per_rank: list, layout: Layout, rank: int) -> tuple[list, float]:
-    """`rank`'s per-step comm summaries with its all-to-all entries replaced by its EP group's mean (exactly
-    the cost model's figure for dropless routing, see the module docstring), and the measured imbalance:
-    the busiest member's all-to-all bytes over that mean (1.0: perfectly balanced)."""
+    """`rank`'s per-step comm summaries with its all-to-all entries (and its TP entries, which under SP
+    carry the experts' arrivals) replaced by its EP group's mean (exactly the cost model's figure for
+    dropless routing, see the module docstring; the other TP collectives are the same on every member), and
+    the measured imbalance: the busiest member's all-to-all bytes over that mean (1.0: perfectly balanced)."""
     ranks = torch.arange(layout.devices).reshape(expert_mesh_shape(layout)).transpose(2, 3).reshape(-1, layout.ep)
     group = next(row.tolist() for row in ranks if rank in row.tolist())
     out, imbalance = [], 1.0
@@ -204,10 +292,11 @@ def ep_group_mean(per_rank: list, layout: Layout, rank: int) -> tuple[list, floa
         members = [{(e["collective"], e["axis"]): e for e in per_rank[r][step]} for r in group]
         mean = []
         for e in entries:
-            if e["axis"] == "ep":
-                sent = [m[(e["collective"], "ep")] for m in members]
+            if e["axis"] in ("ep", "tp"):
+                sent = [m[(e["collective"], e["axis"])] for m in members]
                 total = sum(x["bytes"] for x in sent)
-                imbalance = max(x["bytes"] for x in sent) * len(group) / total
+                if e["axis"] == "ep":
+                    imbalance = max(x["bytes"] for x in sent) * len(group) / total
                 e = {**e, "bytes": total // len(group), "time_s": sum(x["time_s"] for x in sent) / len(group)}
             mean.append(e)
         out.append(mean)

@@ -14,7 +14,9 @@ Bytes per micro-batch of b x s tokens on a stage with L blocks (A = b*s*hidden*a
 residual-stream buffer; emb/head = 1 where the stage holds the embedding / output head, else 0):
   sp off: all_reduce tp  2*(2L + emb + head) * A    (g forward and f backward of every region)
   sp on:  all_gather tp  (4L + emb + head) * A,  reduce_scatter tp  (4L + emb + head) * A,
-          all_reduce tp  (2L + head) * hidden * 4   (norm-weight gradients, fp32)
+          all_reduce tp  (2L + head) * hidden * 4   (norm-weight gradients, fp32; GPT-style: LayerNorm
+          biases too, and the row-parallel biases wo and w2, 2L * hidden * 4 more); with a learned position
+          table the embedding's forward reduce-scatter is an all-reduce A (`scatter_after_positions`)
   loss (stage with the head): all_reduce tp  3 * b*s*4  (max, sum of exponentials, target logit)
   pp > 1, sp off: all_gather tp  A  per boundary crossing to another pipeline rank (the receiver's forward,
           the sender's backward: Megatron's scatter/gather, `scatter_gather_stage`)
@@ -88,6 +90,12 @@ def _same(x: torch.Tensor, group) -> torch.Tensor:
     return x.view_as(x)
 
 
+def _split_seq(x: torch.Tensor, group) -> torch.Tensor:
+    """(b, s, ...) replicated -> (b, s/t, ...), this rank's sequence chunk (no communication)."""
+    t, rank = dist.get_world_size(group), dist.get_rank(group)
+    return x.narrow(1, rank * (x.shape[1] // t), x.shape[1] // t).contiguous()
+
+
 class _Conjugate(torch.autograd.Function):
     """A collective in forward and its conjugate in backward, over one TP group."""
 
@@ -117,6 +125,8 @@ _ReduceFromTP = _Pair(_all_reduce, _same)
 _GatherSeq = _Pair(_gather_seq, _reduce_scatter_seq)
 # SP's g: reduce-scatter the partial sums of a row-parallel matmul along the sequence.
 _ReduceScatterSeq = _Pair(_reduce_scatter_seq, _gather_seq)
+# Megatron's scatter to the sequence-parallel region: keep this rank's chunk; all-gather the gradient.
+_ScatterSeq = _Pair(_split_seq, _gather_seq)
 
 
 class _ScatterToNextStage(torch.autograd.Function):
@@ -154,7 +164,9 @@ class _GatherFromPreviousStage(torch.autograd.Function):
 # ---- modules ----------------------------------------------------------------------------------------
 class VocabParallelEmbedding(nn.Module):
     """Each rank holds rows [lo, hi) of the table; tokens outside it look up zeros, and the sum over ranks
-    (all-reduce, or reduce-scatter along the sequence with SP) completes every row."""
+    (all-reduce, or reduce-scatter along the sequence with SP) completes every row. With SP and a learned
+    position table the sum is an all-reduce and the sequence is scattered after the positions are added
+    (`scatter_after_positions`)."""
 
     def __init__(self, weight: nn.Parameter, lo: int, group, sequence_parallel: bool):
         super().__init__()
@@ -169,6 +181,20 @@ class VocabParallelEmbedding(nn.Module):
         if self.sequence_parallel:
             return _ReduceScatterSeq.apply(h, self.group)
         return _ReduceFromTP.apply(h, self.group)
+
+
+class SequenceParallelLayerNorm(nn.LayerNorm):
+    """LayerNorm over a sequence chunk: its weight and bias gradients cover only this rank's tokens, so both
+    are summed over the TP group (f on each, as SequenceParallelRMSNorm does for its weight)."""
+
+    def __init__(self, norm: nn.LayerNorm, group):
+        super().__init__(norm.normalized_shape, norm.eps, device="meta")
+        self.weight, self.bias = norm.weight, norm.bias
+        self.group = group
+
+    def forward(self, x):
+        return nn.functional.layer_norm(x, self.normalized_shape, _CopyToTP.apply(self.weight, self.group),
+                                        _CopyToTP.apply(self.bias, self.group), self.eps)
 
 
 class SequenceParallelRMSNorm(RMSNorm):
@@ -215,17 +241,21 @@ def _shard(linear: nn.Linear, dim: int, rank: int, t: int) -> None:
 
 class RowParallelLinear(nn.Module):
     """A row-parallel matmul ending its region: g (or SP's reduce-scatter) on the partial products, then the
-    bias, added once. Holds `weight` and `bias` under their original names."""
+    bias, added once. Holds `weight` and `bias` under their original names. Under SP the bias meets only
+    this rank's tokens, so its gradient is summed over TP (f on the bias)."""
 
     def __init__(self, linear: nn.Linear, rank: int, t: int, group, sequence_parallel: bool):
         super().__init__()
         _shard(linear, 1, rank, t)
         self.weight, self.bias = linear.weight, linear.bias
         self.group, self.op = group, _ReduceScatterSeq if sequence_parallel else _ReduceFromTP
+        self.bias_op = _CopyToTP if sequence_parallel else None
 
     def forward(self, x):
         out = self.op.apply(nn.functional.linear(x, self.weight), self.group)
-        return out + self.bias if self.bias is not None else out
+        if self.bias is None:
+            return out
+        return out + (self.bias_op.apply(self.bias, self.group) if self.bias_op else self.bias)
 
 
 def _shard_columns(mlp: nn.Module, rank: int, t: int) -> None:
@@ -285,11 +315,17 @@ def apply_tensor_parallel(model: Transformer, tp_mesh, sequence_parallel: bool =
         raise ValueError(f"sequence parallelism needs tp={t} to divide seq={spec.seq}")
 
     def norm(module):
-        return SequenceParallelRMSNorm(module, group) if sp else module
+        if not sp:
+            return module
+        return (SequenceParallelLayerNorm if isinstance(module, nn.LayerNorm) else SequenceParallelRMSNorm)(module,
+                                                                                                              group)
 
     if model.tok_embeddings is not None:
         table = owned_slice(model.tok_embeddings.weight, 0, rank, t)
-        model.tok_embeddings = VocabParallelEmbedding(table, rank * table.shape[0], group, sp)
+        positions = sp and model.pos_embeddings is not None
+        model.tok_embeddings = VocabParallelEmbedding(table, rank * table.shape[0], group, sp and not positions)
+        if positions:
+            scatter_after_positions(model, group)
     for block in model.layers.values():
         block.attention_norm, block.ffn_norm = norm(block.attention_norm), norm(block.ffn_norm)
         attention, mlp = block.attention, block.feed_forward
@@ -318,6 +354,15 @@ def apply_tensor_parallel(model: Transformer, tp_mesh, sequence_parallel: bool =
         if model.tok_embeddings is not None and model.spec.tied_embeddings:
             model.output.weight = model.tok_embeddings.weight  # the same rows of the vocabulary
     return model
+
+
+def scatter_after_positions(model: Transformer, group) -> None:
+    """SP with a learned position table (Megatron's LanguageModelEmbedding: it reduce-scatters the word
+    embeddings only without position embeddings): the embedding is all-reduced whole, the positions added on
+    every rank, and the sum scattered along the sequence before the first block; the scatter's backward
+    all-gathers the gradient, so the replicated table's gradient is whole on every rank."""
+    first = next(iter(model.layers.values()))
+    first.register_forward_pre_hook(lambda _m, args: (_ScatterSeq.apply(args[0], group), *args[1:]))
 
 
 def scatter_gather_stage(chunk: Transformer, tp_mesh, receives: bool, sends: bool) -> None:

@@ -316,15 +316,6 @@ def trainer_refusal(layout: Layout, model) -> str | None:
         return f"model {model.name}: the trainer has no {lacks}"
     if layout.cp > 1 and model.sliding_window and model.sliding_window < model.seq:
         return f"cp>1 is not built for sliding-window attention ({model.name}); use cp=1"
-    if layout.sp and model.biases:
-        # LayerNorm biases and row-parallel biases would need their own sequence-parallel gradient sums
-        return "sp=true is not built for GPT-style (biased) models; use sp=false"
-    if layout.sp and model.is_moe and layout.ep > 1:
-        # the MoE region gathers the sequence, so every TP rank dispatches all its tokens: tp times the
-        # all-to-all bytes the cost model charges (each TP rank dispatching its sequence shard)
-        return "sp=true with ep>1 is not built (each TP rank would dispatch the whole sequence); use sp=false or ep=1"
-    if layout.cp > 1 and model.is_moe:
-        return "cp>1 is not built for MoE models (the balance loss is per whole sequence); use cp=1"
     if layout.cp > 1 and model.learned_positions:
         return f"cp>1 is not built for learned position embeddings ({model.name}); use cp=1"
     if model.is_moe and model.biases and layout.tp > 1:
