@@ -10,7 +10,9 @@ process groups. World 8 is sampled (see `sampled`).
 Context parallelism and hybrid sharding (`new_mechanism_cases`, sampled as its docstring says) run in their
 own spawned groups, below the block marked for them."""
 
+from functools import cache
 from itertools import product
+from typing import NamedTuple
 
 import pytest
 
@@ -180,19 +182,19 @@ FAMILY_STEPS = 3
 FAMILY_CASES = {
     "tiny-moe": ["dp=4,ep=2", "dp=4,ep=4", "dp=4,ep=2,zero=1", "dp=4,ep=2,zero=2", "dp=2,tp=2,ep=2",
                  "dp=2,pp=2,schedule=1f1b,ep=2,mbs=1", "dp=2,zero=3,tp=2,ep=2", "dp=4,zero=3,ep=2",
-                 # sequence parallelism around MoE layers; hybrid sharding with expert parallelism
-                 "dp=2,tp=2,sp=true", "dp=4,zero=3,shard=2,ep=2", "dp=4,zero=1,shard=2,ep=2",
+                 # hybrid sharding with expert parallelism
+                 "dp=4,zero=3,shard=2,ep=2", "dp=4,zero=1,shard=2,ep=2",
                  # SP with EP (each TP rank dispatches its sequence chunk); CP with MoE (the balance loss's
-                 # statistics summed over CP), with EP over dp x cp, with SP
+                 # statistics summed over CP), with EP over dp x cp, with SP around the MoE layers
                  "dp=2,tp=2,sp=true,ep=2", "dp=2,cp=2", "dp=2,zero=1,cp=2,ep=4", "dp=1,tp=2,sp=true,cp=2"],
     # every zero stage without a pipeline, every schedule with one (tied embeddings: zero 0, 1 or 3 there)
-    "tiny-gpt": ["dp=4", "dp=4,zero=2", "dp=4,zero=3", "dp=2,zero=1,tp=2", "tp=4",
+    # (SP: LayerNorm and row-parallel biases summed over TP, the position table added before the scatter)
+    "tiny-gpt": ["dp=4", "dp=4,zero=2", "dp=4,zero=3", "dp=2,zero=1,tp=2", "tp=4,sp=true",
                  "dp=2,pp=2,schedule=gpipe,mbs=1", "pp=4,schedule=1f1b,mbs=1",
-                 "tp=2,pp=2,schedule=interleaved,vpp=2,mbs=1", "dp=2,zero=1,pp=2,schedule=zb,mbs=1",
+                 "tp=2,sp=true,pp=2,schedule=interleaved,vpp=2,mbs=1", "dp=2,zero=1,pp=2,schedule=zb,mbs=1",
                  "dp=2,zero=1,pp=2,schedule=zbv,mbs=1", "dp=2,pp=2,schedule=dualpipev,mbs=1",
                  "dp=2,zero=3,pp=2,schedule=interleaved,vpp=2,mbs=1",  # the tied table's FSDP shards summed
-                 # SP with LayerNorm and row-parallel biases, the position table added before the scatter
-                 "dp=2,tp=2,sp=true", "tp=4,sp=true", "tp=2,pp=2,schedule=1f1b,sp=true,mbs=1"],
+                 "dp=2,tp=2,sp=true"],
 }
 
 
@@ -223,7 +225,97 @@ def _train_family(rank, world, model, layouts):
 def family(request):
     model = request.param
     reference = _train_family(0, 1, model, [""])[""]
-    return model, reference, run_ranks(4, _train_family, model, FAMILY_CASES[model])[0]
+    layouts = list(dict.fromkeys(FAMILY_CASES[model] + [w.scaled for w in plan_winners() if w.twin == model]))
+    return model, reference, run_ranks(4, _train_family, model, layouts)[0]
+
+
+# ---- the planner's winners run --------------------------------------------------------------------------
+# `plan`'s best layout for each query (model, cluster, devices, global batch), its shape scaled to 4 ranks
+# (`scale_to_four`) on the tiny twin of the model's family, runs in the spawned groups above (the twins'
+# family groups; tiny's context-parallel group at world 4), with the parity and ledger checks of those tests.
+WINNER_QUERIES = [("mixtral-8x7b", "h100-80gb", 128, 512), ("gpt3-175b", "h100-80gb", 512, 1536),
+                  ("llama2-7b", "tpu-v5p", 256, 1024), ("llama2-13b", "a100-80gb", 32, 256),
+                  ("llama2-70b", "a100-80gb", 256, 1024), ("llama3-70b", "tpu-v5p", 512, 1024)]
+
+
+class Winner(NamedTuple):
+    query: tuple
+    layout: str  # as plan emits it
+    twin: str  # the tiny model of its family
+    scaled: str  # its shape on 4 ranks
+
+
+def twin(model) -> str:
+    return "tiny-moe" if model.is_moe else "tiny-gpt" if model.biases else "tiny"
+
+
+def scale_to_four(w, model):
+    """The rule: of tp, pp, cp (in that order), the first two the winner uses get degree 2; dp fills 4 ranks;
+    ep is 2 (4 where the winner's is >= 4 and dp*cp is 4) when the winner uses it; zero, sp, the schedule,
+    recompute and hybrid sharding (shard=2, where dp*cp is 4) are kept, vpp becomes 2 where it was > 1,
+    mbs=1 with a pipeline. Precision: fp32 (parity)."""
+    from meshscale.specs.layout import Layout
+
+    degrees = {axis: 2 for axis in ("tp", "pp", "cp") if getattr(w, axis) > 1}
+    degrees = dict(list(degrees.items())[:2])
+    dp = 4 // 2 ** len(degrees)
+    dc = dp * degrees.get("cp", 1)
+    ep = (4 if w.ep >= 4 and dc == 4 and model.experts % 4 == 0 else 2) if w.ep > 1 and dc > 1 else 1
+    pp = degrees.get("pp", 1)
+    zero = w.zero if dc > 1 else 0
+    return Layout(dp=dp, zero=zero, shard=2 if w.shard and dc == 4 and zero else 0, tp=degrees.get("tp", 1),
+                  sp=w.sp and "tp" in degrees, pp=pp, vpp=2 if pp > 1 and w.vpp > 1 else 1,
+                  schedule=w.schedule if pp > 1 else "1f1b", cp=degrees.get("cp", 1), ep=ep,
+                  mbs=1 if pp > 1 else 0, recompute=w.recompute)
+
+
+@cache
+def plan_winners() -> tuple:
+    from meshscale.api import plan
+    from meshscale.specs.layout import Layout
+    from meshscale.specs.model import PRESETS
+
+    out = []
+    for query in WINNER_QUERIES:
+        winner = plan(*query, top=1).ranked[0].layout
+        name = twin(PRESETS[query[0]])
+        out.append(Winner(query, winner, name, str(scale_to_four(Layout.parse(winner), PRESETS[name]))))
+    return tuple(out)
+
+
+def test_plan_winners_scale_to_runnable_layouts():
+    from meshscale.plan.search import runnable
+    from meshscale.specs.layout import Layout, trainer_refusal
+    from meshscale.specs.model import PRESETS
+
+    winners = plan_winners()
+    assert {w.twin for w in winners} == {"tiny", "tiny-moe", "tiny-gpt"}
+    for w in winners:
+        layout, spec = Layout.parse(w.scaled), PRESETS[w.twin]
+        assert layout.devices == 4 and runnable(layout, spec, BATCH), w
+        assert trainer_refusal(layout, spec) is None, w
+        winner = Layout.parse(w.layout)
+        for axis in ("tp", "pp", "cp", "ep"):  # every axis the winner uses survives unless two others took 4 ranks
+            kept = sum(getattr(winner, a) > 1 for a in ("tp", "pp", "cp")[:("tp", "pp", "cp", "ep").index(axis)])
+            if getattr(winner, axis) > 1 and (axis == "ep" or kept < 2):
+                assert getattr(layout, axis) > 1, (w, axis)
+
+
+def test_plan_winners_ran(family):
+    """Each MoE and GPT winner's scaled layout ran in its twin's group (whose tests check its parity and bytes);
+    each dense one is a case of the world-4 groups of `tiny` (`dense_winner_cases` adds those they lack)."""
+    model, _, results = family
+    for w in plan_winners():
+        if w.twin == model:
+            assert w.scaled in results, w
+    dense = set(sampled(4)) | set(new_mechanism_cases(4)) | set(dense_winner_cases())
+    assert all(w.scaled in dense for w in plan_winners() if w.twin == "tiny")
+
+
+def dense_winner_cases() -> list[str]:
+    """The dense winners' scaled layouts that the world-4 groups of `tiny` do not already run."""
+    have = set(sampled(4)) | set(new_mechanism_cases(4))
+    return list(dict.fromkeys(w.scaled for w in plan_winners() if w.twin == "tiny" and w.scaled not in have))
 
 
 def test_family_cases_are_runnable():
@@ -314,6 +406,8 @@ def new_mechanism_cases(world: int) -> list[str]:
 def new_measured(request):
     world = request.param
     layouts = new_mechanism_cases(world)
+    if world == 4:
+        layouts += dense_winner_cases()
     results = {}
     for part in (layouts[0::2], layouts[1::2]):
         per_rank = run_ranks(world, _train_all, part)
