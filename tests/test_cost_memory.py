@@ -4,7 +4,8 @@ schedule, FlashAttention's linear memory, and a layout that ran (Llama 3 405B)."
 import pytest
 
 from meshscale.cost import predict
-from meshscale.cost.memory import activation_bytes_per_layer, held_layer_microbatches, memory_per_device
+from meshscale.cost.memory import (activation_bytes_per_layer, busiest_rank, held_layer_microbatches, memory_per_device,
+                                   params_on_rank)
 from meshscale.errors import UserError
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout, check_against
@@ -79,7 +80,15 @@ def test_optimizer_states_follow_zero_stages():
     p = model.param_count()
     mem = [memory_per_device(model, Layout(dp=8, zero=z), 8) for z in range(4)]
     assert mem[0].params + mem[0].grads + mem[0].optimizer == pytest.approx(16 * p, rel=1e-6)
-    assert mem[3].params + mem[3].grads + mem[3].optimizer == pytest.approx(16 * p / 8, rel=1e-6)
+    # ZeRO-3 (FSDP2): the shards, and in bf16 the root unit (embedding, final norm, head) gathered with its whole
+    # gradient, two blocks gathered (one prefetched) and one block's whole gradient
+    root, block = 2 * model.vocab * model.hidden + model.hidden, model.layer_params(0)
+    assert mem[3].params + mem[3].grads + mem[3].optimizer == pytest.approx(16 * p / 8 + 2 * (2 * root + 3 * block),
+                                                                            rel=1e-6)
+    # inside a pipeline stage FSDP2 holds the stage's parameters and gradients whole until the last micro-batch
+    layout = Layout(dp=4, zero=3, pp=2)
+    piped, stage = memory_per_device(model, layout, 8), params_on_rank(model, layout, busiest_rank(model, layout))
+    assert piped.params == pytest.approx(2 * stage / 4 + 2 * stage) and piped.grads == pytest.approx(piped.params)
 
 
 def test_op_recompute_keeps_the_saved_matmul_outputs():

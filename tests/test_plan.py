@@ -97,7 +97,8 @@ def test_nothing_fits_reports_the_smallest_need():
     plan = search(load_model("llama3-405b"), H100, 8, 8)
     assert not plan.ranked
     need, layout = plan.smallest
-    assert need > 0.9 * H100.hbm_bytes and "zero=3" in layout
+    # tp=8 and zero=3 both cut the 16 bytes a parameter 8 ways; FSDP2 also holds its gathered units, so tp=8
+    assert need > 0.9 * H100.hbm_bytes and "tp=8" in layout
 
 
 def test_pruning_keeps_the_exhaustive_ranking():

@@ -19,7 +19,7 @@ from meshscale.cost import comm
 from meshscale.cost.comm import Overlap
 from meshscale.cost.kernels import Passes, attention_core_seconds, counted_seconds, kernel_shape
 from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busiest_rank, expert_params_on_rank,
-                                   expert_params_per_rank, heaviest_rank, held_layers, params_on_rank,
+                                   expert_params_per_rank, fsdp_gathered, heaviest_rank, held_layers, params_on_rank,
                                    params_per_rank, rebuilt_layer_bytes, root_params_on_rank, zero_copy_bytes)
 from meshscale.cost.pipeline import head_on_chain, schedule_bubble, v_tail
 from meshscale.cost.step import (chunk_kinds, elementwise_seconds, grad_reduce_bytes, param_gather_bytes, rank_kinds,
@@ -107,6 +107,10 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
     copies = np.select([z == 1, z == 2], [zero_copy_bytes(precision, 1), zero_copy_bytes(precision, 2)], 0)
     static = sum(b * (dense / np.where(z >= stage, shard, 1) + experts / np.where(z >= stage, dp * cp // ep, 1))
                  for b, stage in ((bytes_["params"], 3), (bytes_["grads"], 2), (bytes_["optimizer"] + copies, 1)))
+    if dp * cp > 1:  # FSDP2's unsharded units (memory.fsdp_gathered)
+        g_std = sum(fsdp_gathered(model, tp, ep, pp, pp, False))
+        g_v = sum(fsdp_gathered(model, tp, ep, pp, 2 * pp, True)) if pp > 1 and 2 * pp <= model.layers else g_std
+        static = static + np.where(z == 3, np.where(v_shaped, g_v, g_std) * bytes_["compute"], 0.0)
     scale = bytes_["compute"] / 2
     per_token, rebuild = (a * scale for a in _activation_bytes(model, tp, shape.sps, cluster.fused_attention,
                                                                not cluster.software.fused_elementwise))

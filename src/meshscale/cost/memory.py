@@ -90,6 +90,26 @@ def heaviest_rank(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_sh
     return max(range(pp), key=per_rank.__getitem__)
 
 
+@lru_cache(maxsize=4096)
+def fsdp_gathered(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_shaped: bool) -> tuple[float, float]:
+    """(parameters, gradients), in parameters, that FSDP2 (parallel/fsdp.py: a unit per block, the root holding
+    embedding, final norm and head) holds unsharded beside the shards at the step's peak, on the pipeline rank
+    holding the most. The root is not resharded after forward (torch's fully_shard: "the root FSDP state has
+    its value specially set to False"), so its parameters stay gathered through backward, and its gradients
+    are whole until its reduce-scatter at backward's end; a block is gathered with the next one prefetched
+    (Zhao et al. 2023, "PyTorch FSDP", sec. 3.3: two units in flight), its gradient whole until reduce-scattered.
+    Inside a pipeline stage FSDP2 defers backward's resharding and the reduce-scatter to the last micro-batch
+    (measured, cost/comm.py data_parallel_ops): the stage's parameters and gradients are whole then."""
+    rank = heaviest_rank(model, tp, ep, pp, chunks, v_shaped)
+    if pp > 1:
+        whole = params_per_rank(model, tp, ep, pp, chunks, v_shaped)[rank]
+        return whole, whole
+    per_layer = _layer_params_on_rank(model, tp, ep)
+    block = max(per_layer[i] for i in rank_layers(model.layers, pp, chunks, v_shaped, rank))
+    root = _root_params(model, tp, pp, v_shaped, rank)
+    return root + 2 * block, root + block
+
+
 def _tp_replicated_params(model: ModelSpec, layer: int) -> float:
     """Parameters of a layer every TP rank holds whole: norms, the biases added after a row-parallel sum
     (attention output and MLP down projection), the router (and Qwen2-MoE's shared-expert gate)."""
@@ -251,6 +271,10 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
     grads = zero_held(p, e, layout.zero, 2, shard, expert_shard) * bytes_["grads"]
     optimizer = zero_held(p, e, layout.zero, 1, shard, expert_shard) * (bytes_["optimizer"]
                                                                        + zero_copy_bytes(precision, layout.zero))
+    if layout.fsdp:  # the unsharded units beside the shards, in the compute dtype
+        gathered = fsdp_gathered(model, layout.tp, layout.ep, layout.pp, layout.stages, layout.v_shaped)
+        params += gathered[0] * bytes_["compute"]
+        grads += gathered[1] * bytes_["compute"]
     tokens = layout.mbs * model.seq / layout.cp
     scale = bytes_["compute"] / 2
     # The first rank (busiest in activations) holds its layers for each micro-batch in flight; the embedding
