@@ -8,7 +8,8 @@ tests/test_train_parity.py and test_ledger.py cover recompute). Each world runs 
 process groups. World 8 is sampled (see `sampled`).
 
 Context parallelism and hybrid sharding (`new_mechanism_cases`, sampled as its docstring says) run in their
-own spawned groups, below the block marked for them."""
+own spawned groups, below the block marked for them. The planner's winners for a set of models and clusters,
+scaled to 4 ranks (`plan_winners`), run inside the groups of their model family."""
 
 from functools import cache
 from itertools import product
