@@ -60,7 +60,7 @@ def print_prediction(pred, console: Console | None = None) -> None:
     mem = pred.memory_per_device_bytes
     m = Table(title=f"memory per device (HBM {gb(pred.hbm_bytes)})", title_justify="left")
     m.add_column("kind"), m.add_column("bytes", justify="right")
-    for k in ("params", "grads", "optimizer", "activations"):
+    for k in ("params", "grads", "optimizer", "activations", "gathered"):
         m.add_row(k, gb(mem[k]))
     m.add_row("[bold]total[/]", f"[bold]{gb(mem['total'])}[/] "
               + ("fits" if pred.fits else "[red]DOES NOT FIT[/]"))

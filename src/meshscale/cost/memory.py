@@ -29,14 +29,15 @@ class Memory:
     grads: float
     optimizer: float
     activations: float
+    gathered: float = 0.0  # ZeRO-3: FSDP2's unsharded units beside the shards (`fsdp_gathered`)
 
     @property
     def total(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations
+        return self.params + self.grads + self.optimizer + self.activations + self.gathered
 
     def to_dict(self) -> dict:
         return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer,
-                "activations": self.activations, "total": self.total}
+                "activations": self.activations, "gathered": self.gathered, "total": self.total}
 
 
 def params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
@@ -271,10 +272,10 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
     grads = zero_held(p, e, layout.zero, 2, shard, expert_shard) * bytes_["grads"]
     optimizer = zero_held(p, e, layout.zero, 1, shard, expert_shard) * (bytes_["optimizer"]
                                                                        + zero_copy_bytes(precision, layout.zero))
+    gathered = 0.0
     if layout.fsdp:  # the unsharded units beside the shards, in the compute dtype
-        gathered = fsdp_gathered(model, layout.tp, layout.ep, layout.pp, layout.stages, layout.v_shaped)
-        params += gathered[0] * bytes_["compute"]
-        grads += gathered[1] * bytes_["compute"]
+        gathered = sum(fsdp_gathered(model, layout.tp, layout.ep, layout.pp, layout.stages, layout.v_shaped))
+        gathered *= bytes_["compute"]
     tokens = layout.mbs * model.seq / layout.cp
     scale = bytes_["compute"] / 2
     # The first rank (busiest in activations) holds its layers for each micro-batch in flight; the embedding
@@ -287,7 +288,7 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
     # fp32 logits for the loss where the first rank also holds the head (counted once: freed right away).
     if head_rank(layout) == 0:
         acts += 4 * tokens * model.vocab / layout.tp
-    return Memory(params=params, grads=grads, optimizer=optimizer, activations=acts)
+    return Memory(params=params, grads=grads, optimizer=optimizer, activations=acts, gathered=gathered)
 
 
 def rebuilt_layer_bytes(model: ModelSpec, tp: int, sp: bool, tokens: float, fused_attention: bool,

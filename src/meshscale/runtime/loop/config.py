@@ -193,7 +193,7 @@ def check_fits(cfg: TrainConfig, spec: ModelSpec, layout: Layout) -> None:
         have, where = host // procs, f"this host's available {host / 2**30:.1f} GiB shared by {procs} local process(es)"
     if need["total"] <= have:
         return
-    state = need["params"] + need["grads"] + need["optimizer"]
+    state = need["params"] + need["grads"] + need["optimizer"] + need.get("gathered", 0.0)
     if state > have:
         fix = ("shard the training state over more devices: zero=3 (fsdp=N), tp or pp" if gpu else
                "this host cannot hold it; run on more hosts (--nnodes) with a sharded layout (fsdp=N, tp, pp) or "
@@ -201,7 +201,7 @@ def check_fits(cfg: TrainConfig, spec: ModelSpec, layout: Layout) -> None:
     else:
         fix = "lower mbs or --seq, or recompute activations (recompute=full)"
     raise UserError(f"{spec.name} under {layout} needs {need['total'] / 2**30:.1f} GiB per rank (cost model: "
-                    f"{state / 2**30:.1f} GiB of weights, gradients and optimizer state, "
+                    f"{state / 2**30:.1f} GiB of weights, gradients and optimizer state, FSDP's gathered units included, "
                     f"{need['activations'] / 2**30:.1f} GiB of activations), more than the {have / 2**30:.1f} GiB "
                     f"a rank has ({where}); {fix}")
 
