@@ -83,6 +83,27 @@ class Gemm:
     n: float
     k: float
     batch: int = 1
+    grouped: bool = False  # MoE experts' grouped GEMM: `batch` groups of `m` tokens each
+
+
+# A grouped GEMM's throughput beyond what tiles and waves (gemm_seconds) explain, by tokens (M) per group:
+# DeepGEMM's published H800 scan (README at 55ab91f, 2025-03-25; grouped masked 256/512/1024 and contiguous
+# 4096-8192 tokens per group, each against its normal GEMM of M=4096 and the same N x K, 4096 x 7168 and
+# 7168 x 2048): the measured grouped/dense ratio divided by gemm_seconds' own ratio for those shapes (so its
+# quantization is not counted twice), the mean of the two shapes. Every group's short M-extent re-loads its
+# expert's weights and restarts the kernel's pipeline; below 256 the tile model's quantization takes over.
+GROUPED_GEMM_EFFICIENCY = ((256, 0.77), (512, 0.86), (1024, 0.94), (4096, 1.0))
+
+
+def grouped_gemm_efficiency(tokens_per_group: float) -> float:
+    """Throughput of a grouped GEMM relative to a dense one of the same shape, log-interpolated in M."""
+    points = GROUPED_GEMM_EFFICIENCY
+    if tokens_per_group <= points[0][0]:
+        return points[0][1]
+    for (m0, e0), (m1, e1) in zip(points, points[1:]):
+        if tokens_per_group <= m1:
+            return e0 + (e1 - e0) * math.log(tokens_per_group / m0) / math.log(m1 / m0)
+    return 1.0
 
 
 def layer_gemms(model: ModelSpec, layer: int, layout: Layout, tokens: float, imbalance: float = 1.0) -> tuple:
@@ -105,7 +126,7 @@ def layer_gemms(model: ModelSpec, layer: int, layout: Layout, tokens: float, imb
     routed = tokens * model.top_k * layout.ep / model.experts * (imbalance if layout.ep > 1 else 1.0)
     f = model.expert_ffn / t
     out = attn + [Gemm(tokens, model.experts, h),  # router
-                  Gemm(routed, up * f, h, local), Gemm(routed, h, f, local)]
+                  Gemm(routed, up * f, h, local, True), Gemm(routed, h, f, local, True)]
     if model.shared_experts:
         out += [Gemm(tokens, up * f * model.shared_experts, h), Gemm(tokens, h, f * model.shared_experts)]
     return tuple(out)
@@ -124,11 +145,14 @@ def column_parallel_share(model: ModelSpec, layout: Layout) -> float:
 
 def gemm_pass_seconds(cluster: ClusterSpec, gemms: tuple, peak: float, dtype_bytes: int) -> tuple[float, float, float]:
     """(forward, input gradient, weight gradient) of a list of forward GEMMs: dX = dY W^T is (m, k, n) and
-    dW = X^T dY is (k, n, m) (Narayanan et al. 2021 sec. 5.1: backward is twice the forward)."""
+    dW = X^T dY is (k, n, m) (Narayanan et al. 2021 sec. 5.1: backward is twice the forward). A grouped GEMM's
+    forward and input gradient (tokens as M) run at grouped_gemm_efficiency of its tokens per group; its weight
+    gradient (tokens as K) pays the tile prologue per group through gemm_seconds alone."""
     f = b = w = 0.0
     for g in gemms:
-        f += gemm_seconds(cluster, g.m, g.n, g.k, peak, dtype_bytes, g.batch)
-        b += gemm_seconds(cluster, g.m, g.k, g.n, peak, dtype_bytes, g.batch)
+        slow = 1.0 / grouped_gemm_efficiency(g.m) if g.grouped else 1.0
+        f += gemm_seconds(cluster, g.m, g.n, g.k, peak, dtype_bytes, g.batch) * slow
+        b += gemm_seconds(cluster, g.m, g.k, g.n, peak, dtype_bytes, g.batch) * slow
         w += gemm_seconds(cluster, g.k, g.n, g.m, peak, dtype_bytes, g.batch)
     return f, b, w
 
