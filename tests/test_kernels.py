@@ -147,3 +147,19 @@ def test_fp8_runs_the_linear_layers_faster_and_keeps_attention_and_the_head_in_b
     # the whole step gains, but less than the GEMMs alone
     bf16_step, fp8_step = (pipeline_passes(model, h100, Layout(mbs=1, dp=8), p)[0].total for p in ("bf16", "fp8"))
     assert 1.2 < bf16_step / fp8_step < bf16_gemm / fp8_gemm
+
+
+def test_blackwell_gains_more_from_fp8_than_hopper_as_its_own_scan_measured():
+    """Each generation's FP8-over-BF16 GEMM rate is its own MAMF ratio (specs/cluster.py): Blackwell's FP8 units
+    gain ~1.97x over its BF16, Hopper's ~1.77x; a large layer's GEMMs follow."""
+    model, layout = load_model("llama2-7b"), Layout(mbs=1)
+    gemms = layer_gemms(model, 0, layout, model.seq)
+
+    def gain(name):
+        c = load_cluster(name)
+        return sum(gemm_pass_seconds(c, gemms, c.gemm_peak("bf16"), 2)) / sum(
+            gemm_pass_seconds(c, gemms, c.gemm_peak("fp8"), 2))
+
+    hopper, blackwell = gain("h100-80gb"), gain("b200")
+    assert 1.6 < hopper < 1.8 and 1.85 < blackwell <= 1.98
+    assert gain("gb200-nvl72") > gain("h200") > hopper
