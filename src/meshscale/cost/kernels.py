@@ -29,8 +29,14 @@ FLASH_BLOCK = 128  # query/key block of FlashAttention-2/3 kernels (Dao 2023, se
 
 @lru_cache(maxsize=65536)
 def gemm_seconds(cluster: ClusterSpec, m: float, n: float, k: float, peak: float, dtype_bytes: int = 2,
-                 batch: int = 1) -> float:
-    """`batch` independent (m x k) @ (k x n) GEMMs in one launch (a batched or grouped GEMM)."""
+                 batch: int = 1, operand_bytes: int = 0) -> float:
+    """`batch` independent (m x k) @ (k x n) GEMMs in one launch (a batched or grouped GEMM): inputs of
+    `operand_bytes` (0: `dtype_bytes`; 1 for FP8), output of `dtype_bytes`. The kernels stage k in slices of
+    128 bytes (CUTLASS's Hopper tiles: 64 of bf16, 128 of FP8 in examples/54_hopper_fp8_warp_specialized_gemm,
+    32 of fp32 in 48_hopper_warp_specialized_gemm), so the pipeline prologue a tile pays, `gemm_k_overhead` of
+    bf16, is twice the k for FP8 operands: against DeepGEMM's FP8 scan (README 55ab91f, M=4096) the bf16
+    prologue predicts K=512 29% fast, the FP8 one 8% fast."""
+    operand_bytes = operand_bytes or dtype_bytes
     if min(m, n, k) <= 0:
         return 0.0
     measured = nearest(cluster.gemm_rates, (m, n, k))
@@ -43,12 +49,13 @@ def gemm_seconds(cluster: ClusterSpec, m: float, n: float, k: float, peak: float
         tiles = batch * math.ceil(rows / tm) * math.ceil(cols / tn)
         if cluster.compute_units:  # waves: every wave costs a tile on each unit, busy or not
             tiles = math.ceil(tiles / cluster.compute_units) * cluster.compute_units
-        return tiles * 2.0 * tm * tn * (k + cluster.gemm_k_overhead) / rate  # a tile pays its prologue too
+        prologue = cluster.gemm_k_overhead * 2 / operand_bytes
+        return tiles * 2.0 * tm * tn * (k + prologue) / rate  # a tile pays its prologue too
 
     # The library picks the orientation, and on GPUs a half-width tile when it fills the waves better.
     widths = {tn, max(tm, tn // 2)} if cluster.compute_units else {tn}
     best = min(compute(r, c, w) for r, c in ((m, n), (n, m)) for w in widths)
-    traffic = batch * dtype_bytes * (m * k + k * n + m * n) / cluster.hbm_bandwidth
+    traffic = batch * (operand_bytes * (m * k + k * n) + dtype_bytes * m * n) / cluster.hbm_bandwidth
     return max(best, traffic)
 
 
@@ -143,7 +150,8 @@ def column_parallel_share(model: ModelSpec, layout: Layout) -> float:
     return column / (column + (q + width) * h)
 
 
-def gemm_pass_seconds(cluster: ClusterSpec, gemms: tuple, peak: float, dtype_bytes: int) -> tuple[float, float, float]:
+def gemm_pass_seconds(cluster: ClusterSpec, gemms: tuple, peak: float, dtype_bytes: int,
+                      operand_bytes: int = 0) -> tuple[float, float, float]:
     """(forward, input gradient, weight gradient) of a list of forward GEMMs: dX = dY W^T is (m, k, n) and
     dW = X^T dY is (k, n, m) (Narayanan et al. 2021 sec. 5.1: backward is twice the forward). A grouped GEMM's
     forward and input gradient (tokens as M) run at grouped_gemm_efficiency of its tokens per group; its weight
@@ -151,9 +159,9 @@ def gemm_pass_seconds(cluster: ClusterSpec, gemms: tuple, peak: float, dtype_byt
     f = b = w = 0.0
     for g in gemms:
         slow = 1.0 / grouped_gemm_efficiency(g.m) if g.grouped else 1.0
-        f += gemm_seconds(cluster, g.m, g.n, g.k, peak, dtype_bytes, g.batch) * slow
-        b += gemm_seconds(cluster, g.m, g.k, g.n, peak, dtype_bytes, g.batch) * slow
-        w += gemm_seconds(cluster, g.k, g.n, g.m, peak, dtype_bytes, g.batch)
+        f += gemm_seconds(cluster, g.m, g.n, g.k, peak, dtype_bytes, g.batch, operand_bytes) * slow
+        b += gemm_seconds(cluster, g.m, g.k, g.n, peak, dtype_bytes, g.batch, operand_bytes) * slow
+        w += gemm_seconds(cluster, g.k, g.n, g.m, peak, dtype_bytes, g.batch, operand_bytes)
     return f, b, w
 
 
@@ -225,8 +233,9 @@ def layer_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, moe: bo
     tokens = layout.mbs * model.seq / layout.cp
     layer = model.first_dense_layers if moe else next(i for i in range(model.layers) if not model.is_moe_layer(i))
     peak, dtype_bytes = cluster.gemm_peak(precision), PRECISIONS[precision]["compute"]
+    operand_bytes = 1 if precision == "fp8" else dtype_bytes  # FP8 GEMMs read FP8 operands, write bf16
     gemms = layer_gemms(model, layer, layout, tokens, cluster.software.moe_imbalance)
-    f, b, w = gemm_pass_seconds(cluster, gemms, peak, dtype_bytes)
+    f, b, w = gemm_pass_seconds(cluster, gemms, peak, dtype_bytes, operand_bytes)
     if precision == "fp8":
         cast_f, cast_b = fp8_cast_seconds(cluster, gemms)
         f, b = f + cast_f, b + cast_b
@@ -240,7 +249,7 @@ def layer_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, moe: bo
         b += core_f
     elif layout.recompute == "op":  # a dense block at tp=1 (specs.layout.check_against)
         b += gemm_pass_seconds(cluster, tuple(Gemm(tokens, o, i) for i, o in flops.op_recomputed_matmuls(model)),
-                               peak, dtype_bytes)[0]
+                               peak, dtype_bytes, operand_bytes)[0]
     attention = core_f + core_b + (core_f if layout.recompute in ("selective", "full") else 0.0)
     return Passes(f + core_f, b + core_b, w, attention)
 
