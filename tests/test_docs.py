@@ -23,7 +23,7 @@ def test_readme_links_and_navigation():
     assert len(links) > 10
     missing = [link for link in links if "://" not in link and not (ROOT / link).exists()]
     assert not missing, missing
-    assert len(readme.splitlines()) < 150  # a front page; the rest lives in docs/
+    assert len(readme.splitlines()) < 200  # a front page (it was 1,203 lines); the rest lives in docs/
     nav = (ROOT / "mkdocs.yml").read_text()
     pages = {p.name for p in (ROOT / "docs").glob("*.md")}
     assert pages and all(f": {name}\n" in nav for name in pages), pages - set(re.findall(r": (\S+\.md)\n", nav))
