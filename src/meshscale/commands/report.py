@@ -61,7 +61,8 @@ def print_prediction(pred, console: Console | None = None) -> None:
     m = Table(title=f"memory per device (HBM {gb(pred.hbm_bytes)})", title_justify="left")
     m.add_column("kind"), m.add_column("bytes", justify="right")
     for k in ("params", "grads", "optimizer", "activations", "gathered"):
-        m.add_row(k, gb(mem[k]))
+        if mem.get(k) or k != "gathered":  # gathered: ZeRO-3's unsharded units, FSDP layouts only
+            m.add_row(k, gb(mem[k]))
     m.add_row("[bold]total[/]", f"[bold]{gb(mem['total'])}[/] "
               + ("fits" if pred.fits else "[red]DOES NOT FIT[/]"))
     console.print(m)
