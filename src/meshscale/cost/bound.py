@@ -10,12 +10,12 @@ cost/kernels.py, cost/comm.py, cost/pipeline.py, cost/step.py), so a change ther
   latencies and per-kernel host overheads are dropped, and every term is at most predict's.
 """
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cached_property, lru_cache
 
 import numpy as np
 
-from meshscale.cost import comm
+from meshscale.cost import comm, overhead
 from meshscale.cost.comm import Overlap
 from meshscale.cost.kernels import Passes, attention_core_seconds, counted_seconds, kernel_shape
 from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busiest_rank, expert_params_on_rank,
@@ -166,10 +166,11 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     owned = [layer_counts(model.layers, pp, lay.stages, lay.v_shaped) for lay in shape.layouts]
     fewest, most = min(map(min, owned)), max(map(max, owned))
     args = (model, cluster, shape, act_bytes)
-    cp_floor = np.array([context_parallel_floor(*args, r, fewest, most, precision) for r in RECOMPUTE_MODES])
+    cp_floor = np.array([context_parallel_floor(*args, r, fewest, most, precision, slowest_device)
+                         for r in RECOMPUTE_MODES])  # per recompute x micro-batch size
     tp_floor = {n: np.array([tensor_parallel_floor(*args, r, n) for r in RECOMPUTE_MODES])
                 for n in {min(o) for o in owned}}
-    comm_floor = np.array([tp_floor[min(o)] + cp_floor for o in owned])  # per schedule x recompute
+    comm_floor = np.array([tp_floor[min(o)] for o in owned])  # per schedule x recompute
     send_floor = np.array([pipeline_floor(*args, lay) for lay in shape.layouts])
     # per schedule, the busiest rank's parameters and those of its root unit: what predict charges over
     # dp*cp (under EP the routed experts reduce over their own, smaller group: left out of the bound)
@@ -197,7 +198,7 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
         sends = sends + data_parallel_interference(cluster, z, m, buckets, compute - forward, forward,
                                                    np.where(z == 0, ar, rs) * grad_reduce_bytes(
                                                        cluster.software, precision) * p_k, ag * update * p_k)
-    bound = (compute + comm_floor[k_i, r_i] + sends) * (1 + ratio) + np.where((z == 1) | (z == 2), gather, 0.0)
+    bound = (compute + comm_floor[k_i, r_i] + cp_floor[r_i, rows.mbs_index] + sends) * (1 + ratio) + np.where((z == 1) | (z == 2), gather, 0.0)
     if dp * cp > 1:  # gradient reduction not hidden by backward (zero 0-2) or FSDP traffic beyond compute
         grads = rs * grad_reduce_bytes(cluster.software, precision) * p_k
         backward = compute - forward
@@ -403,20 +404,25 @@ def tensor_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, 
 
 
 def context_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, recompute: str,
-                           fewest: int, most: int, precision: str) -> float:
-    """The CP ring time the attention cannot hide: the ring of the rank with the `fewest` layers against the
-    attention of the `most`; plus what the part it hides at least (against the `fewest` layers' attention) takes
-    from that attention's SMs (predict's interference_s, comm.sm_share). A fused kernel's time is linear in the
-    tokens, so it does not depend on mbs; the batched GEMMs of unfused attention are not, and get no CP term."""
+                           fewest: int, most: int, precision: str, slowest_device: float) -> np.ndarray:
+    """Per micro-batch size of the shape, the CP ring time the attention cannot hide: the ring of the rank with
+    the `fewest` layers, latencies included, as predict costs it (the same ops and link), against the
+    attention of the `most` at the slowest device's pace; plus what the part it hides at least (against the
+    `fewest` layers' attention) takes from that attention's SMs (predict's interference_s, comm.sm_share). A
+    fused kernel's time is linear in the tokens, so its step total does not depend on mbs; the batched GEMMs
+    of unfused attention are not, and get no CP term."""
     if shape.cp == 1 or not cluster.fused_attention:
-        return 0.0
+        return np.zeros(len(shape.microbatch_sizes))
     layout = Layout(dp=shape.dp, tp=shape.tp, cp=shape.cp, ep=shape.ep, recompute=recompute, mbs=1)
     f, b = attention_core_seconds(model, cluster, layout, model.seq / shape.cp, precision)
     per_layer = shape.per_rank * (f + b + (f if recompute != "none" else 0.0))
-    tokens = shape.per_rank * model.seq / shape.cp
-    ring = sum(bandwidth_seconds(cluster, shape.devices, op.collective, op.bytes, shape.cp, shape.tp)
-               for op in comm.context_parallel_ops(model, layout, tokens, act_bytes, fewest, 1))
-    return max(0.0, ring - most * per_layer) + min(ring, fewest * per_layer) * comm.sm_share(cluster, "cp")
+    link = overhead.measured_link(cluster, "send_recv", comm.group_link(cluster, shape.devices, shape.cp, shape.tp))
+    ring = np.array([sum(comm.collective_time(op.collective, op.bytes, op.calls, shape.cp, link)
+                         for op in comm.context_parallel_ops(model, replace(layout, mbs=mbs), mbs * model.seq / shape.cp,
+                                                             act_bytes, fewest, shape.per_rank // mbs))
+                     for mbs in shape.microbatch_sizes])
+    return (np.maximum(0.0, ring - most * per_layer * slowest_device)
+            + np.minimum(ring, fewest * per_layer) * comm.sm_share(cluster, "cp"))
 
 
 def pipeline_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, layout: Layout) -> float:
