@@ -10,7 +10,7 @@ cost/kernels.py, cost/comm.py, cost/pipeline.py, cost/step.py), so a change ther
   latencies and per-kernel host overheads are dropped, and every term is at most predict's.
 """
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from functools import cached_property, lru_cache
 
 import numpy as np
@@ -418,8 +418,8 @@ def context_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape,
     per_layer = shape.per_rank * (f + b + (f if recompute != "none" else 0.0))
     link = overhead.measured_link(cluster, "send_recv", comm.group_link(cluster, shape.devices, shape.cp, shape.tp))
     ring = np.array([sum(comm.collective_time(op.collective, op.bytes, op.calls, shape.cp, link)
-                         for op in comm.context_parallel_ops(model, replace(layout, mbs=mbs), mbs * model.seq / shape.cp,
-                                                             act_bytes, fewest, shape.per_rank // mbs))
+                         for op in comm.context_parallel_ops(model, layout, mbs * model.seq / shape.cp, act_bytes, fewest,
+                                                             shape.per_rank // mbs))
                      for mbs in shape.microbatch_sizes])
     return (np.maximum(0.0, ring - most * per_layer * slowest_device)
             + np.minimum(ring, fewest * per_layer) * comm.sm_share(cluster, "cp"))

@@ -9,7 +9,7 @@ to one training run.
 from dataclasses import asdict, dataclass, replace
 
 from meshscale.errors import UserError
-from meshscale.specs.loading import build, read_spec_file
+from meshscale.specs.loading import build, hash_once, read_spec_file, state_without_hash
 
 
 @dataclass(frozen=True)
@@ -142,6 +142,9 @@ class ClusterSpec:
     # Spread (standard deviation, a fraction) of device speed across a fleet of the same SKU: a synchronous step
     # waits for the slowest device (cost/step.py slowest_of). 0: identical devices.
     device_spread: float = 0.0
+
+    __hash__ = hash_once
+    __getstate__ = state_without_hash
 
     def __post_init__(self):
         tiers = tuple(t if isinstance(t, Tier) else build(Tier, dict(t), f"cluster {self.name} tier")

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from meshscale.errors import UserError
-from meshscale.specs.loading import build, read_spec_file
+from meshscale.specs.loading import build, hash_once, read_spec_file, state_without_hash
 
 
 MLPS = ("swiglu", "geglu", "gelu", "gelu-erf")
@@ -58,6 +58,9 @@ class ModelSpec:
     kv_lora_rank: int = 0
     rope_head_dim: int = 0
     v_head_dim: int = 0
+
+    __hash__ = hash_once
+    __getstate__ = state_without_hash
 
     def __post_init__(self):
         if self.kv_heads == 0:
