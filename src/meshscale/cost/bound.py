@@ -318,41 +318,45 @@ def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape,
     time is linear in its dense layers, MoE layers and head: step.rank_kinds counts them per distinct rank."""
     pp = shape.pp
     unit = np.stack([_unit_passes(model, cluster, shape.tp, shape.cp, shape.ep, mbs, precision)
-                     for mbs in shape.microbatch_sizes])
+                     for mbs in shape.microbatch_sizes])  # (mbs, recompute, kind, F/B/W)
     keys: dict = {}  # (chunks, V-shaped) -> its placement's index
     placement = np.array([keys.setdefault((lay.stages, lay.v_shaped), len(keys)) for lay in shape.layouts])
-    at = np.ogrid[:unit.shape[0], :unit.shape[1]]  # every (mbs, recompute)
-    parts = []  # per placement: slowest, others, lead, head_slowest, first, last
-    for chunks, v_shaped in keys:
-        kinds, count, ends = _placement_kinds(model, pp, chunks, v_shaped)
-        per_rank = np.einsum("ni,jrip->njrp", kinds, unit)
-        totals = per_rank.sum(-1)
-        top = totals.argmax(0)
-        slow = per_rank[(top, *at)]
-        if pp == 1:
-            none = np.zeros_like(slow)
-            parts.append((slow, slow, none[..., 0], top < 0, none, none))
-            continue
-        mean = (np.einsum("n,njrp->jrp", count, per_rank) - slow) / (pp - 1)
-        next_slowest = np.where(np.arange(len(count))[:, None, None] == top, -np.inf, totals).max(0)
-        parts.append((slow, mean, np.where(count[top] > 1, 0.0, totals.max(0) - next_slowest), top == 0,
-                      *(np.einsum("i,jrip->jrp", end, unit) for end in ends)))
-    slowest, others, lead, head_slowest, first, last = (np.stack(a) for a in zip(*parts))
-
-    def passes(a):
-        return Passes(a[..., 0], a[..., 1], a[..., 2])
-    return PipelinePasses(passes(slowest), passes(others), lead, head_slowest, passes(first), passes(last),
+    kinds, count, first_end, last_end = _placement_kinds(model, pp, tuple(keys))
+    per_rank = np.einsum("qni,jrip->qnjrp", kinds, unit)  # (placement, distinct rank, mbs, recompute, F/B/W)
+    totals = np.where(count[:, :, None, None] > 0, per_rank.sum(-1), -np.inf)  # padding is never the slowest
+    top = totals.argmax(1)[:, None]
+    slow = np.take_along_axis(per_rank, top[..., None], 1)[:, 0]
+    if pp == 1:
+        none = np.zeros_like(slow)
+        return PipelinePasses(_passes(slow), _passes(slow), none[..., 0], top[:, 0] < 0, _passes(none),
+                              _passes(none), placement)
+    mean = (np.einsum("qn,qnjrp->qjrp", count, per_rank) - slow) / (pp - 1)
+    next_slowest = np.where(np.arange(count.shape[1])[None, :, None, None] == top, -np.inf, totals).max(1)
+    alike = np.take_along_axis(np.broadcast_to(count[:, :, None, None], totals.shape), top, 1)[:, 0]
+    lead = np.where(alike > 1, 0.0, totals.max(1) - next_slowest)
+    return PipelinePasses(_passes(slow), _passes(mean), lead, top[:, 0] == 0,
+                          *(_passes(np.einsum("qi,jrip->qjrp", end, unit)) for end in (first_end, last_end)),
                           placement)
 
 
+def _passes(a: np.ndarray) -> Passes:
+    """Passes of arrays, from an array whose last axis is F, B, W."""
+    return Passes(a[..., 0], a[..., 1], a[..., 2])
+
+
 @lru_cache(maxsize=4096)
-def _placement_kinds(model: ModelSpec, pp: int, chunks: int, v_shaped: bool) -> tuple:
-    """Of a placement, per distinct rank the (dense layers, MoE layers, head) it holds (those the model has)
-    and how many ranks are alike (step.rank_kinds); the same of the first and last chunks."""
+def _placement_kinds(model: ModelSpec, pp: int, placements: tuple) -> tuple:
+    """Of each placement ((chunks, V-shaped), ...), per distinct rank the (dense layers, MoE layers, head) it
+    holds (those the model has) and how many ranks are alike (step.rank_kinds), padded with ranks alike to
+    none; and the same of its first and last chunks."""
     columns = _unit_columns(model)
-    kinds = np.array(rank_kinds(model, pp, chunks, v_shaped), dtype=float)
-    ends = tuple(np.array(chunk_kinds(model, chunks)[c], dtype=float)[columns] for c in (0, chunks - 1))
-    return kinds[:, columns], kinds[:, -1], ends
+    per_placement = [np.array(rank_kinds(model, pp, chunks, v_shaped), dtype=float) for chunks, v_shaped in placements]
+    kinds = np.zeros((len(placements), max(map(len, per_placement)), len(columns) + 1))
+    for q, k in enumerate(per_placement):
+        kinds[q, :len(k)] = k[:, columns + [-1]]
+    ends = [np.array([chunk_kinds(model, chunks)[c] for chunks, _ in placements], dtype=float)[:, columns]
+            for c in (0, -1)]
+    return kinds[..., :-1], kinds[..., -1], *ends
 
 
 @lru_cache(maxsize=256)
