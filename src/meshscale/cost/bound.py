@@ -334,14 +334,13 @@ def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape,
     next_slowest = np.where(np.arange(count.shape[1])[None, :, None, None] == top, -np.inf, totals).max(1)
     alike = np.take_along_axis(np.broadcast_to(count[:, :, None, None], totals.shape), top, 1)[:, 0]
     lead = np.where(alike > 1, 0.0, totals.max(1) - next_slowest)
-    return PipelinePasses(_passes(slow), _passes(mean), lead, top[:, 0] == 0,
-                          *(_passes(np.einsum("qi,jrip->qjrp", end, unit)) for end in (first_end, last_end)),
-                          placement)
+    first, last = (_passes(np.einsum("qi,jrip->qjrp", end, unit)) for end in (first_end, last_end))
+    return PipelinePasses(_passes(slow), _passes(mean), lead, top[:, 0] == 0, first, last, placement)
 
 
 def _passes(a: np.ndarray) -> Passes:
-    """Passes of arrays, from an array whose last axis is F, B, W."""
-    return Passes(a[..., 0], a[..., 1], a[..., 2])
+    """Passes of arrays (not the floats they are typed as), from an array whose last axis is F, B, W."""
+    return Passes(a[..., 0], a[..., 1], a[..., 2])  # type: ignore[arg-type]
 
 
 @lru_cache(maxsize=4096)
