@@ -198,7 +198,9 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
         sends = sends + data_parallel_interference(cluster, z, m, buckets, compute - forward, forward,
                                                    np.where(z == 0, ar, rs) * grad_reduce_bytes(
                                                        cluster.software, precision) * p_k, ag * update * p_k)
-    bound = (compute + comm_floor[k_i, r_i] + cp_floor[r_i, rows.mbs_index] + sends) * (1 + ratio) + np.where((z == 1) | (z == 2), gather, 0.0)
+    # what the bubble stretches (the critical path) and what it does not (the data-parallel traffic after it)
+    on_path = compute + comm_floor[k_i, r_i] + cp_floor[r_i, rows.mbs_index] + sends
+    off_path = np.where((z == 1) | (z == 2), gather, 0.0)
     if dp * cp > 1:  # gradient reduction not hidden by backward (zero 0-2) or FSDP traffic beyond compute
         grads = rs * grad_reduce_bytes(cluster.software, precision) * p_k
         backward = compute - forward
@@ -213,13 +215,16 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
         ar_grads = ar * grad_reduce_bytes(cluster.software, precision) * p_k
         unhidden = np.select([z == 0, z == 1, z == 2], [ar_grads - backward / m, grads - backward / m,
                                                          m * grads - backward], fsdp - compute)
-        bound = bound + np.maximum(unhidden, 0.0)
+        off_path = off_path + np.maximum(unhidden, 0.0)
         if cluster.software.fsdp_prefetch:
-            # FSDP's collectives (each of >= 2 calls, one of which may show) hide at least min(compute,
-            # efficiency x half their time), which slows that compute by their SM share (predict's interference)
-            hides = np.minimum(compute, cluster.software.overlap_efficiency * fsdp / 2)
-            bound = bound + np.where(z == 3, comm.sm_share(cluster, "dp") * hides, 0.0)
-    return bound
+            # FSDP's collectives hide at least min(compute, efficiency x (1 - 1/calls) of their time), one call
+            # of each showing (step._shown), and slow that compute by their SM share: predict's interference, on
+            # the critical path. Each makes a call per unit at least, the layers of the lightest rank and the
+            # root (comm.data_parallel_ops); the experts' own units under EP may be as few as two.
+            calls = fewest + 1 if ep == 1 else 2
+            hides = np.minimum(compute, cluster.software.overlap_efficiency * fsdp * (1 - 1 / calls))
+            on_path = on_path + np.where(z == 3, comm.sm_share(cluster, "dp") * hides, 0.0)
+    return on_path * (1 + ratio) + off_path
 
 
 def data_parallel_interference(cluster: ClusterSpec, z, m, buckets, backward, forward, grads, gather):
@@ -381,8 +386,10 @@ def _unit_passes(model, cluster, tp, cp, ep, mbs, precision) -> np.ndarray:
 
 def bandwidth_seconds(cluster: ClusterSpec, devices: int, collective: str, nbytes: float, size: int,
                       stride: int) -> float:
-    """A collective's time over a group of `size` ranks `stride` apart, latency left out."""
-    return comm.collective_time(collective, nbytes, 0, size, comm.group_link(cluster, devices, size, stride))
+    """A collective's time over a group of `size` ranks `stride` apart, latency left out, on the link predict
+    uses (a calibrated cluster's measured one over tier 0)."""
+    link = overhead.measured_link(cluster, collective, comm.group_link(cluster, devices, size, stride))
+    return comm.collective_time(collective, nbytes, 0, size, link)
 
 
 def tensor_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, recompute: str,
