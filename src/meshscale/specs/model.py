@@ -13,6 +13,7 @@ from meshscale.specs.loading import build, hash_once, read_spec_file, state_with
 
 
 MLPS = ("swiglu", "geglu", "gelu", "gelu-erf")
+GATED_MLPS = ("swiglu", "geglu")  # gate, up and down matrices; the others have up and down
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ class ModelSpec:
 
     @property
     def gated_mlp(self) -> bool:
-        return self.mlp in ("swiglu", "geglu")
+        return self.mlp in GATED_MLPS
 
     @property
     def mlp_matrices(self) -> int:
