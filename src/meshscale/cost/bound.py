@@ -111,8 +111,7 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
     per_token, rebuild = (a * scale for a in _activation_bytes(model, tp, shape.sps, cluster.fused_attention,
                                                                not cluster.software.fused_elementwise))
     tokens = rows.mbs * model.seq / cp
-    held = np.array([[held_layers(model.layers, pp, v, n, shape.per_rank // b) for b in shape.microbatch_sizes]
-                     for n, v in shape.schedules])[k_i, rows.mbs_index]
+    held = _held_layers(model.layers, pp, shape.schedules, shape.per_rank, shape.microbatch_sizes)[k_i, rows.mbs_index]
     logits = np.where(v_shaped | (pp == 1), 4 * model.vocab / tp, 0.0)  # the head on the first rank
     full = r_i == RECOMPUTE_MODES.index("full")  # one layer rebuilt at a time during backward
     acts = (per_token[s_i, r_i] * held + np.where(full, rebuild[s_i], 0.0) + logits) * tokens
@@ -130,6 +129,15 @@ def _activation_bytes(model: ModelSpec, tp: int, sps: tuple, fused_attention: bo
     return per_token, rebuild
 
 
+@lru_cache(maxsize=4096)
+def _held_layers(layers: int, pp: int, schedules: tuple, per_rank: int, microbatch_sizes: tuple) -> np.ndarray:
+    """memory.held_layers per (schedule, micro-batch size): shared by the shapes with these pp and dp."""
+    held = np.array([[held_layers(layers, pp, v, n, per_rank // b) for b in microbatch_sizes] for n, v in schedules])
+    held.flags.writeable = False
+    return held
+
+
+@lru_cache(maxsize=4096)
 def busiest_params(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_shaped: bool) -> tuple[float, float]:
     """(parameters, routed expert parameters) of the pipeline rank holding the most (memory.busiest_rank)."""
     rank = heaviest_rank(model, tp, ep, pp, chunks, v_shaped)
