@@ -11,7 +11,7 @@ cost/kernels.py, cost/comm.py, cost/pipeline.py, cost/step.py), so a change ther
 """
 
 from dataclasses import dataclass, fields
-from functools import cached_property, lru_cache
+from functools import lru_cache
 
 import numpy as np
 
@@ -56,20 +56,42 @@ class Shape:
         """Sequences per data-parallel rank and step."""
         return self.global_batch // self.dp
 
-    @cached_property
-    def layouts(self) -> list:
-        """One Layout per schedule (dp, tp, pp, cp, ep and the schedule; what placement depends on)."""
-        return [Layout(dp=self.dp, tp=self.tp, pp=self.pp, vpp=v, schedule=n, cp=self.cp, ep=self.ep)
-                for n, v in self.schedules]
-
-    @cached_property
-    def v_shaped(self) -> np.ndarray:
-        """Per schedule: Layout.v_shaped."""
-        return np.array([lay.v_shaped for lay in self.layouts])
-
     def schedule_is(self, *names) -> np.ndarray:
         """Per schedule: whether it is one of `names`."""
         return np.array([n in names for n, _ in self.schedules])
+
+
+@dataclass(frozen=True)
+class Placements:
+    """Per schedule of a shape, where its chunks and parameters are: what depends on tp, ep, pp and the
+    schedules, and not on dp or cp (so the shapes that differ in those share one)."""
+    layouts: tuple  # one Layout per schedule
+    v_shaped: np.ndarray
+    owned: tuple  # layers of each pipeline rank
+    busy: tuple  # the rank holding the most parameters (memory.busiest_rank)
+    params: np.ndarray  # its parameters, less the routed experts under EP (those reduce over their own group)
+    root: np.ndarray  # its root unit's parameters (embedding, final norm, head)
+    chunks: tuple  # how many chunks it holds
+
+
+def placements(model: ModelSpec, shape: "Shape") -> Placements:
+    return _placements(model, shape.tp, shape.ep, shape.pp, shape.schedules)
+
+
+@lru_cache(maxsize=4096)
+def _placements(model: ModelSpec, tp: int, ep: int, pp: int, schedules: tuple) -> Placements:
+    layouts = tuple(Layout(dp=ep, tp=tp, pp=pp, vpp=v, schedule=n, ep=ep) for n, v in schedules)
+    busy = tuple(busiest_rank(model, lay) for lay in layouts)
+    params = np.array([params_on_rank(model, lay, r) - (expert_params_on_rank(model, lay, r) if ep > 1 else 0.0)
+                       for lay, r in zip(layouts, busy)])
+    root = np.array([root_params_on_rank(model, lay, r) for lay, r in zip(layouts, busy)])
+    v_shaped = np.array([lay.v_shaped for lay in layouts])
+    for a in (params, root, v_shaped):
+        a.flags.writeable = False
+    return Placements(layouts, v_shaped,
+                      tuple(layer_counts(model.layers, pp, lay.stages, lay.v_shaped) for lay in layouts), busy,
+                      params, root,
+                      tuple(len(rank_chunks(pp, lay.stages, lay.v_shaped, r)) for lay, r in zip(layouts, busy)))
 
 
 @dataclass
@@ -98,7 +120,7 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
     tp, pp, cp, dp, ep = shape.tp, shape.pp, shape.cp, shape.dp, shape.ep
     z, shard, s_i, k_i, r_i = rows.zero, rows.shard, rows.sp, rows.schedule, rows.recompute
     bytes_ = PRECISIONS[precision]
-    v_shaped = shape.v_shaped[k_i]
+    v_shaped = placements(model, shape).v_shaped[k_i]
     p_std, e_std = busiest_params(model, tp, ep, pp, pp, False)
     p_v, e_v = busiest_params(model, tp, ep, pp, 2 * pp, True) if pp > 1 and 2 * pp <= model.layers else (p_std,
                                                                                                            e_std)
@@ -171,7 +193,8 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     compute = m * (f + b + w)
     forward = m * f  # what is left of a micro-batch once its backward has started
 
-    owned = [layer_counts(model.layers, pp, lay.stages, lay.v_shaped) for lay in shape.layouts]
+    placed = placements(model, shape)
+    owned = placed.owned
     fewest, most = min(map(min, owned)), max(map(max, owned))
     args = (model, cluster, shape, act_bytes)
     cp_floor = np.array([context_parallel_floor(*args, r, fewest, most, precision, slowest_device)
@@ -179,14 +202,9 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     tp_floor = {n: np.array([tensor_parallel_floor(*args, r, n) for r in RECOMPUTE_MODES])
                 for n in {min(o) for o in owned}}
     comm_floor = np.array([tp_floor[min(o)] for o in owned])  # per schedule x recompute
-    send_floor = np.array([pipeline_floor(*args, lay) for lay in shape.layouts])
-    # per schedule, the busiest rank's parameters and those of its root unit: what predict charges over
-    # dp*cp (under EP the routed experts reduce over their own, smaller group: left out of the bound)
-    busy = [busiest_rank(model, lay) for lay in shape.layouts]
-    p_k_of_schedule = np.array([params_on_rank(model, lay, r) - (expert_params_on_rank(model, lay, r) if ep > 1
-                                                                  else 0.0) for lay, r in zip(shape.layouts, busy)])
-    p_k = p_k_of_schedule[k_i]
-    root_k = np.array([root_params_on_rank(model, lay, r) for lay, r in zip(shape.layouts, busy)])[k_i]
+    send_floor = np.array([pipeline_floor(*args, lay) for lay in placed.layouts])
+    # per row, the busiest rank's parameters and those of its root unit: what predict charges over dp*cp
+    p_k, root_k = placed.params[k_i], placed.root[k_i]
 
     def per_byte(collective):  # seconds per byte over each row's shard group
         full, hybrid = (bandwidth_seconds(cluster, shape.devices, collective, 1.0, g, tp)
@@ -197,12 +215,11 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     ar = np.minimum(per_byte("all_reduce"), 2 * rs)  # DDP's all-reduce: NVLS may beat reduce-scatter + gather
     update = param_gather_bytes(cluster.software, precision)
     gather = ag * update * p_k if not cluster.software.param_gather_overlap else 0.0
-    ratio = bubble_floor(shape, rows, kernels, elementwise, m, slowest, others)
+    ratio = bubble_floor(shape, rows, kernels, elementwise, m, slowest, others, placed.v_shaped)
     sends = np.maximum(send_floor[k_i] - m * kernels.lead, 0.0)  # what the slowest rank's lead leaves
     if dp * cp > 1:  # what the hidden ZeRO-0-2 traffic takes from the compute it hides behind
-        buckets = np.array([comm.grad_buckets(cluster.software, p, dp * cp, r == 0,
-                                              len(rank_chunks(pp, lay.stages, lay.v_shaped, r)))
-                            for lay, r, p in zip(shape.layouts, busy, p_k_of_schedule)])[k_i]
+        buckets = np.array([comm.grad_buckets(cluster.software, p, dp * cp, r == 0, chunks)
+                            for r, p, chunks in zip(placed.busy, placed.params, placed.chunks)])[k_i]
         sends = sends + data_parallel_interference(cluster, z, m, buckets, compute - forward, forward,
                                                    np.where(z == 0, ar, rs) * grad_reduce_bytes(
                                                        cluster.software, precision) * p_k, ag * update * p_k)
@@ -265,16 +282,16 @@ def _with_elementwise(kernels: Passes, elementwise) -> Passes:
 
 
 def bubble_floor(shape: Shape, rows: Rows, kernels: "PipelinePasses", elementwise, m, slowest: Passes,
-                 others: Passes):
+                 others: Passes, v_shaped: np.ndarray):
     """Predict's bubble ratio (pipeline.bubble_ratio) of each row, or less: the even bubble of the other ranks'
     passes; where rank 0 holds the head and is the slowest under a V, the later of the others' span and its
     own cool-down (ZB-V's warm-up left out); ZB-H1: the others' span, below predict's whichever rank is the
-    slowest."""
+    slowest. `v_shaped`: per schedule, Layout.v_shaped."""
     pp, k_i = shape.pp, rows.schedule
     total, total_o = slowest.total, others.total
     ratio = schedule_bubbles(shape.schedules, k_i, pp, m, others.forward, others.backward, others.weight)
     ratio = ratio * total_o / total
-    v_first = shape.v_shaped[k_i] & kernels.head_slowest
+    v_first = v_shaped[k_i] & kernels.head_slowest
     beyond = ratio + total_o / total - 1
     if v_first.any():
         zbv = shape.schedule_is("zbv")[k_i]
@@ -333,7 +350,8 @@ def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape,
     unit = np.stack([_unit_passes(model, cluster, shape.tp, shape.cp, shape.ep, mbs, precision)
                      for mbs in shape.microbatch_sizes])  # (mbs, recompute, kind, F/B/W)
     keys: dict = {}  # (chunks, V-shaped) -> its placement's index
-    placement = np.array([keys.setdefault((lay.stages, lay.v_shaped), len(keys)) for lay in shape.layouts])
+    placement = np.array([keys.setdefault((lay.stages, lay.v_shaped), len(keys))
+                          for lay in placements(model, shape).layouts])
     kinds, count, first_end, last_end = _placement_kinds(model, pp, tuple(keys))
     per_rank = np.einsum("qni,jrip->qnjrp", kinds, unit)  # (placement, distinct rank, mbs, recompute, F/B/W)
     totals = np.where(count[:, :, None, None] > 0, per_rank.sum(-1), -np.inf)  # padding is never the slowest
