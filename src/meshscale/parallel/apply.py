@@ -137,7 +137,7 @@ def _data_parallel(module, layout: Layout, mesh, ledger, precision: str, bucket_
 
     if layout.dp * layout.cp == 1:
         return Local(module, select)
-    dp_mesh = replica_mesh(mesh)
+    dp_mesh = whole = replica_mesh(mesh)
     ledger.name_group(dp_mesh.get_group(), "dp")
     if layout.zero == 0:
         return (PipelinedDDP if layout.pp > 1 else DDP)(module, dp_mesh, ledger, bucket_mb, select)
@@ -149,6 +149,6 @@ def _data_parallel(module, layout: Layout, mesh, ledger, precision: str, bucket_
             ledger.name_group(dp_mesh[dim].get_group(), "dp")
     if layout.zero in (1, 2):
         shard = dp_mesh["shard"] if replicate is not None else dp_mesh
-        return Zero(module, shard, ledger, layout.zero, bucket_mb, select, replicate)
+        return Zero(module, shard, ledger, layout.zero, bucket_mb, select, replicate, whole=whole)
 
     return FSDP(module, dp_mesh, ledger, precision, select)

@@ -128,6 +128,9 @@ class ExpertSplit:
         self.dense.after_step()
         self.experts.after_step()
 
+    def replicas(self) -> list:
+        return self.dense.replicas() + self.experts.replicas()
+
     def checkpoint_state(self, optimizer) -> Held:
         (dense, write_dense), (experts, write_experts) = (s.checkpoint_state(optimizer)
                                                           for s in (self.dense, self.experts))

@@ -29,12 +29,17 @@ class FSDP(Local):
         self.ledger = ledger
         # the ranks sharing the state: the whole mesh, or its "shard" dimension under hybrid sharding
         self.group = (dp_mesh["shard"] if dp_mesh.ndim == 2 else dp_mesh).get_group()
+        # under hybrid sharding the other groups hold copies of this rank's shards
+        self.replicate = dp_mesh["replicate"].get_group() if dp_mesh.ndim == 2 else None
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None,
                                   reduce_dtype=torch.float32)
         ignored = {p for n, p in model.named_parameters() if not self.select(n)} or None
         for block in model.layers.values():
             fully_shard(block, mesh=dp_mesh, mp_policy=mp, ignored_params=ignored)
         fully_shard(model, mesh=dp_mesh, mp_policy=mp, ignored_params=ignored)
+
+    def replicas(self) -> list:
+        return [("dp", self.replicate, self.named_params(), True)] if self.replicate is not None else []
 
     @contextmanager
     def accumulate(self, last: bool):

@@ -63,10 +63,11 @@ class Zero:
     sharded = True
 
     def __init__(self, model, dp_mesh, ledger, stage: int, bucket_mb: float, select=None, replicate=None,
-                 axis: str = "dp", divide: int | None = None):
+                 axis: str = "dp", divide: int | None = None, whole=None):
         """dp_mesh: the 1-D mesh of the ranks sharing the state; replicate: (HSDP) the 1-D mesh of the ranks
-        holding the same shard in the other groups; select/axis/divide: as data_parallel.PipelinedDDP (expert
-        parallelism's parameter split)."""
+        holding the same shard in the other groups, and whole: the 1-D mesh of all of them (the parameters are
+        whole on every one); select/axis/divide: as data_parallel.PipelinedDDP (expert parallelism's
+        parameter split)."""
         assert stage in (1, 2)
         self.model = self.module = model
         self.stage, self.ledger, self.axis = stage, ledger, axis
@@ -74,7 +75,8 @@ class Zero:
         self.replicate = replicate.get_group() if replicate is not None else None
         self.world, self.rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         self.divide = divide or self.world * (replicate.size() if replicate is not None else 1)
-        select = select or (lambda name: True)
+        self.copies = (whole or dp_mesh).get_group()
+        self.select = select = select or (lambda name: True)
         params = [p for n, p in model.named_parameters() if p.requires_grad and select(n)]
         self.buckets = [_Bucket(g, self.world, self.rank) for g in grad_buckets(params, bucket_mb)]
         self._pending: list = []
@@ -167,6 +169,11 @@ class Zero:
             b.shard.grad.zero_()
             if self.stage == 1:
                 b.grad_flat.zero_()
+
+    def replicas(self) -> list:
+        """The parameters, whole on every rank after the step's all-gather; the moments are sharded."""
+        named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad and self.select(n)]
+        return [(self.axis, self.copies, named, False)]
 
     # ---- checkpoint --------------------------------------------------------------------
     def checkpoint_state(self, optimizer) -> Held:
