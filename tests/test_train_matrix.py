@@ -69,11 +69,13 @@ def sampled(world: int) -> list[str]:
     return out
 
 
-def _run(layout: str, world: int, model: str = "tiny"):
+def _run(case: str, world: int, model: str = "tiny"):
+    """case: a layout, or "RECIPE:layout" for a --precision other than fp32."""
     from meshscale.runtime.loop.config import TrainConfig, resolve
 
+    precision, layout = case.split(":") if ":" in case else ("fp32", case)
     return resolve(TrainConfig(model=model, layout=layout, steps=STEPS, global_batch=BATCH, bucket_mb=0.5,
-                               val_batches=1), world)
+                               val_batches=1, precision=precision), world)
 
 
 def _tokens():
@@ -101,12 +103,12 @@ def reference():
     return _reference("tiny")
 
 
-def _reference(model: str) -> dict:
+def _reference(model: str, precision: str = "fp32") -> dict:
     import torch
 
     from meshscale.runtime.loop.trainer import train
 
-    result = train(_run("", 1, model), torch.device("cpu"), _tokens(), log=False)
+    result = train(_run(f"{precision}:", 1, model), torch.device("cpu"), _tokens(), log=False)
     return {"losses": [r["loss"] for r in result["rows"]], "val": result["val_loss"],
             "grad_norms": [r["grad_norm"] for r in result["rows"]]}
 
@@ -166,7 +168,7 @@ def predicted_bytes(run) -> dict:
     from meshscale.specs.cluster import load_cluster
 
     want: dict = {}
-    for e in predict(run.spec, load_cluster("local-cpu"), run.layout, BATCH, "fp32").to_dict()["comm"]:
+    for e in predict(run.spec, load_cluster("local-cpu"), run.layout, BATCH, run.config.precision).to_dict()["comm"]:
         if e["bytes"]:
             want[(e["collective"], e["axis"])] = want.get((e["collective"], e["axis"]), 0) + e["bytes"]
     return want

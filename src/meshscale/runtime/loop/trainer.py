@@ -19,6 +19,7 @@ from meshscale.parallel.expert import ep_group_mean
 from meshscale.parallel.ledger import CommLedger
 from meshscale.parallel.mesh import build_mesh, from_every_rank, replica_mesh
 from meshscale.parallel.pipeline import PipelineRunner
+from meshscale.parallel.precision import autocast as precision_autocast
 from meshscale.parallel.tensor import vocab_parallel_cross_entropy
 from meshscale.runtime.loop.config import Resolved
 from meshscale.runtime.loop.data import Corpus, TokenData, load_corpus, rank_microbatches
@@ -141,9 +142,10 @@ class Training:
             _import_setup()
         self.baseline = heap_bytes() if device.type == "cpu" else 0  # the corpus is not the model's memory
         par = self.par = apply_layout(meta_model(spec, device), layout, mesh, self.ledger, cfg.precision,
-                                      cfg.bucket_mb, _weights_from(cfg.init_from, spec), cfg.seed, device)
+                                      cfg.bucket_mb, _weights_from(cfg.init_from, spec), cfg.seed, device,
+                                      cfg.compile)
         self.optimizer = build_optimizer(par.optim_params(), cfg.lr, cfg.weight_decay)
-        autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
+        autocast = precision_autocast(cfg.precision, device)
         self.m = m = layout.microbatches(cfg.global_batch)
         self.faults = Injector(from_env(), dist.get_rank() if multi else 0)
         loss_fn = self.faults.wrap_loss(loss_function(mesh["tp"].get_group() if layout.tp > 1 else None))
