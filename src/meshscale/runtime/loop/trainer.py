@@ -30,7 +30,7 @@ from meshscale.runtime.measure.trace import analytic_bubble, measured_bubble, wr
 from meshscale.runtime.resilience import checkpoint
 from meshscale.runtime.resilience.faults import Injector, from_env
 from meshscale.runtime.resilience.guards import Guards, Snapshot, TrainingStopped
-from meshscale.runtime.resilience.preemption import Preempted, Preemption, stop_line
+from meshscale.runtime.resilience.preemption import Preempted, Preemption, reason, stop_line
 from meshscale.runtime.resilience.sdc import ReplicaCheck
 from meshscale.runtime.resilience.watchdog import Watchdog
 
@@ -174,7 +174,8 @@ class Training:
         # memory is reported (--predict, --metrics-out).
         self.probe = (MemoryProbe(self.baseline) if device.type == "cpu" and (cfg.predict or cfg.metrics_out)
                       else None)
-        self.preemption = Preemption(multi, device, cfg.time_limit)
+        self.preemption = Preemption(cfg.time_limit)
+        self.stop_code = 0  # the step's control all-reduce sets it
         self.rollbacks: Counter = Counter()  # per checkpoint directory
 
     def beat(self, step: int, phase: str) -> None:
@@ -226,7 +227,7 @@ class Training:
                 self.metrics.log(row)  # the rows of the steps run again follow it in the file
                 step = self.roll_back(actions["rollback"])
                 continue
-            stop = self.preemption.requested() if step + 1 < cfg.steps else None  # the last step just ends
+            stop = reason(self.stop_code) if step + 1 < cfg.steps else None  # the last step just ends
             saved = None
             if checkpoint.due(cfg, step + 1) or (stop and cfg.checkpoint_dir):
                 self.check_before_save(step, row)
@@ -259,10 +260,13 @@ class Training:
         loss = self.step_fn(micro)
         self.beat(step, "gradient norm")
         grad_norm = clip_gradients(self.par, self.cfg.clip)
-        loss_value = _all_mean(loss.clone(), self.dp_group, layout.dp * layout.cp)
         self.beat(step, "guards")
-        return loss_value, grad_norm, self.guards.check(step, loss if self.owns_loss else None, loss_value,
-                                                        grad_norm)
+        # one control all-reduce: the guards' flags, the mean loss (each tp x pp group holds its dp x cp
+        # replica's loss on every rank, so the world's mean is theirs) and the preemption request
+        control = self.guards.check(step, loss if self.owns_loss else None, loss / layout.devices, grad_norm,
+                                    self.preemption.code())
+        self.stop_code = control.stop
+        return control.loss, grad_norm, control.anomaly
 
     def step(self, step: int) -> tuple[dict, list]:
         """One optimizer step (replayed once on an anomaly with --replay-anomalies): its metrics row and the
