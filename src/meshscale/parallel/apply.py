@@ -78,7 +78,7 @@ class Parallel:
             s.after_step()
 
 
-def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", bucket_mb: float = 1.0,
+def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", bucket_mb: float = 25.0,
                  load=None, seed: int = 0, device=None, compile: bool = False) -> Parallel:
     """model: built (models.transformer.build_model), or its meta structure (meta_model), in which case each
     rank materialises only what it owns, initialised from `seed`, on `device` (parallel/construct.py).
