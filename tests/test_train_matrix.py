@@ -53,7 +53,7 @@ def sampled(world: int) -> list[str]:
     from meshscale.specs.layout import Layout
 
     if world == 4:
-        return cases(4) + PRECISION_CASES
+        return cases(4)
     groups: dict = {}
     for text in cases(world):
         layout = Layout.parse(text)
@@ -146,8 +146,6 @@ def test_loss_curves_match_single_process(measured, reference):
     world, results = measured
     assert reference["losses"][-1] < reference["losses"][0] - 0.2  # it learns
     for layout, r in results.items():
-        if ":" in layout:  # another precision: test_precision_recipes_match_single_process
-            continue
         for step, (got, want) in enumerate(zip(r["losses"], reference["losses"])):
             assert abs(got - want) <= REL * abs(want), f"world {world} {layout}: step {step} loss {got} != {want}"
         for got, want in zip(r["grad_norms"], reference["grad_norms"]):
@@ -155,33 +153,42 @@ def test_loss_curves_match_single_process(measured, reference):
         assert abs(r["val"] - reference["val"]) <= REL * reference["val"], f"world {world} {layout}: validation"
 
 
-# ---- precision recipes (world 4, in the matrix's spawns): bf16 = fp32 master weights, bf16 autocast compute
-# and residual stream, fp32 gradient reduction (DDP, ZeRO, and FSDP2's MixedPrecisionPolicy); bf16-pure =
-# bf16 weights, gradients, reductions and AdamW state (parallel/precision.py). Against a single-process run of
-# the same recipe. Not bit for bit: the first step's loss is (the forward is the same), but the ranks' fp32
-# gradient sum runs in another order than one process's micro-batch accumulation (a 1e-7 difference, as in
-# fp32), and the next step's bf16 cast of the weights turns it into a whole bf16 ulp (2^-8 relative) of
-# the elements it tips over; under bf16-pure the reduction itself rounds to bf16, and under zero=3 FSDP2
-# casts every parameter (norm gains, embedding) to bf16 where autocast keeps them fp32. Measured worst case
-# over these layouts on 3 steps: loss 6e-5, gradient norm 1e-3, validation loss 2e-4, relative.
+# ---- precision recipes: bf16 = fp32 master weights, bf16 autocast compute and residual stream, fp32 gradient
+# reduction (DDP, ZeRO, and FSDP2's MixedPrecisionPolicy); bf16-pure = bf16 weights, gradients, reductions and
+# AdamW state (parallel/precision.py). On 4 processes in one spawned group, against a single-process run of the
+# same recipe, with the ledger's bytes equal to the cost model's for that recipe. Not bit for bit: the first
+# step's loss is (the same forward) under DDP and ZeRO (PP sums its micro-batch losses in another order), but the ranks' fp32 gradient sum runs in another
+# order than one process's micro-batch accumulation (a 1e-7 difference, as in fp32), and the next step's bf16
+# cast of the weights turns it into a whole bf16 ulp (2^-8 relative) for the elements it tips over; under
+# bf16-pure the reduction itself rounds to bf16; TP rounds each rank's partial matmul output to bf16 before
+# the sum; under zero=3 FSDP2 casts every parameter (norm gains, embedding) to bf16 where autocast keeps them
+# fp32. Measured worst case over these layouts, 3 steps: loss 2.3e-5, gradient norm 5.5e-4, validation 2.1e-4.
 PRECISION_CASES = ["bf16:dp=4", "bf16:dp=4,zero=1", "bf16:dp=4,zero=3", "bf16:dp=2,tp=2",
                    "bf16:dp=2,pp=2,schedule=1f1b,mbs=1", "bf16-pure:dp=4,zero=2", "bf16-pure:dp=4,zero=3"]
-PRECISION_REL = {"loss": 2e-4, "grad_norm": 3e-3, "val": 5e-4}
+PRECISION_REL = {"loss": 1e-4, "grad_norm": 2e-3, "val": 5e-4}
+SAME_FIRST_FORWARD = ("bf16:dp=4", "bf16:dp=4,zero=1", "bf16-pure:dp=4,zero=2", "bf16-pure:dp=4,zero=3")
 
 
-def test_precision_recipes_match_single_process(measured):
-    world, results = measured
-    if world != 4:
-        pytest.skip("the recipes run at world 4")
+@pytest.fixture(scope="module")
+def precision_measured():
+    return run_ranks(4, _train_all, PRECISION_CASES)[0]
+
+
+def test_precision_recipes_match_single_process(precision_measured):
     references = {p: _reference("tiny", p) for p in ("bf16", "bf16-pure")}
     for case in PRECISION_CASES:
-        r, want = results[case], references[case.split(":")[0]]
-        assert r["losses"][0] == want["losses"][0] or "zero=3" in case, case  # the same first forward
+        r, want = precision_measured[case], references[case.split(":")[0]]
+        if case in SAME_FIRST_FORWARD:
+            assert r["losses"][0] == want["losses"][0], case
         for step, (got, ref) in enumerate(zip(r["losses"], want["losses"])):
             assert abs(got - ref) <= PRECISION_REL["loss"] * abs(ref), f"{case}: step {step} loss {got} != {ref}"
         for got, ref in zip(r["grad_norms"], want["grad_norms"]):
             assert abs(got - ref) <= PRECISION_REL["grad_norm"] * ref, f"{case}: grad norm {got} != {ref}"
         assert abs(r["val"] - want["val"]) <= PRECISION_REL["val"] * want["val"], f"{case}: validation"
+
+
+def test_precision_recipes_bytes_match_the_cost_model(precision_measured):
+    test_cost_model_predicts_the_measured_bytes((4, precision_measured))
 
 
 def test_cost_model_predicts_the_measured_bytes(measured, model="tiny"):

@@ -29,9 +29,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        # Normalise in fp32 for stability under bf16 autocast.
+        # Normalise in fp32 for stability under bf16 autocast; the output in the input's dtype (an fp32 gain
+        # would promote a bf16 residual stream's norm to fp32, and TP's gradient all-reduce with it).
         xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+        return ((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight).type_as(x)
 
 
 def rope_frequencies(spec: ModelSpec) -> torch.Tensor:

@@ -184,7 +184,7 @@ class SequenceParallelRMSNorm(RMSNorm):
     def forward(self, x):
         xf = x.float()
         normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)
-        return normed * _CopyToTP.apply(self.weight, self.group)
+        return (normed * _CopyToTP.apply(self.weight, self.group)).type_as(x)  # as RMSNorm: the input's dtype
 
 
 class ReplicatedKVLinear(nn.Module):
