@@ -157,12 +157,13 @@ def test_loss_curves_match_single_process(measured, reference):
 # reduction (DDP, ZeRO, and FSDP2's MixedPrecisionPolicy); bf16-pure = bf16 weights, gradients, reductions and
 # AdamW state (parallel/precision.py). On 4 processes in one spawned group, against a single-process run of the
 # same recipe, with the ledger's bytes equal to the cost model's for that recipe. Not bit for bit: the first
-# step's loss is (the same forward) under DDP and ZeRO (PP sums its micro-batch losses in another order), but the ranks' fp32 gradient sum runs in another
-# order than one process's micro-batch accumulation (a 1e-7 difference, as in fp32), and the next step's bf16
-# cast of the weights turns it into a whole bf16 ulp (2^-8 relative) for the elements it tips over; under
-# bf16-pure the reduction itself rounds to bf16; TP rounds each rank's partial matmul output to bf16 before
-# the sum; under zero=3 FSDP2 casts every parameter (norm gains, embedding) to bf16 where autocast keeps them
-# fp32. Measured worst case over these layouts, 3 steps: loss 2.3e-5, gradient norm 5.5e-4, validation 2.1e-4.
+# step's loss is (the same forward) under DDP and ZeRO, but the ranks' fp32 gradient sum runs in another order
+# than one process's micro-batch accumulation (a 1e-7 difference, as in fp32), and the next step's bf16 cast of
+# the weights turns it into a whole bf16 ulp (2^-8 relative) for the elements it tips over; PP sums its
+# micro-batch losses in another order; under bf16-pure the reduction itself rounds to bf16; TP rounds each
+# rank's partial matmul output to bf16 before the sum; under zero=3 FSDP2 casts every parameter (norm gains,
+# embedding) to bf16 where autocast keeps them fp32. Measured worst case over these layouts, 3 steps: loss
+# 2.3e-5, gradient norm 5.5e-4, validation 2.1e-4 (relative).
 PRECISION_CASES = ["bf16:dp=4", "bf16:dp=4,zero=1", "bf16:dp=4,zero=3", "bf16:dp=2,tp=2",
                    "bf16:dp=2,pp=2,schedule=1f1b,mbs=1", "bf16-pure:dp=4,zero=2", "bf16-pure:dp=4,zero=3"]
 PRECISION_REL = {"loss": 1e-4, "grad_norm": 2e-3, "val": 5e-4}
