@@ -261,13 +261,14 @@ class Training:
         layout = self.layout
         self.beat(step, "forward/backward")
         loss = self.step_fn(micro)
+        # one control all-reduce, running while the gradient norm is computed: the guards' flags, the mean loss
+        # (each tp x pp group holds its dp x cp replica's loss on every rank, so the world's mean is theirs)
+        # and the preemption request
+        decide = self.guards.launch(loss if self.owns_loss else None, loss / layout.devices, self.preemption.code())
         self.beat(step, "gradient norm")
         grad_norm = clip_gradients(self.par, self.cfg.clip)
         self.beat(step, "guards")
-        # one control all-reduce: the guards' flags, the mean loss (each tp x pp group holds its dp x cp
-        # replica's loss on every rank, so the world's mean is theirs) and the preemption request
-        control = self.guards.check(step, loss if self.owns_loss else None, loss / layout.devices, grad_norm,
-                                    self.preemption.code())
+        control = decide(step, grad_norm)
         self.stop_code = control.stop
         return control.loss, grad_norm, control.anomaly
 

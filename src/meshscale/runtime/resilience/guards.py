@@ -127,20 +127,25 @@ class Guards:
         self.multi = multi
         self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if multi else (0, 1)
 
-    def check(self, step: int, local_loss: torch.Tensor | None, loss_share: torch.Tensor, grad_norm: float,
-              stop: int = 0) -> Control:
-        """local_loss: the loss this rank computed, before any averaging (None: it computes none, e.g. a
-        pipeline stage before the last); loss_share: this rank's share of the global mean loss; grad_norm: the
-        step's global value; stop: this rank's preemption code."""
+    def launch(self, local_loss: torch.Tensor | None, loss_share: torch.Tensor, stop: int = 0):
+        """Start the step's control all-reduce (asynchronous: the gradient norm is computed meanwhile) and return
+        `decide(step, grad_norm) -> Control`, which waits for it. local_loss: the loss this rank computed,
+        before any averaging (None: it computes none, e.g. a pipeline stage before the last); loss_share: this
+        rank's share of the global mean loss; stop: this rank's preemption code. Collective over every rank."""
         flags = torch.zeros(self.world, 4, device=self.device)  # on the device: NCCL reduces only those
         bad_loss = local_loss is not None and not bool(torch.isfinite(local_loss.detach()).all())
         flags[self.rank, :2] = torch.tensor([bad_loss, self.probe.take()], dtype=torch.float32)
         flags[self.rank, 2], flags[self.rank, 3] = loss_share.detach().float(), stop
-        if self.multi:
-            dist.all_reduce(flags)
-        flags = flags.cpu()
-        loss = float(flags[:, 2].sum())
-        return Control(loss, int(flags[:, 3].max()), self._anomaly_in(step, flags, loss, grad_norm))
+        work = dist.all_reduce(flags, async_op=True) if self.multi else None
+
+        def decide(step: int, grad_norm: float) -> Control:
+            if work is not None:
+                work.wait()
+            reduced = flags.cpu()
+            loss = float(reduced[:, 2].sum())
+            return Control(loss, int(reduced[:, 3].max()), self._anomaly_in(step, reduced, loss, grad_norm))
+
+        return decide
 
     def _anomaly_in(self, step: int, flags: torch.Tensor, loss: float, grad_norm: float) -> Anomaly | None:
         # the spike rules see the same global values and history on every rank: every rank flags alike
