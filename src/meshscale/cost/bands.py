@@ -7,6 +7,8 @@ The table is data computed by a script, never typed: `PYTHONPATH=src python benc
 the script computes (so it cannot go stale). Categories without runs have no band: say so, claim nothing.
 """
 
+import math
+
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.model import ModelSpec
 
@@ -15,9 +17,9 @@ SOURCE = 'benchmarks/published.py --write-bands, 44 published runs up to 2024, 2
 # "hardware kind precision": (runs, median |error|, p90 |error|, mean signed error)
 BANDS: dict[str, tuple[int, float, float, float]] = {
     'A100 dense bf16': (19, 0.0529, 0.1091, 0.0425),
-    'H100 MoE bf16': (3, 0.1472, 0.9897, 0.2777),
+    'H100 MoE bf16': (3, 0.1472, 0.9897, 0.2788),
     'H100 dense bf16': (2, 0.0271, 0.0542, -0.0271),
-    'H100 dense fp8': (12, 0.0939, 0.1346, -0.0887),
+    'H100 dense fp8': (12, 0.0812, 0.1262, -0.0769),
     'TPU v4 dense bf16': (1, 0.066, 0.066, 0.066),
     'TPU v5e dense bf16': (4, 0.0547, 0.1225, -0.0398),
     'TPU v5p dense bf16': (3, 0.0595, 0.0606, -0.054),
@@ -49,3 +51,30 @@ def band_text(b: dict) -> str:
     return (f"{b['category']}, {b['runs']} runs: median {b['median_abs_error']:.1%}, p90 {b['p90_abs_error']:.1%}, "
             f"bias {b['mean_signed_error']:+.1%} ({'too fast' if b['mean_signed_error'] < 0 else 'too slow'} "
             "on average)")
+
+
+def measured_range(predicted: float, b: dict, rate: bool = False) -> tuple[float, float] | None:
+    """Where a measured value lies if the prediction errs no more than the band's p90. The table's error is
+    |predicted/measured - 1| of a time, so a time's measured value is predicted/(1 +- p90); a rate (tokens/s,
+    TFLOP/s: work over that time) is predicted x (1 -+ p90). None where the category has no runs."""
+    if not b.get("runs"):
+        return None
+    p = b["p90_abs_error"]
+    if rate:
+        return predicted * max(0.0, 1 - p), predicted * (1 + p)
+    return predicted / (1 + p), (predicted / (1 - p) if p < 1 else math.inf)
+
+
+def error(predicted: float, measured: float, rate: bool = False) -> float:
+    """The prediction's error as the validation table counts it: predicted/measured - 1 of a time (of a rate,
+    measured/predicted - 1, the same error of the time behind it)."""
+    return measured / predicted - 1 if rate else predicted / measured - 1
+
+
+def within(predicted: float, measured: float, b: dict, rate: bool = False) -> str | None:
+    """"median" or "p90" (the smallest of the band's two radii that holds the error), "outside", or None
+    where the category has no runs."""
+    if not b.get("runs"):
+        return None
+    e = abs(error(predicted, measured, rate))
+    return "median" if e <= b["median_abs_error"] else "p90" if e <= b["p90_abs_error"] else "outside"

@@ -19,17 +19,18 @@ from meshscale.parallel.expert import ep_group_mean
 from meshscale.parallel.ledger import CommLedger
 from meshscale.parallel.mesh import build_mesh, from_every_rank, replica_mesh
 from meshscale.parallel.pipeline import PipelineRunner
+from meshscale.parallel.precision import autocast as precision_autocast
 from meshscale.parallel.tensor import vocab_parallel_cross_entropy
 from meshscale.runtime.loop.config import Resolved
 from meshscale.runtime.loop.data import Corpus, TokenData, load_corpus, rank_microbatches
 from meshscale.runtime.loop.optim import build_optimizer, clip_gradients, lr_at, set_lr
-from meshscale.runtime.measure.live import LiveMetrics, StepProfiler
+from meshscale.runtime.measure.live import LiveMetrics, MemorySnapshot, StepProfiler
 from meshscale.runtime.measure.metrics import MemoryProbe, MetricsLog, heap_bytes, memory_bytes
 from meshscale.runtime.measure.trace import analytic_bubble, measured_bubble, write_chrome_trace
 from meshscale.runtime.resilience import checkpoint
 from meshscale.runtime.resilience.faults import Injector, from_env
 from meshscale.runtime.resilience.guards import Guards, Snapshot, TrainingStopped
-from meshscale.runtime.resilience.preemption import Preempted, Preemption, stop_line
+from meshscale.runtime.resilience.preemption import Preempted, Preemption, reason, stop_line
 from meshscale.runtime.resilience.sdc import ReplicaCheck
 from meshscale.runtime.resilience.watchdog import Watchdog
 
@@ -141,9 +142,10 @@ class Training:
             _import_setup()
         self.baseline = heap_bytes() if device.type == "cpu" else 0  # the corpus is not the model's memory
         par = self.par = apply_layout(meta_model(spec, device), layout, mesh, self.ledger, cfg.precision,
-                                      cfg.bucket_mb, _weights_from(cfg.init_from, spec), cfg.seed, device)
+                                      cfg.bucket_mb, _weights_from(cfg.init_from, spec), cfg.seed, device,
+                                      cfg.compile)
         self.optimizer = build_optimizer(par.optim_params(), cfg.lr, cfg.weight_decay)
-        autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
+        autocast = precision_autocast(cfg.precision, device)
         self.m = m = layout.microbatches(cfg.global_batch)
         self.faults = Injector(from_env(), dist.get_rank() if multi else 0)
         loss_fn = self.faults.wrap_loss(loss_function(mesh["tp"].get_group() if layout.tp > 1 else None))
@@ -158,6 +160,8 @@ class Training:
                                   resume_at=self.first_step if self.first_step or restarted else None)
         self.live = LiveMetrics(run, self.is_logger)
         self.profiler = StepProfiler(cfg.profile, cfg.steps, cfg.profile_dir, dist.get_rank() if multi else 0)
+        self.snapshot = MemorySnapshot(cfg.memory_snapshot, cfg.steps, cfg.memory_snapshot_dir,
+                                       dist.get_rank() if multi else 0)  # CUDA only: checked before the start
         self.named = [(name, p) for s in par.strategies for name, p in s.module.named_parameters()]
         self.faults.arm_gradients(self.named)  # before the guards' hooks, so they see the corrupted gradient
         self.guards = Guards([p for _, p in self.named], cfg.on_anomaly, cfg.spike_sigma, multi, device)
@@ -172,7 +176,8 @@ class Training:
         # memory is reported (--predict, --metrics-out).
         self.probe = (MemoryProbe(self.baseline) if device.type == "cpu" and (cfg.predict or cfg.metrics_out)
                       else None)
-        self.preemption = Preemption(multi, device, cfg.time_limit)
+        self.preemption = Preemption(cfg.time_limit)
+        self.stop_code = 0  # the step's control all-reduce sets it
         self.rollbacks: Counter = Counter()  # per checkpoint directory
 
     def beat(self, step: int, phase: str) -> None:
@@ -214,7 +219,8 @@ class Training:
                     row, anomalies = self.step(step)
                 row = dict(row, peak_memory_bytes=self.probe.peak, memory_probe=True)
             else:
-                with self.profiler.around(step):  # one profiler at a time: a traced step has no probe
+                # one profiler at a time: a traced step has no probe (and the probe is CPU's, the snapshot CUDA's)
+                with self.profiler.around(step), self.snapshot.around(step):
                     row, anomalies = self.step(step)
             actions = {a.action: a for a in anomalies}
             if "stop" in actions:
@@ -224,7 +230,7 @@ class Training:
                 self.metrics.log(row)  # the rows of the steps run again follow it in the file
                 step = self.roll_back(actions["rollback"])
                 continue
-            stop = self.preemption.requested() if step + 1 < cfg.steps else None  # the last step just ends
+            stop = reason(self.stop_code) if step + 1 < cfg.steps else None  # the last step just ends
             saved = None
             if checkpoint.due(cfg, step + 1) or (stop and cfg.checkpoint_dir):
                 self.check_before_save(step, row)
@@ -255,12 +261,16 @@ class Training:
         layout = self.layout
         self.beat(step, "forward/backward")
         loss = self.step_fn(micro)
+        # one control all-reduce, running while the gradient norm is computed: the guards' flags, the mean loss
+        # (each tp x pp group holds its dp x cp replica's loss on every rank, so the world's mean is theirs)
+        # and the preemption request
+        decide = self.guards.launch(loss if self.owns_loss else None, loss / layout.devices, self.preemption.code())
         self.beat(step, "gradient norm")
         grad_norm = clip_gradients(self.par, self.cfg.clip)
-        loss_value = _all_mean(loss.clone(), self.dp_group, layout.dp * layout.cp)
         self.beat(step, "guards")
-        return loss_value, grad_norm, self.guards.check(step, loss if self.owns_loss else None, loss_value,
-                                                        grad_norm)
+        control = decide(step, grad_norm)
+        self.stop_code = control.stop
+        return control.loss, grad_norm, control.anomaly
 
     def step(self, step: int) -> tuple[dict, list]:
         """One optimizer step (replayed once on an anomaly with --replay-anomalies): its metrics row and the
