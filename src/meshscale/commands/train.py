@@ -51,6 +51,8 @@ _HELP = {
     "keep": "complete checkpoints to keep, at least 2 (default 3)",
     "max_restarts": "restart all local workers this many times after a failure, resuming from the newest "
                     "checkpoint (needs --checkpoint-dir; under an outer torchrun use torchrun --max-restarts)",
+    "max_no_progress_restarts": "stop (exit 2) after this many restarts in a row that resumed from the same "
+                                "checkpoint as the attempt before (default 3)",
     "max_rollbacks": "--on-anomaly rollback reloads one checkpoint at most this many times, then stops (default 3)",
     "time_limit": "seconds of training, then every rank finishes its step, saves and exits with code 75 "
                   "(as on SIGTERM/SIGINT; rerun to resume; needs --checkpoint-dir)",
@@ -67,6 +69,7 @@ def add_arguments(parser) -> None:
                 "lr": float, "min_lr": float, "warmup": int, "weight_decay": float, "clip": float,
                 "bucket_mb": float, "timeout": float, "spike_sigma": float, "sdc_check_every": int,
                 "checkpoint_every": int, "keep": int, "max_restarts": int, "max_rollbacks": int,
+                "max_no_progress_restarts": int,
                 "time_limit": float}.get(name, str)
         parser.add_argument(flag, type=kind, default=None, help=_HELP.get(name))
     parser.add_argument("--config", default=None, help=_HELP["config"])

@@ -66,6 +66,7 @@ class TrainConfig:
     checkpoint_every: int = 50  # steps between saves; the last step is always saved
     keep: int = 3  # complete checkpoints kept
     max_restarts: int = 0  # local launcher: restarts of the whole worker group after a failure
+    max_no_progress_restarts: int = 3  # restarts in a row from the same checkpoint before the run stops
     max_rollbacks: int = 3  # --on-anomaly rollback: reloads of one checkpoint before the run stops
     time_limit: float = 0.0  # seconds: then save and stop at a step boundary (0: none)
     allow_config_change: bool = False  # resume although seed, batch, seq, data or LR schedule changed
@@ -244,6 +245,8 @@ def _check_checkpoints(cfg: TrainConfig, spec: ModelSpec) -> bool:
         raise UserError(f"--max-restarts must be 0 or more, got {cfg.max_restarts}")
     if cfg.max_restarts and not cfg.checkpoint_dir:
         raise UserError("--max-restarts resumes from checkpoints; pass --checkpoint-dir DIR too")
+    if cfg.max_no_progress_restarts < 0:
+        raise UserError(f"--max-no-progress-restarts must be 0 or more, got {cfg.max_no_progress_restarts}")
     if cfg.max_rollbacks < 1:
         raise UserError(f"--max-rollbacks must be at least 1, got {cfg.max_rollbacks}")
     if cfg.time_limit < 0:

@@ -30,6 +30,7 @@ from meshscale.runtime.resilience import checkpoint
 from meshscale.runtime.resilience.faults import Injector, from_env
 from meshscale.runtime.resilience.guards import Guards, Snapshot, TrainingStopped
 from meshscale.runtime.resilience.preemption import Preempted, Preemption, stop_line
+from meshscale.runtime.resilience.restarts import check_progress
 from meshscale.runtime.resilience.sdc import ReplicaCheck
 from meshscale.runtime.resilience.watchdog import Watchdog
 
@@ -153,6 +154,9 @@ class Training:
         for layer in self.moe:  # the main loss is averaged over the micro-batches, so is the balance loss
             layer.aux_weight /= m
         self.first_step = checkpoint.restore_latest(run, par, self.optimizer, mesh)  # 0 without a checkpoint
+        check_progress(self.first_step, cfg.max_no_progress_restarts,
+                       str(checkpoint.step_dir(cfg.checkpoint_dir, self.first_step)) if self.first_step
+                       else "step 0 (no checkpoint yet)")
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
         self.metrics = MetricsLog(cfg.steps, cfg.metrics_out, self.is_logger, cfg.overwrite, cfg.log_every,
                                   resume_at=self.first_step if self.first_step or restarted else None)
