@@ -22,6 +22,7 @@ SPEC = {"name": "tiny-odd", "layers": 4, "hidden": 32, "heads": 4, "kv_heads": 2
 SAME_LAYOUT = {2: ["dp=2,zero=0", "dp=2,zero=1", "dp=2,zero=2", "dp=2,zero=3", "tp=2", "pp=2,schedule=1f1b"],
                4: ["dp=2,tp=2", "pp=2,dp=2"]}
 TWICE = "pp=2,schedule=1f1b"  # resumed twice in a row
+ASYNC = ["dp=2,zero=0", "dp=2,zero=3"]  # also saved with --async-save: live tensors, FSDP2's DTensors
 
 
 def _run(model: str, layout: str, world: int, ckpt: str, **kw):
@@ -92,6 +93,12 @@ def _same_layout_cases(rank, world, root, model):
         _copy_checkpoint(f"{base}/full", 2, f"{base}/once")
         once = _losses(_run(model, layout, world, f"{base}/once"), tokens)
         out[layout] = {"full": full, "once": once, "kept": [s for s, _ in complete(f"{base}/full")]}
+        if layout in ASYNC:  # every step saved while the next one runs; resumed from its step 2
+            asynchronous = _losses(_run(model, layout, world, f"{base}/async", async_save=True), tokens)
+            _copy_checkpoint(f"{base}/async", 2, f"{base}/async_once")
+            out[layout]["async"] = {"full": asynchronous, "kept": [s for s, _ in complete(f"{base}/async")],
+                                    "once": _losses(_run(model, layout, world, f"{base}/async_once"), tokens),
+                                    "dirs": (f"{base}/full", f"{base}/async")}
         if layout == TWICE:  # resume from a checkpoint that a resumed run wrote
             _copy_checkpoint(f"{base}/once", 3, f"{base}/twice")
             out[layout]["twice"] = _losses(_run(model, layout, world, f"{base}/twice"), tokens)
@@ -201,6 +208,20 @@ def test_resume_under_the_same_layout_is_bit_exact(world, two_ranks, four_ranks)
             assert r["twice"] == r["full"][3:], layout
 
 
+def test_an_async_checkpoint_holds_the_state_of_its_step_and_resumes_bit_exact(two_ranks):
+    """--async-save: the step after a save changes the weights while the save is written; the checkpoint holds
+    the state of its own step (equal to the synchronous save's), retention works from the saving thread, and a
+    resume continues bit for bit."""
+    results = two_ranks[1]
+    for layout in ASYNC:
+        r = results[layout]["async"]
+        assert r["full"] == results[layout]["full"] and r["once"] == r["full"][2:], layout
+        assert r["kept"] == [2, 3, 4], layout
+        sync, asynchronous = (Path(d) for d in r["dirs"])
+        for step in (2, 3, 4):
+            _assert_same_state(sync / f"step-{step:08d}", asynchronous / f"step-{step:08d}")
+
+
 def test_resharded_resume_within_four_processes(two_ranks, four_ranks):
     """Every RESHARDED case: the reloaded state, saved again under the new layout, equals the saved one, and
     the losses continue the uninterrupted source run's."""
@@ -252,8 +273,13 @@ def test_a_save_cut_short_leaves_the_previous_checkpoint_usable(tmp_path, model_
     assert (tmp_path / "step-00000003" / ".metadata").exists()
     assert [s for s, _ in checkpoint.complete(tmp_path)] == [2]
     monkeypatch.setattr(checkpoint, "_commit", commit)
+    hashed, sha256 = [], checkpoint._sha256
+    monkeypatch.setattr(checkpoint, "_sha256", lambda path: hashed.append(Path(path)) or sha256(path))
     assert _losses(_run(model_file, "dp=1", 1, str(tmp_path)), _tokens()) == reference[2:]
     assert [s for s, _ in checkpoint.complete(tmp_path)] == [2, 3, 4]
+    # every file hashed once: step 2's by the pre-start check only (not again by the resume), 3's and 4's as saved
+    assert sorted(hashed) == sorted(set(hashed)) and {p.parent.name for p in hashed} == {
+        "step-00000002", "step-00000003", "step-00000004"}
 
 
 @pytest.mark.parametrize("damage", ["truncate", "alter"])

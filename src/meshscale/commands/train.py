@@ -57,7 +57,7 @@ _HELP = {
     "time_limit": "seconds of training, then every rank finishes its step, saves and exits with code 75 "
                   "(as on SIGTERM/SIGINT; rerun to resume; needs --checkpoint-dir)",
 }
-_FLAGS = ("overwrite", "predict", "replay_anomalies", "document_mask", "allow_config_change")
+_FLAGS = ("overwrite", "predict", "replay_anomalies", "document_mask", "allow_config_change", "async_save")
 
 
 def add_arguments(parser) -> None:
@@ -82,6 +82,9 @@ def add_arguments(parser) -> None:
                              "(needs an indexed dataset; not with pp or cp)")
     parser.add_argument("--replay-anomalies", action="store_true", default=None,
                         help="re-run an anomalous step from a pre-step snapshot: transient or persistent")
+    parser.add_argument("--async-save", action="store_true", default=None,
+                        help="save checkpoints with DCP's async_save: the step waits only for a copy of the state "
+                             "in host memory (one more copy of it there); a thread writes and commits it")
     parser.add_argument("--allow-config-change", action="store_true", default=None,
                         help="resume although the seed, batch, sequence length, data or LR schedule differ from "
                              "the checkpoint's")

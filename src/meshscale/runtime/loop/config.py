@@ -13,7 +13,7 @@ from meshscale.errors import UserError
 from meshscale.models import hf_weights
 from meshscale.runtime.loop.data import check_tokens, load_tokens
 from meshscale.runtime.measure import live
-from meshscale.runtime.resilience.checkpoint import check_dir, check_same_run, read_manifest
+from meshscale.runtime.resilience.checkpoint import check_dir, check_same_run, identity, read_manifest
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout, check_against, check_trainable
 from meshscale.specs.loading import build, read_mapping
@@ -65,6 +65,7 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 50  # steps between saves; the last step is always saved
     keep: int = 3  # complete checkpoints kept
+    async_save: bool = False  # DCP async_save: staged in host memory, written and committed by a thread
     max_restarts: int = 0  # local launcher: restarts of the whole worker group after a failure
     max_no_progress_restarts: int = 3  # restarts in a row from the same checkpoint before the run stops
     max_rollbacks: int = 3  # --on-anomaly rollback: reloads of one checkpoint before the run stops
@@ -88,6 +89,7 @@ class Resolved:
     config: TrainConfig
     spec: ModelSpec
     layout: Layout
+    verified: str | None = None  # the checkpoint whose checksums resolve() checked (checkpoint.identity)
 
 
 def world_from_env() -> int | None:
@@ -154,9 +156,9 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
     _check_nodes(cfg)
     check_fits(cfg, spec, layout)
     live.check(cfg)
-    resuming = _check_checkpoints(cfg, spec)
-    _check_metrics_out(cfg, resuming)
-    return Resolved(cfg, spec, layout)
+    verified = _check_checkpoints(cfg, spec)
+    _check_metrics_out(cfg, verified is not None)
+    return Resolved(cfg, spec, layout, verified)
 
 
 def _check_document_mask(cfg: TrainConfig, layout: Layout) -> None:
@@ -232,9 +234,9 @@ def _model(cfg: TrainConfig) -> ModelSpec:
     return spec
 
 
-def _check_checkpoints(cfg: TrainConfig, spec: ModelSpec) -> bool:
-    """The checkpoint options, and the newest checkpoint in --checkpoint-dir (compatible, intact); True
-    when the run will resume from one."""
+def _check_checkpoints(cfg: TrainConfig, spec: ModelSpec) -> str | None:
+    """The checkpoint options, and the newest checkpoint in --checkpoint-dir (compatible, intact): its
+    identity when the run will resume from it (the workers need not hash it again), else None."""
 
     if cfg.checkpoint_every < 1:
         raise UserError(f"--checkpoint-every must be at least 1 step, got {cfg.checkpoint_every}")
@@ -259,7 +261,7 @@ def _check_checkpoints(cfg: TrainConfig, spec: ModelSpec) -> bool:
                         "--steps to train on (with --allow-config-change), or use a new --checkpoint-dir")
     if newest and not cfg.allow_config_change:
         check_same_run(newest[1], read_manifest(newest[1]), cfg, spec)
-    return newest is not None
+    return identity(newest[1]) if newest else None
 
 
 def _check_metrics_out(cfg: TrainConfig, resuming: bool) -> None:

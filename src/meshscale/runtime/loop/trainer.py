@@ -178,6 +178,7 @@ class Training:
                       else None)
         self.preemption = Preemption(multi, device, cfg.time_limit)
         self.rollbacks: Counter = Counter()  # per checkpoint directory
+        self.saver = (checkpoint.AsyncSaver(cfg.keep) if cfg.async_save and cfg.checkpoint_dir else None)
 
     def beat(self, step: int, phase: str) -> None:
         if self.watchdog is not None:
@@ -193,6 +194,8 @@ class Training:
                 val_loss = evaluate(self.step_fn, self.par, self.data, cfg, layout, self.mine, self.dp_group,
                                     self.device)
         finally:
+            if self.saver is not None:
+                self.saver.close(wait=False)  # after an error; a finished run waited for its last save
             self.metrics.close()
             self.live.close()
         summaries = [self.ledger.summary(s) for s in range(self.first_step, cfg.steps)]
@@ -233,14 +236,23 @@ class Training:
             if checkpoint.due(cfg, step + 1) or (stop and cfg.checkpoint_dir):
                 self.check_before_save(step, row)
                 saving = time.perf_counter()
-                saved = checkpoint.save(self.resolved, self.par, self.optimizer, self.mesh, step + 1,
-                                        row["sdc_check"])
-                row["checkpoint_save_s"] = time.perf_counter() - saving
+                save = checkpoint.save if self.saver is None else self.saver.save
+                saved = save(self.resolved, self.par, self.optimizer, self.mesh, step + 1, row["sdc_check"])
+                row["checkpoint_save_s"] = time.perf_counter() - saving  # what the step waited for
+            if self.saver is not None and self.saver.write_s is not None:  # an async save finished
+                row["checkpoint_write_s"], self.saver.write_s = self.saver.write_s, None
             self.metrics.log(row)
             self.live.log(row, self.ledger)
             step += 1
             if stop:
+                self.wait_for_save(step)
                 raise Preempted(stop_line(stop, step, saved, cfg.time_limit))
+        self.wait_for_save(step)
+
+    def wait_for_save(self, step: int) -> None:
+        if self.saver is not None:
+            self.beat(step, "save")
+            self.saver.wait()
 
     def check_before_save(self, step: int, row: dict) -> None:
         """The replica check on the state about to be saved, when self.step has not run it: a corrupted
@@ -315,6 +327,7 @@ class Training:
         """Reload the newest complete checkpoint (verified by the replica check, when the run has one) into
         every rank's live state; the step to go on from."""
         cfg, verified = self.cfg, self.replicas is not None
+        self.wait_for_save(anomaly.step)  # the save in flight may be the newest checkpoint
         found = checkpoint.complete(cfg.checkpoint_dir)
         target = checkpoint.newest_verified(found) if verified else (found[-1][1] if found else None)
         if target is None:

@@ -16,7 +16,7 @@ import threading
 import time
 from collections import Counter
 
-PHASES = ("start", "forward/backward", "gradient norm", "guards", "optimizer", "sdc check", "evaluate")
+PHASES = ("start", "forward/backward", "gradient norm", "guards", "optimizer", "sdc check", "save", "evaluate")
 
 
 class Watchdog:
