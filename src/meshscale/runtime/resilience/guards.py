@@ -90,13 +90,22 @@ class SpikeRule:
     def __post_init__(self):
         self.history: deque = deque(maxlen=self.window)
 
-    def threshold(self) -> float | None:
-        if self.sigma <= 0 or len(self.history) < self.warmup:
+    def _stats(self) -> tuple[float, float] | None:
+        """(mean, floored std) of the logs in the window; None during the warm-up."""
+        if len(self.history) < self.warmup:
             return None
         n = len(self.history)
         mean = sum(self.history) / n
-        std = math.sqrt(sum((v - mean) ** 2 for v in self.history) / n)
-        return math.exp(mean + self.sigma * max(std, 0.05))
+        return mean, max(math.sqrt(sum((v - mean) ** 2 for v in self.history) / n), 0.05)
+
+    def threshold(self) -> float | None:
+        stats = self._stats()
+        return None if self.sigma <= 0 or stats is None else math.exp(stats[0] + self.sigma * stats[1])
+
+    def z(self, value: float) -> float | None:
+        """How many (floored) std the log of `value` lies above the window's mean; None during the warm-up."""
+        stats = self._stats()
+        return None if stats is None else (math.log(max(value, 1e-30)) - stats[0]) / stats[1]
 
     def exceeded(self, value: float) -> float | None:
         """The threshold `value` exceeds, or None."""
