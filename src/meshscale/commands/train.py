@@ -42,6 +42,10 @@ _HELP = {
     "device": "auto, cpu or cuda",
     "cluster": "ClusterSpec that --predict uses: a preset or a file from `meshscale calibrate` (default local-cpu)",
     "timeout": "seconds a rank may make no progress before the job ends naming the stuck rank (default 300)",
+    "save_timeout": "seconds a checkpoint save may take (default 0: the larger of --timeout, 600 and 5x the longest "
+                    "save so far)",
+    "load_timeout": "seconds a checkpoint load may take (default 0: derived as for --save-timeout)",
+    "eval_timeout": "seconds the final evaluation may take (default 0: derived as for --save-timeout)",
     "on_anomaly": "stop (default), skip the optimizer step, or rollback to the newest checkpoint on a non-finite "
                   "or spiking loss or gradient (rollback also on silent data corruption)",
     "spike_sigma": "a loss or gradient norm whose log is this many std above its recent mean is a spike (0: off)",
@@ -67,7 +71,7 @@ def add_arguments(parser) -> None:
             continue
         kind = {"nproc": int, "nnodes": int, "node_rank": int, "master_port": int, "steps": int, "global_batch": int, "seq": int, "seed": int, "val_batches": int, "log_every": int,
                 "lr": float, "min_lr": float, "warmup": int, "weight_decay": float, "clip": float,
-                "bucket_mb": float, "timeout": float, "spike_sigma": float, "sdc_check_every": int,
+                "bucket_mb": float, "timeout": float, "save_timeout": float, "load_timeout": float, "eval_timeout": float, "spike_sigma": float, "sdc_check_every": int,
                 "checkpoint_every": int, "keep": int, "max_restarts": int, "max_rollbacks": int,
                 "max_no_progress_restarts": int,
                 "time_limit": float}.get(name, str)

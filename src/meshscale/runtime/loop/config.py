@@ -57,6 +57,9 @@ class TrainConfig:
     cluster: str = "local-cpu"  # the ClusterSpec --predict uses (a preset or a `meshscale calibrate` file)
     device: str = "auto"  # auto: cuda when available, else cpu
     timeout: float = 300.0  # seconds without progress before a hang ends the job
+    save_timeout: float = 0.0  # the same for a checkpoint save (0: derived, watchdog.Sections)
+    load_timeout: float = 0.0  # ... a checkpoint load
+    eval_timeout: float = 0.0  # ... the final evaluation
     on_anomaly: str = "stop"  # stop, skip or rollback, on a non-finite or spiking loss or gradient (rollback: SDC too)
     spike_sigma: float = 6.0  # spike rule: std above the trailing mean (0: off)
     sdc_check_every: int = 50  # cross-replica fingerprint check every N steps (0: off)
@@ -141,6 +144,10 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
         load_cluster(cfg.cluster)  # a bad --cluster file is one line now, not an error after training
     if cfg.timeout <= 0:
         raise UserError(f"--timeout must be a positive number of seconds, got {cfg.timeout:g}")
+    for key in ("save_timeout", "load_timeout", "eval_timeout"):
+        if getattr(cfg, key) < 0:
+            raise UserError(f"--{key.replace('_', '-')} must be 0 (derived from the run's own durations) or a "
+                            f"positive number of seconds, got {getattr(cfg, key):g}")
     if cfg.on_anomaly not in ("stop", "skip", "rollback"):
         raise UserError(f"--on-anomaly must be stop, skip or rollback, got {cfg.on_anomaly!r}")
     if cfg.on_anomaly == "rollback" and not cfg.checkpoint_dir:

@@ -40,6 +40,7 @@ from meshscale.runtime.resilience.preemption import (
     read_status,
 )
 from meshscale.runtime.resilience.restarts import EXIT_GAVE_UP, PROGRESS_ENV, GaveUp
+from meshscale.runtime.resilience.watchdog import Sections
 
 _LAUNCHER_ENV = "MESHSCALE_LAUNCHER_PID"
 
@@ -59,7 +60,7 @@ def run_here(run: Resolved) -> dict:
     if run.layout.devices > 1 and not dist.is_initialized():
         # a backstop behind the trainer's watchdog (runtime/resilience/watchdog.py), which names the stuck rank first
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                timeout=timedelta(seconds=2 * run.config.timeout))
+                                timeout=timedelta(seconds=2 * Sections.longest_possible(run.config)))
     try:
         result = train(run, device)
         if not dist.is_initialized() or dist.get_rank() == 0:

@@ -8,6 +8,7 @@
     MESHSCALE_FAULT="nan@step=4,rank=1,param=3"      rank 1's gradient of local parameter 3 turns NaN
     MESHSCALE_FAULT="nan@step=4,rank=1,times=2"      ... and again when the step is replayed (persistent)
     MESHSCALE_FAULT="bitflip@step=6,rank=1,bit=30"   rank 1 flips one bit of one parameter after step 6
+    MESHSCALE_FAULT="slowsave@step=3,rank=1,seconds=20"  rank 1 spends 20 s more in the save after step 3
 
 `param` is an index among the rank's local parameters or a parameter name (e.g. `norm.weight`).
 Several faults are separated by ';'. A fault fires in the first attempt of a run only (`attempt=N` picks
@@ -21,9 +22,9 @@ from dataclasses import dataclass
 
 from meshscale.errors import UserError
 
-KINDS = ("kill", "raise", "hang", "slow", "nan", "bitflip")
+KINDS = ("kill", "raise", "hang", "slow", "nan", "bitflip", "slowsave")
 ENV = "MESHSCALE_FAULT"
-_NUMBERS = {"step": int, "rank": int, "attempt": int, "times": int, "factor": float, "bit": int}
+_NUMBERS = {"step": int, "rank": int, "attempt": int, "times": int, "factor": float, "bit": int, "seconds": float}
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class Fault:
     bit: int = 30  # bitflip: which bit of the float32 (30: the exponent's top bit, a large change)
     param: int | str | None = None  # bitflip (default 0), nan (default: the loss): index or name
     times: int = 1  # nan: how many runs of the step it fires in (a replay runs the step again)
+    seconds: float = 0.0  # slowsave: the time added to the save
 
     def __str__(self) -> str:
         return f"{self.kind}@step={self.step},rank={self.rank}"
@@ -54,7 +56,7 @@ def parse(text: str) -> list[Fault]:
             key, sep, raw = pair.partition("=")
             if not sep or (key not in _NUMBERS and key != "param"):
                 raise UserError(f"{ENV}: {pair!r} in {item!r} is not one of step=, rank=, attempt=, times=, "
-                                "factor=, bit=, param=")
+                                "factor=, bit=, seconds=, param=")
             if key == "param":
                 values[key] = int(raw) if raw.isdigit() else raw
                 continue
@@ -129,6 +131,12 @@ class Injector:
         fault = self.due(step, "slow")
         if fault:
             time.sleep(max(0.0, (fault.factor - 1) * elapsed_s))
+
+    def slow_save(self, step: int) -> None:
+        """A slow disk: the save after `step` takes `seconds` longer on this rank."""
+        fault = self.due(step, "slowsave")
+        if fault:
+            time.sleep(fault.seconds)
 
     def corrupt_loss(self, loss):
         """NaN the loss when a loss NaN fault is armed; backward then carries it into the gradients."""
