@@ -45,8 +45,8 @@ def test_spike_rule_needs_warmup_and_flags_only_far_outliers():
 
 def test_an_injected_spike_stops_a_clean_run_at_its_step(monkeypatch):
     """One process, the trainer's default rule: a loss (so gradients) x 20 at step 24 of a batch-2 run, the
-    noisiest batch of benchmarks/spike_guard_sweep.py, is caught at that step and nowhere before it (the gradient norm, growing in the warm-up, varies too much
-    this early to call x 20 a spike)."""
+    noisiest batch of benchmarks/spike_guard_sweep.py, is caught at that step and nowhere before it. (The
+    gradient norm, which grows and varies through the warm-up, is not yet steady enough to call x 20 a spike.)"""
     import torch
 
     from meshscale.runtime.loop.config import TrainConfig, resolve
