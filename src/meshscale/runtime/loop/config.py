@@ -126,18 +126,16 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
         check_tokens(load_tokens(cfg.data), spec.vocab, spec.seq, f"--data {cfg.data}")
     if cfg.document_mask:
         _check_document_mask(cfg, layout)
-    if cfg.metrics_out and not Path(cfg.metrics_out).absolute().parent.is_dir():
-        raise UserError(f"--metrics-out {cfg.metrics_out}: directory {Path(cfg.metrics_out).parent} does not exist")
+    if cfg.metrics_out:
+        _check_output("--metrics-out", cfg.metrics_out)
     if cfg.plot:
-        if not Path(cfg.plot).absolute().parent.is_dir():
-            raise UserError(f"--plot {cfg.plot}: directory {Path(cfg.plot).parent} does not exist")
+        _check_output("--plot", cfg.plot)
         if os.environ.get("RANK", "0") == "0" and Path(cfg.plot).exists() and not cfg.overwrite:
             raise UserError(f"--plot {cfg.plot} already exists; choose a new file or pass --overwrite")
     if cfg.trace:
         if layout.pp == 1:
             raise UserError("--trace records the pipeline's forward/backward runs; it needs a layout with pp > 1")
-        if not Path(cfg.trace).absolute().parent.is_dir():
-            raise UserError(f"--trace {cfg.trace}: directory {Path(cfg.trace).parent} does not exist")
+        _check_output("--trace", cfg.trace)
         if os.environ.get("RANK", "0") == "0" and Path(cfg.trace).exists() and not cfg.overwrite:
             raise UserError(f"--trace {cfg.trace} already exists; choose a new file or pass --overwrite")
     if cfg.predict:
@@ -166,6 +164,18 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
     verified = _check_checkpoints(cfg, spec)
     _check_metrics_out(cfg, verified is not None)
     return Resolved(cfg, spec, layout, verified)
+
+
+def _check_output(flag: str, path: str) -> None:
+    """A file the run will write: its directory exists and can take a new file (as root, permission bits do
+    not stop a write, but a read-only file system does: access(2) says so)."""
+    parent = Path(path).absolute().parent
+    if not parent.is_dir():
+        raise UserError(f"{flag} {path}: {parent} does not exist or is not a directory; choose a path in an "
+                        "existing directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {path}: directory {parent} is not writable (permissions or a read-only file "
+                        "system); choose another place")
 
 
 def _check_document_mask(cfg: TrainConfig, layout: Layout) -> None:
