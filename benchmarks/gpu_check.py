@@ -7,6 +7,9 @@
    vocabulary; --layers of its blocks) in bf16 with fp32 master weights, against the cost model's
    prediction (meshscale.cost.predict on the matching cluster preset), and the allocator's peak memory
    against the predicted memory per device.
+3. `meshscale train --memory-snapshot 1-2` on one GPU through the CLI: the snapshot pickle is written, holds the
+   allocator's segments and the recorded allocations (what pytorch.org/memory_viz draws), and a second run
+   with the same folder is refused in one line instead of overwriting it.
 
     PYTHONPATH=src python benchmarks/gpu_check.py [--layers 4] [--seq 4096] [--steps 6]
 """
@@ -14,7 +17,9 @@
 import argparse
 import dataclasses
 import os
+import pickle
 import statistics
+import subprocess
 import sys
 import tempfile
 
@@ -132,6 +137,27 @@ def block_stack(layers: int, seq: int, steps: int) -> None:
     print(f"  peak mem   measured {peak / 2**30:8.2f} GiB  predicted {memory / 2**30:8.2f} GiB  ratio {peak / memory:.2f}")
 
 
+def memory_snapshot() -> bool:
+    with tempfile.TemporaryDirectory() as folder:
+        args = [sys.executable, "-m", "meshscale", "train", "--model", "tiny", "--steps", "4", "--device", "cuda",
+                "--memory-snapshot", "1-2", "--memory-snapshot-dir", folder]
+        first = subprocess.run(args, capture_output=True, text=True, timeout=600)
+        path = os.path.join(folder, "steps1-2-rank0.pickle")
+        if first.returncode != 0 or not os.path.exists(path):
+            print(f"memory snapshot: FAILED (exit {first.returncode}): {first.stderr[-2000:]}")
+            return False
+        with open(path, "rb") as f:
+            snap = pickle.load(f)
+        allocs = sum(e["action"] == "alloc" for trace in snap["device_traces"] for e in trace)
+        again = subprocess.run(args, capture_output=True, text=True, timeout=600)
+        refused = again.returncode == 2 and "already exists" in again.stderr
+        ok = bool(snap["segments"]) and allocs > 0 and refused
+        print(f"\nmemory snapshot: {os.path.getsize(path) / 2**20:.1f} MiB, {len(snap['segments'])} segments, "
+              f"{allocs} allocations recorded over steps 1-2; a second run "
+              f"{'is refused' if refused else 'was NOT refused'}: {'ok' if ok else 'FAILED'}")
+        return ok
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--layers", type=int, default=4, help="llama3-8b blocks in the stack (default 4)")
@@ -144,6 +170,7 @@ def main() -> int:
         print(f"gpu_check: skipped: {reason}; nothing to measure here")
         return 0
     ok = True if args.skip_parity else parity()
+    ok = memory_snapshot() and ok
     block_stack(args.layers, args.seq, args.steps)
     return 0 if ok else 1
 

@@ -2,10 +2,12 @@
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
 from meshscale.cli import main
+from meshscale.cost import bands
 from meshscale.cost.goodput import of_prediction
 from meshscale.plan.budget import Candidate, choose, options
 from meshscale.plan.search import search
@@ -34,6 +36,30 @@ def test_each_option_is_its_plans_winner_priced_with_failures(opts):
     assert o.energy_mwh > 0 and o.meets_deadline == (o.days <= 20)
 
 
+def test_days_dollars_and_energy_carry_the_step_times_band(opts):
+    o = next(o for o in opts if (o.cluster, o.devices) == ("h100-80gb", 16))
+    b = o.band
+    assert b == bands.band(load_cluster("h100-80gb"), MODEL, "bf16") and b["runs"] > 0
+    p = b["p90_abs_error"]
+    for value in (o.days, o.dollars, o.energy_mwh):  # each proportional to the step time
+        lo, hi = o.range_of(value)
+        assert (lo, hi) == pytest.approx((value / (1 + p), value / (1 - p)))
+        assert abs(bands.error(value, lo)) == pytest.approx(p) == abs(bands.error(value, hi))
+    d = o.to_dict()
+    assert d["band"] == b and d["ettr_band"] is None
+    assert d["days_range"] == pytest.approx(list(o.range_of(o.days)))
+    assert d["dollars_range"] == pytest.approx(list(o.range_of(o.dollars)))
+    # the deadline: met with the band's slow end inside it, at risk when that end passes it, missed
+    hi = o.range_of(o.days)[1]
+    assert replace(o, meets_deadline=True, deadline_days=hi * 1.01).deadline == "met"
+    assert replace(o, meets_deadline=True, deadline_days=(o.days + hi) / 2).deadline == "at risk"
+    assert replace(o, meets_deadline=False).deadline == "missed"
+    # a category with no validation runs (B200) claims no range
+    unknown = replace(o, band=bands.band(load_cluster("b200"), MODEL, "bf16"), meets_deadline=True)
+    assert unknown.range_of(unknown.days) is None and unknown.deadline == "met, band unknown"
+    assert unknown.to_dict()["days_range"] is None
+
+
 def test_pareto_front_and_choice(opts):
     front = [o for o in opts if o.pareto]
     assert front
@@ -55,10 +81,15 @@ def test_cli_table_plot_json_and_bad_input(tmp_path, capsys):
     main(args + ["--plot", str(tmp_path / "b.png")])
     out = capsys.readouterr().out
     assert "Pareto front" in out and "choice (the cheapest that meets 20 days)" in out
+    words = " ".join(out.split())  # the console wraps long lines
+    assert "p90 range" in words and "error band: H100 dense bf16" in words and "ETTR has no band" in words
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     main(args + ["--json"])
     d = json.loads(capsys.readouterr().out)
     assert d["schema_version"] == 1 and d["choice"]["meets_deadline"] and len(d["options"]) == 4
+    assert d["choice"]["band"]["runs"] > 0 and d["choice"]["deadline"] in ("met", "at risk")
+    lo, hi = d["choice"]["days_range"]
+    assert lo < d["choice"]["days"] < hi
     for bad, needle in (("h100-80gb:cheap", "must be numbers"), ("local-cpu", "no list price"),
                         ("h100-80gb:2:0", "--mtbf-hours must be positive")):
         with pytest.raises(SystemExit) as stop:

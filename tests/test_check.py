@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from meshscale.check import check
+from meshscale.check import Row, check
 from meshscale.check.logs import GiB, MiB
 from meshscale.cli import main
 from meshscale.cost import predict
@@ -39,6 +39,7 @@ def test_torchtitan_log_and_toml():
     assert abs(math.log(result.worst.ratio)) == max(abs(math.log(rows[k].ratio))
                                                    for k in ("step time", "memory per device"))
     _proposal_is_a_faster_expressible_layout(result, "torchtitan")
+    _rows_carry_the_band(result)
 
 
 def test_megatron_log_and_arguments():
@@ -56,7 +57,41 @@ def test_megatron_log_and_arguments():
     assert result.prediction.model_flops_per_step == preset.model_flops_per_step
     assert result.prediction.memory_per_device_bytes == preset.memory_per_device_bytes
     _proposal_is_a_faster_expressible_layout(result, "megatron")
+    _rows_carry_the_band(result)
     assert any(line.startswith(("-    --", "+    --")) for line in result.diff)  # in Megatron-LM's own terms
+
+
+def _rows_carry_the_band(result):
+    """Step time and the rates it sets carry the prediction's band; memory, which it does not cover, none."""
+    band = result.prediction.band
+    assert band["category"] == "H100 dense bf16" and band["runs"] > 0
+    p = band["p90_abs_error"]
+    for r in result.rows:
+        if r.name == "memory per device":
+            assert r.band is None and r.measured_range is None and r.within is None
+            continue
+        assert r.band == band
+        lo, hi = r.measured_range
+        if r.rate:
+            assert (lo, hi) == pytest.approx((r.predicted * (1 - p), r.predicted * (1 + p)))
+        else:
+            assert (lo, hi) == pytest.approx((r.predicted / (1 + p), r.predicted / (1 - p)))
+        assert (lo <= r.measured <= hi) == (r.within != "outside")
+
+
+def test_within_the_band_as_the_validation_table_counts_error():
+    """Error is predicted/measured - 1 of a time, measured/predicted - 1 of a rate; the verdict is the smallest
+    radius of the band (median, p90) that holds it."""
+    band = {"runs": 5, "median_abs_error": 0.03, "p90_abs_error": 0.06}
+    for measured, verdict in ((1.02, "median"), (0.98, "median"), (1.05, "p90"), (0.95, "p90"), (1.10, "outside"),
+                              (0.90, "outside")):
+        assert Row("step time", "s", measured, 1.0, band).within == verdict
+    assert Row("tokens/s per device", "", 95.0, 100.0, band, rate=True).within == "p90"
+    assert Row("tokens/s per device", "", 98.0, 100.0, band, rate=True).within == "median"
+    assert Row("step time", "s", 1.0, 1.0, {"runs": 0}).within is None
+    d = Row("step time", "s", 1.05, 1.0, band).to_dict()
+    assert d["within_band"] == "p90" and d["error"] == pytest.approx(1 / 1.05 - 1)
+    assert d["band_range"] == pytest.approx([1 / 1.06, 1 / 0.94])
 
 
 def _proposal_is_a_faster_expressible_layout(result, framework):
@@ -77,9 +112,14 @@ def test_cli_table_json_and_bad_input(capsys, tmp_path):
     main(args)
     out = capsys.readouterr().out
     assert "measured vs predicted" in out and "differs most:" in out
+    words = " ".join(out.split())  # the console wraps long lines
+    assert "in band" in words and "no (52% off)" in words and "error band: H100 dense bf16" in words
     main(args + ["--json"])
     d = json.loads(capsys.readouterr().out)
     assert d["schema_version"] == 1 and d["framework"] == "megatron" and d["worst"] in ("step time", "memory per device")
+    rows = {r["name"]: r for r in d["rows"]}
+    assert rows["step time"]["within_band"] == "outside" and rows["step time"]["band"]["runs"] > 0
+    assert rows["memory per device"]["band"] is None and rows["memory per device"]["within_band"] is None
     bad = tmp_path / "empty.log"
     bad.write_text("nothing to see\n")
     for argv, needle in ((args[:2] + [str(bad)] + args[3:], "no torchtitan step lines"),

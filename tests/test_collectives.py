@@ -60,7 +60,9 @@ def test_tpu_keeps_the_torus_alpha_beta_model():
 def test_collectives_command_json(capsys):
     assert main(["collectives", "--cluster", "h100-80gb", "--devices", "8", "--sizes", "1M,64M,1G",
                  "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    out = json.loads(capsys.readouterr().out)
+    assert out["schema_version"] == 1 and out["devices"] == 8
+    rows = out["rows"]
     assert [r["bytes"] for r in rows] == [2**20, 2**26, 2**30]
     assert {r["collective"] for r in rows} == {"all_reduce"}
     assert rows[0]["busbw_GBps"] < rows[1]["busbw_GBps"] < rows[2]["busbw_GBps"]

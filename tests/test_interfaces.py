@@ -22,6 +22,7 @@ def test_version_prints_the_package_version(capsys):
     ["simulate", *STEP, "--layout", "tp=4,pp=2,dp=2,zero=1"],
     ["scale", "--model", "llama2-7b", "--cluster", "h100-80gb", "--devices", "16,32", "--global-batch-tokens",
      "131072"],
+    ["collectives", "--cluster", "h100-80gb", "--devices", "8", "--sizes", "1M"],
 ], ids=lambda a: a[0])
 def test_every_json_object_carries_the_schema_version(argv, capsys):
     main(argv + ["--json"])

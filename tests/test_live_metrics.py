@@ -98,3 +98,45 @@ def test_bad_profile_steps_are_one_line(capsys):
         main(["train", "--model", "tiny", "--steps", "4", "--profile", "4"])
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(err) == 1 and "--profile" in err[0]
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here: the snapshot runs")
+def test_memory_snapshot_on_cpu_is_refused_before_the_start(capsys, tmp_path):
+    from meshscale.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--model", "tiny", "--steps", "4", "--memory-snapshot", "1-2", "--memory-snapshot-dir",
+              str(tmp_path / "mem")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and "--memory-snapshot records the CUDA" in err[0]
+    assert not (tmp_path / "mem").exists()
+
+
+def test_memory_snapshot_files_are_checked_before_the_start(tmp_path):
+    """What a GPU run checks first (the CUDA path itself runs in benchmarks/gpu_check.py): the steps, a folder
+    that can be written, and no snapshot already there unless --overwrite."""
+    from dataclasses import replace
+
+    from meshscale.errors import UserError
+    from meshscale.runtime.loop.config import TrainConfig
+    from meshscale.runtime.measure.live import check_snapshot_files, snapshot_path
+
+    cfg = TrainConfig(steps=4, memory_snapshot="1-2", memory_snapshot_dir=str(tmp_path / "new" / "mem"))
+    check_snapshot_files(cfg, world=2)  # a folder still to be made under a writable one
+    with pytest.raises(UserError, match=r"--memory-snapshot '4': give steps in \[0, 4\)"):
+        check_snapshot_files(replace(cfg, memory_snapshot="4"), world=2)
+    taken = snapshot_path(tmp_path, 1, 2, 1)
+    assert taken.name == "steps1-2-rank1.pickle"
+    taken.write_bytes(b"keep me")
+    with pytest.raises(UserError, match="already exists"):
+        check_snapshot_files(replace(cfg, memory_snapshot_dir=str(tmp_path)), world=2)
+    check_snapshot_files(replace(cfg, memory_snapshot_dir=str(tmp_path), overwrite=True), world=2)
+    assert taken.read_bytes() == b"keep me"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UserError, match="is not a writable folder"):
+        check_snapshot_files(replace(cfg, memory_snapshot_dir=str(tmp_path / "file" / "mem")), world=1)
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if not os.access(locked, os.W_OK):  # root writes anywhere
+        with pytest.raises(UserError, match="is not a writable folder"):
+            check_snapshot_files(replace(cfg, memory_snapshot_dir=str(locked / "mem")), world=1)

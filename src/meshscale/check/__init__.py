@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from meshscale.check.logs import Measured, detect, read_log
+from meshscale.cost import bands
 from meshscale.cost import Prediction, predict
 from meshscale.errors import UserError
 from meshscale.export import Job, best_expressible, framework_module, read
@@ -24,10 +25,29 @@ class Row:
     unit: str
     measured: float
     predicted: float
+    band: dict | None = None  # the step time's error band (cost/bands.py); None for memory, which it does not cover
+    rate: bool = False  # work over the step time (tokens/s, TFLOP/s): the band's error is the step time's
 
     @property
     def ratio(self) -> float:
         return self.measured / self.predicted
+
+    @property
+    def measured_range(self) -> tuple[float, float] | None:
+        """Where the measured value lies if the prediction errs no more than the band's p90."""
+        return bands.measured_range(self.predicted, self.band, self.rate) if self.band else None
+
+    @property
+    def within(self) -> str | None:
+        """"median", "p90" or "outside": how far off the prediction is against its category's band."""
+        return bands.within(self.predicted, self.measured, self.band, self.rate) if self.band else None
+
+    def to_dict(self) -> dict:
+        rng = self.measured_range
+        return {"name": self.name, "unit": self.unit, "measured": self.measured, "predicted": self.predicted,
+                "ratio": self.ratio, "band": self.band,
+                "error": bands.error(self.predicted, self.measured, self.rate) if self.band else None,
+                "band_range": list(rng) if rng else None, "within_band": self.within}
 
 
 @dataclass
@@ -44,7 +64,7 @@ class Check:
 
     def to_dict(self) -> dict:
         return {"framework": self.framework, "layout": self.prediction.layout, "steps_read": self.measured.steps,
-                "rows": [{**vars(r), "ratio": r.ratio} for r in self.rows], "worst": self.worst.name,
+                "rows": [r.to_dict() for r in self.rows], "worst": self.worst.name,
                 "predicted_terms_s": self.breakdown,
                 "proposal": self.proposal.to_dict() if self.proposal else None,
                 "expected_step_time_s": self.expected_step_s, "config_diff": self.diff}
@@ -62,12 +82,13 @@ def check(log_text: str, config_text: str, cluster: ClusterSpec, devices: int | 
     layout = shape.layout
     pred = predict(model, cluster, layout, shape.global_batch, shape.precision)
     measured = read_log(log_text, framework, shape.global_batch * model.seq, layout.devices)
-    rows = [Row(name, unit, m, p) for name, unit, m, p in (
-        ("step time", "s", measured.step_time_s, pred.step_time_s),
-        ("tokens/s per device", "", measured.tokens_per_s_per_device, pred.tokens_per_s / layout.devices),
+    band = pred.band  # measured on step times: it carries to the rates of that step, not to memory
+    rows = [Row(name, unit, m, p, b, rate) for name, unit, m, p, b, rate in (
+        ("step time", "s", measured.step_time_s, pred.step_time_s, band, False),
+        ("tokens/s per device", "", measured.tokens_per_s_per_device, pred.tokens_per_s / layout.devices, band, True),
         ("TFLOP/s per device", "", measured.tflops_per_device,
-         pred.model_flops_per_step / pred.step_time_s / layout.devices / 1e12),
-        ("memory per device", "B", measured.memory_bytes, pred.memory_per_device_bytes["total"]),
+         pred.model_flops_per_step / pred.step_time_s / layout.devices / 1e12, band, True),
+        ("memory per device", "B", measured.memory_bytes, pred.memory_per_device_bytes["total"], None, False),
     ) if m is not None]
     # step time and memory are what the log measures apart; tokens/s is the step time's inverse and TFLOP/s
     # counts FLOPs by each framework's own formula, so they are shown beside them but not ranked

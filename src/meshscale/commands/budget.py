@@ -1,10 +1,13 @@
 """`meshscale budget`: the cluster, device count and layout that train a token count by a deadline, with
 days, dollars, energy and ETTR, and the Pareto front of time against cost."""
 
+import math
+
 from rich.table import Table
 
 from meshscale.commands.predict import json_line, model_at_seq
 from meshscale.commands.report import make_console
+from meshscale.cost.bands import band_text
 from meshscale.cost.goodput import DEFAULT_CHECKPOINT_BANDWIDTH, LLAMA3_MTBF_HOURS, check_inputs
 from meshscale.errors import UserError
 from meshscale.plan.budget import Candidate, choose, options
@@ -70,19 +73,39 @@ def run(args) -> int:
     return 0
 
 
+def _p90(band: dict) -> str:
+    return f"±{band['p90_abs_error']:.1%}" if band["runs"] else "unknown"
+
+
+def _with_range(o, value: float | None, fmt: str) -> str:
+    if value is None:
+        return ""
+    rng = o.range_of(value)
+    if rng is None:
+        return fmt.format(value)
+    high = fmt.format(rng[1]) if rng[1] != math.inf else "any"
+    return f"{fmt.format(value)}\n{fmt.format(rng[0])}-{high}"
+
+
 def _print(opts, best, model, args) -> None:
     console = make_console()
     t = Table(title=f"Pareto front of days against dollars: {model.name}, {args.tokens:.3g} tokens, "
                     f"{args.global_batch_tokens:,} tokens a step", title_justify="left")
-    for col in ("cluster", "devices", "layout", "step", "ETTR", "days", "dollars", "energy MWh", "deadline"):
+    for col in ("cluster", "devices", "layout", "step\np90 band", "ETTR\nband", "days\np90 range", "dollars\np90 range",
+                "energy MWh\np90 range", "deadline"):
         t.add_column(col, justify="left" if col in ("cluster", "layout") else "right")
     for o in (o for o in opts if o.pareto):
-        t.add_row(o.cluster, f"{o.devices:,}", o.layout, f"{o.step_time_s * 1e3:,.0f} ms", f"{o.ettr:.1%}",
-                  f"{o.days:,.1f}", f"{o.dollars:,.0f}", "" if o.energy_mwh is None else f"{o.energy_mwh:,.1f}",
-                  "met" if o.meets_deadline else "missed")
+        t.add_row(o.cluster, f"{o.devices:,}", o.layout, f"{o.step_time_s * 1e3:,.0f} ms\n{_p90(o.band)}",
+                  f"{o.ettr:.1%}\nnone", _with_range(o, o.days, "{:,.1f}"), _with_range(o, o.dollars, "{:,.0f}"),
+                  _with_range(o, o.energy_mwh, "{:,.1f}"), o.deadline)
     console.print(t)
+    for b in {band_text(o.band) for o in opts if o.pareto}:
+        console.print(f"error band: {b}")
+    console.print("days, dollars and energy: as predicted, and the range they lie in if the step time errs as far as "
+                  "the band's p90; ETTR has no band (it follows from the MTBF and checkpoint bandwidth given)")
     verdict = ("the cheapest that meets" if best.meets_deadline else
                "none meets the deadline; the fastest misses")
     console.print(f"choice ({verdict} {args.deadline_days:g} days): {best.devices:,} x {best.cluster}, layout "
                   f"{best.layout}: {best.days:,.1f} days, ${best.dollars:,.0f}, ETTR {best.ettr:.1%}"
-                  + ("" if best.energy_mwh is None else f", {best.energy_mwh:,.1f} MWh"))
+                  + ("" if best.energy_mwh is None else f", {best.energy_mwh:,.1f} MWh")
+                  + ("; at risk: the band's p90 runs past the deadline" if best.deadline == "at risk" else ""))

@@ -1,5 +1,6 @@
 """`meshscale check`: a running torchtitan or Megatron-LM job's log beside the prediction for its config."""
 
+import math
 from pathlib import Path
 
 from rich.table import Table
@@ -7,6 +8,8 @@ from rich.table import Table
 from meshscale.check import check
 from meshscale.commands.predict import json_line
 from meshscale.commands.report import make_console
+from meshscale.cost import bands
+from meshscale.cost.bands import band_text
 from meshscale.errors import UserError
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.model import load_model
@@ -49,11 +52,13 @@ def _print(result) -> None:
                   f"[bold]{pred.layout}[/], {pred.global_batch} x {pred.seq} tokens a step; "
                   f"{result.measured.steps} step lines read")
     table = Table(title="measured vs predicted", title_justify="left")
-    for col in ("", "measured", "predicted", "measured / predicted"):
+    for col in ("", "measured", "predicted", "band (p90)", "measured / predicted", "in band"):
         table.add_column(col, justify="right" if col else "left")
     for r in result.rows:
-        table.add_row(r.name, _fmt(r.measured, r.unit), _fmt(r.predicted, r.unit), f"{r.ratio:.2f}x")
+        table.add_row(r.name, _fmt(r.measured, r.unit), _fmt(r.predicted, r.unit), _range(r), f"{r.ratio:.2f}x",
+                      _verdict(r))
     console.print(table)
+    console.print(f"error band: {band_text(pred.band)}; it covers step times (and the rates they set), not memory")
     terms = sorted(result.breakdown.items(), key=lambda kv: -kv[1])[:4]
     console.print(f"differs most: [bold]{result.worst.name}[/] ({result.worst.ratio:.2f}x); the predicted step is "
                   + ", ".join(f"{name} {t * 1e3:,.1f} ms" for name, t in terms if t > 0))
@@ -66,6 +71,23 @@ def _print(result) -> None:
                   f"{result.expected_step_s * 1e3:,.1f} ms a step")
     for line in result.diff:
         console.print(line, markup=False, highlight=False)
+
+
+def _range(r) -> str:
+    rng = r.measured_range
+    if r.band is None:
+        return "none"
+    if rng is None:
+        return "unknown"
+    return f"{_fmt(rng[0], r.unit)} - {_fmt(rng[1], r.unit) if rng[1] != math.inf else 'any'}"
+
+
+def _verdict(r) -> str:
+    if r.within is None:
+        return ""
+    if r.within == "outside":
+        return f"no ({abs(bands.error(r.predicted, r.measured, r.rate)):.0%} off)"
+    return f"yes ({r.within})"
 
 
 def _fmt(x: float, unit: str) -> str:

@@ -3,6 +3,8 @@ size, laid out as nccl-tests prints them, to hold against your own nccl-tests ru
 
 import json
 
+from meshscale import SCHEMA_VERSION
+
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}  # nccl-tests' -b/-e sizes are binary
 DEFAULT_SIZES = ",".join(f"{2**i}M" for i in range(14))  # 1 MiB .. 8 GiB, doubling
@@ -14,7 +16,8 @@ def add_arguments(p):
     p.add_argument("--collective", default="all_reduce", help=f"one of {', '.join(KINDS)} (default all_reduce)")
     p.add_argument("--sizes", default=DEFAULT_SIZES, help="message sizes, e.g. 1M,64M,1G (K/M/G are binary; "
                    "the buffer each rank passes, as nccl-tests' size column); default 1M..8G")
-    p.add_argument("--json", action="store_true", help="print a JSON list of {collective, bytes, seconds, busbw_GBps}")
+    p.add_argument("--json", action="store_true", help="print one JSON object: cluster, devices, collective and rows of {collective, bytes, "
+                   "seconds, busbw_GBps}")
     p.add_argument("--plot", metavar="FILE.png", help="draw bus bandwidth against message size")
 
 
@@ -60,7 +63,8 @@ def run(args) -> int:
         from meshscale.plots import collective_plot
         collective_plot(rows, f"{args.collective} on {args.devices} x {cluster.name} (model)", args.plot)
     if args.json:
-        print(json.dumps(rows))
+        print(json.dumps({"schema_version": SCHEMA_VERSION, "cluster": cluster.name, "devices": args.devices,
+                          "collective": args.collective, "rows": rows}))
         return 0
     print(f"# {args.collective} over {args.devices} devices of {cluster.name} (predicted, nccl-tests columns)")
     print(f"# {'size (B)':>14s} {'time (us)':>12s} {'algbw (GB/s)':>13s} {'busbw (GB/s)':>13s}")

@@ -38,6 +38,9 @@ _HELP = {
              "beside predicted",
     "profile": "trace these steps with torch.profiler, e.g. 3, 2,5 or 2-4 (Chrome traces in --profile-dir)",
     "profile_dir": "folder of --profile's traces, one file per step and rank (default ./profile)",
+    "memory_snapshot": "on CUDA, record the caching allocator's history from the first to the last of these steps "
+                       "(e.g. 3 or 2-4) and write a snapshot per rank for pytorch.org/memory_viz",
+    "memory_snapshot_dir": "folder of --memory-snapshot's pickles, one per rank (default ./memory)",
     "plot": "draw the loss and the measured vs predicted step time as a PNG in this new file",
     "device": "auto, cpu or cuda",
     "cluster": "ClusterSpec that --predict uses: a preset or a file from `meshscale calibrate` (default local-cpu)",

@@ -7,6 +7,8 @@ The table is data computed by a script, never typed: `PYTHONPATH=src python benc
 the script computes (so it cannot go stale). Categories without runs have no band: say so, claim nothing.
 """
 
+import math
+
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.model import ModelSpec
 
@@ -49,3 +51,30 @@ def band_text(b: dict) -> str:
     return (f"{b['category']}, {b['runs']} runs: median {b['median_abs_error']:.1%}, p90 {b['p90_abs_error']:.1%}, "
             f"bias {b['mean_signed_error']:+.1%} ({'too fast' if b['mean_signed_error'] < 0 else 'too slow'} "
             "on average)")
+
+
+def measured_range(predicted: float, b: dict, rate: bool = False) -> tuple[float, float] | None:
+    """Where a measured value lies if the prediction errs no more than the band's p90. The table's error is
+    |predicted/measured - 1| of a time, so a time's measured value is predicted/(1 +- p90); a rate (tokens/s,
+    TFLOP/s: work over that time) is predicted x (1 -+ p90). None where the category has no runs."""
+    if not b.get("runs"):
+        return None
+    p = b["p90_abs_error"]
+    if rate:
+        return predicted * max(0.0, 1 - p), predicted * (1 + p)
+    return predicted / (1 + p), (predicted / (1 - p) if p < 1 else math.inf)
+
+
+def error(predicted: float, measured: float, rate: bool = False) -> float:
+    """The prediction's error as the validation table counts it: predicted/measured - 1 of a time (of a rate,
+    measured/predicted - 1, the same error of the time behind it)."""
+    return measured / predicted - 1 if rate else predicted / measured - 1
+
+
+def within(predicted: float, measured: float, b: dict, rate: bool = False) -> str | None:
+    """"median" or "p90" (the smallest of the band's two radii that holds the error), "outside", or None
+    where the category has no runs."""
+    if not b.get("runs"):
+        return None
+    e = abs(error(predicted, measured, rate))
+    return "median" if e <= b["median_abs_error"] else "p90" if e <= b["p90_abs_error"] else "outside"

@@ -6,11 +6,15 @@ needs ceil(tokens / batch tokens) steps, and only ETTR of its wall time trains (
 checkpoint interval against the cluster's MTBF), so
     days = steps x step time / ETTR / 86400,   dollars = devices x $/device-hour x days x 24,
     energy = joules per token (plan/scaling.py's power model) x tokens / ETTR (lost work burns power too).
+Days, dollars and energy are each proportional to the step time, so each carries the step time's error band
+(cost/bands.py) as the range its true value lies in if the prediction errs no more than the band's p90. ETTR
+carries none: it follows from the MTBF and checkpoint bandwidth given, which no validation run measured.
 """
 
 import math
 from dataclasses import asdict, dataclass
 
+from meshscale.cost import bands
 from meshscale.cost.goodput import DEFAULT_CHECKPOINT_BANDWIDTH, of_prediction
 from meshscale.errors import UserError
 from meshscale.plan.scaling import batch_at, joules_per_token
@@ -38,10 +42,29 @@ class Option:
     dollars: float
     energy_mwh: float | None  # None where the cluster has no power figures
     meets_deadline: bool
+    band: dict  # the step time's error band, which days, dollars and energy share
+    deadline_days: float
     pareto: bool = False  # no other option is both faster and cheaper
 
+    def range_of(self, value: float | None) -> tuple[float, float] | None:
+        """A step-time-proportional figure's range at the band's p90 (None: no band, or no figure)."""
+        return None if value is None else bands.measured_range(value, self.band)
+
+    @property
+    def deadline(self) -> str:
+        """"met", "at risk" (met as predicted, missed at the band's slow end), "missed", or "met, band
+        unknown" where the category has no validation runs."""
+        if not self.meets_deadline:
+            return "missed"
+        rng = self.range_of(self.days)
+        if rng is None:
+            return "met, band unknown"
+        return "met" if rng[1] <= self.deadline_days else "at risk"
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        ranges = {f"{k}_range": (list(r) if (r := self.range_of(getattr(self, k))) else None)
+                  for k in ("days", "dollars", "energy_mwh")}
+        return {**asdict(self), **ranges, "deadline": self.deadline, "ettr_band": None}
 
 
 def default_counts(cluster: ClusterSpec, max_devices: int) -> list[int]:
@@ -77,7 +100,8 @@ def options(model: ModelSpec, candidates: list[Candidate], tokens: float, global
             joules = joules_per_token(cand.cluster, win)
             out.append(Option(cand.cluster.name, n, win.layout, win.step_time_s, steps, ettr, days,
                               n * cand.price_per_device_hour * days * 24,
-                              joules * tokens / ettr / 3.6e9 if joules else None, days <= deadline_days))
+                              joules * tokens / ettr / 3.6e9 if joules else None, days <= deadline_days,
+                              win.band, deadline_days))
     if not out:
         raise UserError(f"no candidate fits {model.name} with {global_batch_tokens:,} tokens a step at any device "
                         "count tried; add larger counts or clusters")

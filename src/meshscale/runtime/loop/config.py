@@ -51,6 +51,8 @@ class TrainConfig:
     wandb: str | None = None  # a W&B run in this folder, offline unless WANDB_MODE says otherwise (rank 0)
     profile: str | None = None  # steps traced by torch.profiler, e.g. "3", "2,5", "2-4"
     profile_dir: str = "profile"  # where each traced step's Chrome trace goes, one file per rank
+    memory_snapshot: str | None = None  # CUDA: steps whose allocations are recorded, e.g. "3" or "2-4"
+    memory_snapshot_dir: str = "memory"  # where each rank's snapshot pickle goes (pytorch.org/memory_viz reads it)
     plot: str | None = None  # PNG: loss and measured vs predicted step time, drawn by rank 0 at the end
     overwrite: bool = False
     predict: bool = False
@@ -160,7 +162,7 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
         raise UserError(f"--device cuda: this torch ({torch.__version__}) {build}; use --device cpu (or auto)")
     _check_nodes(cfg)
     check_fits(cfg, spec, layout)
-    live.check(cfg)
+    live.check(cfg, world)
     verified = _check_checkpoints(cfg, spec)
     _check_metrics_out(cfg, verified is not None)
     return Resolved(cfg, spec, layout, verified)

@@ -23,7 +23,7 @@ from meshscale.parallel.tensor import vocab_parallel_cross_entropy
 from meshscale.runtime.loop.config import Resolved
 from meshscale.runtime.loop.data import Corpus, TokenData, load_corpus, rank_microbatches
 from meshscale.runtime.loop.optim import build_optimizer, clip_gradients, lr_at, set_lr
-from meshscale.runtime.measure.live import LiveMetrics, StepProfiler
+from meshscale.runtime.measure.live import LiveMetrics, MemorySnapshot, StepProfiler
 from meshscale.runtime.measure.metrics import MemoryProbe, MetricsLog, heap_bytes, memory_bytes
 from meshscale.runtime.measure.trace import analytic_bubble, measured_bubble, write_chrome_trace
 from meshscale.runtime.resilience import checkpoint
@@ -158,6 +158,8 @@ class Training:
                                   dist.get_world_size(), self.sections, self.ledger) if multi else None)
         self.live = LiveMetrics(run, self.is_logger)
         self.profiler = StepProfiler(cfg.profile, cfg.steps, cfg.profile_dir, dist.get_rank() if multi else 0)
+        self.snapshot = MemorySnapshot(cfg.memory_snapshot, cfg.steps, cfg.memory_snapshot_dir,
+                                       dist.get_rank() if multi else 0)  # CUDA only: checked before the start
         self.named = [(name, p) for s in par.strategies for name, p in s.module.named_parameters()]
         self.faults.arm_gradients(self.named)  # before the guards' hooks, so they see the corrupted gradient
         self.guards = Guards([p for _, p in self.named], cfg.on_anomaly, cfg.spike_sigma, multi, device)
@@ -247,7 +249,8 @@ class Training:
                     row, anomalies = self.step(step)
                 row = dict(row, peak_memory_bytes=self.probe.peak, memory_probe=True)
             else:
-                with self.profiler.around(step):  # one profiler at a time: a traced step has no probe
+                # one profiler at a time: a traced step has no probe (and the probe is CPU's, the snapshot CUDA's)
+                with self.profiler.around(step), self.snapshot.around(step):
                     row, anomalies = self.step(step)
             actions = {a.action: a for a in anomalies}
             if "stop" in actions:

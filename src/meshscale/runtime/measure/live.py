@@ -1,7 +1,8 @@
 """Live metrics beside the JSONL file: TensorBoard event files (--tensorboard DIR) and a Weights & Biases run
 (--wandb DIR, offline unless WANDB_MODE says otherwise), each step's measured values next to the cost model's
 prediction for the run (step time, MFU, memory, communication bytes), so a dashboard shows both lines; and
-torch profiler traces of chosen steps (--profile STEPS). Rank 0 writes the metrics; every rank its trace."""
+torch profiler traces of chosen steps (--profile STEPS); on CUDA, the caching allocator's history over chosen
+steps (--memory-snapshot STEPS). Rank 0 writes the metrics; every rank its trace and snapshot."""
 
 import os
 from contextlib import contextmanager, nullcontext
@@ -14,14 +15,46 @@ from meshscale.specs.cluster import load_cluster
 MEASURED = ("loss", "aux_loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "peak_memory_bytes")
 
 
-def check(cfg) -> None:
-    """The live-metrics options, before any process starts: the packages they need and the steps named."""
+def check(cfg, world: int) -> None:
+    """The live-metrics options, before any process starts: the packages they need, the steps named, and for
+    a memory snapshot a GPU and files that can be written and are not there yet."""
     if cfg.tensorboard:
         _need("tensorboard", "--tensorboard")
     if cfg.wandb:
         _need("wandb", "--wandb")
     if cfg.profile:
         profile_steps(cfg.profile, cfg.steps)
+    if cfg.memory_snapshot:
+        import torch
+
+        gpu = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+        if not gpu:
+            raise UserError("--memory-snapshot records the CUDA caching allocator; this run is on CPU (use "
+                            "--profile STEPS for a CPU trace)")
+        check_snapshot_files(cfg, world)
+
+
+def check_snapshot_files(cfg, world: int) -> None:
+    """--memory-snapshot-dir is (or can be made) a writable folder, and no rank's snapshot is there already
+    unless --overwrite."""
+    first, last = _window(cfg.memory_snapshot, cfg.steps)
+    folder = Path(cfg.memory_snapshot_dir).absolute()
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"--memory-snapshot-dir {cfg.memory_snapshot_dir}: {existing} is not a writable folder")
+    taken = [p for r in range(world) if (p := snapshot_path(folder, first, last, r)).exists()]
+    if taken and not cfg.overwrite:
+        raise UserError(f"--memory-snapshot: {taken[0]} already exists; choose another --memory-snapshot-dir or "
+                        "pass --overwrite")
+
+
+def snapshot_path(folder: Path, first: int, last: int, rank: int) -> Path:
+    return folder / f"steps{first}-{last}-rank{rank}.pickle"
+
+
+def _window(text: str, steps: int) -> tuple[int, int]:
+    chosen = profile_steps(text, steps, "--memory-snapshot")
+    return min(chosen), max(chosen)
 
 
 def _need(package: str, flag: str) -> None:
@@ -31,7 +64,7 @@ def _need(package: str, flag: str) -> None:
         raise UserError(f"{flag} needs the {package} package; pip install {package}")
 
 
-def profile_steps(text: str, steps: int) -> set[int]:
+def profile_steps(text: str, steps: int, flag: str = "--profile") -> set[int]:
     """'3', '2,5' or '2-4' -> the steps to trace, each in [0, steps)."""
     chosen: set[int] = set()
     try:
@@ -41,7 +74,7 @@ def profile_steps(text: str, steps: int) -> set[int]:
     except ValueError:
         chosen = set()
     if not chosen or min(chosen) < 0 or max(chosen) >= steps:
-        raise UserError(f"--profile {text!r}: give steps in [0, {steps}) like 3, 2,5 or 2-4")
+        raise UserError(f"{flag} {text!r}: give steps in [0, {steps}) like 3, 2,5 or 2-4")
     return chosen
 
 
@@ -121,3 +154,29 @@ class StepProfiler:
         with profile(activities=activities, record_shapes=True) as prof:
             yield
         prof.export_chrome_trace(str(self.folder / f"step{step}-rank{self.rank}.json"))
+
+
+class MemorySnapshot:
+    """On CUDA, the caching allocator's history (every allocation and free, with its stack) recorded from the
+    first to the last chosen step and dumped per rank as the pickle https://pytorch.org/memory_viz reads;
+    torch.cuda.memory's _record_memory_history / _dump_snapshot, as PyTorch's "Understanding CUDA Memory
+    Usage" guide uses them. The files were checked absent before the run started."""
+
+    def __init__(self, text: str | None, steps: int, folder: str, rank: int):
+        self.first, self.last = _window(text, steps) if text else (-1, -1)
+        self.path = snapshot_path(Path(folder), self.first, self.last, rank)
+        self.recording = False
+
+    @contextmanager
+    def around(self, step: int):
+        import torch
+
+        if not self.recording and self.first <= step <= self.last:  # from the first chosen step (or a resume's)
+            torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+            self.recording = True
+        yield
+        if self.recording and step == self.last:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            torch.cuda.memory._dump_snapshot(str(self.path))
+            torch.cuda.memory._record_memory_history(enabled=None)
+            self.recording = False
