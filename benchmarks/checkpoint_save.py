@@ -79,7 +79,8 @@ def main() -> None:
         for mode, rows in runs.items():
             blocked = statistics.median(r["checkpoint_save_s"] for r in rows[:-1] if "checkpoint_save_s" in r)
             cost = (_wall(rows) - _wall(base)) / saves[mode]
-            line = f"  {mode:>5}: step blocked {blocked:.3f} s per save (median); run's extra wall per save {cost:+.3f} s"
+            line = (f"  {mode:>5}: step blocked {blocked:.3f} s per save (median); run's extra wall per save "
+                    f"{cost:+.3f} s")
             written = [r["checkpoint_write_s"] for r in rows if "checkpoint_write_s" in r]
             if written:
                 line += f"; staged-to-committed {statistics.median(written):.3f} s (median)"

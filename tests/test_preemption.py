@@ -1,5 +1,6 @@
 """What production clusters do to a job, through `meshscale train` as a scheduler runs it: preemption by
-SIGTERM (saved, exit 75, resumed bit for bit), a save slower than --timeout (not a hang), a second signal (out at once), --time-limit, a launcher
+SIGTERM (saved, exit 75, resumed bit for bit), a save slower than --timeout (not a hang), a second signal
+(out at once), --time-limit, a launcher
 killed with SIGKILL (no worker survives it), a second job on the same checkpoint directory (refused in one
 line), and a resume under other settings (refused, naming them)."""
 

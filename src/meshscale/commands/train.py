@@ -51,7 +51,8 @@ _HELP = {
     "eval_timeout": "seconds the final evaluation may take (default 0: derived as for --save-timeout)",
     "on_anomaly": "stop (default), skip the optimizer step, or rollback to the newest checkpoint on a non-finite "
                   "or spiking loss or gradient (rollback also on silent data corruption)",
-    "spike_sigma": "a loss or gradient norm whose log is this many std above its recent mean is a spike (0: off)",
+    "spike_sigma": "a loss (and with --clip 0 a gradient norm) whose log is this many std above its mean over the last "
+                   "100 healthy steps is a spike (default 6; 0: off)",
     "sdc_check_every": "compare replicas' bit fingerprints every N steps (default 50; 0: off)",
     "checkpoint_dir": "save checkpoints here (DCP, any layout reloads them) and resume from the newest one",
     "checkpoint_every": "steps between checkpoints (default 50; the last step is always saved)",

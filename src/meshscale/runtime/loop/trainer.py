@@ -162,7 +162,7 @@ class Training:
                                        dist.get_rank() if multi else 0)  # CUDA only: checked before the start
         self.named = [(name, p) for s in par.strategies for name, p in s.module.named_parameters()]
         self.faults.arm_gradients(self.named)  # before the guards' hooks, so they see the corrupted gradient
-        self.guards = Guards([p for _, p in self.named], cfg.on_anomaly, cfg.spike_sigma, multi, device)
+        self.guards = Guards([p for _, p in self.named], cfg.on_anomaly, cfg.spike_sigma, multi, device, cfg.clip)
         self.owns_loss = layout.pp == 1 or self.step_fn.runner.has_last  # other stages receive a copy
         replicas = (ReplicaCheck(par, self.optimizer, cfg.on_anomaly == "rollback")
                     if multi and cfg.sdc_check_every else None)

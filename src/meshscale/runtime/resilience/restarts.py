@@ -48,9 +48,9 @@ def check_progress(resumed_from: int, cap: int, where: str) -> None:
             resumed = [json.loads(row)["resumed"] for row in f]
         stuck = no_progress_restarts(resumed)
         if stuck > cap:
-            line = (f"{stuck} restart{'s' if stuck > 1 else ''} in a row resumed from {where} without a newer checkpoint being saved "
-                    f"(--max-no-progress-restarts {cap}): stopped; the failure recurs before the next save "
-                    "(fix its cause, or save more often with --checkpoint-every)")
+            line = (f"{stuck} restart{'s' if stuck > 1 else ''} in a row resumed from {where} without a newer "
+                    f"checkpoint being saved (--max-no-progress-restarts {cap}): stopped; the failure recurs "
+                    "before the next save (fix its cause, or save more often with --checkpoint-every)")
     line = from_every_rank(line)[0]
     if line is not None:
         raise GaveUp(line)
