@@ -91,14 +91,13 @@ def _same_layout_cases(rank, world, root, model):
         base = os.path.join(root, _slug(layout))
         full = _losses(_run(model, layout, world, f"{base}/full"), tokens)
         _copy_checkpoint(f"{base}/full", 2, f"{base}/once")
-        once = _losses(_run(model, layout, world, f"{base}/once"), tokens)
+        # ASYNC: the resumed run saves steps 3 and 4 while the next step runs; resumed again from its step 3
+        once = _losses(_run(model, layout, world, f"{base}/once", async_save=layout in ASYNC), tokens)
         out[layout] = {"full": full, "once": once, "kept": [s for s, _ in complete(f"{base}/full")]}
-        if layout in ASYNC:  # every step saved while the next one runs; resumed from its step 2
-            asynchronous = _losses(_run(model, layout, world, f"{base}/async", async_save=True), tokens)
-            _copy_checkpoint(f"{base}/async", 2, f"{base}/async_once")
-            out[layout]["async"] = {"full": asynchronous, "kept": [s for s, _ in complete(f"{base}/async")],
-                                    "once": _losses(_run(model, layout, world, f"{base}/async_once"), tokens),
-                                    "dirs": (f"{base}/full", f"{base}/async")}
+        if layout in ASYNC:
+            _copy_checkpoint(f"{base}/once", 3, f"{base}/from_async")
+            out[layout]["async"] = {"kept": [s for s, _ in complete(f"{base}/once")], "dir": base,
+                                    "resumed": _losses(_run(model, layout, world, f"{base}/from_async"), tokens)}
         if layout == TWICE:  # resume from a checkpoint that a resumed run wrote
             _copy_checkpoint(f"{base}/once", 3, f"{base}/twice")
             out[layout]["twice"] = _losses(_run(model, layout, world, f"{base}/twice"), tokens)
@@ -209,17 +208,17 @@ def test_resume_under_the_same_layout_is_bit_exact(world, two_ranks, four_ranks)
 
 
 def test_an_async_checkpoint_holds_the_state_of_its_step_and_resumes_bit_exact(two_ranks):
-    """--async-save: the step after a save changes the weights while the save is written; the checkpoint holds
-    the state of its own step (equal to the synchronous save's), retention works from the saving thread, and a
-    resume continues bit for bit."""
+    """--async-save (in the runs resumed from step 2): the step after a save changes the weights while the save
+    is written; the checkpoint holds the state of its own step (equal to the synchronous run's), retention works
+    from the saving thread, and a resume from an async checkpoint continues bit for bit."""
     results = two_ranks[1]
     for layout in ASYNC:
-        r = results[layout]["async"]
-        assert r["full"] == results[layout]["full"] and r["once"] == r["full"][2:], layout
+        r, full = results[layout]["async"], results[layout]["full"]
+        assert results[layout]["once"] == full[2:] and r["resumed"] == full[3:], layout
         assert r["kept"] == [2, 3, 4], layout
-        sync, asynchronous = (Path(d) for d in r["dirs"])
-        for step in (2, 3, 4):
-            _assert_same_state(sync / f"step-{step:08d}", asynchronous / f"step-{step:08d}")
+        base = Path(r["dir"])
+        # step 3 was written while step 3 ran and changed the weights
+        _assert_same_state(base / "full" / "step-00000003", base / "once" / "step-00000003")
 
 
 def test_resharded_resume_within_four_processes(two_ranks, four_ranks):
