@@ -4,12 +4,15 @@ time between failures --mtbf seconds: exponential gaps, one random worker each t
 SIGTERM after --duration seconds (it saves and exits 75).
 
 Measured (the script timestamps every metrics row as it appears, polling the file):
+- w: the wall time of a step without a save or a failure (the median gap between consecutive rows), which
+  includes what the loop does around the step (logging, the preemption all-reduce) and the share of the
+  cores an async save's thread takes;
 - wall: from the start of the first step to the end of the last one logged;
-- useful: the step time of every step that counts, once (a step redone after a restart counts its last run);
+- useful: (steps that count, each once) x w, the time a run without failures or checkpoints would take;
 - ETTR = useful / wall (Kokolis et al. 2024, arXiv:2410.21680, sec. V: effective training time ratio);
-- the inputs of the prediction, from the same run: the checkpoint interval tau (--checkpoint-every x the
-  median step time), the save time delta (median time a step waited for a save), the restart time R (from a
-  kill to the start of the first step of the restarted group: relaunch, rendezvous, load), and the MTBF.
+- the inputs of the prediction, from the same run: the checkpoint interval tau (--checkpoint-every x w),
+  the save time delta (median gap of a step that saved, minus w), the restart time R (from a kill to the
+  start of the first step of the restarted group: relaunch, rendezvous, load), and the MTBF.
 Predicted: cost/goodput.py's `ettr(tau, delta, R, M)` (Young 1974 / Daly 2006, first order in 1/M) with
 M = --mtbf, and with M = the realised mean gap between kills.
 
@@ -70,6 +73,7 @@ def main() -> None:
         launcher = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, cwd=ROOT,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         seen: dict[int, tuple[float, dict]] = {}  # step -> (when its row appeared, row): the last run of it
+        gaps, saved_gaps, last = [], [], None  # wall between consecutive rows of one attempt
         restarts, kills, lines = [], [], []
         started = end = next_kill = None
         while launcher.poll() is None:
@@ -83,6 +87,9 @@ def main() -> None:
                 begun = now - row["step_time_s"]
                 if kills and begun > kills[-1] and (not restarts or restarts[-1][0] < kills[-1]):
                     restarts.append((kills[-1], begun))  # the first step begun after the latest kill
+                if last is not None and row["step"] == last[1] + 1 and not (kills and last[0] < kills[-1]):
+                    (saved_gaps if "checkpoint_save_s" in row else gaps).append(now - last[0])
+                last = (now, row["step"])
                 seen[row["step"]] = (now, row)
                 started = started or begun
             lines = current
@@ -102,18 +109,19 @@ def main() -> None:
         if launcher.returncode not in (75, 128 + signal.SIGTERM):  # SIGTERM mid-restart: out at once
             sys.exit(f"soak run ended with exit {launcher.returncode}: {err[-2000:]}")
     rows = [row for t, row in seen.values() if t <= end]
-    useful, wall = sum(r["step_time_s"] for r in rows), end - started
-    step = statistics.median(r["step_time_s"] for r in rows)
-    saves = [r["checkpoint_save_s"] for r in rows if "checkpoint_save_s" in r]
+    step = statistics.median(gaps)
+    useful, wall = len(rows) * step, end - started
     writes = [r["checkpoint_write_s"] for r in rows if "checkpoint_write_s" in r]
-    tau, delta = args.every * step, statistics.median(saves)
+    tau, delta = args.every * step, statistics.median(saved_gaps) - step
     restart = statistics.median(first - kill for kill, first in restarts) if restarts else float("nan")
     in_time = [k for k in kills if k <= end]
     realised = wall / len(in_time) if in_time else float("inf")
     measured = useful / wall
     print(f"{args.model} on {args.nproc} gloo ranks, --async-save every {args.every} steps, kills at MTBF "
           f"{args.mtbf:g} s for {wall:.0f} s: {len(in_time)} kills, {len(restarts)} restarts, {len(rows)} steps")
-    print(f"  step {step:.3f} s (median): tau {tau:.1f} s; save delta {delta:.3f} s blocking (median; "
+    print(f"  step {step:.3f} s (median wall between rows; step_time_s median "
+          f"{statistics.median(r['step_time_s'] for r in rows):.3f} s): tau {tau:.1f} s; save delta {delta:.3f} s "
+          "(median; "
           f"write to commit {statistics.median(writes) if writes else float('nan'):.2f} s in the background); "
           f"restart R {restart:.1f} s (median kill -> first step)")
     for name, mtbf in (("--mtbf", args.mtbf), ("realised", realised)):
