@@ -10,7 +10,7 @@ import pytest
 
 from meshscale.cost import predict
 from meshscale.cost.comm import DEEPEP_NVLINK, DEEPEP_SMS, deepep_seconds, group_link
-from meshscale.cost.kernels import Gemm, gemm_pass_seconds, layer_gemms, layer_passes, routing_seconds
+from meshscale.cost.kernels import Gemm, gemm_pass_seconds, gemm_seconds, layer_gemms, layer_passes, routing_seconds
 from meshscale.errors import UserError
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout
@@ -40,6 +40,27 @@ def test_imbalance_slows_the_busiest_ranks_experts_and_dispatch():
     assert all(g.m == pytest.approx(1.5 * tokens * 2) for g in routed)  # top-2 of 8 experts, one a rank
     # without EP every rank holds every expert: nothing to wait for
     assert layer_gemms(MIXTRAL, 0, Layout(), tokens, 1.5) == layer_gemms(MIXTRAL, 0, Layout(), tokens)
+
+
+@pytest.mark.parametrize("n, k", [(4096, 7168), (7168, 2048)])
+def test_grouped_gemms_lose_throughput_with_few_tokens_per_expert_as_deepgemm_measured(n, k):
+    """DeepGEMM's H800 scan (kernels.GROUPED_GEMM_EFFICIENCY): 4 groups of 256 tokens run at 0.70-0.74 of a dense
+    M=4096 GEMM's throughput, 1 group of 1024 at 0.79-0.97, 8 groups of 4096 at >= 1. The expert GEMMs of a
+    layer carry it; attention's batched GEMMs (not grouped) do not."""
+    peak = H100.gemm_peak("fp8")
+    dense = 2 * 4096 * n * k / gemm_seconds(H100, 4096, n, k, peak, 1)
+
+    def ratio(groups, m):
+        f, b, _ = gemm_pass_seconds(H100, (Gemm(m, n, k, groups, True),), peak, 1)
+        return 2 * groups * m * n * k / f / dense
+
+    assert 0.65 < ratio(4, 256) < 0.78
+    assert 0.75 < ratio(1, 1024) < 0.98
+    assert ratio(8, 4096) > 0.98
+    f_batched = gemm_pass_seconds(H100, (Gemm(256, n, k, 4),), peak, 1)[0]
+    assert f_batched == pytest.approx(gemm_seconds(H100, 256, n, k, peak, 1, 4))
+    experts = [g for g in layer_gemms(MIXTRAL, 0, Layout(mbs=1), 4096.0) if g.batch > 1]
+    assert len(experts) == 2 and all(g.grouped for g in experts)
 
 
 def test_routing_is_memory_traffic_in_both_passes():

@@ -129,7 +129,7 @@ def test_fp8_runs_the_linear_layers_faster_and_keeps_attention_and_the_head_in_b
     tokens = model.seq
     gemms = layer_gemms(model, 0, layout, tokens)
     bf16_gemm = sum(gemm_pass_seconds(h100, gemms, h100.gemm_peak("bf16"), 2))
-    fp8_gemm = sum(gemm_pass_seconds(h100, gemms, h100.gemm_peak("fp8"), 2))
+    fp8_gemm = sum(gemm_pass_seconds(h100, gemms, h100.gemm_peak("fp8"), 2, 1))  # 1-byte operands
     assert 1.5 < bf16_gemm / fp8_gemm <= h100.fp8_gemm_speedup
     cast_f, cast_b = fp8_cast_seconds(h100, gemms)
     # forward: each GEMM's input (h, q, h, ffn wide), backward: each output gradient, 4 bytes an element
@@ -140,10 +140,44 @@ def test_fp8_runs_the_linear_layers_faster_and_keeps_attention_and_the_head_in_b
     one_layer, head = (0,), ()
     bf16, fp8 = (microbatch_seconds(model, h100, layout, one_layer, False, p) for p in ("bf16", "fp8"))
     assert fp8.attention == bf16.attention
-    forward = [gemm_pass_seconds(h100, gemms, h100.gemm_peak(p), 2)[0] for p in ("bf16", "fp8")]
+    forward = [gemm_pass_seconds(h100, gemms, h100.gemm_peak(p), 2, b)[0] for p, b in (("bf16", 2), ("fp8", 1))]
     assert fp8.forward - bf16.forward == pytest.approx(forward[1] - forward[0] + cast_f)
     heads = [microbatch_seconds(model, h100, layout, head, True, p) for p in ("bf16", "fp8")]
     assert heads[0] == heads[1]
     # the whole step gains, but less than the GEMMs alone
     bf16_step, fp8_step = (pipeline_passes(model, h100, Layout(mbs=1, dp=8), p)[0].total for p in ("bf16", "fp8"))
     assert 1.2 < bf16_step / fp8_step < bf16_gemm / fp8_gemm
+
+
+def test_blackwell_gains_more_from_fp8_than_hopper_as_its_own_scan_measured():
+    """Each generation's FP8-over-BF16 GEMM rate is its own MAMF ratio (specs/cluster.py): Blackwell's FP8 units
+    gain ~1.97x over its BF16, Hopper's ~1.77x; a large layer's GEMMs follow."""
+    model, layout = load_model("llama2-7b"), Layout(mbs=1)
+    gemms = layer_gemms(model, 0, layout, model.seq)
+
+    def gain(name):
+        c = load_cluster(name)
+        return sum(gemm_pass_seconds(c, gemms, c.gemm_peak("bf16"), 2)) / sum(
+            gemm_pass_seconds(c, gemms, c.gemm_peak("fp8"), 2, 1))
+
+    hopper, blackwell = gain("h100-80gb"), gain("b200")
+    assert 1.6 < hopper < 1.8 and 1.85 < blackwell <= 1.98
+    assert gain("gb200-nvl72") > gain("h200") > hopper
+
+
+def test_fp8_gemms_stage_twice_the_k_and_read_one_byte_operands():
+    """CUTLASS stages k in 128-byte slices (64 bf16, 128 FP8 elements), so an FP8 tile's prologue is twice the
+    k of a bf16 one: small-K FP8 GEMMs lose more of their rate. FP8 operands are 1 byte, the output bf16."""
+    h100 = load_cluster("h100-80gb")
+    peak = h100.gemm_peak("fp8")
+
+    def rate(k, operand_bytes):
+        return 2 * 4096 * 32768 * k / gemm_seconds(h100, 4096, 32768, k, peak, 2, 1, operand_bytes)
+
+    fp8, bf16 = rate(512, 1) / rate(16384, 1), rate(512, 2) / rate(16384, 2)
+    assert fp8 < bf16
+    prologue = h100.gemm_k_overhead
+    assert fp8 == pytest.approx((512 / (512 + 2 * prologue)) / (16384 / (16384 + 2 * prologue)), rel=0.02)
+    m, nk = 16, 32768  # a skinny GEMM: memory-bound either way
+    one, two = (gemm_seconds(h100, m, nk, nk, peak, 2, 1, b) for b in (1, 2))
+    assert one / two == pytest.approx((m * nk + nk * nk + 2 * m * nk) / (2 * (2 * m * nk + nk * nk)), rel=1e-6)

@@ -22,7 +22,8 @@ _HELP = {
     "master_port": "TCP port of the rendezvous on node 0 (default 29500)",
     "steps": "optimizer steps", "global_batch": "sequences per optimizer step",
     "seq": "sequence length (default: the model's)", "seed": "initialisation and data seed",
-    "precision": "fp32 or bf16 (bf16 autocast, fp32 master weights and reductions)",
+    "precision": "fp32; bf16 (bf16 compute, fp32 master weights and gradient reductions); bf16-pure (bf16 "
+                 "weights, gradients and AdamW state); fp8 (bf16 + torchao float8 linears, GPUs of compute capability 8.9+)",
     "lr": "peak learning rate", "min_lr": "final learning rate of the cosine decay",
     "warmup": "linear warm-up steps", "weight_decay": "AdamW weight decay", "clip": "gradient-norm clip (0: off)",
     "bucket_mb": "gradient bucket size in MiB (DDP, ZeRO; default 25, torch DDP's)",
@@ -65,7 +66,8 @@ _HELP = {
     "time_limit": "seconds of training, then every rank finishes its step, saves and exits with code 75 "
                   "(as on SIGTERM/SIGINT; rerun to resume; needs --checkpoint-dir)",
 }
-_FLAGS = ("overwrite", "predict", "replay_anomalies", "document_mask", "allow_config_change", "async_save")
+_FLAGS = ("overwrite", "predict", "replay_anomalies", "document_mask", "allow_config_change", "compile",
+          "async_save")
 
 
 def add_arguments(parser) -> None:
@@ -88,6 +90,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--document-mask", action="store_true", default=None,
                         help="attention stays within each document and positions restart at each one "
                              "(needs an indexed dataset; not with pp or cp)")
+    parser.add_argument("--compile", action="store_true", default=None,
+                        help="torch.compile each transformer block (inductor; on CPU it needs a C++ compiler)")
     parser.add_argument("--replay-anomalies", action="store_true", default=None,
                         help="re-run an anomalous step from a pre-step snapshot: transient or persistent")
     parser.add_argument("--async-save", action="store_true", default=None,

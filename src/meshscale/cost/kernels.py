@@ -29,8 +29,14 @@ FLASH_BLOCK = 128  # query/key block of FlashAttention-2/3 kernels (Dao 2023, se
 
 @lru_cache(maxsize=65536)
 def gemm_seconds(cluster: ClusterSpec, m: float, n: float, k: float, peak: float, dtype_bytes: int = 2,
-                 batch: int = 1) -> float:
-    """`batch` independent (m x k) @ (k x n) GEMMs in one launch (a batched or grouped GEMM)."""
+                 batch: int = 1, operand_bytes: int = 0) -> float:
+    """`batch` independent (m x k) @ (k x n) GEMMs in one launch (a batched or grouped GEMM): inputs of
+    `operand_bytes` (0: `dtype_bytes`; 1 for FP8), output of `dtype_bytes`. The kernels stage k in slices of
+    128 bytes (CUTLASS's Hopper tiles: 64 of bf16, 128 of FP8 in examples/54_hopper_fp8_warp_specialized_gemm,
+    32 of fp32 in 48_hopper_warp_specialized_gemm), so the pipeline prologue a tile pays, `gemm_k_overhead` of
+    bf16, is twice the k for FP8 operands: against DeepGEMM's FP8 scan (README 55ab91f, M=4096) the bf16
+    prologue predicts K=512 29% fast, the FP8 one 8% fast."""
+    operand_bytes = operand_bytes or dtype_bytes
     if min(m, n, k) <= 0:
         return 0.0
     measured = nearest(cluster.gemm_rates, (m, n, k))
@@ -43,12 +49,13 @@ def gemm_seconds(cluster: ClusterSpec, m: float, n: float, k: float, peak: float
         tiles = batch * math.ceil(rows / tm) * math.ceil(cols / tn)
         if cluster.compute_units:  # waves: every wave costs a tile on each unit, busy or not
             tiles = math.ceil(tiles / cluster.compute_units) * cluster.compute_units
-        return tiles * 2.0 * tm * tn * (k + cluster.gemm_k_overhead) / rate  # a tile pays its prologue too
+        prologue = cluster.gemm_k_overhead * 2 / operand_bytes
+        return tiles * 2.0 * tm * tn * (k + prologue) / rate  # a tile pays its prologue too
 
     # The library picks the orientation, and on GPUs a half-width tile when it fills the waves better.
     widths = {tn, max(tm, tn // 2)} if cluster.compute_units else {tn}
     best = min(compute(r, c, w) for r, c in ((m, n), (n, m)) for w in widths)
-    traffic = batch * dtype_bytes * (m * k + k * n + m * n) / cluster.hbm_bandwidth
+    traffic = batch * (operand_bytes * (m * k + k * n) + dtype_bytes * m * n) / cluster.hbm_bandwidth
     return max(best, traffic)
 
 
@@ -83,6 +90,27 @@ class Gemm:
     n: float
     k: float
     batch: int = 1
+    grouped: bool = False  # MoE experts' grouped GEMM: `batch` groups of `m` tokens each
+
+
+# A grouped GEMM's throughput beyond what tiles and waves (gemm_seconds) explain, by tokens (M) per group:
+# DeepGEMM's published H800 scan (README at 55ab91f, 2025-03-25; grouped masked 256/512/1024 and contiguous
+# 4096-8192 tokens per group, each against its normal GEMM of M=4096 and the same N x K, 4096 x 7168 and
+# 7168 x 2048): the measured grouped/dense ratio divided by gemm_seconds' own ratio for those shapes (so its
+# quantization is not counted twice), the mean of the two shapes. Every group's short M-extent re-loads its
+# expert's weights and restarts the kernel's pipeline; below 256 the tile model's quantization takes over.
+GROUPED_GEMM_EFFICIENCY = ((256, 0.77), (512, 0.86), (1024, 0.94), (4096, 1.0))
+
+
+def grouped_gemm_efficiency(tokens_per_group: float) -> float:
+    """Throughput of a grouped GEMM relative to a dense one of the same shape, log-interpolated in M."""
+    points = GROUPED_GEMM_EFFICIENCY
+    if tokens_per_group <= points[0][0]:
+        return points[0][1]
+    for (m0, e0), (m1, e1) in zip(points, points[1:]):
+        if tokens_per_group <= m1:
+            return e0 + (e1 - e0) * math.log(tokens_per_group / m0) / math.log(m1 / m0)
+    return 1.0
 
 
 def layer_gemms(model: ModelSpec, layer: int, layout: Layout, tokens: float, imbalance: float = 1.0) -> tuple:
@@ -105,7 +133,7 @@ def layer_gemms(model: ModelSpec, layer: int, layout: Layout, tokens: float, imb
     routed = tokens * model.top_k * layout.ep / model.experts * (imbalance if layout.ep > 1 else 1.0)
     f = model.expert_ffn / t
     out = attn + [Gemm(tokens, model.experts, h),  # router
-                  Gemm(routed, up * f, h, local), Gemm(routed, h, f, local)]
+                  Gemm(routed, up * f, h, local, True), Gemm(routed, h, f, local, True)]
     if model.shared_experts:
         out += [Gemm(tokens, up * f * model.shared_experts, h), Gemm(tokens, h, f * model.shared_experts)]
     return tuple(out)
@@ -122,14 +150,18 @@ def column_parallel_share(model: ModelSpec, layout: Layout) -> float:
     return column / (column + (q + width) * h)
 
 
-def gemm_pass_seconds(cluster: ClusterSpec, gemms: tuple, peak: float, dtype_bytes: int) -> tuple[float, float, float]:
+def gemm_pass_seconds(cluster: ClusterSpec, gemms: tuple, peak: float, dtype_bytes: int,
+                      operand_bytes: int = 0) -> tuple[float, float, float]:
     """(forward, input gradient, weight gradient) of a list of forward GEMMs: dX = dY W^T is (m, k, n) and
-    dW = X^T dY is (k, n, m) (Narayanan et al. 2021 sec. 5.1: backward is twice the forward)."""
+    dW = X^T dY is (k, n, m) (Narayanan et al. 2021 sec. 5.1: backward is twice the forward). A grouped GEMM's
+    forward and input gradient (tokens as M) run at grouped_gemm_efficiency of its tokens per group; its weight
+    gradient (tokens as K) pays the tile prologue per group through gemm_seconds alone."""
     f = b = w = 0.0
     for g in gemms:
-        f += gemm_seconds(cluster, g.m, g.n, g.k, peak, dtype_bytes, g.batch)
-        b += gemm_seconds(cluster, g.m, g.k, g.n, peak, dtype_bytes, g.batch)
-        w += gemm_seconds(cluster, g.k, g.n, g.m, peak, dtype_bytes, g.batch)
+        slow = 1.0 / grouped_gemm_efficiency(g.m) if g.grouped else 1.0
+        f += gemm_seconds(cluster, g.m, g.n, g.k, peak, dtype_bytes, g.batch, operand_bytes) * slow
+        b += gemm_seconds(cluster, g.m, g.k, g.n, peak, dtype_bytes, g.batch, operand_bytes) * slow
+        w += gemm_seconds(cluster, g.k, g.n, g.m, peak, dtype_bytes, g.batch, operand_bytes)
     return f, b, w
 
 
@@ -201,8 +233,9 @@ def layer_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, moe: bo
     tokens = layout.mbs * model.seq / layout.cp
     layer = model.first_dense_layers if moe else next(i for i in range(model.layers) if not model.is_moe_layer(i))
     peak, dtype_bytes = cluster.gemm_peak(precision), PRECISIONS[precision]["compute"]
+    operand_bytes = 1 if precision == "fp8" else dtype_bytes  # FP8 GEMMs read FP8 operands, write bf16
     gemms = layer_gemms(model, layer, layout, tokens, cluster.software.moe_imbalance)
-    f, b, w = gemm_pass_seconds(cluster, gemms, peak, dtype_bytes)
+    f, b, w = gemm_pass_seconds(cluster, gemms, peak, dtype_bytes, operand_bytes)
     if precision == "fp8":
         cast_f, cast_b = fp8_cast_seconds(cluster, gemms)
         f, b = f + cast_f, b + cast_b
@@ -216,7 +249,7 @@ def layer_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, moe: bo
         b += core_f
     elif layout.recompute == "op":  # a dense block at tp=1 (specs.layout.check_against)
         b += gemm_pass_seconds(cluster, tuple(Gemm(tokens, o, i) for i, o in flops.op_recomputed_matmuls(model)),
-                               peak, dtype_bytes)[0]
+                               peak, dtype_bytes, operand_bytes)[0]
     attention = core_f + core_b + (core_f if layout.recompute in ("selective", "full") else 0.0)
     return Passes(f + core_f, b + core_b, w, attention)
 

@@ -47,12 +47,14 @@ def optimizer_seconds(cluster: ClusterSpec, layout: Layout, n_layers: int, root:
 
 def measured_link(cluster: ClusterSpec, collective: str, link: Link) -> Link:
     """A collective kind measured over tier 0 uses its own latency and bus bandwidth (gloo's reduce-scatter,
-    for one, is not a ring over the same link as its all-reduce)."""
+    for one, is not a ring over the same link as its all-reduce). On a GPU cluster the measurement replaces
+    NCCL's modelled algorithms for that kind (the fabric is dropped on purpose: the machine's own alpha-beta
+    wins); kinds not measured keep the fabric."""
     if link.tier != cluster.tiers[0].name:
         return link
     for kind, latency, bandwidth in cluster.collectives:
         if kind == collective:
-            return Link(link.tier, bandwidth, link.raw_bandwidth, latency, link.steps)
+            return replace(link, bandwidth=bandwidth, latency=latency, fabric=None)
     return link
 
 

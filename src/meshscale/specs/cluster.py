@@ -316,6 +316,11 @@ def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, eff=0
 # NCCL 2.25.1, NCCL_ALGO=Ring: 0.76, B200's too). NVLS (NVLink SHARP) all-reduce ceilings: 8 H100/H200 ~480
 # GB/s (NCCL's maintainer in NVIDIA/nccl-tests#212; Azure ND_H200_v5_results.md 8 GiB: 480), 72 GB200
 # 835-847 GB/s at 4-8 GiB (coreweave/nccl-tests#43); B200 has no published NVLS figure: none charged.
+# fp8_gemm_speedup per generation: the FP8 (float8_e4m3fn) over the BF16 MAMF of the same scan, same SKU
+# (ml-engineering compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table"): H100
+# 1402.6/794.5 = 1.77 (the 1.75 of cuBLAS' own blog, kept), H200 1453.4/794.5 ("H200 is the same" in bf16) =
+# 1.83, B200 3432.5/1745.0 = 1.97, GB200 3615.6/1822.0 = 1.98, B300 3353.3/1769.0 = 1.90 (GB300: B300's; not
+# measured). Blackwell's FP8 units gain more over its BF16 than Hopper's do.
 # gpu_arch selects NCCL's tuner constants (cost/collectives.py); DGX A100's host is AMD EPYC 7742, DGX H100's
 # Intel Xeon 8480C, GB200's Grace (Arm).
 PRESETS: dict[str, ClusterSpec] = {
@@ -332,27 +337,28 @@ PRESETS: dict[str, ClusterSpec] = {
     # NVIDIA H200 datasheet: same compute as H100, 141 GB HBM3e at 4.8 TB/s (nvidia-smi: 143771 MiB); DGX H200
     # has the fabric of DGX H100.
     "h200": _gpu("h200", "H200-SXM-141GB", 989e12, 1979e12, 67e12, 143771 * MiB, 4.8e12, 0.711,
-                 450 * GB, 8, 50 * GB, 3.5, 132, 0.50, gpu_arch="hopper", nvls_bandwidth=480 * GB),
+                 450 * GB, 8, 50 * GB, 3.5, 132, 0.50, gpu_arch="hopper", nvls_bandwidth=480 * GB,
+                 fp8_gemm_speedup=1.83),
     # NVIDIA B200 (DGX B200 datasheet): 2.25 PFLOP/s bf16 dense, 4.5 fp8, 180 GB HBM3e at 8 TB/s (per GPU of
     # the 1440 GB system), 148 SMs, NVLink5 1.8 TB/s bidirectional (900 one way), 8x ConnectX-7 400 Gb/s.
     # No published fused-attention figure yet: H100's fraction.
     "b200": _gpu("b200", "B200-180GB", 2.25e15, 4.5e15, 75e12, 180 * GB, 8e12, 0.640,
-                 900 * GB, 8, 50 * GB, 5.0, 148, 0.50, nvlink_eff=0.76, gpu_arch="blackwell"),
+                 900 * GB, 8, 50 * GB, 5.0, 148, 0.50, nvlink_eff=0.76, gpu_arch="blackwell", fp8_gemm_speedup=1.97),
     # GB200 NVL72 datasheet: 72 GPUs in one NVLink domain, 2.5 PFLOP/s bf16 dense, 5 fp8 per GPU,
     # 186 GB HBM3e at 8 TB/s, NVLink5 900 GB/s one way; ConnectX-8 800 Gb/s (100 GB/s) per GPU across racks.
     "gb200-nvl72": _gpu("gb200-nvl72", "GB200", 2.5e15, 5e15, 80e12, 186 * GB, 8e12, 0.640,
                         900 * GB, 72, 100 * GB, 6.0, 148, 0.50, nvlink_eff=0.76, gpu_arch="blackwell",
-                        nvls_bandwidth=840 * GB, host_cpu="arm"),
+                        nvls_bandwidth=840 * GB, host_cpu="arm", fp8_gemm_speedup=1.98),
     # NVIDIA Blackwell Ultra, from the datasheets (HGX B300: per GPU 2.25 PFLOP/s bf16 dense, 4.5 fp8 (the same
     # as B200; FP4 is what grew), 288 GB HBM3e at 8 TB/s, NVLink5 900 GB/s one way, ConnectX-8 800 Gb/s (100 GB/s)
     # per GPU; GB300 NVL72: 72 GPUs, 2.5 PFLOP/s bf16 dense and 5 fp8 per GPU, 288 GB at 8 TB/s). Blackwell
     # Ultra has 160 SMs. No measured GEMM, attention, NVLink or NVLS figures yet: B200's (GB200's NVLS ceiling,
     # the same NVLink switch system) stand in; no price or power on record.
     "b300": _gpu("b300", "B300-288GB", 2.25e15, 4.5e15, 75e12, 288 * GB, 8e12, 0.640, 900 * GB, 8, 100 * GB, 0.0,
-                 160, 0.50, nvlink_eff=0.76, gpu_arch="blackwell"),
+                 160, 0.50, nvlink_eff=0.76, gpu_arch="blackwell", fp8_gemm_speedup=1.90),
     "gb300-nvl72": _gpu("gb300-nvl72", "GB300", 2.5e15, 5e15, 80e12, 288 * GB, 8e12, 0.640, 900 * GB, 72, 100 * GB,
                         0.0, 160, 0.50, nvlink_eff=0.76, gpu_arch="blackwell", nvls_bandwidth=840 * GB,
-                        host_cpu="arm"),
+                        host_cpu="arm", fp8_gemm_speedup=1.90),
     # AMD Instinct MI300X datasheet: 1307.4 TFLOP/s bf16 dense, 2614.9 fp8, 163.4 fp32 matrix, 192 GB HBM3 at
     # 5.3 TB/s, 304 CUs; 8 GPUs fully connected by Infinity Fabric, 7 links of 64 GB/s one way (448 GB/s);
     # 400 Gb/s NIC per GPU. MI325X: the same compute die, 256 GB HBM3E at 6 TB/s. GEMM: MAMF 781.9 of 1300
@@ -383,14 +389,14 @@ PRESETS: dict[str, ClusterSpec] = {
     # 1024^3 (2026-11-23); bf16 has no native CPU GEMM here, rough 1e10. gloo all_reduce over loopback,
     # 2 ranks (tests/multirank.py): 0.77-0.87 GB/s bus bandwidth for 4-16 MB, 0.77 ms for 4 bytes (two ring
     # steps, ~0.35 ms each) while three engineers shared the cores. Issue 4's trainer measures whole steps.
-    # Software: torch's (FSDP2 units), with our runtime's gradient buckets, 1 MiB of fp32 gradient
-    # (runtime/config.py bucket_mb, parallel/data_parallel.py grad_buckets).
+    # Software: torch's (FSDP2 units), with our runtime's gradient buckets: its default --bucket-mb 25, torch
+    # DDP's bucket_cap_mb, of fp32 gradient (the "torch" FRAMEWORK_BUCKETS; runtime/loop/config.py bucket_mb,
+    # parallel/data_parallel.py grad_buckets).
     "local-cpu": ClusterSpec(name="local-cpu", accelerator="cpu (2 cores)", peak_flops_bf16=1e10,
                              peak_flops_fp8=0.0, peak_flops_fp32=3.4e10, hbm_bytes=8 * GB, hbm_bandwidth=10e9,
                              matmul_efficiency=1.0, tiers=(Tier("loopback", 0, 0.87e9, 3.5e-4, 1.0),),
                              default_devices=2, gemm_tile=(1, 1),
-                             software=Software(framework="torch", grad_bucket_params=2**18,
-                                               param_gather_fp32=True)),
+                             software=Software(framework="torch", param_gather_fp32=True)),
 }
 
 # Power per device, (board power, idle power) in W, for `meshscale scale`'s energy per token: a device draws

@@ -11,6 +11,7 @@ from meshscale.cost import predict
 from meshscale.data.indexed import is_indexed
 from meshscale.errors import UserError
 from meshscale.models import hf_weights
+from meshscale.parallel.precision import RECIPES, compile_refusal, fp8_refusal
 from meshscale.runtime.loop.data import check_tokens, load_tokens
 from meshscale.runtime.measure import live
 from meshscale.runtime.resilience.checkpoint import check_dir, check_same_run, identity, read_manifest
@@ -35,6 +36,7 @@ class TrainConfig:
     seq: int = 0  # 0: the model's own sequence length
     seed: int = 0
     precision: str = "fp32"
+    compile: bool = False  # torch.compile each transformer block
     lr: float = 3e-3
     min_lr: float = 3e-4
     warmup: int = 5
@@ -105,8 +107,8 @@ def world_from_env() -> int | None:
 def resolve(cfg: TrainConfig, world: int) -> Resolved:
     """Every pre-launch check. `world` is the number of processes that will run the job."""
 
-    if cfg.precision not in ("fp32", "bf16"):
-        raise UserError(f"--precision must be fp32 or bf16, got {cfg.precision!r}")
+    if cfg.precision not in RECIPES:
+        raise UserError(f"--precision must be one of {', '.join(RECIPES)}, got {cfg.precision!r}")
     for key in ("steps", "global_batch", "nproc", "nnodes"):
         if getattr(cfg, key) < 1:
             raise UserError(f"--{key.replace('_', '-')} must be at least 1, got {getattr(cfg, key)}")
@@ -160,6 +162,10 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
     if cfg.device == "cuda" and not torch.cuda.is_available():
         build = "has no CUDA" if torch.version.cuda is None else "sees no GPU"
         raise UserError(f"--device cuda: this torch ({torch.__version__}) {build}; use --device cpu (or auto)")
+    if cfg.precision == "fp8" and (why := fp8_refusal(_device_type(cfg), layout.tp)):
+        raise UserError(why)
+    if cfg.compile and (why := compile_refusal(_device_type(cfg))):
+        raise UserError(why)
     _check_nodes(cfg)
     check_fits(cfg, spec, layout)
     live.check(cfg, world)
@@ -207,7 +213,7 @@ def check_fits(cfg: TrainConfig, spec: ModelSpec, layout: Layout) -> None:
     """Refuse, before anything is built, a layout whose predicted memory per rank (the cost model's) exceeds
     what a rank has: the GPU's memory, or on CPU the host's available memory shared by its local processes."""
     need = predict(spec, load_cluster("local-cpu"), layout, cfg.global_batch, cfg.precision).memory_per_device_bytes
-    gpu = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    gpu = _device_type(cfg) == "cuda"
     if gpu:
         have, where = torch.cuda.get_device_properties(0).total_memory, "the GPU's memory"
     else:
@@ -226,6 +232,10 @@ def check_fits(cfg: TrainConfig, spec: ModelSpec, layout: Layout) -> None:
                     f"{state / 2**30:.1f} GiB of weights, gradients and optimizer state, "
                     f"{need['activations'] / 2**30:.1f} GiB of activations), more than the {have / 2**30:.1f} GiB "
                     f"a rank has ({where}); {fix}")
+
+
+def _device_type(cfg: TrainConfig) -> str:
+    return "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
 
 
 def available_host_bytes() -> int:

@@ -19,6 +19,7 @@ from meshscale.parallel.expert import ep_group_mean
 from meshscale.parallel.ledger import CommLedger
 from meshscale.parallel.mesh import build_mesh, from_every_rank, replica_mesh
 from meshscale.parallel.pipeline import PipelineRunner
+from meshscale.parallel.precision import autocast as precision_autocast
 from meshscale.parallel.tensor import vocab_parallel_cross_entropy
 from meshscale.runtime.loop.config import Resolved
 from meshscale.runtime.loop.data import Corpus, TokenData, load_corpus, rank_microbatches
@@ -29,7 +30,7 @@ from meshscale.runtime.measure.trace import analytic_bubble, measured_bubble, wr
 from meshscale.runtime.resilience import checkpoint
 from meshscale.runtime.resilience.faults import Injector, from_env
 from meshscale.runtime.resilience.guards import Guards, Snapshot, TrainingStopped
-from meshscale.runtime.resilience.preemption import Preempted, Preemption, stop_line
+from meshscale.runtime.resilience.preemption import Preempted, Preemption, reason, stop_line
 from meshscale.runtime.resilience.restarts import check_progress
 from meshscale.runtime.resilience.sdc import ReplicaCheck
 from meshscale.runtime.resilience.watchdog import Sections, Watchdog
@@ -142,9 +143,10 @@ class Training:
             _import_setup()
         self.baseline = heap_bytes() if device.type == "cpu" else 0  # the corpus is not the model's memory
         par = self.par = apply_layout(meta_model(spec, device), layout, mesh, self.ledger, cfg.precision,
-                                      cfg.bucket_mb, _weights_from(cfg.init_from, spec), cfg.seed, device)
+                                      cfg.bucket_mb, _weights_from(cfg.init_from, spec), cfg.seed, device,
+                                      cfg.compile)
         self.optimizer = build_optimizer(par.optim_params(), cfg.lr, cfg.weight_decay)
-        autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
+        autocast = precision_autocast(cfg.precision, device)
         self.m = m = layout.microbatches(cfg.global_batch)
         self.faults = Injector(from_env(), dist.get_rank() if multi else 0)
         loss_fn = self.faults.wrap_loss(loss_function(mesh["tp"].get_group() if layout.tp > 1 else None))
@@ -172,7 +174,8 @@ class Training:
         # memory is reported (--predict, --metrics-out).
         self.probe = (MemoryProbe(self.baseline) if device.type == "cpu" and (cfg.predict or cfg.metrics_out)
                       else None)
-        self.preemption = Preemption(multi, device, cfg.time_limit)
+        self.preemption = Preemption(cfg.time_limit)
+        self.stop_code = 0  # the step's control all-reduce sets it
         self.rollbacks: Counter = Counter()  # per checkpoint directory
         self.saver = (checkpoint.AsyncSaver(cfg.keep) if cfg.async_save and cfg.checkpoint_dir else None)
         # last: the watchdog watches from the load on, and stops again if what follows it fails
@@ -260,7 +263,7 @@ class Training:
                 self.metrics.log(row)  # the rows of the steps run again follow it in the file
                 step = self.roll_back(actions["rollback"])
                 continue
-            stop = self.preemption.requested() if step + 1 < cfg.steps else None  # the last step just ends
+            stop = reason(self.stop_code) if step + 1 < cfg.steps else None  # the last step just ends
             saved = None
             if checkpoint.due(cfg, step + 1) or (stop and cfg.checkpoint_dir):
                 self.check_before_save(step, row)
@@ -303,12 +306,16 @@ class Training:
         layout = self.layout
         self.beat(step, "forward/backward")
         loss = self.step_fn(micro)
+        # one control all-reduce, running while the gradient norm is computed: the guards' flags, the mean loss
+        # (each tp x pp group holds its dp x cp replica's loss on every rank, so the world's mean is theirs)
+        # and the preemption request
+        decide = self.guards.launch(loss if self.owns_loss else None, loss / layout.devices, self.preemption.code())
         self.beat(step, "gradient norm")
         grad_norm = clip_gradients(self.par, self.cfg.clip)
-        loss_value = _all_mean(loss.clone(), self.dp_group, layout.dp * layout.cp)
         self.beat(step, "guards")
-        return loss_value, grad_norm, self.guards.check(step, loss if self.owns_loss else None, loss_value,
-                                                        grad_norm)
+        control = decide(step, grad_norm)
+        self.stop_code = control.stop
+        return control.loss, grad_norm, control.anomaly
 
     def step(self, step: int) -> tuple[dict, list]:
         """One optimizer step (replayed once on an anomaly with --replay-anomalies): its metrics row and the

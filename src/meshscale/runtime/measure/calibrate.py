@@ -249,6 +249,9 @@ def cluster_fields(per_rank: list[dict], device, nproc: int, method: str) -> dic
             kinds.append((kind, *alpha_beta(kind, samples, nproc)))
         ar = next(k for k in kinds if k[0] == "all_reduce")
         fields["software"]["overlap_efficiency"] = med(r["overlap"] for r in per_rank)
+        # That fraction already holds the slowdown of the GEMMs beside the all-reduce (they ran together), so
+        # the SM share cost/comm.sm_share would otherwise derive must not be charged on top of it.
+        fields["overlap_slowdown"] = 0.0
         fields["fsdp_unit_overhead_s"] = med(r["fsdp"][0] for r in per_rank)
         fields["fsdp_tensor_overhead_s"] = med(r["fsdp"][1] for r in per_rank)
         # The tier carries the fastest kind's bandwidth, so the planner's latency-free bound stays a bound.

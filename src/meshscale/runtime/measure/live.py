@@ -6,11 +6,22 @@ steps (--memory-snapshot STEPS). Rank 0 writes the metrics; every rank its trace
 
 import os
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 from meshscale.cost import predict
 from meshscale.errors import UserError
 from meshscale.specs.cluster import load_cluster
+
+
+def run_cluster(cfg):
+    """The ClusterSpec this run's prediction is costed on: --cluster's, with the gradient buckets our runtime
+    cuts (torch DDP's bucket_cap_mb = --bucket-mb MiB of fp32 gradient, parallel/data_parallel.grad_buckets),
+    whatever framework the cluster file's [software] copies."""
+    cluster = load_cluster(cfg.cluster)
+    params = max(1, int(cfg.bucket_mb * 2**20) // 4)
+    return replace(cluster, software=replace(cluster.software, framework="torch", grad_bucket_params=params))
+
 
 MEASURED = ("loss", "aux_loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "peak_memory_bytes")
 
@@ -100,7 +111,7 @@ class LiveMetrics:
         self.tensorboard = self.wandb = None
         self.predicted = None
         if is_logger and (cfg.tensorboard or cfg.wandb):
-            self.predicted = predict(run.spec, load_cluster(cfg.cluster), run.layout, cfg.global_batch,
+            self.predicted = predict(run.spec, run_cluster(cfg), run.layout, cfg.global_batch,
                                      cfg.precision).to_dict()
         if is_logger and cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter

@@ -12,7 +12,7 @@ from functools import lru_cache
 import torch
 
 from meshscale.cost import predict
-from meshscale.specs.cluster import load_cluster
+from meshscale.runtime.measure.live import run_cluster
 
 
 class _MallInfo2(ctypes.Structure):
@@ -158,7 +158,7 @@ def _keep_rows_before(path: str, step: int) -> None:
 def predicted(run) -> dict:
     """The cost model's prediction for this run (imported only here: --predict)."""
 
-    prediction = predict(run.spec, load_cluster(run.config.cluster), run.layout, run.config.global_batch,
+    prediction = predict(run.spec, run_cluster(run.config), run.layout, run.config.global_batch,
                          run.config.precision)
     return prediction.to_dict()
 
