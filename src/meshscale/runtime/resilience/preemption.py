@@ -102,17 +102,20 @@ def stop_line(reason: str, step: int, saved, time_limit: float) -> str:
             f"(exit code {EXIT_PREEMPTED})")
 
 
-def leave_status(line: str) -> None:
-    """A local launcher's worker: leave the line for the launcher (rank 0 only calls this)."""
+def leave_status(line: str, code: int = EXIT_PREEMPTED) -> None:
+    """A local launcher's worker: leave the line and the run's exit code for the launcher (rank 0 only calls
+    this)."""
     path = os.environ.get(STATUS_ENV)
     if path:
         with open(path, "w") as f:
-            json.dump({"line": line}, f)
+            json.dump({"line": line, "code": code}, f)
 
 
-def read_status(path: str) -> str | None:
+def read_status(path: str) -> tuple[str, int] | None:
+    """(line, exit code) a worker left, or None."""
     try:
         with open(path) as f:
-            return json.load(f)["line"]
+            status = json.load(f)
+        return status["line"], int(status.get("code", EXIT_PREEMPTED))
     except (OSError, ValueError, KeyError):
         return None
