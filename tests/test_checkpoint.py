@@ -22,6 +22,7 @@ SPEC = {"name": "tiny-odd", "layers": 4, "hidden": 32, "heads": 4, "kv_heads": 2
 SAME_LAYOUT = {2: ["dp=2,zero=0", "dp=2,zero=1", "dp=2,zero=2", "dp=2,zero=3", "tp=2", "pp=2,schedule=1f1b"],
                4: ["dp=2,tp=2", "pp=2,dp=2"]}
 TWICE = "pp=2,schedule=1f1b"  # resumed twice in a row
+ASYNC = ["dp=2,zero=0", "dp=2,zero=3"]  # also saved with --async-save: live tensors, FSDP2's DTensors
 
 
 def _run(model: str, layout: str, world: int, ckpt: str, **kw):
@@ -90,8 +91,13 @@ def _same_layout_cases(rank, world, root, model):
         base = os.path.join(root, _slug(layout))
         full = _losses(_run(model, layout, world, f"{base}/full"), tokens)
         _copy_checkpoint(f"{base}/full", 2, f"{base}/once")
-        once = _losses(_run(model, layout, world, f"{base}/once"), tokens)
+        # ASYNC: the resumed run saves steps 3 and 4 while the next step runs; resumed again from its step 3
+        once = _losses(_run(model, layout, world, f"{base}/once", async_save=layout in ASYNC), tokens)
         out[layout] = {"full": full, "once": once, "kept": [s for s, _ in complete(f"{base}/full")]}
+        if layout in ASYNC:
+            _copy_checkpoint(f"{base}/once", 3, f"{base}/from_async")
+            out[layout]["async"] = {"kept": [s for s, _ in complete(f"{base}/once")], "dir": base,
+                                    "resumed": _losses(_run(model, layout, world, f"{base}/from_async"), tokens)}
         if layout == TWICE:  # resume from a checkpoint that a resumed run wrote
             _copy_checkpoint(f"{base}/once", 3, f"{base}/twice")
             out[layout]["twice"] = _losses(_run(model, layout, world, f"{base}/twice"), tokens)
@@ -201,6 +207,20 @@ def test_resume_under_the_same_layout_is_bit_exact(world, two_ranks, four_ranks)
             assert r["twice"] == r["full"][3:], layout
 
 
+def test_an_async_checkpoint_holds_the_state_of_its_step_and_resumes_bit_exact(two_ranks):
+    """--async-save (in the runs resumed from step 2): the step after a save changes the weights while the save
+    is written; the checkpoint holds the state of its own step (equal to the synchronous run's), retention works
+    from the saving thread, and a resume from an async checkpoint continues bit for bit."""
+    results = two_ranks[1]
+    for layout in ASYNC:
+        r, full = results[layout]["async"], results[layout]["full"]
+        assert results[layout]["once"] == full[2:] and r["resumed"] == full[3:], layout
+        assert r["kept"] == [2, 3, 4], layout
+        base = Path(r["dir"])
+        # step 3 was written while step 3 ran and changed the weights
+        _assert_same_state(base / "full" / "step-00000003", base / "once" / "step-00000003")
+
+
 def test_resharded_resume_within_four_processes(two_ranks, four_ranks):
     """Every RESHARDED case: the reloaded state, saved again under the new layout, equals the saved one, and
     the losses continue the uninterrupted source run's."""
@@ -252,8 +272,13 @@ def test_a_save_cut_short_leaves_the_previous_checkpoint_usable(tmp_path, model_
     assert (tmp_path / "step-00000003" / ".metadata").exists()
     assert [s for s, _ in checkpoint.complete(tmp_path)] == [2]
     monkeypatch.setattr(checkpoint, "_commit", commit)
+    hashed, sha256 = [], checkpoint._sha256
+    monkeypatch.setattr(checkpoint, "_sha256", lambda path: hashed.append(Path(path)) or sha256(path))
     assert _losses(_run(model_file, "dp=1", 1, str(tmp_path)), _tokens()) == reference[2:]
     assert [s for s, _ in checkpoint.complete(tmp_path)] == [2, 3, 4]
+    # every file hashed once: step 2's by the pre-start check only (not again by the resume), 3's and 4's as saved
+    assert sorted(hashed) == sorted(set(hashed)) and {p.parent.name for p in hashed} == {
+        "step-00000002", "step-00000003", "step-00000004"}
 
 
 @pytest.mark.parametrize("damage", ["truncate", "alter"])

@@ -78,3 +78,19 @@ def test_the_planners_bound_stays_below_predict_with_interference_and_spread():
                 assert b <= pred.step_time_s * (1 + 1e-9), (pool.layout(i), b, pred.step_time_s)
                 checked += 1
         assert checked > 1000
+
+
+def test_the_planners_bound_stays_below_predict_on_a_calibrated_cluster():
+    """A calibrated cluster's measured collectives over tier 0 replace the link model in predict: the bound's
+    floors (the CP ring's with its latencies) must use them too. Here the measured send/recv is slow per call
+    (the ring is latency-bound) and the measured bus bandwidths beat the preset's."""
+    from meshscale.plan.search import search
+
+    measured = replace(H100, collectives=(("send_recv", 2e-4, 1e12), ("all_gather", 1e-5, 1e12),
+                                          ("reduce_scatter", 1e-5, 1e12), ("all_reduce", 1e-5, 1e12)))
+    pool = search(MODEL.with_seq(32768), measured, 8, 16, top=3, prune=False).pool
+    costed = [(b, pool.costed.get(pool.layout(i))) for i, b in enumerate(pool.bounds)]
+    costed = [(b, pred) for b, pred in costed if pred is not None]
+    assert len(costed) > 100 and any("cp=" in pred.layout for _, pred in costed)
+    assert all(b <= pred.step_time_s * (1 + 1e-9) for b, pred in costed), \
+        max(costed, key=lambda bp: bp[0] / bp[1].step_time_s)

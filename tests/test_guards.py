@@ -43,6 +43,22 @@ def test_spike_rule_needs_warmup_and_flags_only_far_outliers():
     assert SpikeRule(sigma=0).exceeded(1e9) is None  # off
 
 
+def test_an_injected_spike_stops_a_clean_run_at_its_step(monkeypatch):
+    """One process, the trainer's default rule: a loss (so gradients) x 20 at step 24 of a batch-2 run, the
+    noisiest batch of benchmarks/spike_guard_sweep.py, is caught at that step and nowhere before it. (The
+    gradient norm, which grows and varies through the warm-up, is not yet steady enough to call x 20 a spike.)"""
+    import torch
+
+    from meshscale.runtime.loop.config import TrainConfig, resolve
+    from meshscale.runtime.loop.trainer import train
+    from meshscale.runtime.resilience.guards import TrainingStopped
+
+    monkeypatch.setenv("MESHSCALE_FAULT", "spike@step=24,factor=20")
+    run = resolve(TrainConfig(steps=30, global_batch=2, seq=16, val_batches=1), 1)
+    with pytest.raises(TrainingStopped, match=r"^step 24: loss spike [\d.]+ > "):
+        train(run, torch.device("cpu"), log=False)
+
+
 def test_fingerprint_sees_every_single_bit_and_majority_names_the_odd_replica():
     import torch
 

@@ -53,8 +53,8 @@ def expected_send_bytes(layout: Layout, pp_rank: int, m: int) -> int:
 
 
 def _stages(layout, r):
-    from meshscale.parallel.pipeline import stage_indices
-    return stage_indices(r, layout)
+    from meshscale.specs.placement import rank_chunks
+    return rank_chunks(layout.pp, layout.stages, layout.v_shaped, r)
 
 
 def pp_case(layout: Layout, pp_group, tp_group, ref_loss, ref_grads, dp_mesh=None) -> dict:

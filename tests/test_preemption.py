@@ -1,5 +1,6 @@
 """What production clusters do to a job, through `meshscale train` as a scheduler runs it: preemption by
-SIGTERM (saved, exit 75, resumed bit for bit), a second signal (out at once), --time-limit, a launcher
+SIGTERM (saved, exit 75, resumed bit for bit), a save slower than --timeout (not a hang), a second signal
+(out at once), --time-limit, a launcher
 killed with SIGKILL (no worker survives it), a second job on the same checkpoint directory (refused in one
 line), and a resume under other settings (refused, naming them)."""
 
@@ -54,8 +55,11 @@ def _gone(tag: str, within: float = 30.0) -> bool:
 
 def test_sigterm_saves_every_rank_and_the_same_command_resumes_bit_exact(tmp_path):
     run = ["--nproc", "2", "--layout", "dp=2,zero=1", "--steps", "40", "--checkpoint-every", "1000"]
-    clean, _ = _start(tmp_path, "clean", *run)
-    assert _finish(clean)[0] == 0
+    # the reference run's one save takes 14 s longer on rank 1 than its --timeout: a save has its own timeout
+    clean, _ = _start(tmp_path, "clean", *run, "--timeout", "10", fault="slowsave@step=39,rank=1,seconds=14")
+    code, _, err = _finish(clean)
+    assert code == 0 and err == "", err  # before: "hang: ... stopped after --timeout 10 s"
+    assert _rows(tmp_path / "clean.jsonl")[-1]["checkpoint_save_s"] >= 14
 
     proc, tag = _start(tmp_path, "preempted", *run, fault="slow@step=0,rank=1,factor=4")
     _wait_for_rows(proc, tmp_path / "preempted.jsonl", 3)

@@ -32,12 +32,17 @@ def _meshscale(*args, env=None, timeout=240, module=("-m", "meshscale")):
     (["--nproc", "4", "--layout", "dp=4,zero=1,shard=3"], "must divide dp*cp"),
     (["--nproc", "4", "--layout", "pp=2,dp=2,zero=2,schedule=zbv,mbs=1"], "zero=2 cannot reduce-scatter"),
     (["--trace", "t.json"], "needs a layout with pp > 1"),
-    (["--precision", "fp8"], "fp32 or bf16"),
+    (["--metrics-out", str(ROOT / "pyproject.toml" / "m.jsonl")], "pyproject.toml does not exist or is not a dir"),
+    (["--nproc", "2", "--layout", "pp=2", "--plot", "p.png", "--trace", str(ROOT / "Makefile" / "t.json")],
+     "Makefile does not exist or is not a directory"),
+    (["--precision", "fp16"], "one of bf16, bf16-pure, fp8, fp32"),
     (["--config", "/no/such.toml"], "file not found"),
     (["--nnodes", "2", "--nproc", "2"], "needs --master-addr"),
     (["--nnodes", "2", "--node-rank", "2", "--master-addr", "127.0.0.1"], "--node-rank must be in 0..1"),
     (["--model", "llama2-7b"], "GiB per rank (cost model"),
     pytest.param(["--device", "cuda"], "--device cuda: this torch",
+                 marks=pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here")),
+    pytest.param(["--precision", "fp8"], "needs an NVIDIA GPU with float8 matrix units (compute capability 8.9+",
                  marks=pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here")),
 ])
 def test_bad_input_is_one_line_before_any_process(args, message):

@@ -2,6 +2,7 @@
 per device, and a training run's loss with predicted vs measured step time. matplotlib is imported only
 when a picture is asked for."""
 
+import math
 import sys
 
 
@@ -115,18 +116,23 @@ def collective_plot(rows: list[dict], title: str, path: str, measured: list[tupl
 
 
 def budget_plot(options, deadline_days: float, title: str, path: str) -> None:
-    """Days against dollars for every (cluster, devices) option; the Pareto front joined, the deadline drawn."""
+    """Days against dollars for every (cluster, devices) option, each with its error band (days and dollars
+    both scale with the step time, so the band's p90 is a segment along the diagonal); the Pareto front
+    joined, the deadline drawn."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     for cluster in dict.fromkeys(o.cluster for o in options):
         mine = [o for o in options if o.cluster == cluster]
-        ax.scatter([o.days for o in mine], [o.dollars for o in mine], label=cluster, s=18)
+        dots = ax.scatter([o.days for o in mine], [o.dollars for o in mine], label=cluster, s=18)
         for o in mine:
             ax.annotate(f"{o.devices:,}", (o.days, o.dollars), fontsize=6, xytext=(3, 3), textcoords="offset points")
+            days, dollars = o.range_of(o.days), o.range_of(o.dollars)
+            if days and dollars and math.isfinite(days[1]):
+                ax.plot(days, dollars, color=dots.get_facecolor()[0], lw=1.5, alpha=0.5)
     front = sorted((o for o in options if o.pareto), key=lambda o: o.days)
     ax.plot([o.days for o in front], [o.dollars for o in front], "k--", lw=1, label="Pareto front")
     ax.axvline(deadline_days, color="red", lw=1, label=f"deadline ({deadline_days:g} days)")
     ax.set_xscale("log"), ax.set_yscale("log")
     ax.set_xlabel("days (wall clock, failures included)"), ax.set_ylabel("dollars")
-    ax.set_title(title), ax.legend(fontsize=8)
+    ax.set_title(f"{title}; segments: the error band's p90"), ax.legend(fontsize=8)
     _save(fig, path)

@@ -22,7 +22,8 @@ _HELP = {
     "master_port": "TCP port of the rendezvous on node 0 (default 29500)",
     "steps": "optimizer steps", "global_batch": "sequences per optimizer step",
     "seq": "sequence length (default: the model's)", "seed": "initialisation and data seed",
-    "precision": "fp32 or bf16 (bf16 autocast, fp32 master weights and reductions)",
+    "precision": "fp32; bf16 (bf16 compute, fp32 master weights and gradient reductions); bf16-pure (bf16 "
+                 "weights, gradients and AdamW state); fp8 (bf16 + torchao float8 linears, GPUs of compute capability 8.9+)",
     "lr": "peak learning rate", "min_lr": "final learning rate of the cosine decay",
     "warmup": "linear warm-up steps", "weight_decay": "AdamW weight decay", "clip": "gradient-norm clip (0: off)",
     "bucket_mb": "gradient bucket size in MiB (DDP, ZeRO; default 25, torch DDP's)",
@@ -45,20 +46,28 @@ _HELP = {
     "device": "auto, cpu or cuda",
     "cluster": "ClusterSpec that --predict uses: a preset or a file from `meshscale calibrate` (default local-cpu)",
     "timeout": "seconds a rank may make no progress before the job ends naming the stuck rank (default 300)",
+    "save_timeout": "seconds a checkpoint save may take (default 0: the larger of --timeout, 600 and 5x the longest "
+                    "save so far)",
+    "load_timeout": "seconds a checkpoint load may take (default 0: derived as for --save-timeout)",
+    "eval_timeout": "seconds the final evaluation may take (default 0: derived as for --save-timeout)",
     "on_anomaly": "stop (default), skip the optimizer step, or rollback to the newest checkpoint on a non-finite "
                   "or spiking loss or gradient (rollback also on silent data corruption)",
-    "spike_sigma": "a loss or gradient norm whose log is this many std above its recent mean is a spike (0: off)",
+    "spike_sigma": "a loss (and with --clip 0 a gradient norm) whose log is this many std above its mean over the last "
+                   "100 healthy steps is a spike (default 6; 0: off)",
     "sdc_check_every": "compare replicas' bit fingerprints every N steps (default 50; 0: off)",
     "checkpoint_dir": "save checkpoints here (DCP, any layout reloads them) and resume from the newest one",
     "checkpoint_every": "steps between checkpoints (default 50; the last step is always saved)",
     "keep": "complete checkpoints to keep, at least 2 (default 3)",
     "max_restarts": "restart all local workers this many times after a failure, resuming from the newest "
                     "checkpoint (needs --checkpoint-dir; under an outer torchrun use torchrun --max-restarts)",
+    "max_no_progress_restarts": "stop (exit 2) after this many restarts in a row that resumed from the same "
+                                "checkpoint as the attempt before (default 3)",
     "max_rollbacks": "--on-anomaly rollback reloads one checkpoint at most this many times, then stops (default 3)",
     "time_limit": "seconds of training, then every rank finishes its step, saves and exits with code 75 "
                   "(as on SIGTERM/SIGINT; rerun to resume; needs --checkpoint-dir)",
 }
-_FLAGS = ("overwrite", "predict", "replay_anomalies", "document_mask", "allow_config_change")
+_FLAGS = ("overwrite", "predict", "replay_anomalies", "document_mask", "allow_config_change", "compile",
+          "async_save")
 
 
 def add_arguments(parser) -> None:
@@ -68,8 +77,9 @@ def add_arguments(parser) -> None:
             continue
         kind = {"nproc": int, "nnodes": int, "node_rank": int, "master_port": int, "steps": int, "global_batch": int, "seq": int, "seed": int, "val_batches": int, "log_every": int,
                 "lr": float, "min_lr": float, "warmup": int, "weight_decay": float, "clip": float,
-                "bucket_mb": float, "timeout": float, "spike_sigma": float, "sdc_check_every": int,
+                "bucket_mb": float, "timeout": float, "save_timeout": float, "load_timeout": float, "eval_timeout": float, "spike_sigma": float, "sdc_check_every": int,
                 "checkpoint_every": int, "keep": int, "max_restarts": int, "max_rollbacks": int,
+                "max_no_progress_restarts": int,
                 "time_limit": float}.get(name, str)
         parser.add_argument(flag, type=kind, default=None, help=_HELP.get(name))
     parser.add_argument("--config", default=None, help=_HELP["config"])
@@ -80,8 +90,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--document-mask", action="store_true", default=None,
                         help="attention stays within each document and positions restart at each one "
                              "(needs an indexed dataset; not with pp or cp)")
+    parser.add_argument("--compile", action="store_true", default=None,
+                        help="torch.compile each transformer block (inductor; on CPU it needs a C++ compiler)")
     parser.add_argument("--replay-anomalies", action="store_true", default=None,
                         help="re-run an anomalous step from a pre-step snapshot: transient or persistent")
+    parser.add_argument("--async-save", action="store_true", default=None,
+                        help="save checkpoints with DCP's async_save: the step waits only for a copy of the state "
+                             "in host memory (one more copy of it there); a thread writes and commits it")
     parser.add_argument("--allow-config-change", action="store_true", default=None,
                         help="resume although the seed, batch, sequence length, data or LR schedule differ from "
                              "the checkpoint's")

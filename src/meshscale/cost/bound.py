@@ -11,11 +11,11 @@ cost/kernels.py, cost/comm.py, cost/pipeline.py, cost/step.py), so a change ther
 """
 
 from dataclasses import dataclass, fields
-from functools import cached_property, lru_cache
+from functools import lru_cache
 
 import numpy as np
 
-from meshscale.cost import comm
+from meshscale.cost import comm, overhead
 from meshscale.cost.comm import Overlap
 from meshscale.cost.kernels import Passes, attention_core_seconds, counted_seconds, kernel_shape
 from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busiest_rank, expert_params_on_rank,
@@ -56,20 +56,42 @@ class Shape:
         """Sequences per data-parallel rank and step."""
         return self.global_batch // self.dp
 
-    @cached_property
-    def layouts(self) -> list:
-        """One Layout per schedule (dp, tp, pp, cp, ep and the schedule; what placement depends on)."""
-        return [Layout(dp=self.dp, tp=self.tp, pp=self.pp, vpp=v, schedule=n, cp=self.cp, ep=self.ep)
-                for n, v in self.schedules]
-
-    @cached_property
-    def v_shaped(self) -> np.ndarray:
-        """Per schedule: Layout.v_shaped."""
-        return np.array([lay.v_shaped for lay in self.layouts])
-
     def schedule_is(self, *names) -> np.ndarray:
         """Per schedule: whether it is one of `names`."""
         return np.array([n in names for n, _ in self.schedules])
+
+
+@dataclass(frozen=True)
+class Placements:
+    """Per schedule of a shape, where its chunks and parameters are: what depends on tp, ep, pp and the
+    schedules, and not on dp or cp (so the shapes that differ in those share one)."""
+    layouts: tuple  # one Layout per schedule
+    v_shaped: np.ndarray
+    owned: tuple  # layers of each pipeline rank
+    busy: tuple  # the rank holding the most parameters (memory.busiest_rank)
+    params: np.ndarray  # its parameters, less the routed experts under EP (those reduce over their own group)
+    root: np.ndarray  # its root unit's parameters (embedding, final norm, head)
+    chunks: tuple  # how many chunks it holds
+
+
+def placements(model: ModelSpec, shape: "Shape") -> Placements:
+    return _placements(model, shape.tp, shape.ep, shape.pp, shape.schedules)
+
+
+@lru_cache(maxsize=4096)
+def _placements(model: ModelSpec, tp: int, ep: int, pp: int, schedules: tuple) -> Placements:
+    layouts = tuple(Layout(dp=ep, tp=tp, pp=pp, vpp=v, schedule=n, ep=ep) for n, v in schedules)
+    busy = tuple(busiest_rank(model, lay) for lay in layouts)
+    params = np.array([params_on_rank(model, lay, r) - (expert_params_on_rank(model, lay, r) if ep > 1 else 0.0)
+                       for lay, r in zip(layouts, busy)])
+    root = np.array([root_params_on_rank(model, lay, r) for lay, r in zip(layouts, busy)])
+    v_shaped = np.array([lay.v_shaped for lay in layouts])
+    for a in (params, root, v_shaped):
+        a.flags.writeable = False
+    return Placements(layouts, v_shaped,
+                      tuple(layer_counts(model.layers, pp, lay.stages, lay.v_shaped) for lay in layouts), busy,
+                      params, root,
+                      tuple(len(rank_chunks(pp, lay.stages, lay.v_shaped, r)) for lay, r in zip(layouts, busy)))
 
 
 @dataclass
@@ -98,7 +120,7 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
     tp, pp, cp, dp, ep = shape.tp, shape.pp, shape.cp, shape.dp, shape.ep
     z, shard, s_i, k_i, r_i = rows.zero, rows.shard, rows.sp, rows.schedule, rows.recompute
     bytes_ = PRECISIONS[precision]
-    v_shaped = shape.v_shaped[k_i]
+    v_shaped = placements(model, shape).v_shaped[k_i]
     p_std, e_std = busiest_params(model, tp, ep, pp, pp, False)
     p_v, e_v = busiest_params(model, tp, ep, pp, 2 * pp, True) if pp > 1 and 2 * pp <= model.layers else (p_std,
                                                                                                            e_std)
@@ -115,8 +137,7 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
     per_token, rebuild = (a * scale for a in _activation_bytes(model, tp, shape.sps, cluster.fused_attention,
                                                                not cluster.software.fused_elementwise))
     tokens = rows.mbs * model.seq / cp
-    held = np.array([[held_layers(model.layers, pp, v, n, shape.per_rank // b) for b in shape.microbatch_sizes]
-                     for n, v in shape.schedules])[k_i, rows.mbs_index]
+    held = _held_layers(model.layers, pp, shape.schedules, shape.per_rank, shape.microbatch_sizes)[k_i, rows.mbs_index]
     logits = np.where(v_shaped | (pp == 1), 4 * model.vocab / tp, 0.0)  # the head on the first rank
     full = r_i == RECOMPUTE_MODES.index("full")  # one layer rebuilt at a time during backward
     acts = (per_token[s_i, r_i] * held + np.where(full, rebuild[s_i], 0.0) + logits) * tokens
@@ -134,6 +155,15 @@ def _activation_bytes(model: ModelSpec, tp: int, sps: tuple, fused_attention: bo
     return per_token, rebuild
 
 
+@lru_cache(maxsize=4096)
+def _held_layers(layers: int, pp: int, schedules: tuple, per_rank: int, microbatch_sizes: tuple) -> np.ndarray:
+    """memory.held_layers per (schedule, micro-batch size): shared by the shapes with these pp and dp."""
+    held = np.array([[held_layers(layers, pp, v, n, per_rank // b) for b in microbatch_sizes] for n, v in schedules])
+    held.flags.writeable = False
+    return held
+
+
+@lru_cache(maxsize=4096)
 def busiest_params(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_shaped: bool) -> tuple[float, float]:
     """(parameters, routed expert parameters) of the pipeline rank holding the most (memory.busiest_rank)."""
     rank = heaviest_rank(model, tp, ep, pp, chunks, v_shaped)
@@ -167,21 +197,18 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     compute = m * (f + b + w)
     forward = m * f  # what is left of a micro-batch once its backward has started
 
-    owned = [layer_counts(model.layers, pp, lay.stages, lay.v_shaped) for lay in shape.layouts]
+    placed = placements(model, shape)
+    owned = placed.owned
     fewest, most = min(map(min, owned)), max(map(max, owned))
     args = (model, cluster, shape, act_bytes)
-    cp_floor = np.array([context_parallel_floor(*args, r, fewest, most, precision) for r in RECOMPUTE_MODES])
+    cp_floor = np.array([context_parallel_floor(*args, r, fewest, most, precision, slowest_device)
+                         for r in RECOMPUTE_MODES])  # per recompute x micro-batch size
     tp_floor = {n: np.array([tensor_parallel_floor(*args, r, n) for r in RECOMPUTE_MODES])
                 for n in {min(o) for o in owned}}
-    comm_floor = np.array([tp_floor[min(o)] + cp_floor for o in owned])  # per schedule x recompute
-    send_floor = np.array([pipeline_floor(*args, lay) for lay in shape.layouts])
-    # per schedule, the busiest rank's parameters and those of its root unit: what predict charges over
-    # dp*cp (under EP the routed experts reduce over their own, smaller group: left out of the bound)
-    busy = [busiest_rank(model, lay) for lay in shape.layouts]
-    p_k_of_schedule = np.array([params_on_rank(model, lay, r) - (expert_params_on_rank(model, lay, r) if ep > 1
-                                                                  else 0.0) for lay, r in zip(shape.layouts, busy)])
-    p_k = p_k_of_schedule[k_i]
-    root_k = np.array([root_params_on_rank(model, lay, r) for lay, r in zip(shape.layouts, busy)])[k_i]
+    comm_floor = np.array([tp_floor[min(o)] for o in owned])  # per schedule x recompute
+    send_floor = np.array([pipeline_floor(*args, lay) for lay in placed.layouts])
+    # per row, the busiest rank's parameters and those of its root unit: what predict charges over dp*cp
+    p_k, root_k = placed.params[k_i], placed.root[k_i]
 
     def per_byte(collective):  # seconds per byte over each row's shard group
         full, hybrid = (bandwidth_seconds(cluster, shape.devices, collective, 1.0, g, tp)
@@ -192,16 +219,17 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     ar = np.minimum(per_byte("all_reduce"), 2 * rs)  # DDP's all-reduce: NVLS may beat reduce-scatter + gather
     update = param_gather_bytes(cluster.software, precision)
     gather = ag * update * p_k if not cluster.software.param_gather_overlap else 0.0
-    ratio = bubble_floor(shape, rows, kernels, elementwise, m, slowest, others)
+    ratio = bubble_floor(shape, rows, kernels, elementwise, m, slowest, others, placed.v_shaped)
     sends = np.maximum(send_floor[k_i] - m * kernels.lead, 0.0)  # what the slowest rank's lead leaves
     if dp * cp > 1:  # what the hidden ZeRO-0-2 traffic takes from the compute it hides behind
-        buckets = np.array([comm.grad_buckets(cluster.software, p, dp * cp, r == 0,
-                                              len(rank_chunks(pp, lay.stages, lay.v_shaped, r)))
-                            for lay, r, p in zip(shape.layouts, busy, p_k_of_schedule)])[k_i]
+        buckets = np.array([comm.grad_buckets(cluster.software, p, dp * cp, r == 0, chunks)
+                            for r, p, chunks in zip(placed.busy, placed.params, placed.chunks)])[k_i]
         sends = sends + data_parallel_interference(cluster, z, m, buckets, compute - forward, forward,
                                                    np.where(z == 0, ar, rs) * grad_reduce_bytes(
                                                        cluster.software, precision) * p_k, ag * update * p_k)
-    bound = (compute + comm_floor[k_i, r_i] + sends) * (1 + ratio) + np.where((z == 1) | (z == 2), gather, 0.0)
+    # what the bubble stretches (the critical path) and what it does not (the data-parallel traffic after it)
+    on_path = compute + comm_floor[k_i, r_i] + cp_floor[r_i, rows.mbs_index] + sends
+    off_path = np.where((z == 1) | (z == 2), gather, 0.0)
     if dp * cp > 1:  # gradient reduction not hidden by backward (zero 0-2) or FSDP traffic beyond compute
         grads = rs * grad_reduce_bytes(cluster.software, precision) * p_k
         backward = compute - forward
@@ -216,13 +244,16 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
         ar_grads = ar * grad_reduce_bytes(cluster.software, precision) * p_k
         unhidden = np.select([z == 0, z == 1, z == 2], [ar_grads - backward / m, grads - backward / m,
                                                          m * grads - backward], fsdp - compute)
-        bound = bound + np.maximum(unhidden, 0.0)
+        off_path = off_path + np.maximum(unhidden, 0.0)
         if cluster.software.fsdp_prefetch:
-            # FSDP's collectives (each of >= 2 calls, one of which may show) hide at least min(compute,
-            # efficiency x half their time), which slows that compute by their SM share (predict's interference)
-            hides = np.minimum(compute, cluster.software.overlap_efficiency * fsdp / 2)
-            bound = bound + np.where(z == 3, comm.sm_share(cluster, "dp") * hides, 0.0)
-    return bound
+            # FSDP's collectives hide at least min(compute, efficiency x (1 - 1/calls) of their time), one call
+            # of each showing (step._shown), and slow that compute by their SM share: predict's interference, on
+            # the critical path. Each makes a call per unit at least, the layers of the lightest rank and the
+            # root (comm.data_parallel_ops); the experts' own units under EP may be as few as two.
+            calls = fewest + 1 if ep == 1 else 2
+            hides = np.minimum(compute, cluster.software.overlap_efficiency * fsdp * (1 - 1 / calls))
+            on_path = on_path + np.where(z == 3, comm.sm_share(cluster, "dp") * hides, 0.0)
+    return on_path * (1 + ratio) + off_path
 
 
 def data_parallel_interference(cluster: ClusterSpec, z, m, buckets, backward, forward, grads, gather):
@@ -255,16 +286,16 @@ def _with_elementwise(kernels: Passes, elementwise) -> Passes:
 
 
 def bubble_floor(shape: Shape, rows: Rows, kernels: "PipelinePasses", elementwise, m, slowest: Passes,
-                 others: Passes):
+                 others: Passes, v_shaped: np.ndarray):
     """Predict's bubble ratio (pipeline.bubble_ratio) of each row, or less: the even bubble of the other ranks'
     passes; where rank 0 holds the head and is the slowest under a V, the later of the others' span and its
     own cool-down (ZB-V's warm-up left out); ZB-H1: the others' span, below predict's whichever rank is the
-    slowest."""
+    slowest. `v_shaped`: per schedule, Layout.v_shaped."""
     pp, k_i = shape.pp, rows.schedule
     total, total_o = slowest.total, others.total
     ratio = schedule_bubbles(shape.schedules, k_i, pp, m, others.forward, others.backward, others.weight)
     ratio = ratio * total_o / total
-    v_first = shape.v_shaped[k_i] & kernels.head_slowest
+    v_first = v_shaped[k_i] & kernels.head_slowest
     beyond = ratio + total_o / total - 1
     if v_first.any():
         zbv = shape.schedule_is("zbv")[k_i]
@@ -321,41 +352,45 @@ def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape,
     time is linear in its dense layers, MoE layers and head: step.rank_kinds counts them per distinct rank."""
     pp = shape.pp
     unit = np.stack([_unit_passes(model, cluster, shape.tp, shape.cp, shape.ep, mbs, precision)
-                     for mbs in shape.microbatch_sizes])
+                     for mbs in shape.microbatch_sizes])  # (mbs, recompute, kind, F/B/W)
     keys: dict = {}  # (chunks, V-shaped) -> its placement's index
-    placement = np.array([keys.setdefault((lay.stages, lay.v_shaped), len(keys)) for lay in shape.layouts])
-    at = np.ogrid[:unit.shape[0], :unit.shape[1]]  # every (mbs, recompute)
-    parts = []  # per placement: slowest, others, lead, head_slowest, first, last
-    for chunks, v_shaped in keys:
-        kinds, count, ends = _placement_kinds(model, pp, chunks, v_shaped)
-        per_rank = np.einsum("ni,jrip->njrp", kinds, unit)
-        totals = per_rank.sum(-1)
-        top = totals.argmax(0)
-        slow = per_rank[(top, *at)]
-        if pp == 1:
-            none = np.zeros_like(slow)
-            parts.append((slow, slow, none[..., 0], top < 0, none, none))
-            continue
-        mean = (np.einsum("n,njrp->jrp", count, per_rank) - slow) / (pp - 1)
-        next_slowest = np.where(np.arange(len(count))[:, None, None] == top, -np.inf, totals).max(0)
-        parts.append((slow, mean, np.where(count[top] > 1, 0.0, totals.max(0) - next_slowest), top == 0,
-                      *(np.einsum("i,jrip->jrp", end, unit) for end in ends)))
-    slowest, others, lead, head_slowest, first, last = (np.stack(a) for a in zip(*parts))
+    placement = np.array([keys.setdefault((lay.stages, lay.v_shaped), len(keys))
+                          for lay in placements(model, shape).layouts])
+    kinds, count, first_end, last_end = _placement_kinds(model, pp, tuple(keys))
+    per_rank = np.einsum("qni,jrip->qnjrp", kinds, unit)  # (placement, distinct rank, mbs, recompute, F/B/W)
+    totals = np.where(count[:, :, None, None] > 0, per_rank.sum(-1), -np.inf)  # padding is never the slowest
+    top = totals.argmax(1)[:, None]
+    slow = np.take_along_axis(per_rank, top[..., None], 1)[:, 0]
+    if pp == 1:
+        none = np.zeros_like(slow)
+        return PipelinePasses(_passes(slow), _passes(slow), none[..., 0], top[:, 0] < 0, _passes(none),
+                              _passes(none), placement)
+    mean = (np.einsum("qn,qnjrp->qjrp", count, per_rank) - slow) / (pp - 1)
+    next_slowest = np.where(np.arange(count.shape[1])[None, :, None, None] == top, -np.inf, totals).max(1)
+    alike = np.take_along_axis(np.broadcast_to(count[:, :, None, None], totals.shape), top, 1)[:, 0]
+    lead = np.where(alike > 1, 0.0, totals.max(1) - next_slowest)
+    first, last = (_passes(np.einsum("qi,jrip->qjrp", end, unit)) for end in (first_end, last_end))
+    return PipelinePasses(_passes(slow), _passes(mean), lead, top[:, 0] == 0, first, last, placement)
 
-    def passes(a):
-        return Passes(a[..., 0], a[..., 1], a[..., 2])
-    return PipelinePasses(passes(slowest), passes(others), lead, head_slowest, passes(first), passes(last),
-                          placement)
+
+def _passes(a: np.ndarray) -> Passes:
+    """Passes of arrays (not the floats they are typed as), from an array whose last axis is F, B, W."""
+    return Passes(a[..., 0], a[..., 1], a[..., 2])  # type: ignore[arg-type]
 
 
 @lru_cache(maxsize=4096)
-def _placement_kinds(model: ModelSpec, pp: int, chunks: int, v_shaped: bool) -> tuple:
-    """Of a placement, per distinct rank the (dense layers, MoE layers, head) it holds (those the model has)
-    and how many ranks are alike (step.rank_kinds); the same of the first and last chunks."""
+def _placement_kinds(model: ModelSpec, pp: int, placements: tuple) -> tuple:
+    """Of each placement ((chunks, V-shaped), ...), per distinct rank the (dense layers, MoE layers, head) it
+    holds (those the model has) and how many ranks are alike (step.rank_kinds), padded with ranks alike to
+    none; and the same of its first and last chunks."""
     columns = _unit_columns(model)
-    kinds = np.array(rank_kinds(model, pp, chunks, v_shaped), dtype=float)
-    ends = tuple(np.array(chunk_kinds(model, chunks)[c], dtype=float)[columns] for c in (0, chunks - 1))
-    return kinds[:, columns], kinds[:, -1], ends
+    per_placement = [np.array(rank_kinds(model, pp, chunks, v_shaped), dtype=float) for chunks, v_shaped in placements]
+    kinds = np.zeros((len(placements), max(map(len, per_placement)), len(columns) + 1))
+    for q, k in enumerate(per_placement):
+        kinds[q, :len(k)] = k[:, columns + [-1]]
+    ends = [np.array([chunk_kinds(model, chunks)[c] for chunks, _ in placements], dtype=float)[:, columns]
+            for c in (0, -1)]
+    return kinds[..., :-1], kinds[..., -1], *ends
 
 
 @lru_cache(maxsize=256)
@@ -381,8 +416,10 @@ def _unit_passes(model, cluster, tp, cp, ep, mbs, precision) -> np.ndarray:
 
 def bandwidth_seconds(cluster: ClusterSpec, devices: int, collective: str, nbytes: float, size: int,
                       stride: int) -> float:
-    """A collective's time over a group of `size` ranks `stride` apart, latency left out."""
-    return comm.collective_time(collective, nbytes, 0, size, comm.group_link(cluster, devices, size, stride))
+    """A collective's time over a group of `size` ranks `stride` apart, latency left out, on the link predict
+    uses (a calibrated cluster's measured one over tier 0)."""
+    link = overhead.measured_link(cluster, collective, comm.group_link(cluster, devices, size, stride))
+    return comm.collective_time(collective, nbytes, 0, size, link)
 
 
 def tensor_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, recompute: str,
@@ -407,20 +444,25 @@ def tensor_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, 
 
 
 def context_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, recompute: str,
-                           fewest: int, most: int, precision: str) -> float:
-    """The CP ring time the attention cannot hide: the ring of the rank with the `fewest` layers against the
-    attention of the `most`; plus what the part it hides at least (against the `fewest` layers' attention) takes
-    from that attention's SMs (predict's interference_s, comm.sm_share). A fused kernel's time is linear in the
-    tokens, so it does not depend on mbs; the batched GEMMs of unfused attention are not, and get no CP term."""
+                           fewest: int, most: int, precision: str, slowest_device: float) -> np.ndarray:
+    """Per micro-batch size of the shape, the CP ring time the attention cannot hide: the ring of the rank with
+    the `fewest` layers, latencies included, as predict costs it (the same ops and link), against the
+    attention of the `most` at the slowest device's pace; plus what the part it hides at least (against the
+    `fewest` layers' attention) takes from that attention's SMs (predict's interference_s, comm.sm_share). A
+    fused kernel's time is linear in the tokens, so its step total does not depend on mbs; the batched GEMMs
+    of unfused attention are not, and get no CP term."""
     if shape.cp == 1 or not cluster.fused_attention:
-        return 0.0
+        return np.zeros(len(shape.microbatch_sizes))
     layout = Layout(dp=shape.dp, tp=shape.tp, cp=shape.cp, ep=shape.ep, recompute=recompute, mbs=1)
     f, b = attention_core_seconds(model, cluster, layout, model.seq / shape.cp, precision)
     per_layer = shape.per_rank * (f + b + (f if recompute != "none" else 0.0))
-    tokens = shape.per_rank * model.seq / shape.cp
-    ring = sum(bandwidth_seconds(cluster, shape.devices, op.collective, op.bytes, shape.cp, shape.tp)
-               for op in comm.context_parallel_ops(model, layout, tokens, act_bytes, fewest, 1))
-    return max(0.0, ring - most * per_layer) + min(ring, fewest * per_layer) * comm.sm_share(cluster, "cp")
+    link = overhead.measured_link(cluster, "send_recv", comm.group_link(cluster, shape.devices, shape.cp, shape.tp))
+    ring = np.array([sum(comm.collective_time(op.collective, op.bytes, op.calls, shape.cp, link)
+                         for op in comm.context_parallel_ops(model, layout, mbs * model.seq / shape.cp, act_bytes, fewest,
+                                                             shape.per_rank // mbs))
+                     for mbs in shape.microbatch_sizes])
+    return (np.maximum(0.0, ring - most * per_layer * slowest_device)
+            + np.minimum(ring, fewest * per_layer) * comm.sm_share(cluster, "cp"))
 
 
 def pipeline_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, layout: Layout) -> float:

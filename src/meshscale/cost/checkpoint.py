@@ -10,7 +10,7 @@ Which copy of the weights: where mixed precision keeps an fp32 master (ZeRO sec.
 checkpoint holds 4 + 8 bytes/param, as torchtitan's DCP checkpoints of FSDP2 mixed precision do (FSDP2's
 parameters are the fp32 shards). Measured on our runtime (tests/test_checkpoint.py): a DCP checkpoint
 holds exactly 12 bytes/param of tensors at fp32 and at bf16 (autocast over fp32 parameters). Without a
-master (bf16-pure) the 16-bit weights themselves are saved: 2 + 8.
+master (bf16-pure) the 16-bit weights themselves are saved, with their 16-bit moments: 2 + 4.
 """
 
 from dataclasses import replace
@@ -20,7 +20,7 @@ from meshscale.specs.layout import Layout
 from meshscale.specs.model import ModelSpec
 
 
-ADAM_MOMENTS = 8  # two fp32 moments per parameter (Kingma & Ba 2015); the rest of "optimizer" is the master
+ADAM_MOMENTS = 8  # two fp32 moments per parameter (Kingma & Ba 2015); beyond them, "optimizer" holds a master
 
 
 def bytes_per_param(precision: str) -> int:

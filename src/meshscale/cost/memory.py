@@ -17,7 +17,10 @@ from meshscale.specs.model import ModelSpec
 # (params, grads, optimizer) bytes per parameter, and the dtype activations and gathered params travel in.
 PRECISIONS = {
     "bf16": dict(params=2, grads=2, optimizer=12, compute=2),  # ZeRO's 16 bytes/param
-    "bf16-pure": dict(params=2, grads=0, optimizer=8, compute=2),  # scaling book: 10 bytes/param, no master
+    # bf16 weights, gradients and AdamW moments, no master: 2 + 2 + 2 * 2 = 8 bytes/param (the recipe of
+    # Zamirai et al. 2020, "Revisiting BFloat16 Training", sec. 3: pure bf16 state; torch's AdamW keeps its
+    # moments in the parameter's dtype, and `train --precision bf16-pure` holds exactly these bytes)
+    "bf16-pure": dict(params=2, grads=2, optimizer=4, compute=2),
     "fp8": dict(params=2, grads=2, optimizer=12, compute=2),  # fp8 GEMMs, bf16 weights kept (TE recipe)
     "fp32": dict(params=4, grads=4, optimizer=8, compute=4),  # no separate master copy
 }

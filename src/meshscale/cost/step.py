@@ -11,7 +11,7 @@ from functools import lru_cache
 
 from meshscale.cost import bands, comm, critical, flops, overhead
 from meshscale.cost.comm import CommOp, Overlap
-from meshscale.cost.checkpoint import checkpoint_bytes
+from meshscale.cost.checkpoint import ADAM_MOMENTS, checkpoint_bytes
 from meshscale.cost.kernels import Passes, column_parallel_share, counted_seconds, kernel_shape
 from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busiest_rank, expert_params_on_rank,
                                    memory_per_device, params_on_rank, root_params_on_rank)
@@ -248,14 +248,21 @@ def _small_all_reduces(cluster: ClusterSpec, devices: int, groups: tuple) -> flo
 
 def grad_reduce_bytes(sw, precision: str) -> int:
     """Bytes per parameter the gradient reduction moves: fp32, or the compute dtype where the software
-    reduces in it ([software] grad_reduce_fp32)."""
-    return 4 if sw.grad_reduce_fp32 else PRECISIONS[precision]["compute"]
+    reduces in it ([software] grad_reduce_fp32). A recipe without an fp32 master (fp32, bf16-pure) has no
+    fp32 gradient to reduce: its gradients travel in their own dtype (measured: bf16-pure's ledger)."""
+    b = PRECISIONS[precision]
+    if b["optimizer"] <= ADAM_MOMENTS:
+        return b["grads"]
+    return 4 if sw.grad_reduce_fp32 else b["compute"]
 
 
 def param_gather_bytes(sw, precision: str) -> int:
     """Bytes per parameter ZeRO-1/2's all-gather of the updated parameters moves: fp32, or the compute dtype
-    ([software] param_gather_fp32)."""
-    return 4 if sw.param_gather_fp32 else PRECISIONS[precision]["compute"]
+    ([software] param_gather_fp32); without a master, the parameters' own dtype."""
+    b = PRECISIONS[precision]
+    if b["optimizer"] <= ADAM_MOMENTS:
+        return b["params"]
+    return 4 if sw.param_gather_fp32 else b["compute"]
 
 
 def _hides(overlap: Overlap, sw, layout: Layout, m: int) -> Overlap:

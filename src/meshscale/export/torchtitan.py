@@ -12,7 +12,7 @@ import tomllib
 from meshscale.cost.comm import bucket_params
 from meshscale.errors import UserError
 from meshscale.export import Job, Shape, change
-from meshscale.specs.layout import Layout, split_layers
+from meshscale.specs.layout import V_SCHEDULES, Layout, split_layers
 from meshscale.specs.model import ModelSpec, load_model
 
 GPU_ONLY = "torchtitan"  # named in the refusal of a TPU slice
@@ -154,7 +154,7 @@ def read(text: str, devices: int | None) -> Shape:
     zero = (2 if par.get("fsdp_reshard_after_forward") == "never" else 3) if fsdp else 0
     schedule = {v: k for k, v in SCHEDULES.items()}.get(par.get("pipeline_parallel_schedule", "1F1B"), "1f1b")
     chunks = par.get("module_fqns_per_model_part")
-    vpp = len(chunks) // pp if chunks and pp > 1 else (2 if schedule in ("interleaved", "zbv", "dualpipev") else 1)
+    vpp = len(chunks) // pp if chunks and pp > 1 else (2 if schedule == "interleaved" or schedule in V_SCHEDULES else 1)
     mode = job.get("activation_checkpoint", {}).get("mode", "selective")
     option = job.get("activation_checkpoint", {}).get("selective_ac_option", "2")
     recompute = {"none": "none", "full": "full"}.get(mode, "op" if option == "op" else "full")

@@ -29,9 +29,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        # Normalise in fp32 for stability under bf16 autocast.
+        # Normalise in fp32 for stability under bf16 autocast; the output in the input's dtype (an fp32 gain
+        # would promote a bf16 residual stream's norm to fp32, and TP's gradient all-reduce with it).
         xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+        return ((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight).type_as(x)
 
 
 def rope_frequencies(spec: ModelSpec) -> torch.Tensor:
@@ -330,11 +331,21 @@ class Transformer(nn.Module):
             mask = (documents[:, :, None] == documents[:, None, :]).tril().unsqueeze(1)
         if self.tok_embeddings is not None and self.pos_embeddings is not None:
             h = h + self.pos_embeddings.weight[positions]
+        h = compute_dtype(h)
         for block in self.layers.values():
             h = block(h, cos, sin, mask)
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h
+
+
+def compute_dtype(h: torch.Tensor) -> torch.Tensor:
+    """The residual stream in autocast's dtype (bf16 under --precision bf16), as Megatron keeps it: the
+    activations that TP, SP and the pipeline move are 16-bit, as the cost model counts them. (Autocast alone
+    would leave it fp32: the embedding and the residual additions are not autocast ops.)"""
+    if torch.is_autocast_enabled(h.device.type):
+        return h.to(torch.get_autocast_dtype(h.device.type))
+    return h
 
 
 def document_positions(documents: torch.Tensor) -> torch.Tensor:

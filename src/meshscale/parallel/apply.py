@@ -5,7 +5,7 @@
   2. tensor (and sequence) parallelism on each chunk over mesh["tp"],
   3. context parallelism on each chunk over mesh["cp"]: ring attention and this rank's RoPE positions,
   4. activation recompute (it wraps the block forwards and the attention core, TP collectives and CP ring
-     included, so they rerun),
+     included, so they rerun), then the precision recipe's parameter dtype and float8 layers (precision.py),
   5. the data-parallel family over the dp x cp ranks (they hold the same parameters) on each chunk: DDP
      (our bucketed all-reduce after the schedule inside a pipeline), our ZeRO-1/2 over the chunk's local
      (TP-sharded) parameters, or FSDP2 on its blocks and root; under EP the routed experts get their own
@@ -26,6 +26,7 @@ from meshscale.parallel.expert import apply_expert_parallel, expert_data_paralle
 from meshscale.parallel.fsdp import FSDP
 from meshscale.parallel.mesh import expert_mesh, hybrid_mesh, replica_mesh
 from meshscale.parallel.pipeline import crosses_ranks, pipeline_chunks
+from meshscale.parallel.precision import apply_precision, compile_blocks
 from meshscale.parallel.recompute import apply_recompute
 from meshscale.parallel.tensor import apply_tensor_parallel, scatter_gather_stage, tp_duplicate
 from meshscale.parallel.tied import TiedEmbeddings
@@ -77,12 +78,13 @@ class Parallel:
             s.after_step()
 
 
-def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", bucket_mb: float = 1.0,
-                 load=None, seed: int = 0, device=None) -> Parallel:
+def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", bucket_mb: float = 25.0,
+                 load=None, seed: int = 0, device=None, compile: bool = False) -> Parallel:
     """model: built (models.transformer.build_model), or its meta structure (meta_model), in which case each
     rank materialises only what it owns, initialised from `seed`, on `device` (parallel/construct.py).
     load(module, tp_rank, tp): fills a chunk's parameters (its tensor-, pipeline- and expert-parallel
-    pieces, under their global names) before data parallelism copies or shards them (--init-from)."""
+    pieces, under their global names) before data parallelism copies or shards them (--init-from).
+    compile: torch.compile each block (--compile)."""
     check_trainable(layout, model.spec)
     tp_rank = mesh["tp"].get_local_rank() if mesh is not None else 0
     meta = has_meta(model)
@@ -111,6 +113,9 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
         if layout.cp > 1:
             apply_context_parallel(module, mesh["cp"])
         apply_recompute(module, layout.recompute)
+        apply_precision(module, precision)
+        if compile:
+            compile_blocks(module)
         known = origins(module)
         if meta and not late:
             materialise_owned(module, seed, device, known)
@@ -137,7 +142,7 @@ def _data_parallel(module, layout: Layout, mesh, ledger, precision: str, bucket_
 
     if layout.dp * layout.cp == 1:
         return Local(module, select)
-    dp_mesh = replica_mesh(mesh)
+    dp_mesh = whole = replica_mesh(mesh)
     ledger.name_group(dp_mesh.get_group(), "dp")
     if layout.zero == 0:
         return (PipelinedDDP if layout.pp > 1 else DDP)(module, dp_mesh, ledger, bucket_mb, select)
@@ -149,6 +154,6 @@ def _data_parallel(module, layout: Layout, mesh, ledger, precision: str, bucket_
             ledger.name_group(dp_mesh[dim].get_group(), "dp")
     if layout.zero in (1, 2):
         shard = dp_mesh["shard"] if replicate is not None else dp_mesh
-        return Zero(module, shard, ledger, layout.zero, bucket_mb, select, replicate)
+        return Zero(module, shard, ledger, layout.zero, bucket_mb, select, replicate, whole=whole)
 
     return FSDP(module, dp_mesh, ledger, precision, select)

@@ -58,6 +58,9 @@ class Local:
         for p in self.optim_params():
             p.grad = None
 
+    def replicas(self) -> list:
+        return []  # the only copy
+
     def checkpoint_state(self, optimizer) -> Held:
         return live_state(self.named_params(), optimizer)
 
@@ -80,7 +83,7 @@ def grad_buckets(params: list, bucket_mb: float) -> list[list]:
 
 class DDP(Local):
     def __init__(self, model, dp_mesh, ledger, bucket_mb: float, select=None):
-        group = dp_mesh.get_group()
+        self.group = group = dp_mesh.get_group()
         super().__init__(model, select)
         ignored = [n for n, _ in model.named_parameters() if not self.select(n)]
         if ignored:
@@ -94,6 +97,9 @@ class DDP(Local):
 
     def accumulate(self, last: bool):
         return nullcontext() if last else self.model.no_sync()
+
+    def replicas(self) -> list:
+        return [("dp", self.group, self.named_params(), True)]  # parameters and moments on every replica
 
 
 class PipelinedDDP(Local):
@@ -118,6 +124,9 @@ class PipelinedDDP(Local):
         if last:
             for bucket in self.buckets:
                 self._reduce_bucket(bucket)
+
+    def replicas(self) -> list:
+        return [(self.axis, self.group, self.named_params(), True)]
 
     def _reduce_bucket(self, params: list) -> None:
         flat = torch.cat([p.grad.reshape(-1) for p in params]).div_(self.world)

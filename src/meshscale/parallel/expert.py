@@ -25,6 +25,7 @@ from meshscale.parallel.compat import all_gather_into, reduce_scatter_from
 from meshscale.parallel.data_parallel import Local, PipelinedDDP
 from meshscale.parallel.ledger import record
 from meshscale.parallel.mesh import replica_mesh
+from meshscale.parallel.precision import fsdp_policy
 from meshscale.parallel.strategy import Held
 from meshscale.parallel.zero import Zero
 from meshscale.specs.layout import Layout, expert_mesh_shape
@@ -215,6 +216,9 @@ class ExpertSplit:
         self.dense.after_step()
         self.experts.after_step()
 
+    def replicas(self) -> list:
+        return self.dense.replicas() + self.experts.replicas()
+
     def checkpoint_state(self, optimizer) -> Held:
         (dense, write_dense), (experts, write_experts) = (s.checkpoint_state(optimizer)
                                                           for s in (self.dense, self.experts))
@@ -246,11 +250,10 @@ class _ShardedExperts(Local):
     sharded = True
 
     def __init__(self, model, edp, divide: int, precision: str):
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import fully_shard
 
         super().__init__(model, is_expert_param)
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None,
-                                  reduce_dtype=torch.float32)
+        mp = fsdp_policy(precision)
         for moe in moe_layers(model):
             for expert in moe.experts.values():
                 unit = fully_shard(expert, mesh=edp, mp_policy=mp)

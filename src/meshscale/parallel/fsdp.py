@@ -3,17 +3,18 @@ before use, with prefetch, and freed after), then the root holds the embeddings,
 On a 2-D (replicate, shard) mesh this is FSDP2's hybrid sharding: gathers and reduce-scatters within a
 shard group, then an all-reduce of the reduced shard across the groups.
 
-Under bf16 the gathered parameters are bf16 while the sharded masters, and the gradient
-reduce-scatter, stay fp32. FSDP2 is torch's code, so its collectives reach the ledger through
+Under bf16 (and fp8) the gathered parameters are bf16 while the sharded masters, and the gradient
+reduce-scatter, stay fp32; under bf16-pure all of them are bf16 (parallel/precision.py). FSDP2 is torch's code, so its collectives reach the ledger through
 `ledger.tap()`, which wraps the torch.distributed functions it calls.
 """
 
 from contextlib import contextmanager
 
 import torch
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import fully_shard
 
 from meshscale.parallel.data_parallel import Local
+from meshscale.parallel.precision import fsdp_policy
 
 
 class FSDP(Local):
@@ -29,12 +30,16 @@ class FSDP(Local):
         self.ledger = ledger
         # the ranks sharing the state: the whole mesh, or its "shard" dimension under hybrid sharding
         self.group = (dp_mesh["shard"] if dp_mesh.ndim == 2 else dp_mesh).get_group()
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None,
-                                  reduce_dtype=torch.float32)
+        # under hybrid sharding the other groups hold copies of this rank's shards
+        self.replicate = dp_mesh["replicate"].get_group() if dp_mesh.ndim == 2 else None
+        mp = fsdp_policy(precision)
         ignored = {p for n, p in model.named_parameters() if not self.select(n)} or None
         for block in model.layers.values():
             fully_shard(block, mesh=dp_mesh, mp_policy=mp, ignored_params=ignored)
         fully_shard(model, mesh=dp_mesh, mp_policy=mp, ignored_params=ignored)
+
+    def replicas(self) -> list:
+        return [("dp", self.replicate, self.named_params(), True)] if self.replicate is not None else []
 
     @contextmanager
     def accumulate(self, last: bool):

@@ -23,7 +23,8 @@ from torch.distributed.pipelining import (
 
 from meshscale.models.transformer import Transformer
 from meshscale.parallel.ledger import record
-from meshscale.specs.layout import V_SCHEDULES, Layout, pipeline_refusal, split_layers
+from meshscale.specs.layout import Layout, pipeline_refusal, split_layers
+from meshscale.specs.placement import head_rank, rank_chunks, stage_owner
 
 try:  # both exist in torch 2.11 and 2.13; guarded so an older torch refuses them instead of failing to import
     from torch.distributed.pipelining import ScheduleDualPipeV, ScheduleZBVZeroBubble
@@ -50,20 +51,13 @@ def schedule_refusal(layout: Layout, n_microbatches: int) -> str | None:
 
 
 # ---- cutting the model -------------------------------------------------------------------------------
-def stage_indices(pp_rank: int, layout: Layout) -> list[int]:
-    """Global chunk (stage) indices held by `pp_rank`, in the order the schedules expect."""
-    p = layout.pp
-    if layout.schedule in V_SCHEDULES:
-        return [pp_rank, 2 * p - 1 - pp_rank]
-    return [pp_rank + k * p for k in range(layout.vpp)]
-
-
 def crosses_ranks(stage: int, layout: Layout) -> tuple[bool, bool]:
     """(input comes from another PP rank, output goes to another PP rank) for chunk `stage`; the turn of
     a V keeps two chunks on one rank."""
-    owner = {s: r for r in range(layout.pp) for s in stage_indices(r, layout)}
-    return (stage > 0 and owner[stage - 1] != owner[stage],
-            stage < layout.stages - 1 and owner[stage + 1] != owner[stage])
+    def owner(s):
+        return stage_owner(s, layout.pp, layout.v_shaped)
+    return (stage > 0 and owner(stage - 1) != owner(stage),
+            stage < layout.stages - 1 and owner(stage + 1) != owner(stage))
 
 
 def pipeline_chunks(model: Transformer, layout: Layout, pp_rank: int) -> list[tuple[int, Transformer]]:
@@ -73,7 +67,7 @@ def pipeline_chunks(model: Transformer, layout: Layout, pp_rank: int) -> list[tu
     n_chunks = layout.stages
     ranges = split_layers(model.spec.layers, n_chunks)
     chunks = []
-    for stage in stage_indices(pp_rank, layout):
+    for stage in rank_chunks(layout.pp, n_chunks, layout.v_shaped, pp_rank):
         chunk = copy.deepcopy(model)
         keep = {str(i) for i in ranges[stage]}
         for name in list(chunk.layers):
@@ -162,9 +156,8 @@ class PipelineRunner:
         self.schedule = schedule_cls(stages, n_microbatches, loss_fn=scaled_loss, scale_grads=False)
         self.has_first = any(s.is_first for s in self.stages)
         self.has_last = any(s.is_last for s in self.stages)
-        last_rank = 0 if layout.schedule in V_SCHEDULES else layout.pp - 1
-        self.loss_src = dist.get_global_rank(self.group, last_rank)
-        self.owner = {stage: rank for rank in range(layout.pp) for stage in stage_indices(rank, layout)}
+        self.loss_src = dist.get_global_rank(self.group, head_rank(layout))
+        self.owner = {stage: stage_owner(stage, layout.pp, layout.v_shaped) for stage in range(layout.stages)}
 
     def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """tokens, targets: this DP replica's batch (n_microbatches * mbs sequences); every PP rank passes

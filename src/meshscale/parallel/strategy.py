@@ -1,7 +1,8 @@
 """What every data-parallel strategy (Local, DDP, PipelinedDDP, Zero, FSDP, ExpertSplit and the experts'
 own) offers the loop and the checkpoint, so they drive any of them without knowing which: the loop
 accumulates, steps the parameters the optimizer owns, sums the local gradient norm and ends the step; the
-checkpoint asks for the tensors a strategy holds, per parameter name, and how loaded values go back."""
+checkpoint asks for the tensors a strategy holds, per parameter name, and how loaded values go back; the
+silent-data-corruption check asks which ranks hold copies of which."""
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -33,6 +34,10 @@ class Strategy(Protocol):
 
     def after_step(self) -> None:
         """After the optimizer step: drop gradients, refresh parameters from their owners."""
+
+    def replicas(self) -> list:
+        """(axis, process group, [(name, parameter)], whether their optimizer state is a copy too) for each group
+        of ranks holding copies of this strategy's parameters: what the silent-data-corruption check compares."""
 
     def checkpoint_state(self, optimizer: torch.optim.Optimizer) -> Held:
         """Each owned parameter and its AdamW moments, whole over the data-parallel ranks (or FSDP2's

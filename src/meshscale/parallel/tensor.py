@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from meshscale.models.transformer import MoE, RMSNorm, Transformer
+from meshscale.models.transformer import MoE, RMSNorm, Transformer, compute_dtype
 from meshscale.parallel.compat import all_gather_into, all_reduce, reduce_scatter_from
 from meshscale.parallel.construct import owned_slice
 from meshscale.parallel.ledger import record
@@ -177,7 +177,7 @@ class VocabParallelEmbedding(nn.Module):
         local = tokens - self.lo
         outside = (local < 0) | (local >= self.weight.shape[0])
         h = nn.functional.embedding(local.masked_fill(outside, 0), self.weight)
-        h = h.masked_fill(outside.unsqueeze(-1), 0.0)
+        h = compute_dtype(h.masked_fill(outside.unsqueeze(-1), 0.0))  # one rank's row, zeros elsewhere: exact
         if self.sequence_parallel:
             return _ReduceScatterSeq.apply(h, self.group)
         return _ReduceFromTP.apply(h, self.group)
@@ -210,7 +210,7 @@ class SequenceParallelRMSNorm(RMSNorm):
     def forward(self, x):
         xf = x.float()
         normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)
-        return normed * _CopyToTP.apply(self.weight, self.group)
+        return (normed * _CopyToTP.apply(self.weight, self.group)).type_as(x)  # as RMSNorm: the input's dtype
 
 
 class ReplicatedKVLinear(nn.Module):

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from meshscale.parallel.compat import all_reduce
 from meshscale.parallel.ledger import record
-from meshscale.specs.layout import V_SCHEDULES, Layout
+from meshscale.specs.layout import Layout
 
 _groups: dict = {}
 
@@ -37,7 +37,7 @@ class TiedEmbeddings:
     def __init__(self, chunks: list, layout: Layout):
         self.copies = [w for _, c in chunks for w in (getattr(c.tok_embeddings, "weight", None),
                                                        getattr(c.output, "weight", None)) if w is not None]
-        self.group = None if layout.schedule in V_SCHEDULES else _pair_group(layout)
+        self.group = None if layout.v_shaped else _pair_group(layout)
 
     @contextmanager
     def accumulate(self, last: bool):

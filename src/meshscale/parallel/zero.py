@@ -1,8 +1,9 @@
 """ZeRO stages 1 and 2 (Rajbhandari et al. 2020, "ZeRO", sec. 5.1-5.2), our own code.
 
-Parameters live in flat fp32 buckets, each padded to a multiple of the DP degree; every parameter is a
-view into its bucket. Rank r owns slice r of each bucket: its optimizer updates that slice (a fp32
-master shard with its own Adam state), then an all-gather of each bucket refreshes every parameter.
+Parameters live in flat buckets of their dtype (fp32, or bf16 under bf16-pure), each padded to a multiple of
+the DP degree; every parameter is a view into its bucket. Rank r owns slice r of each bucket: its optimizer
+updates that slice (a master shard with its own Adam state), then an all-gather of each bucket refreshes
+every parameter.
 
   stage 1: full gradients accumulate in flat per-bucket buffers over the micro-batches; after the last
            one each bucket is reduce-scattered once.
@@ -29,12 +30,16 @@ from meshscale.parallel.data_parallel import grad_buckets
 from meshscale.parallel.strategy import MOMENTS, Held
 
 
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
 class _Bucket:
     def __init__(self, params: list, world: int, rank: int):
         self.params = params
         numel = sum(p.numel() for p in params)
         self.shard_numel = -(-numel // world)
-        self.flat = torch.zeros(self.shard_numel * world, dtype=torch.float32, device=params[0].device)
+        self.flat = torch.zeros(self.shard_numel * world, dtype=params[0].dtype, device=params[0].device)
         self.offsets, offset = {}, 0
         for p in params:  # each parameter becomes a view into the bucket
             n = p.numel()
@@ -43,7 +48,7 @@ class _Bucket:
             self.offsets[p] = offset
             offset += n
         mine = slice(rank * self.shard_numel, (rank + 1) * self.shard_numel)
-        self.shard = torch.nn.Parameter(self.flat[mine].clone())  # fp32 master shard
+        self.shard = torch.nn.Parameter(self.flat[mine].clone())  # the master shard
         self.shard.grad = torch.zeros_like(self.shard)
         self.grad_flat = None
         self.ready = 0
@@ -63,10 +68,11 @@ class Zero:
     sharded = True
 
     def __init__(self, model, dp_mesh, ledger, stage: int, bucket_mb: float, select=None, replicate=None,
-                 axis: str = "dp", divide: int | None = None):
+                 axis: str = "dp", divide: int | None = None, whole=None):
         """dp_mesh: the 1-D mesh of the ranks sharing the state; replicate: (HSDP) the 1-D mesh of the ranks
-        holding the same shard in the other groups; select/axis/divide: as data_parallel.PipelinedDDP (expert
-        parallelism's parameter split)."""
+        holding the same shard in the other groups, and whole: the 1-D mesh of all of them (the parameters are
+        whole on every one); select/axis/divide: as data_parallel.PipelinedDDP (expert parallelism's
+        parameter split)."""
         assert stage in (1, 2)
         self.model = self.module = model
         self.stage, self.ledger, self.axis = stage, ledger, axis
@@ -74,7 +80,8 @@ class Zero:
         self.replicate = replicate.get_group() if replicate is not None else None
         self.world, self.rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         self.divide = divide or self.world * (replicate.size() if replicate is not None else 1)
-        select = select or (lambda name: True)
+        self.copies = (whole or dp_mesh).get_group()
+        self.select = select = select or (lambda name: True)
         params = [p for n, p in model.named_parameters() if p.requires_grad and select(n)]
         self.buckets = [_Bucket(g, self.world, self.rank) for g in grad_buckets(params, bucket_mb)]
         self._pending: list = []
@@ -105,7 +112,7 @@ class Zero:
         """Wait for the launched reduce-scatters; add each result to its owner's shard gradient."""
         for work, start, out, bucket, grad_flat in self._pending:
             work.wait()
-            self.ledger.record(self.axis, "reduce_scatter", grad_flat.numel() * 4, time.perf_counter() - start)
+            self.ledger.record(self.axis, "reduce_scatter", _nbytes(grad_flat), time.perf_counter() - start)
             bucket.shard.grad.add_(out, alpha=1.0 / self.divide)
         self._pending.clear()  # drops stage 2's full-gradient buffers
 
@@ -135,7 +142,7 @@ class Zero:
                     for b in self.buckets]
         for work, start, b in launched:
             work.wait()
-            self.ledger.record("dp", "all_reduce", b.shard.grad.numel() * 4, time.perf_counter() - start)
+            self.ledger.record("dp", "all_reduce", _nbytes(b.shard.grad), time.perf_counter() - start)
 
     # ---- update ------------------------------------------------------------------------
     def optim_params(self) -> list:
@@ -146,7 +153,7 @@ class Zero:
         parameters `skip(name)` is true for (a flat shard mixes parameters, so mask them)."""
         if self._mask is None:
             self._mask = [self._shard_mask(b, skip) for b in self.buckets]
-        return sum(((b.shard.grad * m).pow(2).sum() for b, m in zip(self.buckets, self._mask)), torch.zeros(()))
+        return sum(((b.shard.grad.float() * m).pow(2).sum() for b, m in zip(self.buckets, self._mask)), torch.zeros(()))
 
     def _shard_mask(self, bucket: _Bucket, skip) -> torch.Tensor:
         mask = torch.ones_like(bucket.flat)
@@ -162,11 +169,16 @@ class Zero:
             launched.append((all_gather_into(b.flat, b.shard.detach(), group=self.group, async_op=True), start, b))
         for work, start, b in launched:
             work.wait()
-            self.ledger.record(self.axis, "all_gather", b.flat.numel() * 4, time.perf_counter() - start)
+            self.ledger.record(self.axis, "all_gather", _nbytes(b.flat), time.perf_counter() - start)
         for b in self.buckets:
             b.shard.grad.zero_()
             if self.stage == 1:
                 b.grad_flat.zero_()
+
+    def replicas(self) -> list:
+        """The parameters, whole on every rank after the step's all-gather; the moments are sharded."""
+        named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad and self.select(n)]
+        return [(self.axis, self.copies, named, False)]
 
     # ---- checkpoint --------------------------------------------------------------------
     def checkpoint_state(self, optimizer) -> Held:

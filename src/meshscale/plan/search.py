@@ -319,12 +319,14 @@ def _rows(shape: bound.Shape, fix: dict) -> bound.Rows:
     zeros = [z for z in (range(4) if replicas > 1 else [0]) if _allowed(fix, "zero", z)]
     sp_idx = [i for i, sp in enumerate(shape.sps) if _allowed(fix, "sp", sp)]
     rec_idx = [i for i, r in enumerate(bound.RECOMPUTE_MODES) if _allowed(fix, "recompute", r)]
-    axes = (zeros, shape.shards, sp_idx, range(len(shape.schedules)), shape.microbatch_sizes, rec_idx)
-    grid = np.stack(np.meshgrid(*(np.asarray(a, dtype=float) for a in axes), indexing="ij"), -1).reshape(-1, 6)
-    grid = grid[(grid[:, 0] > 0) | (grid[:, 1] == replicas)]
-    z, shard, s_i, k_i, mbs, r_i = grid.T
-    return bound.Rows(z.astype(int), shard, s_i.astype(int), k_i.astype(int), mbs, r_i.astype(int),
-                      np.searchsorted(shape.microbatch_sizes, mbs))
+    axes = [np.asarray(a) for a in (zeros, shape.shards, sp_idx, range(len(shape.schedules)),
+                                    shape.microbatch_sizes, rec_idx)]
+    at = np.indices([len(a) for a in axes]).reshape(len(axes), -1)  # every combination, the last axis fastest
+    z, shard = axes[0][at[0]], axes[1][at[1]].astype(float)
+    keep = (z > 0) | (shard == replicas)
+    at = at[:, keep]
+    return bound.Rows(z[keep], shard[keep], axes[2][at[2]], axes[3][at[3]], axes[4][at[4]].astype(float),
+                      axes[5][at[5]], at[4])
 
 
 def _shard_sizes(cluster: ClusterSpec, tp: int, replicas: int) -> list[int]:

@@ -9,7 +9,7 @@ to one training run.
 from dataclasses import asdict, dataclass, replace
 
 from meshscale.errors import UserError
-from meshscale.specs.loading import build, read_spec_file
+from meshscale.specs.loading import build, hash_once, read_spec_file, state_without_hash
 
 
 @dataclass(frozen=True)
@@ -142,6 +142,9 @@ class ClusterSpec:
     # Spread (standard deviation, a fraction) of device speed across a fleet of the same SKU: a synchronous step
     # waits for the slowest device (cost/step.py slowest_of). 0: identical devices.
     device_spread: float = 0.0
+
+    __hash__ = hash_once
+    __getstate__ = state_without_hash
 
     def __post_init__(self):
         tiers = tuple(t if isinstance(t, Tier) else build(Tier, dict(t), f"cluster {self.name} tier")
@@ -389,14 +392,14 @@ PRESETS: dict[str, ClusterSpec] = {
     # 1024^3 (2026-11-23); bf16 has no native CPU GEMM here, rough 1e10. gloo all_reduce over loopback,
     # 2 ranks (tests/multirank.py): 0.77-0.87 GB/s bus bandwidth for 4-16 MB, 0.77 ms for 4 bytes (two ring
     # steps, ~0.35 ms each) while three engineers shared the cores. Issue 4's trainer measures whole steps.
-    # Software: torch's (FSDP2 units), with our runtime's gradient buckets, 1 MiB of fp32 gradient
-    # (runtime/config.py bucket_mb, parallel/data_parallel.py grad_buckets).
+    # Software: torch's (FSDP2 units), with our runtime's gradient buckets: its default --bucket-mb 25, torch
+    # DDP's bucket_cap_mb, of fp32 gradient (the "torch" FRAMEWORK_BUCKETS; runtime/loop/config.py bucket_mb,
+    # parallel/data_parallel.py grad_buckets).
     "local-cpu": ClusterSpec(name="local-cpu", accelerator="cpu (2 cores)", peak_flops_bf16=1e10,
                              peak_flops_fp8=0.0, peak_flops_fp32=3.4e10, hbm_bytes=8 * GB, hbm_bandwidth=10e9,
                              matmul_efficiency=1.0, tiers=(Tier("loopback", 0, 0.87e9, 3.5e-4, 1.0),),
                              default_devices=2, gemm_tile=(1, 1),
-                             software=Software(framework="torch", grad_bucket_params=2**18,
-                                               param_gather_fp32=True)),
+                             software=Software(framework="torch", param_gather_fp32=True)),
 }
 
 # Power per device, (board power, idle power) in W, for `meshscale scale`'s energy per token: a device draws

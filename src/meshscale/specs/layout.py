@@ -22,6 +22,9 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb", "zbv", "dualpipev")
 RECOMPUTE = ("none", "selective", "full", "op")
 # Schedules that place two model chunks on each pipeline rank (a "V": down then back up).
 V_SCHEDULES = ("zbv", "dualpipev")
+# Zero-bubble schedules: each backward split into its input gradient (B) and weight gradient (W), run apart
+# (Qi et al. 2023; torch computes each part with autograd.grad).
+ZERO_BUBBLE_SCHEDULES = ("zb",) + V_SCHEDULES
 _INT_KEYS = ("dp", "zero", "shard", "tp", "pp", "vpp", "cp", "ep", "mbs")
 _INT_MINIMA = tuple((key, 0 if key in ("zero", "mbs", "shard") else 1) for key in _INT_KEYS)
 _KEY_ORDER = ("dp", "zero", "shard", "tp", "sp", "pp", "vpp", "schedule", "cp", "ep", "mbs", "recompute")
@@ -102,6 +105,11 @@ class Layout:
     def v_shaped(self) -> bool:
         """Two chunks per rank placed as a V, down the ranks and back up (specs/placement.py)."""
         return self.schedule in V_SCHEDULES and self.pp > 1
+
+    @property
+    def split_backward(self) -> bool:
+        """A zero-bubble pipeline (ZERO_BUBBLE_SCHEDULES): weight gradients computed apart from the backward."""
+        return self.schedule in ZERO_BUBBLE_SCHEDULES and self.pp > 1
 
     @property
     def fsdp(self) -> bool:
@@ -284,12 +292,12 @@ def pipeline_refusal(layout: Layout, n_microbatches: int) -> str | None:
         # torch runs these in rounds of pp micro-batches; parity is verified for whole rounds only
         return (f"schedule={layout.schedule} needs micro-batches per step ({m}) divisible by pp={p}; "
                 "adjust the batch or mbs")
-    if layout.schedule in ("zb", "zbv", "dualpipev") and layout.fsdp:
+    if layout.split_backward and layout.fsdp:
         # measured on torch 2.13: under FSDP2, zb/zbv leave a stage's first block without weight gradients
         # and dualpipev's gradients are wrong (tests/test_pipeline.py checks the schedules it does accept)
         return (f"schedule={layout.schedule} with zero=3 gets wrong weight gradients from torch's split backward "
                 "under FSDP2; use zero<=2, or schedule=gpipe/1f1b/interleaved with zero=3")
-    if layout.dp * layout.cp > 1 and layout.zero == 2 and layout.schedule in ("zb", "zbv", "dualpipev"):
+    if layout.dp * layout.cp > 1 and layout.zero == 2 and layout.split_backward:
         # ZeRO-2 reduce-scatters a bucket once backward has accumulated its gradients; zero-bubble schedules
         # compute weight gradients with autograd.grad, which never triggers that hook
         return (f"schedule={layout.schedule} computes weight gradients apart from backward, which zero=2 cannot "

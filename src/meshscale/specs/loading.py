@@ -60,3 +60,18 @@ def build(cls, fields: dict, source: str):
         return cls(**fields)
     except TypeError as e:
         raise UserError(f"{source}: {e}") from None
+
+
+def hash_once(spec) -> int:
+    """`__hash__` of a frozen dataclass that keys the cost model's caches: the hash of its fields, computed once
+    per object (a ClusterSpec with its tiers took microseconds a lookup, thousands of lookups a plan)."""
+    try:
+        return spec.__dict__["_hash"]
+    except KeyError:
+        spec.__dict__["_hash"] = hash(tuple(getattr(spec, name) for name in spec.__dataclass_fields__))
+        return spec.__dict__["_hash"]
+
+
+def state_without_hash(spec) -> dict:
+    """`__getstate__` beside `hash_once`: a pickle leaves the hash out (strings hash differently per process)."""
+    return {k: v for k, v in spec.__dict__.items() if k != "_hash"}

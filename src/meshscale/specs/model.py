@@ -9,10 +9,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from meshscale.errors import UserError
-from meshscale.specs.loading import build, read_spec_file
+from meshscale.specs.loading import build, hash_once, read_spec_file, state_without_hash
 
 
 MLPS = ("swiglu", "geglu", "gelu", "gelu-erf")
+GATED_MLPS = ("swiglu", "geglu")  # gate, up and down matrices; the others have up and down
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,9 @@ class ModelSpec:
     rope_head_dim: int = 0
     v_head_dim: int = 0
 
+    __hash__ = hash_once
+    __getstate__ = state_without_hash
+
     def __post_init__(self):
         if self.kv_heads == 0:
             object.__setattr__(self, "kv_heads", self.heads)
@@ -96,7 +100,7 @@ class ModelSpec:
 
     @property
     def gated_mlp(self) -> bool:
-        return self.mlp in ("swiglu", "geglu")
+        return self.mlp in GATED_MLPS
 
     @property
     def mlp_matrices(self) -> int:

@@ -11,9 +11,10 @@ from meshscale.cost import predict
 from meshscale.data.indexed import is_indexed
 from meshscale.errors import UserError
 from meshscale.models import hf_weights
+from meshscale.parallel.precision import RECIPES, compile_refusal, fp8_refusal
 from meshscale.runtime.loop.data import check_tokens, load_tokens
 from meshscale.runtime.measure import live
-from meshscale.runtime.resilience.checkpoint import check_dir, check_same_run, read_manifest
+from meshscale.runtime.resilience.checkpoint import check_dir, check_same_run, identity, read_manifest
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout, check_against, check_trainable
 from meshscale.specs.loading import build, read_mapping
@@ -35,6 +36,7 @@ class TrainConfig:
     seq: int = 0  # 0: the model's own sequence length
     seed: int = 0
     precision: str = "fp32"
+    compile: bool = False  # torch.compile each transformer block
     lr: float = 3e-3
     min_lr: float = 3e-4
     warmup: int = 5
@@ -59,6 +61,9 @@ class TrainConfig:
     cluster: str = "local-cpu"  # the ClusterSpec --predict uses (a preset or a `meshscale calibrate` file)
     device: str = "auto"  # auto: cuda when available, else cpu
     timeout: float = 300.0  # seconds without progress before a hang ends the job
+    save_timeout: float = 0.0  # the same for a checkpoint save (0: derived, watchdog.Sections)
+    load_timeout: float = 0.0  # ... a checkpoint load
+    eval_timeout: float = 0.0  # ... the final evaluation
     on_anomaly: str = "stop"  # stop, skip or rollback, on a non-finite or spiking loss or gradient (rollback: SDC too)
     spike_sigma: float = 6.0  # spike rule: std above the trailing mean (0: off)
     sdc_check_every: int = 50  # cross-replica fingerprint check every N steps (0: off)
@@ -67,7 +72,9 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 50  # steps between saves; the last step is always saved
     keep: int = 3  # complete checkpoints kept
+    async_save: bool = False  # DCP async_save: staged in host memory, written and committed by a thread
     max_restarts: int = 0  # local launcher: restarts of the whole worker group after a failure
+    max_no_progress_restarts: int = 3  # restarts in a row from the same checkpoint before the run stops
     max_rollbacks: int = 3  # --on-anomaly rollback: reloads of one checkpoint before the run stops
     time_limit: float = 0.0  # seconds: then save and stop at a step boundary (0: none)
     allow_config_change: bool = False  # resume although seed, batch, seq, data or LR schedule changed
@@ -89,6 +96,7 @@ class Resolved:
     config: TrainConfig
     spec: ModelSpec
     layout: Layout
+    verified: str | None = None  # the checkpoint whose checksums resolve() checked (checkpoint.identity)
 
 
 def world_from_env() -> int | None:
@@ -99,8 +107,8 @@ def world_from_env() -> int | None:
 def resolve(cfg: TrainConfig, world: int) -> Resolved:
     """Every pre-launch check. `world` is the number of processes that will run the job."""
 
-    if cfg.precision not in ("fp32", "bf16"):
-        raise UserError(f"--precision must be fp32 or bf16, got {cfg.precision!r}")
+    if cfg.precision not in RECIPES:
+        raise UserError(f"--precision must be one of {', '.join(RECIPES)}, got {cfg.precision!r}")
     for key in ("steps", "global_batch", "nproc", "nnodes"):
         if getattr(cfg, key) < 1:
             raise UserError(f"--{key.replace('_', '-')} must be at least 1, got {getattr(cfg, key)}")
@@ -122,24 +130,26 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
         check_tokens(load_tokens(cfg.data), spec.vocab, spec.seq, f"--data {cfg.data}")
     if cfg.document_mask:
         _check_document_mask(cfg, layout)
-    if cfg.metrics_out and not Path(cfg.metrics_out).absolute().parent.is_dir():
-        raise UserError(f"--metrics-out {cfg.metrics_out}: directory {Path(cfg.metrics_out).parent} does not exist")
+    if cfg.metrics_out:
+        _check_output("--metrics-out", cfg.metrics_out)
     if cfg.plot:
-        if not Path(cfg.plot).absolute().parent.is_dir():
-            raise UserError(f"--plot {cfg.plot}: directory {Path(cfg.plot).parent} does not exist")
+        _check_output("--plot", cfg.plot)
         if os.environ.get("RANK", "0") == "0" and Path(cfg.plot).exists() and not cfg.overwrite:
             raise UserError(f"--plot {cfg.plot} already exists; choose a new file or pass --overwrite")
     if cfg.trace:
         if layout.pp == 1:
             raise UserError("--trace records the pipeline's forward/backward runs; it needs a layout with pp > 1")
-        if not Path(cfg.trace).absolute().parent.is_dir():
-            raise UserError(f"--trace {cfg.trace}: directory {Path(cfg.trace).parent} does not exist")
+        _check_output("--trace", cfg.trace)
         if os.environ.get("RANK", "0") == "0" and Path(cfg.trace).exists() and not cfg.overwrite:
             raise UserError(f"--trace {cfg.trace} already exists; choose a new file or pass --overwrite")
     if cfg.predict:
         load_cluster(cfg.cluster)  # a bad --cluster file is one line now, not an error after training
     if cfg.timeout <= 0:
         raise UserError(f"--timeout must be a positive number of seconds, got {cfg.timeout:g}")
+    for key in ("save_timeout", "load_timeout", "eval_timeout"):
+        if getattr(cfg, key) < 0:
+            raise UserError(f"--{key.replace('_', '-')} must be 0 (derived from the run's own durations) or a "
+                            f"positive number of seconds, got {getattr(cfg, key):g}")
     if cfg.on_anomaly not in ("stop", "skip", "rollback"):
         raise UserError(f"--on-anomaly must be stop, skip or rollback, got {cfg.on_anomaly!r}")
     if cfg.on_anomaly == "rollback" and not cfg.checkpoint_dir:
@@ -152,12 +162,28 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
     if cfg.device == "cuda" and not torch.cuda.is_available():
         build = "has no CUDA" if torch.version.cuda is None else "sees no GPU"
         raise UserError(f"--device cuda: this torch ({torch.__version__}) {build}; use --device cpu (or auto)")
+    if cfg.precision == "fp8" and (why := fp8_refusal(_device_type(cfg), layout.tp)):
+        raise UserError(why)
+    if cfg.compile and (why := compile_refusal(_device_type(cfg))):
+        raise UserError(why)
     _check_nodes(cfg)
     check_fits(cfg, spec, layout)
     live.check(cfg, world)
-    resuming = _check_checkpoints(cfg, spec)
-    _check_metrics_out(cfg, resuming)
-    return Resolved(cfg, spec, layout)
+    verified = _check_checkpoints(cfg, spec)
+    _check_metrics_out(cfg, verified is not None)
+    return Resolved(cfg, spec, layout, verified)
+
+
+def _check_output(flag: str, path: str) -> None:
+    """A file the run will write: its directory exists and can take a new file (as root, permission bits do
+    not stop a write, but a read-only file system does: access(2) says so)."""
+    parent = Path(path).absolute().parent
+    if not parent.is_dir():
+        raise UserError(f"{flag} {path}: {parent} does not exist or is not a directory; choose a path in an "
+                        "existing directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {path}: directory {parent} is not writable (permissions or a read-only file "
+                        "system); choose another place")
 
 
 def _check_document_mask(cfg: TrainConfig, layout: Layout) -> None:
@@ -187,7 +213,7 @@ def check_fits(cfg: TrainConfig, spec: ModelSpec, layout: Layout) -> None:
     """Refuse, before anything is built, a layout whose predicted memory per rank (the cost model's) exceeds
     what a rank has: the GPU's memory, or on CPU the host's available memory shared by its local processes."""
     need = predict(spec, load_cluster("local-cpu"), layout, cfg.global_batch, cfg.precision).memory_per_device_bytes
-    gpu = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    gpu = _device_type(cfg) == "cuda"
     if gpu:
         have, where = torch.cuda.get_device_properties(0).total_memory, "the GPU's memory"
     else:
@@ -206,6 +232,10 @@ def check_fits(cfg: TrainConfig, spec: ModelSpec, layout: Layout) -> None:
                     f"{state / 2**30:.1f} GiB of weights, gradients and optimizer state, FSDP's gathered units included, "
                     f"{need['activations'] / 2**30:.1f} GiB of activations), more than the {have / 2**30:.1f} GiB "
                     f"a rank has ({where}); {fix}")
+
+
+def _device_type(cfg: TrainConfig) -> str:
+    return "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
 
 
 def available_host_bytes() -> int:
@@ -233,9 +263,9 @@ def _model(cfg: TrainConfig) -> ModelSpec:
     return spec
 
 
-def _check_checkpoints(cfg: TrainConfig, spec: ModelSpec) -> bool:
-    """The checkpoint options, and the newest checkpoint in --checkpoint-dir (compatible, intact); True
-    when the run will resume from one."""
+def _check_checkpoints(cfg: TrainConfig, spec: ModelSpec) -> str | None:
+    """The checkpoint options, and the newest checkpoint in --checkpoint-dir (compatible, intact): its
+    identity when the run will resume from it (the workers need not hash it again), else None."""
 
     if cfg.checkpoint_every < 1:
         raise UserError(f"--checkpoint-every must be at least 1 step, got {cfg.checkpoint_every}")
@@ -246,6 +276,8 @@ def _check_checkpoints(cfg: TrainConfig, spec: ModelSpec) -> bool:
         raise UserError(f"--max-restarts must be 0 or more, got {cfg.max_restarts}")
     if cfg.max_restarts and not cfg.checkpoint_dir:
         raise UserError("--max-restarts resumes from checkpoints; pass --checkpoint-dir DIR too")
+    if cfg.max_no_progress_restarts < 0:
+        raise UserError(f"--max-no-progress-restarts must be 0 or more, got {cfg.max_no_progress_restarts}")
     if cfg.max_rollbacks < 1:
         raise UserError(f"--max-rollbacks must be at least 1, got {cfg.max_rollbacks}")
     if cfg.time_limit < 0:
@@ -258,7 +290,7 @@ def _check_checkpoints(cfg: TrainConfig, spec: ModelSpec) -> bool:
                         "--steps to train on (with --allow-config-change), or use a new --checkpoint-dir")
     if newest and not cfg.allow_config_change:
         check_same_run(newest[1], read_manifest(newest[1]), cfg, spec)
-    return newest is not None
+    return identity(newest[1]) if newest else None
 
 
 def _check_metrics_out(cfg: TrainConfig, resuming: bool) -> None:

@@ -39,6 +39,8 @@ from meshscale.runtime.resilience.preemption import (
     leave_status,
     read_status,
 )
+from meshscale.runtime.resilience.restarts import EXIT_GAVE_UP, PROGRESS_ENV, GaveUp
+from meshscale.runtime.resilience.watchdog import Sections
 
 _LAUNCHER_ENV = "MESHSCALE_LAUNCHER_PID"
 
@@ -58,7 +60,7 @@ def run_here(run: Resolved) -> dict:
     if run.layout.devices > 1 and not dist.is_initialized():
         # a backstop behind the trainer's watchdog (runtime/resilience/watchdog.py), which names the stuck rank first
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                timeout=timedelta(seconds=2 * run.config.timeout))
+                                timeout=timedelta(seconds=2 * Sections.longest_possible(run.config)))
     try:
         result = train(run, device)
         if not dist.is_initialized() or dist.get_rank() == 0:
@@ -105,8 +107,9 @@ def launch_local(run: Resolved) -> int:
     rendezvous on a free port on one node; with --nnodes N, node --node-rank's share of a static rendezvous at
     --master-addr:--master-port (node 0 hosts it), as `torchrun --rdzv-backend static` does. With
     --max-restarts R, when a worker fails the launcher stops them all and starts the group again, up to R
-    times; each new group resumes from the newest checkpoint. Returns
-    0, or EXIT_PREEMPTED when a signal or --time-limit stopped the workers after they saved. A second
+    times; each new group resumes from the newest checkpoint, and more than --max-no-progress-restarts
+    restarts in a row from the same one end the run (runtime/resilience/restarts.py). Returns
+    0, EXIT_PREEMPTED when a signal or --time-limit stopped the workers after they saved, or EXIT_GAVE_UP. A second
     signal ends the launcher at once (exit 128 + the signal's number), and its workers with it."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -129,6 +132,7 @@ def launch_local(run: Resolved) -> int:
         os.environ[STATUS_ENV] = status = os.path.join(tmp, "status.json")
         os.environ[_LAUNCHER_ENV] = str(os.getpid())
         os.environ[PREEMPT_ENV] = marker = os.path.join(tmp, "preempting")
+        os.environ[PROGRESS_ENV] = os.path.join(tmp, "progress.jsonl")
         ours = "SIGHUP,SIGQUIT"  # torchelastic's handler for these; SIGTERM and SIGINT are ours
         os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ours  # what torch reads where LaunchConfig cannot say it
         handled = {"signals_to_handle": ours} if "signals_to_handle" in LaunchConfig.__dataclass_fields__ else {}
@@ -155,10 +159,10 @@ def launch_local(run: Resolved) -> int:
                 # workers end with this process (PR_SET_PDEATHSIG), the kernel releases the directory's lock
                 shutil.rmtree(tmp, ignore_errors=True)
                 os._exit(128 + getattr(signal, name))
-        line = read_status(status)
-        if line is not None:
-            say_stopped(line)
-            return EXIT_PREEMPTED
+        stopped = read_status(status)
+        if stopped is not None:
+            say_stopped(stopped[0])
+            return stopped[1]
     return 0
 
 
@@ -205,9 +209,9 @@ def _worker(spec_file: str) -> int:
     try:
         run_here(run)
         return 0
-    except Preempted as e:  # exit 0: a failure would be restarted; the launcher reports the line
+    except (Preempted, GaveUp) as e:  # exit 0: a failure would be restarted; the launcher reports the line
         if os.environ.get("RANK") == "0":
-            leave_status(str(e))
+            leave_status(str(e), EXIT_PREEMPTED if isinstance(e, Preempted) else EXIT_GAVE_UP)
         return 0
     except BaseException as e:  # noqa: BLE001 - every failure must reach the launcher, once
         message = str(e) if isinstance(e, UserError) else traceback.format_exc().rstrip()

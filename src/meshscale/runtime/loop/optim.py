@@ -8,10 +8,11 @@ import torch
 
 
 def build_optimizer(params: list, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    # Same elementwise update on a whole parameter or on a flat ZeRO shard of it. Weight decay applies to
+    # Same elementwise update on a whole parameter or on a flat ZeRO shard of it (torch's default kernels:
+    # foreach on GPU, per tensor on CPU; elementwise either way, so the layouts agree). Weight decay applies to
     # every parameter (norm gains included): a flat shard mixes parameters, and one rule keeps every
     # layout's update identical.
-    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=weight_decay, foreach=False)
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=weight_decay)
 
 
 def lr_at(step: int, steps: int, lr: float, min_lr: float, warmup: int) -> float:

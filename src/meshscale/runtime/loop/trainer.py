@@ -19,6 +19,7 @@ from meshscale.parallel.expert import ep_group_mean
 from meshscale.parallel.ledger import CommLedger
 from meshscale.parallel.mesh import build_mesh, from_every_rank, replica_mesh
 from meshscale.parallel.pipeline import PipelineRunner
+from meshscale.parallel.precision import autocast as precision_autocast
 from meshscale.parallel.tensor import vocab_parallel_cross_entropy
 from meshscale.runtime.loop.config import Resolved
 from meshscale.runtime.loop.data import Corpus, TokenData, load_corpus, rank_microbatches
@@ -29,9 +30,10 @@ from meshscale.runtime.measure.trace import analytic_bubble, measured_bubble, wr
 from meshscale.runtime.resilience import checkpoint
 from meshscale.runtime.resilience.faults import Injector, from_env
 from meshscale.runtime.resilience.guards import Guards, Snapshot, TrainingStopped
-from meshscale.runtime.resilience.preemption import Preempted, Preemption, stop_line
+from meshscale.runtime.resilience.preemption import Preempted, Preemption, reason, stop_line
+from meshscale.runtime.resilience.restarts import check_progress
 from meshscale.runtime.resilience.sdc import ReplicaCheck
-from meshscale.runtime.resilience.watchdog import Watchdog
+from meshscale.runtime.resilience.watchdog import Sections, Watchdog
 
 
 def pick_device(choice: str, local_rank: int = 0) -> torch.device:
@@ -141,9 +143,10 @@ class Training:
             _import_setup()
         self.baseline = heap_bytes() if device.type == "cpu" else 0  # the corpus is not the model's memory
         par = self.par = apply_layout(meta_model(spec, device), layout, mesh, self.ledger, cfg.precision,
-                                      cfg.bucket_mb, _weights_from(cfg.init_from, spec), cfg.seed, device)
+                                      cfg.bucket_mb, _weights_from(cfg.init_from, spec), cfg.seed, device,
+                                      cfg.compile)
         self.optimizer = build_optimizer(par.optim_params(), cfg.lr, cfg.weight_decay)
-        autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
+        autocast = precision_autocast(cfg.precision, device)
         self.m = m = layout.microbatches(cfg.global_batch)
         self.faults = Injector(from_env(), dist.get_rank() if multi else 0)
         loss_fn = self.faults.wrap_loss(loss_function(mesh["tp"].get_group() if layout.tp > 1 else None))
@@ -152,34 +155,65 @@ class Training:
         self.moe = [layer for _, chunk in par.chunks for layer in moe_layers(chunk)]
         for layer in self.moe:  # the main loss is averaged over the micro-batches, so is the balance loss
             layer.aux_weight /= m
-        self.first_step = checkpoint.restore_latest(run, par, self.optimizer, mesh)  # 0 without a checkpoint
-        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-        self.metrics = MetricsLog(cfg.steps, cfg.metrics_out, self.is_logger, cfg.overwrite, cfg.log_every,
-                                  resume_at=self.first_step if self.first_step or restarted else None)
+        self.sections = Sections(cfg)
+        self.watchdog = (Watchdog(dist.distributed_c10d._get_default_store(), dist.get_rank(),
+                                  dist.get_world_size(), self.sections, self.ledger) if multi else None)
         self.live = LiveMetrics(run, self.is_logger)
         self.profiler = StepProfiler(cfg.profile, cfg.steps, cfg.profile_dir, dist.get_rank() if multi else 0)
         self.snapshot = MemorySnapshot(cfg.memory_snapshot, cfg.steps, cfg.memory_snapshot_dir,
                                        dist.get_rank() if multi else 0)  # CUDA only: checked before the start
         self.named = [(name, p) for s in par.strategies for name, p in s.module.named_parameters()]
         self.faults.arm_gradients(self.named)  # before the guards' hooks, so they see the corrupted gradient
-        self.guards = Guards([p for _, p in self.named], cfg.on_anomaly, cfg.spike_sigma, multi, device)
+        self.guards = Guards([p for _, p in self.named], cfg.on_anomaly, cfg.spike_sigma, multi, device, cfg.clip)
         self.owns_loss = layout.pp == 1 or self.step_fn.runner.has_last  # other stages receive a copy
         replicas = (ReplicaCheck(par, self.optimizer, cfg.on_anomaly == "rollback")
                     if multi and cfg.sdc_check_every else None)
         self.replicas = replicas if replicas and replicas.groups else None  # no tensor has a replica
         self.state = list({id(t): t for t in [p for _, p in self.named] + par.optim_params()}.values())
-        self.watchdog = (Watchdog(dist.distributed_c10d._get_default_store(), dist.get_rank(),
-                                  dist.get_world_size(), cfg.timeout, self.ledger) if multi else None)
         # On CPU the allocator's peak inside a step needs the profiler: the last step runs under it when the
         # memory is reported (--predict, --metrics-out).
         self.probe = (MemoryProbe(self.baseline) if device.type == "cpu" and (cfg.predict or cfg.metrics_out)
                       else None)
-        self.preemption = Preemption(multi, device, cfg.time_limit)
+        self.preemption = Preemption(cfg.time_limit)
+        self.stop_code = 0  # the step's control all-reduce sets it
         self.rollbacks: Counter = Counter()  # per checkpoint directory
+        self.saver = (checkpoint.AsyncSaver(cfg.keep) if cfg.async_save and cfg.checkpoint_dir else None)
+        # last: the watchdog watches from the load on, and stops again if what follows it fails
+        self.first_step = self.load(lambda: checkpoint.restore_latest(run, par, self.optimizer, mesh))
+        try:
+            check_progress(self.first_step, cfg.max_no_progress_restarts,
+                           str(checkpoint.step_dir(cfg.checkpoint_dir, self.first_step)) if self.first_step
+                           else "step 0 (no checkpoint yet)")
+            restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+            self.metrics = MetricsLog(cfg.steps, cfg.metrics_out, self.is_logger, cfg.overwrite, cfg.log_every,
+                                      resume_at=self.first_step if self.first_step or restarted else None)
+        except BaseException:
+            self.stop_watchdog()
+            raise
 
     def beat(self, step: int, phase: str) -> None:
         if self.watchdog is not None:
             self.watchdog.beat(step, phase)
+
+    def load(self, restore, step: int = -1) -> int:
+        """Run `restore` (a checkpoint load: the step to continue from) as the watchdog's "load" section,
+        starting the watchdog for the first one; it stops again if this load fails (no training follows)."""
+        if self.watchdog is not None and step < 0:
+            self.watchdog.__enter__()
+        self.beat(step, "load")
+        started = time.perf_counter()
+        try:
+            back = restore()
+        except BaseException:
+            if step < 0:
+                self.stop_watchdog()
+            raise
+        self.sections.observed("load", time.perf_counter() - started)
+        return back
+
+    def stop_watchdog(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.__exit__(None, None, None)
 
     def run(self) -> dict:
         cfg, layout = self.cfg, self.layout
@@ -191,6 +225,8 @@ class Training:
                 val_loss = evaluate(self.step_fn, self.par, self.data, cfg, layout, self.mine, self.dp_group,
                                     self.device)
         finally:
+            if self.saver is not None:
+                self.saver.close(wait=False)  # after an error; a finished run waited for its last save
             self.metrics.close()
             self.live.close()
         summaries = [self.ledger.summary(s) for s in range(self.first_step, cfg.steps)]
@@ -227,19 +263,31 @@ class Training:
                 self.metrics.log(row)  # the rows of the steps run again follow it in the file
                 step = self.roll_back(actions["rollback"])
                 continue
-            stop = self.preemption.requested() if step + 1 < cfg.steps else None  # the last step just ends
+            stop = reason(self.stop_code) if step + 1 < cfg.steps else None  # the last step just ends
             saved = None
             if checkpoint.due(cfg, step + 1) or (stop and cfg.checkpoint_dir):
                 self.check_before_save(step, row)
+                self.beat(step, "save")  # its own timeout (watchdog.Sections): a save may outlast a step
                 saving = time.perf_counter()
-                saved = checkpoint.save(self.resolved, self.par, self.optimizer, self.mesh, step + 1,
-                                        row["sdc_check"])
-                row["checkpoint_save_s"] = time.perf_counter() - saving
+                self.faults.slow_save(step)
+                save = checkpoint.save if self.saver is None else self.saver.save
+                saved = save(self.resolved, self.par, self.optimizer, self.mesh, step + 1, row["sdc_check"])
+                row["checkpoint_save_s"] = time.perf_counter() - saving  # what the step waited for
+                self.sections.observed("save", row["checkpoint_save_s"])
+            if self.saver is not None and self.saver.write_s is not None:  # an async save finished
+                row["checkpoint_write_s"], self.saver.write_s = self.saver.write_s, None
             self.metrics.log(row)
             self.live.log(row, self.ledger)
             step += 1
             if stop:
+                self.wait_for_save(step)
                 raise Preempted(stop_line(stop, step, saved, cfg.time_limit))
+        self.wait_for_save(step)
+
+    def wait_for_save(self, step: int) -> None:
+        if self.saver is not None:
+            self.beat(step, "save")
+            self.saver.wait()
 
     def check_before_save(self, step: int, row: dict) -> None:
         """The replica check on the state about to be saved, when self.step has not run it: a corrupted
@@ -258,12 +306,16 @@ class Training:
         layout = self.layout
         self.beat(step, "forward/backward")
         loss = self.step_fn(micro)
+        # one control all-reduce, running while the gradient norm is computed: the guards' flags, the mean loss
+        # (each tp x pp group holds its dp x cp replica's loss on every rank, so the world's mean is theirs)
+        # and the preemption request
+        decide = self.guards.launch(loss if self.owns_loss else None, loss / layout.devices, self.preemption.code())
         self.beat(step, "gradient norm")
         grad_norm = clip_gradients(self.par, self.cfg.clip)
-        loss_value = _all_mean(loss.clone(), self.dp_group, layout.dp * layout.cp)
         self.beat(step, "guards")
-        return loss_value, grad_norm, self.guards.check(step, loss if self.owns_loss else None, loss_value,
-                                                        grad_norm)
+        control = decide(step, grad_norm)
+        self.stop_code = control.stop
+        return control.loss, grad_norm, control.anomaly
 
     def step(self, step: int) -> tuple[dict, list]:
         """One optimizer step (replayed once on an anomaly with --replay-anomalies): its metrics row and the
@@ -314,6 +366,7 @@ class Training:
         """Reload the newest complete checkpoint (verified by the replica check, when the run has one) into
         every rank's live state; the step to go on from."""
         cfg, verified = self.cfg, self.replicas is not None
+        self.wait_for_save(anomaly.step)  # the save in flight may be the newest checkpoint
         found = checkpoint.complete(cfg.checkpoint_dir)
         target = checkpoint.newest_verified(found) if verified else (found[-1][1] if found else None)
         if target is None:
@@ -324,7 +377,8 @@ class Training:
             raise TrainingStopped(f"{anomaly.message}; rolled back to {target} {self.rollbacks[target]} times "
                                   f"already (--max-rollbacks {cfg.max_rollbacks}): stopped, the anomaly persists")
         self.rollbacks[target] += 1
-        back = checkpoint.restore_latest(self.resolved, self.par, self.optimizer, self.mesh, verified)
+        back = self.load(lambda: checkpoint.restore_latest(self.resolved, self.par, self.optimizer, self.mesh,
+                                                           verified), anomaly.step)
         self.ledger.forget_from(back)
         if self.is_logger:
             print(f"rolled back to the checkpoint of step {back} after: {anomaly.message}", flush=True)

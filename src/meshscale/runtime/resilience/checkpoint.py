@@ -98,6 +98,13 @@ def verify(path: Path, manifest: dict) -> None:
                             f"{path} to resume from the previous checkpoint")
 
 
+def identity(path: Path) -> str:
+    """A checkpoint as verified: its directory and its manifest's modification time. resolve() hashes the
+    checkpoint a run resumes from before any process starts; the workers then load it without hashing it
+    again (a checkpoint they find under another identity, e.g. after a restart, they verify)."""
+    return f"{path.absolute()}@{(path / MANIFEST).stat().st_mtime_ns}"
+
+
 def _model_fields(spec) -> dict:
     """What fixes the parameters' shapes (the preset's name and the sequence length do not)."""
     return {k: v for k, v in dataclasses.asdict(spec).items() if k not in ("name", "seq")}
@@ -260,33 +267,107 @@ def save(run, par, optimizer, mesh, step: int, verified: bool = False) -> Path:
     verified: the cross-replica check passed on this very state (written in the manifest)."""
     import torch.distributed.checkpoint as dcp
 
+    path, state, record = _begin(run, par, optimizer, mesh, step, verified)
+    with warnings.catch_warnings():  # DCP warns that one process saves alone: that is intended
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(path, sync_files=True), no_dist=not dist.is_initialized())
+    _finish(path, record, run.config.keep, None)
+    return path
+
+
+class AsyncSaver:
+    """--async-save: DCP's async_save. `save` returns once the state is staged: copied into host memory
+    (DCP's stager allocates fresh CPU tensors and copies into them), so the next optimizer step may change the
+    weights; a thread then writes the copy, hashes it and commits the manifest, which is written only once
+    every rank's files are complete. At most one save is in flight: the next one, a rollback, the end of the
+    run and a preemption first wait for it (`wait`). Its collectives run on a gloo group of their own, used by
+    that thread only, so they never interleave with the training loop's.
+    Constructing it is collective (the group)."""
+
+    def __init__(self, keep: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.keep = keep
+        self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        # DCP's thread warns that one process saves alone (no_dist): intended, as in `save`
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="meshscale-checkpoint")
+        self.pending = None  # the Future of the save in flight
+        self.write_s: float | None = None  # the last finished save's time from staging to commit
+
+    def save(self, run, par, optimizer, mesh, step: int, verified: bool = False) -> Path:
+        import time
+
+        import torch.distributed.checkpoint as dcp
+
+        self.wait()
+        started = time.perf_counter()
+        path, state, record = _begin(run, par, optimizer, mesh, step, verified)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            upload = dcp.async_save(state, storage_writer=dcp.FileSystemWriter(path, sync_files=True),
+                                    process_group=self.group, no_dist=self.group is None)
+
+        def finish() -> None:
+            upload.result()
+            _finish(path, record, self.keep, self.group)
+            self.write_s = time.perf_counter() - started
+
+        self.pending = self.pool.submit(finish)
+        return path
+
+    def wait(self) -> None:
+        """Until the save in flight is committed on this rank; its error, if it failed, is raised here."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self, wait: bool = True) -> None:
+        """wait=False after an error: a save in flight whose peers died would never finish."""
+        if wait:
+            self.wait()
+        self.pool.shutdown(wait=wait)
+
+
+def _begin(run, par, optimizer, mesh, step: int, verified: bool) -> tuple[Path, dict, dict]:
+    """A save's directory (made afresh), this rank's state dict and the manifest's record of the state, taken
+    now: before the next optimizer step changes it."""
     root, multi = Path(run.config.checkpoint_dir), dist.is_initialized()
-    rank = dist.get_rank() if multi else 0
     path = step_dir(root, step)
-    if rank == 0:
+    if not multi or dist.get_rank() == 0:
         root.mkdir(parents=True, exist_ok=True)
         if path.exists():  # a save of this step cut short earlier: start it afresh
             shutil.rmtree(path)
     _barrier(multi)
     state, _ = _state_dict(run, par, optimizer, mesh)
-    with warnings.catch_warnings():  # DCP warns that one process saves alone: that is intended
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(path, sync_files=True), no_dist=not multi)
+    record = {
+        "step": step, "tokens_seen": step * run.config.global_batch * run.spec.seq,
+        "data": {"seed": run.config.seed, "next_step": step}, "optimizer_step": _optimizer_step(optimizer),
+        "model": {"name": run.spec.name, "seq": run.spec.seq, **_model_fields(run.spec)},
+        "layout": str(run.layout), "world_size": run.layout.devices, "precision": run.config.precision,
+        "versions": {"torch": torch.__version__, "meshscale": meshscale.__version__},
+        "run": run_fields(run.config, run.spec), "verified": verified}
+    return path, state, record
+
+
+def _finish(path: Path, record: dict, keep: int, group) -> None:
+    """After every rank's DCP files are written: each rank hashes its own, rank 0 commits the manifest with
+    every digest and applies retention; every rank returns after the commit. `group`: the process group
+    (None: the default one, or no process group)."""
+    multi = dist.is_initialized()
+    rank = dist.get_rank() if multi else 0
     mine = {f.name: _sha256(f) for f in sorted(path.glob(f"__{rank}_*"))}  # each rank hashes what it wrote
-    files = from_every_rank(mine)
+    files = [mine]
+    if multi:
+        files = [None] * dist.get_world_size(group)
+        dist.all_gather_object(files, mine, group=group)
     if rank == 0:
         digests = {name: d for per_rank in files for name, d in per_rank.items()}
         digests.update({f.name: _sha256(f) for f in path.iterdir() if not f.name.startswith("__")})
-        _commit(path, {
-            "step": step, "tokens_seen": step * run.config.global_batch * run.spec.seq,
-            "data": {"seed": run.config.seed, "next_step": step}, "optimizer_step": _optimizer_step(optimizer),
-            "model": {"name": run.spec.name, "seq": run.spec.seq, **_model_fields(run.spec)},
-            "layout": str(run.layout), "world_size": run.layout.devices, "precision": run.config.precision,
-            "versions": {"torch": torch.__version__, "meshscale": meshscale.__version__},
-            "run": run_fields(run.config, run.spec), "verified": verified, "files": digests})
-        _retain(root, run.config.keep)
-    _barrier(multi)
-    return path
+        _commit(path, {**record, "files": digests})
+        _retain(path.parent, keep)
+    if multi:
+        dist.barrier(group=group)
 
 
 def _commit(path: Path, manifest: dict) -> None:
@@ -361,7 +442,8 @@ def restore_latest(run, par, optimizer, mesh, verified_only: bool = False) -> in
         try:
             manifest = read_manifest(path)
             check_compatible(path, manifest, run.spec, run.config.precision)
-            verify(path, manifest)
+            if identity(path) != run.verified:  # hashed once: by resolve(), or here
+                verify(path, manifest)
         except UserError as e:
             problem = str(e)
     problem = from_every_rank(problem)[0]

@@ -8,6 +8,8 @@
     MESHSCALE_FAULT="nan@step=4,rank=1,param=3"      rank 1's gradient of local parameter 3 turns NaN
     MESHSCALE_FAULT="nan@step=4,rank=1,times=2"      ... and again when the step is replayed (persistent)
     MESHSCALE_FAULT="bitflip@step=6,rank=1,bit=30"   rank 1 flips one bit of one parameter after step 6
+    MESHSCALE_FAULT="slowsave@step=3,rank=1,seconds=20"  rank 1 spends 20 s more in the save after step 3
+    MESHSCALE_FAULT="spike@step=30,factor=20"        rank 0's loss (so its gradients) x 20 at step 30
 
 `param` is an index among the rank's local parameters or a parameter name (e.g. `norm.weight`).
 Several faults are separated by ';'. A fault fires in the first attempt of a run only (`attempt=N` picks
@@ -21,9 +23,9 @@ from dataclasses import dataclass
 
 from meshscale.errors import UserError
 
-KINDS = ("kill", "raise", "hang", "slow", "nan", "bitflip")
+KINDS = ("kill", "raise", "hang", "slow", "nan", "bitflip", "slowsave", "spike")
 ENV = "MESHSCALE_FAULT"
-_NUMBERS = {"step": int, "rank": int, "attempt": int, "times": int, "factor": float, "bit": int}
+_NUMBERS = {"step": int, "rank": int, "attempt": int, "times": int, "factor": float, "bit": int, "seconds": float}
 
 
 @dataclass(frozen=True)
@@ -32,10 +34,11 @@ class Fault:
     step: int
     rank: int = 0
     attempt: int = 0
-    factor: float = 2.0  # slow: the step takes this many times as long
+    factor: float = 2.0  # slow: the step takes this many times as long; spike: the loss is multiplied by it
     bit: int = 30  # bitflip: which bit of the float32 (30: the exponent's top bit, a large change)
     param: int | str | None = None  # bitflip (default 0), nan (default: the loss): index or name
     times: int = 1  # nan: how many runs of the step it fires in (a replay runs the step again)
+    seconds: float = 0.0  # slowsave: the time added to the save
 
     def __str__(self) -> str:
         return f"{self.kind}@step={self.step},rank={self.rank}"
@@ -54,7 +57,7 @@ def parse(text: str) -> list[Fault]:
             key, sep, raw = pair.partition("=")
             if not sep or (key not in _NUMBERS and key != "param"):
                 raise UserError(f"{ENV}: {pair!r} in {item!r} is not one of step=, rank=, attempt=, times=, "
-                                "factor=, bit=, param=")
+                                "factor=, bit=, seconds=, param=")
             if key == "param":
                 values[key] = int(raw) if raw.isdigit() else raw
                 continue
@@ -98,6 +101,7 @@ class Injector:
         self.rank = rank
         self._runs: dict[Fault, int] = {}  # how often each nan fault's step has started
         self._nan: list[Fault] = []  # the nan faults firing in the run of the step under way
+        self._scale = 1.0  # a spike's factor in the step under way
         self._flipped: set[Fault] = set()  # bit flips fire once, even when a rollback reruns their step
 
     def due(self, step: int, kind: str) -> Fault | None:
@@ -118,6 +122,8 @@ class Injector:
             while True:  # a stuck rank: alive, silent, never reaching its next collective
                 time.sleep(3600)
         self._nan = []
+        spike = self.due(step, "spike")
+        self._scale = spike.factor if spike else 1.0
         for f in self.faults:
             if f.kind == "nan" and f.step == step:
                 self._runs[f] = self._runs.get(f, 0) + 1
@@ -130,13 +136,20 @@ class Injector:
         if fault:
             time.sleep(max(0.0, (fault.factor - 1) * elapsed_s))
 
+    def slow_save(self, step: int) -> None:
+        """A slow disk: the save after `step` takes `seconds` longer on this rank."""
+        fault = self.due(step, "slowsave")
+        if fault:
+            time.sleep(fault.seconds)
+
     def corrupt_loss(self, loss):
-        """NaN the loss when a loss NaN fault is armed; backward then carries it into the gradients."""
-        return loss * float("nan") if any(f.param is None for f in self._nan) else loss
+        """NaN the loss when a loss NaN fault is armed, scale it by a spike's factor; backward then carries it
+        into the gradients."""
+        return loss * float("nan") if any(f.param is None for f in self._nan) else loss * self._scale
 
     def wrap_loss(self, loss_fn):
-        """`loss_fn`, corrupted by this rank's loss NaN faults (unchanged when it has none)."""
-        if not any(f.kind == "nan" and f.param is None for f in self.faults):
+        """`loss_fn`, corrupted by this rank's loss NaN and spike faults (unchanged when it has none)."""
+        if not any((f.kind == "nan" and f.param is None) or f.kind == "spike" for f in self.faults):
             return loss_fn
         return lambda logits, targets: self.corrupt_loss(loss_fn(logits, targets))
 

@@ -1,8 +1,8 @@
 """Preemption: SIGTERM or SIGINT (what SLURM and Kubernetes send a job before they kill it, and Ctrl-C) and
 --time-limit (like Megatron's --exit-duration-in-mins) end a run at a step boundary, with a checkpoint.
 
-The signal handler only notes the signal; at the end of every step the ranks agree, with one all-reduce of a
-small control tensor, whether any of them was signalled or passed the deadline, so every rank
+The signal handler only notes the signal; in every step the ranks agree, in the step's control all-reduce
+(guards.Control), whether any of them was signalled or passed the deadline, so every rank
 finishes the same step, saves it and stops together. A second signal ends the process at once (exit 128 +
 signal number), for a user who will not wait.
 
@@ -22,9 +22,6 @@ import os
 import signal
 import threading
 import time
-
-import torch
-import torch.distributed as dist
 
 EXIT_PREEMPTED = 75
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -46,11 +43,11 @@ def set_deadline(time_limit: float) -> None:
 
 
 class Preemption:
-    """Notes SIGTERM/SIGINT while installed (a context manager) and answers, collectively, whether to stop."""
+    """Notes SIGTERM/SIGINT while installed (a context manager) and says this rank's request (`code`); the
+    step's control all-reduce makes it every rank's."""
 
-    def __init__(self, multi: bool, device: torch.device, time_limit: float):
+    def __init__(self, time_limit: float):
         """time_limit: seconds from now, unless the job's deadline is already in the environment (0: none)."""
-        self.multi, self.device = multi, device
         self.signal: str | None = None
         deadline = os.environ.get(DEADLINE_ENV)
         self.deadline = float(deadline) if deadline else (time.time() + time_limit if time_limit else None)
@@ -71,20 +68,20 @@ class Preemption:
             os._exit(128 + signum)
         self.signal = launcher_signal() if signum == FORWARDED else signal.Signals(signum).name
 
-    def requested(self) -> str | None:
-        """Collective: "SIGTERM" (the first signal any rank got), "time limit", or None to go on."""
-        mine = 0
+    def code(self) -> int:
+        """This rank's request: 0 none, 1 + the signal's index in SIGNALS, or len(SIGNALS) + 1 for the deadline."""
         if self.signal is not None:
-            mine = 1 + SIGNALS.index(getattr(signal, self.signal))
-        elif self.deadline is not None and time.time() >= self.deadline:
-            mine = len(SIGNALS) + 1
-        flag = torch.tensor([mine], device=self.device)
-        if self.multi:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # control scalar, not ledger traffic
-        code = int(flag.item())
-        if code == 0:
-            return None
-        return SIGNALS[code - 1].name if code <= len(SIGNALS) else "time limit"
+            return 1 + SIGNALS.index(getattr(signal, self.signal))
+        if self.deadline is not None and time.time() >= self.deadline:
+            return len(SIGNALS) + 1
+        return 0
+
+
+def reason(code: int) -> str | None:
+    """The highest `Preemption.code` of the ranks as the stop's reason (None: go on)."""
+    if code == 0:
+        return None
+    return SIGNALS[code - 1].name if code <= len(SIGNALS) else "time limit"
 
 
 def launcher_signal() -> str:
@@ -105,17 +102,20 @@ def stop_line(reason: str, step: int, saved, time_limit: float) -> str:
             f"(exit code {EXIT_PREEMPTED})")
 
 
-def leave_status(line: str) -> None:
-    """A local launcher's worker: leave the line for the launcher (rank 0 only calls this)."""
+def leave_status(line: str, code: int = EXIT_PREEMPTED) -> None:
+    """A local launcher's worker: leave the line and the run's exit code for the launcher (rank 0 only calls
+    this)."""
     path = os.environ.get(STATUS_ENV)
     if path:
         with open(path, "w") as f:
-            json.dump({"line": line}, f)
+            json.dump({"line": line, "code": code}, f)
 
 
-def read_status(path: str) -> str | None:
+def read_status(path: str) -> tuple[str, int] | None:
+    """(line, exit code) a worker left, or None."""
     try:
         with open(path) as f:
-            return json.load(f)["line"]
+            status = json.load(f)
+        return status["line"], int(status.get("code", EXIT_PREEMPTED))
     except (OSError, ValueError, KeyError):
         return None

@@ -1,11 +1,11 @@
 """Cross-replica check for silent data corruption: tensors that several ranks hold as copies must stay equal
 bit for bit, so a difference names a corrupted rank and tensor.
 
-Replicas checked: the parameters of the data-parallel replicas (the dp x cp ranks) under zero 0-2 (routed
-experts within their expert data-parallel group) (and their optimizer state under zero=0, where it is
-replicated too), under zero=3 with hybrid sharding the shards and optimizer state of the replica groups, and
-the norm weights every tensor-parallel rank holds whole (and their
-optimizer state under zero 0 and 3). Under zero 1-2 a rank's parameters are re-gathered from their owners'
+Replicas checked, as the data-parallel strategies name them (Strategy.replicas): the parameters of the
+data-parallel replicas (the dp x cp ranks) under zero 0-2 (routed experts within their expert data-parallel
+group) (and their optimizer state under zero=0, where it is replicated too), under zero=3 with hybrid sharding
+the shards and optimizer state of the replica groups; and the norm weights every tensor-parallel rank holds
+whole (and their optimizer state under zero 0 and 3). Under zero 1-2 a rank's parameters are re-gathered from their owners'
 shards every step, so a flip in a gathered copy lives one step, and a flip in an owner's shard is gathered into
 every replica alike: only the numerical guards can see that one.
 
@@ -19,8 +19,6 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
-from meshscale.parallel.expert import is_expert_param
-from meshscale.parallel.mesh import expert_mesh, hybrid_mesh, replica_mesh
 from meshscale.parallel.tensor import is_tp_replicated
 from meshscale.runtime.resilience.guards import Anomaly
 
@@ -50,30 +48,15 @@ class ReplicaCheck:
         named = [(name, p) for s in par.strategies for name, p in s.module.named_parameters()]
         self.device = named[0][1].device
         self.groups = []  # (axis, process group, [(name, param)], whether its optimizer state is a replica too)
-        if layout.dp * layout.cp > 1 and layout.zero < 3:
-            self.groups += self._data_parallel_groups(layout, mesh, named)
-        elif layout.zero == 3 and layout.replicas > 1:  # HSDP: the replicate dimension holds copies of a shard
-            self.groups.append(("dp", hybrid_mesh(mesh, layout.shard_size)["replicate"].get_group(), named, True))
+        for axis, group, params, with_state in (r for s in par.strategies for r in s.replicas()):
+            same = next((g for g in self.groups if g[1] is group and g[0] == axis), None)
+            if same:  # another pipeline chunk's parameters over the same replicas: one gather for them all
+                same[2].extend(params)
+            else:
+                self.groups.append((axis, group, list(params), with_state))
         if layout.tp > 1:
             replicated = [(name, p) for name, p in named if is_tp_replicated(name)]
             self.groups.append(("tp", mesh["tp"].get_group(), replicated, layout.zero in (0, 3)))
-
-    @staticmethod
-    def _data_parallel_groups(layout, mesh, named: list) -> list:
-        """Every dp x cp replica holds the same dense parameters; under EP the routed experts are replicas
-        only within their expert data-parallel group (the ranks holding the same experts)."""
-
-        dp_group = replica_mesh(mesh).get_group()
-        if layout.ep == 1:
-            return [("dp", dp_group, named, layout.zero == 0)]
-
-        groups = [("dp", dp_group, [(n, p) for n, p in named if not is_expert_param(n)],
-                   layout.zero == 0)]
-        edp = expert_mesh(layout, mesh.device_type)["edp"]
-        if edp.size() > 1:
-            groups.append(("edp", edp.get_group(), [(n, p) for n, p in named if is_expert_param(n)],
-                           layout.zero == 0))
-        return groups
 
     def tensors(self, named: list, with_state: bool) -> list:
         """The (name, tensor) pairs one replica group compares: parameters, and their optimizer state."""
