@@ -4,8 +4,9 @@ outer torchrun."""
 import os
 import sys
 from contextlib import nullcontext
+from typing import get_type_hints
 
-from meshscale.runtime.loop.config import config_fields, load_config, resolve, world_from_env
+from meshscale.runtime.loop.config import TrainConfig, config_fields, load_config, resolve, world_from_env
 from meshscale.specs.model import is_hf_model
 
 _HELP = {
@@ -65,41 +66,30 @@ _HELP = {
     "max_rollbacks": "--on-anomaly rollback reloads one checkpoint at most this many times, then stops (default 3)",
     "time_limit": "seconds of training, then every rank finishes its step, saves and exits with code 75 "
                   "(as on SIGTERM/SIGINT; rerun to resume; needs --checkpoint-dir)",
+    "overwrite": "allow replacing --metrics-out, --trace and --plot",
+    "predict": "print the cost model's prediction beside what was measured",
+    "document_mask": "attention stays within each document and positions restart at each one "
+                     "(needs an indexed dataset; not with pp or cp)",
+    "compile": "torch.compile each transformer block (inductor; on CPU it needs a C++ compiler)",
+    "replay_anomalies": "re-run an anomalous step from a pre-step snapshot: transient or persistent",
+    "async_save": "save checkpoints with DCP's async_save: the step waits only for a copy of the state "
+                  "in host memory (one more copy of it there); a thread writes and commits it",
+    "allow_config_change": "resume although the seed, batch, sequence length, data or LR schedule differ from "
+                           "the checkpoint's",
 }
-_FLAGS = ("overwrite", "predict", "replay_anomalies", "document_mask", "allow_config_change", "compile",
-          "async_save")
 
 
 def add_arguments(parser) -> None:
+    """One flag per TrainConfig field, typed as the field is: a bool is a switch, int and float parse as such,
+    everything else is a string the config checks."""
+    types = get_type_hints(TrainConfig)
     for name in config_fields():
-        flag = "--" + name.replace("_", "-")
-        if name in _FLAGS:
-            continue
-        kind = {"nproc": int, "nnodes": int, "node_rank": int, "master_port": int, "steps": int, "global_batch": int, "seq": int, "seed": int, "val_batches": int, "log_every": int,
-                "lr": float, "min_lr": float, "warmup": int, "weight_decay": float, "clip": float,
-                "bucket_mb": float, "timeout": float, "save_timeout": float, "load_timeout": float, "eval_timeout": float, "spike_sigma": float, "sdc_check_every": int,
-                "checkpoint_every": int, "keep": int, "max_restarts": int, "max_rollbacks": int,
-                "max_no_progress_restarts": int,
-                "time_limit": float}.get(name, str)
-        parser.add_argument(flag, type=kind, default=None, help=_HELP.get(name))
+        flag, kind = "--" + name.replace("_", "-"), types[name]
+        if kind is bool:
+            parser.add_argument(flag, action="store_true", default=None, help=_HELP.get(name))
+        else:
+            parser.add_argument(flag, type=kind if kind in (int, float) else str, default=None, help=_HELP.get(name))
     parser.add_argument("--config", default=None, help=_HELP["config"])
-    parser.add_argument("--overwrite", action="store_true", default=None,
-                        help="allow replacing --metrics-out, --trace and --plot")
-    parser.add_argument("--predict", action="store_true", default=None,
-                        help="print the cost model's prediction beside what was measured")
-    parser.add_argument("--document-mask", action="store_true", default=None,
-                        help="attention stays within each document and positions restart at each one "
-                             "(needs an indexed dataset; not with pp or cp)")
-    parser.add_argument("--compile", action="store_true", default=None,
-                        help="torch.compile each transformer block (inductor; on CPU it needs a C++ compiler)")
-    parser.add_argument("--replay-anomalies", action="store_true", default=None,
-                        help="re-run an anomalous step from a pre-step snapshot: transient or persistent")
-    parser.add_argument("--async-save", action="store_true", default=None,
-                        help="save checkpoints with DCP's async_save: the step waits only for a copy of the state "
-                             "in host memory (one more copy of it there); a thread writes and commits it")
-    parser.add_argument("--allow-config-change", action="store_true", default=None,
-                        help="resume although the seed, batch, sequence length, data or LR schedule differ from "
-                             "the checkpoint's")
 
 
 def _note_seq(cfg, spec) -> None:

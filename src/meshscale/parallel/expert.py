@@ -15,6 +15,7 @@ exactly top_k*tokens*hidden per call, the cost model's figure (cost/comm.py `exp
 import math
 import time
 from contextlib import ExitStack, contextmanager
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,7 @@ from meshscale.parallel.ledger import record
 from meshscale.parallel.mesh import replica_mesh
 from meshscale.parallel.precision import fsdp_policy
 from meshscale.parallel.strategy import Held
+from meshscale.parallel.tensor import Conjugate
 from meshscale.parallel.zero import Zero
 from meshscale.specs.layout import Layout, expert_mesh_shape
 
@@ -63,7 +65,7 @@ def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat((x, x.new_zeros((rows - x.shape[0], *x.shape[1:])))) if rows > x.shape[0] else x
 
 
-def _gather_v(x: torch.Tensor, sizes: list, group) -> torch.Tensor:
+def _gather_v(x: torch.Tensor, group, sizes: list) -> torch.Tensor:
     """All-gather pieces of `sizes` rows (one per TP rank, in rank order), through a padded buffer on gloo.
     Recorded as the contract's all_gather: the output, sum(sizes) rows (Megatron's AllGather-V)."""
     top = max(sizes)
@@ -76,7 +78,7 @@ def _gather_v(x: torch.Tensor, sizes: list, group) -> torch.Tensor:
     return torch.cat([piece[:n] for piece, n in zip(out.split(top), sizes)])
 
 
-def _reduce_scatter_v(x: torch.Tensor, sizes: list, group) -> torch.Tensor:
+def _reduce_scatter_v(x: torch.Tensor, group, sizes: list) -> torch.Tensor:
     """Sum `x` (pieces of `sizes` rows, one per TP rank) over the group; keep this rank's piece. Recorded as
     the contract's reduce_scatter: the whole input."""
     top = max(sizes)
@@ -88,33 +90,6 @@ def _reduce_scatter_v(x: torch.Tensor, sizes: list, group) -> torch.Tensor:
     reduce_scatter_from(out, full, group=group)
     record("tp", "reduce_scatter", x.numel() * x.element_size(), time.perf_counter() - start)
     return out[:sizes[dist.get_rank(group)]]
-
-
-class _GatherV(torch.autograd.Function):
-    """Every TP rank's arrivals to every TP rank (their experts are TP-split, so each needs all the tokens);
-    backward sums the partial input gradients and returns each rank its own."""
-
-    @staticmethod
-    def forward(ctx, x, sizes: list, group):
-        ctx.sizes, ctx.group = sizes, group
-        return _gather_v(x, sizes, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _reduce_scatter_v(grad.contiguous(), ctx.sizes, ctx.group), None, None
-
-
-class _ReduceScatterV(torch.autograd.Function):
-    """The TP-split experts' partial outputs summed, each TP rank keeping those of its own arrivals."""
-
-    @staticmethod
-    def forward(ctx, x, sizes: list, group):
-        ctx.sizes, ctx.group = sizes, group
-        return _reduce_scatter_v(x, sizes, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _gather_v(grad.contiguous(), ctx.sizes, ctx.group), None, None
 
 
 class AllToAllExperts:
@@ -155,7 +130,10 @@ class AllToAllExperts:
             dist.all_gather(every, by_source, group=self.tp_group)
             by_source = torch.cat(every)
             sizes = [int(b.sum()) for b in every]
-            tokens = _GatherV.apply(tokens, sizes, self.tp_group)
+            # Every TP rank's arrivals to every TP rank (their experts are TP-split, so each needs all the
+            # tokens); backward sums the partial input gradients and returns each rank its own.
+            tokens = Conjugate.apply(tokens, self.tp_group, partial(_gather_v, sizes=sizes),
+                                     partial(_reduce_scatter_v, sizes=sizes))
         # Arrivals are grouped by source, then expert: regroup by expert to run each expert once.
         label = torch.arange(self.local, device=xs.device).repeat(len(by_source)).repeat_interleave(
             by_source.reshape(-1))
@@ -163,7 +141,9 @@ class AllToAllExperts:
         ys = run_experts(tokens[order], by_source.sum(0).tolist(), list(experts.values()))
         ys = torch.empty_like(ys).index_copy(0, order, ys)
         if self.tp_group is not None:
-            ys = _ReduceScatterV.apply(ys, sizes, self.tp_group)
+            # The TP-split experts' partial outputs summed, each TP rank keeping those of its own arrivals.
+            ys = Conjugate.apply(ys, self.tp_group, partial(_reduce_scatter_v, sizes=sizes),
+                                 partial(_gather_v, sizes=sizes))
         return _AllToAll.apply(ys, send, recv, self.group)
 
 

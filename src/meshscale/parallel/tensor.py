@@ -96,8 +96,9 @@ def _split_seq(x: torch.Tensor, group) -> torch.Tensor:
     return x.narrow(1, rank * (x.shape[1] // t), x.shape[1] // t).contiguous()
 
 
-class _Conjugate(torch.autograd.Function):
-    """A collective in forward and its conjugate in backward, over one TP group."""
+class Conjugate(torch.autograd.Function):
+    """A collective in forward and its conjugate in backward, over one TP group (`forward(x, group)`,
+    `backward(grad, group)`; the MoE dispatcher's variable-size pair binds its sizes first)."""
 
     @staticmethod
     def forward(ctx, x, group, forward, backward):
@@ -114,7 +115,7 @@ class _Pair(NamedTuple):
     backward: Callable
 
     def apply(self, x: torch.Tensor, group) -> torch.Tensor:
-        return _Conjugate.apply(x, group, self.forward, self.backward)
+        return Conjugate.apply(x, group, self.forward, self.backward)
 
 
 # Megatron's f: the input is replicated, so its gradient is the sum of every rank's partial one.
