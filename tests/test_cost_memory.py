@@ -1,6 +1,8 @@
 """Memory accounting against published figures: Korthikanti et al. 2022 Table 2, Megatron-LM's interleaved
 schedule, FlashAttention's linear memory, and a layout that ran (Llama 3 405B)."""
 
+import dataclasses
+
 import pytest
 
 from meshscale.cost import predict
@@ -115,6 +117,6 @@ def test_moe_layers_keep_each_routed_copy_of_a_token():
     h, f = mixtral.hidden, mixtral.expert_ffn
     for t, sp in ((1, False), (4, False), (4, True)):
         layout = Layout(tp=t, sp=sp, dp=1)
-        one, two = (activation_bytes_per_layer(ModelSpec(**{**mixtral.__dict__, "top_k": k}), layout, 1, True)
+        one, two = (activation_bytes_per_layer(dataclasses.replace(mixtral, top_k=k), layout, 1, True)
                     for k in (1, 2))
         assert two - one == pytest.approx(6 * f / t + 2 * h + 2 * h / (t if sp else 1))

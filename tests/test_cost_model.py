@@ -1,5 +1,7 @@
 """Cost model: contract bytes per the comm-accounting rule, memory by ZeRO stage, bubbles, step assembly."""
 
+import dataclasses
+
 import pytest
 
 from meshscale.cost import predict
@@ -122,8 +124,8 @@ def test_axis_spanning_nodes_pays_the_slow_tier():
     inside = predict(model, H100, Layout.parse("tp=8", 16), 64)
     assert {e["axis"]: e["tier"] for e in inside.comm}["tp"] == "nvlink"
     small_nodes = load_cluster("h100-80gb")
-    small_nodes = type(small_nodes)(**{**small_nodes.__dict__, "tiers": (small_nodes.tiers[0].__class__(
-        "nvlink", 4, 450e9, 1.5e-6, 0.8), small_nodes.tiers[1])})
+    small_nodes = dataclasses.replace(small_nodes, tiers=(small_nodes.tiers[0].__class__(
+        "nvlink", 4, 450e9, 1.5e-6, 0.8), small_nodes.tiers[1]))
     across = predict(model, small_nodes, Layout.parse("tp=8", 16), 64)
     assert {e["axis"]: e["tier"] for e in across.comm}["tp"] == "nvlink+ib"
     assert across.step_time_s > inside.step_time_s
