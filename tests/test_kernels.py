@@ -5,9 +5,9 @@ import itertools
 import pytest
 
 from meshscale.cost.flops import attention_core_flops, block_matmuls, op_recomputed_matmuls
-from meshscale.cost.kernels import (Gemm, attention_core_seconds, attention_seconds, fp8_cast_seconds, gemm_efficiency,
-                                    gemm_pass_seconds, gemm_seconds, layer_gemms, microbatch_seconds,
-                                    ring_merge_seconds)
+from meshscale.cost.kernels import (Gemm, attention_core_seconds, attention_seconds, counted_seconds, fp8_cast_seconds,
+                                    gemm_efficiency, gemm_pass_seconds, gemm_seconds, kernel_shape, layer_gemms,
+                                    loss_seconds, microbatch_seconds, ring_merge_seconds)
 from meshscale.cost.step import pipeline_passes
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout
@@ -220,3 +220,23 @@ def test_fp8_gemms_stage_twice_the_k_and_read_one_byte_operands():
     m, nk = 16, 32768  # a skinny GEMM: memory-bound either way
     one, two = (gemm_seconds(h100, m, nk, nk, peak, 2, 1, b) for b in (1, 2))
     assert one / two == pytest.approx((m * nk + nk * nk + 2 * m * nk) / (2 * (2 * m * nk + nk * nk)), rel=1e-6)
+
+
+def test_the_head_pays_the_cross_entropy_as_memory_traffic():
+    """Megatron-Core's loss casts the logits to fp32 and runs max, subtract, exp, sum and normalise over them
+    (38 bytes an element), then scales and casts the gradient back (14): beside the head's GEMM, the more so
+    the smaller the hidden size (the GEMM's FLOPs per logit)."""
+    h100 = CLUSTERS[1]
+    peak = h100.peak_flops_bf16
+    for name in ("llama3-8b", "llama3-405b"):
+        model = load_model(name)
+        head = counted_seconds(model, h100, kernel_shape(Layout(tp=2, mbs=1)), 0, 0, True, "bf16")
+        logits = model.seq * model.vocab / 2
+        gemm = gemm_pass_seconds(h100, (Gemm(model.seq, model.vocab / 2, model.hidden),), peak, 2)
+        assert head.forward == pytest.approx(gemm[0] + 38 * logits / h100.hbm_bandwidth)
+        assert head.backward == pytest.approx(gemm[1] + 14 * logits / h100.hbm_bandwidth)
+        assert loss_seconds(h100, logits) == pytest.approx((head.forward - gemm[0], head.backward - gemm[1]))
+    small, large = (load_model(n) for n in ("llama3-8b", "llama3-405b"))
+    share = {m.name: loss_seconds(h100, m.seq * m.vocab)[0] / gemm_seconds(h100, m.seq, m.vocab, m.hidden, peak)
+             for m in (small, large)}
+    assert share["llama3-8b"] > 3 * share["llama3-405b"] and 0.1 < share["llama3-8b"] < 1

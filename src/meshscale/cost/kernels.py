@@ -289,8 +289,18 @@ def counted_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Layout, dense
         tokens = shape.mbs * model.seq / shape.cp
         f, b, w = gemm_pass_seconds(cluster, (Gemm(tokens, model.vocab / shape.tp, model.hidden),),
                                     cluster.bf16_work_peak(precision), PRECISIONS[precision]["compute"])
-        out = out + Passes(f, b, w)
+        loss_f, loss_b = loss_seconds(cluster, tokens * model.vocab / shape.tp)
+        out = out + Passes(f + loss_f, b + loss_b, w)
     return out
+
+
+def loss_seconds(cluster: ClusterSpec, logits: float) -> tuple[float, float]:
+    """(forward, backward) of the cross-entropy over a rank's `logits` (tokens x vocab/tp), as memory traffic:
+    Megatron-Core's LanguageModule.compute_language_model_loss casts the bf16 logits to fp32 and
+    tensor_parallel.vocab_parallel_cross_entropy (2024) takes their max, subtracts it, exponentiates in place,
+    sums and normalises in place, keeping the softmax for backward: 2+4, 4, 4+4, 4+4, 4, 4+4 bytes an element;
+    backward scales that softmax by the loss gradient in place (4+4) and casts it back to bf16 (4+2)."""
+    return 38 * logits / cluster.hbm_bandwidth, 14 * logits / cluster.hbm_bandwidth
 
 
 @lru_cache(maxsize=65536)
