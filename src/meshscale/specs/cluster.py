@@ -103,7 +103,8 @@ class ClusterSpec:
     # Kernel shapes (cost/kernels.py): streaming multiprocessors a GEMM's output tiles are spread over (0: no
     # wave quantization, as on a TPU), the output tile of one GEMM block (CUTLASS/cuBLAS 128x256 on Ampere and
     # Hopper, the 128x128 MXU on TPU), the fixed per-tile cost in k (pipeline prologue and epilogue), and the
-    # fraction of peak a fused attention kernel reaches forward + backward (0: matmul_efficiency).
+    # fraction of peak a fused attention kernel reaches forward + backward at long causal sequences (GPUs:
+    # shorter ones scale along the published kernel scans, cost/kernels.py attention_shape; 0: matmul_efficiency).
     compute_units: int = 0
     gemm_tile: tuple = (128, 128)
     gemm_k_overhead: int = 0
