@@ -146,15 +146,19 @@ def test_alternatives_name_why_they_lost(problem3):
 
 def test_step_components_add_up_to_the_step():
     """The parts the explanation compares (components) sum to predict's step time, collectives' interference
-    and the control all-reduces included, so an alternative's named loss is its real largest one (the ZeRO-2
-    alternatives of Llama 3 8B on 16 H100s lose in their gradient reduce-scatter, not in a nil bubble)."""
+    and the control all-reduces included, so an alternative's named loss is its real largest one: at least its
+    share of the gap (it once said "+20.6 ms: bubble 0.0 ms longer" of a layout without a pipeline)."""
     plan = search(load_model("llama3-8b"), H100, 16, 64, top=3)
+    win = plan.ranked[0]
     for pred in plan.ranked + plan.rejected:
         assert sum(components(pred).values()) == pytest.approx(pred.step_time_s, rel=1e-12)
-    lost = dict(rejected(plan))
-    zero2 = [p.layout for p in plan.rejected if Layout.parse(p.layout, 16).zero == 2]
-    assert zero2 and all(": dp reduce_scatter " in lost[layout] for layout in zero2)
-    assert all(" 0.0 ms longer" not in reason for reason in lost.values())
+    assert len(plan.rejected) >= 3
+    for alt, (layout, reason) in zip(plan.rejected, rejected(plan)):
+        diff = {k: v - components(win).get(k, 0.0) for k, v in components(alt).items()}
+        worst = max(diff, key=lambda k: diff[k])
+        assert sum(diff.values()) == pytest.approx(alt.step_time_s - win.step_time_s, abs=1e-12)
+        assert diff[worst] >= (alt.step_time_s - win.step_time_s) / len(diff) > 0
+        assert layout == alt.layout and f": {worst} " in reason
 
 
 def test_vectorised_bubble_is_the_closed_form():
