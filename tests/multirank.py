@@ -16,7 +16,7 @@ import tempfile
 import traceback
 
 _TIMEOUT_S = 600
-_MAX_RANKS = 8  # live pool processes per pytest worker: a new world size evicts the oldest pools beyond it
+_MAX_RANKS = 12  # live pool processes per pytest worker (~0.4 GB each): a new world size evicts the oldest beyond it
 
 
 def _serve(rank, world, init_file, jobs, results):
