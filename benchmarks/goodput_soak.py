@@ -7,7 +7,9 @@ Recorded (--events FILE keeps them; --analyse FILE reads them back without runni
 metrics row appeared (the file is polled), each kill, when the launcher's new workers appeared, and when rank 0
 printed "resuming from". From them the wall time, from the start of the first step to the end of the last one
 logged, is split into what it went to:
-- useful: (steps that count, each once) x w, w the median wall between consecutive rows of steady steps;
+- useful: (steps that count, each once) x w, w the mean wall between consecutive rows of steady steps (not
+  a save, a write or a warm-up): what a run without failures or checkpoints would take per step on this
+  machine, its load included (a median would count the steps the load slowed as time lost to failures);
 - checkpoints: per save, the saving step's excess over w (DCP's staging) plus the excess of the steps the
   background write overlaps (the save's row up to the one that reports `checkpoint_write_s`);
 - per failure: the restart (kill -> start of the first step of the new group), cut into detection and
@@ -152,9 +154,10 @@ def record(args) -> dict:
     return ev
 
 
-def analyse(ev: dict) -> dict:
-    """Split the wall time of a recorded soak into what it went to (module docstring)."""
-    every, end, kills = ev["args"]["every"], ev["end"], ev["kills"]
+def analyse(ev: dict, center=statistics.mean) -> dict:
+    """Split the wall time of a recorded soak into what it went to (module docstring). `center`: how a steady
+    step's wall time w is taken from the steady steps."""
+    end, kills = ev["end"], ev["kills"]
     rows = [(t, r) for t, r in ev["rows"] if t <= end]
     kills = [k for k in kills if k <= end]
 
@@ -186,7 +189,7 @@ def analyse(ev: dict) -> dict:
             warm[i] = k + 1
     steady = [gap[i] for i in gap if last[rows[i][1]["step"]] == i and i not in warm and i not in in_write
               and i not in saves]
-    w = statistics.median(steady)
+    w = center(steady)
 
     # per failure: restart, its parts, lost work
     failures = []
@@ -227,7 +230,8 @@ def analyse(ev: dict) -> dict:
     # checkpoint cost per interval: the save's own step plus the steps its write overlaps (counted runs only)
     counted = [i for i in saves if last[rows[i][1]["step"]] == i]
     blocked = [gap[i] - w for i in counted]
-    overlap = [sum(gap[j] - w for j, s in in_write.items() if s == i) for i in counted]
+    overlap = [sum(gap[j] - w for j, s in in_write.items() if s == i and last[rows[j][1]["step"]] == j)
+               for i in counted]
     writes = [r["checkpoint_write_s"] for _, r in rows if "checkpoint_write_s" in r]
     wall = end - ev["started"]
     steps = len(last)
@@ -246,21 +250,29 @@ def analyse(ev: dict) -> dict:
             "load": [x for _, x in ev.get("load", [])]}
 
 
-def report(ev: dict, a: dict) -> None:
-    from meshscale.cost.goodput import ettr, expected_lost_work
+def compared(ev: dict, a: dict) -> list[tuple[str, float, float, float]]:
+    """(which M, M, ETTR measured, ETTR predicted by cost/goodput.ettr from the run's own inputs)."""
+    from meshscale.cost.goodput import ettr
+
+    tau, delta = ev["args"]["every"] * a["w"], a["blocked_mean"] + a["overlap_mean"]
+    realised = a["wall"] / a["kills"] if a["kills"] else float("inf")
+    return [(name, m, a["useful"] / a["wall"], ettr(tau, delta, a["restart_mean"] + a["warm_mean"], m,
+                                                    a["write_median"]))
+            for name, m in (("--mtbf", ev["args"]["mtbf"]), ("realised", realised))]
+
+
+def report(ev: dict, a: dict, median: dict) -> None:
+    from meshscale.cost.goodput import expected_lost_work
 
     args = ev["args"]
     w, every = a["w"], args["every"]
     tau, delta = every * w, a["blocked_mean"] + a["overlap_mean"]
-    restart = a["restart_mean"] + a["warm_mean"]
-    realised = a["wall"] / a["kills"] if a["kills"] else float("inf")
-    measured = a["useful"] / a["wall"]
     load = a["load"]
     print(f"{args['model']} on {args['nproc']} gloo ranks, --async-save every {every} steps, kills at MTBF "
           f"{args['mtbf']:g} s for {a['wall']:.0f} s: {a['kills']} kills, {len(a['restarts'])} restarts, "
           f"{a['steps']} steps" + (f"; load {min(load):.1f}-{max(load):.1f} (median {statistics.median(load):.1f})"
                                    if load else ""))
-    print(f"  w {w:.3f} s per steady step: tau {tau:.2f} s; checkpoint cost per interval delta {delta:.3f} s "
+    print(f"  w {w:.3f} s per steady step (mean; median {median['w']:.3f} s): tau {tau:.2f} s; checkpoint cost per interval delta {delta:.3f} s "
           f"(staging step {a['blocked_mean']:.3f} s + steps the write overlaps {a['overlap_mean']:.3f} s; write to "
           f"commit {a['write_median']:.2f} s, median of {a['saves']})")
     parts = {name: [f[key] for f in a["failures"] if key in f] for key, name in
@@ -272,15 +284,18 @@ def report(ev: dict, a: dict) -> None:
           + ", ".join(f"{g:.2f}" for g in a["profile"][:WARMUP]) + ")")
     lost = [f["lost_s"] for f in a["failures"] if "lost_s" in f]
     hit = sum(f.get("write_in_flight", False) for f in a["failures"])
+    cut = sum("cut_short_by_next_kill_s" in f for f in a["failures"])
     print(f"  lost work {statistics.mean(lost) if lost else 0:.1f} s per failure measured ({hit} of {len(lost)} "
-          f"kills during a write), {expected_lost_work(tau, delta, a['write_median']):.1f} s expected")
+          f"kills during a write), {expected_lost_work(tau, delta, a['write_median']):.1f} s expected; {cut} "
+          "kill(s) landed in a restart")
     print("  wall " + ", ".join(f"{k} {v:.0f} s" for k, v in a["budget"].items())
           + f" (sum {sum(a['budget'].values()):.0f} s of {a['wall']:.0f} s)")
-    for name, mtbf in (("--mtbf", args["mtbf"]), ("realised", realised)):
-        predicted = ettr(tau, delta, restart, mtbf, a["write_median"])
+    for (name, mtbf, measured, predicted), (_, _, measured_md, predicted_md) in zip(compared(ev, a),
+                                                                                 compared(ev, median)):
         off = f"{100 * (measured - predicted) / predicted:+.1f}%" if predicted > 0 else "no useful time predicted"
         print(f"  ETTR measured {measured:.3f}; predicted (cost/goodput.ettr, M = {name} {mtbf:.0f} s) "
-              f"{predicted:.3f}: {off}")
+              f"{predicted:.3f}: {off} (w the median step: {measured_md:.3f} vs {predicted_md:.3f}, "
+              f"{100 * (measured_md - predicted_md) / predicted_md:+.1f}%)")
 
 
 def main() -> None:
@@ -301,7 +316,7 @@ def main() -> None:
         ev = record(args)
         if args.events:
             Path(args.events).write_text(json.dumps(ev))
-    report(ev, analyse(ev))
+    report(ev, analyse(ev), analyse(ev, statistics.median))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,13 @@ A failure costs the restart R and the work since the last checkpoint:
 ETTR, the useful fraction of wall time (Kokolis et al. 2024, "Revisiting Reliability in Large-Scale
 Machine Learning Research Clusters", arXiv:2410.21680, sec. V), to first order in 1/M:
       ETTR = tau / (tau + delta) * (1 - (R + lost) / M)
+That form over-counts when R or S is not small beside M (a failure that lands in a restart costs the part
+of the restart done, not R plus half a segment), so ettr() uses Daly 2006's complete model for failures
+that are a Poisson process in wall time (restarts fail too; sec. 3): a segment takes on average
+      M e^(R/M) (e^(S/M) - 1)
+of wall time, plus, with an asynchronous save, S e^(S/M) (1 - e^(-W/M)): the e^(S/M) - 1 failures per
+segment each go back one more segment with probability (1 - e^(-W/M)) / (1 - e^(-S/M)). Both expand to the
+first-order form above.
 """
 
 import math
@@ -88,12 +95,15 @@ def expected_lost_work(interval_s: float, save_s: float, write_s: float = 0.0) -
 
 
 def ettr(interval_s: float, save_s: float, restart_s: float, mtbf_s: float, write_s: float = 0.0) -> float:
-    """Useful fraction of wall time: checkpoints cost save_s per interval_s of training; each failure (one
-    per mtbf_s of wall time) costs the restart and the lost work. write_s: an asynchronous save's write, after
-    the step stopped waiting (0: saves are synchronous)."""
-    segment = interval_s + save_s
-    return max(0.0, interval_s / segment * (1 - (restart_s + expected_lost_work(interval_s, save_s, write_s))
-                                            / mtbf_s))
+    """Useful fraction of wall time (Daly 2006's complete model, module docstring): interval_s of training per
+    segment of interval_s + save_s, failures at mean mtbf_s of wall time, each costing the restart and the
+    lost work. write_s: an asynchronous save's write, after the step stopped waiting (0: synchronous saves)."""
+    segment, m = interval_s + save_s, mtbf_s
+    if (restart_s + segment) / m > 700:  # e^x overflows: no segment ever completes
+        return 0.0
+    wall = m * math.exp(restart_s / m) * math.expm1(segment / m) - segment * math.exp(segment / m) * math.expm1(
+        -min(write_s, segment) / m)
+    return interval_s / wall
 
 
 def of_prediction(pred, mtbf_hours: float, bandwidth: float = DEFAULT_CHECKPOINT_BANDWIDTH) -> Goodput:
