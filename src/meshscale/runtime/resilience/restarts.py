@@ -105,11 +105,14 @@ class Failures(logging.Handler):
     def __init__(self, log_dir: str, first_rank: int):
         super().__init__(logging.INFO)
         self.log_dir, self.first_rank = Path(log_dir), first_rank  # first_rank: this node's local rank 0
-        self.attempt, self.failed = 0, None  # failed: (rank, exit code) torchelastic saw first
+        self.attempt = 0
+        self.failed: tuple[int, int] | None = None  # (rank, exit code) torchelastic saw fail first
 
     def install(self) -> None:
         for name in self.LOGGERS:  # ours only: nothing of torchelastic's own reaches the terminal
             logger = logging.getLogger(name)
+            for old in [h for h in logger.handlers if isinstance(h, Failures)]:  # an earlier launch's, in-process
+                logger.removeHandler(old)
             logger.addHandler(self)
             logger.propagate = False
             logger.setLevel(logging.INFO)
@@ -118,16 +121,17 @@ class Failures(logging.Handler):
         msg, args = str(record.msg), record.args if isinstance(record.args, tuple) else ()
         if msg.startswith("failed (exitcode:") and len(args) >= 2:
             self.failed = (self.first_rank + int(args[1]), int(args[0]))  # (rank, exit code)
-        elif msg.endswith("will restart worker group") and len(args) >= 4 and self.failed is not None:
-            print(f"meshscale: {self.cause()}; restarting the workers from the newest checkpoint (restart "
-                  f"{int(args[3]) - int(args[2]) + 1} of {args[3]})", file=sys.stderr, flush=True)
+        elif msg.endswith("will restart worker group") and len(args) >= 4:  # (role, state, left, most)
+            if self.failed is not None:
+                print(f"meshscale: {self.cause(*self.failed)}; restarting the workers from the newest checkpoint "
+                      f"(restart {int(args[3]) - int(args[2]) + 1} of {args[3]})", file=sys.stderr, flush=True)
             self.attempt, self.failed = self.attempt + 1, None
 
-    def cause(self) -> str:
+    def cause(self, rank: int, exitcode: int) -> str:
         errors = {}
         for f in self.log_dir.glob(f"*/attempt_{self.attempt}/*/error.json"):
             try:
                 errors[self.first_rank + int(f.parent.name)] = json.loads(f.read_text())
             except (OSError, ValueError):
                 continue
-        return first_cause(*self.failed, errors)
+        return first_cause(rank, exitcode, errors)
