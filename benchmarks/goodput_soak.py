@@ -20,7 +20,8 @@ logged, is split into what it went to:
 Predicted: cost/goodput.py's ettr(tau, delta, R + warm-up, M, write) with tau = --every x w, delta the mean
 checkpoint cost per interval, R and the warm-up the means measured here, write the median write time, and M =
 --mtbf or the realised mean wall time between kills; and the lost work it expects per failure beside the
-measured one.
+measured one. The same comparison with w the median steady step is printed beside it: on a loaded machine
+the two differ, and the soak says something about the model only where they agree.
 
     PYTHONPATH=src nice python benchmarks/goodput_soak.py [--duration 1500] [--mtbf 300] [--every 40]
         [--nproc 2] [--model tiny] [--seed 0] [--events soak.json]
