@@ -65,3 +65,26 @@ def test_bad_goodput_input_is_one_line_exit_2(flag, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "must be positive" in err
+
+
+def test_lost_work_with_async_saves_matches_a_simulated_timeline():
+    """Steps of 0.25 s, a save every 40 (staging 0.5 s in the step), each committed 1.5 s after it starts
+    writing; kills at random times: the work lost is the wall since the newest committed checkpoint's save.
+    The mean over many kills is cost/goodput's S / 2 + W (S / 2 alone with synchronous saves)."""
+    import random
+
+    from meshscale.cost.goodput import expected_lost_work
+
+    step, every, stage, write = 0.25, 40, 0.5, 1.5
+    segment = every * step + stage
+    rng = random.Random(0)
+    lost = []
+    for _ in range(20000):
+        t = rng.uniform(10 * segment, 11 * segment)  # a kill, well after the first checkpoints
+        saved = (t // segment) * segment  # the newest save's point (its staging done)
+        committed = saved if t - saved >= write else saved - segment
+        lost.append(t - committed)
+    mean = sum(lost) / len(lost)
+    assert mean == pytest.approx(expected_lost_work(every * step, stage, write), rel=0.02)
+    assert expected_lost_work(every * step, stage) == segment / 2
+    assert ettr(10.0, 0.5, 20.0, 300.0, write_s=1.5) < ettr(10.0, 0.5, 20.0, 300.0)

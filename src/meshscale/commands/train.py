@@ -105,6 +105,7 @@ def run(args) -> int:
     from meshscale.runtime.loop import launch
     from meshscale.runtime.resilience import faults
     from meshscale.runtime.resilience.preemption import EXIT_PREEMPTED, Preempted, set_deadline
+    from meshscale.runtime.resilience.restarts import GaveUp
 
     faults.from_env()  # a malformed MESHSCALE_FAULT is bad input: one line before any process starts
     overrides = {name: getattr(args, name, None) for name in config_fields()}
@@ -118,6 +119,8 @@ def run(args) -> int:
         except Preempted as e:
             launch.say_stopped(str(e), rank0)
             launch.exit_worker(EXIT_PREEMPTED)
+        except GaveUp as e:  # exit 0: torchrun would restart a failed worker, to fail the same way again
+            launch.say_stopped(str(e), rank0)
         launch.exit_worker(0)
     world = cfg.nproc * cfg.nnodes
     checked = resolve(cfg, world)

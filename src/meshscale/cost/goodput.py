@@ -9,11 +9,25 @@ at once, as DCP does). Between checkpoints the job trains for tau:
   Daly 2006 ("A higher order estimate of the optimum checkpoint interval for restart dumps", FGCS 22(3),
   eq. 37), used here:
       tau = sqrt(2 delta M) (1 + sqrt(delta / (2M)) / 3 + delta / (18 M)) - delta   for delta < 2M, else M
-A failure costs the restart R = relaunch + load (the shard read back at the same bandwidth) plus the work
-since the last checkpoint, on average half a segment (tau + delta) / 2 (Daly 2006, sec. 3).
+A failure costs the restart R and the work since the last checkpoint:
+- R = detection + relaunch + load + warm-up: the launcher noticing the failure and starting the processes
+  again (rescheduling, process start, rendezvous), reading the checkpoint back, and the first steps' excess
+  over a steady step; given or measured (benchmarks/goodput_soak.py measures each part);
+- the lost work, with failures uniform in time over a segment tau + delta: on average half a segment (Daly
+  2006, sec. 3). With an asynchronous save the step only waits for the copy to host memory (delta is that
+  copy plus what the background write takes from the steps it overlaps), but the checkpoint counts only once
+  its write, W long, has committed: a failure within W of the save goes back one more segment, so the
+  expected loss is (1/S) (int_0^W (S + t) dt + int_W^S t dt) = S / 2 + W with S = tau + delta, W <= S.
 ETTR, the useful fraction of wall time (Kokolis et al. 2024, "Revisiting Reliability in Large-Scale
 Machine Learning Research Clusters", arXiv:2410.21680, sec. V), to first order in 1/M:
-      ETTR = tau / (tau + delta) * (1 - (R + (tau + delta) / 2) / M)
+      ETTR = tau / (tau + delta) * (1 - (R + lost) / M)
+That form over-counts when R or S is not small beside M (a failure that lands in a restart costs the part
+of the restart done, not R plus half a segment), so ettr() uses Daly 2006's complete model for failures
+that are a Poisson process in wall time (restarts fail too; sec. 3): a segment takes on average
+      M e^(R/M) (e^(S/M) - 1)
+of wall time, plus, with an asynchronous save, S e^(S/M) (1 - e^(-W/M)): the e^(S/M) - 1 failures per
+segment each go back one more segment with probability (1 - e^(-W/M)) / (1 - e^(-S/M)). Both expand to the
+first-order form above.
 """
 
 import math
@@ -61,21 +75,35 @@ def daly_interval(save_s: float, mtbf_s: float) -> float:
 
 
 def goodput(bytes_per_device: float, bytes_total: float, devices: int, mtbf_hours: float,
-            bandwidth: float = DEFAULT_CHECKPOINT_BANDWIDTH, relaunch_s: float = RELAUNCH_S) -> Goodput:
-    """Checkpoint cost and ETTR of a job of `devices` devices writing `bytes_per_device` each."""
+            bandwidth: float = DEFAULT_CHECKPOINT_BANDWIDTH, restart_s: float | None = None) -> Goodput:
+    """Checkpoint cost and ETTR of a job of `devices` devices writing `bytes_per_device` each, saving
+    synchronously. `restart_s`: the restart's time, when known; by default RELAUNCH_S plus the load, which
+    reads back what the save wrote (no warm-up: at scale it is small beside the relaunch)."""
     check_inputs(mtbf_hours, bandwidth)
     mtbf_s = mtbf_hours * 3600 / devices
     save = bytes_per_device / bandwidth
     interval = daly_interval(save, mtbf_s)
-    restart = relaunch_s + save  # the load reads back what the save wrote
+    restart = RELAUNCH_S + save if restart_s is None else restart_s
     return Goodput(bytes_per_device, bytes_total, save, interval, restart, ettr(interval, save, restart, mtbf_s))
 
 
-def ettr(interval_s: float, save_s: float, restart_s: float, mtbf_s: float) -> float:
-    """Useful fraction of wall time: checkpoints cost save_s per interval_s of training; each failure (one
-    per mtbf_s of wall time) costs the restart and, on average, half a segment of lost work."""
+def expected_lost_work(interval_s: float, save_s: float, write_s: float = 0.0) -> float:
+    """The wall time of the work a failure throws away, on average (module docstring): half a segment, plus
+    the asynchronous write's time (a failure during it goes back one more segment)."""
     segment = interval_s + save_s
-    return max(0.0, interval_s / segment * (1 - (restart_s + segment / 2) / mtbf_s))
+    return segment / 2 + min(write_s, segment)
+
+
+def ettr(interval_s: float, save_s: float, restart_s: float, mtbf_s: float, write_s: float = 0.0) -> float:
+    """Useful fraction of wall time (Daly 2006's complete model, module docstring): interval_s of training per
+    segment of interval_s + save_s, failures at mean mtbf_s of wall time, each costing the restart and the
+    lost work. write_s: an asynchronous save's write, after the step stopped waiting (0: synchronous saves)."""
+    segment, m = interval_s + save_s, mtbf_s
+    if (restart_s + segment) / m > 700:  # e^x overflows: no segment ever completes
+        return 0.0
+    wall = m * math.exp(restart_s / m) * math.expm1(segment / m) - segment * math.exp(segment / m) * math.expm1(
+        -min(write_s, segment) / m)
+    return interval_s / wall
 
 
 def of_prediction(pred, mtbf_hours: float, bandwidth: float = DEFAULT_CHECKPOINT_BANDWIDTH) -> Goodput:

@@ -39,10 +39,11 @@ from meshscale.runtime.resilience.preemption import (
     leave_status,
     read_status,
 )
-from meshscale.runtime.resilience.restarts import EXIT_GAVE_UP, PROGRESS_ENV, GaveUp
+from meshscale.runtime.resilience.restarts import EXIT_GAVE_UP, Failures, GaveUp, first_cause
 from meshscale.runtime.resilience.watchdog import Sections
 
 _LAUNCHER_ENV = "MESHSCALE_LAUNCHER_PID"
+_RAISED_EXIT_DELAY_S = 1.0  # 10 of the launcher's 0.1 s polls
 
 
 def run_here(run: Resolved) -> dict:
@@ -113,10 +114,11 @@ def launch_local(run: Resolved) -> int:
     --master-addr:--master-port (node 0 hosts it), as `torchrun --rdzv-backend static` does. With
     --max-restarts R, when a worker fails the launcher stops them all and starts the group again, up to R
     times; each new group resumes from the newest checkpoint, and more than --max-no-progress-restarts
-    restarts in a row from the same one end the run (runtime/resilience/restarts.py). Returns
+    restarts in a row from the same one end the run (runtime/resilience/restarts.py); each restart is
+    announced in one line naming the failure that caused it. Returns
     0, EXIT_PREEMPTED when a signal or --time-limit stopped the workers after they saved, or EXIT_GAVE_UP. A second
     signal ends the launcher at once (exit 128 + the signal's number), and its workers with it."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -137,7 +139,6 @@ def launch_local(run: Resolved) -> int:
         os.environ[STATUS_ENV] = status = os.path.join(tmp, "status.json")
         os.environ[_LAUNCHER_ENV] = str(os.getpid())
         os.environ[PREEMPT_ENV] = marker = os.path.join(tmp, "preempting")
-        os.environ[PROGRESS_ENV] = os.path.join(tmp, "progress.jsonl")
         ours = "SIGHUP,SIGQUIT"  # torchelastic's handler for these; SIGTERM and SIGINT are ours
         os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ours  # what torch reads where LaunchConfig cannot say it
         handled = {"signals_to_handle": ours} if "signals_to_handle" in LaunchConfig.__dataclass_fields__ else {}
@@ -146,11 +147,14 @@ def launch_local(run: Resolved) -> int:
         with open(spec_file, "wb") as f:
             pickle.dump(run, f)
         cfg = run.config
+        logs = os.path.join(tmp, "logs")  # the workers' error files, read to say why a group failed
+        Failures(logs, cfg.node_rank * cfg.nproc).install()
         rdzv = (dict(rdzv_backend="c10d", rdzv_endpoint="localhost:0", run_id=str(uuid.uuid4())) if cfg.nnodes == 1
                 else dict(rdzv_backend="static", rdzv_endpoint=f"{cfg.master_addr}:{cfg.master_port}",
                           rdzv_configs={"rank": cfg.node_rank}, run_id=f"meshscale-{cfg.master_port}"))
         config = LaunchConfig(min_nodes=cfg.nnodes, max_nodes=cfg.nnodes, nproc_per_node=cfg.nproc,
-                              max_restarts=cfg.max_restarts, monitor_interval=0.1, **rdzv, **handled)
+                              max_restarts=cfg.max_restarts, monitor_interval=0.1,
+                              logs_specs=DefaultLogsSpecs(log_dir=logs), **rdzv, **handled)
         try:
             elastic_launch(config, sys.executable)("-m", "meshscale.runtime.loop.launch", spec_file)
         except ChildFailedError as e:
@@ -184,16 +188,11 @@ def _preempting(marker: str, signum: int, raised) -> None:
 
 
 def first_failure(error) -> str:
-    """The message of the rank that failed first (by our fine-grained timestamp), not of the ranks that
-    died after it because a peer vanished."""
-    ours = [(f.error_file_data.get("meshscale_t", float("inf")), rank, f) for rank, f in error.failures.items()
-            if isinstance(f.error_file_data, dict)]
-    if ours:
-        _, rank, failure = min(ours, key=lambda x: (x[0], x[1]))
-    else:
-        rank, failure = error.get_first_failure()
-    message = failure.message if isinstance(failure.message, str) else json.dumps(failure.message)
-    return f"rank {rank} failed: {message}"
+    """The failure of the rank that failed first (restarts.first_cause), not of the ranks that died after it
+    because a peer vanished: its signal, or its whole error message."""
+    rank, failure = error.get_first_failure()
+    errors = {r: f.error_file_data for r, f in error.failures.items() if isinstance(f.error_file_data, dict)}
+    return first_cause(rank, failure.exitcode, errors, whole=True)
 
 
 def die_with_parent() -> None:
@@ -222,8 +221,13 @@ def _worker(spec_file: str) -> int:
         message = str(e) if isinstance(e, UserError) else traceback.format_exc().rstrip()
         error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
         if error_file:
+            # A rank whose peer was killed mid-collective raises at once; were its error there as fast, the
+            # launcher could take it for the cause. A peer that died first is seen meanwhile, and this rank is
+            # stopped before it writes anything (restarts.first_cause).
+            raised = time.time()
+            time.sleep(_RAISED_EXIT_DELAY_S)
             with open(error_file, "w") as f:
-                json.dump({"message": message, "timestamp": int(time.time()), "meshscale_t": time.time()}, f)
+                json.dump({"message": message, "timestamp": int(raised), "meshscale_t": raised}, f)
         else:
             print(f"meshscale: error: {message}", file=sys.stderr)
         return 1

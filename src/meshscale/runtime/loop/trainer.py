@@ -181,7 +181,7 @@ class Training:
         # last: the watchdog watches from the load on, and stops again if what follows it fails
         self.first_step = self.load(lambda: checkpoint.restore_latest(run, par, self.optimizer, mesh))
         try:
-            check_progress(self.first_step, cfg.max_no_progress_restarts,
+            check_progress(cfg.checkpoint_dir, self.first_step, cfg.max_no_progress_restarts,
                            str(checkpoint.step_dir(cfg.checkpoint_dir, self.first_step)) if self.first_step
                            else "step 0 (no checkpoint yet)")
             restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0

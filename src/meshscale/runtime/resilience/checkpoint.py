@@ -52,6 +52,7 @@ from meshscale.parallel.expert import is_expert_param
 from meshscale.parallel.mesh import describing_mesh, from_every_rank, holder_grid
 from meshscale.parallel.strategy import MOMENTS
 from meshscale.runtime.resilience.lock import LOCK
+from meshscale.runtime.resilience.restarts import PROGRESS
 
 MANIFEST = "manifest.json"
 _PREFIX = "step-"
@@ -162,7 +163,7 @@ def check_dir(root: str, spec, precision: str) -> tuple[int, Path] | None:
         raise UserError(f"--checkpoint-dir {root}: {existing} is not writable; choose a directory you can write to")
     if not p.exists():
         return None
-    strangers = sorted(c.name for c in p.iterdir() if c.name != LOCK and not _step_dir_name(c))
+    strangers = sorted(c.name for c in p.iterdir() if c.name not in (LOCK, PROGRESS) and not _step_dir_name(c))
     if strangers:
         raise UserError(f"--checkpoint-dir {root} holds {strangers[0]}, which is not a meshscale checkpoint; "
                         "choose a new or empty directory (old checkpoints there may be deleted)")
