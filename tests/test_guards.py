@@ -59,6 +59,23 @@ def test_an_injected_spike_stops_a_clean_run_at_its_step(monkeypatch):
         train(run, torch.device("cpu"), log=False)
 
 
+def test_a_gradient_norm_outlier_beside_a_steady_loss_is_no_spike():
+    """Clean runs have them (benchmarks/spike_guard_sweep.py, 2,000 steps: the norm's largest z 17-21, the
+    loss's 3.6-4.5): the guard judges the loss; a norm of 36 among norms of 1-1.1 passes, a loss x 20 does not."""
+    import torch
+
+    from meshscale.runtime.resilience.guards import Guards
+
+    guards = Guards([], "stop", 6.0, False, torch.device("cpu"))
+    for step in range(40):
+        loss = torch.tensor(3.0 + 0.01 * (step % 3))
+        control = guards.launch(loss, loss)(step, 36.0 if step == 30 else 1.0 + 0.1 * (step % 2))
+        assert control.anomaly is None, control.anomaly.message
+        guards.healthy(control.loss)
+    spiked = torch.tensor(60.0)
+    assert guards.launch(spiked, spiked)(40, 1.0).anomaly.kind == "spike"
+
+
 def test_fingerprint_sees_every_single_bit_and_majority_names_the_odd_replica():
     import torch
 

@@ -53,7 +53,7 @@ _HELP = {
     "eval_timeout": "seconds the final evaluation may take (default 0: derived as for --save-timeout)",
     "on_anomaly": "stop (default), skip the optimizer step, or rollback to the newest checkpoint on a non-finite "
                   "or spiking loss or gradient (rollback also on silent data corruption)",
-    "spike_sigma": "a loss (and with --clip 0 a gradient norm) whose log is this many std above its mean over the last "
+    "spike_sigma": "a loss whose log is this many std above its mean over the last "
                    "100 healthy steps is a spike (default 6; 0: off)",
     "sdc_check_every": "compare replicas' bit fingerprints every N steps (default 50; 0: off)",
     "checkpoint_dir": "save checkpoints here (DCP, any layout reloads them) and resume from the newest one",

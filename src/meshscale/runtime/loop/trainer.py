@@ -164,7 +164,7 @@ class Training:
                                        dist.get_rank() if multi else 0)  # CUDA only: checked before the start
         self.named = [(name, p) for s in par.strategies for name, p in s.module.named_parameters()]
         self.faults.arm_gradients(self.named)  # before the guards' hooks, so they see the corrupted gradient
-        self.guards = Guards([p for _, p in self.named], cfg.on_anomaly, cfg.spike_sigma, multi, device, cfg.clip)
+        self.guards = Guards([p for _, p in self.named], cfg.on_anomaly, cfg.spike_sigma, multi, device)
         self.owns_loss = layout.pp == 1 or self.step_fn.runner.has_last  # other stages receive a copy
         replicas = (ReplicaCheck(par, self.optimizer, cfg.on_anomaly == "rollback")
                     if multi and cfg.sdc_check_every else None)
@@ -341,7 +341,7 @@ class Training:
         if anomaly is None or anomaly.action == "continue":
             self.beat(step, "optimizer")
             self.optimizer.step()
-            self.guards.healthy(loss_value, grad_norm)
+            self.guards.healthy(loss_value)
         par.after_step()
         anomalies = [anomaly] if anomaly else []
         flipped = faults.flip_bit(step, self.named)
