@@ -89,11 +89,6 @@ class Layout:
         if self.etp and self.ep == 1:
             raise UserError(f"layout: etp={self.etp} splits the experts of an expert-parallel layout differently "
                             f"from tp={self.tp}; meshscale builds it with ep > 1 only: add ep or drop etp")
-        folded = self.tp * self.cp * self.dp
-        if folded % (self.ep * self.expert_tp):
-            # Megatron-Core parallel_state.initialize_model_parallel: world % (etp * ep * pp) == 0
-            raise UserError(f"layout: ep*etp = {self.ep}*{self.expert_tp} must divide tp*cp*dp = {folded} (the ranks "
-                            "of a pipeline stage the expert groups fold over); lower ep or etp, or raise dp")
 
     # ---- derived sizes ------------------------------------------------------------------
     @property
@@ -274,6 +269,12 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
         if model.experts % layout.ep:
             raise UserError(f"layout: ep={layout.ep} must divide the expert count ({model.experts}); pick a divisor "
                             "of it")
+        folded = layout.tp * layout.cp * layout.dp
+        if folded % (layout.ep * layout.expert_tp):
+            # Megatron-Core parallel_state.initialize_model_parallel: world % (etp * ep * pp) == 0
+            raise UserError(f"layout: ep*etp = {layout.ep}*{layout.expert_tp} must divide tp*cp*dp = {folded} (the "
+                            "ranks of a pipeline stage the expert groups fold over; etp is tp unless set); lower ep "
+                            "or etp, or raise dp")
     if global_batch is not None:
         mbs = layout.mbs or 1
         if global_batch % (layout.dp * mbs):
