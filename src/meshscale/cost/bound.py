@@ -132,7 +132,8 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
     params, experts = np.where(v_shaped, p_v, p_std), np.where(v_shaped, e_v, e_std)
     dense = params - experts
     copies = np.select([z == 1, z == 2], [zero_copy_bytes(precision, 1), zero_copy_bytes(precision, 2)], 0)
-    static = sum(b * (dense / np.where(z >= stage, shard, 1) + experts / np.where(z >= stage, tp * cp * dp // (ep * etp), 1))
+    edp = tp * cp * dp // (ep * etp)  # the experts' replicas (Layout.edp)
+    static = sum(b * (dense / np.where(z >= stage, shard, 1) + experts / np.where(z >= stage, edp, 1))
                  for b, stage in ((bytes_["params"], 3), (bytes_["grads"], 2), (bytes_["optimizer"] + copies, 1)))
     if dp * cp > 1:  # FSDP2's unsharded units (memory.fsdp_gathered)
         g_std = sum(fsdp_gathered(model, tp, ep, etp, pp, pp, False))
