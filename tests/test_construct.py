@@ -116,8 +116,13 @@ def test_a_layout_that_cannot_fit_is_refused_before_building():
     assert "GiB per rank (cost model" in out.stderr and "available" in out.stderr and out.stdout == ""
 
 
-def test_owned_cores_split_the_affinity_set():
+def test_owned_cores_split_the_affinity_set_unless_omp_num_threads_says(monkeypatch):
     from meshscale.runtime.loop.launch import owned_cores
 
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     cores = len(os.sched_getaffinity(0))
     assert owned_cores(1) == cores and owned_cores(cores) == 1 and owned_cores(10 * cores) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert owned_cores(1) == 3 and owned_cores(10 * cores) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "many")  # not a count: ignored, as torch ignores it
+    assert owned_cores(1) == cores

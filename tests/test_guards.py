@@ -167,8 +167,8 @@ def _four_ranks(rank, world):
         # tp=2 x dp=2: the flipped norm weight differs in its dp pair and in its tp pair; only rank 3 in both
         "flip_tp": _train(world, "dp=2,tp=2", "bitflip@step=5,rank=3,param=layers.1.attention_norm.weight,bit=0",
                           steps=8, sdc_check_every=4),
-        # no false positive: 200 clean steps, parameters and optimizer state compared every 10
-        "clean": _train(world, "dp=2,tp=2", steps=200, sdc_check_every=10),
+        # no false positive: 80 clean steps, parameters and optimizer state compared 20 times
+        "clean": _train(world, "dp=2,tp=2", steps=80, sdc_check_every=4),
         # under EP each dp rank holds other experts: only the dense weights and the experts' own replicas compare
         "moe": _train(world, "dp=4,ep=2", steps=4, sdc_check_every=2, model="tiny-moe"),
         # the dp x cp ranks are replicas; under hybrid sharding ranks 1 and 3 hold copies of the same shard
@@ -189,7 +189,7 @@ def test_bit_flip_is_pinned_on_its_rank_and_a_clean_run_stays_clean_on_four_rank
     assert out["flip_tp"][1].startswith("step 7: silent data corruption: layers.1.attention_norm.weight on rank 3 "
                                         "differs from its dp/tp replicas; stopped")
     rows, stopped = out["clean"]
-    assert stopped is None and len(rows) == 200 and not any(a for _, a in rows)
+    assert stopped is None and len(rows) == 80 and not any(a for _, a in rows)
     rows, stopped = out["moe"]
     assert stopped is None and not any(a for _, a in rows)
     assert out["flip_cp"][1].startswith("step 1: silent data corruption: norm.weight on rank 1 differs from its dp "

@@ -29,3 +29,26 @@ def test_failure_in_one_rank_is_reported_not_hung():
     # so it leaves room for spawning two torch processes on a loaded 2-core machine (60 s was not enough).
     with pytest.raises(AssertionError, match="boom on purpose"):
         run_ranks(2, _fail_on_rank1, timeout=300)
+
+
+def _pid_and_probe(rank, world, leak):
+    import os
+
+    import torch.distributed as dist
+
+    dist.barrier()  # the group the pool joined is still usable
+    seen = os.environ.get("MULTIRANK_PROBE")
+    if leak:
+        os.environ["MULTIRANK_PROBE"] = "leaked"
+    return os.getpid(), seen
+
+
+def test_ranks_are_reused_across_calls_without_leaking_state_and_replaced_after_a_failure():
+    first = run_ranks(2, _pid_and_probe, True)
+    second = run_ranks(2, _pid_and_probe, False)
+    assert [pid for pid, _ in first] == [pid for pid, _ in second]  # the same processes
+    assert [seen for _, seen in second] == [None, None]  # the first call's environment did not stay
+    with pytest.raises(AssertionError, match="boom on purpose"):
+        run_ranks(2, _fail_on_rank1, timeout=300)
+    third = run_ranks(2, _pid_and_probe, False)
+    assert not {pid for pid, _ in third} & {pid for pid, _ in first}  # a fresh pool after the failure

@@ -74,14 +74,81 @@ def gemm_efficiency(cluster: ClusterSpec, m: float, n: float, k: float, peak: fl
     return 2.0 * m * n * k / gemm_seconds(cluster, m, n, k, peak) / peak
 
 
-def attention_seconds(cluster: ClusterSpec, core_flops: float, seq: int, peak: float, causal: bool = True) -> float:
-    """Forward + backward of a fused attention kernel doing `core_flops` of forward work. The kernel's
-    published throughput counts the backward as 2.5x the forward (it recomputes the scores; Dao 2023 sec. 3);
-    causally it computes the diagonal blocks in full, nb(nb+1)/2 blocks for nb^2/2 of useful work."""
+# Fused attention throughput against the kernel's sequence length, head_dim 128, TFLOP/s as the papers count
+# them (4 s^2 d heads forward, halved when causal; the backward 2.5x the forward's):
+# Ampere: FlashAttention-2 on A100 80GB, forward + backward (Dao 2023, arXiv:2307.08691, fig. 4b and 4d):
+# (seq, not causal, causal).
+FA2_A100 = ((512, 131, 99), (1024, 181, 131), (2048, 196, 155), (4096, 201, 182), (8192, 203, 189),
+            (16384, 203, 189))
+# Hopper: cuDNN on H100 SXM5, the kernel Transformer Engine (Megatron-Core, NeMo) runs there, measured beside
+# FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608, figs. 5c, 5d and 6b; within 10% of FA3's from 1k):
+# (seq, forward not causal, forward causal, backward not causal). The paper has no causal backward: we take
+# the backward's causal/non-causal ratio as the forward's at the same length (the same masked diagonal blocks).
+CUDNN_H100 = ((512, 482, 315, 305), (1024, 574, 410, 408), (2048, 617, 484, 465), (4096, 609, 518, 499),
+              (8192, 600, 529, 518), (16384, 595, 539, 516))
+
+
+def _forward_backward(forward: float, backward: float) -> float:
+    """Rate of a forward and its backward of 2.5x the FLOPs, from each one's rate."""
+    return 3.5 / (1 / forward + 2.5 / backward)
+
+
+# (seq, non-causal, causal) forward + backward rate, as a fraction of its long causal rate (the last row's),
+# by GPU architecture; newer GPUs without a published scan take Hopper's shape.
+ATTENTION_SHAPES = {
+    "ampere": tuple((s, nc / FA2_A100[-1][2], c / FA2_A100[-1][2]) for s, nc, c in FA2_A100),
+    "hopper": tuple((s, _forward_backward(fn, bn), _forward_backward(fc, bn * fc / fn)) for s, fn, fc, bn
+                    in CUDNN_H100),
+}
+
+
+def attention_shape(arch: str, seq: float, causal: bool) -> float:
+    """A fused kernel's rate at sequence length `seq` over its rate at long causal sequences: log-linear between
+    the measured lengths, the 512-1k slope continued below 512 (per-tile prologues and epilogues amortised over
+    fewer key blocks; never below a tenth), flat above 16k."""
+    rows = ATTENTION_SHAPES.get(arch, ATTENTION_SHAPES["hopper"])
+    top = rows[-1][2]
+    col = 2 if causal else 1
+    if seq >= rows[-1][0]:
+        return rows[-1][col] / top
+    i = max(0, next(i for i, r in enumerate(rows) if r[0] > seq) - 1)
+    (s0, *r0), (s1, *r1) = rows[i], rows[i + 1]
+    y0, y1 = r0[col - 1], r1[col - 1]
+    return max(0.1, y0 + (y1 - y0) * math.log(seq / s0) / math.log(s1 / s0)) / top
+
+
+def attention_seconds(cluster: ClusterSpec, core_flops: float, seq: int, peak: float, causal: bool = True,
+                      cp: int = 1) -> float:
+    """Forward + backward of a fused attention kernel doing `core_flops` of (useful) forward work over sequences
+    of `seq`, split over `cp` ranks. GPUs: `attention_efficiency` is the kernel's rate at long causal sequences;
+    shorter ones run slower as the published scans measure (`attention_shape`). Under context parallelism each
+    rank runs, ring step by ring step (Megatron-Core/Transformer Engine's load-balanced ring: two chunks of
+    seq/2cp a rank), one causal kernel over its own 2 chunks (1/cp of the work) and cp-1 non-causal ones of
+    2 chunks of queries by one of keys or the reverse (length taken as their geometric mean). Without a
+    measured shape (TPUs): the matmul ceiling, with the causal diagonal blocks computed in full,
+    nb(nb+1)/2 blocks for nb^2/2 of useful work."""
     eff = min(cluster.attention_efficiency or cluster.matmul_efficiency, cluster.matmul_efficiency)
-    blocks = max(1.0, seq / FLASH_BLOCK)
-    diagonal = blocks / (blocks + 1) if causal else 1.0
-    return 3.5 * core_flops / (peak * eff * diagonal)
+    if not (cluster.attention_efficiency and cluster.compute_units):
+        blocks = max(1.0, seq / cp / FLASH_BLOCK)
+        diagonal = blocks / (blocks + 1) if causal else 1.0
+        return 3.5 * core_flops / (peak * eff * diagonal)
+    arch = cluster.gpu_arch
+    if cp == 1:
+        return 3.5 * core_flops / (peak * eff * attention_shape(arch, seq, causal))
+    chunk = seq / (2 * cp)
+    own = attention_shape(arch, 2 * chunk, causal)
+    ring = attention_shape(arch, chunk * math.sqrt(2), False)
+    return 3.5 * core_flops / (peak * eff) * (1 / cp / own + (cp - 1) / cp / ring)
+
+
+def ring_merge_seconds(cluster: ClusterSpec, queries: float, keys: float, cp: int) -> tuple[float, float]:
+    """(forward, backward) memory traffic of ring attention's merging, `queries` and `keys` elements
+    (tokens x heads x head_dim) on a rank: Transformer Engine's AttnFuncWithCPAndKVP2P (2024) adds each ring
+    step's bf16 output, rescaled by exp(lse_step - lse), into an fp32 output (flash_attn_fwd_out_correction:
+    read 2 + 4, write 4 bytes an element), and in backward accumulates dq in fp32 and the travelling dk, dv in
+    fp32 (read and write 4 bytes each), every step but the first."""
+    steps = cp - 1
+    return steps * 10 * queries / cluster.hbm_bandwidth, steps * 8 * (queries + 2 * keys) / cluster.hbm_bandwidth
 
 
 @dataclass(frozen=True)
@@ -226,8 +293,18 @@ def counted_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Layout, dense
         tokens = shape.mbs * model.seq / shape.cp
         f, b, w = gemm_pass_seconds(cluster, (Gemm(tokens, model.vocab / shape.tp, model.hidden),),
                                     cluster.bf16_work_peak(precision), PRECISIONS[precision]["compute"])
-        out = out + Passes(f, b, w)
+        loss_f, loss_b = loss_seconds(cluster, tokens * model.vocab / shape.tp)
+        out = out + Passes(f + loss_f, b + loss_b, w)
     return out
+
+
+def loss_seconds(cluster: ClusterSpec, logits: float) -> tuple[float, float]:
+    """(forward, backward) of the cross-entropy over a rank's `logits` (tokens x vocab/tp), as memory traffic:
+    Megatron-Core's LanguageModule.compute_language_model_loss casts the bf16 logits to fp32 and
+    tensor_parallel.vocab_parallel_cross_entropy (2024) takes their max, subtracts it, exponentiates in place,
+    sums and normalises in place, keeping the softmax for backward: 2+4, 4, 4+4, 4+4, 4, 4+4 bytes an element;
+    backward scales that softmax by the loss gradient in place (4+4) and casts it back to bf16 (4+2)."""
+    return 38 * logits / cluster.hbm_bandwidth, 14 * logits / cluster.hbm_bandwidth
 
 
 @lru_cache(maxsize=65536)
@@ -283,8 +360,13 @@ def attention_core_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layou
         total = 3 * core / measured
         return total / 3, total * 2 / 3
     if fused:
-        total = attention_seconds(cluster, core, model.seq, peak)
-        return total / 3.5, total * 2.5 / 3.5
+        total = attention_seconds(cluster, core, model.seq, peak, cp=layout.cp)
+        merge_f = merge_b = 0.0
+        if layout.cp > 1:
+            queries = tokens * model.heads * model.head_dim / layout.tp
+            keys = tokens * kv_heads_per_rank(model.kv_heads, layout.tp) * model.head_dim
+            merge_f, merge_b = ring_merge_seconds(cluster, queries, keys, layout.cp)
+        return total / 3.5 + merge_f, total * 2.5 / 3.5 + merge_b
     heads = max(1, round(model.heads / layout.tp)) * layout.mbs
     s, d = model.seq / layout.cp, model.head_dim
     f, b, w = gemm_pass_seconds(cluster, (Gemm(s, model.seq, d, heads), Gemm(s, d, model.seq, heads)), peak,

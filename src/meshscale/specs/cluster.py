@@ -103,7 +103,8 @@ class ClusterSpec:
     # Kernel shapes (cost/kernels.py): streaming multiprocessors a GEMM's output tiles are spread over (0: no
     # wave quantization, as on a TPU), the output tile of one GEMM block (CUTLASS/cuBLAS 128x256 on Ampere and
     # Hopper, the 128x128 MXU on TPU), the fixed per-tile cost in k (pipeline prologue and epilogue), and the
-    # fraction of peak a fused attention kernel reaches forward + backward (0: matmul_efficiency).
+    # fraction of peak a fused attention kernel reaches forward + backward at long causal sequences (GPUs:
+    # shorter ones scale along the published kernel scans, cost/kernels.py attention_shape; 0: matmul_efficiency).
     compute_units: int = 0
     gemm_tile: tuple = (128, 128)
     gemm_k_overhead: int = 0
@@ -309,10 +310,15 @@ def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, eff=0
 # H200 = H100 silicon at 700 W, MSMF 702.9 of 989 TFLOP/s (0.711; MAMF 828); B200 MSMF 1426-1456 of 2250
 # (0.640; MAMF 1751). A100 has only a MAMF (271.2, 0.869); we apply the 0.81-0.85 burst-to-sustained ratio
 # measured on both other chips (0.83), 0.72.
-# attention_efficiency: a fused attention kernel, forward + backward (backward counted as 2.5x the forward's
-# FLOPs, the papers' convention), head_dim 128, long causal sequences: FlashAttention-2 on A100 ~190 of 312
-# TFLOP/s (Dao 2023, arXiv:2307.08691, fig. 6; 0.60); FlashAttention-3 on H100 (Shah et al. 2024,
-# arXiv:2407.08608, figs. 5-6: forward up to 740 TFLOP/s, backward 1.5-1.75x FlashAttention-2's ~330), ~0.50.
+# attention_efficiency: a fused attention kernel's forward + backward rate (backward counted as 2.5x the
+# forward's FLOPs, the papers' convention) at long causal sequences, head_dim 128, as training sustains it;
+# shorter sequences and context-parallel chunks run slower along the same scans (cost/kernels.py
+# attention_shape). A100: FlashAttention-2, 189 of 312 TFLOP/s at 8-16k (Dao 2023, arXiv:2307.08691, fig. 4d),
+# times the 0.83 burst-to-sustained ratio of its GEMMs: 0.50. H100/H200: cuDNN (Transformer Engine's kernel),
+# forward 539 and backward ~467 TFLOP/s at 16k causal, 486 together (Shah et al. 2024, arXiv:2407.08608,
+# figs. 5-6, measured at a fixed 1830 MHz, the clock of the 989 TFLOP/s peak), times H100's sustained/burst
+# GEMM ratio 702.9/794.5 (MSMF/MAMF): 0.434. Blackwell (no scan before 2025 on record): Hopper's 0.491 of the
+# peak times B200's own 1441/1751: 0.404.
 # Bus-bandwidth efficiencies are nccl-tests all_reduce busbw over the link rate on DGX systems:
 # A100 NVLink3 ~230 of 300 GB/s (0.78), H100 NVLink4 ~360-380 of 450 GB/s (0.80), HDR/NDR IB ~0.85;
 # NVLink5 ring 680 of 900 GB/s at 8 GiB on a GB200 tray (Azure/AI-benchmarking-guide ND_GB200_v6_results.md,
@@ -331,26 +337,25 @@ PRESETS: dict[str, ClusterSpec] = {
     # (nvidia-smi reports 81920 MiB);
     # DGX A100: NVLink3 600 GB/s bidirectional per GPU (300 one way), 8x HDR 200 Gb/s NICs (25 GB/s per GPU).
     "a100-80gb": _gpu("a100-80gb", "A100-SXM4-80GB", 312e12, 0.0, 19.5e12, 81920 * MiB, 2.039e12, 0.72,
-                      300 * GB, 8, 25 * GB, 1.8, 108, 0.60, nvlink_eff=0.78, gpu_arch="ampere", host_cpu="amd"),
+                      300 * GB, 8, 25 * GB, 1.8, 108, 0.50, nvlink_eff=0.78, gpu_arch="ampere", host_cpu="amd"),
     # NVIDIA H100 SXM datasheet: 989 TFLOP/s bf16 dense, 1979 fp8, 67 fp32; 80 GB HBM3 at 3.35 TB/s, 132 SMs
     # (nvidia-smi reports 81559 MiB);
     # DGX H100: NVLink4 900 GB/s bidirectional (450 one way), 8x ConnectX-7 NDR 400 Gb/s (50 GB/s per GPU).
     "h100-80gb": _gpu("h100-80gb", "H100-SXM5-80GB", 989e12, 1979e12, 67e12, 81559 * MiB, 3.35e12, 0.711,
-                      450 * GB, 8, 50 * GB, 2.5, 132, 0.50, gpu_arch="hopper", nvls_bandwidth=480 * GB),
+                      450 * GB, 8, 50 * GB, 2.5, 132, 0.434, gpu_arch="hopper", nvls_bandwidth=480 * GB),
     # NVIDIA H200 datasheet: same compute as H100, 141 GB HBM3e at 4.8 TB/s (nvidia-smi: 143771 MiB); DGX H200
     # has the fabric of DGX H100.
     "h200": _gpu("h200", "H200-SXM-141GB", 989e12, 1979e12, 67e12, 143771 * MiB, 4.8e12, 0.711,
-                 450 * GB, 8, 50 * GB, 3.5, 132, 0.50, gpu_arch="hopper", nvls_bandwidth=480 * GB,
+                 450 * GB, 8, 50 * GB, 3.5, 132, 0.434, gpu_arch="hopper", nvls_bandwidth=480 * GB,
                  fp8_gemm_speedup=1.83),
     # NVIDIA B200 (DGX B200 datasheet): 2.25 PFLOP/s bf16 dense, 4.5 fp8, 180 GB HBM3e at 8 TB/s (per GPU of
     # the 1440 GB system), 148 SMs, NVLink5 1.8 TB/s bidirectional (900 one way), 8x ConnectX-7 400 Gb/s.
-    # No published fused-attention figure yet: H100's fraction.
     "b200": _gpu("b200", "B200-180GB", 2.25e15, 4.5e15, 75e12, 180 * GB, 8e12, 0.640,
-                 900 * GB, 8, 50 * GB, 5.0, 148, 0.50, nvlink_eff=0.76, gpu_arch="blackwell", fp8_gemm_speedup=1.97),
+                 900 * GB, 8, 50 * GB, 5.0, 148, 0.404, nvlink_eff=0.76, gpu_arch="blackwell", fp8_gemm_speedup=1.97),
     # GB200 NVL72 datasheet: 72 GPUs in one NVLink domain, 2.5 PFLOP/s bf16 dense, 5 fp8 per GPU,
     # 186 GB HBM3e at 8 TB/s, NVLink5 900 GB/s one way; ConnectX-8 800 Gb/s (100 GB/s) per GPU across racks.
     "gb200-nvl72": _gpu("gb200-nvl72", "GB200", 2.5e15, 5e15, 80e12, 186 * GB, 8e12, 0.640,
-                        900 * GB, 72, 100 * GB, 6.0, 148, 0.50, nvlink_eff=0.76, gpu_arch="blackwell",
+                        900 * GB, 72, 100 * GB, 6.0, 148, 0.404, nvlink_eff=0.76, gpu_arch="blackwell",
                         nvls_bandwidth=840 * GB, host_cpu="arm", fp8_gemm_speedup=1.98),
     # NVIDIA Blackwell Ultra, from the datasheets (HGX B300: per GPU 2.25 PFLOP/s bf16 dense, 4.5 fp8 (the same
     # as B200; FP4 is what grew), 288 GB HBM3e at 8 TB/s, NVLink5 900 GB/s one way, ConnectX-8 800 Gb/s (100 GB/s)
@@ -358,9 +363,9 @@ PRESETS: dict[str, ClusterSpec] = {
     # Ultra has 160 SMs. No measured GEMM, attention, NVLink or NVLS figures yet: B200's (GB200's NVLS ceiling,
     # the same NVLink switch system) stand in; no price or power on record.
     "b300": _gpu("b300", "B300-288GB", 2.25e15, 4.5e15, 75e12, 288 * GB, 8e12, 0.640, 900 * GB, 8, 100 * GB, 0.0,
-                 160, 0.50, nvlink_eff=0.76, gpu_arch="blackwell", fp8_gemm_speedup=1.90),
+                 160, 0.404, nvlink_eff=0.76, gpu_arch="blackwell", fp8_gemm_speedup=1.90),
     "gb300-nvl72": _gpu("gb300-nvl72", "GB300", 2.5e15, 5e15, 80e12, 288 * GB, 8e12, 0.640, 900 * GB, 72, 100 * GB,
-                        0.0, 160, 0.50, nvlink_eff=0.76, gpu_arch="blackwell", nvls_bandwidth=840 * GB,
+                        0.0, 160, 0.404, nvlink_eff=0.76, gpu_arch="blackwell", nvls_bandwidth=840 * GB,
                         host_cpu="arm", fp8_gemm_speedup=1.90),
     # AMD Instinct MI300X datasheet: 1307.4 TFLOP/s bf16 dense, 2614.9 fp8, 163.4 fp32 matrix, 192 GB HBM3 at
     # 5.3 TB/s, 304 CUs; 8 GPUs fully connected by Infinity Fabric, 7 links of 64 GB/s one way (448 GB/s);

@@ -75,8 +75,13 @@ def run_here(run: Resolved) -> dict:
 
 
 def owned_cores(processes: int) -> int:
-    """This process's share of the cores it may run on: torch's default intra-op thread count is every core,
-    which under N local processes (or other load) oversubscribes them."""
+    """This process's intra-op threads: OMP_NUM_THREADS where it is set (by the user, by torchrun, or by our
+    launcher for its workers), else its share of the cores it may run on. torch's default is every core,
+    which under N local processes (or other load) oversubscribes them: a 2-thread OpenMP region whose second
+    thread is descheduled waits for it, and small kernels then take milliseconds instead of microseconds."""
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, cores // processes)
 
@@ -115,7 +120,7 @@ def launch_local(run: Resolved) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # N workers share the cores
+    os.environ.setdefault("OMP_NUM_THREADS", str(owned_cores(run.config.nproc)))  # N workers share the cores
     # By default the workers reuse the rendezvous' TCP store as their process-group store; after a worker
     # is SIGKILLed the restarted group then fails to connect or hangs (torch 2.13, gloo). A store of their
     # own per attempt avoids it.
