@@ -12,9 +12,7 @@ from meshscale.specs.layout import Layout
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def cli(*args):
-    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")}
-    return subprocess.run([sys.executable, "-m", "meshscale", *args], capture_output=True, text=True, env=env)
+from clirun import run_cli as cli  # noqa: E402
 
 
 SEED = ["--model", "llama2-13b", "--cluster", "tpu-v5p", "--devices", "4096", "--global-batch-tokens", "3145728",

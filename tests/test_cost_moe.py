@@ -116,3 +116,20 @@ def test_bad_moe_knobs_are_one_line(tmp_path, software, needle):
     path.write_text(json.dumps({"base": "tpu-v5p", "software": {"moe_dispatcher": "deepep"}}))
     with pytest.raises(UserError, match="NVIDIA cluster"):
         load_cluster(str(path))
+
+
+def test_megatron_fsdp_gathers_a_layers_experts_in_one_collective():
+    """zero=3 with EP: Megatron-FSDP (framework megatron-core) launches one expert all-gather and one reduce-
+    scatter per layer over the expert data-parallel group; the runtime's FSDP2 (framework torch) one per
+    expert. Same bytes, fewer latency-bound launches: the step is faster under Megatron-FSDP."""
+    model = MIXTRAL
+    layout = Layout.parse("dp=64,zero=3,ep=2,mbs=1", 64)  # 4 experts a rank
+    m = layout.microbatches(64)
+    runs = {fw: predict(model, with_software(framework=fw), layout, 64) for fw in ("megatron-core", "torch")}
+    edp = {fw: {e["collective"]: e for e in p.comm if e["axis"] == "edp"} for fw, p in runs.items()}
+    for layers_units, fw in ((model.layers + 1, "megatron-core"), (model.layers * 4 + 1, "torch")):
+        assert edp[fw]["all_gather"]["calls"] == m * (2 * layers_units - 1)
+        assert edp[fw]["reduce_scatter"]["calls"] == m * layers_units
+    assert edp["megatron-core"]["all_gather"]["bytes"] == edp["torch"]["all_gather"]["bytes"]
+    assert edp["megatron-core"]["all_gather"]["time_s"] < edp["torch"]["all_gather"]["time_s"]
+    assert runs["megatron-core"].step_time_s < runs["torch"].step_time_s

@@ -282,10 +282,7 @@ def test_what_a_framework_cannot_express_is_said_and_the_nearest_emitted_with_it
         assert adapted(framework, same, model) == (same, [])
 
 
-def cli(*args):
-    import os
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run([sys.executable, "-m", "meshscale", *args], capture_output=True, text=True, env=env)
+from clirun import run_cli as cli  # noqa: E402
 
 
 def test_cli_emit_prints_the_config_and_json_carries_it():

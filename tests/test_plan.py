@@ -11,7 +11,7 @@ from meshscale.cost.kernels import Passes
 from meshscale.cost.pipeline import bubble_ratio
 
 from meshscale.plan import search
-from meshscale.plan.explain import explain, rejected
+from meshscale.plan.explain import components, explain, rejected
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import ModelSpec, load_model
@@ -164,6 +164,23 @@ def test_alternatives_name_why_they_lost(problem3):
     reasons = rejected(plan)
     assert reasons and all("ms longer" in r for _, r in reasons)
     assert len({Layout.parse(p.layout, 4096).tp for p in plan.rejected} | {4}) >= 1
+
+
+def test_step_components_add_up_to_the_step():
+    """The parts the explanation compares (components) sum to predict's step time, collectives' interference
+    and the control all-reduces included, so an alternative's named loss is its real largest one: at least its
+    share of the gap (it once said "+20.6 ms: bubble 0.0 ms longer" of a layout without a pipeline)."""
+    plan = search(load_model("llama3-8b"), H100, 16, 64, top=3)
+    win = plan.ranked[0]
+    for pred in plan.ranked + plan.rejected:
+        assert sum(components(pred).values()) == pytest.approx(pred.step_time_s, rel=1e-12)
+    assert len(plan.rejected) >= 3
+    for alt, (layout, reason) in zip(plan.rejected, rejected(plan)):
+        diff = {k: v - components(win).get(k, 0.0) for k, v in components(alt).items()}
+        worst = max(diff, key=lambda k: diff[k])
+        assert sum(diff.values()) == pytest.approx(alt.step_time_s - win.step_time_s, abs=1e-12)
+        assert diff[worst] >= (alt.step_time_s - win.step_time_s) / len(diff) > 0
+        assert layout == alt.layout and f": {worst} " in reason
 
 
 def test_vectorised_bubble_is_the_closed_form():

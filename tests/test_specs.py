@@ -1,12 +1,14 @@
 """ClusterSpec presets and loading."""
 
 import json
+import pickle
 
 import pytest
 
 from meshscale.errors import UserError
 from meshscale.specs.cluster import PRESETS, ClusterSpec, Tier, load_cluster
 from meshscale.specs.layout import Layout
+from meshscale.specs.model import load_model
 
 
 def test_presets_cover_the_issue_and_are_valid():
@@ -76,6 +78,16 @@ def test_an_integer_stands_for_a_float_but_not_for_a_bool(tmp_path):
     path.write_text('base = "h100-80gb"\n[software]\ntp_comm_overlap = 1\n')
     with pytest.raises(UserError, match="tp_comm_overlap must be true or false"):
         load_cluster(str(path))
+
+
+def test_a_hashed_spec_still_copies_from_its_fields():
+    """Specs hash once (they key the cost model's caches), but the cached hash is no attribute: a spec rebuilt
+    from its __dict__ is equal with the same hash, and a pickle carries only the fields."""
+    for spec in (load_model("llama3-8b"), load_cluster("h100-80gb")):
+        hash(spec)
+        copy = type(spec)(**spec.__dict__)
+        assert copy == spec and hash(copy) == hash(spec) and {copy: 1}[spec] == 1
+        assert set(pickle.loads(pickle.dumps(spec)).__dict__) == set(spec.__dataclass_fields__)
 
 
 def test_tp_splits_or_replicates_kv_heads_and_nothing_else():

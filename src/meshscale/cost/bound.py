@@ -344,13 +344,14 @@ class PipelinePasses:
     placement: np.ndarray  # per schedule of the shape
 
     def at(self, schedule, mbs, recompute) -> "PipelinePasses":
-        index = (self.placement[schedule], mbs, recompute)
+        # one flat index for the 14 arrays over (placement, mbs, recompute): np.take of it is several times
+        # cheaper than indexing each with the three index arrays
+        index = np.ravel_multi_index((self.placement[schedule], mbs, recompute), self.lead.shape)
 
         def pick(p: Passes) -> Passes:
-            # the bound's Passes hold arrays over (placement, mbs, recompute), not the floats they are typed as
-            return Passes(p.forward[index], p.backward[index], p.weight[index])  # type: ignore[index]
-        return PipelinePasses(pick(self.slowest), pick(self.others), self.lead[index], self.head_slowest[index],
-                              pick(self.first), pick(self.last), self.placement)
+            return Passes(np.take(p.forward, index), np.take(p.backward, index), np.take(p.weight, index))
+        return PipelinePasses(pick(self.slowest), pick(self.others), np.take(self.lead, index),
+                              np.take(self.head_slowest, index), pick(self.first), pick(self.last), self.placement)
 
     def scaled(self, factor: float) -> "PipelinePasses":
         return PipelinePasses(self.slowest * factor, self.others * factor, self.lead * factor, self.head_slowest,
@@ -424,10 +425,11 @@ def _unit_passes(model, cluster, tp, cp, ep, etp, mbs, precision) -> np.ndarray:
     return unit
 
 
+@lru_cache(maxsize=65536)
 def bandwidth_seconds(cluster: ClusterSpec, devices: int, collective: str, nbytes: float, size: int,
                       stride: int) -> float:
     """A collective's time over a group of `size` ranks `stride` apart, latency left out, on the link predict
-    uses (a calibrated cluster's measured one over tier 0)."""
+    uses (a calibrated cluster's measured one over tier 0); cached: the bound asks for the same few per byte."""
     link = overhead.measured_link(cluster, collective, comm.group_link(cluster, devices, size, stride))
     return comm.collective_time(collective, nbytes, 0, size, link)
 
@@ -439,17 +441,24 @@ def tensor_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, 
     micro-batch's compute may hide them (dualpipev, ep_comm_overlap)."""
     if shape.tp == 1:
         return 0.0
+    return _tensor_parallel_floor(model, cluster, shape.devices, shape.tp, shape.ep,
+                                  shape.per_rank * model.seq / shape.cp, act_bytes, recompute, fewest)
+
+
+@lru_cache(maxsize=4096)
+def _tensor_parallel_floor(model: ModelSpec, cluster: ClusterSpec, devices: int, tp: int, ep: int, tokens: float,
+                           act_bytes: int, recompute: str, fewest: int) -> float:
+    """tensor_parallel_floor for `tokens` per rank and step: the same for every shape with these tp and dp*cp
+    (comm.tensor_parallel_ops reads neither dp nor cp)."""
     # SP's all-gathers and reduce-scatters take the bandwidth time of the all-reduces without SP; only the
     # unhidden ones count (the small all-reduces are left out: SP adds its norm gradients to them)
-    layout = Layout(dp=shape.dp, tp=shape.tp, sp=True, cp=shape.cp, ep=shape.ep, etp=shape.etp,
-                    recompute=recompute)
-    tokens = shape.per_rank * model.seq / shape.cp
+    layout = Layout(dp=ep, tp=tp, sp=True, ep=ep, recompute=recompute)
     sw = cluster.software
     hidden = {Overlap.GEMM: sw.tp_comm_overlap, Overlap.WGRAD: sw.tp_comm_overlap or sw.tp_wgrad_overlap}
     # a byte of an all-gather or reduce-scatter at no less than half an all-reduce's byte: NVLS all-reduces
     # (cost/collectives.py) beat the ring's all-gather + reduce-scatter pair that SP splits them into
-    half_ar = bandwidth_seconds(cluster, shape.devices, "all_reduce", 1.0, shape.tp, 1) / 2
-    return sum(op.bytes * min(half_ar, bandwidth_seconds(cluster, shape.devices, op.collective, 1.0, shape.tp, 1))
+    half_ar = bandwidth_seconds(cluster, devices, "all_reduce", 1.0, tp, 1) / 2
+    return sum(op.bytes * min(half_ar, bandwidth_seconds(cluster, devices, op.collective, 1.0, tp, 1))
                for op in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, fewest, False, False, 1)
                if op.collective != "all_reduce" and not hidden.get(op.overlap, False))
 
@@ -480,8 +489,14 @@ def pipeline_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_byt
     """Bandwidth time of the stage-boundary sends of the rank sending fewest (predict costs one rank's)."""
     if shape.pp == 1:
         return 0.0
-    per_rank = sends_per_rank(shape.pp, layout.stages, layout.v_shaped)
-    quietest = min(range(shape.pp), key=per_rank.__getitem__)
-    ops = comm.pipeline_ops(model, layout, shape.per_rank * model.seq / shape.cp, act_bytes, 1, quietest)
-    return sum(bandwidth_seconds(cluster, shape.devices, op.collective, op.bytes, 2, shape.tp * shape.cp * shape.dp)
-               for op in ops)
+    return _pipeline_floor(model, cluster, shape.devices, layout, shape.per_rank * model.seq / shape.cp, act_bytes)
+
+
+@lru_cache(maxsize=4096)
+def _pipeline_floor(model: ModelSpec, cluster: ClusterSpec, devices: int, layout: Layout, tokens: float,
+                    act_bytes: int) -> float:
+    """pipeline_floor for `tokens` per rank and step: the same for every shape with this placement and dp*cp."""
+    per_rank = sends_per_rank(layout.pp, layout.stages, layout.v_shaped)
+    quietest = min(range(layout.pp), key=per_rank.__getitem__)
+    ops = comm.pipeline_ops(model, layout, tokens, act_bytes, 1, quietest)
+    return sum(bandwidth_seconds(cluster, devices, op.collective, op.bytes, 2, devices // layout.pp) for op in ops)

@@ -135,7 +135,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
                                                     layout.replicas, layout.pp > 1, grad_bytes,
                                                     buckets(params - experts)))
     if experts and layout.edp > 1:
-        units = moe_layers * model.experts // layout.ep + 1  # zero=3: each expert is an FSDP unit (+ a root)
+        units = moe_layers * expert_units_per_layer(model, layout, sw) + 1  # zero=3's FSDP units (+ a root)
         ops += _on("edp", comm.data_parallel_ops(layout.zero, experts, m, act_bytes, units, 0.0, layout.pp > 1,
                                                  grad_bytes, update_bytes, buckets(experts)))
     crossings = comm.pipeline_sends(layout, rank) if layout.pp > 1 else 0
@@ -245,6 +245,15 @@ def control_seconds(cluster: ClusterSpec, devices: int, layout: Layout) -> float
 def _small_all_reduces(cluster: ClusterSpec, devices: int, groups: tuple) -> float:
     """One 8-byte all-reduce over each of `groups` ((size, stride), ...): many layouts share their groups."""
     return sum(_time(cluster, devices, None, None, "all_reduce", 8, 1, (n, stride)) for n, stride in groups if n > 1)
+
+
+def expert_units_per_layer(model: ModelSpec, layout: Layout, sw) -> int:
+    """Collective launches a MoE layer's routed experts take under zero=3, each way (gather, reduce-scatter).
+    Megatron-FSDP (Megatron-Core custom_fsdp, 2025: fully_sharded_data_parallel.py makes TransformerLayer the
+    FSDP unit; param_and_grad_buffer.py _get_parameter_groups aggregates a unit's buckets per (unit, is expert
+    parameter)) gathers a layer's experts in one collective over the expert data-parallel group; the runtime's
+    FSDP2 shards each expert as its own unit (parallel/expert.py _ShardedExperts), as does DeepSpeed's."""
+    return 1 if sw.framework == "megatron-core" else model.experts // layout.ep
 
 
 def grad_reduce_bytes(sw, precision: str) -> int:

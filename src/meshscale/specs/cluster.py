@@ -9,7 +9,7 @@ to one training run.
 from dataclasses import asdict, dataclass, replace
 
 from meshscale.errors import UserError
-from meshscale.specs.loading import build, hash_once, read_spec_file, state_without_hash
+from meshscale.specs.loading import build, hash_once, read_spec_file
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,6 @@ class ClusterSpec:
     device_spread: float = 0.0
 
     __hash__ = hash_once
-    __getstate__ = state_without_hash
 
     def __post_init__(self):
         tiers = tuple(t if isinstance(t, Tier) else build(Tier, dict(t), f"cluster {self.name} tier")

@@ -1,7 +1,7 @@
 """Read JSON or TOML files into dicts, turning every read or parse failure into a UserError."""
 
 import json
-import tomllib
+import weakref
 from pathlib import Path
 
 from meshscale.errors import UserError
@@ -13,8 +13,12 @@ def read_mapping(path: str | Path) -> dict:
         raise UserError(f"file not found: {path}; pass an existing .json or .toml file")
     text = path.read_text()
     try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
+        if path.suffix == ".toml":
+            import tomllib  # here, not at the top: every command imports this module, few read TOML (~15 ms)
+            data = tomllib.loads(text)
+        else:
+            data = json.loads(text)
+    except ValueError as e:  # json.JSONDecodeError and tomllib.TOMLDecodeError both are ValueErrors
         raise UserError(f"cannot parse {path}: {e}") from None
     if not isinstance(data, dict):
         raise UserError(f"{path} must hold an object/table at the top level")
@@ -62,16 +66,18 @@ def build(cls, fields: dict, source: str):
         raise UserError(f"{source}: {e}") from None
 
 
+# hash_once's cache, by object identity, outside the objects: in their __dict__ it would break a copy made from
+# it (type(s)(**s.__dict__)) and travel in a pickle (strings hash differently in another process)
+_HASHES: dict[int, int] = {}
+
+
 def hash_once(spec) -> int:
     """`__hash__` of a frozen dataclass that keys the cost model's caches: the hash of its fields, computed once
     per object (a ClusterSpec with its tiers took microseconds a lookup, thousands of lookups a plan)."""
     try:
-        return spec.__dict__["_hash"]
+        return _HASHES[id(spec)]
     except KeyError:
-        spec.__dict__["_hash"] = hash(tuple(getattr(spec, name) for name in spec.__dataclass_fields__))
-        return spec.__dict__["_hash"]
-
-
-def state_without_hash(spec) -> dict:
-    """`__getstate__` beside `hash_once`: a pickle leaves the hash out (strings hash differently per process)."""
-    return {k: v for k, v in spec.__dict__.items() if k != "_hash"}
+        value = hash(tuple(getattr(spec, name) for name in spec.__dataclass_fields__))
+        weakref.finalize(spec, _HASHES.pop, id(spec), None).atexit = False  # before its id is reused
+        _HASHES[id(spec)] = value
+        return value

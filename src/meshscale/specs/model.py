@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from meshscale.errors import UserError
-from meshscale.specs.loading import build, hash_once, read_spec_file, state_without_hash
+from meshscale.specs.loading import build, hash_once, read_spec_file
 
 
 MLPS = ("swiglu", "geglu", "gelu", "gelu-erf")
@@ -61,7 +61,6 @@ class ModelSpec:
     v_head_dim: int = 0
 
     __hash__ = hash_once
-    __getstate__ = state_without_hash
 
     def __post_init__(self):
         if self.kv_heads == 0:
