@@ -142,12 +142,13 @@ def _slug(layout: str) -> str:
 
 # World 4, per model: the uninterrupted runs, and (source run, target layout) reshardings across dp/zero/tp,
 # into and out of hybrid sharding and context parallelism, KV-head copies (tp=4 > kv_heads=2) and expert
-# parallelism. A source "two:L" is the 2-process run of L.
+# parallelism (etp=tp and etp=1). A source "two:L" is the 2-process run of L.
 FULL = {"odd": ["fsdp=4", "tp=2,pp=2"], "kv": ["tp=4"], "tiny-moe": ["dp=4,ep=2,zero=1"]}
 RESHARDED = {"odd": [("fsdp=4", "dp=2,tp=2"), ("two:dp=2,zero=1", "fsdp=4"), ("fsdp=4", "dp=4,zero=3,shard=2"),
                      ("two:dp=2,zero=1", "cp=2,dp=2,zero=3")],
              "kv": [("tp=4", "cp=2,dp=2,zero=1"), ("tp=4", "dp=2,tp=2")],
-             "tiny-moe": [("dp=4,ep=2,zero=1", "dp=4,ep=4,zero=3"), ("dp=4,ep=2,zero=1", "dp=2,ep=2,tp=2")]}
+             "tiny-moe": [("dp=4,ep=2,zero=1", "dp=4,ep=4,zero=3"), ("dp=4,ep=2,zero=1", "dp=2,ep=2,tp=2"),
+                          ("dp=4,ep=2,zero=1", "dp=2,zero=1,tp=2,ep=2,etp=1")]}  # EP across TP, whole experts
 
 
 def _source(root: str, from_two: str, layout: str) -> str:

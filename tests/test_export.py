@@ -31,7 +31,8 @@ CASES = [
     ("llama3-8b", "h100-80gb", "dp=8,zero=3,pp=2,vpp=8,schedule=interleaved,cp=4,mbs=1", 256, "bf16"),
     ("llama3-70b", "h100-80gb", "dp=16,zero=3,shard=8,tp=4,sp=true,mbs=2,recompute=full", 128, "fp8"),
     ("llama2-7b", "a100-80gb", "dp=4,pp=4,schedule=zbv,mbs=1", 64, "bf16-pure"),
-    ("mixtral-8x7b", "h100-80gb", "dp=16,zero=1,tp=2,sp=true,pp=2,ep=8,mbs=1", 256, "bf16"),
+    # EP folded over tp x dp (ep=8 > dp=4) with whole experts: etp=1
+    ("mixtral-8x7b", "h100-80gb", "dp=4,zero=1,tp=2,sp=true,pp=8,ep=8,etp=1,mbs=1", 256, "bf16"),
     ("deepseek-v3", "h100-80gb", "dp=64,zero=1,pp=16,ep=64,mbs=1,recompute=full", 1024, "bf16"),
     ("gpt3-175b", "a100-80gb", "dp=8,zero=1,tp=8,sp=true,pp=12,vpp=2,schedule=interleaved,mbs=1", 1536, "bf16"),
     ("llama3-8b", "h100-80gb", "dp=8,zero=3,mbs=1,recompute=op", 64, "fp32"),
@@ -79,6 +80,7 @@ def test_torchtitan_config_manager_loads_it(case, tmp_path):
             * par.tensor_parallel_degree * par.pipeline_parallel_degree) == lay.devices == asked.devices
     assert (par.tensor_parallel_degree, par.pipeline_parallel_degree, par.context_parallel_degree,
             par.expert_parallel_degree) == (lay.tp, lay.pp, lay.cp, lay.ep)
+    assert par.expert_tensor_parallel_degree == (lay.expert_tp if lay.ep > 1 else 1)
     assert par.data_parallel_shard_degree * lay.cp == (lay.shard_size if lay.zero >= 2 else lay.cp)
     assert job.training.global_batch_size == case[3] and job.training.seq_len == model.seq
     if lay.pp > 1:
@@ -164,6 +166,7 @@ def test_megatron_core_configs_take_it(case):
     config = kind(**kw)
     assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size, config.context_parallel_size,
             config.expert_model_parallel_size) == (lay.tp, lay.pp, lay.cp, lay.ep)
+    assert config.expert_tensor_parallel_size == lay.expert_tp
     assert config.sequence_parallel == lay.sp and config.num_layers == model.layers
     assert config.recompute_granularity == {"none": None, "selective": "selective", "full": "full"}[lay.recompute]
     ddp_names = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}

@@ -65,7 +65,7 @@ def test_router_is_deterministic_and_weights_normalised():
 
 
 def test_ep_rules():
-    for text, message in (("dp=4,ep=3", "divide the expert count"), ("dp=2,ep=4", r"divide dp\*cp")):
+    for text, message in (("dp=4,ep=3", "divide the expert count"), ("dp=2,ep=4", r"divide tp\*cp\*dp")):
         with pytest.raises(UserError, match=message):
             check_against(Layout.parse(text), SPEC)
     with pytest.raises(UserError, match="dense"):
@@ -79,6 +79,65 @@ def test_ep_rules():
     assert trainer_refusal(Layout.parse("cp=2"), PRESETS["tiny-gpt"])
     for text in ("dp=4,zero=1,shard=2", "dp=4,zero=1,shard=2,ep=2", "dp=4,zero=3,shard=2,ep=2"):
         assert trainer_refusal(Layout.parse(text), SPEC) is None, text
+
+
+def test_etp_rules_follow_megatron_core():
+    """etp (Megatron-Core's --expert-tensor-parallel-size, default tp) and EP folded over the stage's tp*cp*dp
+    ranks: ep*etp must divide tp*cp*dp; etp=tp is the canonical default; the runtime builds etp as 1 or tp."""
+    from meshscale.specs.layout import expert_mesh_shape
+
+    folded = Layout.parse("dp=2,tp=2,ep=4,etp=1")
+    assert str(folded) == "dp=2,tp=2,ep=4,etp=1" and Layout.parse(str(folded)) == folded
+    assert (folded.expert_tp, folded.edp, folded.dispatch_split) == (1, 1, 2)
+    assert Layout.parse("dp=2,tp=2,ep=2,etp=2") == Layout.parse("dp=2,tp=2,ep=2")  # etp=tp: the default
+    assert str(Layout.parse("dp=2,tp=2,ep=2,etp=2")) == "dp=2,tp=2,ep=2"
+    # (pp, edp, ep, etp): etp innermost, then ep, then the expert data-parallel group (Megatron's tp-ep-dp order)
+    ranks = torch.arange(4).reshape(expert_mesh_shape(Layout.parse("dp=2,tp=2,ep=2,etp=1")))
+    assert ranks[0, :, :, 0].tolist() == [[0, 1], [2, 3]]  # EP groups span the TP pairs; edp: {0, 2}, {1, 3}
+    assert expert_mesh_shape(Layout.parse("dp=4,tp=2,ep=2")) == (1, 2, 2, 2)  # etp=tp: EP over dp as before
+    check_against(folded, SPEC)
+    check_against(Layout.parse("dp=16,tp=2,ep=32,etp=1"), PRESETS["deepseek-v3"])  # the issue's example
+    for text, model, message in (("dp=16,tp=2,ep=32", PRESETS["deepseek-v3"], r"ep\*etp = 32\*2 must divide"),
+                                 ("dp=2,tp=2,ep=8,etp=1", SPEC, r"must divide tp\*cp\*dp = 4")):
+        with pytest.raises(UserError, match=message):
+            check_against(Layout.parse(text), model)
+    with pytest.raises(UserError, match="add ep or drop etp"):
+        Layout.parse("dp=2,tp=2,etp=1")
+    assert trainer_refusal(folded, SPEC) is None
+    assert "built as 1 or tp" in trainer_refusal(Layout.parse("tp=4,ep=2,etp=2,dp=2"), SPEC)
+
+
+def test_cost_model_etp_terms():
+    """Expert tensor parallelism in the cost model: experts split by ep*etp, the all-to-all of each TP rank's
+    sequence chunk over ep ranks etp apart, the ETP gather/reduce-scatter of the arrivals, the experts'
+    gradient over tp*cp*dp/(ep*etp) ranks, and the grouped GEMMs' shapes."""
+    from meshscale.cost import comm, predict
+    from meshscale.cost.kernels import layer_gemms
+    from meshscale.cost.memory import expert_params_on_rank
+    from meshscale.cost.step import _axis_group
+    from meshscale.specs.cluster import load_cluster
+
+    tokens, moe, h, k, act = 2 * SPEC.seq, SPEC.moe_layers, SPEC.hidden, SPEC.top_k, 4
+    whole = Layout.parse("dp=2,tp=2,ep=2,etp=1")
+    split = Layout.parse("dp=2,tp=2,sp=true,ep=2")
+    assert expert_params_on_rank(SPEC, whole, 0) == moe * SPEC.experts * SPEC.expert_params() / 2
+    assert expert_params_on_rank(SPEC, split, 0) == moe * SPEC.experts * SPEC.expert_params() / 4
+    (a2a,) = comm.expert_parallel_ops(SPEC, whole, tokens, act, moe, 1)
+    assert a2a.bytes == 4 * moe * k * tokens / 2 * h * act  # each TP rank sends its half of the tokens
+    assert comm.expert_tensor_parallel_ops(SPEC, whole, tokens, act, moe, 1) == []
+    gather, scatter = comm.expert_tensor_parallel_ops(SPEC, split, tokens, act, moe, 1)
+    assert (gather.collective, gather.bytes) == ("all_gather", 2 * moe * 2 * k * tokens / 2 * h * act)
+    assert scatter.bytes == gather.bytes
+    assert comm.expert_tensor_parallel_ops(SPEC, Layout.parse("dp=2,tp=2,ep=2"), tokens, act, moe, 1) == []
+    assert _axis_group(whole, "ep") == (2, 1) and _axis_group(whole, "edp") == (2, 2)
+    assert _axis_group(split, "ep") == (2, 2) and _axis_group(split, "etp") == (2, 1)
+    entries = predict(SPEC, load_cluster("local-cpu"), whole, 8, "fp32").comm
+    assert [e["bytes"] for e in entries if e["axis"] == "edp"] == [4 * expert_params_on_rank(SPEC, whole, 0)]
+    # grouped GEMMs: etp=1 keeps the whole expert width and gathers no arrivals (half the tokens per expert)
+    layer = SPEC.first_dense_layers
+    up_whole = layer_gemms(SPEC, layer, whole, tokens)[-2 if not SPEC.shared_experts else -4]
+    up_split = layer_gemms(SPEC, layer, split, tokens)[-2 if not SPEC.shared_experts else -4]
+    assert up_whole.n == 2 * up_split.n and 2 * up_whole.m == up_split.m
 
 
 def test_bad_ep_is_one_line_exit_2_before_any_process_starts():

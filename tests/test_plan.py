@@ -127,6 +127,28 @@ def test_pruning_keeps_the_exhaustive_ranking_with_experts():
     assert fast.evaluated < full.evaluated
 
 
+def test_the_search_folds_expert_parallelism_over_tp():
+    """EP groups folded over tp x dp (ep=4 on dp=2 x tp=2) are searched with whole experts (etp=1); etp=1 where
+    ep divides dp*cp only when --fix asks. Their bounds stay below predict and their memory is predict's."""
+    model, cpu = load_model("tiny-moe"), load_cluster("local-cpu")
+    folded = search(model, cpu, 4, 8, "fp32", top=3, fix=search_mod.parse_fix("tp=2,ep=4"), prune=False)
+    assert folded.ranked and {Layout.parse(p.layout).etp for p in folded.ranked} == {1}
+    pool = folded.pool
+    for i, b in enumerate(pool.bounds):
+        layout, pred = pool.layout(i), pool.costed.get(pool.layout(i))
+        if pred is not None:
+            assert b <= pred.step_time_s * (1 + 1e-9), (layout, b, pred.step_time_s)
+    shape, rows = pool.scored[0]
+    memory = bound.memory_bytes(model, cpu, shape, rows, "fp32")
+    for i in range(len(rows)):
+        want = predict(model, cpu, search_mod._layout(shape, rows, i), 8, "fp32").memory_per_device_bytes["total"]
+        assert memory[i] == pytest.approx(want, rel=1e-9)
+    plain = search(model, cpu, 4, 8, "fp32", top=50, fix=search_mod.parse_fix("tp=2,dp=2,ep=2"))
+    assert {Layout.parse(p.layout).etp for p in plain.ranked} == {0}
+    whole = search(model, cpu, 4, 8, "fp32", top=5, fix=search_mod.parse_fix("tp=2,dp=2,ep=2,etp=1"))
+    assert whole.ranked and {Layout.parse(p.layout).etp for p in whole.ranked} == {1}
+
+
 def test_one_predicate_narrows_the_candidates(monkeypatch):
     model = load_model("llama3-8b")
     plan = search(model, H100, 16, 64)

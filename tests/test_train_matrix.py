@@ -223,7 +223,10 @@ def predicted_bytes(run) -> dict:
 FAMILY_STEPS = 3
 FAMILY_CASES = {
     "tiny-moe": ["dp=4,ep=2", "dp=4,ep=4", "dp=4,ep=2,zero=2", "dp=2,tp=2,ep=2",
-                 "dp=2,pp=2,schedule=1f1b,ep=2,mbs=1", "dp=2,zero=3,tp=2,ep=2", "dp=4,zero=3,ep=2",
+                 "dp=2,pp=2,schedule=1f1b,ep=2,mbs=1", "dp=4,zero=3,ep=2",
+                 # expert tensor parallelism as Megatron-Core folds it (etp=1: whole experts): EP over all the
+                 # tp x dp ranks; EP groups across the TP pairs with the experts FSDP-sharded over dp (edp=2)
+                 "dp=2,tp=2,sp=true,ep=4,etp=1", "dp=2,zero=3,tp=2,ep=2,etp=1",
                  # hybrid sharding with expert parallelism
                  "dp=4,zero=3,shard=2,ep=2", "dp=4,zero=1,shard=2,ep=2",
                  # SP with EP (each TP rank dispatches its sequence chunk); CP with MoE (the balance loss's
@@ -292,7 +295,8 @@ def twin(model) -> str:
 
 def scale_to_four(w, model):
     """The rule: of tp, pp, cp (in that order), the first two the winner uses get degree 2; dp fills 4 ranks;
-    ep is 2 (4 where the winner's is >= 4 and dp*cp is 4) when the winner uses it; zero, sp, the schedule,
+    ep is 2 (4 where the winner's is >= 4 and dp*cp is 4) when the winner uses it, etp=1 kept with tp (the EP
+    group may then fold over tp when dp*cp is 1); zero, sp, the schedule,
     recompute and hybrid sharding (shard=2, where dp*cp is 4) are kept, vpp becomes 2 where it was > 1,
     mbs=1 with a pipeline. Precision: fp32 (parity)."""
     from meshscale.specs.layout import Layout
@@ -301,12 +305,15 @@ def scale_to_four(w, model):
     degrees = dict(list(degrees.items())[:2])
     dp = 4 // 2 ** len(degrees)
     dc = dp * degrees.get("cp", 1)
-    ep = (4 if w.ep >= 4 and dc == 4 and model.experts % 4 == 0 else 2) if w.ep > 1 and dc > 1 else 1
+    whole_experts = w.etp == 1 and "tp" in degrees
+    ep = (4 if w.ep >= 4 and dc == 4 and model.experts % 4 == 0 else 2) if w.ep > 1 and (dc > 1 or whole_experts) \
+        else 1
     pp = degrees.get("pp", 1)
     zero = w.zero if dc > 1 else 0
     return Layout(dp=dp, zero=zero, shard=2 if w.shard and dc == 4 and zero else 0, tp=degrees.get("tp", 1),
                   sp=w.sp and "tp" in degrees, pp=pp, vpp=2 if pp > 1 and w.vpp > 1 else 1,
                   schedule=w.schedule if pp > 1 else "1f1b", cp=degrees.get("cp", 1), ep=ep,
+                  etp=1 if whole_experts and ep > 1 else 0,
                   mbs=1 if pp > 1 else 0, recompute=w.recompute)
 
 

@@ -46,10 +46,15 @@ class Shape:
     microbatch_sizes: tuple  # ascending
     sps: tuple  # (False,) or (False, True)
     shards: tuple  # ZeRO shard group sizes: all dp*cp ranks first, then a hybrid group
+    etp: int = 0  # expert tensor parallelism (Layout.etp; 0: tp)
 
     @property
     def devices(self) -> int:
         return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
 
     @property
     def per_rank(self) -> int:
@@ -75,12 +80,12 @@ class Placements:
 
 
 def placements(model: ModelSpec, shape: "Shape") -> Placements:
-    return _placements(model, shape.tp, shape.ep, shape.pp, shape.schedules)
+    return _placements(model, shape.tp, shape.ep, shape.etp, shape.pp, shape.schedules)
 
 
 @lru_cache(maxsize=4096)
-def _placements(model: ModelSpec, tp: int, ep: int, pp: int, schedules: tuple) -> Placements:
-    layouts = tuple(Layout(dp=ep, tp=tp, pp=pp, vpp=v, schedule=n, ep=ep) for n, v in schedules)
+def _placements(model: ModelSpec, tp: int, ep: int, etp: int, pp: int, schedules: tuple) -> Placements:
+    layouts = tuple(Layout(dp=ep, tp=tp, pp=pp, vpp=v, schedule=n, ep=ep, etp=etp) for n, v in schedules)
     busy = tuple(busiest_rank(model, lay) for lay in layouts)
     params = np.array([params_on_rank(model, lay, r) - (expert_params_on_rank(model, lay, r) if ep > 1 else 0.0)
                        for lay, r in zip(layouts, busy)])
@@ -115,26 +120,28 @@ class Rows:
 
 def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Rows, precision: str) -> np.ndarray:
     """Predict's memory per device (memory.memory_per_device) of each row: parameters, gradients and optimizer
-    state sharded by ZeRO over the shard group (routed experts over their dp*cp/ep replicas), then the
+    state sharded by ZeRO over the shard group (routed experts over their tp*cp*dp/(ep*etp) replicas), then the
     activations the first rank holds in flight."""
-    tp, pp, cp, dp, ep = shape.tp, shape.pp, shape.cp, shape.dp, shape.ep
+    tp, pp, cp, dp, ep, etp = shape.tp, shape.pp, shape.cp, shape.dp, shape.ep, shape.expert_tp
     z, shard, s_i, k_i, r_i = rows.zero, rows.shard, rows.sp, rows.schedule, rows.recompute
     bytes_ = PRECISIONS[precision]
     v_shaped = placements(model, shape).v_shaped[k_i]
-    p_std, e_std = busiest_params(model, tp, ep, pp, pp, False)
-    p_v, e_v = busiest_params(model, tp, ep, pp, 2 * pp, True) if pp > 1 and 2 * pp <= model.layers else (p_std,
+    p_std, e_std = busiest_params(model, tp, ep, etp, pp, pp, False)
+    p_v, e_v = busiest_params(model, tp, ep, etp, pp, 2 * pp, True) if pp > 1 and 2 * pp <= model.layers else (p_std,
                                                                                                            e_std)
     params, experts = np.where(v_shaped, p_v, p_std), np.where(v_shaped, e_v, e_std)
     dense = params - experts
     copies = np.select([z == 1, z == 2], [zero_copy_bytes(precision, 1), zero_copy_bytes(precision, 2)], 0)
-    static = sum(b * (dense / np.where(z >= stage, shard, 1) + experts / np.where(z >= stage, dp * cp // ep, 1))
+    edp = tp * cp * dp // (ep * etp)  # the experts' replicas (Layout.edp)
+    static = sum(b * (dense / np.where(z >= stage, shard, 1) + experts / np.where(z >= stage, edp, 1))
                  for b, stage in ((bytes_["params"], 3), (bytes_["grads"], 2), (bytes_["optimizer"] + copies, 1)))
     if dp * cp > 1:  # FSDP2's unsharded units (memory.fsdp_gathered)
-        g_std = sum(fsdp_gathered(model, tp, ep, pp, pp, False))
-        g_v = sum(fsdp_gathered(model, tp, ep, pp, 2 * pp, True)) if pp > 1 and 2 * pp <= model.layers else g_std
+        g_std = sum(fsdp_gathered(model, tp, ep, etp, pp, pp, False))
+        g_v = sum(fsdp_gathered(model, tp, ep, etp, pp, 2 * pp, True)) if pp > 1 and 2 * pp <= model.layers else g_std
         static = static + np.where(z == 3, np.where(v_shaped, g_v, g_std) * bytes_["compute"], 0.0)
     scale = bytes_["compute"] / 2
-    per_token, rebuild = (a * scale for a in _activation_bytes(model, tp, shape.sps, cluster.fused_attention,
+    per_token, rebuild = (a * scale for a in _activation_bytes(model, tp, shape.etp, shape.sps,
+                                                               cluster.fused_attention,
                                                                not cluster.software.fused_elementwise))
     tokens = rows.mbs * model.seq / cp
     held = _held_layers(model.layers, pp, shape.schedules, shape.per_rank, shape.microbatch_sizes)[k_i, rows.mbs_index]
@@ -145,11 +152,13 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
 
 
 @lru_cache(maxsize=1024)
-def _activation_bytes(model: ModelSpec, tp: int, sps: tuple, fused_attention: bool, eager: bool) -> tuple:
+def _activation_bytes(model: ModelSpec, tp: int, etp: int, sps: tuple, fused_attention: bool, eager: bool) -> tuple:
     """Per token, 2-byte activations: a layer's (memory.activation_bytes_per_layer) per (sp, recompute), and
     the layer rebuilt under full recompute's per sp (read only)."""
-    per_token = np.array([[activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute=r), 1, fused_attention,
-                                                      eager) for r in RECOMPUTE_MODES] for sp in sps])
+    ep = 2 if etp else 1  # etp needs ep > 1; activations do not depend on ep
+    per_token = np.array([[activation_bytes_per_layer(model, Layout(dp=tp, tp=tp, sp=sp, recompute=r, ep=ep, etp=etp),
+                                                      1, fused_attention, eager)
+                           for r in RECOMPUTE_MODES] for sp in sps])
     rebuild = np.array([rebuilt_layer_bytes(model, tp, sp, 1, fused_attention, eager) for sp in sps])
     per_token.flags.writeable = rebuild.flags.writeable = False
     return per_token, rebuild
@@ -164,11 +173,12 @@ def _held_layers(layers: int, pp: int, schedules: tuple, per_rank: int, microbat
 
 
 @lru_cache(maxsize=4096)
-def busiest_params(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_shaped: bool) -> tuple[float, float]:
+def busiest_params(model: ModelSpec, tp: int, ep: int, etp: int, pp: int, chunks: int,
+                   v_shaped: bool) -> tuple[float, float]:
     """(parameters, routed expert parameters) of the pipeline rank holding the most (memory.busiest_rank)."""
-    rank = heaviest_rank(model, tp, ep, pp, chunks, v_shaped)
-    return (params_per_rank(model, tp, ep, pp, chunks, v_shaped)[rank],
-            expert_params_per_rank(model, tp, ep, pp, chunks, v_shaped)[rank] if ep > 1 else 0.0)
+    rank = heaviest_rank(model, tp, ep, etp, pp, chunks, v_shaped)
+    return (params_per_rank(model, tp, ep, etp, pp, chunks, v_shaped)[rank],
+            expert_params_per_rank(model, ep, etp, pp, chunks, v_shaped)[rank] if ep > 1 else 0.0)
 
 
 def fills_pipeline(shape: Shape, rows: Rows) -> np.ndarray:
@@ -352,7 +362,7 @@ def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape,
     """`PipelinePasses` of every (schedule, micro-batch size, recompute) of a shape. A rank's (and a chunk's)
     time is linear in its dense layers, MoE layers and head: step.rank_kinds counts them per distinct rank."""
     pp = shape.pp
-    unit = np.stack([_unit_passes(model, cluster, shape.tp, shape.cp, shape.ep, mbs, precision)
+    unit = np.stack([_unit_passes(model, cluster, shape.tp, shape.cp, shape.ep, shape.etp, mbs, precision)
                      for mbs in shape.microbatch_sizes])  # (mbs, recompute, kind, F/B/W)
     keys: dict = {}  # (chunks, V-shaped) -> its placement's index
     placement = np.array([keys.setdefault((lay.stages, lay.v_shaped), len(keys))
@@ -401,13 +411,13 @@ def _unit_columns(model: ModelSpec) -> list[int]:
 
 
 @lru_cache(maxsize=4096)
-def _unit_passes(model, cluster, tp, cp, ep, mbs, precision) -> np.ndarray:
+def _unit_passes(model, cluster, tp, cp, ep, etp, mbs, precision) -> np.ndarray:
     """F, B, W of one dense layer, one MoE layer and the head (those the model has) per recompute mode: an
     array (recompute, kinds, 3), shared by every shape with these tp, cp, ep and mbs (so read only)."""
     kinds = [((1, 0, False), (0, 1, False), (0, 0, True))[c] for c in _unit_columns(model)]
     unit = np.zeros((len(RECOMPUTE_MODES), len(kinds), 3))
     for r, recompute in enumerate(RECOMPUTE_MODES):
-        shape = kernel_shape(Layout(tp=tp, cp=cp, ep=ep, dp=ep, mbs=mbs, recompute=recompute))
+        shape = kernel_shape(Layout(tp=tp, cp=cp, ep=ep, etp=etp, dp=ep, mbs=mbs, recompute=recompute))
         for i, kind in enumerate(kinds):
             p = counted_seconds(model, cluster, shape, *kind, precision)
             unit[r, i] = p.forward, p.backward, p.weight
@@ -463,7 +473,7 @@ def context_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape,
     of unfused attention are not, and get no CP term."""
     if shape.cp == 1 or not cluster.fused_attention:
         return np.zeros(len(shape.microbatch_sizes))
-    layout = Layout(dp=shape.dp, tp=shape.tp, cp=shape.cp, ep=shape.ep, recompute=recompute, mbs=1)
+    layout = Layout(dp=shape.dp, tp=shape.tp, cp=shape.cp, ep=shape.ep, etp=shape.etp, recompute=recompute, mbs=1)
     f, b = attention_core_seconds(model, cluster, layout, model.seq / shape.cp, precision)
     per_layer = shape.per_rank * (f + b + (f if recompute != "none" else 0.0))
     link = overhead.measured_link(cluster, "send_recv", comm.group_link(cluster, shape.devices, shape.cp, shape.tp))

@@ -35,5 +35,5 @@ def checkpoint_bytes(model: ModelSpec, layout: Layout, precision: str = "bf16") 
     total = model.param_count() * per_param
     # A TP rank's share of its stage, experts counted whole: EP splits them over ep of the dp*cp ranks, whose
     # dp*cp/ep replicas then share the writing; everything else is shared by all dp*cp replicas.
-    held = params_on_rank(model, replace(layout, ep=1), busiest_rank(model, layout))
+    held = params_on_rank(model, replace(layout, ep=1, etp=0), busiest_rank(model, layout))
     return held * per_param / (layout.dp * layout.cp), total

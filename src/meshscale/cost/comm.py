@@ -165,15 +165,6 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     norm_calls = (2 * n_layers + last) * m * (2 if model.biases else 1) + (2 * n_layers * m if model.biases else 0)
     # the column-parallel layers' (QKV, gate/up, the head) input gradients, reduce-scattered in backward
     dgrad = (2 * n_layers + last) * m
-    # SP with EP (Megatron-Core's all-to-all dispatcher, token_dispatcher.py): each TP rank dispatches its
-    # sequence chunk (expert_parallel_ops), the TP ranks of an EP rank all-gather their arrivals for the
-    # TP-split experts and reduce-scatter the outputs (top_k * tokens rows each, the EP group's mean), forward
-    # and the conjugate in backward; full recompute repeats the forward's
-    arrivals = []
-    if layout.ep > 1 and moe_layers:
-        a = tokens * model.top_k * model.hidden * act_bytes
-        n = moe_layers * m * (2 + (1 if layout.recompute == "full" else 0))
-        arrivals = [CommOp("all_gather", a * n, n, Overlap.NONE), CommOp("reduce_scatter", a * n, n, Overlap.NONE)]
     # a learned position table is added to the whole embedding, so it is all-reduced and then scattered (no
     # forward reduce-scatter; Megatron-Core's LanguageModelEmbedding reduce-scatters only without positions)
     positions = m if first and model.learned_positions else 0
@@ -181,7 +172,7 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
             CommOp("reduce_scatter", v * (calls - dgrad - positions), calls - dgrad - positions, Overlap.GEMM),
             CommOp("reduce_scatter", v * dgrad, dgrad, Overlap.WGRAD),
             CommOp("all_reduce", small + norm_calls * model.hidden * 4 + v * positions,
-                   small_calls + norm_calls + positions, Overlap.NONE)] + arrivals
+                   small_calls + norm_calls + positions, Overlap.NONE)]
 
 
 def pipeline_sends(layout: Layout, rank: int) -> int:
@@ -239,15 +230,35 @@ def context_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_by
 def expert_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, moe_layers: int,
                         m: int) -> list[CommOp]:
     """Token dispatch and combine all-to-alls per MoE layer, forward and backward (Lepikhin et al. 2020,
-    GShard; DeepSeek-V3 sec. 3.2); each sends top_k copies of the rank's tokens. Exact for the mean rank of an
-    EP group under dropless routing (what a group sends, it receives); one rank's share depends on the routing
-    (parallel/expert.py). Under TP without SP every TP rank sends its own copy (experts are TP-split)."""
+    GShard; DeepSeek-V3 sec. 3.2); each sends top_k copies of the tokens the rank dispatches. Exact for the mean
+    rank of an EP group under dropless routing (what a group sends, it receives); one rank's share depends on
+    the routing (parallel/expert.py). Each TP rank dispatches its 1/tp chunk of the tokens where
+    Layout.dispatch_split says so (SP, or an EP group folded across TP ranks, etp != tp: Megatron-Core's
+    all-to-all dispatcher, whose input is the SP chunk; Liu et al. 2025 sec. 3); otherwise (etp = tp without
+    SP) every TP rank sends its own copy to the TP-split experts. The group is ep ranks etp apart
+    (cost/step.py `_axis_group`), so it crosses the links its folding puts it on."""
     if layout.ep == 1 or not moe_layers:
         return []
-    local = tokens / (layout.tp if layout.sp else 1)
-    v = local * model.top_k * model.hidden * act_bytes
+    v = tokens / layout.dispatch_split * model.top_k * model.hidden * act_bytes
     calls = moe_layers * m * (4 + (2 if layout.recompute == "full" else 0))
     return [CommOp("all_to_all", v * calls, calls, Overlap.OTHER_MICROBATCH)]
+
+
+def expert_tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, moe_layers: int,
+                               m: int) -> list[CommOp]:
+    """Expert tensor parallelism around the experts' column- then row-parallel GEMMs (Megatron-Core's
+    all-to-all dispatcher, token_dispatcher.py: gather_from_sequence_parallel_region over the expert-TP group
+    after the dispatch, reduce_scatter_to_sequence_parallel_region before the combine; Liu et al. 2025
+    sec. 3): where each TP rank dispatches its chunk and etp > 1, the etp ranks all-gather their arrivals and
+    reduce-scatter the partial outputs, each etp x the rank's top_k * tokens/tp rows (the EP group's mean,
+    like the all-to-all), forward, and the conjugate in backward; full recompute repeats the forward's.
+    Where every TP rank dispatches all its tokens (etp = tp without SP) the experts' partial outputs are
+    summed by the MoE region's TP all-reduce instead (tensor_parallel_ops)."""
+    if layout.ep == 1 or not moe_layers or layout.expert_tp == 1 or layout.dispatch_split == 1:
+        return []
+    a = layout.expert_tp * tokens / layout.dispatch_split * model.top_k * model.hidden * act_bytes
+    n = moe_layers * m * (2 + (1 if layout.recompute == "full" else 0))
+    return [CommOp("all_gather", a * n, n, Overlap.NONE), CommOp("reduce_scatter", a * n, n, Overlap.NONE)]
 
 
 # ---- where it travels ------------------------------------------------------------------------------

@@ -183,9 +183,11 @@ def grouped_gemm_efficiency(tokens_per_group: float) -> float:
 def layer_gemms(model: ModelSpec, layer: int, layout: Layout, tokens: float, imbalance: float = 1.0) -> tuple:
     """The forward GEMMs of one layer on one rank for a micro-batch of `tokens` (after CP), as Megatron shards
     them: QKV and the first MLP matrix (gate and up fused) split their outputs over TP, the output projection
-    and the down projection their inputs. MoE: the rank's experts (experts/ep) each see top_k*tokens*ep/experts
-    tokens (balanced routing), times `imbalance` on the busiest EP rank when ep > 1 ([software]
-    moe_imbalance), as one grouped GEMM; shared experts see every token."""
+    and the down projection their inputs. MoE: the rank's experts (experts/ep, each split etp ways, column then
+    row parallel) each see top_k*tokens*ep*etp/(tp*experts) tokens (balanced routing: the rank's arrivals,
+    gathered over ETP, of the tokens each TP rank dispatches, Layout.dispatch_split; Megatron-Core's
+    all-to-all dispatcher, Liu et al. 2025 sec. 3), times `imbalance` on the busiest EP rank when ep > 1
+    ([software] moe_imbalance), as one grouped GEMM; shared experts see every token, split over TP."""
     t, h = layout.tp, model.hidden
     if model.uses_mla:  # low-rank projections: one GEMM of the same FLOPs
         attn = [Gemm(tokens, model.attention_params() / h / t, h)]
@@ -197,10 +199,11 @@ def layer_gemms(model: ModelSpec, layer: int, layout: Layout, tokens: float, imb
     if not model.is_moe_layer(layer):
         return tuple(attn + [Gemm(tokens, up * model.ffn / t, h), Gemm(tokens, h, model.ffn / t)])
     local = max(1, model.experts // layout.ep)
-    routed = tokens * model.top_k * layout.ep / model.experts * (imbalance if layout.ep > 1 else 1.0)
-    f = model.expert_ffn / t
+    routed = (tokens * model.top_k * layout.ep * layout.expert_tp / (t * model.experts)
+              * (imbalance if layout.ep > 1 else 1.0))
+    e, f = model.expert_ffn / layout.expert_tp, model.expert_ffn / t
     out = attn + [Gemm(tokens, model.experts, h),  # router
-                  Gemm(routed, up * f, h, local, True), Gemm(routed, h, f, local, True)]
+                  Gemm(routed, up * e, h, local, True), Gemm(routed, h, e, local, True)]
     if model.shared_experts:
         out += [Gemm(tokens, up * f * model.shared_experts, h), Gemm(tokens, h, f * model.shared_experts)]
     return tuple(out)
@@ -274,7 +277,8 @@ def microbatch_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, l
 @lru_cache(maxsize=65536)
 def kernel_shape(layout: Layout) -> Layout:
     """Only what changes kernel shapes, so the caches hit across layouts (dp=ep keeps it a valid layout)."""
-    return Layout(tp=layout.tp, cp=layout.cp, ep=layout.ep, dp=layout.ep, mbs=layout.mbs, recompute=layout.recompute)
+    return Layout(tp=layout.tp, cp=layout.cp, ep=layout.ep, etp=layout.etp, dp=layout.ep, mbs=layout.mbs,
+                  recompute=layout.recompute)
 
 
 @lru_cache(maxsize=65536)

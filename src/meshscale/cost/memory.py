@@ -45,9 +45,10 @@ class Memory:
 
 def params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
     """Parameters one device holds before ZeRO sharding. Megatron TP splits every matrix (and the
-    vocabulary) by tp and replicates norms, the row-parallel biases and the MoE router; EP splits routed
-    experts by ep."""
-    return params_per_rank(model, layout.tp, layout.ep, layout.pp, layout.stages, layout.v_shaped)[rank]
+    vocabulary) by tp and replicates norms, the row-parallel biases and the MoE router; routed experts are
+    split by ep and etp (Megatron-Core's expert tensor parallelism, Liu et al. 2025)."""
+    return params_per_rank(model, layout.tp, layout.ep, layout.expert_tp, layout.pp, layout.stages,
+                           layout.v_shaped)[rank]
 
 
 def root_params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
@@ -68,34 +69,36 @@ def _root_params(model: ModelSpec, tp: int, pp: int, v_shaped: bool, rank: int) 
 
 
 @lru_cache(maxsize=4096)
-def params_per_rank(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_shaped: bool) -> tuple:
+def params_per_rank(model: ModelSpec, tp: int, ep: int, etp: int, pp: int, chunks: int, v_shaped: bool) -> tuple:
     """`params_on_rank` of every pipeline rank, from the layout's degrees (what the planner's bound reads)."""
-    per_layer = _layer_params_on_rank(model, tp, ep)
+    per_layer = _layer_params_on_rank(model, tp, ep, etp)
     return tuple(sum(per_layer[i] for i in rank_layers(model.layers, pp, chunks, v_shaped, rank))
                  + _root_params(model, tp, pp, v_shaped, rank) for rank in range(pp))
 
 
 @lru_cache(maxsize=1024)
-def _layer_params_on_rank(model: ModelSpec, tp: int, ep: int) -> tuple:
-    """Each layer's parameters on one device under tp and ep."""
+def _layer_params_on_rank(model: ModelSpec, tp: int, ep: int, etp: int) -> tuple:
+    """Each layer's parameters on one device under tp, ep and etp (the routed experts: experts/ep of them,
+    each split etp ways)."""
     per_layer = []
     for i in range(model.layers):
         routed = model.experts * model.expert_params() if model.is_moe_layer(i) else 0
         whole = _tp_replicated_params(model, i)
-        per_layer.append((model.layer_params(i) - routed - whole) / tp + routed / (tp * ep) + whole
+        per_layer.append((model.layer_params(i) - routed - whole) / tp + routed / (etp * ep) + whole
                          + kv_replicated_params(model, tp))
     return tuple(per_layer)
 
 
 @lru_cache(maxsize=4096)
-def heaviest_rank(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_shaped: bool) -> int:
+def heaviest_rank(model: ModelSpec, tp: int, ep: int, etp: int, pp: int, chunks: int, v_shaped: bool) -> int:
     """The pipeline rank holding the most parameters (the first of equals)."""
-    per_rank = params_per_rank(model, tp, ep, pp, chunks, v_shaped)
+    per_rank = params_per_rank(model, tp, ep, etp, pp, chunks, v_shaped)
     return max(range(pp), key=per_rank.__getitem__)
 
 
 @lru_cache(maxsize=4096)
-def fsdp_gathered(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_shaped: bool) -> tuple[float, float]:
+def fsdp_gathered(model: ModelSpec, tp: int, ep: int, etp: int, pp: int, chunks: int,
+                  v_shaped: bool) -> tuple[float, float]:
     """(parameters, gradients), in parameters, that FSDP2 (parallel/fsdp.py: a unit per block, the root holding
     embedding, final norm and head) holds unsharded beside the shards at the step's peak, on the pipeline rank
     holding the most. The root is not resharded after forward (torch's fully_shard: "the root FSDP state has
@@ -104,11 +107,11 @@ def fsdp_gathered(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_sh
     (Zhao et al. 2023, "PyTorch FSDP", sec. 3.3: two units in flight), its gradient whole until reduce-scattered.
     Inside a pipeline stage FSDP2 defers backward's resharding and the reduce-scatter to the last micro-batch
     (measured, cost/comm.py data_parallel_ops): the stage's parameters and gradients are whole then."""
-    rank = heaviest_rank(model, tp, ep, pp, chunks, v_shaped)
+    rank = heaviest_rank(model, tp, ep, etp, pp, chunks, v_shaped)
     if pp > 1:
-        whole = params_per_rank(model, tp, ep, pp, chunks, v_shaped)[rank]
+        whole = params_per_rank(model, tp, ep, etp, pp, chunks, v_shaped)[rank]
         return whole, whole
-    per_layer = _layer_params_on_rank(model, tp, ep)
+    per_layer = _layer_params_on_rank(model, tp, ep, etp)
     block = max(per_layer[i] for i in rank_layers(model.layers, pp, chunks, v_shaped, rank))
     root = _root_params(model, tp, pp, v_shaped, rank)
     return root + 2 * block, root + block
@@ -123,15 +126,16 @@ def _tp_replicated_params(model: ModelSpec, layer: int) -> float:
 
 
 def expert_params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
-    """Routed expert parameters one device holds (split by tp and ep): what EP reduces, and ZeRO shards, over
-    the expert data-parallel group (dp*cp/ep ranks) rather than over dp*cp."""
-    return expert_params_per_rank(model, layout.tp, layout.ep, layout.pp, layout.stages, layout.v_shaped)[rank]
+    """Routed expert parameters one device holds (split by ep and etp): what EP reduces, and ZeRO shards, over
+    the expert data-parallel group (tp*cp*dp/(ep*etp) ranks, Layout.edp) rather than over dp*cp."""
+    return expert_params_per_rank(model, layout.ep, layout.expert_tp, layout.pp, layout.stages,
+                                  layout.v_shaped)[rank]
 
 
 @lru_cache(maxsize=4096)
-def expert_params_per_rank(model: ModelSpec, tp: int, ep: int, pp: int, chunks: int, v_shaped: bool) -> tuple:
+def expert_params_per_rank(model: ModelSpec, ep: int, etp: int, pp: int, chunks: int, v_shaped: bool) -> tuple:
     """`expert_params_on_rank` of every pipeline rank, from the layout's degrees."""
-    one_layer = model.experts * model.expert_params() / (tp * ep)
+    one_layer = model.experts * model.expert_params() / (etp * ep)
     return tuple(one_layer * sum(model.is_moe_layer(i) for i in rank_layers(model.layers, pp, chunks, v_shaped, r))
                  for r in range(pp))
 
@@ -139,7 +143,7 @@ def expert_params_per_rank(model: ModelSpec, tp: int, ep: int, pp: int, chunks: 
 def zero_held(params: float, experts: float, zero: int, stage: int, shard: int, expert_shard: int) -> float:
     """Of `params` on a device (`experts` of them routed experts), what it keeps when ZeRO stage `stage` shards
     this kind of state: dense ones over the shard group (`shard`: dp*cp, or a hybrid-sharding group), experts
-    over their dp*cp/ep replicas (`expert_shard`)."""
+    over their replicas, the expert data-parallel group (`expert_shard`)."""
     if zero < stage:
         return params
     return (params - experts) / shard + experts / expert_shard
@@ -153,7 +157,7 @@ def kv_replicated_params(model: ModelSpec, tp: int) -> float:
 
 
 def busiest_rank(model: ModelSpec, layout: Layout) -> int:
-    return heaviest_rank(model, layout.tp, layout.ep, layout.pp, layout.stages, layout.v_shaped)
+    return heaviest_rank(model, layout.tp, layout.ep, layout.expert_tp, layout.pp, layout.stages, layout.v_shaped)
 
 
 def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, fused_attention: bool = False,
@@ -187,10 +191,12 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, 
     if model.is_moe:
         mlp_split *= (model.top_k + model.shared_experts) * model.expert_ffn / model.ffn
         # Megatron-Core's MoE layer (moe_utils.permute/unpermute): the top_k permuted copies of each token the
-        # experts' first GEMM keeps (gathered over TP: every TP rank runs its slice of the experts on them all),
-        # the experts' outputs the combine keeps for the gradient of the routing probabilities, and the router's
-        # fp32 probabilities, both on the rank's own (SP) tokens
-        routing = 2 * model.top_k * h + (2 * model.top_k * h + 4 * model.experts) / (t if layout.sp else 1)
+        # experts' first GEMM keeps (the rank's arrivals: gathered over ETP, every ETP rank running its slice of
+        # the experts on them all, etp/tp of the tokens' copies; expert.py), the experts' outputs the combine
+        # keeps for the gradient of the routing probabilities, and the router's fp32 probabilities, both on the
+        # rank's own (SP) tokens
+        routing = (2 * model.top_k * h * layout.expert_tp / t
+                   + (2 * model.top_k * h + 4 * model.experts) / (t if layout.sp else 1))
     unsplit = (10 if model.biases else 8) * h  # two norms' inputs (4h), attention and MLP inputs (4h), masks (2h)
     scores = 5 * model.heads * s if layout.recompute == "none" and not fused_attention else 0
     per_token = unsplit / (t if layout.sp else 1) + (attn_split + mlp_split + scores) / t + routing
@@ -270,14 +276,15 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
     rank = busiest_rank(model, layout)
     p, e = params_on_rank(model, layout, rank), expert_params_on_rank(model, layout, rank)
     # ZeRO/FSDP shard over the ranks holding the same parameters (or a hybrid-sharding group of them)
-    shard, expert_shard = layout.shard_size, layout.dp * layout.cp // layout.ep
+    shard, expert_shard = layout.shard_size, layout.edp
     params = zero_held(p, e, layout.zero, 3, shard, expert_shard) * bytes_["params"]
     grads = zero_held(p, e, layout.zero, 2, shard, expert_shard) * bytes_["grads"]
     optimizer = zero_held(p, e, layout.zero, 1, shard, expert_shard) * (bytes_["optimizer"]
                                                                        + zero_copy_bytes(precision, layout.zero))
     gathered = 0.0
     if layout.fsdp:  # the unsharded units beside the shards, in the compute dtype
-        gathered = sum(fsdp_gathered(model, layout.tp, layout.ep, layout.pp, layout.stages, layout.v_shaped))
+        gathered = sum(fsdp_gathered(model, layout.tp, layout.ep, layout.expert_tp, layout.pp, layout.stages,
+                                     layout.v_shaped))
         gathered *= bytes_["compute"]
     tokens = layout.mbs * model.seq / layout.cp
     scale = bytes_["compute"] / 2

@@ -80,11 +80,11 @@ class Prediction:
 def _axis_group(layout: Layout, axis: str) -> tuple[int, int]:
     """(size, stride) of an axis's group in the mesh (pp, dp, cp, tp), tp innermost. ZeRO/FSDP use the dp*cp
     ranks that hold the same parameters ("dp": a shard group of them under hybrid sharding, "dp_replicate":
-    the ranks holding the same shard in the other groups); EP and the expert data-parallel group (edp) are
-    the inner and outer split of the dp*cp ranks (specs.layout.expert_mesh_shape)."""
-    t, c, d, e, s = layout.tp, layout.cp, layout.dp, layout.ep, layout.shard_size
-    return {"tp": (t, 1), "cp": (c, t), "dp": (s, t), "dp_replicate": (layout.replicas, s * t), "ep": (e, t),
-            "edp": (d * c // e, t * e), "pp": (2, t * c * d)}[axis]
+    the ranks holding the same shard in the other groups); the expert groups fold the stage's tp*cp*dp ranks
+    as (edp, ep, etp), etp innermost (specs.layout.expert_mesh_shape; Megatron-Core's expert RankGenerator)."""
+    t, c, d, e, s, et = layout.tp, layout.cp, layout.dp, layout.ep, layout.shard_size, layout.expert_tp
+    return {"tp": (t, 1), "cp": (c, t), "dp": (s, t), "dp_replicate": (layout.replicas, s * t), "ep": (e, et),
+            "etp": (et, 1), "edp": (layout.edp, et * e), "pp": (2, t * c * d)}[axis]
 
 
 def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch: int,
@@ -134,7 +134,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         ops += _on("dp_replicate", comm.replica_ops(layout.zero, params - experts, m, n_layers + 1, layout.shard_size,
                                                     layout.replicas, layout.pp > 1, grad_bytes,
                                                     buckets(params - experts)))
-    if experts and layout.dp * layout.cp > layout.ep:
+    if experts and layout.edp > 1:
         units = moe_layers * expert_units_per_layer(model, layout, sw) + 1  # zero=3's FSDP units (+ a root)
         ops += _on("edp", comm.data_parallel_ops(layout.zero, experts, m, act_bytes, units, 0.0, layout.pp > 1,
                                                  grad_bytes, update_bytes, buckets(experts)))
@@ -145,6 +145,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     ops += _on("pp", comm.tied_embedding_ops(model, layout, first or last))
     ops += _on("cp", comm.context_parallel_ops(model, layout, tokens, act_bytes, n_layers, m, moe_layers))
     ops += _on("ep", comm.expert_parallel_ops(model, layout, tokens, act_bytes, moe_layers, m))
+    ops += _on("etp", comm.expert_tensor_parallel_ops(model, layout, tokens, act_bytes, moe_layers, m))
 
     forward_mb = passes.forward
     backward_mb = passes.backward + passes.weight

@@ -29,6 +29,8 @@ def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
                 values.update(schedule="1f1b", vpp=1)
             if layout.shard:
                 values["shard"] = 0
+            if axis == "ep" and layout.etp:
+                values["etp"] = layout.tp  # the default again (Layout.etp)
             layout = change(layout, changes, f"DeepSpeed sets {axis}={degree} in the model's code ({where}), not "
                                              "in its config", **values)
     if layout.shard:

@@ -36,7 +36,11 @@ def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
         layout = change(layout, changes, "MaxText pipelines circularly in GPipe order (every micro-batch's "
                                          f"activations held), not {layout.schedule}", schedule="gpipe", vpp=1)
     if layout.ep > 1 and layout.dp % layout.ep:
-        layout = change(layout, changes, f"MaxText's expert axis takes its ranks from dp={layout.dp}", ep=1)
+        layout = change(layout, changes, f"MaxText's expert axis takes its ranks from dp={layout.dp}", ep=1,
+                        **({"etp": layout.tp} if layout.etp else {}))
+    if layout.etp:
+        layout = change(layout, changes, f"MaxText splits its experts over the tensor axis (tp={layout.tp}) as "
+                                         "everything else: no separate expert tensor parallelism", etp=layout.tp)
     if layout.zero in (0, 1) and (layout.cp > 1 or layout.ep > 1):
         layout = change(layout, changes, "MaxText shards parameters over its context and expert axes", zero=3)
     if layout.zero == 2:

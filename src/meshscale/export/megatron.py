@@ -1,8 +1,9 @@
 """Megatron-LM's command line (`pretrain_gpt.py` arguments, megatron/training/arguments.py; Megatron-Core
 turns them into its TransformerConfig and DistributedDataParallelConfig field by field).
 
-Megatron's mesh is [pp, dp, cp, tp] as ours, and its expert ranks are carved out of dp x cp with the experts
-TP-sharded like the rest (expert-tensor-parallel-size = tp). ZeRO-1 is its distributed optimizer, ZeRO-2/3
+Megatron's mesh is [pp, dp, cp, tp] as ours, and its expert ranks fold over the stage's tp x cp x dp ranks as
+ours do (expert-tensor-parallel-size = etp, tp unless set; parallel_state's expert RankGenerator, order
+tp-ep-dp). ZeRO-1 is its distributed optimizer, ZeRO-2/3
 Megatron-FSDP's optim_grads / optim_grads_params, hybrid sharding its distributed-optimizer instances.
 """
 
@@ -46,7 +47,7 @@ def arguments(job: Job) -> list[str]:
     if lay.cp > 1:
         args.append("--cp-comm-type p2p")  # K,V passed around the ring, as the cost model charges
     if lay.ep > 1:
-        args += [f"--expert-model-parallel-size {lay.ep}", f"--expert-tensor-parallel-size {lay.tp}"]
+        args += [f"--expert-model-parallel-size {lay.ep}", f"--expert-tensor-parallel-size {lay.expert_tp}"]
         if sw.ep_comm_overlap:
             args.append("--overlap-moe-expert-parallel-comm")
     args += _data_parallel_arguments(job)
@@ -192,6 +193,7 @@ def read(text: str, devices: int | None) -> Shape:
                     sp=bool(args.get("sequence_parallel")), pp=pp, vpp=vpp if pp > 1 else 1,
                     schedule="interleaved" if vpp > 1 else "1f1b", cp=cp,
                     ep=number("expert_model_parallel_size", 1), mbs=number("micro_batch_size", 1),
+                    etp=number("expert_tensor_parallel_size", 0) if number("expert_model_parallel_size", 1) > 1 else 0,
                     recompute={"full": "full", "selective": "selective"}.get(granularity, "none"))
     precision = "fp8" if args.get("fp8_format") else "bf16" if args.get("bf16") or args.get("fp16") else "fp32"
     seq = number("seq_length", 2048)

@@ -3,7 +3,8 @@ torchtitan 0.1-0.2, before its configs became Python registries).
 
 torchtitan's mesh is [pp, dp_replicate, dp_shard, cp, tp]: FSDP2 shards over dp_shard x cp (so CP ranks
 always shard the parameters), HSDP replicates the shard groups, TP always shards the norms' activations over
-the sequence, and EP borrows its ranks from dp_shard x cp with the experts TP-sharded as the rest (etp = tp).
+the sequence, and EP folds over dp_shard x cp x tp within each replicate group, etp innermost (ParallelDims'
+sparse mesh [pp, dp_replicate, efsdp, ep, etp]; etp is tp or 1, as ours).
 """
 
 import json
@@ -35,6 +36,9 @@ def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
     if layout.shard and layout.shard % layout.cp:
         layout = change(layout, changes, f"torchtitan's shard groups span all cp={layout.cp} ranks, so shard "
                                          "must be a multiple of cp", shard=0)
+    if layout.ep > 1 and layout.zero >= 2 and (layout.shard_size * layout.tp) % (layout.ep * layout.expert_tp):
+        layout = change(layout, changes, f"torchtitan folds EP over one shard group's dp_shard x cp x tp ranks "
+                                         f"({layout.shard_size * layout.tp}), which ep*etp must divide", shard=0)
     if layout.tp > 1 and not layout.sp:
         layout = change(layout, changes, "torchtitan's TP always shards norms and residuals over the sequence",
                                  sp=True)
@@ -61,7 +65,7 @@ def render(job: Job) -> str:
         # K,V travel around the ring of CP ranks cp-1 times, as the cost model charges
         "context_parallel_rotate_method": "alltoall",
         "expert_parallel_degree": lay.ep,
-        "expert_tensor_parallel_degree": lay.tp if lay.ep > 1 else 1,
+        "expert_tensor_parallel_degree": lay.expert_tp if lay.ep > 1 else 1,
     }
     if lay.pp > 1:
         parallelism.update({
@@ -163,6 +167,8 @@ def read(text: str, devices: int | None) -> Shape:
     layout = Layout(dp=dp, zero=zero, shard=shard * cp if fsdp and replicate > 1 else 0, tp=tp, sp=tp > 1,
                     pp=pp, vpp=vpp if pp > 1 else 1, schedule=schedule if pp > 1 else "1f1b", cp=cp,
                     ep=par.get("expert_parallel_degree", 1),
+                    # torchtitan's default expert_tensor_parallel_degree is 1 (JobConfig), not tp
+                    etp=par.get("expert_tensor_parallel_degree", 1) if par.get("expert_parallel_degree", 1) > 1 else 0,
                     mbs=par.get("pipeline_parallel_microbatch_size", 1) if pp > 1 else local,
                     recompute=recompute)
     precision = ("fp8" if any("float8" in c for c in job.get("model", {}).get("converters", [])) else

@@ -97,17 +97,17 @@ def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", b
     emesh = None
     if layout.ep > 1:
         emesh = expert_mesh(layout, mesh.device_type)
-        for axis in ("ep", "edp"):
+        for axis in ("ep", "edp", "etp"):
             if emesh[axis].size() > 1:
                 ledger.name_group(emesh[axis].get_group(), axis)
         for _, module in chunks:
-            apply_expert_parallel(module, emesh, layout.sp)
+            apply_expert_parallel(module, emesh, layout, tp_rank)
     if mesh is not None:  # after EP's: where torch shares one group between dims, the main mesh's name wins
         ledger.name_mesh(mesh)
     wrapped, strategies = [], []
     for stage, module in chunks:
         if layout.tp > 1:
-            apply_tensor_parallel(module, mesh["tp"], layout.sp)
+            apply_tensor_parallel(module, mesh["tp"], layout.sp, split_experts=layout.expert_tp > 1)
             if layout.pp > 1 and not layout.sp:
                 scatter_gather_stage(module, mesh["tp"], *crosses_ranks(stage, layout))
         if layout.cp > 1:

@@ -1,10 +1,12 @@
 """Expert parallelism: each of `ep` ranks holds experts/ep of every MoE layer's routed experts, and tokens
 travel to their experts and back by all-to-all (GShard, Lepikhin et al. 2020, sec. 2.2; DeepSeek-V3 sec. 3.2).
 
-The EP ranks are carved out of dp*cp (specs.layout.expert_mesh_shape): an EP group is `ep` consecutive
-data-parallel ranks, and the ranks holding the same experts form the expert data-parallel group ("edp",
-dp*cp/ep ranks). Dense parameters reduce their gradients over all dp*cp ranks, expert parameters over edp
-only; both are averaged over dp*cp, since every rank of an EP group fed tokens to every expert it holds.
+The EP ranks are folded over each pipeline stage's tp*cp*dp ranks as Megatron-Core folds them
+(specs.layout.expert_mesh_shape; Liu et al. 2025, "MoE Parallel Folding"): `etp` consecutive ranks split
+each expert's matrices (column/row, as TP splits a dense MLP), an EP group is `ep` ranks etp apart, and the
+ranks holding the same expert shards form the expert data-parallel group ("edp", tp*cp*dp/(ep*etp) ranks).
+Dense parameters reduce their gradients over all dp*cp ranks, expert parameters over edp only; both are
+averaged over dp*cp, since each dp x cp replica's tokens reach every expert exactly once.
 
 Per MoE layer and micro-batch, dropless, each rank sends all of its top_k*tokens assignments in the dispatch
 all-to-all and gets back as many in the combine; backward runs both again, reversed. What a rank receives
@@ -66,7 +68,7 @@ def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def _gather_v(x: torch.Tensor, group, sizes: list) -> torch.Tensor:
-    """All-gather pieces of `sizes` rows (one per TP rank, in rank order), through a padded buffer on gloo.
+    """All-gather pieces of `sizes` rows (one per ETP rank, in rank order), through a padded buffer on gloo.
     Recorded as the contract's all_gather: the output, sum(sizes) rows (Megatron's AllGather-V)."""
     top = max(sizes)
     if not top:  # every rank knows every size: all skip alike
@@ -74,12 +76,12 @@ def _gather_v(x: torch.Tensor, group, sizes: list) -> torch.Tensor:
     out = x.new_empty((len(sizes) * top, *x.shape[1:]))
     start = time.perf_counter()
     all_gather_into(out, _padded(x, top).contiguous(), group=group)
-    record("tp", "all_gather", sum(sizes) * math.prod(x.shape[1:]) * x.element_size(), time.perf_counter() - start)
+    record("etp", "all_gather", sum(sizes) * math.prod(x.shape[1:]) * x.element_size(), time.perf_counter() - start)
     return torch.cat([piece[:n] for piece, n in zip(out.split(top), sizes)])
 
 
 def _reduce_scatter_v(x: torch.Tensor, group, sizes: list) -> torch.Tensor:
-    """Sum `x` (pieces of `sizes` rows, one per TP rank) over the group; keep this rank's piece. Recorded as
+    """Sum `x` (pieces of `sizes` rows, one per ETP rank) over the group; keep this rank's piece. Recorded as
     the contract's reduce_scatter: the whole input."""
     top = max(sizes)
     if not top:
@@ -88,7 +90,7 @@ def _reduce_scatter_v(x: torch.Tensor, group, sizes: list) -> torch.Tensor:
     out = x.new_empty((top, *x.shape[1:]))
     start = time.perf_counter()
     reduce_scatter_from(out, full, group=group)
-    record("tp", "reduce_scatter", x.numel() * x.element_size(), time.perf_counter() - start)
+    record("etp", "reduce_scatter", x.numel() * x.element_size(), time.perf_counter() - start)
     return out[:sizes[dist.get_rank(group)]]
 
 
@@ -96,22 +98,24 @@ class AllToAllExperts:
     """The MoE dispatcher under EP (replaces model.LocalExperts): tokens sorted by global expert go to the
     rank holding it, run through its local experts, and come back in the order they left.
 
-    With sequence parallelism (`tp_group`) the MoE region has gathered the sequence, so every TP rank holds
-    the same tokens and routing: as Megatron-Core's all-to-all dispatcher does, each TP rank sends only the
-    assignments of its own sequence chunk (1/tp of the all-to-all), the TP ranks of the receiving EP rank
-    all-gather their arrivals (the experts are TP-split), and reduce-scatter the partial outputs back before
-    the combine all-to-all. Each rank's outputs are then whole for its own chunk's assignments and zero for
-    the rest, a partial sum over TP like the rest of the region, which the region's reduce-scatter completes."""
+    `split` = (TP rank, tp) where the TP ranks split the tokens before the dispatch (Layout.dispatch_split):
+    the MoE region holds the whole sequence on every TP rank (gathered under SP), so every TP rank has the
+    same tokens and routing, and each sends only the assignments of its own sequence chunk, as Megatron-Core's
+    all-to-all dispatcher does (its input is the SP chunk). Where the experts are split (`etp_group`), the
+    ETP ranks all-gather their arrivals and reduce-scatter the partial outputs before the combine. Each rank's
+    outputs are then whole for its own chunk's assignments and zero for the rest, a partial sum over TP like
+    the rest of the region, which the region's reduce-scatter (or all-reduce) completes. Without `split`
+    every TP rank sends all its tokens to TP-split experts (etp = tp without SP)."""
 
-    def __init__(self, group, local: int, tp_group=None):
-        self.group, self.local, self.tp_group = group, local, tp_group
+    def __init__(self, group, local: int, split: tuple[int, int] | None = None, etp_group=None):
+        self.group, self.local, self.split, self.etp_group = group, local, split, etp_group
         self.ep = dist.get_world_size(group)
 
     def __call__(self, xs: torch.Tensor, counts: torch.Tensor, experts, positions: torch.Tensor | None = None,
                  seq: int = 0) -> torch.Tensor:
-        if self.tp_group is None:
+        if self.split is None:
             return self._exchange(xs, counts, experts)
-        t, rank = dist.get_world_size(self.tp_group), dist.get_rank(self.tp_group)
+        rank, t = self.split
         mine = (positions * t // seq == rank).nonzero().squeeze(1)
         label = torch.arange(len(counts), device=xs.device).repeat_interleave(counts)
         ys = self._exchange(xs[mine], torch.bincount(label[mine], minlength=len(counts)), experts)
@@ -125,14 +129,14 @@ class AllToAllExperts:
         by_source = received.view(self.ep, self.local)
         recv = by_source.sum(1).tolist()
         tokens = _AllToAll.apply(xs, recv, send, self.group)
-        if self.tp_group is not None:  # the other TP ranks' arrivals too (sizes: metadata, ep*local ints each)
-            every = [torch.empty_like(by_source) for _ in range(dist.get_world_size(self.tp_group))]
-            dist.all_gather(every, by_source, group=self.tp_group)
+        if self.etp_group is not None:  # the other ETP ranks' arrivals too (sizes: metadata, ep*local ints each)
+            every = [torch.empty_like(by_source) for _ in range(dist.get_world_size(self.etp_group))]
+            dist.all_gather(every, by_source, group=self.etp_group)
             by_source = torch.cat(every)
             sizes = [int(b.sum()) for b in every]
-            # Every TP rank's arrivals to every TP rank (their experts are TP-split, so each needs all the
+            # Every ETP rank's arrivals to every ETP rank (their experts are split, so each needs all the
             # tokens); backward sums the partial input gradients and returns each rank its own.
-            tokens = Conjugate.apply(tokens, self.tp_group, partial(_gather_v, sizes=sizes),
+            tokens = Conjugate.apply(tokens, self.etp_group, partial(_gather_v, sizes=sizes),
                                      partial(_reduce_scatter_v, sizes=sizes))
         # Arrivals are grouped by source, then expert: regroup by expert to run each expert once.
         label = torch.arange(self.local, device=xs.device).repeat(len(by_source)).repeat_interleave(
@@ -140,25 +144,27 @@ class AllToAllExperts:
         order = label.argsort(stable=True)
         ys = run_experts(tokens[order], by_source.sum(0).tolist(), list(experts.values()))
         ys = torch.empty_like(ys).index_copy(0, order, ys)
-        if self.tp_group is not None:
-            # The TP-split experts' partial outputs summed, each TP rank keeping those of its own arrivals.
-            ys = Conjugate.apply(ys, self.tp_group, partial(_reduce_scatter_v, sizes=sizes),
+        if self.etp_group is not None:
+            # The split experts' partial outputs summed, each ETP rank keeping those of its own arrivals.
+            ys = Conjugate.apply(ys, self.etp_group, partial(_reduce_scatter_v, sizes=sizes),
                                  partial(_gather_v, sizes=sizes))
         return _AllToAll.apply(ys, send, recv, self.group)
 
 
-def apply_expert_parallel(module, emesh: DeviceMesh, sequence_parallel: bool = False) -> None:
+def apply_expert_parallel(module, emesh: DeviceMesh, layout: Layout, tp_rank: int) -> None:
     """Keep this EP rank's experts (a contiguous block of experts/ep, by global index) in every MoE layer
-    and route through the all-to-all (with SP, each TP rank dispatching its sequence chunk)."""
+    and route through the all-to-all (each TP rank dispatching its sequence chunk where the layout splits
+    the tokens, Layout.dispatch_split)."""
     group, rank, ep = emesh["ep"].get_group(), emesh["ep"].get_local_rank(), emesh["ep"].size()
-    tp_group = emesh["tp"].get_group() if sequence_parallel and emesh["tp"].size() > 1 else None
+    split = (tp_rank, layout.tp) if layout.dispatch_split > 1 else None
+    etp_group = emesh["etp"].get_group() if split and layout.expert_tp > 1 else None
     for moe in moe_layers(module):
         local = moe.n_experts // ep
         mine = {str(e) for e in range(rank * local, (rank + 1) * local)}
         for name in list(moe.experts):
             if name not in mine:
                 del moe.experts[name]
-        moe.dispatch = AllToAllExperts(group, local, tp_group)
+        moe.dispatch = AllToAllExperts(group, local, split, etp_group)
 
 
 class ExpertSplit:
@@ -264,9 +270,9 @@ def expert_data_parallel(module, layout: Layout, mesh, emesh, ledger, bucket_mb:
 
 
 def ep_group_mean(per_rank: list, layout: Layout, rank: int) -> tuple[list, float]:
-    """`rank`'s per-step comm summaries with its all-to-all entries (and its TP entries, which under SP
-    carry the experts' arrivals) replaced by its EP group's mean (exactly the cost model's figure for
-    dropless routing, see the module docstring; the other TP collectives are the same on every member), and
+    """`rank`'s per-step comm summaries with its all-to-all entries (and its ETP entries, which carry the
+    experts' arrivals) replaced by its EP group's mean (exactly the cost model's figure for dropless routing,
+    see the module docstring; the other collectives are the same on every member), and
     the measured imbalance: the busiest member's all-to-all bytes over that mean (1.0: perfectly balanced)."""
     ranks = torch.arange(layout.devices).reshape(expert_mesh_shape(layout)).transpose(2, 3).reshape(-1, layout.ep)
     group = next(row.tolist() for row in ranks if rank in row.tolist())
@@ -275,7 +281,7 @@ def ep_group_mean(per_rank: list, layout: Layout, rank: int) -> tuple[list, floa
         members = [{(e["collective"], e["axis"]): e for e in per_rank[r][step]} for r in group]
         mean = []
         for e in entries:
-            if e["axis"] in ("ep", "tp"):
+            if e["axis"] in ("ep", "etp"):
                 sent = [m[(e["collective"], e["axis"])] for m in members]
                 total = sum(x["bytes"] for x in sent)
                 if e["axis"] == "ep":

@@ -16,7 +16,8 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
 
-AXES = ("pp", "dp", "cp", "tp", "ep", "edp")  # edp: the dp*cp/ep ranks holding the same experts
+AXES = ("pp", "dp", "cp", "tp", "ep", "edp", "etp")  # edp: the ranks holding the same expert shards; etp: the
+# ranks splitting each expert (specs.layout.expert_mesh_shape)
 _active: "CommLedger | None" = None  # the ledger of the running training loop (see `CommLedger.active`)
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "send_recv", "all_to_all")
 

@@ -5,7 +5,8 @@ dimensions included, so each parallelism finds its axis by name whatever else is
 Its sub-meshes: the data-parallel family works over every rank that holds the same parameters, dp x cp
 (context-parallel ranks hold the same weights and see different tokens): `replica_mesh` flattens them into
 one dimension, and `hybrid_mesh` cuts that into (replicate, shard) for hybrid sharding. Expert parallelism
-has its own (pp, edp, ep, tp) view of the same ranks (`expert_mesh`), and tensor parallelism with fewer KV
+has its own (pp, edp, ep, etp) view of the same ranks, each stage's tp*cp*dp ranks folded as Megatron-Core
+folds them (`expert_mesh`, specs.layout.expert_mesh_shape), and tensor parallelism with fewer KV
 heads than ranks groups the ranks holding copies of one head (`kv_copy_mesh`). Checkpoints describe where
 pieces of a tensor live with meshes that have no process groups (`describing_mesh` over `holder_grid`).
 
@@ -19,7 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from meshscale.specs.layout import Layout, expert_mesh_shape
 
 MESH_DIMS = ("pp", "dp", "cp", "tp")
-EXPERT_DIMS = ("pp", "edp", "ep", "tp")
+EXPERT_DIMS = ("pp", "edp", "ep", "etp")
 
 _meshes: dict = {}
 
@@ -69,7 +70,7 @@ def hybrid_mesh(mesh: DeviceMesh, shard: int) -> DeviceMesh:
 
 
 def expert_mesh(layout: Layout, device_type: str) -> DeviceMesh:
-    """The (pp, edp, ep, tp) mesh over the same ranks as the main mesh (specs.layout.expert_mesh_shape)."""
+    """The (pp, edp, ep, etp) mesh over the same ranks as the main mesh (specs.layout.expert_mesh_shape)."""
     shape = expert_mesh_shape(layout)
     ranks = torch.arange(layout.devices).reshape(shape)
     return _cached(("expert", shape), lambda: DeviceMesh(device_type, ranks, mesh_dim_names=EXPERT_DIMS))
@@ -86,7 +87,7 @@ def kv_copy_mesh(tp_mesh: DeviceMesh, kv_heads: int) -> DeviceMesh:
 def holder_grid(layout: Layout, expert: bool) -> torch.Tensor:
     """The global ranks holding a piece or a copy of this rank's dense (or routed-expert) tensors, as a
     (data-parallel ranks, tp) grid: this rank's pipeline stage (and expert-parallel rank) of the main mesh's
-    (pp, dp, cp, tp) order, or the expert mesh's (pp, edp, ep, tp) order."""
+    (pp, dp, cp, tp) order, or the expert mesh's (pp, edp, ep, etp) order (its etp ranks in the tp place)."""
     rank = dist.get_rank()
     if expert:
         ranks = torch.arange(layout.devices).reshape(expert_mesh_shape(layout))

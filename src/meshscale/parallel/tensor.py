@@ -265,10 +265,12 @@ def _shard_columns(mlp: nn.Module, rank: int, t: int) -> None:
             _shard(column, 0, rank, t)
 
 
-def _shard_moe(moe: MoE, group, rank: int, t: int, sequence_parallel: bool) -> None:
+def _shard_moe(moe: MoE, group, rank: int, t: int, sequence_parallel: bool, split_experts: bool) -> None:
     """Each expert (and the shared one) split like a dense MLP; their partial outputs meet in the combine,
-    summed by the region's g."""
-    for mlp in [*moe.experts.values(), *([moe.shared] if moe.shared is not None else [])]:
+    summed by the region's g. split_experts=False (etp=1): the routed experts stay whole (expert.py runs
+    them on the tokens of this rank's sequence chunk)."""
+    routed = list(moe.experts.values()) if split_experts else []
+    for mlp in [*routed, *([moe.shared] if moe.shared is not None else [])]:
         _shard_columns(mlp, rank, t)
         _shard(mlp.w2, 1, rank, t)
     moe.router.copy_weight = lambda w: _CopyToTP.apply(w, group)
@@ -294,13 +296,15 @@ def _group_of(tp_mesh):
     return tp_mesh.get_group() if hasattr(tp_mesh, "get_group") else tp_mesh
 
 
-def apply_tensor_parallel(model: Transformer, tp_mesh, sequence_parallel: bool = False) -> Transformer:
+def apply_tensor_parallel(model: Transformer, tp_mesh, sequence_parallel: bool = False,
+                          split_experts: bool = True) -> Transformer:
     """Shard `model` (a whole model or one pipeline stage of it) in place over the TP group.
 
     tp_mesh: a 1-D DeviceMesh (e.g. mesh["tp"]), or a ProcessGroup when tp divides kv_heads. Parameter
     names do not change.
     The model then returns vocabulary-sharded logits: use `vocab_parallel_cross_entropy` as the loss.
     With SP, activations between blocks (and between pipeline stages) are sharded along the sequence.
+    split_experts: split the routed experts over the TP group too (etp = tp; False: etp = 1).
     """
     group = _group_of(tp_mesh)
     t, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -342,7 +346,7 @@ def apply_tensor_parallel(model: Transformer, tp_mesh, sequence_parallel: bool =
                                                   for n in (attention.q_norm, attention.k_norm))
         _enter_region(attention, group, sp)
         if isinstance(mlp, MoE):
-            _shard_moe(mlp, group, rank, t, sp)
+            _shard_moe(mlp, group, rank, t, sp, split_experts)
             continue
         _shard_columns(mlp, rank, t)
         mlp.w2 = RowParallelLinear(mlp.w2, rank, t, group, sp)

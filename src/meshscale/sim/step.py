@@ -43,7 +43,7 @@ from meshscale.specs.layout import Layout, check_against, split_layers
 from meshscale.specs.model import ModelSpec
 from meshscale.specs.placement import stage_owner
 
-INLINE_AXES = ("tp", "ep", "cp")
+INLINE_AXES = ("tp", "ep", "etp", "cp")
 DATA_AXES = ("dp", "edp")  # dense gradients over dp*cp, routed experts over their own replicas (MoE)
 
 

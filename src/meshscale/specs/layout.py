@@ -7,10 +7,13 @@ String form (the same everywhere, CLI, JSON, planner output):
 being replicas of each other; left out, the state is sharded over all dp*cp ranks.
 
 Mesh order, outermost to innermost: pp, dp, cp, tp. TP is innermost so it stays inside the fast domain.
-Expert parallelism borrows its ranks from dp*cp (it does not add devices): number the dp*cp ranks of one
-pipeline stage and TP index i = dp_rank*cp + cp_rank; an EP group is ep consecutive ones (global stride tp),
-and the ranks holding the same experts, i % ep equal, form the expert data-parallel group of dp*cp/ep
-(`expert_mesh_shape`).
+Expert parallelism borrows its ranks from the tp*cp*dp ranks of a pipeline stage (it adds no devices), folded
+as Megatron-Core folds them ("MoE Parallel Folding", Liu et al. 2025, arXiv:2504.14960; Megatron-Core
+parallel_state.initialize_model_parallel): the stage's ranks, in the main mesh's order, are re-cut as
+(edp, ep, etp), etp innermost. `etp` ranks split each expert's matrices (expert tensor parallelism, default
+tp), an EP group is `ep` ranks etp apart, and the ranks holding the same expert shards form the expert
+data-parallel group of tp*cp*dp/(ep*etp) (`expert_mesh_shape`). With etp = tp this is the EP over dp*cp of
+earlier releases; with etp = 1 an EP group spans TP ranks, so `tp=2,ep=32` on dp=16 is a layout.
 """
 
 from dataclasses import dataclass, fields, replace
@@ -25,9 +28,9 @@ V_SCHEDULES = ("zbv", "dualpipev")
 # Zero-bubble schedules: each backward split into its input gradient (B) and weight gradient (W), run apart
 # (Qi et al. 2023; torch computes each part with autograd.grad).
 ZERO_BUBBLE_SCHEDULES = ("zb",) + V_SCHEDULES
-_INT_KEYS = ("dp", "zero", "shard", "tp", "pp", "vpp", "cp", "ep", "mbs")
-_INT_MINIMA = tuple((key, 0 if key in ("zero", "mbs", "shard") else 1) for key in _INT_KEYS)
-_KEY_ORDER = ("dp", "zero", "shard", "tp", "sp", "pp", "vpp", "schedule", "cp", "ep", "mbs", "recompute")
+_INT_KEYS = ("dp", "zero", "shard", "tp", "pp", "vpp", "cp", "ep", "etp", "mbs")
+_INT_MINIMA = tuple((key, 0 if key in ("zero", "mbs", "shard", "etp") else 1) for key in _INT_KEYS)
+_KEY_ORDER = ("dp", "zero", "shard", "tp", "sp", "pp", "vpp", "schedule", "cp", "ep", "etp", "mbs", "recompute")
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,8 @@ class Layout:
     vpp: int = 1  # model chunks per pipeline rank
     schedule: str = "1f1b"
     cp: int = 1  # context parallelism (ring attention)
-    ep: int = 1  # expert parallelism, carved out of dp*cp
+    ep: int = 1  # expert parallelism, folded over the stage's tp*cp*dp ranks (see the module docstring)
+    etp: int = 0  # expert tensor parallelism; 0: tp (Megatron-Core's default for --expert-tensor-parallel-size)
     mbs: int = 0  # micro-batch size in sequences; 0: resolved from the batch (see `resolve_mbs`)
     recompute: str = "none"
 
@@ -80,6 +84,11 @@ class Layout:
                                 "the same parameters); pick a divisor of it")
             if self.shard == replicas:  # full sharding is the default: one canonical form
                 object.__setattr__(self, "shard", 0)
+        if self.etp == self.tp:  # the default: one canonical form
+            object.__setattr__(self, "etp", 0)
+        if self.etp and self.ep == 1:
+            raise UserError(f"layout: etp={self.etp} splits the experts of an expert-parallel layout differently "
+                            f"from tp={self.tp}; meshscale builds it with ep > 1 only: add ep or drop etp")
 
     # ---- derived sizes ------------------------------------------------------------------
     @property
@@ -110,6 +119,23 @@ class Layout:
     def split_backward(self) -> bool:
         """A zero-bubble pipeline (ZERO_BUBBLE_SCHEDULES): weight gradients computed apart from the backward."""
         return self.schedule in ZERO_BUBBLE_SCHEDULES and self.pp > 1
+
+    @property
+    def expert_tp(self) -> int:
+        """Ranks splitting each routed expert's matrices (etp, tp unless set)."""
+        return self.etp or self.tp
+
+    @property
+    def edp(self) -> int:
+        """Ranks holding the same expert shards: the expert data-parallel group, tp*cp*dp/(ep*etp)."""
+        return self.tp * self.cp * self.dp // (self.ep * self.expert_tp)
+
+    @property
+    def dispatch_split(self) -> int:
+        """How many ways the TP ranks split the MoE tokens before the dispatch: tp where each TP rank sends only
+        its sequence chunk (SP, as Megatron-Core's all-to-all dispatcher; or etp != tp, where an EP group
+        crosses TP ranks), 1 where every TP rank sends all of them to TP-split experts."""
+        return self.tp if self.sp or self.expert_tp != self.tp else 1
 
     @property
     def fsdp(self) -> bool:
@@ -177,11 +203,11 @@ class Layout:
 
 
 def expert_mesh_shape(layout: Layout) -> tuple[int, int, int, int]:
-    """(pp, expert replicas, ep, tp): global ranks arange(devices) reshaped to this are the mesh of expert
-    parallelism (the runtime's parallel/expert.py); the cost model's EP and expert data-parallel groups
-    (cost/step.py `_axis_group`) are its two middle dimensions."""
-    dc = layout.dp * layout.cp
-    return layout.pp, dc // layout.ep, layout.ep, layout.tp
+    """(pp, edp, ep, etp): global ranks arange(devices) reshaped to this are the mesh of expert parallelism
+    (the runtime's parallel/expert.py; the cost model's groups, cost/step.py `_axis_group`). The main mesh's
+    order is (pp, dp, cp, tp), so each stage's tp*cp*dp ranks are consecutive; Megatron-Core cuts them with
+    the order tp-ep-dp for experts (parallel_state.py, the expert RankGenerator), etp innermost."""
+    return layout.pp, layout.edp, layout.ep, layout.expert_tp
 
 
 def layout_items(text: str, what: str = "layout") -> list[tuple[str, str]]:
@@ -218,8 +244,11 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
         raise UserError(f"layout: tp={t} must divide heads ({model.heads}) of {model.name}, and either divide "
                         f"kv_heads ({model.kv_heads}) or be a multiple of it (each rank then holds a copy of its "
                         f"KV head); pick such a tp")
-    if model.ffn % t or (model.is_moe and model.expert_ffn % t):
+    if model.ffn % t or (model.is_moe and model.shared_experts * model.expert_ffn % t):
         raise UserError(f"layout: tp={t} must divide the MLP width ({model.ffn}) of {model.name}")
+    if model.is_moe and model.expert_ffn % layout.expert_tp:
+        raise UserError(f"layout: etp={layout.expert_tp} (tp unless set) must divide the expert MLP width "
+                        f"({model.expert_ffn}) of {model.name}; pick a divisor of it")
     if layout.stages > model.layers:
         raise UserError(f"layout: pp*vpp = {layout.stages} pipeline chunks but {model.name} has only "
                         f"{model.layers} layers; lower pp or vpp")
@@ -240,9 +269,12 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
         if model.experts % layout.ep:
             raise UserError(f"layout: ep={layout.ep} must divide the expert count ({model.experts}); pick a divisor "
                             "of it")
-        if (layout.dp * layout.cp) % layout.ep:
-            raise UserError(f"layout: ep={layout.ep} must divide dp*cp = {layout.dp * layout.cp} (the experts are "
-                            "split over data-parallel ranks); raise dp or lower ep")
+        folded = layout.tp * layout.cp * layout.dp
+        if folded % (layout.ep * layout.expert_tp):
+            # Megatron-Core parallel_state.initialize_model_parallel: world % (etp * ep * pp) == 0
+            raise UserError(f"layout: ep*etp = {layout.ep}*{layout.expert_tp} must divide tp*cp*dp = {folded} (the "
+                            "ranks of a pipeline stage the expert groups fold over; etp is tp unless set); lower ep "
+                            "or etp, or raise dp")
     if global_batch is not None:
         mbs = layout.mbs or 1
         if global_batch % (layout.dp * mbs):
@@ -328,6 +360,8 @@ def trainer_refusal(layout: Layout, model) -> str | None:
         return f"cp>1 is not built for learned position embeddings ({model.name}); use cp=1"
     if model.is_moe and model.biases and layout.tp > 1:
         return "tp>1 is not built for MoE experts with biases (their row-parallel bias); use tp=1"
+    if layout.expert_tp not in (1, layout.tp):
+        return f"etp={layout.etp} is built as 1 or tp={layout.tp} (whole experts, or split as TP splits them)"
     if (model.biases or model.qkv_bias) and layout.tp > model.kv_heads:
         return f"tp={layout.tp} > kv_heads is not built for biased K/V projections; use tp<={model.kv_heads}"
     if layout.pp > 1 and model.tied_embeddings and layout.dp * layout.cp > 1 and layout.zero == 2:

@@ -232,7 +232,7 @@ def _state_dict(run, par, optimizer, mesh) -> tuple[dict, list]:
     if mesh is not None:  # (holders, FSDP2 shard group size) of dense and of routed-expert tensors
         kinds = {False: (holder_grid(layout, False), layout.shard_size)}
         if layout.ep > 1:
-            kinds[True] = (holder_grid(layout, True), layout.dp * layout.cp // layout.ep)
+            kinds[True] = (holder_grid(layout, True), layout.edp)
 
     def describe(name, t):
         if mesh is None:
