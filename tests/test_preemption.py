@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from test_guards import _processes_tagged
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,3 +137,17 @@ def test_a_second_run_on_a_locked_directory_is_refused_naming_the_holder(tmp_pat
     lines = second.stderr.strip().splitlines()
     assert second.returncode == 2 and len(lines) == 1, second.stderr
     assert f"is in use by another run (pid {first.pid} on " in lines[0]
+
+
+def test_a_held_directory_is_refused_before_its_checkpoints_are_read(tmp_path):
+    """The probe `train` makes before it reads --checkpoint-dir: refused while a run holds it (whatever that run
+    saved meanwhile), nothing created where there is no directory, free once the holder lets go."""
+    from meshscale.errors import UserError
+    from meshscale.runtime.resilience.lock import DirLock, refuse_if_held
+
+    refuse_if_held(str(tmp_path / "none"))
+    assert not (tmp_path / "none").exists()
+    with DirLock(str(tmp_path / "held")):
+        with pytest.raises(UserError, match=rf"is in use by another run \(pid {os.getpid()} on "):
+            refuse_if_held(str(tmp_path / "held"))
+    refuse_if_held(str(tmp_path / "held"))

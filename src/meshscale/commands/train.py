@@ -104,6 +104,7 @@ def run(args) -> int:
     after saving, to be resumed by the same command."""
     from meshscale.runtime.loop import launch
     from meshscale.runtime.resilience import faults
+    from meshscale.runtime.resilience.lock import refuse_if_held
     from meshscale.runtime.resilience.preemption import EXIT_PREEMPTED, Preempted, set_deadline
     from meshscale.runtime.resilience.restarts import GaveUp
 
@@ -111,6 +112,9 @@ def run(args) -> int:
     overrides = {name: getattr(args, name, None) for name in config_fields()}
     cfg = load_config(args.config, overrides)
     outer = world_from_env()
+    locker = os.environ.get("RANK") == "0" if outer is not None else cfg.node_rank == 0
+    if cfg.checkpoint_dir and locker:
+        refuse_if_held(cfg.checkpoint_dir)
     if outer is not None:  # one worker of an outer torchrun: every process checks, then trains
         checked, rank0 = resolve(cfg, outer), os.environ.get("RANK") == "0"
         try:

@@ -30,8 +30,7 @@ class DirLock:
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
-            raise UserError(f"--checkpoint-dir {self.path.parent} is in use by another run ({holder}); wait for it "
-                            "to end or choose another directory") from None
+            raise UserError(_in_use(self.path.parent, holder)) from None
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                  "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode())
@@ -43,6 +42,27 @@ class DirLock:
         if self.fd is not None:
             os.close(self.fd)  # releases the lock
             self.fd = None
+
+
+def refuse_if_held(root: str) -> None:
+    """DirLock's refusal, without taking the lock or creating anything: checked before the directory's
+    checkpoints are read, which a running holder may be writing (else a second run could be refused for
+    what the first one saved meanwhile, not for the first one)."""
+    path = Path(root) / LOCK
+    if not path.exists():
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise UserError(_in_use(path.parent, _holder(fd))) from None
+    finally:
+        os.close(fd)  # releases the probe's lock
+
+
+def _in_use(root: Path, holder: str) -> str:
+    return (f"--checkpoint-dir {root} is in use by another run ({holder}); wait for it to end or choose another "
+            "directory")
 
 
 def _holder(fd: int) -> str:
