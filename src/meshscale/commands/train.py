@@ -112,13 +112,16 @@ def run(args) -> int:
     overrides = {name: getattr(args, name, None) for name in config_fields()}
     cfg = load_config(args.config, overrides)
     outer = world_from_env()
-    locker = os.environ.get("RANK") == "0" if outer is not None else cfg.node_rank == 0
-    if cfg.checkpoint_dir and locker:
-        refuse_if_held(cfg.checkpoint_dir)
+    rank0 = os.environ.get("RANK") == "0"
+    # the process that holds the directory's lock for the run: rank 0 under an outer torchrun, else the launcher
+    # (node 0's under --nnodes); it checks the lock before anything reads the directory
+    held = cfg.checkpoint_dir if (rank0 if outer is not None else cfg.node_rank == 0) else None
+    if held:
+        refuse_if_held(held)
     if outer is not None:  # one worker of an outer torchrun: every process checks, then trains
-        checked, rank0 = resolve(cfg, outer), os.environ.get("RANK") == "0"
+        checked = resolve(cfg, outer)
         try:
-            with _locked(cfg.checkpoint_dir if rank0 else None):
+            with _locked(held):
                 launch.run_here(checked)
         except Preempted as e:
             launch.say_stopped(str(e), rank0)
@@ -130,8 +133,7 @@ def run(args) -> int:
     checked = resolve(cfg, world)
     _note_seq(cfg, checked.spec)
     set_deadline(cfg.time_limit)
-    # held by this process (the launcher; node 0's under --nnodes) until the run ends
-    with _locked(cfg.checkpoint_dir if cfg.node_rank == 0 else None):
+    with _locked(held):  # until the run ends
         if world > 1:
             return launch.launch_local(checked)
         try:
