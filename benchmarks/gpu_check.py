@@ -48,8 +48,9 @@ def _exact_fp32() -> None:
 def _run(layout: str, world: int, **overrides):
     from meshscale.runtime.loop.config import TrainConfig, resolve
 
+    overrides = {"device": "cuda", **overrides}
     return resolve(TrainConfig(model="tiny", layout=layout, steps=PARITY_STEPS, global_batch=8, val_batches=1,
-                               device="cuda", **overrides), world)
+                               **overrides), world)
 
 
 def _parity_rank(rank: int, world: int, init_file: str, layouts: list, queue) -> None:
