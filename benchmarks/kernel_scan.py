@@ -11,9 +11,13 @@ name). Nothing here is fitted: the figures are for reading, and for a note that 
   against `gemm_seconds(batch=groups)` times `grouped_gemm_efficiency`.
 - Attention forward + backward (scaled_dot_product_attention, flash and cuDNN back ends), causal and not, by
   sequence length, head_dim 128: against `attention_seconds`.
-- HBM: a large device-to-device copy (read + write bytes) against the preset's `hbm_bandwidth`.
+- HBM: a 4 GiB copy and element-wise add (bytes read + written) against the preset's `hbm_bandwidth`.
+
+Each timing is CUDA events around back-to-back launches, so no kernel waits for the host to launch it.
+`--replay` predicts a recorded scan again with today's cost model on any machine:
 
     PYTHONPATH=src python benchmarks/kernel_scan.py [--cluster h200] [--json out.json]
+    PYTHONPATH=src python benchmarks/kernel_scan.py --replay benchmarks/data/kernel_scan_h200.json
 """
 
 import argparse
@@ -36,50 +40,73 @@ ATTENTION_HEADS, HEAD_DIM, ATTENTION_TOKENS = 32, 128, 32768  # batch = tokens /
 PRESET_BY_NAME = (("H200", "h200"), ("H100", "h100-80gb"), ("A100", "a100-80gb"), ("B200", "b200"))
 
 
-def timed(fn, repeat: int = 20, warmup: int = 3) -> float:
-    """Median seconds of `fn` by CUDA events."""
+def timed(fn, repeat: int = 20, batches: int = 5, warmup: int = 3) -> float:
+    """Seconds a call of `fn`, by CUDA events around `repeat` back-to-back calls (so the GPU never waits for
+    the host to launch the next kernel: a lone small GEMM timed by itself also times its launch), the median
+    of `batches` such runs."""
     for _ in range(warmup):
         fn()
     times = []
-    for _ in range(repeat):
+    for _ in range(batches):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(repeat):
+            fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
+        times.append(start.elapsed_time(end) / 1e3 / repeat)
     return sorted(times)[len(times) // 2]
 
 
-def _row(kind: str, shape: str, measured_s: float, predicted_s: float, flops: float = 0.0) -> dict:
-    return {"kind": kind, "shape": shape, "measured_s": measured_s, "predicted_s": predicted_s,
-            "measured_tflops": flops / measured_s / 1e12 if flops else None,
-            "predicted_tflops": flops / predicted_s / 1e12 if flops else None,
-            "ratio": predicted_s / measured_s}
+def predicted_seconds(row: dict, cluster) -> float:
+    """What the cost model charges for the kernel a row measured."""
+    kind, shape = row["kind"], row["shape"]
+    if kind.startswith("hbm"):
+        return shape["bytes"] / cluster.hbm_bandwidth
+    if kind.startswith("gemm"):
+        fp8 = kind.endswith("fp8")
+        return gemm_seconds(cluster, shape["m"], shape["n"], shape["k"], cluster.gemm_peak("fp8" if fp8 else "bf16"),
+                            2, operand_bytes=1 if fp8 else 0)
+    if kind.startswith("grouped"):
+        m = shape["m"]
+        return gemm_seconds(cluster, m, shape["n"], shape["k"], cluster.gemm_peak("bf16"), batch=shape["groups"]) / \
+            grouped_gemm_efficiency(m)
+    return attention_seconds(cluster, attention_core_flops(shape), shape["seq"], cluster.peak_flops("bf16"),
+                             shape["causal"])
 
 
-def gemms(cluster) -> list[dict]:
+def attention_core_flops(shape: dict) -> float:
+    """Useful forward FLOPs of one attention call: 4 s^2 d per head, halved when causal (the papers' count)."""
+    return 4.0 * shape["batch"] * shape["heads"] * shape["seq"] ** 2 * shape["head_dim"] / (2 if shape["causal"] else 1)
+
+
+def row_flops(row: dict) -> float:
+    kind, shape = row["kind"], row["shape"]
+    if kind.startswith("hbm"):
+        return 0.0
+    if kind.startswith("attention"):
+        return 3.5 * attention_core_flops(shape)  # forward + a backward of 2.5x
+    return 2.0 * shape.get("groups", 1) * shape["m"] * shape["n"] * shape["k"]
+
+
+def gemms() -> list[dict]:
     rows = []
     fp8 = hasattr(torch, "float8_e4m3fn") and torch.cuda.get_device_capability() >= (8, 9)
     for m, n, k in GEMM_SHAPES:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-        flops = 2.0 * m * n * k
-        t = timed(lambda: a @ b)
-        rows.append(_row("gemm bf16", f"{m}x{n}x{k}", t, gemm_seconds(cluster, m, n, k, cluster.peak_flops("bf16")),
-                         flops))
+        rows.append({"kind": "gemm bf16", "shape": {"m": m, "n": n, "k": k}, "measured_s": timed(lambda: a @ b)})
         if fp8:
             a8 = a.to(torch.float8_e4m3fn)
             b8 = b.t().contiguous().to(torch.float8_e4m3fn).t()  # column-major second operand, as cuBLASLt wants
             one = torch.ones((), device="cuda")
             t = timed(lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
-            rows.append(_row("gemm fp8", f"{m}x{n}x{k}", t,
-                             gemm_seconds(cluster, m, n, k, cluster.peak_flops("fp8"), 2, operand_bytes=1), flops))
+            rows.append({"kind": "gemm fp8", "shape": {"m": m, "n": n, "k": k}, "measured_s": t})
         del a, b
     return rows
 
 
-def grouped(cluster) -> list[dict]:
+def grouped() -> list[dict]:
     if not hasattr(torch, "_grouped_mm"):
         return []
     rows = []
@@ -93,13 +120,12 @@ def grouped(cluster) -> list[dict]:
         except RuntimeError as e:  # this build or GPU has no grouped kernel for the shape
             print(f"grouped GEMM: {str(e).splitlines()[0]}", file=sys.stderr)
             return rows
-        predicted = gemm_seconds(cluster, tokens, f, h, cluster.peak_flops("bf16"), batch=g) / \
-            grouped_gemm_efficiency(tokens)
-        rows.append(_row("grouped gemm bf16", f"{g}x({tokens}x{f}x{h})", t, predicted, 2.0 * g * tokens * f * h))
+        rows.append({"kind": "grouped gemm bf16", "shape": {"groups": g, "m": tokens, "n": f, "k": h},
+                     "measured_s": t})
     return rows
 
 
-def attention(cluster) -> list[dict]:
+def attention() -> list[dict]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     rows = []
@@ -115,49 +141,73 @@ def attention(cluster) -> list[dict]:
                         out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                     out.backward(grad)
                 try:
-                    t = timed(step, repeat=10)
+                    t = timed(step, repeat=4, batches=3)
                 except RuntimeError as e:
                     print(f"attention {backend.name} seq {seq}: {str(e).splitlines()[0]}", file=sys.stderr)
                     continue
-                core = 4.0 * batch * ATTENTION_HEADS * seq * seq * HEAD_DIM / (2 if causal else 1)  # useful fwd
-                predicted = attention_seconds(cluster, core, seq, cluster.peak_flops("bf16"), causal)
-                rows.append(_row(f"attention {backend.name.split('_')[0].lower()} {'causal' if causal else 'full'}",
-                                 f"seq {seq} x{batch}", t, predicted, 3.5 * core))
+                rows.append({"kind": f"attention {backend.name.split('_')[0].lower()}",
+                             "shape": {"seq": seq, "batch": batch, "heads": ATTENTION_HEADS, "head_dim": HEAD_DIM,
+                                       "causal": causal}, "measured_s": t})
             del q, k, v, grad
     return rows
 
 
-def hbm(cluster) -> list[dict]:
-    src = torch.empty(4 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    moved = 2.0 * src.numel()
-    t = timed(lambda: dst.copy_(src))
-    row = _row("hbm copy", "4 GiB", t, moved / cluster.hbm_bandwidth)
-    row["measured_GBps"], row["datasheet_GBps"] = moved / t / 1e9, cluster.hbm_bandwidth / 1e9
-    return [row]
+def hbm() -> list[dict]:
+    """A copy and an element-wise add (the shape of the cost model's memory-bound terms) over 4 GiB tensors:
+    bytes read + written."""
+    src = torch.empty(2 << 30, dtype=torch.bfloat16, device="cuda")
+    other, dst = torch.empty_like(src), torch.empty_like(src)
+    rows = []
+    for kind, fn, moved in (("hbm copy", lambda: dst.copy_(src), 2), ("hbm add", lambda: torch.add(src, other, out=dst), 3)):
+        rows.append({"kind": kind, "shape": {"bytes": moved * src.numel() * src.element_size()},
+                     "measured_s": timed(fn, repeat=5)})
+    return rows
+
+
+def describe(row: dict) -> str:
+    s = row["shape"]
+    if row["kind"].startswith("hbm"):
+        return f"{s['bytes'] / 2**30:.0f} GiB moved"
+    if row["kind"].startswith("attention"):
+        return f"seq {s['seq']} x{s['batch']} {'causal' if s['causal'] else 'full'}"
+    return (f"{s['groups']}x" if "groups" in s else "") + f"{s['m']}x{s['n']}x{s['k']}"
+
+
+def report(rows: list[dict], cluster) -> None:
+    print(f"{'kernel':<20} {'shape':<26} {'measured':>10} {'predicted':>10} {'rate meas.':>11} {'rate pred.':>11} "
+          f"{'pred/meas':>9}")
+    for r in rows:
+        want = predicted_seconds(r, cluster)
+        flops = row_flops(r)
+        work, unit = (flops, 1e12) if flops else (r["shape"]["bytes"], 1e9)
+        rates = f"{work / r['measured_s'] / unit:11.0f} {work / want / unit:11.0f}" + (" TF/s" if flops else " GB/s")
+        print(f"{r['kind']:<20} {describe(r):<26} {r['measured_s'] * 1e3:8.3f}ms {want * 1e3:8.3f}ms {rates} "
+              f"{want / r['measured_s']:9.2f}")
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--cluster", help="the preset to predict with (default: from the GPU's name)")
-    p.add_argument("--json", help="also write the rows here")
+    p.add_argument("--json", help="also write the measured rows here")
+    p.add_argument("--replay", help="a scan written by --json: predict its rows again with today's cost model "
+                                    "(no GPU needed)")
     args = p.parse_args()
+    if args.replay:
+        with open(args.replay) as f:
+            scan = json.load(f)
+        preset, rows = args.cluster or scan["preset"], scan["rows"]
+        print(f"{scan['gpu']} (recorded, torch {scan['torch']}); cost model preset {preset}")
+        report(rows, load_cluster(preset))
+        return 0
     if not torch.cuda.is_available():
         print(f"kernel_scan: skipped: torch {torch.__version__} sees no CUDA GPU; nothing to measure here")
         return 0
     name = torch.cuda.get_device_name(0)
     preset = args.cluster or next((c for key, c in PRESET_BY_NAME if key in name), "h100-80gb")
-    cluster = load_cluster(preset)
     torch.backends.cuda.matmul.allow_tf32 = True
-    rows = hbm(cluster) + gemms(cluster) + grouped(cluster) + attention(cluster)
+    rows = hbm() + gemms() + grouped() + attention()
     print(f"{name}, torch {torch.__version__}; cost model preset {preset}")
-    print(f"{'kernel':<26} {'shape':<24} {'measured':>10} {'predicted':>10} {'TFLOP/s meas.':>14} "
-          f"{'TFLOP/s pred.':>14} {'pred/meas':>9}")
-    for r in rows:
-        tf = (f"{r['measured_tflops']:14.1f} {r['predicted_tflops']:14.1f}" if r["measured_tflops"]
-              else f"{r['measured_GBps']:11.0f} GB/s {r['datasheet_GBps']:9.0f} GB/s")
-        print(f"{r['kind']:<26} {r['shape']:<24} {r['measured_s'] * 1e3:8.3f}ms {r['predicted_s'] * 1e3:8.3f}ms "
-              f"{tf} {r['ratio']:9.2f}")
+    report(rows, load_cluster(preset))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"gpu": name, "torch": torch.__version__, "preset": preset, "rows": rows}, f, indent=1)
