@@ -11,7 +11,10 @@ heads than ranks groups the ranks holding copies of one head (`kv_copy_mesh`). C
 pieces of a tensor live with meshes that have no process groups (`describing_mesh` over `holder_grid`).
 
 Sub-group creation is a collective, so every mesh is built once per process and reused; `forget_meshes`
-drops them all together."""
+drops them all together. A sub-mesh is found again by the ranks of the mesh it was cut from, never by that
+mesh object's id(): `mesh["tp"]` is a new object at every call, and a freed one's id is soon another's, so
+an id key hits on some ranks and misses on others, and the ranks that miss wait in a sub-group creation the
+others never join."""
 
 import torch
 import torch.distributed as dist
@@ -48,6 +51,11 @@ def from_every_rank(obj) -> list:
     return out
 
 
+def _of(mesh: DeviceMesh, *what) -> tuple:
+    """A cache key for a sub-mesh of `mesh`: the same on every rank that holds an equal mesh, whatever object."""
+    return (mesh.mesh_dim_names, tuple(mesh.mesh.shape), tuple(mesh.mesh.flatten().tolist()), *what)
+
+
 def forget_meshes() -> None:
     """Drop the cached meshes before the process groups are destroyed: a mesh keeps its groups (and their
     worker threads) alive, and threads still alive when the interpreter finalises abort the process."""
@@ -58,14 +66,14 @@ def replica_mesh(mesh: DeviceMesh) -> DeviceMesh:
     """The dp x cp ranks as one 1-D mesh (mesh["dp"] itself when cp is 1), created once per mesh."""
     if mesh["cp"].size() == 1:
         return mesh["dp"]
-    return _cached((id(mesh), "dp_cp"), lambda: mesh["dp", "cp"]._flatten("dp_cp"))
+    return _cached(_of(mesh, "dp_cp"), lambda: mesh["dp", "cp"]._flatten("dp_cp"))
 
 
 def hybrid_mesh(mesh: DeviceMesh, shard: int) -> DeviceMesh:
     """(replicate, shard): groups of `shard` consecutive dp x cp ranks share one copy of the sharded state;
     the dp*cp/shard groups are replicas of each other."""
     flat = replica_mesh(mesh)
-    return _cached((id(mesh), "hsdp", shard),
+    return _cached(_of(mesh, "hsdp", shard),
                    lambda: flat._unflatten(0, (flat.size() // shard, shard), ("replicate", "shard")))
 
 
@@ -80,7 +88,7 @@ def kv_copy_mesh(tp_mesh: DeviceMesh, kv_heads: int) -> DeviceMesh:
     """(tp_kv, tp_kv_copy): the TP ranks cut into kv_heads groups of consecutive ranks that hold copies of
     the same KV head."""
     t = tp_mesh.size()
-    return _cached((id(tp_mesh), "kv", kv_heads),
+    return _cached(_of(tp_mesh, "kv", kv_heads),
                    lambda: tp_mesh._unflatten(0, (kv_heads, t // kv_heads), ("tp_kv", "tp_kv_copy")))
 
 
