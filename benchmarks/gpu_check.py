@@ -105,7 +105,7 @@ def cluster_preset() -> str:
     return next((preset for key, preset in PRESET_BY_NAME if key in name), "h100-80gb")
 
 
-def block_stack(layers: int, seq: int, steps: int) -> None:
+def block_stack(layers: int, seq: int, steps: int, compile_blocks: bool = False) -> None:
     from meshscale.cost import predict
     from meshscale.runtime.loop.config import Resolved, TrainConfig
     from meshscale.runtime.loop.trainer import train
@@ -124,13 +124,14 @@ def block_stack(layers: int, seq: int, steps: int) -> None:
               "this GPU has; lower --layers or --seq")
         return
     config = TrainConfig(model="llama3-8b", steps=steps, global_batch=1, seq=seq, precision="bf16", device="cuda",
-                         val_batches=1, sdc_check_every=0, warmup=1)
+                         val_batches=1, sdc_check_every=0, warmup=1, compile=compile_blocks)
     torch.cuda.reset_peak_memory_stats()
     rows = train(Resolved(config, spec, layout), torch.device("cuda", 0), log=False)["rows"]
     step = statistics.median(r["step_time_s"] for r in rows[1:])
     peak = max(r["peak_memory_bytes"] for r in rows)
     mfu = prediction.model_flops_per_step / (step * cluster.peak_flops("bf16"))
-    print(f"\n{spec.name} ({spec.param_count() / 1e9:.2f}B parameters, seq {seq}, bf16, one "
+    print(f"\n{spec.name} ({spec.param_count() / 1e9:.2f}B parameters, seq {seq}, bf16"
+          f"{', --compile' if compile_blocks else ''}, one "
           f"{torch.cuda.get_device_name(0)}; cost model on {preset})")
     print(f"  step time  measured {step * 1e3:8.1f} ms   predicted {prediction.step_time_s * 1e3:8.1f} ms   "
           f"ratio {step / prediction.step_time_s:.2f}")
@@ -165,6 +166,7 @@ def main() -> int:
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--skip-parity", action="store_true")
+    p.add_argument("--compile", action="store_true", help="the block stack with torch.compile per block too")
     args = p.parse_args()
     reason = skip_reason()
     if reason:
@@ -173,6 +175,8 @@ def main() -> int:
     ok = True if args.skip_parity else parity()
     ok = memory_snapshot() and ok
     block_stack(args.layers, args.seq, args.steps)
+    if args.compile:
+        block_stack(args.layers, args.seq, args.steps, compile_blocks=True)
     return 0 if ok else 1
 
 
