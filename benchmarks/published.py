@@ -189,19 +189,25 @@ def llama3_runs():
 def qwen3_runs():
     """yanring/Megatron-MoE-ModelZoo best_practice/Qwen3/readme.md: Qwen3-235B-A22B (94 layers, h 4096, 64
     heads / 4 KV heads of 128, 128 experts of 1536, top-8, vocab 151936) on 256 H100, seq 4096, GBS 2048,
-    Megatron-Core, step seconds as published. Both rows keep experts whole (ETP=1) in EP groups folded out of
-    tp x dp inside a node (Megatron-Core's MoE parallel folding), with the DeepEP dispatcher and dropless
-    routing. The FSDP row is written without TP: its experts then stay whole and
-    its EP group inside a node, as the run's, and each rank's GEMMs keep the run's shapes (2 sequences whole
-    instead of 4 split over TP2's heads and sequence; the same 4096 tokens per expert); only TP2's attention
-    collectives are missing. The PP row keeps TP4, so it splits the experts over TP and strides its EP group
-    over 4 nodes where the run's stays inside one: its dispatch crosses the network and the run's does not,
-    so that row's agreement is not evidence for the MoE terms. Written as the run is (`etp=1`, which the
-    Layout says since etp was built), it predicts 19.4 s (-33%) and "does not fit": the MoE terms are too
-    fast there and the expert memory too large, as the blind sets' MoE runs say; open (issue 18)."""
+    Megatron-Core, step seconds as published. Both runs keep experts whole (--expert-tensor-parallel-size 1
+    in the zoo's model_configs/benchmarking/Qwen3-235B-A22B.yaml, which also sets --use-distributed-optimizer,
+    SP and dropless aux-loss routing, not forced balance) in EP groups folded out of tp x dp inside a node
+    (Megatron-Core's MoE parallel folding), with the DeepEP dispatcher. The FSDP row is written without TP: its
+    experts then stay whole and its EP group inside a node, as the run's, and each rank's GEMMs keep the run's
+    shapes (2 sequences whole instead of 4 split over TP2's heads and sequence; the same 4096 tokens per
+    expert); only TP2's attention collectives are missing. The PP row is written as it ran (etp=1, zero=1):
+    it fits (55 GB: 16 whole experts of 12 layers a rank, their Adam state over the 4 expert data-parallel
+    ranks) and predicts 18.9 s, -35%: 15.3 s of kernels on the busiest rank (the expert weight gradients
+    accumulating into fp32 main_grad included), 2.0 s of DeepEP dispatch and combine over NVLink (5.3 ranks a
+    token), 1.0 s of TP collectives, each term held to its source (cost/comm.py, cost/kernels.py). The other
+    10 s, 3.3 ms a MoE layer and micro-batch, are in no term. What the model leaves out: the routing imbalance
+    of dropless routing ([software] moe_imbalance, left balanced: no measured figure for this run), and host
+    time (DeepEP's dispatch makes the CPU wait for the GPU in every MoE layer's forward, Megatron-Core
+    fused_a2a.py, so the GPU then runs at the pace the host launches the rest of the layer); open (issue 18)."""
     model = ModelSpec(name="qwen3-235b-a22b", layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128,
                       ffn=12288, vocab=151936, seq=4096, experts=128, top_k=8, expert_ffn=1536)
-    rows = [("235B TP4 EP8 PP8", "dp=8,tp=4,sp=true,pp=8,vpp=4,schedule=interleaved,ep=8,mbs=1", 29.0),
+    rows = [("235B TP4 EP8 PP8", "dp=8,zero=1,tp=4,sp=true,pp=8,vpp=4,schedule=interleaved,ep=8,etp=1,mbs=1",
+             29.0),
             ("235B TP2 EP8 FSDP", "dp=256,zero=3,ep=8,mbs=2,recompute=full", 17.6)]
     for name, layout, seconds in rows:
         yield Run("Megatron-MoE-ModelZoo Qwen3", name, model, "h100-80gb", layout, 256, 2048, seconds, "H100",

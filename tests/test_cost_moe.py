@@ -3,21 +3,26 @@ tiers they cross, the SMs those kernels take from overlapped compute, routing's 
 routing-imbalance knob."""
 
 import json
+import math
 import re
 from dataclasses import replace
 
 import pytest
 
 from meshscale.cost import predict
-from meshscale.cost.comm import DEEPEP_NVLINK, DEEPEP_SMS, deepep_seconds, group_link
+from meshscale.cost import comm
+from meshscale.cost.comm import DEEPEP_NVLINK, DEEPEP_SMS, deepep_seconds, distinct_groups, group_link
 from meshscale.cost.kernels import Gemm, gemm_pass_seconds, gemm_seconds, layer_gemms, layer_passes, routing_seconds
+from meshscale.cost.memory import memory_per_device
 from meshscale.errors import UserError
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout
-from meshscale.specs.model import load_model
+from meshscale.specs.model import ModelSpec, load_model
 
 H100 = load_cluster("h100-80gb")
 MIXTRAL = load_model("mixtral-8x7b")
+QWEN3 = ModelSpec(name="qwen3-235b-a22b", layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128, ffn=12288,
+                  vocab=151936, seq=4096, experts=128, top_k=8, expert_ffn=1536)
 
 
 def with_software(cluster=H100, **software):
@@ -79,16 +84,21 @@ def test_routing_is_memory_traffic_in_both_passes():
 def test_deepep_at_its_measured_fractions_of_each_tier():
     v, calls = 8e9, 100
     inside = group_link(H100, 8, 8, 1)  # EP8 inside a DGX H100
-    t = deepep_seconds(v, calls, 8, inside, H100)
-    assert t > 7 / 8 * v / (450e9 * DEEPEP_NVLINK)
-    assert t < 7 / 8 * v / (450e9 * DEEPEP_NVLINK) + calls * 100e-6
+    t = deepep_seconds(v, calls, 8, inside, H100)  # no model: every byte once over NVLink, its own rank's too
+    assert t > v / (450e9 * DEEPEP_NVLINK)
+    assert t < v / (450e9 * DEEPEP_NVLINK) + calls * 100e-6
     across = group_link(H100, 16, 16, 1)  # EP16 over two nodes: half leaves through each rank's NIC
     assert deepep_seconds(v, calls, 16, across, H100) > 8 / 16 * v / (50e9 * 0.86)
-    # DeepEP's NVLink kernels beat NCCL's all-to-all at its ring ceiling; across nodes both are NIC-bound
+    # DeepEP sends a token once to each rank holding its experts: fine-grained experts (Qwen3's 128, top-8: 5.3
+    # ranks a token) go faster than NCCL's all-to-all of every copy; with one expert a rank (Mixtral) nothing is
+    # saved and the two run near the same rate (DeepEP's 0.78 of NVLink, its own rank's rows included)
     deepep = with_software(moe_dispatcher="deepep")
-    nccl_in = ep_entry(predict(MIXTRAL, H100, Layout.parse("dp=8,ep=8,mbs=1", 8), 8))["time_s"]
-    deep_in = ep_entry(predict(MIXTRAL, deepep, Layout.parse("dp=8,ep=8,mbs=1", 8), 8))["time_s"]
-    assert deep_in < nccl_in
+    fine = replace(QWEN3, layers=2)
+    layout = Layout.parse("dp=8,ep=8,mbs=1", 8)
+    assert ep_entry(predict(fine, deepep, layout, 8))["time_s"] < ep_entry(predict(fine, H100, layout, 8))["time_s"]
+    nccl_in = ep_entry(predict(MIXTRAL, H100, layout, 8))["time_s"]
+    deep_in = ep_entry(predict(MIXTRAL, deepep, layout, 8))["time_s"]
+    assert 0.8 < deep_in / nccl_in < 1.25
     nccl_out = ep_entry(predict(MIXTRAL, H100, Layout.parse("dp=8,ep=8,tp=2,mbs=1", 16), 16))
     assert nccl_out["tier"] == "nvlink+ib"  # EP strided over the TP ranks leaves the node
     assert nccl_out["time_s"] > 4 / 8 * nccl_out["bytes"] / (50e9 * 0.85)  # each rank's share of its own NIC
@@ -133,3 +143,83 @@ def test_megatron_fsdp_gathers_a_layers_experts_in_one_collective():
     assert edp["megatron-core"]["all_gather"]["bytes"] == edp["torch"]["all_gather"]["bytes"]
     assert edp["megatron-core"]["all_gather"]["time_s"] < edp["torch"]["all_gather"]["time_s"]
     assert runs["megatron-core"].step_time_s < runs["torch"].step_time_s
+
+
+
+def test_deepep_sends_a_token_once_per_rank_and_node_holding_its_experts():
+    """DeepEP's dispatch sends each token once to every rank (NVLink) and every node (RDMA) holding one of its
+    top_k experts (tests/test_intranode.py counts recv_x, test_internode.py num_rdma_token_sent): under balanced
+    routing, groups * (1 - C(E - E/groups, k) / C(E, k)) of them."""
+    assert distinct_groups(128, 8, 8) == pytest.approx(8 * (1 - math.comb(112, 8) / math.comb(128, 8)))
+    assert 5.2 < distinct_groups(128, 8, 8) < 5.4  # Qwen3 over EP8: 5.3 ranks a token, not 8 copies
+    assert distinct_groups(256, 8, 2) == pytest.approx(2 * (1 - math.comb(128, 8) / math.comb(256, 8)))
+    assert distinct_groups(8, 2, 8) == pytest.approx(2)  # one expert a rank: every copy to its own rank
+
+
+def test_deepep_reproduces_its_readme_bandwidths_in_its_own_bytes():
+    """DeepEP README (2025-02), H800 (NVLink 200 GB/s nominal one way, DeepEP issue #16; CX7 50 GB/s), DeepSeek-V3's
+    setting (4096 tokens of 7168, 256 experts, top-8), bf16: intranode EP8 153-158 GB/s of received rows (its own
+    included), internode EP16 43 GB/s of rows sent one per destination node (its own included)."""
+    h800 = replace(H100, tiers=(replace(H100.tiers[0], bandwidth=200e9), H100.tiers[1]))
+    row = 4096 * 7168 * 2
+    inside = group_link(h800, 8, 8, 1)
+    t = deepep_seconds(8 * row, 1, 8, inside, h800, 256, 8) - deepep_seconds(0.0, 1, 8, inside, h800, 256, 8)
+    assert 150e9 < row * distinct_groups(256, 8, 8) / t < 160e9
+    across = group_link(h800, 16, 16, 1)
+    t = deepep_seconds(8 * row, 1, 16, across, h800, 256, 8) - deepep_seconds(0.0, 1, 16, across, h800, 256, 8)
+    assert 41e9 < row * distinct_groups(256, 8, 2) / t < 45e9
+    # on H100-class NVLink (450 GB/s nominal) DeepEP's intranode test measured 337 GB/s (H20, DeepEP issue #16)
+    t = deepep_seconds(8 * row, 1, 8, group_link(H100, 8, 8, 1), H100, 256, 8)
+    assert 320e9 < row * distinct_groups(256, 8, 8) / (t - deepep_seconds(0.0, 1, 8, inside, H100, 256, 8)) < 380e9
+
+
+def test_moe_layers_have_no_sp_gather_where_the_dispatcher_takes_the_sp_chunk():
+    """Megatron-Core's MoELayer dispatches the sequence-parallel hidden states as they come: under SP with EP a
+    MoE layer has the attention region's TP all-gathers and reduce-scatters only (moe_layer.py,
+    token_dispatcher.py); without EP, or a dense layer, both regions'."""
+    tokens, m, n = 4096.0, 2, 3
+    folded = Layout.parse("dp=2,tp=4,sp=true,ep=8,etp=1", 8)
+
+    def counts(layout, moe_layers):
+        ops = comm.tensor_parallel_ops(QWEN3, layout, tokens, 2, n, False, False, m, 0, moe_layers)
+        return {(op.collective, op.overlap): op.calls for op in ops if op.collective != "all_reduce"}
+
+    dense, moe = counts(folded, 0), counts(folded, n)
+    for key, calls in dense.items():
+        assert moe[key] == calls // 2, key  # 4 all-gathers, 2 + 2 reduce-scatters a layer -> 2, 1 + 1
+    split = Layout.parse("dp=2,tp=4,sp=true,ep=2", 8)  # etp = tp: the expert-TP gather replaces the MLP's
+    assert counts(split, n) == moe
+    assert comm.expert_tensor_parallel_ops(QWEN3, split, tokens, 2, n, m)  # ... and is counted there
+    assert counts(Layout.parse("dp=2,tp=4,sp=true", 8), n) == dense  # no EP: the MoE region is a TP region
+
+
+def test_expert_weight_gradients_read_and_write_their_fp32_accumulator():
+    """Megatron-Core's TEGroupedLinear accumulates each expert's weight gradient into its fp32 main_grad in the
+    GEMM (fuse_wgrad_accumulation): at 512 tokens an expert that traffic (8 bytes an element of 4096 x 3072)
+    outweighs the GEMM's FLOPs, so the weight pass is no faster than it."""
+    layout = Layout.parse("dp=2,tp=4,sp=true,ep=8,etp=1,mbs=1", 8)
+    experts = [g for g in layer_gemms(QWEN3, 0, layout, 4096.0) if g.grouped]
+    assert all(g.m == 512 and g.batch == 16 for g in experts)
+    accumulate = sum(g.batch * (2 * g.m * (g.n + g.k) + 8 * g.n * g.k) for g in experts) / H100.hbm_bandwidth
+    _, _, w = gemm_pass_seconds(H100, tuple(experts), H100.gemm_peak("bf16"), 2, 2, 4)
+    assert w == pytest.approx(accumulate)
+    passes = layer_passes(QWEN3, H100, layout, True, "bf16")
+    assert passes.weight > accumulate
+    # gradients kept in bf16 ([software] grad_reduce_fp32 = false) move half the accumulator bytes
+    bf16 = with_software(grad_reduce_fp32=False)
+    assert layer_passes(QWEN3, bf16, layout, True, "bf16").weight < passes.weight
+
+
+def test_folded_expert_state_per_rank_is_the_hand_count():
+    """Qwen3-235B as Megatron-MoE-ModelZoo ran it (TP4 EP8 ETP1 PP8 VPP4, DP8, the distributed optimizer): a
+    pipeline rank holds 12 layers; each rank 16 whole experts of each (128 / ep, etp = 1); the fp32 master and
+    Adam moments of those shard over the expert data-parallel group, tp*dp/(ep*etp) = 4 ranks, the rest over
+    dp = 8 (Megatron-Core's distributed optimizer, one buffer per (dtype, is_expert_parallel))."""
+    layout = Layout.parse("dp=8,zero=1,tp=4,sp=true,pp=8,vpp=4,schedule=interleaved,ep=8,etp=1,mbs=1", 256)
+    assert (layout.edp, layout.expert_tp) == (4, 1)
+    experts = 12 * 128 * 3 * 4096 * 1536 / 8
+    mem = memory_per_device(QWEN3, layout, 2048)
+    dense = mem.params / 2 - experts
+    assert 0 < dense < 0.1 * experts  # attention and norms, split by TP
+    assert mem.optimizer == pytest.approx(12 * (experts / 4 + dense / 8))
+    assert mem.total < H100.hbm_bytes

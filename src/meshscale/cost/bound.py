@@ -449,7 +449,8 @@ def tensor_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, 
 def _tensor_parallel_floor(model: ModelSpec, cluster: ClusterSpec, devices: int, tp: int, ep: int, tokens: float,
                            act_bytes: int, recompute: str, fewest: int) -> float:
     """tensor_parallel_floor for `tokens` per rank and step: the same for every shape with these tp and dp*cp
-    (comm.tensor_parallel_ops reads neither dp nor cp)."""
+    (comm.tensor_parallel_ops reads neither dp nor cp). A MoE model's layers all count as MoE layers, which
+    under SP with EP have the fewest TP collectives: a floor whichever of them are dense."""
     # SP's all-gathers and reduce-scatters take the bandwidth time of the all-reduces without SP; only the
     # unhidden ones count (the small all-reduces are left out: SP adds its norm gradients to them)
     layout = Layout(dp=ep, tp=tp, sp=True, ep=ep, recompute=recompute)
@@ -459,7 +460,8 @@ def _tensor_parallel_floor(model: ModelSpec, cluster: ClusterSpec, devices: int,
     # (cost/collectives.py) beat the ring's all-gather + reduce-scatter pair that SP splits them into
     half_ar = bandwidth_seconds(cluster, devices, "all_reduce", 1.0, tp, 1) / 2
     return sum(op.bytes * min(half_ar, bandwidth_seconds(cluster, devices, op.collective, 1.0, tp, 1))
-               for op in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, fewest, False, False, 1)
+               for op in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, fewest, False, False, 1, 0,
+                                                  fewest if model.is_moe else 0)
                if op.collective != "all_reduce" and not hidden.get(op.overlap, False))
 
 

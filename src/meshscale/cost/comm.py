@@ -144,7 +144,8 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     norm), and the vocab-parallel loss all-reduces 3 numbers per token (max, sum of exponentials, target
     logit; Megatron-LM sec. 3). Without SP, each of the rank's `crossings` pipeline boundaries per
     micro-batch (see pipeline_ops) all-gathers the activation the TP ranks sent in slices. A MoE layer is one
-    TP region like a dense MLP, and its whole router weight sums its gradient over TP (experts*hidden, fp32).
+    TP region like a dense MLP, but for its MLP region under SP with EP (below), and its whole router weight
+    sums its gradient over TP (experts*hidden, fp32).
     With tp > kv_heads each layer's replicated K and V weight gradients (fp32) are summed over the ranks
     sharing the head, every backward."""
     if layout.tp == 1:
@@ -152,6 +153,14 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     v = tokens * model.hidden * act_bytes
     per_layer = 4 + (2 if layout.recompute == "full" else 0)
     calls = (n_layers * per_layer + first + last) * m
+    # Where the EP dispatcher takes each TP rank's SP chunk of the tokens (Layout.dispatch_split: SP, or experts
+    # split otherwise than TP), a MoE layer's MLP region has none of the SP gather and scatter: Megatron-Core's
+    # MoELayer (moe_layer.py) routes and dispatches the sequence-parallel hidden states as they come (it asserts
+    # SP where TP > 1), its dispatchers move them over the EP (or TP x EP) group, and any expert-TP gather and
+    # scatter is expert_tensor_parallel_ops'. Those layers keep the attention region's half (and of the dgrad
+    # reduce-scatters, the QKV's).
+    sp_moe = moe_layers if layout.sp and layout.ep > 1 and layout.dispatch_split == layout.tp else 0
+    calls -= sp_moe * per_layer // 2 * m
     kv_calls = 2 * n_layers * m if layout.tp > model.kv_heads else 0
     small_calls = (3 if last else 0) * m + kv_calls + moe_layers * m
     small = ((3 * m if last else 0) * tokens * 4 + kv_calls * model.hidden * model.head_dim * 4
@@ -164,7 +173,7 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     # (LayerNorm's biases too) and, GPT-style, the row-parallel biases added after the reduce-scatter (wo, w2)
     norm_calls = (2 * n_layers + last) * m * (2 if model.biases else 1) + (2 * n_layers * m if model.biases else 0)
     # the column-parallel layers' (QKV, gate/up, the head) input gradients, reduce-scattered in backward
-    dgrad = (2 * n_layers + last) * m
+    dgrad = (2 * n_layers - sp_moe + last) * m
     # a learned position table is added to the whole embedding, so it is all-reduced and then scattered (no
     # forward reduce-scatter; Megatron-Core's LanguageModelEmbedding reduce-scatters only without positions)
     positions = m if first and model.learned_positions else 0
@@ -362,12 +371,17 @@ def _axes_spanned(dims: tuple, stride: int, size: int) -> tuple[float, int]:
     return max(axes, 0.5), max(steps, 1)
 
 
-# DeepEP's normal (training) kernels, deepseek-ai/DeepEP README "Performance": on H800 (~160 GB/s NVLink, one
-# CX7 400 Gb/s NIC ~50 GB/s per GPU), DeepSeek-V3's setting (4096 tokens, hidden 7168, top-8), the bottleneck
-# bandwidth of dispatch / combine: intranode EP8 153 / 158 GB/s (NVLink); internode EP16 43 / 43, EP32 44 / 47,
-# EP64 46 / 45 GB/s (RDMA). As fractions of the links' rates (dispatch and combine averaged), applied to any
-# NVIDIA link: NVLink 0.97; RDMA 0.86 at EP16, 0.91 at EP32, 0.91 at EP64 and beyond.
-DEEPEP_NVLINK = (153 + 158) / 2 / 160
+# DeepEP's normal (training) kernels, deepseek-ai/DeepEP README "Performance" (2025-02): on H800, one CX7
+# 400 Gb/s NIC (50 GB/s) per GPU, DeepSeek-V3's setting (4096 tokens, hidden 7168, 256 experts, top-8), the
+# bottleneck bandwidth of dispatch / combine: intranode EP8 153 / 158 GB/s (NVLink); internode EP16 43 / 43,
+# EP32 44 / 47, EP64 46 / 45 GB/s (RDMA). The bytes are DeepEP's own (tests/test_intranode.py and
+# test_internode.py): NVLink, the rows a rank receives, one per (token, destination rank), its own included;
+# RDMA, one per (token, destination node), its own node included (the README's later note: "logical bandwidth
+# ... contains local rank traffic"). As fractions of the links' nominal one-way rates: the README's "~160 GB/s"
+# is the H800's achievable NVLink, its nominal 200 GB/s (DeepEP issue #16, the maintainers), so NVLink 0.78 --
+# and on H100-class NVLink (450 GB/s nominal) DeepEP's intranode test measured 337 GB/s on H20 (issue #16),
+# 0.75; RDMA 0.86 at EP16, 0.91 at EP32, 0.91 at EP64 and beyond.
+DEEPEP_NVLINK = (153 + 158) / 2 / 200
 DEEPEP_RDMA = ((16, 43 / 50), (32, (44 + 47) / 2 / 50), (64, (46 + 45) / 2 / 50))
 # SMs the dispatch and combine kernels hold while they run: DeepSeek-V3 (arXiv:2412.19437 sec. 3.2.2) "only 20
 # SMs are sufficient to fully utilize the bandwidths of IB and NVLink" (DeepEP's Buffer.num_sms default, 20);
@@ -375,16 +389,37 @@ DEEPEP_RDMA = ((16, 43 / 50), (32, (44 + 47) / 2 / 50), (64, (46 + 45) / 2 / 50)
 DEEPEP_SMS = 20
 
 
-def deepep_seconds(nbytes: float, calls: int, n: int, link: Link, cluster: ClusterSpec) -> float:
-    """Dispatch or combine by DeepEP: of a rank's `nbytes`, the share for its own NVLink domain at DeepEP's
-    NVLink fraction of the NVLink rate, the rest at its RDMA fraction of the rank's own NIC, both at once (the
-    slower sets the time); per call the latency of NCCL's all-to-all over the same ranks."""
+def distinct_groups(experts: int, top_k: int, groups: int) -> float:
+    """Expected groups (ranks or nodes, each holding experts/groups of the experts) a token's top_k distinct
+    experts fall in, under balanced routing (every set of top_k experts equally likely):
+    groups * (1 - C(experts - experts/groups, top_k) / C(experts, top_k))."""
+    if groups <= 1 or not experts or not top_k:
+        return float(min(groups, max(top_k, 1)))
+    return groups * (1 - math.comb(experts - experts // groups, top_k) / math.comb(experts, top_k))
+
+
+def deepep_seconds(nbytes: float, calls: int, n: int, link: Link, cluster: ClusterSpec, experts: int = 0,
+                   top_k: int = 0) -> float:
+    """Dispatch or combine by DeepEP of a rank's `nbytes` (top_k copies of each token it dispatches, the
+    contract's bytes; `experts` and `top_k` of the model): DeepEP sends a token once to each rank (NVLink) and
+    once to each node (RDMA) holding one of its experts (`distinct_groups`; top_k 0, unknown: every byte once
+    on NVLink, the other nodes' share on RDMA), at its measured fractions of the NVLink rate and of the rank's
+    own NIC, both at once (the slower sets the time), in DeepEP's own bytes (above); per call the latency of
+    NCCL's all-to-all over the same ranks."""
     fast, slow = cluster.tiers[0], cluster.tiers[-1]
     fabric = link.fabric
     ppn = fabric.ppn if fabric else n
-    inside = (ppn - 1) / n * nbytes / (fast.bandwidth * DEEPEP_NVLINK)
-    rdma = next((f for size, f in reversed(DEEPEP_RDMA) if n >= size), DEEPEP_RDMA[0][1])
-    outside = (n - ppn) / n * nbytes / (slow.bandwidth * rdma)
+    nodes = max(1, n // ppn)
+    if top_k:
+        row = nbytes / top_k  # one copy of every token the rank dispatches
+        nvlink, rdma_bytes = row * distinct_groups(experts, top_k, n), row * distinct_groups(experts, top_k, nodes)
+    else:
+        nvlink, rdma_bytes = nbytes, (n - ppn) / n * nbytes
+    inside = nvlink / (fast.bandwidth * DEEPEP_NVLINK)
+    outside = 0.0
+    if nodes > 1:
+        rdma = next((f for size, f in reversed(DEEPEP_RDMA) if n >= size), DEEPEP_RDMA[0][1])
+        outside = rdma_bytes / (slow.bandwidth * rdma)
     latency = collectives.all_to_all_seconds(fabric, 0.0, calls) if fabric else calls * link.steps * link.latency
     return max(inside, outside) + latency
 
@@ -405,12 +440,14 @@ def sm_share(cluster: ClusterSpec, axis: str) -> float:
     return min(1.0, (DEEPEP_SMS if deepep else collectives.CHANNELS[cluster.gpu_arch]) / cluster.compute_units)
 
 
-def expert_dispatch_time(cluster: ClusterSpec, nbytes: float, calls: int, n: int, link: Link) -> float:
+def expert_dispatch_time(cluster: ClusterSpec, nbytes: float, calls: int, n: int, link: Link, experts: int = 0,
+                         top_k: int = 0) -> float:
     """The EP all-to-alls of the busiest EP rank ([software] moe_imbalance times the mean rank's bytes, which it
-    receives and returns) by the [software] moe_dispatcher."""
+    receives and returns) by the [software] moe_dispatcher (DeepEP: the model's `experts` and `top_k` say how
+    many ranks and nodes each token goes to, `deepep_seconds`)."""
     sw = cluster.software
     if sw.moe_dispatcher == "deepep" and n > 1 and nbytes:
-        t = deepep_seconds(nbytes, calls, n, link, cluster)
+        t = deepep_seconds(nbytes, calls, n, link, cluster, experts, top_k)
     else:
         t = collective_time("all_to_all", nbytes, calls, n, link)
     return t * sw.moe_imbalance

@@ -221,18 +221,43 @@ def column_parallel_share(model: ModelSpec, layout: Layout) -> float:
 
 
 def gemm_pass_seconds(cluster: ClusterSpec, gemms: tuple, peak: float, dtype_bytes: int,
-                      operand_bytes: int = 0) -> tuple[float, float, float]:
+                      operand_bytes: int = 0, grad_bytes: int = 0) -> tuple[float, float, float]:
     """(forward, input gradient, weight gradient) of a list of forward GEMMs: dX = dY W^T is (m, k, n) and
     dW = X^T dY is (k, n, m) (Narayanan et al. 2021 sec. 5.1: backward is twice the forward). A grouped GEMM's
     forward and input gradient (tokens as M) run at grouped_gemm_efficiency of its tokens per group; its weight
-    gradient (tokens as K) pays the tile prologue per group through gemm_seconds alone."""
+    gradient (tokens as K) pays the tile prologue per group through gemm_seconds, and (`grad_bytes` > 0) no
+    less than its memory traffic when it accumulates into the weight's gradient in place, every micro-batch
+    (`expert_wgrad_traffic`)."""
     f = b = w = 0.0
     for g in gemms:
         slow = 1.0 / grouped_gemm_efficiency(g.m) if g.grouped else 1.0
         f += gemm_seconds(cluster, g.m, g.n, g.k, peak, dtype_bytes, g.batch, operand_bytes) * slow
         b += gemm_seconds(cluster, g.m, g.k, g.n, peak, dtype_bytes, g.batch, operand_bytes) * slow
-        w += gemm_seconds(cluster, g.k, g.n, g.m, peak, dtype_bytes, g.batch, operand_bytes)
+        wgrad = gemm_seconds(cluster, g.k, g.n, g.m, peak, dtype_bytes, g.batch, operand_bytes)
+        if g.grouped and grad_bytes:
+            wgrad = max(wgrad, expert_wgrad_traffic(cluster, g, operand_bytes or dtype_bytes, grad_bytes))
+        w += wgrad
     return f, b, w
+
+
+def expert_wgrad_traffic(cluster: ClusterSpec, g: Gemm, operand_bytes: int, grad_bytes: int) -> float:
+    """Memory time of a grouped GEMM's weight gradient that accumulates into each expert's gradient in place:
+    it reads its two operands (tokens x k and tokens x n per group) and reads and writes the k x n gradient of
+    `grad_bytes` an element. Megatron-Core builds its experts' GroupedLinear with fuse_wgrad_accumulation =
+    gradient_accumulation_fusion (megatron/core/extensions/transformer_engine.py TEGroupedLinear; on unless
+    --no-gradient-accumulation-fusion), so the GEMM adds into the fp32 main_grad (beta = 1) every micro-batch;
+    any framework accumulating gradients over micro-batches reads and writes the accumulator at least once.
+    With few tokens per expert (small K) that traffic outweighs the GEMM's FLOPs: a 4096 x 3072 expert matrix
+    is 100 MB of fp32 read and written against 13 GFLOP at 512 tokens."""
+    return g.batch * (operand_bytes * g.m * (g.n + g.k) + 2 * grad_bytes * g.n * g.k) / cluster.hbm_bandwidth
+
+
+def grad_accumulator_bytes(cluster: ClusterSpec, precision: str) -> int:
+    """Bytes per element of the gradient a weight-gradient GEMM accumulates into: fp32 where gradients are
+    accumulated and reduced in fp32 ([software] grad_reduce_fp32, Megatron-Core's main_grad for bf16), else
+    the precision's gradient dtype."""
+    grads = PRECISIONS[precision]["grads"]
+    return 4 if cluster.software.grad_reduce_fp32 and PRECISIONS[precision]["optimizer"] > 8 else grads
 
 
 def fp8_cast_seconds(cluster: ClusterSpec, gemms: tuple) -> tuple[float, float]:
@@ -316,7 +341,8 @@ def layer_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, moe: bo
     peak, dtype_bytes = cluster.gemm_peak(precision), PRECISIONS[precision]["compute"]
     operand_bytes = 1 if precision == "fp8" else dtype_bytes  # FP8 GEMMs read FP8 operands, write bf16
     gemms = layer_gemms(model, layer, layout, tokens, cluster.software.moe_imbalance)
-    f, b, w = gemm_pass_seconds(cluster, gemms, peak, dtype_bytes, operand_bytes)
+    f, b, w = gemm_pass_seconds(cluster, gemms, peak, dtype_bytes, operand_bytes, grad_accumulator_bytes(cluster,
+                                                                                                          precision))
     if precision == "fp8":
         cast_f, cast_b = fp8_cast_seconds(cluster, gemms)
         f, b = f + cast_f, b + cast_b

@@ -157,7 +157,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         size, stride = _axis_group(layout, op.axis)
         link = overhead.measured_link(cluster, op.collective, comm.group_link(cluster, devices, size, stride))
         if op.axis == "ep":
-            t = comm.expert_dispatch_time(cluster, op.bytes, op.calls, size, link)
+            t = comm.expert_dispatch_time(cluster, op.bytes, op.calls, size, link, model.experts, model.top_k)
         else:
             t = comm.collective_time(op.collective, op.bytes, op.calls, size, link)
         overlap = _hides(op.overlap, sw, layout, m)
