@@ -11,7 +11,8 @@ name). Nothing here is fitted: the figures are for reading, and for a note that 
   against `gemm_seconds(batch=groups)` times `grouped_gemm_efficiency`.
 - Attention forward + backward (scaled_dot_product_attention, flash and cuDNN back ends), causal and not, by
   sequence length, head_dim 128: against `attention_seconds`.
-- HBM: a 4 GiB copy and element-wise add (bytes read + written) against the preset's `hbm_bandwidth`.
+- HBM: a 4 GiB copy and element-wise add (bytes read + written) against the rate the cost model charges
+  memory traffic at, the preset's `hbm_bandwidth` x `hbm_efficiency` (the latter taken from this row's copy).
 
 Each timing is CUDA events around back-to-back launches, so no kernel waits for the host to launch it.
 `--replay` predicts a recorded scan again with today's cost model on any machine:
@@ -62,7 +63,7 @@ def predicted_seconds(row: dict, cluster) -> float:
     """What the cost model charges for the kernel a row measured."""
     kind, shape = row["kind"], row["shape"]
     if kind.startswith("hbm"):
-        return shape["bytes"] / cluster.hbm_bandwidth
+        return shape["bytes"] / cluster.achieved_hbm_bandwidth
     if kind.startswith("gemm"):
         fp8 = kind.endswith("fp8")
         return gemm_seconds(cluster, shape["m"], shape["n"], shape["k"], cluster.gemm_peak("fp8" if fp8 else "bf16"),

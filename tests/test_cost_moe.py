@@ -59,7 +59,7 @@ def test_grouped_gemms_lose_throughput_with_few_tokens_per_expert_as_deepgemm_me
         f, b, _ = gemm_pass_seconds(H100, (Gemm(m, n, k, groups, True),), peak, 1)
         return 2 * groups * m * n * k / f / dense
 
-    assert 0.65 < ratio(4, 256) < 0.78
+    assert 0.65 < ratio(4, 256) < 0.80  # the table holds the two shapes' mean: 0.79 and 0.67
     assert 0.75 < ratio(1, 1024) < 0.98
     assert ratio(8, 4096) > 0.98
     f_batched = gemm_pass_seconds(H100, (Gemm(256, n, k, 4),), peak, 1)[0]
@@ -71,7 +71,7 @@ def test_grouped_gemms_lose_throughput_with_few_tokens_per_expert_as_deepgemm_me
 def test_routing_is_memory_traffic_in_both_passes():
     tokens = 4096.0
     bytes_ = 3 * 4 * tokens * MIXTRAL.experts + 2 * (1 + MIXTRAL.top_k) * tokens * MIXTRAL.hidden * 2
-    assert routing_seconds(MIXTRAL, H100, tokens, 2) == pytest.approx(bytes_ / H100.hbm_bandwidth)
+    assert routing_seconds(MIXTRAL, H100, tokens, 2) == pytest.approx(bytes_ / H100.achieved_hbm_bandwidth)
     layout = Layout(mbs=1)
     gemms = layer_gemms(MIXTRAL, 0, layout, tokens)
     f, b, _ = gemm_pass_seconds(H100, gemms, H100.gemm_peak("bf16"), 2)

@@ -1,6 +1,7 @@
 """Shape-aware kernel times (cost/kernels.py): GEMM efficiency against size, the ceiling, sharding, MoE."""
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
@@ -36,7 +37,7 @@ def test_skinny_and_sharded_gemms_reach_less_of_the_peak():
     assert gemm_efficiency(h100, 64, 8192, 8192, peak) < 0.3 * full
     assert gemm_efficiency(h100, 8192, 8192 // 64, 8192, peak) < full
     # the roofline: never faster than moving the operands once
-    assert gemm_seconds(h100, 16, 16384, 16384, peak) >= 2 * 16384 * 16384 / h100.hbm_bandwidth
+    assert gemm_seconds(h100, 16, 16384, 16384, peak) >= 2 * 16384 * 16384 / h100.achieved_hbm_bandwidth
 
 
 def test_wave_quantization_a_partial_last_wave_costs_a_full_wave():
@@ -93,7 +94,7 @@ def test_ring_attention_merges_each_steps_output_through_memory():
     kernel = attention_seconds(h100, core, model.seq, h100.peak_flops_bf16, cp=8)
     queries = tokens * model.heads * model.head_dim / 2
     merge_f, merge_b = ring_merge_seconds(h100, queries, tokens * 4 * model.head_dim, 8)
-    assert merge_f == pytest.approx(7 * 10 * queries / h100.hbm_bandwidth)
+    assert merge_f == pytest.approx(7 * 10 * queries / h100.achieved_hbm_bandwidth)
     assert with_merge[0] == pytest.approx(kernel / 3.5 + merge_f) and with_merge[1] > kernel * 2.5 / 3.5
     assert ring_merge_seconds(h100, queries, queries, 2)[0] == pytest.approx(merge_f / 7)
     # at 512-token chunks the merging is a sizable share of the forward kernel's time
@@ -172,10 +173,10 @@ def test_fp8_runs_the_linear_layers_faster_and_keeps_attention_and_the_head_in_b
     assert 1.5 < bf16_gemm / fp8_gemm <= h100.fp8_gemm_speedup
     cast_f, cast_b = fp8_cast_seconds(h100, gemms)
     # forward: each GEMM's input (h, q, h, ffn wide), backward: each output gradient, 4 bytes an element
-    q = model.heads * model.head_dim
-    assert cast_f == pytest.approx(4 * tokens * (model.hidden + q + model.hidden + model.ffn) / h100.hbm_bandwidth)
+    q, bandwidth = model.heads * model.head_dim, h100.achieved_hbm_bandwidth
+    assert cast_f == pytest.approx(4 * tokens * (model.hidden + q + model.hidden + model.ffn) / bandwidth)
     assert cast_b == pytest.approx(4 * tokens * (q + 2 * model.kv_heads * model.head_dim + model.hidden
-                                                 + 2 * model.ffn + model.hidden) / h100.hbm_bandwidth)
+                                                 + 2 * model.ffn + model.hidden) / bandwidth)
     one_layer, head = (0,), ()
     bf16, fp8 = (microbatch_seconds(model, h100, layout, one_layer, False, p) for p in ("bf16", "fp8"))
     assert fp8.attention == bf16.attention
@@ -207,7 +208,7 @@ def test_blackwell_gains_more_from_fp8_than_hopper_as_its_own_scan_measured():
 def test_fp8_gemms_stage_twice_the_k_and_read_one_byte_operands():
     """CUTLASS stages k in 128-byte slices (64 bf16, 128 FP8 elements), so an FP8 tile's prologue is twice the
     k of a bf16 one: small-K FP8 GEMMs lose more of their rate. FP8 operands are 1 byte, the output bf16."""
-    h100 = load_cluster("h100-80gb")
+    h100 = replace(load_cluster("h100-80gb"), gemm_kernel_overhead_s=0.0)  # the tiles alone
     peak = h100.gemm_peak("fp8")
 
     def rate(k, operand_bytes):
@@ -233,10 +234,10 @@ def test_the_head_pays_the_cross_entropy_as_memory_traffic():
         head = counted_seconds(model, h100, kernel_shape(Layout(tp=2, mbs=1)), 0, 0, True, "bf16")
         logits = model.seq * model.vocab / 2
         gemm = gemm_pass_seconds(h100, (Gemm(model.seq, model.vocab / 2, model.hidden),), peak, 2)
-        assert head.forward == pytest.approx(gemm[0] + 38 * logits / h100.hbm_bandwidth)
-        assert head.backward == pytest.approx(gemm[1] + 14 * logits / h100.hbm_bandwidth)
+        assert head.forward == pytest.approx(gemm[0] + 38 * logits / h100.achieved_hbm_bandwidth)
+        assert head.backward == pytest.approx(gemm[1] + 14 * logits / h100.achieved_hbm_bandwidth)
         assert loss_seconds(h100, logits) == pytest.approx((head.forward - gemm[0], head.backward - gemm[1]))
     small, large = (load_model(n) for n in ("llama3-8b", "llama3-405b"))
     share = {m.name: loss_seconds(h100, m.seq * m.vocab)[0] / gemm_seconds(h100, m.seq, m.vocab, m.hidden, peak)
              for m in (small, large)}
-    assert share["llama3-8b"] > 3 * share["llama3-405b"] and 0.1 < share["llama3-8b"] < 1
+    assert share["llama3-8b"] > 3 * share["llama3-405b"] and 0.1 < share["llama3-8b"] < 1.5  # 1.05: as long as its GEMM

@@ -71,6 +71,19 @@ def test_mistyped_fields_of_a_based_file_are_one_line(tmp_path, text, match):
         load_cluster(str(path))
 
 
+@pytest.mark.parametrize("value", ["0", "1.2", "-0.5"])
+def test_hbm_efficiency_outside_0_1_is_one_line(tmp_path, value):
+    path = tmp_path / "c.toml"
+    path.write_text(f'base = "h200"\nhbm_efficiency = {value}\n')
+    with pytest.raises(UserError) as e:
+        load_cluster(str(path))
+    assert str(e.value) == f"cluster {path}: hbm_efficiency must be in (0, 1] (the achieved fraction of " \
+                           f"hbm_bandwidth), got {value}"
+    path.write_text('base = "h200"\ngemm_kernel_overhead_s = -1e-6\n')
+    with pytest.raises(UserError, match="gemm_kernel_overhead_s must be >= 0 seconds, got -1e-06$"):
+        load_cluster(str(path))
+
+
 def test_an_integer_stands_for_a_float_but_not_for_a_bool(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('base = "h100-80gb"\nmatmul_efficiency = 1\nfp8_gemm_speedup = 2\n')

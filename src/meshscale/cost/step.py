@@ -189,7 +189,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     critical_path += control_seconds(cluster, devices, layout)  # once per step, after the pipeline drains
     mem = memory_per_device(model, layout, global_batch, precision, cluster.fused_attention,
                             eager=not sw.fused_elementwise)
-    optimizer_s = 2 * (mem.params + mem.grads + mem.optimizer) / cluster.hbm_bandwidth  # read + write
+    optimizer_s = 2 * (mem.params + mem.grads + mem.optimizer) / cluster.achieved_hbm_bandwidth  # read + write
     optimizer_s += overhead.optimizer_seconds(cluster, layout, n_layers, first or last)
     step = compute_s + critical_path + bubble_s + dp_exposed + optimizer_s
 
@@ -423,7 +423,7 @@ def elementwise_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, 
     and the recomputed forward."""
     per_token = _elementwise_per_token(model, cluster.fused_attention, cluster.software.fused_elementwise,
                                        layout.tp, layout.sp, layout.recompute)
-    return model.layers / layout.pp * tokens * per_token * act_bytes / cluster.hbm_bandwidth
+    return model.layers / layout.pp * tokens * per_token * act_bytes / cluster.achieved_hbm_bandwidth
 
 
 @lru_cache(maxsize=4096)

@@ -109,6 +109,14 @@ class ClusterSpec:
     gemm_tile: tuple = (128, 128)
     gemm_k_overhead: int = 0
     attention_efficiency: float = 0.0
+    # Memory-bound kernels (element-wise work, norms, the loss, optimizer, casts, ring merges, a GEMM's
+    # traffic) move bytes at this fraction of the datasheet `hbm_bandwidth`: a large device-to-device copy's
+    # bytes read + written over it (benchmarks/kernel_scan.py, the presets' comment). 1: the datasheet figure.
+    hbm_efficiency: float = 1.0
+    # Fixed time of one GEMM kernel beyond its tiles and waves (GPUs): the first wave's pipeline fill, the last
+    # one's epilogue drain and the launch on the device, measured by benchmarks/kernel_scan.py between back-to-
+    # back launches (so no host time); small GEMMs feel it most.
+    gemm_kernel_overhead_s: float = 0.0
     # FP8 training (Transformer Engine) runs the linear layers' GEMMs in FP8 at this multiple of the bf16 rate:
     # the FP8-over-BF16 speed-up cuBLAS measures on large Hopper matmuls, 1.75x (NVIDIA technical blog
     # "Boosting Matrix Multiplication Speed and Flexibility with NVIDIA cuBLAS 12.9", 2025), never above the
@@ -167,6 +175,12 @@ class ClusterSpec:
                 raise UserError(f"cluster {self.name}: {key} must be positive")
         if not 0 < self.matmul_efficiency <= 1:
             raise UserError(f"cluster {self.name}: matmul_efficiency must be in (0, 1]")
+        if not 0 < self.hbm_efficiency <= 1:
+            raise UserError(f"cluster {self.name}: hbm_efficiency must be in (0, 1] (the achieved fraction of "
+                            f"hbm_bandwidth), got {self.hbm_efficiency!r}")
+        if not self.gemm_kernel_overhead_s >= 0:
+            raise UserError(f"cluster {self.name}: gemm_kernel_overhead_s must be >= 0 seconds, "
+                            f"got {self.gemm_kernel_overhead_s!r}")
         if not 0 <= self.attention_efficiency <= 1:
             raise UserError(f"cluster {self.name}: attention_efficiency must be in [0, 1] (0: matmul_efficiency)")
         if self.fp8_gemm_speedup < 1:
@@ -244,6 +258,11 @@ class ClusterSpec:
         return self.peak_flops("bf16" if precision == "fp8" else precision)
 
     @property
+    def achieved_hbm_bandwidth(self) -> float:
+        """Bytes/s the cost model charges memory traffic at: the datasheet bandwidth that copies reach."""
+        return self.hbm_bandwidth * self.hbm_efficiency
+
+    @property
     def fast_domain(self) -> int:
         """Devices joined by the fastest tier (NVLink domain, or the whole ICI slice on a TPU)."""
         if self.torus:
@@ -278,9 +297,16 @@ def _gpu(name, accel, bf16, fp8, fp32, hbm, hbm_bw, eff, nvlink, nvlink_size, ni
     # (fastest to slowest, outliers aside) among same-SKU GPUs of clusters of thousands (Summit, Vortex,
     # Frontera, Longhorn: V100; Corona: MI60), from power management and manufacturing; read as the expected
     # range 2 sigma sqrt(2 ln n) of n ~ 5,000 normal draws, sigma = 1%. No figure for newer GPUs: the same.
+    # Achieved HBM and the fixed GEMM time: benchmarks/kernel_scan.py on this workplace's H100, 2026-11-28
+    # (benchmarks/data/kernel_scan_h100.json): a 4 GiB copy moved 3,025 of 3,350 GB/s (0.90; an add 3,070,
+    # 0.92; the device notes' 2026-11-13 copy, about 3.0 TB/s, agrees); its one-wave GEMMs (512 and 1024 x
+    # 4096 x 4096, 2048^3, bf16 and FP8, within one wave of 128x256 tiles) took 4.1-8.6 us more than their
+    # tiles and waves, median 6.3 us. Other GPUs have no such scan here: the H100's figures stand in.
     tiers = (Tier(fast, nvlink_size, nvlink, 1.5e-6, nvlink_eff), Tier("ib", 0, nic, 5e-6, nic_eff))
     kw.setdefault("software", Software(framework="megatron-core"))
     kw.setdefault("device_spread", 0.01)
+    kw.setdefault("hbm_efficiency", 0.90)
+    kw.setdefault("gemm_kernel_overhead_s", 6.3e-6)
     return ClusterSpec(name=name, accelerator=accel, peak_flops_bf16=bf16, peak_flops_fp8=fp8,
                        peak_flops_fp32=fp32, hbm_bytes=hbm, hbm_bandwidth=hbm_bw, matmul_efficiency=eff,
                        tiers=tiers, default_devices=nvlink_size, price_per_device_hour=price, compute_units=sms,
@@ -343,10 +369,12 @@ PRESETS: dict[str, ClusterSpec] = {
     "h100-80gb": _gpu("h100-80gb", "H100-SXM5-80GB", 989e12, 1979e12, 67e12, 81559 * MiB, 3.35e12, 0.711,
                       450 * GB, 8, 50 * GB, 2.5, 132, 0.434, gpu_arch="hopper", nvls_bandwidth=480 * GB),
     # NVIDIA H200 datasheet: same compute as H100, 141 GB HBM3e at 4.8 TB/s (nvidia-smi: 143771 MiB); DGX H200
-    # has the fabric of DGX H100.
+    # has the fabric of DGX H100. benchmarks/kernel_scan.py on this workplace's H200, 2026-11-28
+    # (benchmarks/data/kernel_scan_h200.json): a 4 GiB copy 4,253 GB/s of 4,800 (0.89; an add 4,387, 0.91);
+    # the one-wave GEMMs 6.2-13.0 us over their tiles and waves, median 8.1 us.
     "h200": _gpu("h200", "H200-SXM-141GB", 989e12, 1979e12, 67e12, 143771 * MiB, 4.8e12, 0.711,
                  450 * GB, 8, 50 * GB, 3.5, 132, 0.434, gpu_arch="hopper", nvls_bandwidth=480 * GB,
-                 fp8_gemm_speedup=1.83),
+                 fp8_gemm_speedup=1.83, hbm_efficiency=0.89, gemm_kernel_overhead_s=8.1e-6),
     # NVIDIA B200 (DGX B200 datasheet): 2.25 PFLOP/s bf16 dense, 4.5 fp8, 180 GB HBM3e at 8 TB/s (per GPU of
     # the 1440 GB system), 148 SMs, NVLink5 1.8 TB/s bidirectional (900 one way), 8x ConnectX-7 400 Gb/s.
     "b200": _gpu("b200", "B200-180GB", 2.25e15, 4.5e15, 75e12, 180 * GB, 8e12, 0.640,

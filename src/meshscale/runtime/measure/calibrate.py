@@ -228,6 +228,7 @@ def cluster_fields(per_rank: list[dict], device, nproc: int, method: str) -> dic
     fields = {"base": "local-cpu" if device.type == "cpu" else _gpu_base(device),
               "name": f"calibrated-{platform.node() or 'host'}",
               "hbm_bandwidth": med(r["bandwidth"] for r in per_rank),
+              "hbm_efficiency": 1.0,  # measured: already what an element-wise kernel reaches, not a datasheet's
               # The best GEMM measured is the peak; each layout's shapes get their own measured rate
               # (cost/overhead.py), never above it, so the planner's bound at the peak stays a bound.
               "peak_flops_fp32": best,
