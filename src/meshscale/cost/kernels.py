@@ -253,7 +253,7 @@ def expert_wgrad_traffic(cluster: ClusterSpec, g: Gemm, operand_bytes: int, grad
     any framework accumulating gradients over micro-batches reads and writes the accumulator at least once.
     With few tokens per expert (small K) that traffic outweighs the GEMM's FLOPs: a 4096 x 3072 expert matrix
     is 100 MB of fp32 read and written against 13 GFLOP at 512 tokens."""
-    return g.batch * (operand_bytes * g.m * (g.n + g.k) + 2 * grad_bytes * g.n * g.k) / cluster.hbm_bandwidth
+    return g.batch * (operand_bytes * g.m * (g.n + g.k) + 2 * grad_bytes * g.n * g.k) / cluster.achieved_hbm_bandwidth
 
 
 def grad_accumulator_bytes(cluster: ClusterSpec, precision: str) -> int:
