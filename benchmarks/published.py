@@ -197,9 +197,9 @@ def qwen3_runs():
     shapes (2 sequences whole instead of 4 split over TP2's heads and sequence; the same 4096 tokens per
     expert); only TP2's attention collectives are missing. The PP row is written as it ran (etp=1, zero=1):
     it fits (55 GB: 16 whole experts of 12 layers a rank, their Adam state over the 4 expert data-parallel
-    ranks) and predicts 19.6 s, -32% (18.9 s before the achieved-HBM and GEMM-launch terms): 15.3 s of kernels on the busiest rank (the expert weight gradients
-    accumulating into fp32 main_grad included), 2.0 s of DeepEP dispatch and combine over NVLink (5.3 ranks a
-    token), 1.0 s of TP collectives, each term held to its source (cost/comm.py, cost/kernels.py). The other
+    ranks) and predicts 19.6 s, -32%: about 16 s of kernels on the busiest rank (the expert weight gradients
+    accumulating into fp32 main_grad included), about 2 s of DeepEP dispatch and combine over NVLink (5.3 ranks a
+    token), 1 s of TP collectives, each term held to its source (cost/comm.py, cost/kernels.py). The other
     9-10 s, about 3 ms a MoE layer and micro-batch, are in no term. What the model leaves out: the routing imbalance
     of dropless routing ([software] moe_imbalance, left balanced: no measured figure for this run), and host
     time (DeepEP's dispatch makes the CPU wait for the GPU in every MoE layer's forward, Megatron-Core
