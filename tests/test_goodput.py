@@ -88,3 +88,28 @@ def test_lost_work_with_async_saves_matches_a_simulated_timeline():
     assert mean == pytest.approx(expected_lost_work(every * step, stage, write), rel=0.02)
     assert expected_lost_work(every * step, stage) == segment / 2
     assert ettr(10.0, 0.5, 20.0, 300.0, write_s=1.5) < ettr(10.0, 0.5, 20.0, 300.0)
+
+
+def test_a_measured_restart_time_replaces_the_default(capsys):
+    """--restart-seconds (a soak's measured restart) takes the place of the 5-minute relaunch plus the load, in
+    predict, plan and scale alike; a shorter restart keeps more of the wall time."""
+    main(PREDICT + ["--mtbf-hours", "50000"])
+    default = json.loads(capsys.readouterr().out)["goodput"]
+    main(PREDICT + ["--mtbf-hours", "50000", "--restart-seconds", "40"])
+    measured = json.loads(capsys.readouterr().out)["goodput"]
+    assert default["restart_s"] > 300 and measured["restart_s"] == 40
+    assert measured["ettr"] > default["ettr"]
+    main(["scale", "--model", "llama2-7b", "--cluster", "h100-80gb", "--devices", "64,128", "--tokens-per-device",
+          "8192", "--mtbf-hours", "50000", "--restart-seconds", "40", "--json"])
+    assert {row["goodput"]["restart_s"] for row in json.loads(capsys.readouterr().out)["rows"]} == {40}
+
+
+@pytest.mark.parametrize("command", [PREDICT + ["--mtbf-hours", "100"],
+                                     ["budget", "--model", "llama2-7b", "--tokens", "1e9", "--deadline-days", "9",
+                                      "--cluster", "h100-80gb", "--global-batch-tokens", "1048576"]])
+def test_a_negative_restart_time_is_one_line_exit_2(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(command + ["--restart-seconds", "-5"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--restart-seconds must be zero or more" in err

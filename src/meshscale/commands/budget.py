@@ -5,10 +5,10 @@ import math
 
 from rich.table import Table
 
-from meshscale.commands.predict import json_line, model_at_seq
+from meshscale.commands.predict import add_restart_argument, json_line, model_at_seq
 from meshscale.commands.report import make_console
 from meshscale.cost.bands import band_text
-from meshscale.cost.goodput import DEFAULT_CHECKPOINT_BANDWIDTH, LLAMA3_MTBF_HOURS, check_inputs
+from meshscale.cost.goodput import DEFAULT_CHECKPOINT_BANDWIDTH, LLAMA3_MTBF_HOURS, check_inputs, check_restart
 from meshscale.errors import UserError
 from meshscale.plan.budget import Candidate, choose, options
 from meshscale.plan.scaling import parse_devices
@@ -31,6 +31,7 @@ def add_arguments(p):
     p.add_argument("--precision", default="bf16", help="bf16, bf16-pure, fp8, fp32")
     p.add_argument("--checkpoint-bandwidth", type=float, default=DEFAULT_CHECKPOINT_BANDWIDTH,
                    help="bytes/s per device to storage (default: Llama 3's 2 TB/s over 16,384 GPUs)")
+    add_restart_argument(p)
     p.add_argument("--plot", metavar="FILE.png", help="draw days against dollars with the Pareto front")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -55,6 +56,7 @@ def candidate(text: str):
 def run(args) -> int:
     model = model_at_seq(args)
     candidates = [candidate(text) for text in args.cluster]
+    check_restart(args.restart_seconds)
     counts = parse_devices(args.devices) if args.devices else None
     if args.max_devices <= 0:
         raise UserError(f"--max-devices must be positive, got {args.max_devices}")
@@ -62,7 +64,7 @@ def run(args) -> int:
         raise UserError(f"--global-batch-tokens {args.global_batch_tokens} must be a positive multiple of the "
                         f"sequence length {model.seq}")
     opts = options(model, candidates, args.tokens, args.global_batch_tokens, args.deadline_days, counts,
-                   args.max_devices, args.precision, args.checkpoint_bandwidth)
+                   args.max_devices, args.precision, args.checkpoint_bandwidth, args.restart_seconds)
     best = choose(opts)
     if args.plot:
         budget_plot(opts, args.deadline_days, f"{model.name}, {args.tokens:.3g} tokens", args.plot)

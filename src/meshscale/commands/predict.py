@@ -62,13 +62,19 @@ def add_goodput_arguments(p):
                    f"(Llama 3's 16K-GPU run: {LLAMA3_MTBF_HOURS:,.0f})")
     p.add_argument("--checkpoint-bandwidth", type=float, default=DEFAULT_CHECKPOINT_BANDWIDTH,
                    help="bytes/s per device to storage (default: Llama 3's 2 TB/s over 16,384 GPUs)")
+    add_restart_argument(p)
+
+
+def add_restart_argument(p):
+    p.add_argument("--restart-seconds", type=float, help="seconds from a failure to training again, the load "
+                   "included, e.g. what a soak measured (default: 5 minutes to relaunch plus the load)")
 
 
 def goodput_of(args, pred):
     """The Goodput of a Prediction when --mtbf-hours is given, else None."""
     if args.mtbf_hours is None:
         return None
-    return of_prediction(pred, args.mtbf_hours, args.checkpoint_bandwidth)
+    return of_prediction(pred, args.mtbf_hours, args.checkpoint_bandwidth, args.restart_seconds)
 
 
 def goodput_line(good) -> str:

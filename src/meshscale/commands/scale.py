@@ -28,10 +28,11 @@ def run(args) -> int:
     model = model_at_seq(args)
     cluster = load_cluster(args.cluster)
     if args.mtbf_hours is not None:
-        check_inputs(args.mtbf_hours, args.checkpoint_bandwidth)
+        check_inputs(args.mtbf_hours, args.checkpoint_bandwidth, args.restart_seconds)
     mode = "strong" if args.global_batch_tokens is not None else "weak"
     rows = scale(model, cluster, counts, args.global_batch_tokens, args.tokens_per_device, args.precision,
-                 mtbf_hours=args.mtbf_hours, checkpoint_bandwidth=args.checkpoint_bandwidth)
+                 mtbf_hours=args.mtbf_hours, checkpoint_bandwidth=args.checkpoint_bandwidth,
+                 restart_s=args.restart_seconds)
     if args.plot:
         scaling_plot(rows, mode, f"{model.name} on {cluster.name}", args.plot)
     if args.json:

@@ -38,7 +38,7 @@ def run(args) -> int:
     if args.mtbf_hours is not None:
         pred = predict(model, cluster, layout, batch, args.precision)
         good = goodput(pred.checkpoint_bytes_per_device, pred.checkpoint_bytes_total, devices, args.mtbf_hours,
-                       args.checkpoint_bandwidth)
+                       args.checkpoint_bandwidth, args.restart_seconds)
     if args.trace:
         write_trace(sim, args.trace)
     if args.plot:

@@ -59,11 +59,18 @@ class Goodput:
         return asdict(self)
 
 
-def check_inputs(mtbf_hours: float, bandwidth: float) -> None:
+def check_inputs(mtbf_hours: float, bandwidth: float, restart_s: float | None = None) -> None:
     if not mtbf_hours > 0:
         raise UserError(f"--mtbf-hours must be positive, got {mtbf_hours}")
     if not bandwidth > 0:
         raise UserError(f"--checkpoint-bandwidth must be positive bytes/s per device, got {bandwidth}")
+    check_restart(restart_s)
+
+
+def check_restart(restart_s: float | None) -> None:
+    if restart_s is not None and not 0 <= restart_s < math.inf:
+        raise UserError(f"--restart-seconds must be zero or more seconds (from a failure to training again, the "
+                        f"load included), got {restart_s}")
 
 
 def daly_interval(save_s: float, mtbf_s: float) -> float:
@@ -79,7 +86,7 @@ def goodput(bytes_per_device: float, bytes_total: float, devices: int, mtbf_hour
     """Checkpoint cost and ETTR of a job of `devices` devices writing `bytes_per_device` each, saving
     synchronously. `restart_s`: the restart's time, when known; by default RELAUNCH_S plus the load, which
     reads back what the save wrote (no warm-up: at scale it is small beside the relaunch)."""
-    check_inputs(mtbf_hours, bandwidth)
+    check_inputs(mtbf_hours, bandwidth, restart_s)
     mtbf_s = mtbf_hours * 3600 / devices
     save = bytes_per_device / bandwidth
     interval = daly_interval(save, mtbf_s)
@@ -106,6 +113,7 @@ def ettr(interval_s: float, save_s: float, restart_s: float, mtbf_s: float, writ
     return interval_s / wall
 
 
-def of_prediction(pred, mtbf_hours: float, bandwidth: float = DEFAULT_CHECKPOINT_BANDWIDTH) -> Goodput:
+def of_prediction(pred, mtbf_hours: float, bandwidth: float = DEFAULT_CHECKPOINT_BANDWIDTH,
+                  restart_s: float | None = None) -> Goodput:
     return goodput(pred.checkpoint_bytes_per_device, pred.checkpoint_bytes_total, pred.devices, mtbf_hours,
-                   bandwidth)
+                   bandwidth, restart_s)

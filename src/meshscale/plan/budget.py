@@ -79,7 +79,8 @@ def default_counts(cluster: ClusterSpec, max_devices: int) -> list[int]:
 
 def options(model: ModelSpec, candidates: list[Candidate], tokens: float, global_batch_tokens: int,
             deadline_days: float, counts: list[int] | None = None, max_devices: int = 16384,
-            precision: str = "bf16", checkpoint_bandwidth: float = DEFAULT_CHECKPOINT_BANDWIDTH) -> list[Option]:
+            precision: str = "bf16", checkpoint_bandwidth: float = DEFAULT_CHECKPOINT_BANDWIDTH,
+            restart_s: float | None = None) -> list[Option]:
     """Every (cluster, device count) whose best layout fits, with its days, dollars, energy and ETTR; the
     Pareto front of days against dollars marked."""
     if not tokens > 0 or not deadline_days > 0:
@@ -93,7 +94,7 @@ def options(model: ModelSpec, candidates: list[Candidate], tokens: float, global
             if not plan.ranked:
                 continue
             win = plan.ranked[0]
-            ettr = of_prediction(win, cand.mtbf_hours, checkpoint_bandwidth).ettr
+            ettr = of_prediction(win, cand.mtbf_hours, checkpoint_bandwidth, restart_s).ettr
             if ettr <= 0:
                 continue  # fails faster than it can checkpoint: never finishes
             days = steps * win.step_time_s / ettr / 86400

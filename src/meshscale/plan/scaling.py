@@ -87,7 +87,8 @@ def joules_per_token(cluster: ClusterSpec, pred) -> float | None:
 
 def scale(model: ModelSpec, cluster: ClusterSpec, counts: list[int], global_batch_tokens: int | None = None,
           tokens_per_device: int | None = None, precision: str = "bf16", top: int = 1,
-          mtbf_hours: float | None = None, checkpoint_bandwidth: float = DEFAULT_CHECKPOINT_BANDWIDTH) -> list[Row]:
+          mtbf_hours: float | None = None, checkpoint_bandwidth: float = DEFAULT_CHECKPOINT_BANDWIDTH,
+          restart_s: float | None = None) -> list[Row]:
     """One row per device count, in increasing order."""
     rows: list[Row] = []
     winners: list = []
@@ -113,7 +114,7 @@ def scale(model: ModelSpec, cluster: ClusterSpec, counts: list[int], global_batc
             change=why_changed(model, cluster, winners[-1], win, batch, precision) if winners else "",
             band=win.band)
         if mtbf_hours is not None:
-            good = of_prediction(win, mtbf_hours, checkpoint_bandwidth)
+            good = of_prediction(win, mtbf_hours, checkpoint_bandwidth, restart_s)
             row.goodput = {**good.to_dict(), "tokens_per_s": win.tokens_per_s * good.ettr}
         rows.append(row)
         winners.append(win)
