@@ -176,13 +176,17 @@ def test_deepep_reproduces_its_readme_bandwidths_in_its_own_bytes():
 def test_moe_layers_have_no_sp_gather_where_the_dispatcher_takes_the_sp_chunk():
     """Megatron-Core's MoELayer dispatches the sequence-parallel hidden states as they come: under SP with EP a
     MoE layer has the attention region's TP all-gathers and reduce-scatters only (moe_layer.py,
-    token_dispatcher.py); without EP, or a dense layer, both regions'."""
+    token_dispatcher.py); without EP, or a dense layer, both regions'. A shared expert gathers the sequence as
+    a dense MLP does, and so does meshscale's runtime around every MoE layer (its ledger's bytes)."""
     tokens, m, n = 4096.0, 2, 3
     folded = Layout.parse("dp=2,tp=4,sp=true,ep=8,etp=1", 8)
 
-    def counts(layout, moe_layers):
-        ops = comm.tensor_parallel_ops(QWEN3, layout, tokens, 2, n, False, False, m, 0, moe_layers)
+    def counts(layout, moe_layers, model=QWEN3, megatron=True):
+        ops = comm.tensor_parallel_ops(model, layout, tokens, 2, n, False, False, m, 0, moe_layers, megatron)
         return {(op.collective, op.overlap): op.calls for op in ops if op.collective != "all_reduce"}
+
+    shared = replace(QWEN3, shared_experts=1)
+    assert counts(folded, n, shared) == counts(folded, 0, shared) == counts(folded, n, megatron=False)
 
     dense, moe = counts(folded, 0), counts(folded, n)
     for key, calls in dense.items():

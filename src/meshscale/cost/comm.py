@@ -133,7 +133,8 @@ def replica_ops(zero: int, params: float, m: int, units: int, shard: int, replic
 
 
 def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, n_layers: int,
-                        first: bool, last: bool, m: int, crossings: int = 0, moe_layers: int = 0) -> list[CommOp]:
+                        first: bool, last: bool, m: int, crossings: int = 0, moe_layers: int = 0,
+                        megatron_moe: bool = False) -> list[CommOp]:
     """Megatron TP (Shoeybi et al. 2019, sec. 3; Korthikanti et al. 2022, sec. 4.2.2), per micro-batch of
     `tokens`, as parallel/tensor.py runs it (the ledger measures exactly these bytes).
     Per layer: 2 all-reduces forward (g) + 2 backward (f); with SP each becomes an all-gather +
@@ -144,8 +145,8 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     norm), and the vocab-parallel loss all-reduces 3 numbers per token (max, sum of exponentials, target
     logit; Megatron-LM sec. 3). Without SP, each of the rank's `crossings` pipeline boundaries per
     micro-batch (see pipeline_ops) all-gathers the activation the TP ranks sent in slices. A MoE layer is one
-    TP region like a dense MLP, but for its MLP region under SP with EP (below), and its whole router weight
-    sums its gradient over TP (experts*hidden, fp32).
+    TP region like a dense MLP (but for Megatron-Core's MLP region under SP with EP, `megatron_moe`, below),
+    and its whole router weight sums its gradient over TP (experts*hidden, fp32).
     With tp > kv_heads each layer's replicated K and V weight gradients (fp32) are summed over the ranks
     sharing the head, every backward."""
     if layout.tp == 1:
@@ -158,8 +159,13 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     # MoELayer (moe_layer.py) routes and dispatches the sequence-parallel hidden states as they come (it asserts
     # SP where TP > 1), its dispatchers move them over the EP (or TP x EP) group, and any expert-TP gather and
     # scatter is expert_tensor_parallel_ops'. Those layers keep the attention region's half (and of the dgrad
-    # reduce-scatters, the QKV's).
-    sp_moe = moe_layers if layout.sp and layout.ep > 1 and layout.dispatch_split == layout.tp else 0
+    # reduce-scatters, the QKV's). A shared expert is a TP-split MLP beside them, and gathers and scatters the
+    # sequence as a dense MLP does (Megatron-Core's SharedExpertMLP). parallel/tensor.py gathers the sequence
+    # around every MoE layer under SP (its dispatcher picks each TP rank's chunk from the whole), so the runtime
+    # (any other framework) keeps the dense count.
+    chunked = megatron_moe and not model.shared_experts and layout.sp and layout.ep > 1 and \
+        layout.dispatch_split == layout.tp
+    sp_moe = moe_layers if chunked else 0
     calls -= sp_moe * per_layer // 2 * m
     kv_calls = 2 * n_layers * m if layout.tp > model.kv_heads else 0
     small_calls = (3 if last else 0) * m + kv_calls + moe_layers * m
