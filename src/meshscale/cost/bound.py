@@ -22,8 +22,8 @@ from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busie
                                    expert_params_per_rank, fsdp_gathered, heaviest_rank, held_layers, params_on_rank,
                                    params_per_rank, rebuilt_layer_bytes, root_params_on_rank, zero_copy_bytes)
 from meshscale.cost.pipeline import head_on_chain, schedule_bubble, v_tail
-from meshscale.cost.step import (chunk_kinds, elementwise_seconds, grad_reduce_bytes, param_gather_bytes, rank_kinds,
-                                 slowest_of)
+from meshscale.cost.step import (chunk_kinds, elementwise_per_token, elementwise_scaled, grad_reduce_bytes,
+                                 param_gather_bytes, rank_kinds, slowest_of)
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import RECOMPUTE, Layout
 from meshscale.specs.model import ModelSpec
@@ -164,6 +164,14 @@ def _activation_bytes(model: ModelSpec, tp: int, etp: int, sps: tuple, fused_att
     return per_token, rebuild
 
 
+@lru_cache(maxsize=1024)
+def _elementwise_per_token(model: ModelSpec, cluster: ClusterSpec, tp: int, sps: tuple) -> np.ndarray:
+    """step.elementwise_per_token per (sp, recompute) (read only)."""
+    table = np.array([[elementwise_per_token(model, cluster, tp, sp, r) for r in RECOMPUTE_MODES] for sp in sps])
+    table.flags.writeable = False
+    return table
+
+
 @lru_cache(maxsize=4096)
 def _held_layers(layers: int, pp: int, schedules: tuple, per_rank: int, microbatch_sizes: tuple) -> np.ndarray:
     """memory.held_layers per (schedule, micro-batch size): shared by the shapes with these pp and dp."""
@@ -199,9 +207,9 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     slowest_device = slowest_of(cluster, shape.devices)
     kernels = pipeline_kernel_passes(model, cluster, shape, precision).at(k_i, rows.mbs_index, r_i).scaled(
         slowest_device)
-    elementwise = slowest_device * rows.mbs * np.array([[elementwise_seconds(
-        model, cluster, Layout(tp=tp, sp=sp, recompute=r, pp=pp), model.seq / cp, act_bytes)
-        for r in RECOMPUTE_MODES] for sp in shape.sps])[rows.sp, r_i]
+    per_token = _elementwise_per_token(model, cluster, tp, shape.sps)
+    elementwise = slowest_device * rows.mbs * elementwise_scaled(model, cluster, pp, model.seq / cp, per_token,
+                                                                 act_bytes)[rows.sp, r_i]
     slowest, others = _with_elementwise(kernels.slowest, elementwise), _with_elementwise(kernels.others, elementwise)
     f, b, w = slowest.forward, slowest.backward, slowest.weight
     compute = m * (f + b + w)
@@ -211,8 +219,7 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     owned = placed.owned
     fewest, most = min(map(min, owned)), max(map(max, owned))
     args = (model, cluster, shape, act_bytes)
-    cp_floor = np.array([context_parallel_floor(*args, r, fewest, most, precision, slowest_device)
-                         for r in RECOMPUTE_MODES])  # per recompute x micro-batch size
+    cp_floor = context_parallel_floor(*args, fewest, most, precision, slowest_device)  # per recompute x mbs
     tp_floor = {n: np.array([tensor_parallel_floor(*args, r, n) for r in RECOMPUTE_MODES])
                 for n in {min(o) for o in owned}}
     comm_floor = np.array([tp_floor[min(o)] for o in owned])  # per schedule x recompute
@@ -463,24 +470,25 @@ def _tensor_parallel_floor(model: ModelSpec, cluster: ClusterSpec, devices: int,
                if op.collective != "all_reduce" and not hidden.get(op.overlap, False))
 
 
-def context_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, recompute: str,
-                           fewest: int, most: int, precision: str, slowest_device: float) -> np.ndarray:
-    """Per micro-batch size of the shape, the CP ring time the attention cannot hide: the ring of the rank with
-    the `fewest` layers, latencies included, as predict costs it (the same ops and link), against the
-    attention of the `most` at the slowest device's pace; plus what the part it hides at least (against the
-    `fewest` layers' attention) takes from that attention's SMs (predict's interference_s, comm.sm_share). A
-    fused kernel's time is linear in the tokens, so its step total does not depend on mbs; the batched GEMMs
-    of unfused attention are not, and get no CP term."""
+def context_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, fewest: int,
+                           most: int, precision: str, slowest_device: float) -> np.ndarray:
+    """Per recompute mode and micro-batch size of the shape, the CP ring time the attention cannot hide: the
+    ring of the rank with the `fewest` layers, latencies included, as predict costs it (the same ops and link),
+    against the attention of the `most` at the slowest device's pace; plus what the part it hides at least
+    (against the `fewest` layers' attention) takes from that attention's SMs (predict's interference_s,
+    comm.sm_share). A fused kernel's time is linear in the tokens, so its step total does not depend on mbs;
+    the batched GEMMs of unfused attention are not, and get no CP term."""
     if shape.cp == 1 or not cluster.fused_attention:
-        return np.zeros(len(shape.microbatch_sizes))
-    layout = Layout(dp=shape.dp, tp=shape.tp, cp=shape.cp, ep=shape.ep, etp=shape.etp, recompute=recompute, mbs=1)
-    f, b = attention_core_seconds(model, cluster, layout, model.seq / shape.cp, precision)
-    per_layer = shape.per_rank * (f + b + (f if recompute != "none" else 0.0))
+        return np.zeros((len(RECOMPUTE_MODES), len(shape.microbatch_sizes)))
+    layouts = [Layout(dp=shape.dp, tp=shape.tp, cp=shape.cp, ep=shape.ep, etp=shape.etp, recompute=r, mbs=1)
+               for r in RECOMPUTE_MODES]
+    f, b = attention_core_seconds(model, cluster, layouts[0], model.seq / shape.cp, precision)  # any recompute
+    per_layer = shape.per_rank * np.array([[f + b + (f if r != "none" else 0.0)] for r in RECOMPUTE_MODES])
     link = overhead.measured_link(cluster, "send_recv", comm.group_link(cluster, shape.devices, shape.cp, shape.tp))
-    ring = np.array([sum(comm.collective_time(op.collective, op.bytes, op.calls, shape.cp, link)
-                         for op in comm.context_parallel_ops(model, layout, mbs * model.seq / shape.cp, act_bytes, fewest,
-                                                             shape.per_rank // mbs))
-                     for mbs in shape.microbatch_sizes])
+    ring = np.array([[sum(comm.collective_time(op.collective, op.bytes, op.calls, shape.cp, link)
+                          for op in comm.context_parallel_ops(model, layout, mbs * model.seq / shape.cp, act_bytes,
+                                                              fewest, shape.per_rank // mbs))
+                      for mbs in shape.microbatch_sizes] for layout in layouts])
     return (np.maximum(0.0, ring - most * per_layer * slowest_device)
             + np.minimum(ring, fewest * per_layer) * comm.sm_share(cluster, "cp"))
 
