@@ -15,7 +15,7 @@ the pipeline schedules) through a rank's layers; `step.rank_passes` adds the ran
 """
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 
 from meshscale.cost import flops
@@ -311,7 +311,8 @@ def loss_seconds(cluster: ClusterSpec, logits: float) -> tuple[float, float]:
 def layer_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, moe: bool, precision: str) -> Passes:
     """One transformer layer (a MoE one when `moe`), one micro-batch; under fp8 its linear layers' GEMMs in
     FP8 with their operands' casts."""
-    f, b, w, core_f, core_b = _layer_kernels(model, cluster, replace(layout, recompute="none"), moe, precision)
+    f, b, w, core_f, core_b = _layer_kernels(model, cluster, layout.tp, layout.cp, layout.ep, layout.etp, layout.mbs,
+                                             moe, precision)
     if layout.recompute == "full":
         b += f + core_f
     elif layout.recompute == "selective":
@@ -327,10 +328,11 @@ def layer_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, moe: bo
 
 
 @lru_cache(maxsize=65536)
-def _layer_kernels(model: ModelSpec, cluster: ClusterSpec, layout: Layout, moe: bool,
+def _layer_kernels(model: ModelSpec, cluster: ClusterSpec, tp: int, cp: int, ep: int, etp: int, mbs: int, moe: bool,
                    precision: str) -> tuple[float, float, float, float, float]:
     """`layer_passes` before recompute (what the recompute modes of a kernel shape share): the GEMMs' (and
     casts', routing's) forward, input and weight gradients, then the attention core's forward and backward."""
+    layout = Layout(tp=tp, cp=cp, ep=ep, etp=etp, dp=ep, mbs=mbs)
     tokens = layout.mbs * model.seq / layout.cp
     layer = model.first_dense_layers if moe else next(i for i in range(model.layers) if not model.is_moe_layer(i))
     peak, dtype_bytes = cluster.gemm_peak(precision), PRECISIONS[precision]["compute"]
