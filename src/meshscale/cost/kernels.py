@@ -290,12 +290,18 @@ def counted_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Layout, dense
         if count:
             out = out + layer_passes(model, cluster, shape, is_moe, precision) * count
     if head:
-        tokens = shape.mbs * model.seq / shape.cp
-        f, b, w = gemm_pass_seconds(cluster, (Gemm(tokens, model.vocab / shape.tp, model.hidden),),
-                                    cluster.bf16_work_peak(precision), PRECISIONS[precision]["compute"])
-        loss_f, loss_b = loss_seconds(cluster, tokens * model.vocab / shape.tp)
-        out = out + Passes(f + loss_f, b + loss_b, w)
+        out = out + _head_passes(model, cluster, shape.tp, shape.cp, shape.mbs, precision)
     return out
+
+
+@lru_cache(maxsize=65536)
+def _head_passes(model: ModelSpec, cluster: ClusterSpec, tp: int, cp: int, mbs: int, precision: str) -> Passes:
+    """The output head and the loss, one micro-batch (whatever the recompute)."""
+    tokens = mbs * model.seq / cp
+    f, b, w = gemm_pass_seconds(cluster, (Gemm(tokens, model.vocab / tp, model.hidden),),
+                                cluster.bf16_work_peak(precision), PRECISIONS[precision]["compute"])
+    loss_f, loss_b = loss_seconds(cluster, tokens * model.vocab / tp)
+    return Passes(f + loss_f, b + loss_b, w)
 
 
 def loss_seconds(cluster: ClusterSpec, logits: float) -> tuple[float, float]:
