@@ -328,11 +328,15 @@ def bubble_floor(shape: Shape, rows: Rows, kernels: "PipelinePasses", elementwis
 
 
 def schedule_bubbles(schedules, k_i, pp: int, m, f, b, w) -> np.ndarray:
-    """Each row's `pipeline.schedule_bubble` (its schedule `schedules[k_i]`) with its F, B, W, over arrays."""
+    """Each row's `pipeline.schedule_bubble` (its schedule `schedules[k_i]`) with its F, B, W, over arrays: one
+    call per schedule name, with each row's vpp (the interleaved schedules differ in it alone)."""
+    names = list(dict.fromkeys(n for n, _ in schedules))
+    name_i = np.array([names.index(n) for n, _ in schedules])[k_i]
+    vpp = np.array([v for _, v in schedules])[k_i]
     out = np.zeros_like(m)
-    for k, (name, v) in enumerate(schedules):
-        at = k_i == k
-        out[at] = schedule_bubble(name, pp, v, m[at], f[at], b[at], w[at], np.maximum, np.minimum)
+    for j, name in enumerate(names):
+        at = name_i == j
+        out[at] = schedule_bubble(name, pp, vpp[at], m[at], f[at], b[at], w[at], np.maximum, np.minimum)
     return out
 
 
@@ -385,7 +389,7 @@ def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape,
                               _passes(none), placement)
     mean = (np.einsum("qn,qnjrp->qjrp", count, per_rank) - slow) / (pp - 1)
     next_slowest = np.where(np.arange(count.shape[1])[None, :, None, None] == top, -np.inf, totals).max(1)
-    alike = np.take_along_axis(np.broadcast_to(count[:, :, None, None], totals.shape), top, 1)[:, 0]
+    alike = count[np.arange(len(count))[:, None, None], top[:, 0]]  # how many ranks are like the slowest
     lead = np.where(alike > 1, 0.0, totals.max(1) - next_slowest)
     first, last = (_passes(np.einsum("qi,jrip->qjrp", end, unit)) for end in (first_end, last_end))
     return PipelinePasses(_passes(slow), _passes(mean), lead, top[:, 0] == 0, first, last, placement)
