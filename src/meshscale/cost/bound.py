@@ -165,7 +165,7 @@ def _activation_bytes(model: ModelSpec, tp: int, etp: int, sps: tuple, fused_att
 
 
 @lru_cache(maxsize=1024)
-def _elementwise_per_token(model: ModelSpec, cluster: ClusterSpec, tp: int, sps: tuple) -> np.ndarray:
+def _elementwise_table(model: ModelSpec, cluster: ClusterSpec, tp: int, sps: tuple) -> np.ndarray:
     """step.elementwise_per_token per (sp, recompute) (read only)."""
     table = np.array([[elementwise_per_token(model, cluster, tp, sp, r) for r in RECOMPUTE_MODES] for sp in sps])
     table.flags.writeable = False
@@ -207,7 +207,7 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     slowest_device = slowest_of(cluster, shape.devices)
     kernels = pipeline_kernel_passes(model, cluster, shape, precision).at(k_i, rows.mbs_index, r_i).scaled(
         slowest_device)
-    per_token = _elementwise_per_token(model, cluster, tp, shape.sps)
+    per_token = _elementwise_table(model, cluster, tp, shape.sps)
     elementwise = slowest_device * rows.mbs * elementwise_scaled(model, cluster, pp, model.seq / cp, per_token,
                                                                  act_bytes)[rows.sp, r_i]
     slowest, others = _with_elementwise(kernels.slowest, elementwise), _with_elementwise(kernels.others, elementwise)
