@@ -131,7 +131,7 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
                                                                                                            e_std)
     params, experts = np.where(v_shaped, p_v, p_std), np.where(v_shaped, e_v, e_std)
     dense = params - experts
-    copies = np.select([z == 1, z == 2], [zero_copy_bytes(precision, 1), zero_copy_bytes(precision, 2)], 0)
+    copies = np.array([zero_copy_bytes(precision, stage) for stage in range(4)])[z]
     edp = tp * cp * dp // (ep * etp)  # the experts' replicas (Layout.edp)
     static = sum(b * (dense / np.where(z >= stage, shard, 1) + experts / np.where(z >= stage, edp, 1))
                  for b, stage in ((bytes_["params"], 3), (bytes_["grads"], 2), (bytes_["optimizer"] + copies, 1)))
