@@ -17,7 +17,7 @@ import numpy as np
 
 from meshscale.cost import comm, overhead
 from meshscale.cost.comm import Overlap
-from meshscale.cost.kernels import Passes, attention_core_seconds, counted_seconds
+from meshscale.cost.kernels import Passes, attention_core_seconds, head_passes, layer_passes
 from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busiest_rank, expert_params_on_rank,
                                    expert_params_per_rank, fsdp_gathered, heaviest_rank, held_layers, params_on_rank,
                                    params_per_rank, rebuilt_layer_bytes, root_params_on_rank, zero_copy_bytes)
@@ -425,12 +425,13 @@ def _unit_columns(model: ModelSpec) -> list[int]:
 def _unit_passes(model, cluster, tp, cp, ep, etp, mbs, precision) -> np.ndarray:
     """F, B, W of one dense layer, one MoE layer and the head (those the model has) per recompute mode: an
     array (recompute, kinds, 3), shared by every shape with these tp, cp, ep and mbs (so read only)."""
-    kinds = [((1, 0, False), (0, 1, False), (0, 0, True))[c] for c in _unit_columns(model)]
-    unit = np.zeros((len(RECOMPUTE_MODES), len(kinds), 3))
+    columns = _unit_columns(model)
+    unit = np.zeros((len(RECOMPUTE_MODES), len(columns), 3))
     for r, recompute in enumerate(RECOMPUTE_MODES):
         shape = Layout(tp=tp, cp=cp, ep=ep, etp=etp, dp=ep, mbs=mbs, recompute=recompute)  # a kernel_shape
-        for i, kind in enumerate(kinds):
-            p = counted_seconds(model, cluster, shape, *kind, precision)
+        for i, c in enumerate(columns):  # counted_seconds of one dense layer, one MoE layer, the head
+            p = head_passes(model, cluster, tp, cp, mbs, precision) if c == 2 else layer_passes(
+                model, cluster, shape, c == 1, precision)
             unit[r, i] = p.forward, p.backward, p.weight
     unit.flags.writeable = False
     return unit

@@ -290,12 +290,12 @@ def counted_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Layout, dense
         if count:
             out = out + layer_passes(model, cluster, shape, is_moe, precision) * count
     if head:
-        out = out + _head_passes(model, cluster, shape.tp, shape.cp, shape.mbs, precision)
+        out = out + head_passes(model, cluster, shape.tp, shape.cp, shape.mbs, precision)
     return out
 
 
 @lru_cache(maxsize=65536)
-def _head_passes(model: ModelSpec, cluster: ClusterSpec, tp: int, cp: int, mbs: int, precision: str) -> Passes:
+def head_passes(model: ModelSpec, cluster: ClusterSpec, tp: int, cp: int, mbs: int, precision: str) -> Passes:
     """The output head and the loss, one micro-batch (whatever the recompute)."""
     tokens = mbs * model.seq / cp
     f, b, w = gemm_pass_seconds(cluster, (Gemm(tokens, model.vocab / tp, model.hidden),),
