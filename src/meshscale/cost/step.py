@@ -340,7 +340,8 @@ def rank_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: in
                 precision: str = "bf16") -> Passes:
     """F, B, W of one micro-batch on pipeline rank `rank`: the sum over the chunks it holds (the passes the
     simulator runs one by one)."""
-    return sum((chunk_passes(model, cluster, layout, c, precision)
+    kinds = chunk_kinds(model, layout.stages)  # chunk_passes of each, the kind looked up once
+    return sum((_kind_passes(model, cluster, layout, kinds[c], precision)
                 for c in rank_chunks(layout.pp, layout.stages, layout.v_shaped, rank)), Passes())
 
 
