@@ -17,8 +17,18 @@ SCHEMA_VERSION = 1
 
 # Loading the API loads the planner package meshscale.plan first, so that the function bound below, not
 # the package, is what `meshscale.plan` names (a submodule binds its name on the parent when first loaded).
-from meshscale.api import (ClusterSpec, Layout, ModelSpec, Plan, Prediction, Row, Simulation,  # noqa: E402
-                           plan, predict, scale, simulate)
+from meshscale.api import (ClusterSpec, Layout, ModelSpec, Plan, Prediction, plan, predict, scale,  # noqa: E402
+                           simulate)
+
+
+def __getattr__(name: str) -> type:
+    """Row and Simulation: their modules (the scaling sweep, the simulator) load when first asked for, so
+    that `meshscale plan` and `predict` do without them."""
+    from meshscale import api
+    if name in api._LAZY:
+        return getattr(api, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["__version__", "SCHEMA_VERSION", "ClusterSpec", "Layout", "ModelSpec", "Plan", "Prediction", "Row",
            "Simulation", "plan", "predict", "scale", "simulate"]

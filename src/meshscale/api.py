@@ -12,17 +12,31 @@ a cluster a preset name, a ClusterSpec file or a ClusterSpec; a layout a string 
 raises meshscale.errors.UserError (a ValueError) saying what is wrong. Pure Python: torch is never imported.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from meshscale.cost import Prediction
 from meshscale.errors import UserError
 from meshscale.cost import predict as _predict
-from meshscale.plan.scaling import Row
-from meshscale.plan.scaling import scale as _scale
 from meshscale.plan.search import Plan, parse_fix, search
-from meshscale.sim.step import Simulation
-from meshscale.sim.step import simulate as _simulate
 from meshscale.specs.cluster import ClusterSpec, load_cluster
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import ModelSpec, load_model
+
+if TYPE_CHECKING:
+    from meshscale.plan.scaling import Row
+    from meshscale.sim.step import Simulation
+
+# The simulator and the scaling sweep load when first used (`meshscale plan` and `predict` need neither)
+_LAZY = {"Row": "meshscale.plan.scaling", "Simulation": "meshscale.sim.step"}
+
+
+def __getattr__(name: str) -> type:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def predict(model: str | ModelSpec, cluster: str | ClusterSpec, layout: str | Layout, global_batch: int,
@@ -48,6 +62,7 @@ def simulate(model: str | ModelSpec, cluster: str | ClusterSpec, layout: str | L
              slow_links: dict[int, float] | None = None) -> Simulation:
     """One step event by event: each rank's busy and idle time, the bubble; `stragglers` maps ranks to
     compute slow-downs, `slow_links` to link slow-downs."""
+    from meshscale.sim.step import simulate as _simulate
     m, c = _model(model), _cluster(cluster)
     return _simulate(m, c, _layout(layout, devices or c.default_devices), global_batch, precision, stragglers,
                      slow_links)
@@ -58,6 +73,7 @@ def scale(model: str | ModelSpec, cluster: str | ClusterSpec, devices: list[int]
           precision: str = "bf16") -> list[Row]:
     """The best layout at each device count: strong scaling (global_batch_tokens held) or weak
     (tokens_per_device held), with throughput, efficiency, cost and energy per row."""
+    from meshscale.plan.scaling import scale as _scale
     return _scale(_model(model), _cluster(cluster), sorted(devices), global_batch_tokens, tokens_per_device,
                   precision)
 

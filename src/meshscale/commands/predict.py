@@ -9,7 +9,6 @@ from meshscale.cost import predict
 from meshscale.cost.goodput import DEFAULT_CHECKPOINT_BANDWIDTH, LLAMA3_MTBF_HOURS, of_prediction
 from meshscale.errors import UserError
 from meshscale.export import FRAMEWORKS, emit, summary
-from meshscale.plots import memory_plot
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import is_hf_model, load_model
@@ -130,6 +129,7 @@ def run(args) -> int:
     pred = predict(model, cluster, layout, batch, args.precision)
     good = goodput_of(args, pred)
     if args.plot:
+        from meshscale.plots import memory_plot  # matplotlib's helpers, for --plot alone
         memory_plot(pred, args.plot)
     extra = {**pred.to_dict(), **({"goodput": good.to_dict()} if good else {})}
     if args.emit == "torchrun":

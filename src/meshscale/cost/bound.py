@@ -17,13 +17,13 @@ import numpy as np
 
 from meshscale.cost import comm, overhead
 from meshscale.cost.comm import Overlap
-from meshscale.cost.kernels import Passes, attention_core_seconds, counted_seconds, kernel_shape
+from meshscale.cost.kernels import Passes, attention_core_seconds, head_passes, layer_passes
 from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busiest_rank, expert_params_on_rank,
                                    expert_params_per_rank, fsdp_gathered, heaviest_rank, held_layers, params_on_rank,
                                    params_per_rank, rebuilt_layer_bytes, root_params_on_rank, zero_copy_bytes)
 from meshscale.cost.pipeline import head_on_chain, schedule_bubble, v_tail
-from meshscale.cost.step import (chunk_kinds, elementwise_seconds, grad_reduce_bytes, param_gather_bytes, rank_kinds,
-                                 slowest_of)
+from meshscale.cost.step import (chunk_kinds, elementwise_per_token, elementwise_scaled, grad_reduce_bytes,
+                                 param_gather_bytes, rank_kinds, slowest_of)
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import RECOMPUTE, Layout
 from meshscale.specs.model import ModelSpec
@@ -131,7 +131,7 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
                                                                                                            e_std)
     params, experts = np.where(v_shaped, p_v, p_std), np.where(v_shaped, e_v, e_std)
     dense = params - experts
-    copies = np.select([z == 1, z == 2], [zero_copy_bytes(precision, 1), zero_copy_bytes(precision, 2)], 0)
+    copies = np.array([zero_copy_bytes(precision, stage) for stage in range(4)])[z]
     edp = tp * cp * dp // (ep * etp)  # the experts' replicas (Layout.edp)
     static = sum(b * (dense / np.where(z >= stage, shard, 1) + experts / np.where(z >= stage, edp, 1))
                  for b, stage in ((bytes_["params"], 3), (bytes_["grads"], 2), (bytes_["optimizer"] + copies, 1)))
@@ -162,6 +162,14 @@ def _activation_bytes(model: ModelSpec, tp: int, etp: int, sps: tuple, fused_att
     rebuild = np.array([rebuilt_layer_bytes(model, tp, sp, 1, fused_attention, eager) for sp in sps])
     per_token.flags.writeable = rebuild.flags.writeable = False
     return per_token, rebuild
+
+
+@lru_cache(maxsize=1024)
+def _elementwise_table(model: ModelSpec, cluster: ClusterSpec, tp: int, sps: tuple) -> np.ndarray:
+    """step.elementwise_per_token per (sp, recompute) (read only)."""
+    table = np.array([[elementwise_per_token(model, cluster, tp, sp, r) for r in RECOMPUTE_MODES] for sp in sps])
+    table.flags.writeable = False
+    return table
 
 
 @lru_cache(maxsize=4096)
@@ -199,9 +207,9 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     slowest_device = slowest_of(cluster, shape.devices)
     kernels = pipeline_kernel_passes(model, cluster, shape, precision).at(k_i, rows.mbs_index, r_i).scaled(
         slowest_device)
-    elementwise = slowest_device * rows.mbs * np.array([[elementwise_seconds(
-        model, cluster, Layout(tp=tp, sp=sp, recompute=r, pp=pp), model.seq / cp, act_bytes)
-        for r in RECOMPUTE_MODES] for sp in shape.sps])[rows.sp, r_i]
+    per_token = _elementwise_table(model, cluster, tp, shape.sps)
+    elementwise = slowest_device * rows.mbs * elementwise_scaled(model, cluster, pp, model.seq / cp, per_token,
+                                                                 act_bytes)[rows.sp, r_i]
     slowest, others = _with_elementwise(kernels.slowest, elementwise), _with_elementwise(kernels.others, elementwise)
     f, b, w = slowest.forward, slowest.backward, slowest.weight
     compute = m * (f + b + w)
@@ -211,8 +219,7 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     owned = placed.owned
     fewest, most = min(map(min, owned)), max(map(max, owned))
     args = (model, cluster, shape, act_bytes)
-    cp_floor = np.array([context_parallel_floor(*args, r, fewest, most, precision, slowest_device)
-                         for r in RECOMPUTE_MODES])  # per recompute x micro-batch size
+    cp_floor = context_parallel_floor(*args, fewest, most, precision, slowest_device)  # per recompute x mbs
     tp_floor = {n: np.array([tensor_parallel_floor(*args, r, n) for r in RECOMPUTE_MODES])
                 for n in {min(o) for o in owned}}
     comm_floor = np.array([tp_floor[min(o)] for o in owned])  # per schedule x recompute
@@ -321,11 +328,15 @@ def bubble_floor(shape: Shape, rows: Rows, kernels: "PipelinePasses", elementwis
 
 
 def schedule_bubbles(schedules, k_i, pp: int, m, f, b, w) -> np.ndarray:
-    """Each row's `pipeline.schedule_bubble` (its schedule `schedules[k_i]`) with its F, B, W, over arrays."""
+    """Each row's `pipeline.schedule_bubble` (its schedule `schedules[k_i]`) with its F, B, W, over arrays: one
+    call per schedule name, with each row's vpp (the interleaved schedules differ in it alone)."""
+    names = list(dict.fromkeys(n for n, _ in schedules))
+    name_i = np.array([names.index(n) for n, _ in schedules])[k_i]
+    vpp = np.array([v for _, v in schedules])[k_i]
     out = np.zeros_like(m)
-    for k, (name, v) in enumerate(schedules):
-        at = k_i == k
-        out[at] = schedule_bubble(name, pp, v, m[at], f[at], b[at], w[at], np.maximum, np.minimum)
+    for j, name in enumerate(names):
+        at = name_i == j
+        out[at] = schedule_bubble(name, pp, vpp[at], m[at], f[at], b[at], w[at], np.maximum, np.minimum)
     return out
 
 
@@ -378,7 +389,7 @@ def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape,
                               _passes(none), placement)
     mean = (np.einsum("qn,qnjrp->qjrp", count, per_rank) - slow) / (pp - 1)
     next_slowest = np.where(np.arange(count.shape[1])[None, :, None, None] == top, -np.inf, totals).max(1)
-    alike = np.take_along_axis(np.broadcast_to(count[:, :, None, None], totals.shape), top, 1)[:, 0]
+    alike = count[np.arange(len(count))[:, None, None], top[:, 0]]  # how many ranks are like the slowest
     lead = np.where(alike > 1, 0.0, totals.max(1) - next_slowest)
     first, last = (_passes(np.einsum("qi,jrip->qjrp", end, unit)) for end in (first_end, last_end))
     return PipelinePasses(_passes(slow), _passes(mean), lead, top[:, 0] == 0, first, last, placement)
@@ -414,12 +425,13 @@ def _unit_columns(model: ModelSpec) -> list[int]:
 def _unit_passes(model, cluster, tp, cp, ep, etp, mbs, precision) -> np.ndarray:
     """F, B, W of one dense layer, one MoE layer and the head (those the model has) per recompute mode: an
     array (recompute, kinds, 3), shared by every shape with these tp, cp, ep and mbs (so read only)."""
-    kinds = [((1, 0, False), (0, 1, False), (0, 0, True))[c] for c in _unit_columns(model)]
-    unit = np.zeros((len(RECOMPUTE_MODES), len(kinds), 3))
+    columns = _unit_columns(model)
+    unit = np.zeros((len(RECOMPUTE_MODES), len(columns), 3))
     for r, recompute in enumerate(RECOMPUTE_MODES):
-        shape = kernel_shape(Layout(tp=tp, cp=cp, ep=ep, etp=etp, dp=ep, mbs=mbs, recompute=recompute))
-        for i, kind in enumerate(kinds):
-            p = counted_seconds(model, cluster, shape, *kind, precision)
+        shape = Layout(tp=tp, cp=cp, ep=ep, etp=etp, dp=ep, mbs=mbs, recompute=recompute)  # a kernel_shape
+        for i, c in enumerate(columns):  # counted_seconds of one dense layer, one MoE layer, the head
+            p = head_passes(model, cluster, tp, cp, mbs, precision) if c == 2 else layer_passes(
+                model, cluster, shape, c == 1, precision)
             unit[r, i] = p.forward, p.backward, p.weight
     unit.flags.writeable = False
     return unit
@@ -466,24 +478,25 @@ def _tensor_parallel_floor(model: ModelSpec, cluster: ClusterSpec, devices: int,
                if op.collective != "all_reduce" and not hidden.get(op.overlap, False))
 
 
-def context_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, recompute: str,
-                           fewest: int, most: int, precision: str, slowest_device: float) -> np.ndarray:
-    """Per micro-batch size of the shape, the CP ring time the attention cannot hide: the ring of the rank with
-    the `fewest` layers, latencies included, as predict costs it (the same ops and link), against the
-    attention of the `most` at the slowest device's pace; plus what the part it hides at least (against the
-    `fewest` layers' attention) takes from that attention's SMs (predict's interference_s, comm.sm_share). A
-    fused kernel's time is linear in the tokens, so its step total does not depend on mbs; the batched GEMMs
-    of unfused attention are not, and get no CP term."""
+def context_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, fewest: int,
+                           most: int, precision: str, slowest_device: float) -> np.ndarray:
+    """Per recompute mode and micro-batch size of the shape, the CP ring time the attention cannot hide: the
+    ring of the rank with the `fewest` layers, latencies included, as predict costs it (the same ops and link),
+    against the attention of the `most` at the slowest device's pace; plus what the part it hides at least
+    (against the `fewest` layers' attention) takes from that attention's SMs (predict's interference_s,
+    comm.sm_share). A fused kernel's time is linear in the tokens, so its step total does not depend on mbs;
+    the batched GEMMs of unfused attention are not, and get no CP term."""
     if shape.cp == 1 or not cluster.fused_attention:
-        return np.zeros(len(shape.microbatch_sizes))
-    layout = Layout(dp=shape.dp, tp=shape.tp, cp=shape.cp, ep=shape.ep, etp=shape.etp, recompute=recompute, mbs=1)
-    f, b = attention_core_seconds(model, cluster, layout, model.seq / shape.cp, precision)
-    per_layer = shape.per_rank * (f + b + (f if recompute != "none" else 0.0))
+        return np.zeros((len(RECOMPUTE_MODES), len(shape.microbatch_sizes)))
+    layouts = [Layout(dp=shape.dp, tp=shape.tp, cp=shape.cp, ep=shape.ep, etp=shape.etp, recompute=r, mbs=1)
+               for r in RECOMPUTE_MODES]
+    f, b = attention_core_seconds(model, cluster, layouts[0], model.seq / shape.cp, precision)  # any recompute
+    per_layer = shape.per_rank * np.array([[f + b + (f if r != "none" else 0.0)] for r in RECOMPUTE_MODES])
     link = overhead.measured_link(cluster, "send_recv", comm.group_link(cluster, shape.devices, shape.cp, shape.tp))
-    ring = np.array([sum(comm.collective_time(op.collective, op.bytes, op.calls, shape.cp, link)
-                         for op in comm.context_parallel_ops(model, layout, mbs * model.seq / shape.cp, act_bytes, fewest,
-                                                             shape.per_rank // mbs))
-                     for mbs in shape.microbatch_sizes])
+    ring = np.array([[sum(comm.collective_time(op.collective, op.bytes, op.calls, shape.cp, link)
+                          for op in comm.context_parallel_ops(model, layout, mbs * model.seq / shape.cp, act_bytes,
+                                                              fewest, shape.per_rank // mbs))
+                      for mbs in shape.microbatch_sizes] for layout in layouts])
     return (np.maximum(0.0, ring - most * per_layer * slowest_device)
             + np.minimum(ring, fewest * per_layer) * comm.sm_share(cluster, "cp"))
 

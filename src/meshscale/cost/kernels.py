@@ -319,12 +319,18 @@ def counted_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Layout, dense
         if count:
             out = out + layer_passes(model, cluster, shape, is_moe, precision) * count
     if head:
-        tokens = shape.mbs * model.seq / shape.cp
-        f, b, w = gemm_pass_seconds(cluster, (Gemm(tokens, model.vocab / shape.tp, model.hidden),),
-                                    cluster.bf16_work_peak(precision), PRECISIONS[precision]["compute"])
-        loss_f, loss_b = loss_seconds(cluster, tokens * model.vocab / shape.tp)
-        out = out + Passes(f + loss_f, b + loss_b, w)
+        out = out + head_passes(model, cluster, shape.tp, shape.cp, shape.mbs, precision)
     return out
+
+
+@lru_cache(maxsize=65536)
+def head_passes(model: ModelSpec, cluster: ClusterSpec, tp: int, cp: int, mbs: int, precision: str) -> Passes:
+    """The output head and the loss, one micro-batch (whatever the recompute)."""
+    tokens = mbs * model.seq / cp
+    f, b, w = gemm_pass_seconds(cluster, (Gemm(tokens, model.vocab / tp, model.hidden),),
+                                cluster.bf16_work_peak(precision), PRECISIONS[precision]["compute"])
+    loss_f, loss_b = loss_seconds(cluster, tokens * model.vocab / tp)
+    return Passes(f + loss_f, b + loss_b, w)
 
 
 def loss_seconds(cluster: ClusterSpec, logits: float) -> tuple[float, float]:
@@ -341,6 +347,28 @@ def loss_seconds(cluster: ClusterSpec, logits: float) -> tuple[float, float]:
 def layer_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, moe: bool, precision: str) -> Passes:
     """One transformer layer (a MoE one when `moe`), one micro-batch; under fp8 its linear layers' GEMMs in
     FP8 with their operands' casts."""
+    f, b, w, core_f, core_b = _layer_kernels(model, cluster, layout.tp, layout.cp, layout.ep, layout.etp, layout.mbs,
+                                             moe, precision)
+    if layout.recompute == "full":
+        b += f + core_f
+    elif layout.recompute == "selective":
+        b += core_f
+    elif layout.recompute == "op":  # a dense block at tp=1 (specs.layout.check_against)
+        tokens = layout.mbs * model.seq / layout.cp
+        peak, dtype_bytes = cluster.gemm_peak(precision), PRECISIONS[precision]["compute"]
+        operand_bytes = 1 if precision == "fp8" else dtype_bytes
+        b += gemm_pass_seconds(cluster, tuple(Gemm(tokens, o, i) for i, o in flops.op_recomputed_matmuls(model)),
+                               peak, dtype_bytes, operand_bytes)[0]
+    attention = core_f + core_b + (core_f if layout.recompute in ("selective", "full") else 0.0)
+    return Passes(f + core_f, b + core_b, w, attention)
+
+
+@lru_cache(maxsize=65536)
+def _layer_kernels(model: ModelSpec, cluster: ClusterSpec, tp: int, cp: int, ep: int, etp: int, mbs: int, moe: bool,
+                   precision: str) -> tuple[float, float, float, float, float]:
+    """`layer_passes` before recompute (what the recompute modes of a kernel shape share): the GEMMs' (and
+    casts', routing's) forward, input and weight gradients, then the attention core's forward and backward."""
+    layout = Layout(tp=tp, cp=cp, ep=ep, etp=etp, dp=ep, mbs=mbs)
     tokens = layout.mbs * model.seq / layout.cp
     layer = model.first_dense_layers if moe else next(i for i in range(model.layers) if not model.is_moe_layer(i))
     peak, dtype_bytes = cluster.gemm_peak(precision), PRECISIONS[precision]["compute"]
@@ -354,16 +382,7 @@ def layer_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, moe: bo
     if moe:  # routing's memory-bound kernels, forward and (their gradients) backward
         routing = routing_seconds(model, cluster, tokens, dtype_bytes)
         f, b = f + routing, b + routing
-    core_f, core_b = attention_core_seconds(model, cluster, layout, tokens, precision)
-    if layout.recompute == "full":
-        b += f + core_f
-    elif layout.recompute == "selective":
-        b += core_f
-    elif layout.recompute == "op":  # a dense block at tp=1 (specs.layout.check_against)
-        b += gemm_pass_seconds(cluster, tuple(Gemm(tokens, o, i) for i, o in flops.op_recomputed_matmuls(model)),
-                               peak, dtype_bytes, operand_bytes)[0]
-    attention = core_f + core_b + (core_f if layout.recompute in ("selective", "full") else 0.0)
-    return Passes(f + core_f, b + core_b, w, attention)
+    return (f, b, w, *attention_core_seconds(model, cluster, layout, tokens, precision))
 
 
 def routing_seconds(model: ModelSpec, cluster: ClusterSpec, tokens: float, dtype_bytes: int) -> float:

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from meshscale.cost.flops import block_matmuls
-from meshscale.specs.layout import Layout, kv_heads_per_rank, split_layers
-from meshscale.specs.placement import head_rank, rank_layers
+from meshscale.specs.layout import Layout, kv_heads_per_rank
+from meshscale.specs.placement import chunk_ranges, head_rank, rank_layers
 from meshscale.specs.model import ModelSpec
 
 # (params, grads, optimizer) bytes per parameter, and the dtype activations and gathered params travel in.
@@ -262,10 +262,12 @@ def held_layers(layers: int, pp: int, vpp: int, schedule: str, m: int) -> float:
     own = rank_layers(layers, pp, pp * vpp, layout.v_shaped, 0)
     if pp == 1 or schedule != "interleaved":
         return len(own) * inflight_microbatches(layout, m)
-    ranges = split_layers(layers, pp * vpp)
+    ranges = chunk_ranges(layers, pp * vpp)
     sizes = [len(ranges[c]) for c in range(0, pp * vpp, pp)]  # rank 0's chunks, in order
     forwards = min((pp - 1) * 2 + (vpp - 1) * pp + 1, m * vpp)
-    return sum(sizes[(k // pp) % vpp] for k in range(forwards))
+    # forward k runs chunk (k // pp) % vpp: pp forwards of each chunk a cycle, then what is left of one
+    cycles, rest = divmod(forwards, pp * vpp)
+    return sum(size * (cycles * pp + min(pp, max(0, rest - c * pp))) for c, size in enumerate(sizes))
 
 
 def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, precision: str = "bf16",

@@ -44,7 +44,7 @@ from meshscale.specs.layout import V_SCHEDULES, Layout
 
 
 def schedule_bubble(schedule: str, p: int, v: int, m, f=1.0, b=1.0, w=1.0, maximum=max, minimum=min):
-    """Bubble over ideal compute for one schedule (the forms above). m, f, b, w may be numpy arrays, with
+    """Bubble over ideal compute for one schedule (the forms above). v, m, f, b, w may be numpy arrays, with
     maximum=np.maximum, minimum=np.minimum (the planner's vectorised bound)."""
     if p == 1:
         return 0.0 * m

@@ -340,7 +340,8 @@ def rank_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: in
                 precision: str = "bf16") -> Passes:
     """F, B, W of one micro-batch on pipeline rank `rank`: the sum over the chunks it holds (the passes the
     simulator runs one by one)."""
-    return sum((chunk_passes(model, cluster, layout, c, precision)
+    kinds = chunk_kinds(model, layout.stages)  # chunk_passes of each, the kind looked up once
+    return sum((_kind_passes(model, cluster, layout, kinds[c], precision)
                 for c in rank_chunks(layout.pp, layout.stages, layout.v_shaped, rank)), Passes())
 
 
@@ -421,9 +422,20 @@ def elementwise_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, 
     movement is all you need": these take a third of BERT's time at 0.2% of its FLOPs); unfused, every
     operator moves its own inputs and outputs ([software] fused_elementwise). Passes: forward, backward (2x),
     and the recomputed forward."""
-    per_token = _elementwise_per_token(model, cluster.fused_attention, cluster.software.fused_elementwise,
-                                       layout.tp, layout.sp, layout.recompute)
-    return model.layers / layout.pp * tokens * per_token * act_bytes / cluster.achieved_hbm_bandwidth
+    per_token = elementwise_per_token(model, cluster, layout.tp, layout.sp, layout.recompute)
+    return elementwise_scaled(model, cluster, layout.pp, tokens, per_token, act_bytes)
+
+
+def elementwise_scaled(model: ModelSpec, cluster: ClusterSpec, pp: int, tokens: float, per_token, act_bytes: int):
+    """`elementwise_seconds` from a layer's bytes moved per token (`_elementwise_per_token`; a float, or an
+    array of them for the planner's bound)."""
+    return model.layers / pp * tokens * per_token * act_bytes / cluster.achieved_hbm_bandwidth
+
+
+def elementwise_per_token(model: ModelSpec, cluster: ClusterSpec, tp: int, sp: bool, recompute: str) -> float:
+    """`_elementwise_per_token` for a cluster's kernels."""
+    return _elementwise_per_token(model, cluster.fused_attention, cluster.software.fused_elementwise, tp, sp,
+                                  recompute)
 
 
 @lru_cache(maxsize=4096)

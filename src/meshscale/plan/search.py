@@ -335,14 +335,12 @@ def _rows(shape: bound.Shape, fix: dict) -> bound.Rows:
     zeros = [z for z in (range(4) if replicas > 1 else [0]) if _allowed(fix, "zero", z)]
     sp_idx = [i for i, sp in enumerate(shape.sps) if _allowed(fix, "sp", sp)]
     rec_idx = [i for i, r in enumerate(bound.RECOMPUTE_MODES) if _allowed(fix, "recompute", r)]
-    axes = [np.asarray(a) for a in (zeros, shape.shards, sp_idx, range(len(shape.schedules)),
-                                    shape.microbatch_sizes, rec_idx)]
-    at = np.indices([len(a) for a in axes]).reshape(len(axes), -1)  # every combination, the last axis fastest
-    z, shard = axes[0][at[0]], axes[1][at[1]].astype(float)
-    keep = (z > 0) | (shard == replicas)
-    at = at[:, keep]
-    return bound.Rows(z[keep], shard[keep], axes[2][at[2]], axes[3][at[3]], axes[4][at[4]].astype(float),
-                      axes[5][at[5]], at[4])
+    zero_shard = np.array([(z, g) for z in zeros for g in shape.shards if z > 0 or g == replicas], dtype=int)
+    zero_shard = zero_shard.reshape(-1, 2)  # (zero, shard) pairs, none when --fix leaves no zero
+    axes = [np.asarray(a) for a in (sp_idx, range(len(shape.schedules)), shape.microbatch_sizes, rec_idx)]
+    at = np.indices([len(zero_shard)] + [len(a) for a in axes]).reshape(len(axes) + 1, -1)  # the last axis fastest
+    return bound.Rows(zero_shard[at[0], 0], zero_shard[at[0], 1].astype(float), axes[0][at[1]], axes[1][at[2]],
+                      axes[2][at[3]].astype(float), axes[3][at[4]], at[3])
 
 
 def _shard_sizes(cluster: ClusterSpec, tp: int, replicas: int) -> list[int]:

@@ -27,8 +27,14 @@ def stage_owner(stage: int, pp: int, v_shaped: bool) -> int:
 def rank_layers(layers: int, pp: int, chunks: int, v_shaped: bool, rank: int) -> tuple:
     """The layers rank `rank` holds, in order, cut as the runtime cuts them (the embedding and the head count
     as a layer each in the cut)."""
-    ranges = split_layers(layers, chunks)
+    ranges = chunk_ranges(layers, chunks)
     return tuple(i for c in rank_chunks(pp, chunks, v_shaped, rank) for i in ranges[c])
+
+
+@lru_cache(maxsize=4096)
+def chunk_ranges(layers: int, chunks: int) -> tuple:
+    """`split_layers`, cut once for every rank that asks."""
+    return tuple(split_layers(layers, chunks))
 
 
 @lru_cache(maxsize=4096)
