@@ -3,11 +3,13 @@
 1. Build time vs model size: llama-shaped models of growing depth, each rank building its FSDP share from the
    meta device (`meshscale train`'s path), beside one process building the whole model and sharding it after
    (the path before sharded construction), up to --whole-max-layers.
-2. Training at size: a 1B-class llama-shaped model whose fp32 training state (16 bytes a parameter) exceeds one
-   rank's share of the host's memory trains --steps steps under --layout; per rank, the process's peak
-   resident memory above its resident memory before building, beside the cost model's prediction per rank.
+2. Training at size: a 1B-class llama-shaped model whose training state (fp32: 16 bytes a parameter;
+   --precision bf16-pure: 8) exceeds one rank's share of the host's memory trains --steps steps under --layout;
+   per rank, the process's peak resident memory above its resident memory before building, beside the cost
+   model's prediction per rank.
 
     PYTHONPATH=src python benchmarks/sharded_build.py [--layers 20] [--layout fsdp=4] [--steps 2] [--seq 64]
+                                                      [--precision fp32]
 """
 
 import argparse
@@ -45,14 +47,15 @@ def _rank(rank, world, init_file, job, queue):
 
     tokens = load_tokens(None)[: 1 << 20]
     out = []
-    for model, layout, steps, seq, probe in job:  # probe: the trainer's profiler-based heap peak, last step
+    for model, layout, steps, seq, probe, precision in job:  # probe: the trainer's heap peak, last step
         run = resolve(TrainConfig(model=model, layout=layout, steps=max(steps, 1), global_batch=world, seq=seq,
-                                  val_batches=1, sdc_check_every=0, warmup=1, predict=probe, timeout=3600), world)
+                                  val_batches=1, sdc_check_every=0, warmup=1, predict=probe, timeout=3600,
+                                  precision=precision), world)
         before = rss_bytes()
         start = time.perf_counter()
         training = Training(run, torch.device("cpu"), tokens, log=False)
         build_s = time.perf_counter() - start
-        built = sum((p.to_local() if hasattr(p, "to_local") else p).numel() * 4
+        built = sum((p.to_local() if hasattr(p, "to_local") else p).numel() * p.element_size()
                     for _, chunk in training.par.chunks for p in chunk.parameters())
         rows = training.run()["rows"] if steps else []
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
@@ -99,10 +102,12 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--sizes", default="2,5,10,20", help="depths for the build-time sweep")
     p.add_argument("--whole-max-layers", type=int, default=5)
+    p.add_argument("--precision", default="fp32", help="the training recipe (fp32, bf16, bf16-pure)")
     p.add_argument("--probe", action="store_true", help="the trainer's heap probe on the last step (the profiler: "
                    "memory-hungry at this size)")
     args = p.parse_args()
     from meshscale.cost import predict
+    from meshscale.cost.memory import PRECISIONS
     from meshscale.runtime.loop.config import TrainConfig, available_host_bytes, resolve
     from meshscale.specs.cluster import load_cluster
 
@@ -112,7 +117,8 @@ def main() -> None:
         print(f"build time vs size ({layout}, {world} ranks, each its share; whole: one process, every parameter)")
         print(f"{'layers':>6} {'params':>10} {'sharded build s (max rank)':>27} {'params MiB/rank':>16} {'whole build s':>14}")
         sizes = [int(x) for x in args.sizes.split(",")]
-        built = on_ranks(world, [(spec_file(tmp, n, args.seq), layout, 0, args.seq, False) for n in sizes])
+        built = on_ranks(world, [(spec_file(tmp, n, args.seq), layout, 0, args.seq, False, args.precision)
+                                 for n in sizes])
         for i, n in enumerate(sizes):
             per_rank = [r[i] for r in built]
             whole = (f"{whole_then_shard_s(spec_file(tmp, n, args.seq), args.seq):14.1f}"
@@ -122,12 +128,13 @@ def main() -> None:
 
         model = spec_file(tmp, args.layers, args.seq)
         run = resolve(TrainConfig(model=model, layout=layout, steps=args.steps, global_batch=world, seq=args.seq,
-                                  val_batches=1), world)
-        pred = predict(run.spec, load_cluster("local-cpu"), run.layout, world, "fp32").memory_per_device_bytes
-        state = 16 * run.spec.param_count()
-        print(f"\ntraining {run.spec.param_count() / 1e9:.2f}B parameters under {run.layout}: fp32 training state "
+                                  val_batches=1, precision=args.precision), world)
+        pred = predict(run.spec, load_cluster("local-cpu"), run.layout, world, args.precision).memory_per_device_bytes
+        state = sum(PRECISIONS[args.precision][k] for k in ("params", "grads", "optimizer")) * run.spec.param_count()
+        print(f"\ntraining {run.spec.param_count() / 1e9:.2f}B parameters under {run.layout}: {args.precision} "
+              f"training state "
               f"{state / 2**30:.1f} GiB, one rank's share of the host {available_host_bytes() / world / 2**30:.1f} GiB")
-        trained = on_ranks(world, [(model, layout, args.steps, args.seq, args.probe)])
+        trained = on_ranks(world, [(model, layout, args.steps, args.seq, args.probe, args.precision)])
         print(f"predicted per rank: {', '.join(f'{k} {v / 2**20:.0f} MiB' for k, v in pred.items())}")
         print("heap: above the heap before building, the last step's peak with --probe (the trainer's profiler probe), "
               "else the most in use after a step; RSS: the process's peak resident memory above its resident memory "
