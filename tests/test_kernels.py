@@ -240,4 +240,4 @@ def test_the_head_pays_the_cross_entropy_as_memory_traffic():
     small, large = (load_model(n) for n in ("llama3-8b", "llama3-405b"))
     share = {m.name: loss_seconds(h100, m.seq * m.vocab)[0] / gemm_seconds(h100, m.seq, m.vocab, m.hidden, peak)
              for m in (small, large)}
-    assert share["llama3-8b"] > 3 * share["llama3-405b"] and 0.1 < share["llama3-8b"] < 1.5  # 1.05: as long as its GEMM
+    assert share["llama3-8b"] > 3 * share["llama3-405b"] and 0.1 < share["llama3-8b"] < 1.2  # 1.05: about its GEMM's
