@@ -25,8 +25,11 @@ import argparse
 import json
 import sys
 
-import torch
-import torch.nn.functional as F
+try:  # measuring needs torch; --replay does not
+    import torch
+    import torch.nn.functional as F
+except ImportError:
+    torch = F = None
 
 from meshscale.cost.kernels import attention_seconds, gemm_seconds, grouped_gemm_efficiency
 from meshscale.specs.cluster import load_cluster
@@ -200,8 +203,9 @@ def main() -> int:
         print(f"{scan['gpu']} (recorded, torch {scan['torch']}); cost model preset {preset}")
         report(rows, load_cluster(preset))
         return 0
-    if not torch.cuda.is_available():
-        print(f"kernel_scan: skipped: torch {torch.__version__} sees no CUDA GPU; nothing to measure here")
+    if torch is None or not torch.cuda.is_available():
+        why = "torch is not installed" if torch is None else f"torch {torch.__version__} sees no CUDA GPU"
+        print(f"kernel_scan: skipped: {why}; nothing to measure here")
         return 0
     name = torch.cuda.get_device_name(0)
     preset = args.cluster or next((c for key, c in PRESET_BY_NAME if key in name), "h100-80gb")

@@ -10,7 +10,6 @@ import pytest
 
 from meshscale.specs.cluster import load_cluster
 
-pytest.importorskip("torch")  # kernel_scan.py imports it to measure; replaying needs none of it
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = importlib.util.spec_from_file_location("kernel_scan", ROOT / "benchmarks" / "kernel_scan.py")
 kernel_scan = importlib.util.module_from_spec(SPEC)
