@@ -355,12 +355,16 @@ def layer_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, moe: bo
         b += core_f
     elif layout.recompute == "op":  # a dense block at tp=1 (specs.layout.check_against)
         tokens = layout.mbs * model.seq / layout.cp
-        peak, dtype_bytes = cluster.gemm_peak(precision), PRECISIONS[precision]["compute"]
-        operand_bytes = 1 if precision == "fp8" else dtype_bytes
         b += gemm_pass_seconds(cluster, tuple(Gemm(tokens, o, i) for i, o in flops.op_recomputed_matmuls(model)),
-                               peak, dtype_bytes, operand_bytes)[0]
+                               *_gemm_types(cluster, precision))[0]
     attention = core_f + core_b + (core_f if layout.recompute in ("selective", "full") else 0.0)
     return Passes(f + core_f, b + core_b, w, attention)
+
+
+def _gemm_types(cluster: ClusterSpec, precision: str) -> tuple[float, int, int]:
+    """(peak, output bytes, operand bytes) of a layer's GEMMs: FP8 GEMMs read FP8 operands and write bf16."""
+    dtype_bytes = PRECISIONS[precision]["compute"]
+    return cluster.gemm_peak(precision), dtype_bytes, 1 if precision == "fp8" else dtype_bytes
 
 
 @lru_cache(maxsize=65536)
@@ -371,8 +375,7 @@ def _layer_kernels(model: ModelSpec, cluster: ClusterSpec, tp: int, cp: int, ep:
     layout = Layout(tp=tp, cp=cp, ep=ep, etp=etp, dp=ep, mbs=mbs)
     tokens = layout.mbs * model.seq / layout.cp
     layer = model.first_dense_layers if moe else next(i for i in range(model.layers) if not model.is_moe_layer(i))
-    peak, dtype_bytes = cluster.gemm_peak(precision), PRECISIONS[precision]["compute"]
-    operand_bytes = 1 if precision == "fp8" else dtype_bytes  # FP8 GEMMs read FP8 operands, write bf16
+    peak, dtype_bytes, operand_bytes = _gemm_types(cluster, precision)
     gemms = layer_gemms(model, layer, layout, tokens, cluster.software.moe_imbalance)
     f, b, w = gemm_pass_seconds(cluster, gemms, peak, dtype_bytes, operand_bytes, grad_accumulator_bytes(cluster,
                                                                                                           precision))
