@@ -6,11 +6,11 @@ AdamW with the same settings, the same global batch and micro-batches per rank, 
   dp=2,zero=3 FSDP2 fully_shard per block + root,  tp=2        DTensor parallelize_module (Megatron's split of
                                                                attention and MLP; embedding and head whole),
   pp=2        torch.distributed.pipelining, the layout's schedule over the same two stage modules,
-each step: forward, backward (no_sync until the last micro-batch under DDP), clip_grad_norm to 1.0, optimizer
-step, zero_grad. meshscale runs `train` as a user does (guards, watchdog, the replica check every 50 steps,
-metrics, its data loader). A step's time is the interval between the ends of consecutive steps (so the
-first step, with its one-off costs, is never timed); each run reports the median; runs alternate meshscale,
-bare, bare, meshscale, ... over `--rounds`, and the table shows the median over rounds.
+each step: forward, backward (no_sync until the last micro-batch under DDP), clip_grad_norm to 1.0 (over every
+stage's gradients under pp), optimizer step, zero_grad. meshscale runs `train` as a user does (guards, watchdog,
+the replica check every 50 steps, metrics, its data loader). A step's time is the interval between the ends of
+consecutive steps (so the first step, with its one-off costs, is never timed); each run reports the median; runs
+alternate meshscale, bare, bare, meshscale, ... over `--rounds`, and the table shows the median over rounds.
 
     PYTHONPATH=src python benchmarks/overhead.py [--models tiny,small] [--steps 8] [--rounds 3]
 """
@@ -54,15 +54,22 @@ def meshscale_step_times(run) -> list:
     return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
-def _clip(params: list, max_norm: float) -> None:
-    """torch's clip_grad_norm_, split by kind: a model with both DTensor (TP, FSDP2) and plain gradients."""
+def _clip(params: list, max_norm: float, pp: bool) -> None:
+    """torch's clip_grad_norm_, split by kind: a model with both DTensor (TP, FSDP2) and plain gradients; under
+    a pipeline the squared norm is summed over the stages first, as torchtitan's clip_grad_norm_ does (each
+    stage holds only its own parameters' gradients)."""
     from torch.distributed.tensor import DTensor
     from torch.nn.utils import get_total_norm
 
     grads = [p.grad for p in params if p.grad is not None]
     kinds = [[g for g in grads if isinstance(g, DTensor)], [g for g in grads if not isinstance(g, DTensor)]]
     norms = [get_total_norm(k) for k in kinds if k]
-    total = float(torch.stack([n.full_tensor() if isinstance(n, DTensor) else n for n in norms]).norm())
+    total = torch.stack([n.full_tensor() if isinstance(n, DTensor) else n for n in norms]).norm()
+    if pp:
+        total = total ** 2
+        dist.all_reduce(total)
+        total = total.sqrt()
+    total = float(total)
     coef = max_norm / (total + 1e-6)
     if coef < 1.0:
         for g in grads:
@@ -125,7 +132,7 @@ def bare_step_times(run) -> list:
                 with sync:
                     loss = F.cross_entropy(forward(x).flatten(0, 1), y.flatten()) / m
                     loss.backward()
-        _clip(params, cfg.clip)
+        _clip(params, cfg.clip, schedule is not None)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         stamps.append(time.perf_counter())

@@ -87,6 +87,9 @@ def pp_case(layout: Layout, pp_group, tp_group, ref_loss, ref_grads, dp_mesh=Non
         tokens, targets = tokens[mine], targets[mine]
     with CommLedger().active() as ledger:
         loss = runner.step(tokens, targets)
+    assert (loss is not None) == runner.has_last
+    loss = torch.zeros(()) if loss is None else loss
+    dist.all_reduce(loss, group=pp_group)  # the last stage's loss, onto every PP rank to be checked there
     grad_err, names = 0.0, []
     for _, module in chunks:
         for name, p in module.named_parameters():

@@ -2,10 +2,12 @@
 SIGTERM (saved, exit 75, resumed bit for bit), a save slower than --timeout (not a hang), a second signal
 (out at once), --time-limit, a launcher
 killed with SIGKILL (no worker survives it), a second job on the same checkpoint directory (refused in one
-line), and a resume under other settings (refused, naming them)."""
+line), a disk that fills during a save (one line, nothing lost), and a resume under other settings (refused,
+naming them)."""
 
 import json
 import os
+from collections import namedtuple
 import signal
 import subprocess
 import sys
@@ -151,3 +153,57 @@ def test_a_held_directory_is_refused_before_its_checkpoints_are_read(tmp_path):
         with pytest.raises(UserError, match=rf"is in use by another run \(pid {os.getpid()} on "):
             refuse_if_held(str(tmp_path / "held"))
     refuse_if_held(str(tmp_path / "held"))
+
+
+def _full_disk():
+    """In the child: writes past 1 MiB fail as on a full disk (the kernel's file-size limit, with SIGXFSZ
+    ignored so that write() returns EFBIG instead of killing the process); inherited by the workers."""
+    import resource
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+
+@pytest.mark.parametrize("mode", [(), ("--async-save",)], ids=["sync", "async"])
+def test_a_save_the_disk_cannot_hold_is_one_line_and_loses_nothing(tmp_path, mode):
+    """A save whose writes fail (rank 1's and rank 0's alike: each writes a shard of `tiny`'s 5 MB) ends the
+    run in one line, removes the partial step directory and leaves the checkpoint before it; the same command
+    resumes from that one once there is room. Too little room from the start is refused before training."""
+    d = tmp_path / "ckpt"
+    base = [sys.executable, "-m", "meshscale", "train", *COMMON, "--nproc", "2", "--layout", "dp=2",
+            "--checkpoint-dir", str(d), "--checkpoint-every", "2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+
+    def train(steps: str, *extra, limited: bool = False):
+        return subprocess.run([*base, "--steps", steps, *extra], env=env, cwd=ROOT, capture_output=True, text=True,
+                              timeout=600, preexec_fn=_full_disk if limited else None)
+
+    assert train("2").returncode == 0
+    full = train("4", "--allow-config-change", *mode, limited=True)
+    lines = full.stderr.strip().splitlines()
+    assert full.returncode == 2 and len(lines) == 1, full.stderr
+    # the cause as torch met it: EFBIG, or torch.save's zip writer finding its file shorter than it wrote
+    assert f"saving the checkpoint of step 4 to {d} failed (" in lines[0], lines[0]
+    assert "free there); its partial files were removed and the checkpoint of step 2 is intact" in lines[0]
+    assert sorted(p.name for p in d.glob("step-*")) == ["step-00000002"]
+    again = train("4", "--allow-config-change")
+    assert again.returncode == 0, again.stderr
+    assert (d / "step-00000004" / "manifest.json").exists()
+
+
+def test_a_directory_without_room_for_one_checkpoint_is_refused_before_training(tmp_path, monkeypatch):
+    from meshscale.errors import UserError
+    from meshscale.runtime.resilience import checkpoint
+    from meshscale.specs.layout import Layout
+    from meshscale.specs.model import load_model
+
+    spec, layout = load_model("tiny"), Layout(dp=1)
+    checkpoint.check_space(tmp_path, spec, layout, "fp32")  # this disk has room for a few MB
+    free = checkpoint.checkpoint_bytes(spec, layout, "fp32")[1] - 1
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: Usage(free + 1, 1, free))  # a fuller disk
+    with pytest.raises(UserError, match=r"a checkpoint of tiny at --precision fp32 takes [\d.]+ MiB and .* has "
+                                        r"[\d.]+ MiB free"):
+        checkpoint.check_space(tmp_path, spec, layout, "fp32")
+
+
+Usage = namedtuple("Usage", "total used free")  # shutil.disk_usage's fields

@@ -38,13 +38,19 @@ class Local:
         """select(name): the parameters this strategy owns (default all; expert parallelism splits them)."""
         self.model = self.module = model
         self.select = select or (lambda name: True)
+        self._named: list | None = None
 
     @contextmanager
     def accumulate(self, last: bool):
         yield
 
     def named_params(self) -> list:
-        return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad and self.select(n)]
+        # Listed once, on the first call after the wrappers have replaced what they replace (FSDP2 its DTensors):
+        # the optimizer holds these objects from then on, and walking the module tree costs about 1 ms of Python
+        # a call on `tiny`, several calls a step.
+        if self._named is None:
+            self._named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad and self.select(n)]
+        return self._named
 
     def optim_params(self) -> list:
         return [p for _, p in self.named_params()]

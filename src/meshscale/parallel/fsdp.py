@@ -49,5 +49,5 @@ class FSDP(Local):
 
     def local_grad_sq(self, skip) -> torch.Tensor:
         """This rank's shards only: sum the result over the DP group."""
-        return sum((p.grad.to_local().float().pow(2).sum() for name, p in self.model.named_parameters()
-                    if p.grad is not None and self.select(name) and not skip(name)), torch.zeros(()))
+        return sum((p.grad.to_local().float().pow(2).sum() for name, p in self.named_params()
+                    if p.grad is not None and not skip(name)), torch.zeros(()))

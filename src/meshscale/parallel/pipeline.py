@@ -126,7 +126,8 @@ class PipelineRunner:
 
     chunks: this rank's (stage index, module) pairs from `pipeline_chunks` (after TP / FSDP are applied).
     loss_fn(output, target) -> mean loss of one micro-batch; gradients are divided by n_microbatches, so
-    they are those of the mean loss over the whole batch. `step` returns that mean loss on every PP rank.
+    they are those of the mean loss over the whole batch. `step` returns that mean loss where the last stage runs,
+    `evaluate` on every PP rank.
     After a step, `events` holds this rank's timed F/B/W records and `step_span` its (start, end).
     """
 
@@ -159,9 +160,11 @@ class PipelineRunner:
         self.loss_src = dist.get_global_rank(self.group, head_rank(layout))
         self.owner = {stage: stage_owner(stage, layout.pp, layout.v_shaped) for stage in range(layout.stages)}
 
-    def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         """tokens, targets: this DP replica's batch (n_microbatches * mbs sequences); every PP rank passes
-        them, and only the ranks holding the first or last stage use them."""
+        them, and only the ranks holding the first or last stage use them. Returns the batch's mean loss on the
+        rank holding the last stage, None on the others (the trainer folds it into a collective it makes
+        anyway, so the step sends it nowhere)."""
         self.events.clear()
         losses: list = []
         args = (tokens,) if self.has_first else ()
@@ -169,8 +172,7 @@ class PipelineRunner:
         start = time.time()
         self.schedule.step(*args, **kwargs)
         self.step_span = (start, time.time())
-        loss = torch.stack(losses).sum().detach() if self.has_last else torch.zeros((), device=tokens.device)
-        return self._share(loss)
+        return torch.stack(losses).sum().detach() if self.has_last else None
 
     @torch.no_grad()
     def evaluate(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -196,9 +198,6 @@ class PipelineRunner:
             elif sends:
                 dist.send(x.float().contiguous(), dst=dist.get_global_rank(self.group, self.owner[stage + 1]),
                           group=self.group)
-        return self._share(loss)
-
-    def _share(self, loss: torch.Tensor) -> torch.Tensor:
-        # Bookkeeping, not training traffic: one number so every rank can log the loss.
+        # bookkeeping, not training traffic: one number so that every rank has the loss
         dist.broadcast(loss, src=self.loss_src, group=self.group)
         return loss

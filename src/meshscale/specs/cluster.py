@@ -380,9 +380,11 @@ PRESETS: dict[str, ClusterSpec] = {
     "b200": _gpu("b200", "B200-180GB", 2.25e15, 4.5e15, 75e12, 180 * GB, 8e12, 0.640,
                  900 * GB, 8, 50 * GB, 5.0, 148, 0.404, nvlink_eff=0.76, gpu_arch="blackwell", fp8_gemm_speedup=1.97),
     # GB200 NVL72 datasheet: 72 GPUs in one NVLink domain, 2.5 PFLOP/s bf16 dense, 5 fp8 per GPU,
-    # 186 GB HBM3e at 8 TB/s, NVLink5 900 GB/s one way; ConnectX-8 800 Gb/s (100 GB/s) per GPU across racks.
+    # 186 GB HBM3e at 8 TB/s, NVLink5 900 GB/s one way. Across racks a ConnectX-7 400 Gb/s NIC (50 GB/s) per GPU:
+    # "4x NVIDIA ConnectX-7 single port 400G OSFP NIC" per 4-GPU compute tray (DGX GB200 user guide, Hardware);
+    # ConnectX-8's 800 Gb/s came with GB300.
     "gb200-nvl72": _gpu("gb200-nvl72", "GB200", 2.5e15, 5e15, 80e12, 186 * GB, 8e12, 0.640,
-                        900 * GB, 72, 100 * GB, 6.0, 148, 0.404, nvlink_eff=0.76, gpu_arch="blackwell",
+                        900 * GB, 72, 50 * GB, 6.0, 148, 0.404, nvlink_eff=0.76, gpu_arch="blackwell",
                         nvls_bandwidth=840 * GB, host_cpu="arm", fp8_gemm_speedup=1.98),
     # NVIDIA Blackwell Ultra, from the datasheets (HGX B300: per GPU 2.25 PFLOP/s bf16 dense, 4.5 fp8 (the same
     # as B200; FP4 is what grew), 288 GB HBM3e at 8 TB/s, NVLink5 900 GB/s one way, ConnectX-8 800 Gb/s (100 GB/s)

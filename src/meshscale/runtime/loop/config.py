@@ -169,7 +169,7 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
     _check_nodes(cfg)
     check_fits(cfg, spec, layout)
     live.check(cfg, world)
-    verified = _check_checkpoints(cfg, spec)
+    verified = _check_checkpoints(cfg, spec, layout)
     _check_metrics_out(cfg, verified is not None)
     return Resolved(cfg, spec, layout, verified)
 
@@ -263,7 +263,7 @@ def _model(cfg: TrainConfig) -> ModelSpec:
     return spec
 
 
-def _check_checkpoints(cfg: TrainConfig, spec: ModelSpec) -> str | None:
+def _check_checkpoints(cfg: TrainConfig, spec: ModelSpec, layout: Layout) -> str | None:
     """The checkpoint options, and the newest checkpoint in --checkpoint-dir (compatible, intact): its
     identity when the run will resume from it (the workers need not hash it again), else None."""
 
@@ -284,7 +284,7 @@ def _check_checkpoints(cfg: TrainConfig, spec: ModelSpec) -> str | None:
         raise UserError(f"--time-limit must be 0 (none) or a positive number of seconds, got {cfg.time_limit:g}")
     if cfg.time_limit and not cfg.checkpoint_dir:
         raise UserError("--time-limit saves a checkpoint to resume from before it stops; pass --checkpoint-dir DIR")
-    newest = check_dir(cfg.checkpoint_dir, spec, cfg.precision) if cfg.checkpoint_dir else None
+    newest = check_dir(cfg.checkpoint_dir, spec, layout, cfg.precision) if cfg.checkpoint_dir else None
     if newest and newest[0] >= cfg.steps:
         raise UserError(f"checkpoint {newest[1]} already reached step {newest[0]} of --steps {cfg.steps}; raise "
                         "--steps to train on (with --allow-config-change), or use a new --checkpoint-dir")

@@ -165,7 +165,6 @@ class Training:
         self.named = [(name, p) for s in par.strategies for name, p in s.module.named_parameters()]
         self.faults.arm_gradients(self.named)  # before the guards' hooks, so they see the corrupted gradient
         self.guards = Guards([p for _, p in self.named], cfg.on_anomaly, cfg.spike_sigma, multi, device)
-        self.owns_loss = layout.pp == 1 or self.step_fn.runner.has_last  # other stages receive a copy
         replicas = (ReplicaCheck(par, self.optimizer, cfg.on_anomaly == "rollback")
                     if multi and cfg.sdc_check_every else None)
         self.replicas = replicas if replicas and replicas.groups else None  # no tensor has a replica
@@ -305,11 +304,12 @@ class Training:
     def forward_backward(self, step: int, micro: list) -> tuple:
         layout = self.layout
         self.beat(step, "forward/backward")
-        loss = self.step_fn(micro)
+        loss = self.step_fn(micro)  # None on a pipeline stage before the last
         # one control all-reduce, running while the gradient norm is computed: the guards' flags, the mean loss
-        # (each tp x pp group holds its dp x cp replica's loss on every rank, so the world's mean is theirs)
-        # and the preemption request
-        decide = self.guards.launch(loss if self.owns_loss else None, loss / layout.devices, self.preemption.code())
+        # (the tp ranks of each dp x cp replica's last stage hold its loss: the sum of loss / (devices / pp) over
+        # them is the mean of the replicas') and the preemption request
+        share = torch.zeros((), device=self.device) if loss is None else loss / (layout.devices // layout.pp)
+        decide = self.guards.launch(loss, share, self.preemption.code())
         self.beat(step, "gradient norm")
         grad_norm = clip_gradients(self.par, self.cfg.clip)
         self.beat(step, "guards")

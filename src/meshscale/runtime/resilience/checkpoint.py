@@ -40,12 +40,14 @@ import json
 import os
 import shutil
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 import meshscale
+from meshscale.cost.checkpoint import checkpoint_bytes
 from meshscale.errors import UserError
 from meshscale.models.transformer import full_shapes
 from meshscale.parallel.expert import is_expert_param
@@ -152,7 +154,7 @@ def check_same_run(path: Path, manifest: dict, cfg, spec) -> None:
                         "--checkpoint-dir")
 
 
-def check_dir(root: str, spec, precision: str) -> tuple[int, Path] | None:
+def check_dir(root: str, spec, layout, precision: str) -> tuple[int, Path] | None:
     """Every check a --checkpoint-dir allows before a process starts; returns the newest checkpoint (verified)
     or None. Changes nothing on disk."""
     p = Path(root)
@@ -161,6 +163,7 @@ def check_dir(root: str, spec, precision: str) -> tuple[int, Path] | None:
     existing = p if p.exists() else next(a for a in p.absolute().parents if a.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"--checkpoint-dir {root}: {existing} is not writable; choose a directory you can write to")
+    check_space(existing, spec, layout, precision)
     if not p.exists():
         return None
     strangers = sorted(c.name for c in p.iterdir() if c.name not in (LOCK, PROGRESS) and not _step_dir_name(c))
@@ -175,6 +178,64 @@ def check_dir(root: str, spec, precision: str) -> tuple[int, Path] | None:
     check_compatible(path, manifest, spec, precision)
     verify(path, manifest)
     return step, path
+
+
+def check_space(directory: Path, spec, layout, precision: str) -> None:
+    """Refuse a directory whose filesystem cannot hold one more checkpoint (its size from the cost model:
+    weights and AdamW moments at the run's precision), before anything is trained."""
+    needed, free = checkpoint_bytes(spec, layout, precision)[1], shutil.disk_usage(directory).free
+    if free < needed:
+        raise UserError(f"--checkpoint-dir: a checkpoint of {spec.name} at --precision {precision} takes "
+                        f"{_amount(needed)} and {directory} has {_amount(free)} free; free space or choose a "
+                        "directory on another filesystem")
+
+
+@contextmanager
+def failing_cleanly(path: Path, step: int, needed: float):
+    """Around a save: a failure to write its files (a full disk, a quota, a file-size limit, an I/O error)
+    becomes one line, after the save's directory is removed; it never committed, so the checkpoints before it
+    are intact. DCP reports a rank's error on every rank (CheckpointException), so every rank gets here."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except (OSError, CheckpointException) as e:
+        cause = e if isinstance(e, OSError) else _write_failure(e)
+        if cause is None:
+            raise
+        shutil.rmtree(path, ignore_errors=True)
+        before = complete(path.parent)
+        kept = (f"the checkpoint of step {before[-1][0]} is intact" if before else "there is no earlier checkpoint")
+        free = _amount(shutil.disk_usage(path.parent).free)
+        raise UserError(f"saving the checkpoint of step {step} to {path.parent} failed ({_reason(cause)}; {free} "
+                        f"free there); its partial files were removed and {kept}; make room (a checkpoint takes "
+                        f"{_amount(needed)}) or choose another --checkpoint-dir, then run the same command to resume"
+                        ) from None
+
+
+def _write_failure(e) -> BaseException | None:
+    """The error of a rank whose writing of its files failed, or None (a failure of another kind: a bug to
+    show whole). torch.save reports a failed write of its zip container as a RuntimeError, not an OSError."""
+    failures = list(e.failures.values())
+    for exc, trace in failures:
+        if isinstance(exc, OSError):
+            return exc
+    return next((exc for exc, trace in failures if any(f.name == "_write_item" for f in trace or ())), None)
+
+
+def _reason(cause: BaseException) -> str:
+    if isinstance(cause, OSError) and cause.strerror:
+        return cause.strerror
+    return f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+
+
+def _amount(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _size(run) -> float:
+    """The bytes of one checkpoint of `run` (the cost model's count: weights and AdamW moments)."""
+    return checkpoint_bytes(run.spec, run.layout, run.config.precision)[1]
 
 
 def _sha256(path: Path) -> str:
@@ -269,10 +330,10 @@ def save(run, par, optimizer, mesh, step: int, verified: bool = False) -> Path:
     import torch.distributed.checkpoint as dcp
 
     path, state, record = _begin(run, par, optimizer, mesh, step, verified)
-    with warnings.catch_warnings():  # DCP warns that one process saves alone: that is intended
-        warnings.simplefilter("ignore", UserWarning)
+    with failing_cleanly(path, step, _size(run)), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # DCP warns that one process saves alone: that is intended
         dcp.save(state, storage_writer=dcp.FileSystemWriter(path, sync_files=True), no_dist=not dist.is_initialized())
-    _finish(path, record, run.config.keep, None)
+        _finish(path, record, run.config.keep, None)
     return path
 
 
@@ -304,14 +365,16 @@ class AsyncSaver:
         self.wait()
         started = time.perf_counter()
         path, state, record = _begin(run, par, optimizer, mesh, step, verified)
+        needed = _size(run)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             upload = dcp.async_save(state, storage_writer=dcp.FileSystemWriter(path, sync_files=True),
                                     process_group=self.group, no_dist=self.group is None)
 
         def finish() -> None:
-            upload.result()
-            _finish(path, record, self.keep, self.group)
+            with failing_cleanly(path, step, needed):
+                upload.result()
+                _finish(path, record, self.keep, self.group)
             self.write_s = time.perf_counter() - started
 
         self.pending = self.pool.submit(finish)
