@@ -57,8 +57,7 @@ class Local:
 
     def local_grad_sq(self, skip) -> torch.Tensor:
         """Sum of squared gradients of the module's parameters, leaving out those `skip(name)` is true for."""
-        return sum((p.grad.float().pow(2).sum() for name, p in self.named_params()
-                    if p.grad is not None and not skip(name)), torch.zeros(()))
+        return sum_of_squares([p.grad for name, p in self.named_params() if p.grad is not None and not skip(name)])
 
     def after_step(self) -> None:
         for p in self.optim_params():
@@ -69,6 +68,14 @@ class Local:
 
     def checkpoint_state(self, optimizer) -> Held:
         return live_state(self.named_params(), optimizer)
+
+
+def sum_of_squares(tensors: list) -> torch.Tensor:
+    """The sum of the squares of every element, in fp32: one fused norm kernel over the list (what torch's own
+    clip_grad_norm_ runs) rather than three small ones a tensor, ~0.5 ms of a `tiny` step."""
+    if not tensors:
+        return torch.zeros(())
+    return torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32)).square().sum()
 
 
 def grad_buckets(params: list, bucket_mb: float) -> list[list]:

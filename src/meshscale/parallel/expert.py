@@ -25,7 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from meshscale.models.transformer import moe_layers, run_experts
 from meshscale.parallel.compat import all_gather_into, reduce_scatter_from
-from meshscale.parallel.data_parallel import Local, PipelinedDDP
+from meshscale.parallel.data_parallel import Local, PipelinedDDP, sum_of_squares
 from meshscale.parallel.ledger import record
 from meshscale.parallel.mesh import replica_mesh
 from meshscale.parallel.precision import fsdp_policy
@@ -247,8 +247,8 @@ class _ShardedExperts(Local):
                 unit.set_force_sum_reduction_for_comms(True)  # a sum, then the division (gloo has no PREMUL_SUM)
 
     def local_grad_sq(self, skip) -> torch.Tensor:
-        return sum((p.grad.to_local().float().pow(2).sum() for name, p in self.named_params()
-                    if p.grad is not None and not skip(name)), torch.zeros(()))
+        return sum_of_squares([p.grad.to_local() for name, p in self.named_params()
+                               if p.grad is not None and not skip(name)])
 
 
 def expert_data_parallel(module, layout: Layout, mesh, emesh, ledger, bucket_mb: float, precision: str,

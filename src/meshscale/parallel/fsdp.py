@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import torch
 from torch.distributed.fsdp import fully_shard
 
-from meshscale.parallel.data_parallel import Local
+from meshscale.parallel.data_parallel import Local, sum_of_squares
 from meshscale.parallel.precision import fsdp_policy
 
 
@@ -49,5 +49,5 @@ class FSDP(Local):
 
     def local_grad_sq(self, skip) -> torch.Tensor:
         """This rank's shards only: sum the result over the DP group."""
-        return sum((p.grad.to_local().float().pow(2).sum() for name, p in self.named_params()
-                    if p.grad is not None and not skip(name)), torch.zeros(()))
+        return sum_of_squares([p.grad.to_local() for name, p in self.named_params()
+                               if p.grad is not None and not skip(name)])
