@@ -7,11 +7,11 @@ naming them)."""
 
 import json
 import os
-from collections import namedtuple
 import signal
 import subprocess
 import sys
 import time
+from collections import namedtuple
 from pathlib import Path
 
 import pytest
@@ -155,6 +155,9 @@ def test_a_held_directory_is_refused_before_its_checkpoints_are_read(tmp_path):
     refuse_if_held(str(tmp_path / "held"))
 
 
+Usage = namedtuple("Usage", "total used free")  # shutil.disk_usage's fields
+
+
 def _full_disk():
     """In the child: writes past 1 MiB fail as on a full disk (the kernel's file-size limit, with SIGXFSZ
     ignored so that write() returns EFBIG instead of killing the process); inherited by the workers."""
@@ -168,7 +171,7 @@ def _full_disk():
 def test_a_save_the_disk_cannot_hold_is_one_line_and_loses_nothing(tmp_path, mode):
     """A save whose writes fail (rank 1's and rank 0's alike: each writes a shard of `tiny`'s 5 MB) ends the
     run in one line, removes the partial step directory and leaves the checkpoint before it; the same command
-    resumes from that one once there is room. Too little room from the start is refused before training."""
+    resumes from that one once there is room."""
     d = tmp_path / "ckpt"
     base = [sys.executable, "-m", "meshscale", "train", *COMMON, "--nproc", "2", "--layout", "dp=2",
             "--checkpoint-dir", str(d), "--checkpoint-every", "2"]
@@ -192,6 +195,7 @@ def test_a_save_the_disk_cannot_hold_is_one_line_and_loses_nothing(tmp_path, mod
 
 
 def test_a_directory_without_room_for_one_checkpoint_is_refused_before_training(tmp_path, monkeypatch):
+    """Too little room for one checkpoint (the cost model's size) is refused before anything trains."""
     from meshscale.errors import UserError
     from meshscale.runtime.resilience import checkpoint
     from meshscale.specs.layout import Layout
@@ -205,5 +209,3 @@ def test_a_directory_without_room_for_one_checkpoint_is_refused_before_training(
                                         r"[\d.]+ MiB free"):
         checkpoint.check_space(tmp_path, spec, layout, "fp32")
 
-
-Usage = namedtuple("Usage", "total used free")  # shutil.disk_usage's fields
