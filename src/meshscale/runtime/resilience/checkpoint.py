@@ -191,7 +191,7 @@ def check_space(directory: Path, spec, layout, precision: str) -> None:
 
 
 @contextmanager
-def failing_cleanly(path: Path, step: int, needed: float):
+def failing_cleanly(path: Path, step: int, run):
     """Around a save: a failure to write its files (a full disk, a quota, a file-size limit, an I/O error)
     becomes one line, after the save's directory is removed; it never committed, so the checkpoints before it
     are intact. DCP reports a rank's error on every rank (CheckpointException), so every rank gets here."""
@@ -207,6 +207,7 @@ def failing_cleanly(path: Path, step: int, needed: float):
         before = complete(path.parent)
         kept = (f"the checkpoint of step {before[-1][0]} is intact" if before else "there is no earlier checkpoint")
         free = _amount(shutil.disk_usage(path.parent).free)
+        needed = checkpoint_bytes(run.spec, run.layout, run.config.precision)[1]
         raise UserError(f"saving the checkpoint of step {step} to {path.parent} failed ({_reason(cause)}; {free} "
                         f"free there); its partial files were removed and {kept}; make room (a checkpoint takes "
                         f"{_amount(needed)}) or choose another --checkpoint-dir, then run the same command to resume"
@@ -231,11 +232,6 @@ def _reason(cause: BaseException) -> str:
 
 def _amount(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
-
-
-def _size(run) -> float:
-    """The bytes of one checkpoint of `run` (the cost model's count: weights and AdamW moments)."""
-    return checkpoint_bytes(run.spec, run.layout, run.config.precision)[1]
 
 
 def _sha256(path: Path) -> str:
@@ -330,7 +326,7 @@ def save(run, par, optimizer, mesh, step: int, verified: bool = False) -> Path:
     import torch.distributed.checkpoint as dcp
 
     path, state, record = _begin(run, par, optimizer, mesh, step, verified)
-    with failing_cleanly(path, step, _size(run)), warnings.catch_warnings():
+    with failing_cleanly(path, step, run), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # DCP warns that one process saves alone: that is intended
         dcp.save(state, storage_writer=dcp.FileSystemWriter(path, sync_files=True), no_dist=not dist.is_initialized())
         _finish(path, record, run.config.keep, None)
@@ -365,14 +361,13 @@ class AsyncSaver:
         self.wait()
         started = time.perf_counter()
         path, state, record = _begin(run, par, optimizer, mesh, step, verified)
-        needed = _size(run)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             upload = dcp.async_save(state, storage_writer=dcp.FileSystemWriter(path, sync_files=True),
                                     process_group=self.group, no_dist=self.group is None)
 
         def finish() -> None:
-            with failing_cleanly(path, step, needed):
+            with failing_cleanly(path, step, run):
                 upload.result()
                 _finish(path, record, self.keep, self.group)
             self.write_s = time.perf_counter() - started
