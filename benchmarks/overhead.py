@@ -10,7 +10,8 @@ each step: forward, backward (no_sync until the last micro-batch under DDP), cli
 stage's gradients under pp), optimizer step, zero_grad. meshscale runs `train` as a user does (guards, watchdog,
 the replica check every 50 steps, metrics, its data loader). A step's time is the interval between the ends of
 consecutive steps (so the first step, with its one-off costs, is never timed); each run reports the median; runs
-alternate meshscale, bare, bare, meshscale, ... over `--rounds`, and the table shows the median over rounds.
+alternate meshscale, bare, bare, meshscale, ... over `--rounds`. The table shows each side's median over rounds
+and, as meshscale/bare, the median over rounds of the ratio within a round.
 
     PYTHONPATH=src python benchmarks/overhead.py [--models tiny,small] [--steps 8] [--rounds 3]
 """
@@ -148,7 +149,9 @@ class _nothing:
 
 
 def _medians(model: str, layout: str, steps: int, rounds: int) -> tuple:
-    """(meshscale, bare) medians over rounds of each run's median step time, alternating which goes first."""
+    """(meshscale, bare) medians over rounds of each run's median step time, alternating which goes first, and
+    the median over rounds of bare's time / meshscale's within the round: a ratio of neighbours, which drifts in
+    the machine's speed (other load, frequency) move together."""
     run = _resolved(model, layout, steps)
     ours, bare = [], []
     for r in range(rounds):
@@ -159,7 +162,8 @@ def _medians(model: str, layout: str, steps: int, rounds: int) -> tuple:
                 bare.append(statistics.median(bare_step_times(run)))
             if dist.is_initialized():
                 dist.barrier()
-    return statistics.median(ours), statistics.median(bare), run
+    ratio = statistics.median(b / o for o, b in zip(ours, bare))
+    return statistics.median(ours), statistics.median(bare), ratio, run
 
 
 def _rank(rank: int, world: int, init_file: str, args, queue) -> None:
@@ -171,9 +175,9 @@ def _rank(rank: int, world: int, init_file: str, args, queue) -> None:
         for layout in args.cases.split(";"):
             if (layout == "dp=1") != (world == 1):
                 continue
-            ours, bare, run = _medians(model, layout, args.steps, args.rounds)
+            ours, bare, ratio, run = _medians(model, layout, args.steps, args.rounds)
             if rank == 0:
-                queue.put((model, layout, BATCH * run.spec.seq / ours, BATCH * run.spec.seq / bare))
+                queue.put((model, layout, BATCH * run.spec.seq / ours, BATCH * run.spec.seq / bare, ratio))
     queue.put(None)
     if world > 1:
         dist.destroy_process_group()
@@ -202,8 +206,8 @@ def main() -> None:
                 if item is None:
                     done += 1
                     continue
-                model, layout, ours, bare = item
-                print(f"{model:<6} {layout:<12} {ours:>15,.0f} {bare:>16,.0f} {ours / bare:>14.3f}", flush=True)
+                model, layout, ours, bare, ratio = item
+                print(f"{model:<6} {layout:<12} {ours:>15,.0f} {bare:>16,.0f} {ratio:>14.3f}", flush=True)
             for p in procs:
                 p.join()
 

@@ -84,13 +84,16 @@ def test_a_gradient_norm_outlier_beside_a_steady_loss_is_no_spike():
     from meshscale.runtime.resilience.guards import Guards
 
     guards = Guards([], "stop", 6.0, False, torch.device("cpu"))
+
+    def decided(step, loss, norm):
+        return guards.decide(step, guards.exchange(loss, loss, 0, torch.tensor(norm ** 2)), norm)
+
     for step in range(40):
         loss = torch.tensor(3.0 + 0.01 * (step % 3))
-        control = guards.launch(loss, loss)(step, 36.0 if step == 30 else 1.0 + 0.1 * (step % 2))
+        control = decided(step, loss, 36.0 if step == 30 else 1.0 + 0.1 * (step % 2))
         assert control.anomaly is None, control.anomaly.message
         guards.healthy(control.loss)
-    spiked = torch.tensor(60.0)
-    assert guards.launch(spiked, spiked)(40, 1.0).anomaly.kind == "spike"
+    assert decided(40, torch.tensor(60.0), 1.0).anomaly.kind == "spike"
 
 
 def test_fingerprint_sees_every_single_bit_and_majority_names_the_odd_replica():
@@ -154,6 +157,8 @@ def _two_ranks(rank, world):
         # a gradient turned NaN before the reduce (the loss stays finite): DDP skips, ZeRO-2 stops
         "ddp_grad_skip": _train(world, "dp=2", "nan@step=2,rank=1,param=3", on_anomaly="skip"),
         "zero2_grad": _train(world, "dp=2,zero=2", "nan@step=2,rank=0,param=5"),
+        # pipeline stages alone: no collective mixes gradients, so the rank's own share of the norm names it
+        "pp_grad": _train(world, "pp=2", "nan@step=2,rank=1,param=3"),
         # replay: a one-off NaN is transient (the replay's step is applied), a repeated one persistent
         "transient": _train(world, "dp=2,zero=1", "nan@step=2,rank=1", replay_anomalies=True),
         "persistent": _train(world, "dp=2", "nan@step=2,rank=1,times=2", replay_anomalies=True, on_anomaly="skip"),
@@ -178,6 +183,7 @@ def test_nonfinite_guard_replay_and_two_replica_sdc_on_two_ranks():
         ["step 2: non-finite gradient on rank 1 before the reduce; optimizer step skipped on every rank"]
     assert all(not a for _, a in rows[3:]) and all(loss == loss for loss, _ in rows[3:])  # finite, going on
     assert out["zero2_grad"][1].startswith("step 2: non-finite gradient on rank 0 before the reduce; stopped")
+    assert out["pp_grad"][1].startswith("step 2: non-finite gradient on rank 1; stopped")
 
     clean, _ = out["clean"]
     transient, _ = out["transient"]

@@ -48,6 +48,7 @@ class Parallel:
             self.tied = TiedEmbeddings(chunks, layout)
         # the head's copy of a tied table counts once, as the embedding's
         self._skip = (lambda name: duplicate(name) or name == "output.weight") if self.tied else duplicate
+        self.norm_ranks = norm_ranks(layout, strategies[0]) if mesh is not None else [0]
 
     def accumulate(self, last: bool):
         stack = ExitStack()
@@ -60,22 +61,46 @@ class Parallel:
     def optim_params(self) -> list:
         return [p for s in self.strategies for p in s.optim_params()]
 
-    def grad_sq_norm(self) -> torch.Tensor:
-        """Squared norm of the whole model's gradient, identical to one device: each rank sums its TP shards
-        (replicated norm weights on TP rank 0 only, a replicated KV head on the first rank holding it), then
-        the sum runs over TP, PP and, when gradients are sharded, the shard group (control scalars, not
+    @property
+    def mixes_gradients(self) -> bool:
+        """Whether a collective sums gradients across ranks during backward (a data-parallel reduce, TP's
+        norm-weight all-reduce, a tied table's two copies): only then is a bad gradient's origin lost by the time
+        the step's gradient norm is taken."""
+        return self.layout.dp * self.layout.cp > 1 or self.layout.tp > 1 or self.tied is not None
+
+    def local_grad_sq(self) -> torch.Tensor:
+        """This rank's share of the squared gradient norm (its TP shards, replicated norm weights on TP rank 0
+        only, a replicated KV head on the first rank holding it), before any sum over ranks."""
+        return sum(s.local_grad_sq(self._skip) for s in self.strategies).float()
+
+    def grad_sq_norm(self, shares: torch.Tensor | None = None) -> torch.Tensor:
+        """Squared norm of the whole model's gradient, identical to one device: the sum of the `norm_ranks`'
+        shares. shares: every rank's `local_grad_sq` by global rank, as the step's control all-reduce gathers
+        them (runtime.resilience.guards); without it, one all-reduce here gathers them (control values, not
         ledger traffic)."""
-        total = sum(s.local_grad_sq(self._skip) for s in self.strategies).float()
-        groups = [self.mesh[a].get_group() for a in ("tp", "pp") if getattr(self.layout, a) > 1]
-        if self.strategies[0].sharded:
-            groups.append(self.strategies[0].group)
-        for group in groups:
-            dist.all_reduce(total, group=group)
-        return total
+        if shares is None:
+            local = self.local_grad_sq()
+            if self.mesh is None:
+                return local
+            shares = torch.zeros(dist.get_world_size(), device=local.device)
+            shares[dist.get_rank()] = local
+            dist.all_reduce(shares)
+        return shares[self.norm_ranks].sum()
 
     def after_step(self) -> None:
         for s in self.strategies:
             s.after_step()
+
+
+def norm_ranks(layout: Layout, strategy) -> list[int]:
+    """The global ranks whose `local_grad_sq` shares add up to the whole gradient's squared norm, this rank's
+    among them: its pipeline stages and TP ranks, over the data-parallel ranks of its shard group when
+    `strategy` shards gradients (else its own alone: the other replicas hold the same gradient). The mesh's
+    rank order is (pp, dp, cp, tp), as parallel.mesh builds it."""
+    grid = torch.arange(layout.devices).reshape(layout.pp, layout.dp * layout.cp, layout.tp)
+    members = dist.get_process_group_ranks(strategy.group) if strategy.sharded else [dist.get_rank()]
+    replicas = sorted({int((grid == r).nonzero()[0, 1]) for r in members})
+    return sorted(grid[:, replicas, :].flatten().tolist())
 
 
 def apply_layout(model, layout: Layout, mesh, ledger, precision: str = "fp32", bucket_mb: float = 25.0,

@@ -1,6 +1,6 @@
 """AdamW (Loshchilov & Hutter 2019) with linear warm-up then cosine decay to min_lr, and gradient-norm
-clipping over the full gradient whatever the sharding (each strategy sums its shard's squares and
-reduces them over the DP group)."""
+clipping over the full gradient whatever the sharding (each rank sums the squares of what it holds; the
+shares meet in the step's control all-reduce, runtime.resilience.guards)."""
 
 import math
 
@@ -28,9 +28,10 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 
 @torch.no_grad()
-def clip_gradients(strategy, max_norm: float) -> float:
-    """Scale every gradient so the full gradient's norm is at most max_norm; return the norm before."""
-    norm = float(strategy.grad_sq_norm().sqrt())
+def clip_gradients(strategy, max_norm: float, shares: torch.Tensor | None = None) -> float:
+    """Scale every gradient so the full gradient's norm is at most max_norm; return the norm before.
+    shares: every rank's share of the squared norm, when the caller has gathered them (Parallel.grad_sq_norm)."""
+    norm = float(strategy.grad_sq_norm(shares).sqrt())
     coef = max_norm / (norm + 1e-6)
     if max_norm > 0 and coef < 1.0:
         for p in strategy.optim_params():

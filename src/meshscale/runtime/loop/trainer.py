@@ -164,7 +164,8 @@ class Training:
                                        dist.get_rank() if multi else 0)  # CUDA only: checked before the start
         self.named = [(name, p) for s in par.strategies for name, p in s.module.named_parameters()]
         self.faults.arm_gradients(self.named)  # before the guards' hooks, so they see the corrupted gradient
-        self.guards = Guards([p for _, p in self.named], cfg.on_anomaly, cfg.spike_sigma, multi, device)
+        self.guards = Guards([p for _, p in self.named], cfg.on_anomaly, cfg.spike_sigma, multi, device,
+                             par.mixes_gradients)
         replicas = (ReplicaCheck(par, self.optimizer, cfg.on_anomaly == "rollback")
                     if multi and cfg.sdc_check_every else None)
         self.replicas = replicas if replicas and replicas.groups else None  # no tensor has a replica
@@ -305,15 +306,15 @@ class Training:
         layout = self.layout
         self.beat(step, "forward/backward")
         loss = self.step_fn(micro)  # None on a pipeline stage before the last
-        # one control all-reduce, running while the gradient norm is computed: the guards' flags, the mean loss
-        # (the tp ranks of each dp x cp replica's last stage hold its loss: the sum of loss / (devices / pp) over
-        # them is the mean of the replicas') and the preemption request
+        # one control all-reduce: the guards' flags, the mean loss (the tp ranks of each dp x cp replica's last
+        # stage hold its loss: the sum of loss / (devices / pp) over them is the mean of the replicas'), the
+        # preemption request and each rank's share of the squared gradient norm, taken before any sum over ranks
         share = torch.zeros((), device=self.device) if loss is None else loss / (layout.devices // layout.pp)
-        decide = self.guards.launch(loss, share, self.preemption.code())
-        self.beat(step, "gradient norm")
-        grad_norm = clip_gradients(self.par, self.cfg.clip)
         self.beat(step, "guards")
-        control = decide(step, grad_norm)
+        rows = self.guards.exchange(loss, share, self.preemption.code(), self.par.local_grad_sq())
+        self.beat(step, "gradient norm")
+        grad_norm = clip_gradients(self.par, self.cfg.clip, rows[:, 4])
+        control = self.guards.decide(step, rows, grad_norm)
         self.stop_code = control.stop
         return control.loss, grad_norm, control.anomaly
 

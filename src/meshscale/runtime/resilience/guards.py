@@ -4,7 +4,8 @@ Non-finite guard: each rank flags a non-finite local loss, and a non-finite grad
 on that rank (a tensor hook on every parameter fires before the gradient is accumulated, so before DDP's
 bucket all-reduce or ZeRO's reduce-scatter mixes the ranks): the producing rank is known. FSDP2 computes
 gradients of gathered copies the hooks do not see; there the local loss and the reduced gradient norm are
-checked.
+checked. Where no collective mixes gradients during backward (pipeline stages alone), the hooks are not
+needed: each rank's share of the squared norm, before the sum over stages, is its own.
 
 Spike guard: a loss is a spike when, after `warmup` healthy steps, its log lies more than `sigma` standard
 deviations above the mean of the logs of the last `window` healthy values (SpikeRule). ZClip (Kumar et al.
@@ -19,8 +20,9 @@ a z-score rather than stopping); a non-finite norm is caught by the non-finite g
 
 Every rank puts its flags into one all-reduce over all ranks (a control tensor, not ledger traffic), so every
 rank reaches the same decision, returned as an `Anomaly` whose `action` the trainer carries out. The same
-all-reduce carries the step's other control values (`Control`): each rank's share of the mean loss and its
-preemption code, so a step makes one control all-reduce, not three.
+all-reduce carries the step's other control values (`Control`): each rank's share of the mean loss, its
+preemption code and its share of the squared gradient norm, so a step makes one control all-reduce where
+Megatron-LM makes one per group the gradient is split over, one for the loss and one for found_inf.
 """
 
 import copy
@@ -133,44 +135,55 @@ class SpikeRule:
 
 
 class Guards:
-    """The non-finite and spike guards of one rank; `check` is collective over every rank."""
+    """The non-finite and spike guards of one rank; `exchange` is collective over every rank."""
 
-    def __init__(self, params: list, on_anomaly: str, spike_sigma: float, multi: bool, device: torch.device):
-        # one process has no reduce to see before, and its gradient norm says whether a gradient went bad
-        self.probe, self.device = GradProbe(params if multi else []), device
+    def __init__(self, params: list, on_anomaly: str, spike_sigma: float, multi: bool, device: torch.device,
+                 mixed: bool = True):
+        """mixed: whether collectives sum gradients across ranks during backward (Parallel.mixes_gradients).
+        Only then do hooks on `params` watch each rank's own gradients; otherwise each rank's share of the
+        squared norm, taken before any sum, names the rank (hooks on every parameter and micro-batch cost ~2%
+        of a `tiny` pipeline step). One process has no other rank to name: its gradient norm says it all."""
+        self.probe = GradProbe(params) if multi and mixed else None
+        self.device = device
         self.on_anomaly = on_anomaly
         self.loss_rule = SpikeRule(spike_sigma)
         self.multi = multi
         self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if multi else (0, 1)
 
-    def launch(self, local_loss: torch.Tensor | None, loss_share: torch.Tensor, stop: int = 0):
-        """Start the step's control all-reduce (asynchronous: the gradient norm is computed meanwhile) and return
-        `decide(step, grad_norm) -> Control`, which waits for it. local_loss: the loss this rank computed,
-        before any averaging (None: it computes none, e.g. a pipeline stage before the last); loss_share: this
-        rank's share of the global mean loss; stop: this rank's preemption code. Collective over every rank."""
-        flags = torch.zeros(self.world, 4, device=self.device)  # on the device: NCCL reduces only those
+    def exchange(self, local_loss: torch.Tensor | None, loss_share: torch.Tensor, stop: int,
+                 local_grad_sq: torch.Tensor) -> torch.Tensor:
+        """The step's one control all-reduce, collective over every rank: each rank fills its own row and every
+        rank gets all of them, on the CPU, as a (world, 5) tensor of [non-finite local loss, non-finite
+        gradient seen by the probe, share of the global mean loss, preemption code, share of the squared
+        gradient norm]. local_loss: the loss this rank computed, before any averaging (None: it computes none,
+        e.g. a pipeline stage before the last); local_grad_sq: this rank's share of the squared gradient norm,
+        before any sum over ranks (Parallel.local_grad_sq)."""
+        rows = torch.zeros(self.world, 5, device=self.device)  # on the device: NCCL reduces only those
         bad_loss = local_loss is not None and not bool(torch.isfinite(local_loss.detach()).all())
-        flags[self.rank, :2] = torch.tensor([bad_loss, self.probe.take()], dtype=torch.float32)
-        flags[self.rank, 2], flags[self.rank, 3] = loss_share.detach().float(), stop
-        work = dist.all_reduce(flags, async_op=True) if self.multi else None
+        bad_grad = self.probe is not None and self.probe.take()
+        rows[self.rank, :2] = torch.tensor([bad_loss, bad_grad], dtype=torch.float32)
+        rows[self.rank, 2], rows[self.rank, 3] = loss_share.detach().float(), stop
+        rows[self.rank, 4] = local_grad_sq
+        if self.multi:
+            dist.all_reduce(rows)
+        return rows.cpu()
 
-        def decide(step: int, grad_norm: float) -> Control:
-            if work is not None:
-                work.wait()
-            reduced = flags.cpu()
-            loss = float(reduced[:, 2].sum())
-            return Control(loss, int(reduced[:, 3].max()), self._anomaly_in(step, reduced, loss, grad_norm))
-
-        return decide
+    def decide(self, step: int, rows: torch.Tensor, grad_norm: float) -> Control:
+        """What every rank does after step `step`, from the rows `exchange` returned and the gradient norm."""
+        loss = float(rows[:, 2].sum())
+        return Control(loss, int(rows[:, 3].max()), self._anomaly_in(step, rows, loss, grad_norm))
 
     def _anomaly_in(self, step: int, flags: torch.Tensor, loss: float, grad_norm: float) -> Anomaly | None:
         # the spike rules see the same global values and history on every rank: every rank flags alike
         loss_limit = self.loss_rule.exceeded(loss)
         ranks = [[r for r in range(self.world) if flags[r, k] > 0] for k in range(2)]
+        if self.multi and self.probe is None:  # no collective mixed the gradients: each share is its rank's own
+            ranks[1] = [r for r in range(self.world) if not math.isfinite(flags[r, 4])]
         if ranks[0] or ranks[1] or not math.isfinite(grad_norm):
             parts = [f"non-finite loss on rank {_names(ranks[0])}"] if ranks[0] else []
             if ranks[1]:
-                parts.append(f"non-finite gradient on rank {_names(ranks[1])} before the reduce")
+                where = " before the reduce" if self.probe is not None else ""  # else no rank's was mixed in
+                parts.append(f"non-finite gradient on rank {_names(ranks[1])}{where}")
             if not parts:
                 parts.append("non-finite gradient norm, though no rank's local loss or gradient was non-finite "
                              "before the reduce (under zero=3 gradients are only seen reduced)" if self.multi else
