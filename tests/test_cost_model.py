@@ -97,6 +97,25 @@ def test_recompute_and_sp_shrink_activations():
     assert fused == acts[1]
 
 
+def test_unfused_attention_scores_move_what_megatrons_kernels_move():
+    """Per score element (bytes): softmax reads 2 and writes 2, dropout reads 2 and writes 2 + a 1-byte mask;
+    backward, dropout's gradient moves 5 and softmax's 6. A recomputed core runs the forward twice; models
+    without dropout (LLaMA-style) have only the softmax; TP splits the heads."""
+    from meshscale.cost.step import score_elements
+
+    gpt, llama = load_model("gpt3-175b"), load_model("llama2-7b")
+    assert gpt.biases and not llama.biases
+
+    def per_element(model, tp, recompute):
+        return 2 * score_elements(model, tp, recompute) / (model.heads / tp * model.seq)
+
+    assert per_element(gpt, 1, "none") == pytest.approx(9 + 11)
+    assert per_element(gpt, 1, "full") == per_element(gpt, 1, "selective") == pytest.approx(2 * 9 + 11)
+    assert per_element(llama, 1, "none") == pytest.approx(4 + 6)
+    assert per_element(gpt, 8, "full") == pytest.approx(per_element(gpt, 1, "full"))
+    assert score_elements(gpt, 8, "full") == pytest.approx(score_elements(gpt, 1, "full") / 8)
+
+
 def test_schedules_rank_by_bubble():
     model = load_model("llama3-8b")
     bub = {s: predict(model, H100, Layout.parse(f"pp=4,schedule={s}" + (",vpp=2" if s == "interleaved" else ""),

@@ -167,8 +167,8 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, 
     Korthikanti et al. 2022 eq. 2: s*b*h*(34 + 5*a*s/h), of which 10*s*b*h (norms, block inputs, dropout
     masks) is not split by TP unless SP is on; the 5*a*s^2*b attention scores vanish with selective
     recompute (sec. 5) and with a fused (flash) attention kernel. Full recompute keeps each layer's input, 2*s*b*h.
-    The two 1-byte dropout masks exist only for models trained with dropout: GPT-style models (biases; Brown et
-    al. 2020) do, LLaMA-style models do not (Touvron et al. 2023).
+    The dropout masks and the scores' dropout output exist only for models trained with dropout: GPT-style
+    models (biases; Brown et al. 2020) do, LLaMA-style models do not (Touvron et al. 2023).
     """
     h, s, t = model.hidden, model.seq, layout.tp
     if eager and fused_attention and layout.recompute in ("none", "selective"):
@@ -198,7 +198,8 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, 
         routing = (2 * model.top_k * h * layout.expert_tp / t
                    + (2 * model.top_k * h + 4 * model.experts) / (t if layout.sp else 1))
     unsplit = (10 if model.biases else 8) * h  # two norms' inputs (4h), attention and MLP inputs (4h), masks (2h)
-    scores = 5 * model.heads * s if layout.recompute == "none" and not fused_attention else 0
+    # the scores' softmax output (2 bytes), and with dropout its mask (1) and output (2)
+    scores = (5 if model.biases else 2) * model.heads * s if layout.recompute == "none" and not fused_attention else 0
     per_token = unsplit / (t if layout.sp else 1) + (attn_split + mlp_split + scores) / t + routing
     return per_token * tokens
 

@@ -443,13 +443,25 @@ def _elementwise_per_token(model: ModelSpec, fused: bool, fused_elementwise: boo
                            recompute: str) -> float:
     """Bytes (per byte of activation) one layer's element-wise kernels move per token in all its passes. Fused
     kernels write and read once per pass what the layer stores (the 2-byte accounting of
-    activation_bytes_per_layer scaled to one byte); eager ones move what eager_forward_elements counts."""
+    activation_bytes_per_layer scaled to one byte); eager ones move what eager_forward_elements counts; an
+    unfused attention core's softmax and dropout move what `score_elements` counts."""
     stored = activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute="selective"), 1)
-    scores = 0.0 if fused else activation_bytes_per_layer(model, Layout(tp=tp, sp=sp), 1) - stored
     passes = 3 + (1 if recompute in ("full", "op") else 0)
-    score_passes = passes + (1 if recompute == "selective" else 0)
     forward = stored if fused_elementwise else eager_forward_elements(model, tp, sp)
-    return forward * passes + scores * score_passes
+    return forward * passes + (0.0 if fused else score_elements(model, tp, recompute))
+
+
+def score_elements(model: ModelSpec, tp: int, recompute: str) -> float:
+    """Elements (a 2-byte one counts 1, the 1-byte dropout mask 1/2) an unfused attention core's element-wise
+    kernels move per token over a step, counted kernel by kernel as Megatron-LM runs them, per element of the
+    rank's heads x seq scores: the fused scale-mask-softmax reads the scores and writes the probabilities (2),
+    torch's dropout reads them and writes its output and mask (2.5); backward, the dropout's reads the gradient
+    and the mask and writes the gradient (2.5), the softmax's reads the gradient and the probabilities and writes
+    the gradient (3). Dropout only in models trained with it (GPT-style, `biases`: memory.activation_bytes_per_
+    layer's rule); selective and full recompute run the forward twice."""
+    dropout = 2.5 if model.biases else 0.0
+    forwards = 2 if recompute in ("full", "selective") else 1
+    return model.heads / tp * model.seq * ((2 + dropout) * forwards + 3 + dropout)
 
 
 def eager_forward_elements(model: ModelSpec, tp: int, sp: bool) -> float:
