@@ -63,9 +63,9 @@ class Parallel:
 
     @property
     def mixes_gradients(self) -> bool:
-        """Whether a collective sums gradients across ranks during backward (a data-parallel reduce, TP's
-        norm-weight all-reduce, a tied table's two copies): only then is a bad gradient's origin lost by the time
-        the step's gradient norm is taken."""
+        """Whether a collective sums gradients across ranks before the step's gradient norm is taken (a
+        data-parallel reduce, TP's norm-weight all-reduce, a tied table's two copies): only then is a bad
+        gradient's origin lost by that time."""
         return self.layout.dp * self.layout.cp > 1 or self.layout.tp > 1 or self.tied is not None
 
     def local_grad_sq(self) -> torch.Tensor:

@@ -139,7 +139,7 @@ class Guards:
 
     def __init__(self, params: list, on_anomaly: str, spike_sigma: float, multi: bool, device: torch.device,
                  mixed: bool = True):
-        """mixed: whether collectives sum gradients across ranks during backward (Parallel.mixes_gradients).
+        """mixed: whether collectives sum gradients across ranks before the norm (Parallel.mixes_gradients).
         Only then do hooks on `params` watch each rank's own gradients; otherwise each rank's share of the
         squared norm, taken before any sum, names the rank (hooks on every parameter and micro-batch cost ~2%
         of a `tiny` pipeline step). One process has no other rank to name: its gradient norm says it all."""
