@@ -5,6 +5,7 @@ shares meet in the step's control all-reduce, runtime.resilience.guards)."""
 import math
 
 import torch
+from torch.distributed.tensor import DTensor
 
 
 def build_optimizer(params: list, lr: float, weight_decay: float) -> torch.optim.Optimizer:
@@ -34,6 +35,8 @@ def clip_gradients(strategy, max_norm: float, shares: torch.Tensor | None = None
     norm = float(strategy.grad_sq_norm(shares).sqrt())
     coef = max_norm / (norm + 1e-6)
     if max_norm > 0 and coef < 1.0:
-        for p in strategy.optim_params():
-            p.grad.mul_(coef)
+        # on each rank's own pieces, in one foreach call: a DTensor's mul_ dispatches through its sharding
+        # propagation, ~20 us a FSDP2 gradient
+        grads = [p.grad for p in strategy.optim_params()]
+        torch._foreach_mul_([g.to_local() if isinstance(g, DTensor) else g for g in grads], coef)
     return norm
