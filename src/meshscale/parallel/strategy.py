@@ -44,6 +44,11 @@ class Strategy(Protocol):
         DTensor shard), and the write-back to run after loading into them."""
 
 
+def local_part(t: torch.Tensor) -> torch.Tensor:
+    """What this rank holds of `t`: a DTensor's local shard (FSDP2's parameters and gradients), else `t`."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def live_state(named: list, optimizer: torch.optim.Optimizer) -> Held:
     """The state of strategies that keep each parameter and its moments as live tensors: nothing to write back."""
     held = {name: {"param": p.detach(), **{k: optimizer.state[p][k] for k in MOMENTS}} for name, p in named}

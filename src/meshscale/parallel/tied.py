@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from meshscale.parallel.compat import all_reduce
 from meshscale.parallel.ledger import record
+from meshscale.parallel.strategy import local_part
 from meshscale.specs.layout import Layout
 
 _groups: dict = {}
@@ -49,8 +50,7 @@ class TiedEmbeddings:
             for w in self.copies:
                 w.grad.copy_(total)
             return
-        grad = self.copies[0].grad
-        grad = grad.to_local() if hasattr(grad, "to_local") else grad  # zero=3: each rank its shard, already reduced
+        grad = local_part(self.copies[0].grad)  # zero=3: each rank its shard, already reduced
         start = time.perf_counter()
         all_reduce(grad, group=self.group)  # torch's own, not FSDP2's tap: recorded here
         record("pp", "all_reduce", grad.numel() * grad.element_size(), time.perf_counter() - start)

@@ -5,7 +5,8 @@ shares meet in the step's control all-reduce, runtime.resilience.guards)."""
 import math
 
 import torch
-from torch.distributed.tensor import DTensor
+
+from meshscale.parallel.strategy import local_part
 
 
 def build_optimizer(params: list, lr: float, weight_decay: float) -> torch.optim.Optimizer:
@@ -37,6 +38,5 @@ def clip_gradients(strategy, max_norm: float, shares: torch.Tensor | None = None
     if max_norm > 0 and coef < 1.0:
         # on each rank's own pieces, in one foreach call: a DTensor's mul_ dispatches through its sharding
         # propagation, ~20 us a FSDP2 gradient
-        grads = [p.grad for p in strategy.optim_params()]
-        torch._foreach_mul_([g.to_local() if isinstance(g, DTensor) else g for g in grads], coef)
+        torch._foreach_mul_([local_part(p.grad) for p in strategy.optim_params()], coef)
     return norm

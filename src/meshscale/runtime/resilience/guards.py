@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from meshscale.errors import UserError
+from meshscale.parallel.strategy import local_part
 
 ACTIONS = ("stop", "skip")
 
@@ -209,16 +210,11 @@ def _names(ranks: list) -> str:
     return ", ".join(str(r) for r in ranks)
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach()
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 class Snapshot:
     """This rank's pre-step state for a replay: parameters, optimizer state and RNG (--replay-anomalies)."""
 
     def __init__(self, tensors: list, optimizer: torch.optim.Optimizer):
-        self.saved = [(t, _local(t).clone()) for t in tensors]
+        self.saved = [(t, local_part(t.detach()).clone()) for t in tensors]
         self.optim = copy.deepcopy(optimizer.state_dict())
         self.rng = torch.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
@@ -226,7 +222,7 @@ class Snapshot:
     def restore(self, optimizer: torch.optim.Optimizer) -> None:
         with torch.no_grad():
             for t, saved in self.saved:
-                _local(t).copy_(saved)
+                local_part(t.detach()).copy_(saved)
         optimizer.load_state_dict(copy.deepcopy(self.optim))
         torch.set_rng_state(self.rng)
         if self.cuda_rng is not None:

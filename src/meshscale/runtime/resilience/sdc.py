@@ -19,13 +19,13 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
+from meshscale.parallel.strategy import local_part
 from meshscale.parallel.tensor import is_tp_replicated
 from meshscale.runtime.resilience.guards import Anomaly
 
 
 def fingerprint(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach()
-    flat = (t.to_local() if hasattr(t, "to_local") else t).contiguous().reshape(-1)
+    flat = local_part(t.detach()).contiguous().reshape(-1)
     bits = flat.view(torch.int32) if flat.element_size() == 4 else flat.view(torch.uint8)
     return bits.sum(dtype=torch.int64)
 
