@@ -6,7 +6,7 @@ import pytest
 
 from meshscale.cost import predict
 from meshscale.cost.comm import pipeline_sends
-from meshscale.cost.memory import memory_per_device, params_on_rank
+from meshscale.cost.memory import activation_bytes_per_layer, memory_per_device, params_on_rank
 from meshscale.errors import UserError
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout
@@ -53,6 +53,34 @@ def test_tensor_parallel_bytes_per_layer_korthikanti():
     assert sp[("tp", "all_reduce")] == 2 * (loss + (2 * TINY.layers + 1) * TINY.hidden * 4)
     full = entries(predict(TINY, CPU, Layout(dp=1, tp=2, mbs=2, recompute="full"), batch, "fp32"), "tp")
     assert full[("tp", "all_reduce")] == 2 * ((6 * TINY.layers + 2) * act + loss)
+
+
+def test_megatron_recompute_modules_keep_their_inputs_and_run_their_forward_again():
+    """recompute=layernorm+mlp (Megatron-Core's --recompute-modules): each module keeps only its input, and its
+    forward GEMMs, FLOPs and (under SP) its TP gather and scatter run again in backward."""
+    model, h100 = load_model("llama3-8b"), load_cluster("h100-80gb")
+    layout = lambda r: Layout.parse(f"tp=2,sp=true,dp=4,zero=1,mbs=1,recompute={r}", 8)  # noqa: E731
+    assert layout("mlp+core_attn").recompute == "core_attn+mlp" and layout("core_attn").recompute == "selective"
+    tokens = model.seq  # one micro-batch of one sequence
+    act = {r: activation_bytes_per_layer(model, layout(r), tokens, True) for r in ("none", "layernorm", "mlp")}
+    assert act["none"] - act["mlp"] == pytest.approx(6 * model.ffn / 2 * tokens)  # SwiGLU's gate, up, product
+    assert act["none"] - act["layernorm"] == pytest.approx(4 * model.hidden / 2 * tokens)  # norm outputs, SP
+    p = {r: predict(model, h100, layout(r), 64) for r in ("none", "layernorm", "mlp", "layernorm+mlp", "full")}
+    times = [p[r].step_time_s for r in ("none", "layernorm", "mlp", "layernorm+mlp", "full")]
+    assert times == sorted(times) and times[2] - times[0] > 0.1 * times[0]  # the MLP is most of a layer's GEMMs
+    mlp_flops = 2 * 3 * model.hidden * model.ffn * model.layers * 64 * model.seq
+    assert p["mlp"].hardware_flops_per_step - p["none"].hardware_flops_per_step == pytest.approx(mlp_flops)
+    per_mb = 2 * model.hidden * tokens  # a bf16 activation, SP gathered: one more all-gather per dense layer
+    gathers = {r: entries(p[r], "tp")[("tp", "all_gather")] for r in ("none", "mlp")}
+    assert gathers["mlp"] - gathers["none"] == 16 * model.layers * per_mb  # 16 micro-batches per rank
+    moe = load_model("mixtral-8x7b")
+    a2a = {r: entries(predict(moe, h100, Layout.parse(f"dp=8,ep=8,mbs=1,recompute={r}", 8), 64), "ep")
+           for r in ("none", "moe")}
+    assert a2a["moe"][("ep", "all_to_all")] == pytest.approx(1.5 * a2a["none"][("ep", "all_to_all")])
+    with pytest.raises(UserError, match="recompute module moe"):
+        predict(model, h100, layout("moe"), 64)
+    with pytest.raises(UserError, match="--recompute-modules"):
+        layout("attention")
 
 
 def test_pipeline_sends_per_rank():

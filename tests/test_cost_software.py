@@ -100,12 +100,18 @@ def test_overlap_efficiency_scales_what_compute_hides():
 
 
 def test_control_all_reduces_cost_latency_only():
-    """The gradient norm, loss and non-finite all-reduces: latency over their groups, nothing at 1 device."""
+    """The gradient norm, loss and non-finite all-reduces: latency over their groups, nothing at 1 device.
+    Megatron-Core makes one per group; torch's frameworks (our runtime's control exchange) one over every rank."""
     from meshscale.cost.step import control_seconds
 
     assert control_seconds(A100, 1, Layout()) == 0
     small, large = control_seconds(A100, 64, Layout(dp=64)), control_seconds(A100, 4096, Layout(dp=512, tp=8))
     assert 0 < small < large < 1e-3
+    torch_cpu = load_cluster("local-cpu")
+    one = control_seconds(torch_cpu, 4, Layout(dp=4))
+    assert control_seconds(torch_cpu, 4, Layout(dp=2, tp=2)) == one  # one exchange, whatever the groups
+    megatron_cpu = replace(torch_cpu, software=replace(torch_cpu.software, framework="megatron-core"))
+    assert control_seconds(megatron_cpu, 4, Layout(dp=2, tp=2)) > 1.5 * one  # tp, dp and world groups
 
 
 def test_zero_parameter_gather_travels_in_the_compute_dtype_or_in_fp32():

@@ -37,6 +37,10 @@ CASES = [
     ("gpt3-175b", "a100-80gb", "dp=8,zero=1,tp=8,sp=true,pp=12,vpp=2,schedule=interleaved,mbs=1", 1536, "bf16"),
     ("llama3-8b", "h100-80gb", "dp=8,zero=3,mbs=1,recompute=op", 64, "fp32"),
     ("llama2-13b", "tpu-v5p", "dp=32,zero=3,tp=4,cp=32,recompute=full", 96, "bf16"),
+    # Megatron-Core's recompute modules
+    ("llama3-8b", "h100-80gb", "dp=4,zero=1,tp=2,sp=true,mbs=1,recompute=layernorm+mlp", 64, "bf16"),
+    ("mixtral-8x7b", "h100-80gb", "dp=4,zero=1,tp=2,sp=true,pp=8,ep=8,etp=1,mbs=1,recompute=core_attn+moe_act", 256,
+     "bf16"),
 ]
 
 
@@ -168,7 +172,9 @@ def test_megatron_core_configs_take_it(case):
             config.expert_model_parallel_size) == (lay.tp, lay.pp, lay.cp, lay.ep)
     assert config.expert_tensor_parallel_size == lay.expert_tp
     assert config.sequence_parallel == lay.sp and config.num_layers == model.layers
-    assert config.recompute_granularity == {"none": None, "selective": "selective", "full": "full"}[lay.recompute]
+    assert config.recompute_granularity == {"none": None, "full": "full"}.get(lay.recompute, "selective")
+    if config.recompute_granularity == "selective":
+        assert set(config.recompute_modules) == lay.recompute_modules
     ddp_names = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
     ddp = DistributedDataParallelConfig(**{k: v for k, v in args.items() if k in ddp_names},
                                         grad_reduce_in_fp32=bool(args.get("accumulate_allreduce_grads_in_fp32")),
@@ -179,6 +185,14 @@ def test_megatron_core_configs_take_it(case):
     dp = asked.devices // (lay.tp * lay.pp * lay.cp)
     assert args["global_batch_size"] % (args["micro_batch_size"] * dp) == 0
     assert args["global_batch_size"] // (args["micro_batch_size"] * dp) == out.prediction.microbatches
+
+
+def test_megatron_fp8_with_layernorm_recompute_takes_a_recipe_that_allows_it():
+    """TransformerConfig refuses layernorm and moe_act recompute under FP8's delayed scaling."""
+    out = emit("megatron", load_model("llama3-8b"), load_cluster("h100-80gb"),
+               Layout.parse("dp=8,zero=1,mbs=1,recompute=layernorm"), 64, "fp8", steps=10)
+    args = parse_megatron(out.config)
+    assert args["fp8_recipe"] == "tensorwise" and args["recompute_modules"] == ["layernorm"]
 
 
 # ---- DeepSpeed -----------------------------------------------------------------------------------------

@@ -259,6 +259,23 @@ def test_replay_of_a_trace_gives_back_its_bubble(tmp_path, capsys):
     assert e.value.code == 2 and "does not match --layout" in capsys.readouterr().err
 
 
+def test_a_rank_that_waited_for_a_core_is_replayed_with_its_own_gaps(tmp_path):
+    """The last rank of four idles 0.6 between passes where the others idle 0.1-0.2 (on shared cores, a rank
+    waiting for a core): the replay charges each rank its own gaps, so the step's bubble comes back, where the
+    means over all ranks would have charged that rank the others' short gaps (37.3% against 43.3%)."""
+    slow = 3
+    run = engine.run(rank_orders("1f1b", 4, 1, 8), lambda s: s, lambda r, s, k, mb: (1.0 if k == "F" else 2.0, 0),
+                     lambda a, b: 0.05, before=lambda r, s, k, mb: 0.6 if r == slow else 0.2 if k == "B" else 0.1)
+    events = [[{"kind": p.kind, "mb": p.mb, "stage": p.stage, "start": p.start, "end": p.end}
+               for p in run.passes if p.rank == r] for r in range(4)]
+    (tmp_path / "t.json").write_text(json.dumps(chrome_trace(events)))
+    r = replay(str(tmp_path / "t.json"), Layout(pp=4, schedule="1f1b", mbs=1), 8)
+    assert (r.rank_gaps[slow].local, r.rank_gaps[slow].posted) == pytest.approx((0.6, 0.6))
+    assert r.rank_gaps[0].local == pytest.approx(0.1) and r.measured[0] > 0.4
+    assert r.simulated == pytest.approx(r.measured, abs=1e-3)
+    assert r.gaps.local < 0.6  # the all-rank mean, which alone would under-charge the slow rank
+
+
 def test_uneven_gpipe_is_the_flow_shop_makespan():
     """Ranks of unequal F, B (the head on the last, a lighter first): GPipe's span is m times the slowest rank's
     F+B plus one F+B of each other rank, which bubble_ratio gives from the other ranks' mean passes."""

@@ -80,10 +80,11 @@ def _replay(args, layout, model, batch) -> int:
     layout = layout.resolve_mbs(batch)
     r = replay(args.times_from, layout, layout.microbatches(batch))
     if args.json:
-        print(json_line({"measured_bubble": r.measured, "simulated_bubble": r.simulated, "gaps_s": vars(r.gaps)}))
+        print(json_line({"measured_bubble": r.measured, "simulated_bubble": r.simulated, "gaps_s": vars(r.gaps),
+                          "rank_gaps_s": [vars(r.rank_gaps[k]) for k in sorted(r.rank_gaps)]}))
         return 0
     g = r.gaps
-    print(f"between passes (trace means): {g.delivered * 1e3:.2f} ms from an input made on another rank, "
+    print(f"between passes (trace means over all ranks; each rank is replayed with its own): {g.delivered * 1e3:.2f} ms from an input made on another rank, "
           f"{g.posted * 1e3:.2f} ms after the previous pass where that input was already made, "
           f"{g.local * 1e3:.2f} ms before a pass with no input from another rank")
     for rank, (meas, sim) in enumerate(zip(r.measured, r.simulated)):

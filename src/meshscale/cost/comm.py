@@ -154,6 +154,9 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     v = tokens * model.hidden * act_bytes
     per_layer = 4 + (2 if layout.recompute == "full" else 0)
     calls = (n_layers * per_layer + first + last) * m
+    # a recomputed MLP region (the mlp module: dense layers'; moe: MoE layers') runs its forward's one again
+    modules = layout.recompute_modules
+    calls += ((n_layers - moe_layers) * ("mlp" in modules) + moe_layers * ("moe" in modules)) * m
     # Where the EP dispatcher takes each TP rank's SP chunk of the tokens (Layout.dispatch_split: SP, or experts
     # split otherwise than TP), a MoE layer's MLP region has none of the SP gather and scatter: Megatron-Core's
     # MoELayer (moe_layer.py) routes and dispatches the sequence-parallel hidden states as they come (it asserts
@@ -166,7 +169,7 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     chunked = megatron_moe and not model.shared_experts and layout.sp and layout.ep > 1 and \
         layout.dispatch_split == layout.tp
     sp_moe = moe_layers if chunked else 0
-    calls -= sp_moe * per_layer // 2 * m
+    calls -= sp_moe * (per_layer // 2 + ("moe" in modules)) * m
     kv_calls = 2 * n_layers * m if layout.tp > model.kv_heads else 0
     small_calls = (3 if last else 0) * m + kv_calls + moe_layers * m
     small = ((3 * m if last else 0) * tokens * 4 + kv_calls * model.hidden * model.head_dim * 4
@@ -225,19 +228,19 @@ def context_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_by
                          m: int, moe_layers: int = 0) -> list[CommOp]:
     """Ring attention (Liu et al. 2023; Megatron CP), as parallel/context.py runs it: per layer each rank sends
     a K,V block cp-1 times forward; backward sends K,V cp-1 times again and the blocks' dK,dV cp-1 times;
-    recompute (selective reruns the attention core, full the block) repeats the forward's ring. Hidden
+    recompute of the attention core (selective, core_attn) or the block (full) repeats the forward's ring. Hidden
     behind the attention core. Each MoE layer's balance loss is per whole sequence: its per-sequence expert
     counts and router-probability sums (2 x sequences x experts, fp32) are all-reduced over CP in forward
     (Megatron-Core's router likewise all-reduces its token counts over the TP x CP group)."""
     if layout.cp == 1:
         return []
     kv_block = 2 * tokens * kv_heads_per_rank(model.kv_heads, layout.tp) * model.head_dim * act_bytes
-    passes = 3 + (1 if layout.recompute != "none" else 0)
+    passes = 3 + (1 if layout.reruns("core_attn") else 0)
     sends = n_layers * m * (layout.cp - 1) * passes
     ops = [CommOp("send_recv", kv_block * sends, sends, Overlap.ATTENTION)]
     if moe_layers:
         sequences = tokens * layout.cp / model.seq
-        calls = moe_layers * m * (2 if layout.recompute == "full" else 1)
+        calls = moe_layers * m * (2 if layout.reruns("moe") else 1)
         ops.append(CommOp("all_reduce", calls * 2 * sequences * model.experts * 4, calls, Overlap.NONE))
     return ops
 
@@ -245,7 +248,8 @@ def context_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_by
 def expert_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, moe_layers: int,
                         m: int) -> list[CommOp]:
     """Token dispatch and combine all-to-alls per MoE layer, forward and backward (Lepikhin et al. 2020,
-    GShard; DeepSeek-V3 sec. 3.2); each sends top_k copies of the tokens the rank dispatches. Exact for the mean
+    GShard; DeepSeek-V3 sec. 3.2); each sends top_k copies of the tokens the rank dispatches; recompute of the MoE
+    layer (full, or the moe module) dispatches and combines again in backward. Exact for the mean
     rank of an EP group under dropless routing (what a group sends, it receives); one rank's share depends on
     the routing (parallel/expert.py). Each TP rank dispatches its 1/tp chunk of the tokens where
     Layout.dispatch_split says so (SP, or an EP group folded across TP ranks, etp != tp: Megatron-Core's
@@ -255,7 +259,7 @@ def expert_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     if layout.ep == 1 or not moe_layers:
         return []
     v = tokens / layout.dispatch_split * model.top_k * model.hidden * act_bytes
-    calls = moe_layers * m * (4 + (2 if layout.recompute == "full" else 0))
+    calls = moe_layers * m * (4 + (2 if layout.reruns("moe") else 0))
     return [CommOp("all_to_all", v * calls, calls, Overlap.OTHER_MICROBATCH)]
 
 
@@ -272,7 +276,7 @@ def expert_tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, 
     if layout.ep == 1 or not moe_layers or layout.expert_tp == 1 or layout.dispatch_split == 1:
         return []
     a = layout.expert_tp * tokens / layout.dispatch_split * model.top_k * model.hidden * act_bytes
-    n = moe_layers * m * (2 + (1 if layout.recompute == "full" else 0))
+    n = moe_layers * m * (2 + (1 if layout.reruns("moe") else 0))
     return [CommOp("all_gather", a * n, n, Overlap.NONE), CommOp("reduce_scatter", a * n, n, Overlap.NONE)]
 
 

@@ -6,6 +6,7 @@ gradients), Kaplan et al. 2020 sec. 2.1 and Narayanan et al. 2021 (arXiv:2104.04
 
 from functools import lru_cache
 
+from meshscale.specs.layout import Layout
 from meshscale.specs.model import ModelSpec
 
 
@@ -77,11 +78,21 @@ def op_recomputed_matmuls(model: ModelSpec) -> tuple:
 @lru_cache(maxsize=1024)
 def recompute_flops_per_token(model: ModelSpec, recompute: str, layers: range) -> float:
     """Extra forward work per token. Full: the whole layer again; selective: only the attention core
-    (Korthikanti et al. 2022, arXiv:2205.05198, sec. 5); op: every other matmul."""
+    (Korthikanti et al. 2022, arXiv:2205.05198, sec. 5); op: every other matmul; Megatron-Core's modules
+    (Layout.recompute_modules): the attention core, a dense MLP, a MoE layer, its shared experts."""
     if recompute == "full":
         return sum(layer_flops(model, i, model.seq) for i in layers)
-    if recompute == "selective":
-        return len(layers) * attention_core_flops(model, model.seq)
     if recompute == "op":
         return len(layers) * 2.0 * sum(i * o for i, o in op_recomputed_matmuls(model))
-    return 0.0
+    modules = Layout(recompute=recompute).recompute_modules
+    core = attention_core_flops(model, model.seq) if "core_attn" in modules else 0.0
+    return sum(core + _module_mlp_flops(model, i, modules) for i in layers)
+
+
+def _module_mlp_flops(model: ModelSpec, layer: int, modules: frozenset) -> float:
+    """Forward FLOPs per token of the MLP-side recompute modules of `layer`."""
+    if not model.is_moe_layer(layer):
+        return mlp_flops(model, layer) if "mlp" in modules else 0.0
+    if "moe" in modules:
+        return mlp_flops(model, layer)
+    return 2.0 * model.shared_experts * model.expert_params() if "shared_experts" in modules else 0.0

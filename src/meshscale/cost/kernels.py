@@ -192,25 +192,30 @@ def layer_gemms(model: ModelSpec, layer: int, layout: Layout, tokens: float, imb
     gathered over ETP, of the tokens each TP rank dispatches, Layout.dispatch_split; Megatron-Core's
     all-to-all dispatcher, Liu et al. 2025 sec. 3), times `imbalance` on the busiest EP rank when ep > 1
     ([software] moe_imbalance), as one grouped GEMM; shared experts see every token, split over TP."""
+    return sum(layer_gemm_parts(model, layer, layout, tokens, imbalance).values(), ())
+
+
+def layer_gemm_parts(model: ModelSpec, layer: int, layout: Layout, tokens: float, imbalance: float = 1.0) -> dict:
+    """`layer_gemms` by the module that runs them: attention (its projections), mlp (a dense layer's), and a
+    MoE layer's router, experts and shared_experts."""
     t, h = layout.tp, model.hidden
     if model.uses_mla:  # low-rank projections: one GEMM of the same FLOPs
-        attn = [Gemm(tokens, model.attention_params() / h / t, h)]
+        attn = (Gemm(tokens, model.attention_params() / h / t, h),)
     else:
         q = model.heads * model.head_dim
         kv = kv_heads_per_rank(model.kv_heads, t) * model.head_dim  # a whole copy when tp > kv_heads
-        attn = [Gemm(tokens, q / t + 2 * kv, h), Gemm(tokens, h, q / t)]
+        attn = (Gemm(tokens, q / t + 2 * kv, h), Gemm(tokens, h, q / t))
     up = model.mlp_matrices - 1  # gate + up, or up alone
     if not model.is_moe_layer(layer):
-        return tuple(attn + [Gemm(tokens, up * model.ffn / t, h), Gemm(tokens, h, model.ffn / t)])
+        return {"attention": attn, "mlp": (Gemm(tokens, up * model.ffn / t, h), Gemm(tokens, h, model.ffn / t))}
     local = max(1, model.experts // layout.ep)
     routed = (tokens * model.top_k * layout.ep * layout.expert_tp / (t * model.experts)
               * (imbalance if layout.ep > 1 else 1.0))
-    e, f = model.expert_ffn / layout.expert_tp, model.expert_ffn / t
-    out = attn + [Gemm(tokens, model.experts, h),  # router
-                  Gemm(routed, up * e, h, local, True), Gemm(routed, h, e, local, True)]
-    if model.shared_experts:
-        out += [Gemm(tokens, up * f * model.shared_experts, h), Gemm(tokens, h, f * model.shared_experts)]
-    return tuple(out)
+    e, f = model.expert_ffn / layout.expert_tp, model.expert_ffn / t * model.shared_experts
+    shared = (Gemm(tokens, up * f, h), Gemm(tokens, h, f)) if model.shared_experts else ()
+    return {"attention": attn, "router": (Gemm(tokens, model.experts, h),),
+            "experts": (Gemm(routed, up * e, h, local, True), Gemm(routed, h, e, local, True)),
+            "shared_experts": shared}
 
 
 def column_parallel_share(model: ModelSpec, layout: Layout) -> float:
@@ -346,19 +351,33 @@ def loss_seconds(cluster: ClusterSpec, logits: float) -> tuple[float, float]:
 @lru_cache(maxsize=65536)
 def layer_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, moe: bool, precision: str) -> Passes:
     """One transformer layer (a MoE one when `moe`), one micro-batch; under fp8 its linear layers' GEMMs in
-    FP8 with their operands' casts."""
+    FP8 with their operands' casts. Recompute's forward work runs again inside B: the whole layer (full), the
+    attention core (selective, or core_attn among Megatron-Core's modules), every other matmul (op), or the
+    GEMMs of the modules named (step.elementwise_seconds counts their memory-bound kernels)."""
     f, b, w, core_f, core_b = _layer_kernels(model, cluster, layout.tp, layout.cp, layout.ep, layout.etp, layout.mbs,
                                              moe, precision)
+    tokens = layout.mbs * model.seq / layout.cp
     if layout.recompute == "full":
-        b += f + core_f
-    elif layout.recompute == "selective":
-        b += core_f
+        b += f
     elif layout.recompute == "op":  # a dense block at tp=1 (specs.layout.check_against)
-        tokens = layout.mbs * model.seq / layout.cp
         b += gemm_pass_seconds(cluster, tuple(Gemm(tokens, o, i) for i, o in flops.op_recomputed_matmuls(model)),
                                *_gemm_types(cluster, precision))[0]
-    attention = core_f + core_b + (core_f if layout.recompute in ("selective", "full") else 0.0)
-    return Passes(f + core_f, b + core_b, w, attention)
+    elif layout.recompute_modules - {"core_attn"}:
+        b += _module_gemms_forward(model, cluster, layout, tokens, moe, precision)
+    rerun_core = core_f if layout.reruns("core_attn") else 0.0
+    return Passes(f + core_f, b + core_b + rerun_core, w, core_f + core_b + rerun_core)
+
+
+def _module_gemms_forward(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float, moe: bool,
+                          precision: str) -> float:
+    """The forward GEMMs of the recompute modules a layer has (Megatron-Core's --recompute-modules: mlp a dense
+    layer's MLP, moe the whole MoE layer with its router and shared experts, shared_experts those alone)."""
+    layer = model.first_dense_layers if moe else next(i for i in range(model.layers) if not model.is_moe_layer(i))
+    parts = layer_gemm_parts(model, layer, layout, tokens, cluster.software.moe_imbalance)
+    wanted = {"mlp": ("mlp",), "moe": ("router", "experts", "shared_experts"), "shared_experts": ("shared_experts",)}
+    names = {p for m in layout.recompute_modules for p in wanted.get(m, ())}
+    gemms = tuple(g for name in sorted(names) for g in parts.get(name, ()))
+    return gemm_pass_seconds(cluster, gemms, *_gemm_types(cluster, precision))[0] if gemms else 0.0
 
 
 def _gemm_types(cluster: ClusterSpec, precision: str) -> tuple[float, int, int]:

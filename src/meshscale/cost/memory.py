@@ -182,14 +182,14 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, 
     # Attention block: qkv input 2h, Q 2h(q width), K and V 2kv each, out-proj input 2h, dropout mask h.
     q = model.heads * model.head_dim
     attn_split = 2 * q + 4 * kv + 2 * q
-    mlp_split: float
-    if not model.gated_mlp:
-        mlp_split = 4 * model.ffn  # GeLU input and output (2 bytes each)
-    else:
-        mlp_split = 6 * model.ffn  # gate, up and their product (the down projection's input)
+    # per MLP width: GeLU's input and output, or SwiGLU's gate, up and their product (the down projection's input)
+    per_width = 6 if model.gated_mlp else 4
+    modules = layout.recompute_modules  # Megatron-Core's recompute modules keep only their inputs
+    mlp_split = 0.0 if "mlp" in modules else per_width * model.ffn
     routing = 0.0
     if model.is_moe:
-        mlp_split *= (model.top_k + model.shared_experts) * model.expert_ffn / model.ffn
+        routed = (per_width - 2 * ("moe_act" in modules)) * model.top_k * model.expert_ffn  # moe_act: the act's output
+        shared = 0.0 if "shared_experts" in modules else per_width * model.shared_experts * model.expert_ffn
         # Megatron-Core's MoE layer (moe_utils.permute/unpermute): the top_k permuted copies of each token the
         # experts' first GEMM keeps (the rank's arrivals: gathered over ETP, every ETP rank running its slice of
         # the experts on them all, etp/tp of the tokens' copies; expert.py), the experts' outputs the combine
@@ -197,9 +197,13 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, 
         # rank's own (SP) tokens
         routing = (2 * model.top_k * h * layout.expert_tp / t
                    + (2 * model.top_k * h + 4 * model.experts) / (t if layout.sp else 1))
-    unsplit = (10 if model.biases else 8) * h  # two norms' inputs (4h), attention and MLP inputs (4h), masks (2h)
+        mlp_split = routed + shared
+        if "moe" in modules:  # the whole MoE layer, shared experts included, from its input
+            mlp_split = routing = 0.0
+    # two norms' inputs (4h) and outputs (the attention and MLP inputs, 4h; layernorm recompute drops them), masks
+    unsplit = (10 if model.biases else 8) * h - (4 * h if "layernorm" in modules else 0)
     # the scores' softmax output (2 bytes), and with dropout its mask (1) and output (2)
-    scores = (5 if model.biases else 2) * model.heads * s if layout.recompute == "none" and not fused_attention else 0
+    scores = (5 if model.biases else 2) * model.heads * s if "core_attn" not in modules and not fused_attention else 0
     per_token = unsplit / (t if layout.sp else 1) + (attn_split + mlp_split + scores) / t + routing
     return per_token * tokens
 

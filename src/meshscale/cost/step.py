@@ -229,11 +229,15 @@ def exposed_seconds(t: float, hidden_by: float, shown: float, efficiency: float 
 
 
 def control_seconds(cluster: ClusterSpec, devices: int, layout: Layout) -> float:
-    """The small all-reduces of a step besides its traffic, latency-bound and not in the comm ledger: the
-    gradient norm for clipping over the groups that split the gradient (Megatron-LM optimizer/clip_grads.py:
-    the model-parallel group, and the data-parallel one where gradients are sharded), the loss averaged over
-    the replicas for logging (Megatron-LM's average_losses_across_data_parallel_group), and the non-finite
-    check every rank joins (Megatron-LM's found_inf; runtime/resilience/guards.py)."""
+    """The small all-reduces of a step besides its traffic, latency-bound and not in the comm ledger.
+    Megatron-Core makes several: the gradient norm for clipping over the groups that split the gradient
+    (Megatron-LM optimizer/clip_grads.py: the model-parallel group, and the data-parallel one where gradients
+    are sharded), the loss averaged over the replicas for logging (average_losses_across_data_parallel_group)
+    and the non-finite check every rank joins (found_inf). Torch's frameworks make one over every rank: our
+    runtime's control exchange carries all of these, a (world, 5) fp32 tensor (runtime/resilience/guards.py
+    Guards.exchange), and torchtitan's clip_grad_norm_ reduces its DTensor norm once."""
+    if cluster.software.framework == "torch":
+        return _small_all_reduces(cluster, devices, ((devices, 1),), 20 * devices)
     t, c, d = layout.tp, layout.cp, layout.dp
     groups = [(t, 1), (layout.pp, t * c * d), (d * c, t), (devices, 1)]
     if layout.zero >= 2:
@@ -242,9 +246,10 @@ def control_seconds(cluster: ClusterSpec, devices: int, layout: Layout) -> float
 
 
 @lru_cache(maxsize=4096)
-def _small_all_reduces(cluster: ClusterSpec, devices: int, groups: tuple) -> float:
-    """One 8-byte all-reduce over each of `groups` ((size, stride), ...): many layouts share their groups."""
-    return sum(_time(cluster, devices, None, None, "all_reduce", 8, 1, (n, stride)) for n, stride in groups if n > 1)
+def _small_all_reduces(cluster: ClusterSpec, devices: int, groups: tuple, nbytes: int = 8) -> float:
+    """One all-reduce of `nbytes` over each of `groups` ((size, stride), ...): many layouts share their groups."""
+    return sum(_time(cluster, devices, None, None, "all_reduce", nbytes, 1, (n, stride))
+               for n, stride in groups if n > 1)
 
 
 def expert_units_per_layer(model: ModelSpec, layout: Layout, sw) -> int:
@@ -448,7 +453,10 @@ def _elementwise_per_token(model: ModelSpec, fused: bool, fused_elementwise: boo
     stored = activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute="selective"), 1)
     passes = 3 + (1 if recompute in ("full", "op") else 0)
     forward = stored if fused_elementwise else eager_forward_elements(model, tp, sp)
-    return forward * passes + (0.0 if fused else score_elements(model, tp, recompute))
+    # recompute modules (Megatron-Core's) write again, and read once, what they no longer keep
+    modules = Layout(recompute=recompute).recompute_modules | {"core_attn"}
+    rerun = stored - activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute="+".join(modules)), 1)
+    return forward * passes + rerun + (0.0 if fused else score_elements(model, tp, recompute))
 
 
 def score_elements(model: ModelSpec, tp: int, recompute: str) -> float:
@@ -458,9 +466,9 @@ def score_elements(model: ModelSpec, tp: int, recompute: str) -> float:
     torch's dropout reads them and writes its output and mask (2.5); backward, the dropout's reads the gradient
     and the mask and writes the gradient (2.5), the softmax's reads the gradient and the probabilities and writes
     the gradient (3). Dropout only in models trained with it (GPT-style, `biases`: memory.activation_bytes_per_
-    layer's rule); selective and full recompute run the forward twice."""
+    layer's rule); recompute of the attention core (selective, core_attn, full) runs the forward twice."""
     dropout = 2.5 if model.biases else 0.0
-    forwards = 2 if recompute in ("full", "selective") else 1
+    forwards = 2 if Layout(recompute=recompute).reruns("core_attn") else 1
     return model.heads / tp * model.seq * ((2 + dropout) * forwards + 3 + dropout)
 
 

@@ -40,7 +40,7 @@ def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
         layout = change(layout, changes, "DeepSpeed's AutoTP keeps activations whole over the TP group", sp=False)
     if layout.tp > 1 and layout.zero == 3:
         layout = change(layout, changes, "DeepSpeed's AutoTP training combines with ZeRO stages 0-2", zero=2)
-    if layout.recompute in ("selective", "op"):
+    if layout.recompute not in ("none", "full"):
         layout = change(layout, changes, "DeepSpeed checkpoints whole layers (deepspeed.checkpointing)",
                                  recompute="full")
     return layout, changes

@@ -12,7 +12,7 @@ import shlex
 from meshscale.cost.comm import bucket_params
 from meshscale.errors import UserError
 from meshscale.export import Job, Shape, change
-from meshscale.specs.layout import Layout, split_layers
+from meshscale.specs.layout import RECOMPUTE_MODULES, Layout, split_layers
 from meshscale.specs.model import ModelSpec
 
 GPU_ONLY = "Megatron-LM"  # named in the refusal of a TPU slice
@@ -51,13 +51,18 @@ def arguments(job: Job) -> list[str]:
         if sw.ep_comm_overlap:
             args.append("--overlap-moe-expert-parallel-comm")
     args += _data_parallel_arguments(job)
-    args += {"none": [], "selective": ["--recompute-granularity selective"],
-             "full": ["--recompute-granularity full", "--recompute-method uniform",
-                      "--recompute-num-layers 1"]}[lay.recompute]
+    if lay.recompute == "full":
+        args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+    elif lay.recompute_modules:  # selective is core_attn, Megatron-Core's default module list
+        modules = [m for m in RECOMPUTE_MODULES if m in lay.recompute_modules]
+        args += ["--recompute-granularity selective"] + ([f"--recompute-modules {' '.join(modules)}"]
+                                                         if lay.recompute != "selective" else [])
     if job.precision in ("bf16", "bf16-pure", "fp8"):
         args.append("--bf16")
     if job.precision == "fp8":
         args.append("--fp8-format hybrid")  # Transformer Engine's recipe: e4m3 forward, e5m2 gradients
+        if lay.recompute_modules & {"layernorm", "moe_act"}:  # TransformerConfig refuses them with delayed scaling
+            args.append("--fp8-recipe tensorwise")
     args.append(f"--data-path {shlex.quote(job.data)}" if job.data else "--mock-data")
     return args
 

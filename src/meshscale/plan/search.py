@@ -21,8 +21,8 @@ from meshscale.cost.memory import PRECISIONS
 from meshscale.cost.step import Prediction
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
-from meshscale.specs.layout import (RECOMPUTE, SCHEDULES, Layout, check_against, kv_heads_fit, layout_items,
-                                    parse_value)
+from meshscale.specs.layout import (RECOMPUTE, RECOMPUTE_MODULES, SCHEDULES, Layout, check_against, kv_heads_fit,
+                                    layout_items, parse_value)
 from meshscale.specs.model import ModelSpec
 
 MAX_VPP = 8
@@ -66,6 +66,9 @@ def _check_fixable(key: str, value) -> None:
     """The values plan searches: zero 0-3, other degrees from 1, schedules and recompute modes but op."""
     if key in ("schedule", "recompute"):
         choices = SCHEDULES if key == "schedule" else RECOMPUTE
+        if key == "recompute" and ("+" in value or value in RECOMPUTE_MODULES):  # predict's, not the search's
+            raise UserError(f"--fix: plan does not search recompute modules ({value}); fix none, selective or "
+                            "full, and predict the module list with --layout")
         if value not in choices:
             raise UserError(f"--fix: unknown {key} {value!r}; choose one of {', '.join(choices)}")
         if value == "op":  # torchtitan's policy, for predict and train; its tp=1, dense-only rule stays out

@@ -23,6 +23,10 @@ from meshscale.specs.model import trainer_lacks
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb", "zbv", "dualpipev")
 RECOMPUTE = ("none", "selective", "full", "op")
+# Megatron-Core's --recompute-modules (transformer_config.py recompute_modules): the parts of a layer whose
+# forward backward runs again from the input they keep; `recompute=mlp+layernorm` names several. core_attn alone
+# is Korthikanti et al.'s selective recompute, written `selective`.
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts")
 # Schedules that place two model chunks on each pipeline rank (a "V": down then back up).
 V_SCHEDULES = ("zbv", "dualpipev")
 # Zero-bubble schedules: each backward split into its input gradient (B) and weight gradient (W), run apart
@@ -60,7 +64,7 @@ class Layout:
         if self.schedule not in SCHEDULES:
             raise UserError(f"layout: unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
         if self.recompute not in RECOMPUTE:
-            raise UserError(f"layout: unknown recompute {self.recompute!r}; choose one of {', '.join(RECOMPUTE)}")
+            object.__setattr__(self, "recompute", _module_list(self.recompute))
         if self.sp and self.tp == 1:
             raise UserError("layout: sp=true shards activations over the TP group, so it needs tp > 1")
         if self.pp > 1:
@@ -91,6 +95,18 @@ class Layout:
                             f"from tp={self.tp}; meshscale builds it with ep > 1 only: add ep or drop etp")
 
     # ---- derived sizes ------------------------------------------------------------------
+    @property
+    def recompute_modules(self) -> frozenset:
+        """The RECOMPUTE_MODULES whose forward backward runs again: selective's attention core, or those the
+        list names; none for none, full (the whole layer) and op (every other matmul)."""
+        if self.recompute == "selective":
+            return frozenset({"core_attn"})
+        return frozenset() if self.recompute in RECOMPUTE else frozenset(self.recompute.split("+"))
+
+    def reruns(self, module: str) -> bool:
+        """Whether backward runs `module` (one of RECOMPUTE_MODULES) forward again: full recompute reruns all."""
+        return self.recompute == "full" or module in self.recompute_modules
+
     @property
     def devices(self) -> int:
         return self.dp * self.cp * self.pp * self.tp
@@ -222,6 +238,18 @@ def layout_items(text: str, what: str = "layout") -> list[tuple[str, str]]:
     return items
 
 
+def _module_list(text: str) -> str:
+    """A recompute module list in one canonical form (RECOMPUTE_MODULES' order; core_attn alone: selective)."""
+    names = text.split("+")
+    unknown = [n for n in names if n not in RECOMPUTE_MODULES]
+    if unknown or len(set(names)) != len(names):
+        raise UserError(f"layout: unknown recompute {text!r}; choose one of {', '.join(RECOMPUTE)}, or modules "
+                        f"joined by + (Megatron-Core's --recompute-modules: {', '.join(RECOMPUTE_MODULES)}), "
+                        "each once")
+    names = [n for n in RECOMPUTE_MODULES if n in names]
+    return "selective" if names == ["core_attn"] else "+".join(names)
+
+
 def parse_value(key: str, raw: str, what: str = "layout"):
     """The value of layout key `key` from its text: a whole number, sp a bool, schedule and recompute their
     lower-case names (which Layout checks)."""
@@ -258,6 +286,12 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
     if layout.sp and model.seq % (t * layout.cp):
         raise UserError(f"layout: sp=true splits each CP rank's seq/cp tokens ({model.seq}/{layout.cp}) over tp={t}; "
                         "tp*cp must divide seq")
+    absent = {"moe": not model.is_moe, "moe_act": not model.is_moe, "shared_experts": not model.shared_experts,
+              "mlp": model.is_moe and model.moe_layers == model.layers}
+    missing = sorted(m for m in layout.recompute_modules if absent.get(m))
+    if missing:
+        raise UserError(f"layout: recompute module {', '.join(missing)} names a part {model.name} does not have "
+                        f"({'dense' if not model.is_moe else 'MoE'} model); drop it")
     if layout.recompute == "op" and (model.is_moe or model.uses_mla or t > 1 or layout.cp > 1):
         # its every-other-matmul rule would count routed experts' and TP/CP collectives' calls
         raise UserError(f"layout: recompute=op is built for dense models at tp=1 and cp=1 ({model.name}, tp={t}, "
@@ -354,6 +388,9 @@ def trainer_refusal(layout: Layout, model) -> str | None:
     lacks = trainer_lacks(model)
     if lacks:
         return f"model {model.name}: the trainer has no {lacks}"
+    if layout.recompute not in RECOMPUTE:
+        return (f"recompute={layout.recompute} is Megatron-Core's module recompute, which predict costs and "
+                "--emit megatron writes; the trainer runs recompute none, selective, full or op")
     if layout.cp > 1 and model.sliding_window and model.sliding_window < model.seq:
         return f"cp>1 is not built for sliding-window attention ({model.name}); use cp=1"
     if layout.cp > 1 and model.learned_positions:
