@@ -59,7 +59,9 @@ def test_megatron_recompute_modules_keep_their_inputs_and_run_their_forward_agai
     """recompute=layernorm+mlp (Megatron-Core's --recompute-modules): each module keeps only its input, and its
     forward GEMMs, FLOPs and (under SP) its TP gather and scatter run again in backward."""
     model, h100 = load_model("llama3-8b"), load_cluster("h100-80gb")
-    layout = lambda r: Layout.parse(f"tp=2,sp=true,dp=4,zero=1,mbs=1,recompute={r}", 8)  # noqa: E731
+    def layout(r):
+        return Layout.parse(f"tp=2,sp=true,dp=4,zero=1,mbs=1,recompute={r}", 8)
+
     assert layout("mlp+core_attn").recompute == "core_attn+mlp" and layout("core_attn").recompute == "selective"
     tokens = model.seq  # one micro-batch of one sequence
     act = {r: activation_bytes_per_layer(model, layout(r), tokens, True) for r in ("none", "layernorm", "mlp")}
@@ -77,6 +79,15 @@ def test_megatron_recompute_modules_keep_their_inputs_and_run_their_forward_agai
     a2a = {r: entries(predict(moe, h100, Layout.parse(f"dp=8,ep=8,mbs=1,recompute={r}", 8), 64), "ep")
            for r in ("none", "moe")}
     assert a2a["moe"][("ep", "all_to_all")] == pytest.approx(1.5 * a2a["none"][("ep", "all_to_all")])
+    dsv3 = load_model("deepseek-v3")
+    mla = {r: predict(dsv3, h100, Layout.parse(f"dp=8,ep=8,mbs=1,recompute={r}", 8), 64)
+           for r in ("none", "mla_up_proj")}
+    up = 2 * dsv3.heads * (dsv3.q_lora_rank * (dsv3.head_dim + dsv3.rope_head_dim)
+                           + dsv3.kv_lora_rank * (dsv3.head_dim + dsv3.v_head_dim))  # per token and layer
+    assert (mla["mla_up_proj"].hardware_flops_per_step - mla["none"].hardware_flops_per_step
+            == pytest.approx(up * dsv3.layers * 64 * dsv3.seq))
+    kept = {r: p.memory_per_device_bytes["activations"] for r, p in mla.items()}
+    assert kept["mla_up_proj"] < kept["none"]
     with pytest.raises(UserError, match="recompute module moe"):
         predict(model, h100, layout("moe"), 64)
     with pytest.raises(UserError, match="--recompute-modules"):

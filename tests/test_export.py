@@ -41,6 +41,8 @@ CASES = [
     ("llama3-8b", "h100-80gb", "dp=4,zero=1,tp=2,sp=true,mbs=1,recompute=layernorm+mlp", 64, "bf16"),
     ("mixtral-8x7b", "h100-80gb", "dp=4,zero=1,tp=2,sp=true,pp=8,ep=8,etp=1,mbs=1,recompute=core_attn+moe_act", 256,
      "bf16"),
+    ("deepseek-v3", "h100-80gb", "dp=64,zero=1,pp=16,ep=64,mbs=1,recompute=layernorm+mla_up_proj+moe_act", 1024,
+     "bf16"),
 ]
 
 

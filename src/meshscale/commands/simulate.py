@@ -84,9 +84,11 @@ def _replay(args, layout, model, batch) -> int:
                           "rank_gaps_s": [vars(r.rank_gaps[k]) for k in sorted(r.rank_gaps)]}))
         return 0
     g = r.gaps
-    print(f"between passes (trace means over all ranks; each rank is replayed with its own): {g.delivered * 1e3:.2f} ms from an input made on another rank, "
-          f"{g.posted * 1e3:.2f} ms after the previous pass where that input was already made, "
+    print(f"between passes (trace means over all ranks): {g.delivered * 1e3:.2f} ms from an input made on another "
+          f"rank, {g.posted * 1e3:.2f} ms after the previous pass where that input was already made, "
           f"{g.local * 1e3:.2f} ms before a pass with no input from another rank")
     for rank, (meas, sim) in enumerate(zip(r.measured, r.simulated)):
-        print(f"pp rank {rank}: measured bubble {meas:.1%}, simulated from its F/B/W times {sim:.1%}")
+        own = r.rank_gaps[rank]
+        print(f"pp rank {rank}: measured bubble {meas:.1%}, simulated from its F/B/W times {sim:.1%} (its own: "
+              f"{own.posted * 1e3:.2f} ms after its previous pass, {own.local * 1e3:.2f} ms before one without input)")
     return 0

@@ -86,6 +86,10 @@ def recompute_flops_per_token(model: ModelSpec, recompute: str, layers: range) -
         return len(layers) * 2.0 * sum(i * o for i, o in op_recomputed_matmuls(model))
     modules = Layout(recompute=recompute).recompute_modules
     core = attention_core_flops(model, model.seq) if "core_attn" in modules else 0.0
+    if "mla_up_proj" in modules:  # DeepSeek-V2 sec. 2.1.2: latent q and kv up to the heads
+        v = model.v_head_dim or model.head_dim
+        core += 2.0 * model.heads * (model.q_lora_rank * (model.head_dim + model.rope_head_dim)
+                                     + model.kv_lora_rank * (model.head_dim + v))
     return sum(core + _module_mlp_flops(model, i, modules) for i in layers)
 
 

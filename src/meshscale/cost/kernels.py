@@ -377,7 +377,18 @@ def _module_gemms_forward(model: ModelSpec, cluster: ClusterSpec, layout: Layout
     wanted = {"mlp": ("mlp",), "moe": ("router", "experts", "shared_experts"), "shared_experts": ("shared_experts",)}
     names = {p for m in layout.recompute_modules for p in wanted.get(m, ())}
     gemms = tuple(g for name in sorted(names) for g in parts.get(name, ()))
+    if "mla_up_proj" in layout.recompute_modules:
+        gemms += mla_up_projections(model, layout.tp, tokens)
     return gemm_pass_seconds(cluster, gemms, *_gemm_types(cluster, precision))[0] if gemms else 0.0
+
+
+def mla_up_projections(model: ModelSpec, tp: int, tokens: float) -> tuple:
+    """MLA's up-projections from the q and kv latents to the heads (DeepSeek-V2, arXiv:2405.04434, sec. 2.1.2),
+    heads split over TP: the part of MLA that Megatron-Core's mla_up_proj recompute reruns."""
+    heads, v = model.heads / tp, model.v_head_dim or model.head_dim
+    kv = Gemm(tokens, heads * (model.head_dim + v), model.kv_lora_rank)
+    return ((Gemm(tokens, heads * (model.head_dim + model.rope_head_dim), model.q_lora_rank), kv)
+            if model.q_lora_rank else (kv,))
 
 
 def _gemm_types(cluster: ClusterSpec, precision: str) -> tuple[float, int, int]:

@@ -185,6 +185,8 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, 
     # per MLP width: GeLU's input and output, or SwiGLU's gate, up and their product (the down projection's input)
     per_width = 6 if model.gated_mlp else 4
     modules = layout.recompute_modules  # Megatron-Core's recompute modules keep only their inputs
+    if "mla_up_proj" in modules:  # MLA's Q, K, V, rebuilt from the latents its up-projections keep anyway
+        attn_split -= 2 * q + 4 * kv
     mlp_split = 0.0 if "mlp" in modules else per_width * model.ffn
     routing = 0.0
     if model.is_moe:

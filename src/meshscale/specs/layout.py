@@ -26,7 +26,7 @@ RECOMPUTE = ("none", "selective", "full", "op")
 # Megatron-Core's --recompute-modules (transformer_config.py recompute_modules): the parts of a layer whose
 # forward backward runs again from the input they keep; `recompute=mlp+layernorm` names several. core_attn alone
 # is Korthikanti et al.'s selective recompute, written `selective`.
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts")
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts")
 # Schedules that place two model chunks on each pipeline rank (a "V": down then back up).
 V_SCHEDULES = ("zbv", "dualpipev")
 # Zero-bubble schedules: each backward split into its input gradient (B) and weight gradient (W), run apart
@@ -287,11 +287,11 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
         raise UserError(f"layout: sp=true splits each CP rank's seq/cp tokens ({model.seq}/{layout.cp}) over tp={t}; "
                         "tp*cp must divide seq")
     absent = {"moe": not model.is_moe, "moe_act": not model.is_moe, "shared_experts": not model.shared_experts,
-              "mlp": model.is_moe and model.moe_layers == model.layers}
+              "mlp": model.is_moe and model.moe_layers == model.layers, "mla_up_proj": not model.uses_mla}
     missing = sorted(m for m in layout.recompute_modules if absent.get(m))
     if missing:
-        raise UserError(f"layout: recompute module {', '.join(missing)} names a part {model.name} does not have "
-                        f"({'dense' if not model.is_moe else 'MoE'} model); drop it")
+        raise UserError(f"layout: recompute module {', '.join(missing)} names a part {model.name} does not have; "
+                        "drop it")
     if layout.recompute == "op" and (model.is_moe or model.uses_mla or t > 1 or layout.cp > 1):
         # its every-other-matmul rule would count routed experts' and TP/CP collectives' calls
         raise UserError(f"layout: recompute=op is built for dense models at tp=1 and cp=1 ({model.name}, tp={t}, "
