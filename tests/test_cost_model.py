@@ -94,6 +94,28 @@ def test_megatron_recompute_modules_keep_their_inputs_and_run_their_forward_agai
         layout("attention")
 
 
+def test_multi_token_prediction_runs_beside_the_head_and_counts_in_the_cut():
+    """DeepSeek-V3's MTP module (sec. 2.2): a 2h -> h projection, a layer like the last and the shared head, on
+    the head's pipeline rank, counted as a layer of the last chunk in the cut (Megatron-Core's "m")."""
+    from meshscale.cost.flops import forward_flops_per_token, layer_flops, logits_flops
+    from meshscale.cost.memory import params_on_rank
+    from meshscale.specs.layout import split_layers
+
+    dsv3 = load_model("deepseek-v3")
+    bare = dataclasses.replace(dsv3, mtp_layers=0)
+    h = dsv3.hidden
+    extra = 4 * h * h + layer_flops(dsv3, dsv3.layers - 1, dsv3.seq) + logits_flops(dsv3)
+    assert forward_flops_per_token(dsv3, dsv3.seq) - forward_flops_per_token(bare, bare.seq) == pytest.approx(extra)
+    cut = split_layers(dsv3.layers, 32, dsv3.mtp_layers)  # 62 units: the last chunk holds the MTP module alone
+    assert len(cut[-1]) == 0 and sum(map(len, cut)) == dsv3.layers and cut == split_layers(62, 32)[:31] + [cut[-1]]
+    layout = Layout.parse("dp=8,pp=4,ep=8,mbs=1", 32)
+    on_head = params_on_rank(dsv3, layout, 3) - params_on_rank(bare, layout, 3)
+    assert on_head > 2 * h * h  # its layer and projection, on the head's rank only
+    assert params_on_rank(dsv3, layout, 1) == params_on_rank(bare, layout, 1)
+    slower = predict(dsv3, H100, layout, 64).step_time_s / predict(bare, H100, layout, 64).step_time_s
+    assert 1.02 < slower < 1.5
+
+
 def test_pipeline_sends_per_rank():
     assert [pipeline_sends(Layout(pp=4), r) for r in range(4)] == [1, 2, 2, 1]
     assert [pipeline_sends(Layout(pp=2, vpp=2, schedule="interleaved"), r) for r in range(2)] == [3, 3]

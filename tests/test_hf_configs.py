@@ -153,7 +153,7 @@ def test_the_math_fields_are_read():
     gemma = from_hf_config(by_name("gemma-3-4b"), "g")
     assert (gemma.mlp, gemma.full_attention_every, gemma.sandwich_norms, gemma.qk_norm) == ("geglu", 6, True, True)
     v3 = from_hf_config(by_name("DeepSeek-V3"), "d")
-    assert (v3.first_dense_layers, v3.kv_lora_rank, v3.shared_experts) == (3, 512, 1)
+    assert (v3.first_dense_layers, v3.kv_lora_rank, v3.shared_experts, v3.mtp_layers) == (3, 512, 1, 1)
     assert 36.5e9 < v3.active_param_count() < 37.7e9  # the report's 37B activated
 
 

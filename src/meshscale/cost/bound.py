@@ -17,7 +17,7 @@ import numpy as np
 
 from meshscale.cost import comm, overhead
 from meshscale.cost.comm import Overlap
-from meshscale.cost.kernels import Passes, attention_core_seconds, head_passes, layer_passes
+from meshscale.cost.kernels import Passes, attention_core_seconds, head_passes, layer_passes, mtp_passes
 from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busiest_rank, expert_params_on_rank,
                                    expert_params_per_rank, fsdp_gathered, heaviest_rank, held_layers, params_on_rank,
                                    params_per_rank, rebuilt_layer_bytes, root_params_on_rank, zero_copy_bytes)
@@ -94,7 +94,7 @@ def _placements(model: ModelSpec, tp: int, ep: int, etp: int, pp: int, schedules
     for a in (params, root, v_shaped):
         a.flags.writeable = False
     return Placements(layouts, v_shaped,
-                      tuple(layer_counts(model.layers, pp, lay.stages, lay.v_shaped) for lay in layouts), busy,
+                      tuple(layer_counts(model.layers, pp, lay.stages, lay.v_shaped, model.mtp_layers) for lay in layouts), busy,
                       params, root,
                       tuple(len(rank_chunks(pp, lay.stages, lay.v_shaped, r)) for lay, r in zip(layouts, busy)))
 
@@ -144,7 +144,8 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
                                                                cluster.fused_attention,
                                                                not cluster.software.fused_elementwise))
     tokens = rows.mbs * model.seq / cp
-    held = _held_layers(model.layers, pp, shape.schedules, shape.per_rank, shape.microbatch_sizes)[k_i, rows.mbs_index]
+    held = _held_layers(model.layers, model.mtp_layers, pp, shape.schedules, shape.per_rank,
+                        shape.microbatch_sizes)[k_i, rows.mbs_index]
     logits = np.where(v_shaped | (pp == 1), 4 * model.vocab / tp, 0.0)  # the head on the first rank
     full = r_i == RECOMPUTE_MODES.index("full")  # one layer rebuilt at a time during backward
     acts = (per_token[s_i, r_i] * held + np.where(full, rebuild[s_i], 0.0) + logits) * tokens
@@ -173,9 +174,11 @@ def _elementwise_table(model: ModelSpec, cluster: ClusterSpec, tp: int, sps: tup
 
 
 @lru_cache(maxsize=4096)
-def _held_layers(layers: int, pp: int, schedules: tuple, per_rank: int, microbatch_sizes: tuple) -> np.ndarray:
+def _held_layers(layers: int, mtp: int, pp: int, schedules: tuple, per_rank: int,
+                 microbatch_sizes: tuple) -> np.ndarray:
     """memory.held_layers per (schedule, micro-batch size): shared by the shapes with these pp and dp."""
-    held = np.array([[held_layers(layers, pp, v, n, per_rank // b) for b in microbatch_sizes] for n, v in schedules])
+    held = np.array([[held_layers(layers, pp, v, n, per_rank // b, mtp) for b in microbatch_sizes]
+                     for n, v in schedules])
     held.flags.writeable = False
     return held
 
@@ -430,8 +433,8 @@ def _unit_passes(model, cluster, tp, cp, ep, etp, mbs, precision) -> np.ndarray:
     for r, recompute in enumerate(RECOMPUTE_MODES):
         shape = Layout(tp=tp, cp=cp, ep=ep, etp=etp, dp=ep, mbs=mbs, recompute=recompute)  # a kernel_shape
         for i, c in enumerate(columns):  # counted_seconds of one dense layer, one MoE layer, the head
-            p = head_passes(model, cluster, tp, cp, mbs, precision) if c == 2 else layer_passes(
-                model, cluster, shape, c == 1, precision)
+            p = head_passes(model, cluster, tp, cp, mbs, precision) + mtp_passes(model, cluster, shape, precision) \
+                if c == 2 else layer_passes(model, cluster, shape, c == 1, precision)
             unit[r, i] = p.forward, p.backward, p.weight
     unit.flags.writeable = False
     return unit

@@ -40,9 +40,16 @@ def logits_flops(model: ModelSpec) -> float:
     return 2.0 * model.hidden * model.vocab
 
 
+def mtp_flops(model: ModelSpec, seq: int) -> float:
+    """Per token, forward: the multi-token prediction modules' 2h -> h projections, layers and the shared head
+    (DeepSeek-AI 2024, DeepSeek-V3 report sec. 2.2)."""
+    per_module = 4.0 * model.hidden * model.hidden + layer_flops(model, model.layers - 1, seq) + logits_flops(model)
+    return model.mtp_layers * per_module
+
+
 @lru_cache(maxsize=256)
 def forward_flops_per_token(model: ModelSpec, seq: int) -> float:
-    return sum(layer_flops(model, i, seq) for i in range(model.layers)) + logits_flops(model)
+    return sum(layer_flops(model, i, seq) for i in range(model.layers)) + logits_flops(model) + mtp_flops(model, seq)
 
 
 def model_flops_per_step(model: ModelSpec, tokens: int) -> float:

@@ -325,6 +325,7 @@ def counted_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Layout, dense
             out = out + layer_passes(model, cluster, shape, is_moe, precision) * count
     if head:
         out = out + head_passes(model, cluster, shape.tp, shape.cp, shape.mbs, precision)
+        out = out + mtp_passes(model, cluster, shape, precision)
     return out
 
 
@@ -336,6 +337,21 @@ def head_passes(model: ModelSpec, cluster: ClusterSpec, tp: int, cp: int, mbs: i
                                 cluster.bf16_work_peak(precision), PRECISIONS[precision]["compute"])
     loss_f, loss_b = loss_seconds(cluster, tokens * model.vocab / tp)
     return Passes(f + loss_f, b + loss_b, w)
+
+
+@lru_cache(maxsize=65536)
+def mtp_passes(model: ModelSpec, cluster: ClusterSpec, shape: Layout, precision: str) -> Passes:
+    """The multi-token prediction modules on the head's rank, one micro-batch under a `kernel_shape`: each a
+    column-parallel 2h -> h projection, a layer like the last and the shared head and loss (DeepSeek-V3 sec.
+    2.2; Megatron-Core's MultiTokenPredictionBlock)."""
+    if not model.mtp_layers:
+        return Passes()
+    tokens = shape.mbs * model.seq / shape.cp
+    projection = gemm_pass_seconds(cluster, (Gemm(tokens, model.hidden / shape.tp, 2 * model.hidden),),
+                                   *_gemm_types(cluster, precision))
+    module = (layer_passes(model, cluster, shape, model.is_moe_layer(model.layers - 1), precision)
+              + head_passes(model, cluster, shape.tp, shape.cp, shape.mbs, precision) + Passes(*projection))
+    return module * model.mtp_layers
 
 
 def loss_seconds(cluster: ClusterSpec, logits: float) -> tuple[float, float]:

@@ -72,8 +72,12 @@ def _root_params(model: ModelSpec, tp: int, pp: int, v_shaped: bool, rank: int) 
 def params_per_rank(model: ModelSpec, tp: int, ep: int, etp: int, pp: int, chunks: int, v_shaped: bool) -> tuple:
     """`params_on_rank` of every pipeline rank, from the layout's degrees (what the planner's bound reads)."""
     per_layer = _layer_params_on_rank(model, tp, ep, etp)
-    return tuple(sum(per_layer[i] for i in rank_layers(model.layers, pp, chunks, v_shaped, rank))
-                 + _root_params(model, tp, pp, v_shaped, rank) for rank in range(pp))
+    # the multi-token prediction modules beside the head: two norms, a column-parallel 2h -> h projection and a
+    # layer like the last (DeepSeek-V3 sec. 2.2)
+    mtp = model.mtp_layers * (per_layer[-1] + 2 * model.hidden * model.hidden / tp + 2 * model.hidden)
+    head = 0 if v_shaped else pp - 1
+    return tuple(sum(per_layer[i] for i in rank_layers(model.layers, pp, chunks, v_shaped, rank, model.mtp_layers))
+                 + _root_params(model, tp, pp, v_shaped, rank) + (mtp if rank == head else 0) for rank in range(pp))
 
 
 @lru_cache(maxsize=1024)
@@ -112,7 +116,7 @@ def fsdp_gathered(model: ModelSpec, tp: int, ep: int, etp: int, pp: int, chunks:
         whole = params_per_rank(model, tp, ep, etp, pp, chunks, v_shaped)[rank]
         return whole, whole
     per_layer = _layer_params_on_rank(model, tp, ep, etp)
-    block = max(per_layer[i] for i in rank_layers(model.layers, pp, chunks, v_shaped, rank))
+    block = max(per_layer[i] for i in rank_layers(model.layers, pp, chunks, v_shaped, rank, model.mtp_layers))
     root = _root_params(model, tp, pp, v_shaped, rank)
     return root + 2 * block, root + block
 
@@ -136,8 +140,8 @@ def expert_params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
 def expert_params_per_rank(model: ModelSpec, ep: int, etp: int, pp: int, chunks: int, v_shaped: bool) -> tuple:
     """`expert_params_on_rank` of every pipeline rank, from the layout's degrees."""
     one_layer = model.experts * model.expert_params() / (etp * ep)
-    return tuple(one_layer * sum(model.is_moe_layer(i) for i in rank_layers(model.layers, pp, chunks, v_shaped, r))
-                 for r in range(pp))
+    owned = (rank_layers(model.layers, pp, chunks, v_shaped, r, model.mtp_layers) for r in range(pp))
+    return tuple(one_layer * sum(model.is_moe_layer(i) for i in layers) for layers in owned)
 
 
 def zero_held(params: float, experts: float, zero: int, stage: int, shard: int, expert_shard: int) -> float:
@@ -259,17 +263,17 @@ def held_layer_microbatches(model: ModelSpec, layout: Layout, m: int) -> float:
     batches per chunk in turn, then one more before its first backward (Megatron-LM, schedules.py,
     forward_backward_pipelining_with_interleaving), and its chunks differ in size (the embedding takes a slot
     in the first). Other schedules: the rank's layers times inflight_microbatches."""
-    return held_layers(model.layers, layout.pp, layout.vpp, layout.schedule, m)
+    return held_layers(model.layers, layout.pp, layout.vpp, layout.schedule, m, model.mtp_layers)
 
 
 @lru_cache(maxsize=65536)
-def held_layers(layers: int, pp: int, vpp: int, schedule: str, m: int) -> float:
+def held_layers(layers: int, pp: int, vpp: int, schedule: str, m: int, mtp: int = 0) -> float:
     """`held_layer_microbatches` from the layout's pipeline degrees and schedule (what the planner's bound reads)."""
     layout = Layout(pp=pp, vpp=vpp, schedule=schedule)
-    own = rank_layers(layers, pp, pp * vpp, layout.v_shaped, 0)
+    own = rank_layers(layers, pp, pp * vpp, layout.v_shaped, 0, mtp)
     if pp == 1 or schedule != "interleaved":
         return len(own) * inflight_microbatches(layout, m)
-    ranges = chunk_ranges(layers, pp * vpp)
+    ranges = chunk_ranges(layers, pp * vpp, mtp)
     sizes = [len(ranges[c]) for c in range(0, pp * vpp, pp)]  # rank 0's chunks, in order
     forwards = min((pp - 1) * 2 + (vpp - 1) * pp + 1, m * vpp)
     # forward k runs chunk (k // pp) % vpp: pp forwards of each chunk a cycle, then what is left of one

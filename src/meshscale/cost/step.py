@@ -391,7 +391,7 @@ def _head_ends(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision
 def chunk_kinds(model: ModelSpec, chunks: int) -> tuple:
     """(dense layers, MoE layers, holds the head) of each pipeline chunk."""
     out = []
-    for c, owned in enumerate(split_layers(model.layers, chunks)):
+    for c, owned in enumerate(split_layers(model.layers, chunks, model.mtp_layers)):
         moe = sum(model.is_moe_layer(i) for i in owned) if model.is_moe else 0
         out.append((len(owned) - moe, moe, c == chunks - 1))
     return tuple(out)

@@ -368,6 +368,12 @@ PRESETS: dict[str, ClusterSpec] = {
     # DGX H100: NVLink4 900 GB/s bidirectional (450 one way), 8x ConnectX-7 NDR 400 Gb/s (50 GB/s per GPU).
     "h100-80gb": _gpu("h100-80gb", "H100-SXM5-80GB", 989e12, 1979e12, 67e12, 81559 * MiB, 3.35e12, 0.711,
                       450 * GB, 8, 50 * GB, 2.5, 132, 0.434, gpu_arch="hopper", nvls_bandwidth=480 * GB),
+    # NVIDIA H800 SXM5 (datasheet): H100's compute and HBM with NVLink cut to 400 GB/s bidirectional (200 one
+    # way); DeepSeek-AI 2024 (DeepSeek-V3 report sec. 3.1) and DeepEP's README describe its clusters: 8 GPUs on
+    # NVSwitch, a ConnectX-7 400 Gb/s (50 GB/s) NIC per GPU, NVLink measured at ~160 GB/s (0.80, H100's
+    # fraction). No NVLS or price on record.
+    "h800": _gpu("h800", "H800-SXM5-80GB", 989e12, 1979e12, 67e12, 81559 * MiB, 3.35e12, 0.711,
+                 200 * GB, 8, 50 * GB, 0.0, 132, 0.434, gpu_arch="hopper"),
     # NVIDIA H200 datasheet: same compute as H100, 141 GB HBM3e at 4.8 TB/s (nvidia-smi: 143771 MiB); DGX H200
     # has the fabric of DGX H100. benchmarks/kernel_scan.py on this workplace's H200, 2026-11-28
     # (benchmarks/data/kernel_scan_h200.json): a 4 GiB copy 4,253 GB/s of 4,800 (0.89; an add 4,387, 0.91);
@@ -443,7 +449,7 @@ PRESETS: dict[str, ClusterSpec] = {
 # 1000 W, GB200 1200 W per GPU); TPU v4 170 W mean per chip (Jouppi et al. 2023, ISCA, Table 3). Idle: ~60 W
 # for SXM boards (nvidia-smi power.draw at rest on DGX A100/H100), 90 W for Blackwell, 1/3 of board for TPU v4.
 # TPU v5e/v5p and this machine have no published figure and report no energy.
-POWER_W = {"a100-80gb": (400, 60), "h100-80gb": (700, 60), "h200": (700, 60), "b200": (1000, 90),
+POWER_W = {"a100-80gb": (400, 60), "h100-80gb": (700, 60), "h800": (700, 60), "h200": (700, 60), "b200": (1000, 90),
            "gb200-nvl72": (1200, 90), "tpu-v4": (170, 57)}
 for _name, (_board, _idle) in POWER_W.items():
     PRESETS[_name] = replace(PRESETS[_name], board_power_w=_board, idle_power_w=_idle)

@@ -226,11 +226,11 @@ def _phi3(f: Fields) -> dict:
 
 def _deepseek_v3(f: Fields) -> dict:
     """Planned only (the runtime model has no multi-head latent attention). The router's sigmoid scores,
-    group-limited choice and scale, and the multi-token-prediction module (not in the 671B the paper counts)
-    change no shape the planner costs."""
+    group-limited choice and scale change no shape the planner costs; the multi-token-prediction modules (not in
+    the 671B the paper counts) are costed on the head's pipeline rank."""
     kw = _decoder(f)
     for key, kind in (("routed_scaling_factor", float), ("n_group", int), ("topk_group", int),
-                      ("scoring_func", str), ("topk_method", str), ("num_nextn_predict_layers", int),
+                      ("scoring_func", str), ("topk_method", str),
                       ("seq_aux", bool), ("aux_loss_alpha", float), ("rope_interleave", bool), ("qk_head_dim", int)):
         f.get(key, kind)
     f.only("attention_bias", (False,), "DeepSeek-V3 publishes no biases")
@@ -242,7 +242,7 @@ def _deepseek_v3(f: Fields) -> dict:
             "q_lora_rank": f.get("q_lora_rank", int, 0), "experts": f.get("n_routed_experts", int, ...),
             "top_k": f.get("num_experts_per_tok", int, ...), "expert_ffn": f.get("moe_intermediate_size", int, ...),
             "shared_experts": f.get("n_shared_experts", int, 0), "first_dense_layers": first, "moe_every": freq,
-            "norm_topk": f.get("norm_topk_prob", bool, True)}
+            "norm_topk": f.get("norm_topk_prob", bool, True), "mtp_layers": f.get("num_nextn_predict_layers", int, 0)}
 
 
 def _gpt2(f: Fields) -> dict:

@@ -277,7 +277,7 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
     if model.is_moe and model.expert_ffn % layout.expert_tp:
         raise UserError(f"layout: etp={layout.expert_tp} (tp unless set) must divide the expert MLP width "
                         f"({model.expert_ffn}) of {model.name}; pick a divisor of it")
-    if layout.stages > model.layers:
+    if layout.stages > model.layers + model.mtp_layers:
         raise UserError(f"layout: pp*vpp = {layout.stages} pipeline chunks but {model.name} has only "
                         f"{model.layers} layers; lower pp or vpp")
     if layout.cp > 1 and model.seq % (2 * layout.cp):
@@ -330,19 +330,22 @@ def kv_heads_per_rank(kv_heads: int, tp: int) -> int:
     return max(kv_heads // tp, 1)
 
 
-def split_layers(n_layers: int, n_chunks: int) -> list[range]:
+def split_layers(n_layers: int, n_chunks: int, mtp: int = 0) -> list[range]:
     """Contiguous layer ranges, one per chunk: Megatron's even cut (Narayanan et al. 2021, sec. 2.2), which
     the published step times we hold the cost model against were measured with. Layers left over go to the
-    inner chunks first, so the chunks also carrying the embedding or the output head stay lighter. The
-    runtime (parallel/pipeline.py) and the cost model (cost/memory.py) both cut with this function."""
-    if not 1 <= n_chunks <= n_layers:
+    inner chunks first, so the chunks also carrying the embedding or the output head stay lighter. `mtp`
+    multi-token prediction modules count as layers of the last chunk, after its transformer layers (Megatron-
+    Core's pipeline layouts place them so: "m" in the last stage), so that chunk may hold none. The runtime
+    (parallel/pipeline.py) and the cost model (cost/memory.py) both cut with this function."""
+    units = n_layers + mtp
+    if not 1 <= n_chunks <= units:
         raise ValueError(f"cannot cut {n_layers} layers into {n_chunks} pipeline chunks")
-    sizes = [n_layers // n_chunks] * n_chunks
+    sizes = [units // n_chunks] * n_chunks
     inner_first = list(range(1, n_chunks - 1)) + [0, n_chunks - 1]
-    for i in inner_first[:n_layers % n_chunks]:
+    for i in inner_first[:units % n_chunks]:
         sizes[i] += 1
     starts = [sum(sizes[:i]) for i in range(n_chunks)]
-    return [range(start, start + size) for start, size in zip(starts, sizes)]
+    return [range(start, min(start + size, n_layers)) for start, size in zip(starts, sizes)]
 
 
 def pipeline_refusal(layout: Layout, n_microbatches: int) -> str | None:

@@ -59,6 +59,10 @@ class ModelSpec:
     kv_lora_rank: int = 0
     rope_head_dim: int = 0
     v_head_dim: int = 0
+    # Multi-token prediction depth (DeepSeek-V3 sec. 2.2; Megatron-Core --mtp-num-layers): each module projects
+    # [norm(h); norm(embedding of the next token)] from 2h to h, runs one more layer like the model's last and the
+    # shared output head and loss; it trains beside the main model and sits with the head's pipeline rank.
+    mtp_layers: int = 0
 
     __hash__ = hash_once
 
@@ -75,6 +79,9 @@ class ModelSpec:
         for key in ("layers", "hidden", "heads", "ffn", "vocab", "seq"):
             if getattr(self, key) <= 0:
                 raise UserError(f"model {self.name}: {key} must be a positive integer, got {getattr(self, key)}")
+        if self.mtp_layers < 0:
+            raise UserError(f"model {self.name}: mtp_layers must be >= 0 (0: no multi-token prediction), "
+                            f"got {self.mtp_layers}")
         if self.mlp not in MLPS:
             raise UserError(f"model {self.name}: mlp must be one of {', '.join(MLPS)}, got {self.mlp!r}")
         if self.heads % self.kv_heads:
@@ -213,7 +220,7 @@ PRESETS: dict[str, ModelSpec] = {
     # DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", sec. 4.2 (671B total, 37B active).
     "deepseek-v3": _llama("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, 4096, head_dim=128,
                           experts=256, top_k=8, expert_ffn=2048, shared_experts=1, first_dense_layers=3,
-                          q_lora_rank=1536, kv_lora_rank=512, rope_head_dim=64, v_head_dim=128),
+                          q_lora_rank=1536, kv_lora_rank=512, rope_head_dim=64, v_head_dim=128, mtp_layers=1),
 }
 
 
@@ -232,6 +239,8 @@ def trainer_lacks(spec: ModelSpec) -> str | None:
     """What of `spec` the runtime model does not build (it is planned all the same), or None."""
     if spec.uses_mla:
         return "multi-head latent attention (MLA)"
+    if spec.mtp_layers:
+        return "multi-token prediction (MTP) module"
     if spec.sandwich_norms:
         return "Gemma block (norms after attention and the MLP, (1 + w) norms, soft-capped logits)"
     if spec.mlp == "geglu":
