@@ -214,6 +214,23 @@ def qwen3_runs():
                   replace(MEGATRON_CORE, moe_dispatcher="deepep"))
 
 
+def deepseek_runs():
+    """DeepSeek-AI 2024, "DeepSeek-V3 Technical Report" (arXiv:2412.19437): pre-training took 180K H800 GPU
+    hours a trillion tokens (Table 1; 2,664K for 14.8T) on 2,048 H800 (sec. 3.1), 3.16M tokens a second. As
+    sec. 3.2 lays it out: 16-way pipeline parallelism with DualPipe (its V-shaped, one-copy form here), 64-way
+    expert parallelism over 8 nodes, ZeRO-1 data parallelism, no TP; FP8 GEMMs (sec. 3.3); RMSNorm and MLA
+    up-projection recomputed (sec. 3.2.3); seq 4096 and 15,360 sequences a step after the first 469B tokens
+    (sec. 4.2); one MTP module (sec. 2.2); its own dispatch kernels (DeepEP's). The figure is the run's
+    average: the smaller batches of its first 3% of tokens and any restart are in it, so it bounds the step
+    from above. The micro-batch size is not stated: 1."""
+    model, batch = load_model("deepseek-v3"), 15360
+    tokens_per_s = 2048 * 1e12 / (180e3 * 3600)
+    yield Run("DeepSeek-V3 T1", "DeepSeek-V3 671B", model, "h800",
+              "dp=128,zero=1,pp=16,schedule=dualpipev,ep=64,mbs=1,recompute=layernorm+mla_up_proj", 2048, batch,
+              batch * model.seq / tokens_per_s, "H800", replace(MEGATRON_CORE, moe_dispatcher="deepep"),
+              precision="fp8")
+
+
 def megatron_core_flops(model: ModelSpec, batch: int) -> float:
     """Megatron-LM's own count (training.py num_floating_point_operations, 2024): 12*B*s*L*h^2 times
     attention ((1 + kv/heads + s/h) * q/h, non-causal), MLP (ffn/h * top_k * 3/2 for SwiGLU) and logits."""
@@ -309,6 +326,7 @@ def runs():
     yield from llama3_runs()
     yield from qwen3_runs()
     yield from mixtral_runs()
+    yield from deepseek_runs()
     yield from palm_runs()
     yield from bloom_runs()
     yield from nemo_runs()
