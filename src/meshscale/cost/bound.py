@@ -93,9 +93,8 @@ def _placements(model: ModelSpec, tp: int, ep: int, etp: int, pp: int, schedules
     v_shaped = np.array([lay.v_shaped for lay in layouts])
     for a in (params, root, v_shaped):
         a.flags.writeable = False
-    return Placements(layouts, v_shaped,
-                      tuple(layer_counts(model.layers, pp, lay.stages, lay.v_shaped, model.mtp_layers) for lay in layouts), busy,
-                      params, root,
+    counts = tuple(layer_counts(model.layers, pp, lay.stages, lay.v_shaped, model.mtp_layers) for lay in layouts)
+    return Placements(layouts, v_shaped, counts, busy, params, root,
                       tuple(len(rank_chunks(pp, lay.stages, lay.v_shaped, r)) for lay, r in zip(layouts, busy)))
 
 
@@ -433,8 +432,10 @@ def _unit_passes(model, cluster, tp, cp, ep, etp, mbs, precision) -> np.ndarray:
     for r, recompute in enumerate(RECOMPUTE_MODES):
         shape = Layout(tp=tp, cp=cp, ep=ep, etp=etp, dp=ep, mbs=mbs, recompute=recompute)  # a kernel_shape
         for i, c in enumerate(columns):  # counted_seconds of one dense layer, one MoE layer, the head
-            p = head_passes(model, cluster, tp, cp, mbs, precision) + mtp_passes(model, cluster, shape, precision) \
-                if c == 2 else layer_passes(model, cluster, shape, c == 1, precision)
+            if c == 2:
+                p = head_passes(model, cluster, tp, cp, mbs, precision) + mtp_passes(model, cluster, shape, precision)
+            else:
+                p = layer_passes(model, cluster, shape, c == 1, precision)
             unit[r, i] = p.forward, p.backward, p.weight
     unit.flags.writeable = False
     return unit

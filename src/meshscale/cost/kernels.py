@@ -199,6 +199,7 @@ def layer_gemm_parts(model: ModelSpec, layer: int, layout: Layout, tokens: float
     """`layer_gemms` by the module that runs them: attention (its projections), mlp (a dense layer's), and a
     MoE layer's router, experts and shared_experts."""
     t, h = layout.tp, model.hidden
+    attn: tuple
     if model.uses_mla:  # low-rank projections: one GEMM of the same FLOPs
         attn = (Gemm(tokens, model.attention_params() / h / t, h),)
     else:
