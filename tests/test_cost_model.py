@@ -98,7 +98,7 @@ def test_multi_token_prediction_runs_beside_the_head_and_counts_in_the_cut():
     """DeepSeek-V3's MTP module (sec. 2.2): a 2h -> h projection, a layer like the last and the shared head, on
     the head's pipeline rank, counted as a layer of the last chunk in the cut (Megatron-Core's "m")."""
     from meshscale.cost.flops import forward_flops_per_token, layer_flops, logits_flops
-    from meshscale.cost.memory import params_on_rank
+    from meshscale.cost.memory import held_layer_microbatches, params_on_rank
     from meshscale.specs.layout import split_layers
 
     dsv3 = load_model("deepseek-v3")
@@ -112,6 +112,8 @@ def test_multi_token_prediction_runs_beside_the_head_and_counts_in_the_cut():
     on_head = params_on_rank(dsv3, layout, 3) - params_on_rank(bare, layout, 3)
     assert on_head > 2 * h * h  # its layer and projection, on the head's rank only
     assert params_on_rank(dsv3, layout, 1) == params_on_rank(bare, layout, 1)
+    v = Layout.parse("dp=8,pp=4,schedule=zbv,ep=8,mbs=1", 32)  # rank 0 holds the last chunk: the MTP layer's
+    assert held_layer_microbatches(dsv3, v, 8) == held_layer_microbatches(bare, v, 8)  # activations take its slot
     slower = predict(dsv3, H100, layout, 64).step_time_s / predict(bare, H100, layout, 64).step_time_s
     assert 1.02 < slower < 1.5
 

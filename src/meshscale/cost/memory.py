@@ -271,8 +271,9 @@ def held_layers(layers: int, pp: int, vpp: int, schedule: str, m: int, mtp: int 
     """`held_layer_microbatches` from the layout's pipeline degrees and schedule (what the planner's bound reads)."""
     layout = Layout(pp=pp, vpp=vpp, schedule=schedule)
     own = rank_layers(layers, pp, pp * vpp, layout.v_shaped, 0, mtp)
-    if pp == 1 or schedule != "interleaved":
-        return len(own) * inflight_microbatches(layout, m)
+    if pp == 1 or schedule != "interleaved":  # rank 0 holds the last chunk, and its MTP modules, alone or in a V
+        mtp_here = mtp if pp == 1 or layout.v_shaped else 0
+        return (len(own) + mtp_here) * inflight_microbatches(layout, m)
     ranges = chunk_ranges(layers, pp * vpp, mtp)
     sizes = [len(ranges[c]) for c in range(0, pp * vpp, pp)]  # rank 0's chunks, in order
     forwards = min((pp - 1) * 2 + (vpp - 1) * pp + 1, m * vpp)
