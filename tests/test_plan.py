@@ -10,6 +10,7 @@ from meshscale.cost import bound, predict
 from meshscale.cost.kernels import Passes
 from meshscale.cost.pipeline import bubble_ratio
 
+from meshscale.errors import UserError
 from meshscale.plan import search
 from meshscale.plan.explain import components, explain, rejected
 from meshscale.specs.cluster import load_cluster
@@ -147,6 +148,27 @@ def test_the_search_folds_expert_parallelism_over_tp():
     assert {Layout.parse(p.layout).etp for p in plain.ranked} == {0}
     whole = search(model, cpu, 4, 8, "fp32", top=5, fix=search_mod.parse_fix("tp=2,dp=2,ep=2,etp=1"))
     assert whole.ranked and {Layout.parse(p.layout).etp for p in whole.ranked} == {1}
+
+
+def test_the_bound_holds_with_a_multi_token_prediction_module():
+    """An MTP module (on the head's rank, a layer of the last chunk in the cut) in the bound as in predict:
+    every bound below its prediction, and the bound's memory predict's, over pipelines, V schedules included."""
+    model, cpu = replace(load_model("tiny-moe"), mtp_layers=1), load_cluster("local-cpu")
+    found = search(model, cpu, 4, 8, "fp32", top=3, fix=search_mod.parse_fix("pp=2"), prune=False)
+    pool = found.pool
+    costed = [(b, pool.costed.get(pool.layout(i))) for i, b in enumerate(pool.bounds)]
+    costed = [(b, pred) for b, pred in costed if pred is not None]
+    assert costed and all(b <= pred.step_time_s * (1 + 1e-9) for b, pred in costed)
+    assert any(Layout.parse(pred.layout).v_shaped for _, pred in costed)
+    for shape, rows in pool.scored:
+        memory = bound.memory_bytes(model, cpu, shape, rows, "fp32")
+        for i in range(len(rows)):
+            layout = search_mod._layout(shape, rows, i)
+            try:
+                want = predict(model, cpu, layout, 8, "fp32").memory_per_device_bytes["total"]
+            except UserError:  # a row the search's later rules drop (a schedule's micro-batch minimum)
+                continue
+            assert memory[i] == pytest.approx(want, rel=1e-9), layout
 
 
 def test_one_predicate_narrows_the_candidates(monkeypatch):

@@ -19,8 +19,8 @@ from meshscale.cost import comm, overhead
 from meshscale.cost.comm import Overlap
 from meshscale.cost.kernels import Passes, attention_core_seconds, head_passes, layer_passes, mtp_passes
 from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busiest_rank, expert_params_on_rank,
-                                   expert_params_per_rank, fsdp_gathered, heaviest_rank, held_layers, params_on_rank,
-                                   params_per_rank, rebuilt_layer_bytes, root_params_on_rank, zero_copy_bytes)
+                                   fsdp_gathered, held_layers, params_on_rank, rebuilt_layer_bytes, root_params_on_rank,
+                                   zero_copy_bytes)
 from meshscale.cost.pipeline import head_on_chain, schedule_bubble, v_tail
 from meshscale.cost.step import (chunk_kinds, elementwise_per_token, elementwise_scaled, grad_reduce_bytes,
                                  param_gather_bytes, rank_kinds, slowest_of)
@@ -75,6 +75,7 @@ class Placements:
     owned: tuple  # layers of each pipeline rank
     busy: tuple  # the rank holding the most parameters (memory.busiest_rank)
     params: np.ndarray  # its parameters, less the routed experts under EP (those reduce over their own group)
+    experts: np.ndarray  # its routed expert parameters under EP (0 without)
     root: np.ndarray  # its root unit's parameters (embedding, final norm, head)
     chunks: tuple  # how many chunks it holds
 
@@ -87,14 +88,14 @@ def placements(model: ModelSpec, shape: "Shape") -> Placements:
 def _placements(model: ModelSpec, tp: int, ep: int, etp: int, pp: int, schedules: tuple) -> Placements:
     layouts = tuple(Layout(dp=ep, tp=tp, pp=pp, vpp=v, schedule=n, ep=ep, etp=etp) for n, v in schedules)
     busy = tuple(busiest_rank(model, lay) for lay in layouts)
-    params = np.array([params_on_rank(model, lay, r) - (expert_params_on_rank(model, lay, r) if ep > 1 else 0.0)
-                       for lay, r in zip(layouts, busy)])
+    experts = np.array([expert_params_on_rank(model, lay, r) if ep > 1 else 0.0 for lay, r in zip(layouts, busy)])
+    params = np.array([params_on_rank(model, lay, r) for lay, r in zip(layouts, busy)]) - experts
     root = np.array([root_params_on_rank(model, lay, r) for lay, r in zip(layouts, busy)])
     v_shaped = np.array([lay.v_shaped for lay in layouts])
-    for a in (params, root, v_shaped):
+    for a in (params, experts, root, v_shaped):
         a.flags.writeable = False
     counts = tuple(layer_counts(model.layers, pp, lay.stages, lay.v_shaped, model.mtp_layers) for lay in layouts)
-    return Placements(layouts, v_shaped, counts, busy, params, root,
+    return Placements(layouts, v_shaped, counts, busy, params, experts, root,
                       tuple(len(rank_chunks(pp, lay.stages, lay.v_shaped, r)) for lay, r in zip(layouts, busy)))
 
 
@@ -124,20 +125,16 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
     tp, pp, cp, dp, ep, etp = shape.tp, shape.pp, shape.cp, shape.dp, shape.ep, shape.expert_tp
     z, shard, s_i, k_i, r_i = rows.zero, rows.shard, rows.sp, rows.schedule, rows.recompute
     bytes_ = PRECISIONS[precision]
-    v_shaped = placements(model, shape).v_shaped[k_i]
-    p_std, e_std = busiest_params(model, tp, ep, etp, pp, pp, False)
-    p_v, e_v = busiest_params(model, tp, ep, etp, pp, 2 * pp, True) if pp > 1 and 2 * pp <= model.layers else (p_std,
-                                                                                                           e_std)
-    params, experts = np.where(v_shaped, p_v, p_std), np.where(v_shaped, e_v, e_std)
-    dense = params - experts
+    place = placements(model, shape)  # the busiest rank of each schedule, its chunks cut as predict cuts them
+    v_shaped, dense, experts = place.v_shaped[k_i], place.params[k_i], place.experts[k_i]
     copies = np.array([zero_copy_bytes(precision, stage) for stage in range(4)])[z]
     edp = tp * cp * dp // (ep * etp)  # the experts' replicas (Layout.edp)
     static = sum(b * (dense / np.where(z >= stage, shard, 1) + experts / np.where(z >= stage, edp, 1))
                  for b, stage in ((bytes_["params"], 3), (bytes_["grads"], 2), (bytes_["optimizer"] + copies, 1)))
     if dp * cp > 1:  # FSDP2's unsharded units (memory.fsdp_gathered)
-        g_std = sum(fsdp_gathered(model, tp, ep, etp, pp, pp, False))
-        g_v = sum(fsdp_gathered(model, tp, ep, etp, pp, 2 * pp, True)) if pp > 1 and 2 * pp <= model.layers else g_std
-        static = static + np.where(z == 3, np.where(v_shaped, g_v, g_std) * bytes_["compute"], 0.0)
+        gathered = np.array([sum(fsdp_gathered(model, tp, ep, etp, pp, lay.stages, lay.v_shaped))
+                             for lay in place.layouts])[k_i]
+        static = static + np.where(z == 3, gathered * bytes_["compute"], 0.0)
     scale = bytes_["compute"] / 2
     per_token, rebuild = (a * scale for a in _activation_bytes(model, tp, shape.etp, shape.sps,
                                                                cluster.fused_attention,
@@ -180,15 +177,6 @@ def _held_layers(layers: int, mtp: int, pp: int, schedules: tuple, per_rank: int
                      for n, v in schedules])
     held.flags.writeable = False
     return held
-
-
-@lru_cache(maxsize=4096)
-def busiest_params(model: ModelSpec, tp: int, ep: int, etp: int, pp: int, chunks: int,
-                   v_shaped: bool) -> tuple[float, float]:
-    """(parameters, routed expert parameters) of the pipeline rank holding the most (memory.busiest_rank)."""
-    rank = heaviest_rank(model, tp, ep, etp, pp, chunks, v_shaped)
-    return (params_per_rank(model, tp, ep, etp, pp, chunks, v_shaped)[rank],
-            expert_params_per_rank(model, ep, etp, pp, chunks, v_shaped)[rank] if ep > 1 else 0.0)
 
 
 def fills_pipeline(shape: Shape, rows: Rows) -> np.ndarray:
