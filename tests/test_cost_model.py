@@ -118,6 +118,30 @@ def test_multi_token_prediction_runs_beside_the_head_and_counts_in_the_cut():
     assert 1.02 < slower < 1.5
 
 
+def test_activation_offload_moves_layers_to_host_memory_behind_their_passes():
+    """offload=N (Megatron-Core --cpu-offloading-num-layers): N layers' activations leave the device, their copies
+    over the host link (PCIe Gen5 on H100, the datasheet's 64 GB/s a way) hidden behind their pass until they
+    outlast it; Megatron-Core's rules (pp=1, no recompute, fewer than all layers) and a cluster without a host
+    link figure are one line."""
+    model = load_model("llama3-8b")
+
+    def layout(n):
+        return Layout.parse(f"dp=8,zero=1,mbs=2,offload={n}", 8)
+
+    p = {n: predict(model, H100, layout(n), 64) for n in (0, 8, 31)}
+    per_layer = activation_bytes_per_layer(model, Layout(mbs=2), 2 * model.seq, True)  # bf16: 2-byte activations
+    acts = {n: q.memory_per_device_bytes["activations"] for n, q in p.items()}
+    assert acts[0] - acts[8] == pytest.approx(8 * per_layer) and acts[0] - acts[31] == pytest.approx(31 * per_layer)
+    assert p[8].step_time_s == pytest.approx(p[0].step_time_s)  # 8 layers' copies hide behind the passes
+    copy = 31 * per_layer / H100.host_bandwidth * p[0].microbatches * 2  # out in forward, back in backward
+    assert p[31].step_time_s > p[0].step_time_s and p[31].step_time_s - p[0].step_time_s < copy
+    for bad in ("pp=2,dp=4,offload=4", "dp=8,offload=32", "dp=8,recompute=selective,offload=4"):
+        with pytest.raises(UserError, match="offload"):
+            predict(model, H100, Layout.parse(bad, 8), 64)
+    with pytest.raises(UserError, match="host_bandwidth"):
+        predict(model, load_cluster("b200"), layout(8), 64)
+
+
 def test_pipeline_sends_per_rank():
     assert [pipeline_sends(Layout(pp=4), r) for r in range(4)] == [1, 2, 2, 1]
     assert [pipeline_sends(Layout(pp=2, vpp=2, schedule="interleaved"), r) for r in range(2)] == [3, 3]

@@ -37,7 +37,8 @@ CASES = [
     ("gpt3-175b", "a100-80gb", "dp=8,zero=1,tp=8,sp=true,pp=12,vpp=2,schedule=interleaved,mbs=1", 1536, "bf16"),
     ("llama3-8b", "h100-80gb", "dp=8,zero=3,mbs=1,recompute=op", 64, "fp32"),
     ("llama2-13b", "tpu-v5p", "dp=32,zero=3,tp=4,cp=32,recompute=full", 96, "bf16"),
-    # Megatron-Core's recompute modules
+    # Megatron-Core's recompute modules, and activation offload
+    ("llama3-8b", "h100-80gb", "dp=8,zero=1,mbs=1,offload=8", 64, "bf16"),
     ("llama3-8b", "h100-80gb", "dp=4,zero=1,tp=2,sp=true,mbs=1,recompute=layernorm+mlp", 64, "bf16"),
     ("mixtral-8x7b", "h100-80gb", "dp=4,zero=1,tp=2,sp=true,pp=8,ep=8,etp=1,mbs=1,recompute=core_attn+moe_act", 256,
      "bf16"),
@@ -175,6 +176,7 @@ def test_megatron_core_configs_take_it(case):
     assert config.expert_tensor_parallel_size == lay.expert_tp
     assert config.sequence_parallel == lay.sp and config.num_layers == model.layers
     assert config.recompute_granularity == {"none": None, "full": "full"}.get(lay.recompute, "selective")
+    assert config.cpu_offloading_num_layers == lay.offload
     if config.recompute_granularity == "selective":
         assert set(config.recompute_modules) == lay.recompute_modules
     ddp_names = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}

@@ -306,7 +306,8 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
     # counts as a layer in the cut, so it holds fewer (Llama 3, Dubey et al. 2024 sec. 3.3.2, balances so).
     # Parameters are those of the busiest rank: a bound when the two differ.
     per_layer = activation_bytes_per_layer(model, layout, tokens, fused_attention, eager) * scale
-    acts = per_layer * held_layer_microbatches(model, layout, m)
+    # offloaded layers' activations wait in host memory (Layout.offload: pp=1, one micro-batch in flight)
+    acts = per_layer * (held_layer_microbatches(model, layout, m) - layout.offload)
     if layout.recompute in ("full", "op"):  # one layer is rebuilt at a time during backward
         acts += rebuilt_layer_bytes(model, layout.tp, layout.sp, tokens, fused_attention, eager) * scale
     # fp32 logits for the loss where the first rank also holds the head (counted once: freed right away).

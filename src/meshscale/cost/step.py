@@ -94,6 +94,9 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         raise UserError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     cluster.check_precision(precision)
     check_against(layout, model, global_batch)
+    if layout.offload and not cluster.host_bandwidth:
+        raise UserError(f"layout: offload={layout.offload} copies activations to host memory, and cluster "
+                        f"{cluster.name} has no host_bandwidth (bytes/s one way); set it or drop offload")
     layout = layout.resolve_mbs(global_batch)
     m = layout.microbatches(global_batch)
     devices = layout.devices
@@ -329,7 +332,21 @@ def _kind_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, kind: t
     tokens = layout.mbs * model.seq / layout.cp
     elementwise = elementwise_seconds(model, cluster, layout, tokens, act_bytes) / layout.vpp
     host_f, host_b = overhead.chunk_seconds(cluster, layout, kind[0] + kind[1], kind[2])
-    return (kernels + Passes(elementwise / 3 + host_f, elementwise * 2 / 3 + host_b)) * slowest_of(cluster, layout.devices)
+    passes = kernels + Passes(elementwise / 3 + host_f, elementwise * 2 / 3 + host_b)
+    if layout.offload:
+        passes = passes + offload_shown(model, cluster, layout, tokens, act_bytes, passes)
+    return passes * slowest_of(cluster, layout.devices)
+
+
+def offload_shown(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float, act_bytes: int,
+                  passes: Passes) -> Passes:
+    """What activation offload adds to a micro-batch: its layers' activations copied to host memory in forward
+    and back in backward over the host link, each copy behind its pass's compute (Transformer Engine's CPU
+    offload runs them on their own streams); what outlasts the pass shows."""
+    stored = activation_bytes_per_layer(model, layout, tokens, cluster.fused_attention,
+                                        not cluster.software.fused_elementwise) * act_bytes / 2
+    copy = layout.offload * stored / cluster.host_bandwidth
+    return Passes(max(0.0, copy - passes.forward), max(0.0, copy - passes.backward))
 
 
 def slowest_of(cluster: ClusterSpec, devices: int) -> float:

@@ -40,6 +40,9 @@ def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
         layout = change(layout, changes, "DeepSpeed's AutoTP keeps activations whole over the TP group", sp=False)
     if layout.tp > 1 and layout.zero == 3:
         layout = change(layout, changes, "DeepSpeed's AutoTP training combines with ZeRO stages 0-2", zero=2)
+    if layout.offload:
+        layout = change(layout, changes, "DeepSpeed offloads activation checkpoints (cpu_checkpointing), not the "
+                                         "activations of whole layers", offload=0)
     if layout.recompute not in ("none", "full"):
         layout = change(layout, changes, "DeepSpeed checkpoints whole layers (deepspeed.checkpointing)",
                                  recompute="full")

@@ -51,6 +51,8 @@ def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
     if layout.tp > 1 and layout.sp:
         layout = change(layout, changes, "MaxText's tensor axis has no sequence-parallel switch for norms and "
                                          "residuals", sp=False)
+    if layout.offload:
+        layout = change(layout, changes, "MaxText offloads by remat policy, not whole layers", offload=0)
     if layout.recompute not in REMAT:
         layout = change(layout, changes, "MaxText's remat policies name tensors to save, not the attention core "
                                          "or every other matmul", recompute="full")

@@ -51,6 +51,8 @@ def arguments(job: Job) -> list[str]:
         if sw.ep_comm_overlap:
             args.append("--overlap-moe-expert-parallel-comm")
     args += _data_parallel_arguments(job)
+    if lay.offload:
+        args.append(f"--cpu-offloading-num-layers {lay.offload}")
     if lay.recompute == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
     elif lay.recompute_modules:  # selective is core_attn, Megatron-Core's default module list

@@ -42,6 +42,8 @@ def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
     if layout.tp > 1 and not layout.sp:
         layout = change(layout, changes, "torchtitan's TP always shards norms and residuals over the sequence",
                                  sp=True)
+    if layout.offload:
+        layout = change(layout, changes, "torchtitan keeps activations on the device", offload=0)
     if layout.recompute not in ("none", "full", "op"):
         layout = change(layout, changes, "torchtitan's selective recompute is op-level (recompute=op) or per "
                                          "layer, not named modules such as the attention core", recompute="full")

@@ -151,6 +151,9 @@ class ClusterSpec:
     # Spread (standard deviation, a fraction) of device speed across a fleet of the same SKU: a synchronous step
     # waits for the slowest device (cost/step.py slowest_of). 0: identical devices.
     device_spread: float = 0.0
+    # Bytes/s one way between a device and its host's memory, the datasheet's PCIe link: activation offload
+    # (Layout.offload) moves over it. 0: no figure, and predict refuses offload.
+    host_bandwidth: float = 0.0
 
     __hash__ = hash_once
 
@@ -200,6 +203,9 @@ class ClusterSpec:
                             "(or empty: not an NCCL cluster)")
         if self.host_cpu not in ("intel", "amd", "arm") or self.nvls_bandwidth < 0:
             raise UserError(f"cluster {self.name}: host_cpu must be intel, amd or arm and nvls_bandwidth >= 0")
+        if self.host_bandwidth < 0:
+            raise UserError(f"cluster {self.name}: host_bandwidth must be >= 0 (bytes/s one way to host memory; "
+                            f"0: none), got {self.host_bandwidth!r}")
         sw = self.software
         if sw.framework not in FRAMEWORK_BUCKETS:
             raise UserError(f"cluster {self.name}: [software] framework must be one of "
@@ -357,30 +363,35 @@ def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, eff=0
 # measured). Blackwell's FP8 units gain more over its BF16 than Hopper's do.
 # gpu_arch selects NCCL's tuner constants (cost/collectives.py); DGX A100's host is AMD EPYC 7742, DGX H100's
 # Intel Xeon 8480C, GB200's Grace (Arm).
+# host_bandwidth, the datasheets' host link, one way: A100 SXM PCIe Gen4 64 GB/s (32), H100/H800/H200 SXM PCIe
+# Gen5 128 GB/s (64), MI300X/MI325X PCIe Gen5 x16 128 GB/s (64); none stated here for Blackwell and TPUs (0).
+# These are the links' rates: no copy micro-benchmark here says what a pinned copy reaches of them.
 PRESETS: dict[str, ClusterSpec] = {
     # NVIDIA A100 datasheet: 312 TFLOP/s bf16, 19.5 fp32 (156 TF32), no FP8, 80 GB HBM2e at 2.039 TB/s, 108 SMs
     # (nvidia-smi reports 81920 MiB);
     # DGX A100: NVLink3 600 GB/s bidirectional per GPU (300 one way), 8x HDR 200 Gb/s NICs (25 GB/s per GPU).
     "a100-80gb": _gpu("a100-80gb", "A100-SXM4-80GB", 312e12, 0.0, 19.5e12, 81920 * MiB, 2.039e12, 0.72,
-                      300 * GB, 8, 25 * GB, 1.8, 108, 0.50, nvlink_eff=0.78, gpu_arch="ampere", host_cpu="amd"),
+                      300 * GB, 8, 25 * GB, 1.8, 108, 0.50, nvlink_eff=0.78, gpu_arch="ampere", host_cpu="amd",
+                      host_bandwidth=32 * GB),
     # NVIDIA H100 SXM datasheet: 989 TFLOP/s bf16 dense, 1979 fp8, 67 fp32; 80 GB HBM3 at 3.35 TB/s, 132 SMs
     # (nvidia-smi reports 81559 MiB);
     # DGX H100: NVLink4 900 GB/s bidirectional (450 one way), 8x ConnectX-7 NDR 400 Gb/s (50 GB/s per GPU).
     "h100-80gb": _gpu("h100-80gb", "H100-SXM5-80GB", 989e12, 1979e12, 67e12, 81559 * MiB, 3.35e12, 0.711,
-                      450 * GB, 8, 50 * GB, 2.5, 132, 0.434, gpu_arch="hopper", nvls_bandwidth=480 * GB),
+                      450 * GB, 8, 50 * GB, 2.5, 132, 0.434, gpu_arch="hopper", nvls_bandwidth=480 * GB,
+                      host_bandwidth=64 * GB),
     # NVIDIA H800 SXM5 (datasheet): H100's compute and HBM with NVLink cut to 400 GB/s bidirectional (200 one
     # way); DeepSeek-AI 2024 (DeepSeek-V3 report sec. 3.1) and DeepEP's README describe its clusters: 8 GPUs on
     # NVSwitch, a ConnectX-7 400 Gb/s (50 GB/s) NIC per GPU, NVLink measured at ~160 GB/s (0.80, H100's
     # fraction). No NVLS or price on record.
     "h800": _gpu("h800", "H800-SXM5-80GB", 989e12, 1979e12, 67e12, 81559 * MiB, 3.35e12, 0.711,
-                 200 * GB, 8, 50 * GB, 0.0, 132, 0.434, gpu_arch="hopper"),
+                 200 * GB, 8, 50 * GB, 0.0, 132, 0.434, gpu_arch="hopper", host_bandwidth=64 * GB),
     # NVIDIA H200 datasheet: same compute as H100, 141 GB HBM3e at 4.8 TB/s (nvidia-smi: 143771 MiB); DGX H200
     # has the fabric of DGX H100. benchmarks/kernel_scan.py on this workplace's H200, 2026-11-28
     # (benchmarks/data/kernel_scan_h200.json): a 4 GiB copy 4,253 GB/s of 4,800 (0.89; an add 4,387, 0.91);
     # the one-wave GEMMs 6.2-13.0 us over their tiles and waves, median 8.1 us.
     "h200": _gpu("h200", "H200-SXM-141GB", 989e12, 1979e12, 67e12, 143771 * MiB, 4.8e12, 0.711,
                  450 * GB, 8, 50 * GB, 3.5, 132, 0.434, gpu_arch="hopper", nvls_bandwidth=480 * GB,
-                 fp8_gemm_speedup=1.83, hbm_efficiency=0.89, gemm_kernel_overhead_s=8.1e-6),
+                 fp8_gemm_speedup=1.83, hbm_efficiency=0.89, gemm_kernel_overhead_s=8.1e-6, host_bandwidth=64 * GB),
     # NVIDIA B200 (DGX B200 datasheet): 2.25 PFLOP/s bf16 dense, 4.5 fp8, 180 GB HBM3e at 8 TB/s (per GPU of
     # the 1440 GB system), 148 SMs, NVLink5 1.8 TB/s bidirectional (900 one way), 8x ConnectX-7 400 Gb/s.
     "b200": _gpu("b200", "B200-180GB", 2.25e15, 4.5e15, 75e12, 180 * GB, 8e12, 0.640,
@@ -409,9 +420,9 @@ PRESETS: dict[str, ClusterSpec] = {
     # NVIDIA parts (0.83; see matmul_efficiency above): 0.50. Collectives are RCCL's, not NCCL's tuner
     # (gpu_arch unset: alpha-beta); no published RCCL bus bandwidth: NVLink's 0.80 fraction stands in.
     "mi300x": _gpu("mi300x", "MI300X-192GB", 1307.4e12, 2614.9e12, 163.4e12, 192 * GB, 5.3e12, 0.50, 448 * GB, 8,
-                   50 * GB, 0.0, 304, 0.0, fast="xgmi"),
+                   50 * GB, 0.0, 304, 0.0, fast="xgmi", host_bandwidth=64 * GB),
     "mi325x": _gpu("mi325x", "MI325X-256GB", 1307.4e12, 2614.9e12, 163.4e12, 256 * GB, 6.0e12, 0.50, 448 * GB, 8,
-                   50 * GB, 0.0, 304, 0.0, fast="xgmi"),
+                   50 * GB, 0.0, 304, 0.0, fast="xgmi", host_bandwidth=64 * GB),
     # TPU v6e (Trillium; Cloud TPU docs): 918 TFLOP/s bf16, 1836 int8, 32 GiB HBM at 1.64 TB/s, 2D torus 16x16
     # (256 chips a pod), ICI 9e10 B/s bidirectional per link (scaling book Part 2), 1.8e11 per axis; no DCN
     # figure per chip published: v5e's; $2.70 per chip-hour on demand.

@@ -32,9 +32,10 @@ V_SCHEDULES = ("zbv", "dualpipev")
 # Zero-bubble schedules: each backward split into its input gradient (B) and weight gradient (W), run apart
 # (Qi et al. 2023; torch computes each part with autograd.grad).
 ZERO_BUBBLE_SCHEDULES = ("zb",) + V_SCHEDULES
-_INT_KEYS = ("dp", "zero", "shard", "tp", "pp", "vpp", "cp", "ep", "etp", "mbs")
-_INT_MINIMA = tuple((key, 0 if key in ("zero", "mbs", "shard", "etp") else 1) for key in _INT_KEYS)
-_KEY_ORDER = ("dp", "zero", "shard", "tp", "sp", "pp", "vpp", "schedule", "cp", "ep", "etp", "mbs", "recompute")
+_INT_KEYS = ("dp", "zero", "shard", "tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "offload")
+_INT_MINIMA = tuple((key, 0 if key in ("zero", "mbs", "shard", "etp", "offload") else 1) for key in _INT_KEYS)
+_KEY_ORDER = ("dp", "zero", "shard", "tp", "sp", "pp", "vpp", "schedule", "cp", "ep", "etp", "mbs", "recompute",
+              "offload")
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ class Layout:
     etp: int = 0  # expert tensor parallelism; 0: tp (Megatron-Core's default for --expert-tensor-parallel-size)
     mbs: int = 0  # micro-batch size in sequences; 0: resolved from the batch (see `resolve_mbs`)
     recompute: str = "none"
+    # layers whose activations go to host memory in forward and come back for backward (Megatron-Core
+    # --cpu-offloading-num-layers, Transformer Engine's CPU offload)
+    offload: int = 0
 
     def __post_init__(self):
         for key, least in _INT_MINIMA:
@@ -292,6 +296,11 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
     if missing:
         raise UserError(f"layout: recompute module {', '.join(missing)} names a part {model.name} does not have; "
                         "drop it")
+    if layout.offload and (layout.pp > 1 or layout.recompute != "none" or layout.offload >= model.layers):
+        # Megatron-Core's TransformerConfig refuses offload with pipelines or recompute, and of every layer
+        raise UserError(f"layout: offload={layout.offload} moves activations of that many of the {model.layers} "
+                        f"layers to host memory as Megatron-Core does: fewer than all of them, with pp=1 and no "
+                        "recompute; change those or drop offload")
     if layout.recompute == "op" and (model.is_moe or model.uses_mla or t > 1 or layout.cp > 1):
         # its every-other-matmul rule would count routed experts' and TP/CP collectives' calls
         raise UserError(f"layout: recompute=op is built for dense models at tp=1 and cp=1 ({model.name}, tp={t}, "
@@ -394,6 +403,9 @@ def trainer_refusal(layout: Layout, model) -> str | None:
     if layout.recompute not in RECOMPUTE:
         return (f"recompute={layout.recompute} is Megatron-Core's module recompute, which predict costs and "
                 "--emit megatron writes; the trainer runs recompute none, selective, full or op")
+    if layout.offload:
+        return (f"offload={layout.offload} is Megatron-Core's activation offload, which predict costs and "
+                "--emit megatron writes; the trainer keeps activations on the device")
     if layout.cp > 1 and model.sliding_window and model.sliding_window < model.seq:
         return f"cp>1 is not built for sliding-window attention ({model.name}); use cp=1"
     if layout.cp > 1 and model.learned_positions:
