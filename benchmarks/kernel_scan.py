@@ -13,6 +13,8 @@ name). Nothing here is fitted: the figures are for reading, and for a note that 
   sequence length, head_dim 128: against `attention_seconds`.
 - HBM: a 4 GiB copy and element-wise add (bytes read + written) against the rate the cost model charges
   memory traffic at, the preset's `hbm_bandwidth` x `hbm_efficiency` (the latter taken from this row's copy).
+- Host link: a 1 GiB copy from device to pinned host memory and back, what activation offload moves, against
+  the preset's `host_bandwidth` (the datasheet's PCIe rate; no scan had measured it).
 
 Each timing is CUDA events around back-to-back launches, so no kernel waits for the host to launch it.
 `--replay` predicts a recorded scan again with today's cost model on any machine:
@@ -67,6 +69,8 @@ def predicted_seconds(row: dict, cluster) -> float:
     kind, shape = row["kind"], row["shape"]
     if kind.startswith("hbm"):
         return shape["bytes"] / cluster.achieved_hbm_bandwidth
+    if kind.startswith("host"):
+        return shape["bytes"] / cluster.host_bandwidth if cluster.host_bandwidth else float("nan")
     if kind.startswith("gemm"):
         fp8 = kind.endswith("fp8")
         return gemm_seconds(cluster, shape["m"], shape["n"], shape["k"], cluster.gemm_peak("fp8" if fp8 else "bf16"),
@@ -86,7 +90,7 @@ def attention_core_flops(shape: dict) -> float:
 
 def row_flops(row: dict) -> float:
     kind, shape = row["kind"], row["shape"]
-    if kind.startswith("hbm"):
+    if kind.startswith(("hbm", "host")):
         return 0.0
     if kind.startswith("attention"):
         return 3.5 * attention_core_flops(shape)  # forward + a backward of 2.5x
@@ -168,9 +172,19 @@ def hbm() -> list[dict]:
     return rows
 
 
+def host_link() -> list[dict]:
+    """A 1 GiB copy to pinned host memory and one back, each way on its own (activation offload's copies)."""
+    device = torch.empty(1 << 29, dtype=torch.bfloat16, device="cuda")
+    host = torch.empty_like(device, device="cpu").pin_memory()
+    moves = (("host d2h", lambda: host.copy_(device, non_blocking=True)),
+             ("host h2d", lambda: device.copy_(host, non_blocking=True)))
+    return [{"kind": kind, "shape": {"bytes": device.numel() * device.element_size()},
+             "measured_s": timed(fn, repeat=5)} for kind, fn in moves]
+
+
 def describe(row: dict) -> str:
     s = row["shape"]
-    if row["kind"].startswith("hbm"):
+    if row["kind"].startswith(("hbm", "host")):
         return f"{s['bytes'] / 2**30:.0f} GiB moved"
     if row["kind"].startswith("attention"):
         return f"seq {s['seq']} x{s['batch']} {'causal' if s['causal'] else 'full'}"
@@ -210,7 +224,7 @@ def main() -> int:
     name = torch.cuda.get_device_name(0)
     preset = args.cluster or next((c for key, c in PRESET_BY_NAME if key in name), "h100-80gb")
     torch.backends.cuda.matmul.allow_tf32 = True
-    rows = hbm() + gemms() + grouped() + attention()
+    rows = hbm() + host_link() + gemms() + grouped() + attention()
     print(f"{name}, torch {torch.__version__}; cost model preset {preset}")
     report(rows, load_cluster(preset))
     if args.json:

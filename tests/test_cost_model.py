@@ -59,6 +59,7 @@ def test_megatron_recompute_modules_keep_their_inputs_and_run_their_forward_agai
     """recompute=layernorm+mlp (Megatron-Core's --recompute-modules): each module keeps only its input, and its
     forward GEMMs, FLOPs and (under SP) its TP gather and scatter run again in backward."""
     model, h100 = load_model("llama3-8b"), load_cluster("h100-80gb")
+
     def layout(r):
         return Layout.parse(f"tp=2,sp=true,dp=4,zero=1,mbs=1,recompute={r}", 8)
 
