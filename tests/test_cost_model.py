@@ -143,6 +143,25 @@ def test_activation_offload_moves_layers_to_host_memory_behind_their_passes():
         predict(model, load_cluster("b200"), layout(8), 64)
 
 
+def test_uneven_first_and_last_pipeline_ranks():
+    """first/last (Megatron-Core --decoder-first/last-pipeline-num-layers): the first and last ranks hold that
+    many layers and the others share the rest evenly, in predict's compute and memory alike; what cannot be
+    cut so is one line."""
+    from meshscale.specs.placement import stage_layers
+
+    model = load_model("llama3-405b")  # 126 layers
+    even = Layout.parse("tp=8,pp=16,mbs=1", 128)
+    ends = Layout.parse("tp=8,pp=16,first=4,last=10,mbs=1", 128)  # 112 layers over the 14 ranks between
+    assert [len(stage_layers(model, ends, r)) for r in (0, 1, 14, 15)] == [4, 8, 8, 10]
+    assert params_on_rank(model, ends, 15) > params_on_rank(model, even, 15)
+    slow, fast = predict(model, H100, ends, 64), predict(model, H100, even, 64)
+    assert slow.step_time_s > fast.step_time_s  # the last rank, with the head, holds 10 layers
+    for bad in ("tp=8,pp=16,first=5,mbs=1", "tp=8,pp=16,schedule=zbv,first=4,last=10,mbs=1",
+                "tp=8,pp=8,vpp=2,schedule=interleaved,first=3,mbs=1", "tp=8,first=4"):
+        with pytest.raises(UserError, match="first="):
+            predict(model, H100, Layout.parse(bad, 128), 64)
+
+
 def test_pipeline_sends_per_rank():
     assert [pipeline_sends(Layout(pp=4), r) for r in range(4)] == [1, 2, 2, 1]
     assert [pipeline_sends(Layout(pp=2, vpp=2, schedule="interleaved"), r) for r in range(2)] == [3, 3]

@@ -37,7 +37,8 @@ CASES = [
     ("gpt3-175b", "a100-80gb", "dp=8,zero=1,tp=8,sp=true,pp=12,vpp=2,schedule=interleaved,mbs=1", 1536, "bf16"),
     ("llama3-8b", "h100-80gb", "dp=8,zero=3,mbs=1,recompute=op", 64, "fp32"),
     ("llama2-13b", "tpu-v5p", "dp=32,zero=3,tp=4,cp=32,recompute=full", 96, "bf16"),
-    # Megatron-Core's recompute modules, and activation offload
+    # uneven first and last pipeline ranks, Megatron-Core's recompute modules, and activation offload
+    ("llama3-8b", "h100-80gb", "dp=2,zero=1,tp=2,sp=true,pp=4,first=5,last=11,mbs=1", 64, "bf16"),
     ("llama3-8b", "h100-80gb", "dp=8,zero=1,mbs=1,offload=8", 64, "bf16"),
     ("llama3-8b", "h100-80gb", "dp=4,zero=1,tp=2,sp=true,mbs=1,recompute=layernorm+mlp", 64, "bf16"),
     ("mixtral-8x7b", "h100-80gb", "dp=4,zero=1,tp=2,sp=true,pp=8,ep=8,etp=1,mbs=1,recompute=core_attn+moe_act", 256,

@@ -115,6 +115,9 @@ def pp_case(layout: Layout, pp_group, tp_group, ref_loss, ref_grads, dp_mesh=Non
 # each schedule again through the trainer at pp=2 and 4, with TP/SP and every zero stage.
 PP_LAYOUTS = [f"pp=4,dp=1,mbs=1,schedule={s}" for s in ("gpipe", "1f1b", "zb", "zbv", "dualpipev")]
 PP_LAYOUTS += ["pp=2,dp=1,mbs=1,schedule=interleaved,vpp=4", "pp=4,dp=1,mbs=1,schedule=interleaved,vpp=2"]
+# uneven first and last ranks (Megatron-Core --decoder-first/last-pipeline-num-layers): cuts 1|2|2|3 and 1|3|1|3
+PP_LAYOUTS += ["pp=4,dp=1,mbs=1,schedule=1f1b,first=1,last=3",
+               "pp=2,dp=1,mbs=1,schedule=interleaved,vpp=2,first=2,last=6"]
 TP_PP_LAYOUTS = ["pp=2,tp=2,sp=true,dp=1,mbs=1,schedule=zbv"]
 FSDP_PP_LAYOUTS = ["pp=2,dp=2,zero=3,mbs=1,schedule=interleaved,vpp=2"]
 
@@ -172,6 +175,9 @@ def test_pipeline_schedules_match_single_device(layouts):
 
 def test_split_layers_even_with_leftovers_inside():
     assert split_layers(8, 2) == [range(0, 4), range(4, 8)]
+    # the first and last ranks' layers given: theirs spread over their chunks (rank r holds r, r + pp, ...)
+    assert split_layers(8, 4, pp=4, first=1, last=3) == [range(0, 1), range(1, 3), range(3, 5), range(5, 8)]
+    assert split_layers(8, 4, pp=2, first=2, last=6) == [range(0, 1), range(1, 4), range(4, 5), range(5, 8)]
     assert split_layers(8, 4) == [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
     assert split_layers(10, 4) == [range(0, 2), range(2, 5), range(5, 8), range(8, 10)]
     for layers in range(1, 20):

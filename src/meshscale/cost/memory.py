@@ -11,7 +11,7 @@ from functools import lru_cache
 
 from meshscale.cost.flops import block_matmuls
 from meshscale.specs.layout import Layout, kv_heads_per_rank
-from meshscale.specs.placement import chunk_ranges, head_rank, rank_layers
+from meshscale.specs.placement import chunk_ranges, head_rank, layout_ends, rank_layers
 from meshscale.specs.model import ModelSpec
 
 # (params, grads, optimizer) bytes per parameter, and the dtype activations and gathered params travel in.
@@ -48,7 +48,7 @@ def params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
     vocabulary) by tp and replicates norms, the row-parallel biases and the MoE router; routed experts are
     split by ep and etp (Megatron-Core's expert tensor parallelism, Liu et al. 2025)."""
     return params_per_rank(model, layout.tp, layout.ep, layout.expert_tp, layout.pp, layout.stages,
-                           layout.v_shaped)[rank]
+                           layout.v_shaped, layout_ends(layout))[rank]
 
 
 def root_params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
@@ -69,15 +69,17 @@ def _root_params(model: ModelSpec, tp: int, pp: int, v_shaped: bool, rank: int) 
 
 
 @lru_cache(maxsize=4096)
-def params_per_rank(model: ModelSpec, tp: int, ep: int, etp: int, pp: int, chunks: int, v_shaped: bool) -> tuple:
+def params_per_rank(model: ModelSpec, tp: int, ep: int, etp: int, pp: int, chunks: int, v_shaped: bool,
+                    ends: tuple = ()) -> tuple:
     """`params_on_rank` of every pipeline rank, from the layout's degrees (what the planner's bound reads)."""
     per_layer = _layer_params_on_rank(model, tp, ep, etp)
     # the multi-token prediction modules beside the head: two norms, a column-parallel 2h -> h projection and a
     # layer like the last (DeepSeek-V3 sec. 2.2)
     mtp = model.mtp_layers * (per_layer[-1] + 2 * model.hidden * model.hidden / tp + 2 * model.hidden)
     head = 0 if v_shaped else pp - 1
-    return tuple(sum(per_layer[i] for i in rank_layers(model.layers, pp, chunks, v_shaped, rank, model.mtp_layers))
-                 + _root_params(model, tp, pp, v_shaped, rank) + (mtp if rank == head else 0) for rank in range(pp))
+    owned = (rank_layers(model.layers, pp, chunks, v_shaped, rank, model.mtp_layers, ends) for rank in range(pp))
+    return tuple(sum(per_layer[i] for i in layers) + _root_params(model, tp, pp, v_shaped, rank)
+                 + (mtp if rank == head else 0) for rank, layers in enumerate(owned))
 
 
 @lru_cache(maxsize=1024)
@@ -94,15 +96,16 @@ def _layer_params_on_rank(model: ModelSpec, tp: int, ep: int, etp: int) -> tuple
 
 
 @lru_cache(maxsize=4096)
-def heaviest_rank(model: ModelSpec, tp: int, ep: int, etp: int, pp: int, chunks: int, v_shaped: bool) -> int:
+def heaviest_rank(model: ModelSpec, tp: int, ep: int, etp: int, pp: int, chunks: int, v_shaped: bool,
+                  ends: tuple = ()) -> int:
     """The pipeline rank holding the most parameters (the first of equals)."""
-    per_rank = params_per_rank(model, tp, ep, etp, pp, chunks, v_shaped)
+    per_rank = params_per_rank(model, tp, ep, etp, pp, chunks, v_shaped, ends)
     return max(range(pp), key=per_rank.__getitem__)
 
 
 @lru_cache(maxsize=4096)
 def fsdp_gathered(model: ModelSpec, tp: int, ep: int, etp: int, pp: int, chunks: int,
-                  v_shaped: bool) -> tuple[float, float]:
+                  v_shaped: bool, ends: tuple = ()) -> tuple[float, float]:
     """(parameters, gradients), in parameters, that FSDP2 (parallel/fsdp.py: a unit per block, the root holding
     embedding, final norm and head) holds unsharded beside the shards at the step's peak, on the pipeline rank
     holding the most. The root is not resharded after forward (torch's fully_shard: "the root FSDP state has
@@ -111,12 +114,12 @@ def fsdp_gathered(model: ModelSpec, tp: int, ep: int, etp: int, pp: int, chunks:
     (Zhao et al. 2023, "PyTorch FSDP", sec. 3.3: two units in flight), its gradient whole until reduce-scattered.
     Inside a pipeline stage FSDP2 defers backward's resharding and the reduce-scatter to the last micro-batch
     (measured, cost/comm.py data_parallel_ops): the stage's parameters and gradients are whole then."""
-    rank = heaviest_rank(model, tp, ep, etp, pp, chunks, v_shaped)
+    rank = heaviest_rank(model, tp, ep, etp, pp, chunks, v_shaped, ends)
     if pp > 1:
-        whole = params_per_rank(model, tp, ep, etp, pp, chunks, v_shaped)[rank]
+        whole = params_per_rank(model, tp, ep, etp, pp, chunks, v_shaped, ends)[rank]
         return whole, whole
     per_layer = _layer_params_on_rank(model, tp, ep, etp)
-    block = max(per_layer[i] for i in rank_layers(model.layers, pp, chunks, v_shaped, rank, model.mtp_layers))
+    block = max(per_layer[i] for i in rank_layers(model.layers, pp, chunks, v_shaped, rank, model.mtp_layers, ends))
     root = _root_params(model, tp, pp, v_shaped, rank)
     return root + 2 * block, root + block
 
@@ -133,14 +136,15 @@ def expert_params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
     """Routed expert parameters one device holds (split by ep and etp): what EP reduces, and ZeRO shards, over
     the expert data-parallel group (tp*cp*dp/(ep*etp) ranks, Layout.edp) rather than over dp*cp."""
     return expert_params_per_rank(model, layout.ep, layout.expert_tp, layout.pp, layout.stages,
-                                  layout.v_shaped)[rank]
+                                  layout.v_shaped, layout_ends(layout))[rank]
 
 
 @lru_cache(maxsize=4096)
-def expert_params_per_rank(model: ModelSpec, ep: int, etp: int, pp: int, chunks: int, v_shaped: bool) -> tuple:
+def expert_params_per_rank(model: ModelSpec, ep: int, etp: int, pp: int, chunks: int, v_shaped: bool,
+                           ends: tuple = ()) -> tuple:
     """`expert_params_on_rank` of every pipeline rank, from the layout's degrees."""
     one_layer = model.experts * model.expert_params() / (etp * ep)
-    owned = (rank_layers(model.layers, pp, chunks, v_shaped, r, model.mtp_layers) for r in range(pp))
+    owned = (rank_layers(model.layers, pp, chunks, v_shaped, r, model.mtp_layers, ends) for r in range(pp))
     return tuple(one_layer * sum(model.is_moe_layer(i) for i in layers) for layers in owned)
 
 
@@ -161,7 +165,8 @@ def kv_replicated_params(model: ModelSpec, tp: int) -> float:
 
 
 def busiest_rank(model: ModelSpec, layout: Layout) -> int:
-    return heaviest_rank(model, layout.tp, layout.ep, layout.expert_tp, layout.pp, layout.stages, layout.v_shaped)
+    return heaviest_rank(model, layout.tp, layout.ep, layout.expert_tp, layout.pp, layout.stages, layout.v_shaped,
+                         layout_ends(layout))
 
 
 def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, fused_attention: bool = False,
@@ -263,18 +268,18 @@ def held_layer_microbatches(model: ModelSpec, layout: Layout, m: int) -> float:
     batches per chunk in turn, then one more before its first backward (Megatron-LM, schedules.py,
     forward_backward_pipelining_with_interleaving), and its chunks differ in size (the embedding takes a slot
     in the first). Other schedules: the rank's layers times inflight_microbatches."""
-    return held_layers(model.layers, layout.pp, layout.vpp, layout.schedule, m, model.mtp_layers)
+    return held_layers(model.layers, layout.pp, layout.vpp, layout.schedule, m, model.mtp_layers, layout_ends(layout))
 
 
 @lru_cache(maxsize=65536)
-def held_layers(layers: int, pp: int, vpp: int, schedule: str, m: int, mtp: int = 0) -> float:
+def held_layers(layers: int, pp: int, vpp: int, schedule: str, m: int, mtp: int = 0, ends: tuple = ()) -> float:
     """`held_layer_microbatches` from the layout's pipeline degrees and schedule (what the planner's bound reads)."""
     layout = Layout(pp=pp, vpp=vpp, schedule=schedule)
-    own = rank_layers(layers, pp, pp * vpp, layout.v_shaped, 0, mtp)
+    own = rank_layers(layers, pp, pp * vpp, layout.v_shaped, 0, mtp, ends)
     if pp == 1 or schedule != "interleaved":  # rank 0 holds the last chunk, and its MTP modules, alone or in a V
         mtp_here = mtp if pp == 1 or layout.v_shaped else 0
         return (len(own) + mtp_here) * inflight_microbatches(layout, m)
-    ranges = chunk_ranges(layers, pp * vpp, mtp)
+    ranges = chunk_ranges(layers, pp * vpp, mtp, pp, ends)
     sizes = [len(ranges[c]) for c in range(0, pp * vpp, pp)]  # rank 0's chunks, in order
     forwards = min((pp - 1) * 2 + (vpp - 1) * pp + 1, m * vpp)
     # forward k runs chunk (k // pp) % vpp: pp forwards of each chunk a cycle, then what is left of one
@@ -298,7 +303,7 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
     gathered = 0.0
     if layout.fsdp:  # the unsharded units beside the shards, in the compute dtype
         gathered = sum(fsdp_gathered(model, layout.tp, layout.ep, layout.expert_tp, layout.pp, layout.stages,
-                                     layout.v_shaped))
+                                     layout.v_shaped, layout_ends(layout)))
         gathered *= bytes_["compute"]
     tokens = layout.mbs * model.seq / layout.cp
     scale = bytes_["compute"] / 2

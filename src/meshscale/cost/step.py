@@ -19,7 +19,7 @@ from meshscale.cost.pipeline import HEAD_IDLE_SCHEDULES, bubble_ratio
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import Layout, check_against, kv_heads_per_rank, split_layers
-from meshscale.specs.placement import head_rank, rank_chunks, stage_layers
+from meshscale.specs.placement import head_rank, layout_ends, rank_chunks, stage_layers
 from meshscale.specs.model import ModelSpec
 
 
@@ -321,7 +321,7 @@ def chunk_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, chunk: 
     (cost/kernels.py), the output head on the last chunk, its share (1/vpp) of the rank's element-wise
     work, a third in forward and two thirds in backward, and the host time of its operators (calibrated
     clusters, cost/overhead.py). `layout` must have its mbs resolved."""
-    return _kind_passes(model, cluster, layout, chunk_kinds(model, layout.stages)[chunk], precision)
+    return _kind_passes(model, cluster, layout, layout_kinds(model, layout)[chunk], precision)
 
 
 @lru_cache(maxsize=4096)
@@ -362,7 +362,7 @@ def rank_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: in
                 precision: str = "bf16") -> Passes:
     """F, B, W of one micro-batch on pipeline rank `rank`: the sum over the chunks it holds (the passes the
     simulator runs one by one)."""
-    kinds = chunk_kinds(model, layout.stages)  # chunk_passes of each, the kind looked up once
+    kinds = layout_kinds(model, layout)  # chunk_passes of each, the kind looked up once
     return sum((_kind_passes(model, cluster, layout, kinds[c], precision)
                 for c in rank_chunks(layout.pp, layout.stages, layout.v_shaped, rank)), Passes())
 
@@ -372,7 +372,7 @@ def pipeline_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
     """One micro-batch's F, B, W on the slowest pipeline rank, their mean over the other ranks (whose passes
     make the bubble, cost/pipeline.py), and the slowest rank's lead: how much longer its micro-batch takes
     than the next slowest rank's (slack that hides the stage-boundary sends)."""
-    ranks = _distinct_ranks(model, layout.pp, layout.stages, layout.v_shaped)
+    ranks = _distinct_ranks(model, layout.pp, layout.stages, layout.v_shaped, layout_ends(layout))
     per = sorted(((rank_passes(model, cluster, layout, r, precision), n) for r, n in ranks),
                  key=lambda pn: -pn[0].total)
     slowest = per[0][0]
@@ -404,21 +404,26 @@ def _head_ends(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision
     return tuple(chunk_passes(model, cluster, layout, c, precision) for c in (0, layout.stages - 1))
 
 
+def layout_kinds(model: ModelSpec, layout: Layout) -> tuple:
+    """`chunk_kinds` of the layout's cut."""
+    return chunk_kinds(model, layout.stages, layout.pp, layout_ends(layout))
+
+
 @lru_cache(maxsize=4096)
-def chunk_kinds(model: ModelSpec, chunks: int) -> tuple:
-    """(dense layers, MoE layers, holds the head) of each pipeline chunk."""
+def chunk_kinds(model: ModelSpec, chunks: int, pp: int = 1, ends: tuple = ()) -> tuple:
+    """(dense layers, MoE layers, holds the head) of each pipeline chunk (`ends`: placement.layout_ends)."""
     out = []
-    for c, owned in enumerate(split_layers(model.layers, chunks, model.mtp_layers)):
+    for c, owned in enumerate(split_layers(model.layers, chunks, model.mtp_layers, pp, *ends)):
         moe = sum(model.is_moe_layer(i) for i in owned) if model.is_moe else 0
         out.append((len(owned) - moe, moe, c == chunks - 1))
     return tuple(out)
 
 
 @lru_cache(maxsize=4096)
-def _distinct_ranks(model: ModelSpec, pp: int, chunks: int, v_shaped: bool) -> tuple:
+def _distinct_ranks(model: ModelSpec, pp: int, chunks: int, v_shaped: bool, ends: tuple = ()) -> tuple:
     """((rank, how many ranks hold alike chunks), ...): one pipeline rank per distinct multiset of chunk kinds,
     as ranks holding alike chunks cost alike."""
-    kinds = chunk_kinds(model, chunks)
+    kinds = chunk_kinds(model, chunks, pp, ends)
     count: dict = {}
     first: dict = {}
     for r in range(pp):

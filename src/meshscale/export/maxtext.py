@@ -28,6 +28,8 @@ REMAT = {"none": "minimal_with_context", "full": "full"}
 
 def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
     changes: list[str] = []
+    if layout.first or layout.last:
+        layout = change(layout, changes, "MaxText cuts its pipeline evenly", first=0, last=0)
     if layout.pp > 1 and model.layers % layout.stages:
         layout = change(layout, changes, f"MaxText's pipeline needs pp*vpp ({layout.stages}) to divide the "
                                          f"{model.layers} layers", pp=1, vpp=1, schedule="1f1b",

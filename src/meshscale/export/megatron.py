@@ -110,12 +110,13 @@ def _model_arguments(model: ModelSpec) -> list[str]:
 
 
 def _pipeline_arguments(model: ModelSpec, lay: Layout) -> list[str]:
-    if model.layers % lay.stages == 0 and not model.mtp_layers:
+    if model.layers % lay.stages == 0 and not (model.mtp_layers or lay.first or lay.last):
         return ([f"--num-layers-per-virtual-pipeline-stage {model.layers // lay.stages}"]
                 if lay.vpp > 1 else [])
     # the uneven cut the cost model charged (specs.layout.split_layers), stage by stage: E embedding,
     # t a transformer layer, m a multi-token prediction module, L the output head and loss
-    stages = ["t" * len(r) for r in split_layers(model.layers, lay.stages, model.mtp_layers)]
+    stages = ["t" * len(r) for r in split_layers(model.layers, lay.stages, model.mtp_layers, lay.pp, lay.first,
+                                                 lay.last)]
     stages[0], stages[-1] = "E" + stages[0], stages[-1] + "m" * model.mtp_layers + "L"
     return [f"--pipeline-model-parallel-layout {shlex.quote('|'.join(stages))}"]  # quoted: | is a shell pipe
 

@@ -117,7 +117,8 @@ def notes(job: Job) -> list[str]:
 
 def chunk_modules(model: ModelSpec, layout: Layout) -> list[list[str]]:
     """torchtitan's module names per model chunk: the embedding with the first, norm and head with the last."""
-    chunks = [[f"layers.{i}" for i in r] for r in split_layers(model.layers, layout.stages)]
+    chunks = [[f"layers.{i}" for i in r] for r in split_layers(model.layers, layout.stages, pp=layout.pp,
+                                                                first=layout.first, last=layout.last)]
     chunks[0].insert(0, "tok_embeddings")
     chunks[-1] += ["norm", "output"]
     return chunks

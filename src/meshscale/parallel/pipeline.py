@@ -65,7 +65,7 @@ def pipeline_chunks(model: Transformer, layout: Layout, pp_rank: int) -> list[tu
     their global names) and the embedding / final norm and head where they belong. Apply TP and data
     parallelism to each module afterwards, then hand them to `PipelineRunner`."""
     n_chunks = layout.stages
-    ranges = split_layers(model.spec.layers, n_chunks)
+    ranges = split_layers(model.spec.layers, n_chunks, pp=layout.pp, first=layout.first, last=layout.last)
     chunks = []
     for stage in rank_chunks(layout.pp, n_chunks, layout.v_shaped, pp_rank):
         chunk = copy.deepcopy(model)

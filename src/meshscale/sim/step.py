@@ -163,7 +163,8 @@ def _durations(model, cluster, layout, precision, pred, ring):
     pp_entry = next((e for e in pred.comm if e["axis"] == "pp"), None)
     send_s = pp_entry["time_s"] / pp_entry["calls"] if pp_entry else 0.0
     fsdp = sum(e["time_s"] for e in pred.comm if e["axis"] in DATA_AXES and e["overlap"] == Overlap.FSDP)
-    units = [len(r) for r in split_layers(model.layers, layout.stages, model.mtp_layers)]
+    units = [len(r) for r in split_layers(model.layers, layout.stages, model.mtp_layers, layout.pp,
+                                          layout.first, layout.last)]
     per_pass = {"F": lambda c: c.forward, "B": lambda c: c.backward + c.weight, "I": lambda c: c.backward,
                 "W": lambda c: c.weight}
 

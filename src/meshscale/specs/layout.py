@@ -32,10 +32,11 @@ V_SCHEDULES = ("zbv", "dualpipev")
 # Zero-bubble schedules: each backward split into its input gradient (B) and weight gradient (W), run apart
 # (Qi et al. 2023; torch computes each part with autograd.grad).
 ZERO_BUBBLE_SCHEDULES = ("zb",) + V_SCHEDULES
-_INT_KEYS = ("dp", "zero", "shard", "tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "offload")
-_INT_MINIMA = tuple((key, 0 if key in ("zero", "mbs", "shard", "etp", "offload") else 1) for key in _INT_KEYS)
-_KEY_ORDER = ("dp", "zero", "shard", "tp", "sp", "pp", "vpp", "schedule", "cp", "ep", "etp", "mbs", "recompute",
-              "offload")
+_INT_KEYS = ("dp", "zero", "shard", "tp", "pp", "vpp", "first", "last", "cp", "ep", "etp", "mbs", "offload")
+_INT_MINIMA = tuple((key, 0 if key in ("zero", "mbs", "shard", "etp", "offload", "first", "last") else 1)
+                    for key in _INT_KEYS)
+_KEY_ORDER = ("dp", "zero", "shard", "tp", "sp", "pp", "vpp", "schedule", "first", "last", "cp", "ep", "etp", "mbs",
+              "recompute", "offload")
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,10 @@ class Layout:
     pp: int = 1
     vpp: int = 1  # model chunks per pipeline rank
     schedule: str = "1f1b"
+    # layers of the first and the last pipeline rank (Megatron-Core --decoder-first/last-pipeline-num-layers),
+    # the others sharing the rest evenly; 0: the even cut (`split_layers`)
+    first: int = 0
+    last: int = 0
     cp: int = 1  # context parallelism (ring attention)
     ep: int = 1  # expert parallelism, folded over the stage's tp*cp*dp ranks (see the module docstring)
     etp: int = 0  # expert tensor parallelism; 0: tp (Megatron-Core's default for --expert-tensor-parallel-size)
@@ -80,6 +85,11 @@ class Layout:
                 raise UserError(f"layout: vpp={self.vpp} needs schedule=interleaved (or zbv/dualpipev for 2)")
         elif self.vpp > 1:
             raise UserError("layout: vpp > 1 needs pp > 1")
+        if (self.first or self.last) and (self.pp == 1 or self.schedule in V_SCHEDULES
+                                          or self.first % self.vpp or self.last % self.vpp):
+            raise UserError(f"layout: first={self.first}, last={self.last} set the layers of the first and last "
+                            "pipeline ranks as Megatron-Core does: with pp > 1, not a V schedule, and a multiple of "
+                            f"vpp={self.vpp} each (a rank's chunks share them evenly)")
         if self.v_shaped and self.vpp == 1:
             object.__setattr__(self, "vpp", 2)
         if self.shard:
@@ -281,6 +291,12 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
     if model.is_moe and model.expert_ffn % layout.expert_tp:
         raise UserError(f"layout: etp={layout.expert_tp} (tp unless set) must divide the expert MLP width "
                         f"({model.expert_ffn}) of {model.name}; pick a divisor of it")
+    if layout.first or layout.last:
+        middle, ranks = model.layers - layout.first - layout.last, layout.pp - bool(layout.first) - bool(layout.last)
+        if middle < ranks * layout.vpp or (middle % (ranks * layout.vpp) if ranks else middle):
+            raise UserError(f"layout: first={layout.first}, last={layout.last} leave {middle} of {model.name}'s "
+                            f"{model.layers} layers to the other {ranks} pipeline ranks, which must share them "
+                            f"evenly over their {ranks * layout.vpp} chunks, at least one each; change first or last")
     if layout.stages > model.layers + model.mtp_layers:
         raise UserError(f"layout: pp*vpp = {layout.stages} pipeline chunks but {model.name} has only "
                         f"{model.layers} layers; lower pp or vpp")
@@ -339,22 +355,41 @@ def kv_heads_per_rank(kv_heads: int, tp: int) -> int:
     return max(kv_heads // tp, 1)
 
 
-def split_layers(n_layers: int, n_chunks: int, mtp: int = 0) -> list[range]:
+def split_layers(n_layers: int, n_chunks: int, mtp: int = 0, pp: int = 1, first: int = 0,
+                 last: int = 0) -> list[range]:
     """Contiguous layer ranges, one per chunk: Megatron's even cut (Narayanan et al. 2021, sec. 2.2), which
     the published step times we hold the cost model against were measured with. Layers left over go to the
     inner chunks first, so the chunks also carrying the embedding or the output head stay lighter. `mtp`
     multi-token prediction modules count as layers of the last chunk, after its transformer layers (Megatron-
-    Core's pipeline layouts place them so: "m" in the last stage), so that chunk may hold none. The runtime
-    (parallel/pipeline.py) and the cost model (cost/memory.py) both cut with this function."""
+    Core's pipeline layouts place them so: "m" in the last stage), so that chunk may hold none. With `first`
+    or `last` (Layout) the first or last of `pp` ranks holds that many layers, shared evenly by its chunks
+    (rank r holds chunks r, r + pp, ...), and the other ranks' chunks share the rest evenly, as Megatron-Core's
+    --decoder-first/last-pipeline-num-layers cut. The runtime (parallel/pipeline.py) and the cost model
+    (cost/memory.py) both cut with this function."""
     units = n_layers + mtp
     if not 1 <= n_chunks <= units:
         raise ValueError(f"cannot cut {n_layers} layers into {n_chunks} pipeline chunks")
-    sizes = [units // n_chunks] * n_chunks
-    inner_first = list(range(1, n_chunks - 1)) + [0, n_chunks - 1]
-    for i in inner_first[:units % n_chunks]:
-        sizes[i] += 1
+    if first or last:
+        sizes = _sized_ends(n_layers, n_chunks, pp, first, last)
+        if sum(sizes) != n_layers or min(sizes) < 1:
+            raise ValueError(f"first={first}, last={last} do not cut {n_layers} layers into {n_chunks} chunks evenly")
+    else:
+        sizes = [units // n_chunks] * n_chunks
+        inner_first = list(range(1, n_chunks - 1)) + [0, n_chunks - 1]
+        for i in inner_first[:units % n_chunks]:
+            sizes[i] += 1
     starts = [sum(sizes[:i]) for i in range(n_chunks)]
     return [range(start, min(start + size, n_layers)) for start, size in zip(starts, sizes)]
+
+
+def _sized_ends(n_layers: int, n_chunks: int, pp: int, first: int, last: int) -> list[int]:
+    """`split_layers`' chunk sizes with the first and/or last rank's layers given (check_against has checked
+    that the rest shares evenly)."""
+    vpp = n_chunks // pp
+    ranks = pp - bool(first) - bool(last)
+    middle = (n_layers - first - last) // (ranks * vpp) if ranks else 0
+    return [first // vpp if c % pp == 0 and first else last // vpp if c % pp == pp - 1 and last else middle
+            for c in range(n_chunks)]
 
 
 def pipeline_refusal(layout: Layout, n_microbatches: int) -> str | None:

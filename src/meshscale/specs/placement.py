@@ -24,23 +24,29 @@ def stage_owner(stage: int, pp: int, v_shaped: bool) -> int:
 
 
 @lru_cache(maxsize=65536)
-def rank_layers(layers: int, pp: int, chunks: int, v_shaped: bool, rank: int, mtp: int = 0) -> tuple:
+def rank_layers(layers: int, pp: int, chunks: int, v_shaped: bool, rank: int, mtp: int = 0,
+                ends: tuple = ()) -> tuple:
     """The layers rank `rank` holds, in order, cut as the runtime cuts them (`split_layers`; `mtp` multi-token
-    prediction modules count in the last chunk)."""
-    ranges = chunk_ranges(layers, chunks, mtp)
+    prediction modules count in the last chunk; `ends`: the layout's (first, last), `layout_ends`)."""
+    ranges = chunk_ranges(layers, chunks, mtp, pp, ends)
     return tuple(i for c in rank_chunks(pp, chunks, v_shaped, rank) for i in ranges[c])
 
 
 @lru_cache(maxsize=4096)
-def chunk_ranges(layers: int, chunks: int, mtp: int = 0) -> tuple:
+def chunk_ranges(layers: int, chunks: int, mtp: int = 0, pp: int = 1, ends: tuple = ()) -> tuple:
     """`split_layers`, cut once for every rank that asks."""
-    return tuple(split_layers(layers, chunks, mtp))
+    return tuple(split_layers(layers, chunks, mtp, pp, *ends))
+
+
+def layout_ends(layout: Layout) -> tuple:
+    """The layout's (first, last) rank sizes where it sets them, else (): what the placement functions take."""
+    return (layout.first, layout.last) if layout.first or layout.last else ()
 
 
 @lru_cache(maxsize=4096)
-def layer_counts(layers: int, pp: int, chunks: int, v_shaped: bool, mtp: int = 0) -> tuple:
+def layer_counts(layers: int, pp: int, chunks: int, v_shaped: bool, mtp: int = 0, ends: tuple = ()) -> tuple:
     """How many layers each rank holds."""
-    return tuple(len(rank_layers(layers, pp, chunks, v_shaped, r, mtp)) for r in range(pp))
+    return tuple(len(rank_layers(layers, pp, chunks, v_shaped, r, mtp, ends)) for r in range(pp))
 
 
 @lru_cache(maxsize=4096)
@@ -54,7 +60,8 @@ def sends_per_rank(pp: int, chunks: int, v_shaped: bool) -> tuple:
 
 def stage_layers(model, layout: Layout, rank: int) -> tuple:
     """The layers of `model` pipeline rank `rank` owns under `layout`."""
-    return rank_layers(model.layers, layout.pp, layout.stages, layout.v_shaped, rank, model.mtp_layers)
+    return rank_layers(model.layers, layout.pp, layout.stages, layout.v_shaped, rank, model.mtp_layers,
+                       layout_ends(layout))
 
 
 def head_rank(layout: Layout) -> int:
