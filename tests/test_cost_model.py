@@ -120,10 +120,10 @@ def test_multi_token_prediction_runs_beside_the_head_and_counts_in_the_cut():
 
 
 def test_activation_offload_moves_layers_to_host_memory_behind_their_passes():
-    """offload=N (Megatron-Core --cpu-offloading-num-layers): N layers' activations leave the device, their copies
-    over the host link (PCIe Gen5 on H100, the datasheet's 64 GB/s a way) hidden behind their pass until they
-    outlast it; Megatron-Core's rules (pp=1, no recompute, fewer than all layers) and a cluster without a host
-    link figure are one line."""
+    """offload=N (Megatron-Core --cpu-offloading-num-layers, DeepSpeed's cpu_checkpointing under full recompute):
+    what N layers keep for backward leaves the device, its copies over the host link (PCIe Gen5 on H100, the
+    datasheet's 64 GB/s a way) hidden behind their pass until they outlast it; a pipeline, more layers than the
+    model has and a cluster without a host link figure are one line."""
     model = load_model("llama3-8b")
 
     def layout(n):
@@ -136,7 +136,11 @@ def test_activation_offload_moves_layers_to_host_memory_behind_their_passes():
     assert p[8].step_time_s == pytest.approx(p[0].step_time_s)  # 8 layers' copies hide behind the passes
     copy = 31 * per_layer / H100.host_bandwidth * p[0].microbatches * 2  # out in forward, back in backward
     assert p[31].step_time_s > p[0].step_time_s and p[31].step_time_s - p[0].step_time_s < copy
-    for bad in ("pp=2,dp=4,offload=4", "dp=8,offload=32", "dp=8,recompute=selective,offload=4"):
+    full = {n: predict(model, H100, Layout.parse(f"dp=8,mbs=2,recompute=full,offload={n}", 8), 64)
+            for n in (0, 32)}  # every layer's checkpoint (its input) on the host: DeepSpeed's cpu_checkpointing
+    assert full[0].memory_per_device_bytes["activations"] - full[32].memory_per_device_bytes["activations"] == \
+        pytest.approx(32 * 2 * model.hidden * 2 * model.seq)
+    for bad in ("pp=2,dp=4,offload=4", "dp=8,offload=33"):
         with pytest.raises(UserError, match="offload"):
             predict(model, H100, Layout.parse(bad, 8), 64)
     with pytest.raises(UserError, match="host_bandwidth"):

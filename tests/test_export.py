@@ -40,6 +40,7 @@ CASES = [
     # uneven first and last pipeline ranks, Megatron-Core's recompute modules, and activation offload
     ("llama3-8b", "h100-80gb", "dp=2,zero=1,tp=2,sp=true,pp=4,first=5,last=11,mbs=1", 64, "bf16"),
     ("llama3-8b", "h100-80gb", "dp=8,zero=1,mbs=1,offload=8", 64, "bf16"),
+    ("llama3-8b", "h100-80gb", "dp=8,zero=1,mbs=1,recompute=full,offload=32", 64, "bf16"),
     ("llama3-8b", "h100-80gb", "dp=4,zero=1,tp=2,sp=true,mbs=1,recompute=layernorm+mlp", 64, "bf16"),
     ("mixtral-8x7b", "h100-80gb", "dp=4,zero=1,tp=2,sp=true,pp=8,ep=8,etp=1,mbs=1,recompute=core_attn+moe_act", 256,
      "bf16"),
@@ -198,6 +199,22 @@ def test_megatron_fp8_with_layernorm_recompute_takes_a_recipe_that_allows_it():
                Layout.parse("dp=8,zero=1,mbs=1,recompute=layernorm"), 64, "fp8", steps=10)
     args = parse_megatron(out.config)
     assert args["fp8_recipe"] == "tensorwise" and args["recompute_modules"] == ["layernorm"]
+
+
+def test_offload_reaches_each_framework_in_the_form_it_has():
+    """Megatron-Core offloads fewer than all layers without recompute; DeepSpeed every layer's checkpoint under
+    full recompute (cpu_checkpointing); each export keeps the form its framework has and drops the other."""
+    model, h100 = load_model("llama3-8b"), load_cluster("h100-80gb")
+
+    def emitted_layout(framework, text):
+        return emit(framework, model, h100, Layout.parse(text), 64, "bf16", steps=10)
+
+    checkpoints = emitted_layout("deepspeed", "dp=8,zero=1,mbs=1,recompute=full,offload=32")
+    assert json.loads(checkpoints.config)["activation_checkpointing"]["cpu_checkpointing"] is True
+    assert Layout.parse(emitted_layout("megatron", "dp=8,zero=1,mbs=1,recompute=full,offload=32").layout).offload == 0
+    layers = emitted_layout("megatron", "dp=8,zero=1,mbs=1,offload=8")
+    assert parse_megatron(layers.config)["cpu_offloading_num_layers"] == 8
+    assert Layout.parse(emitted_layout("deepspeed", "dp=8,zero=1,mbs=1,offload=8").layout).offload == 0
 
 
 # ---- DeepSpeed -----------------------------------------------------------------------------------------

@@ -40,9 +40,9 @@ def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
         layout = change(layout, changes, "DeepSpeed's AutoTP keeps activations whole over the TP group", sp=False)
     if layout.tp > 1 and layout.zero == 3:
         layout = change(layout, changes, "DeepSpeed's AutoTP training combines with ZeRO stages 0-2", zero=2)
-    if layout.offload:
-        layout = change(layout, changes, "DeepSpeed offloads activation checkpoints (cpu_checkpointing), not the "
-                                         "activations of whole layers", offload=0)
+    if layout.offload and (layout.recompute != "full" or layout.offload != model.layers):
+        layout = change(layout, changes, "DeepSpeed offloads every layer's activation checkpoint under full "
+                                         "recompute (cpu_checkpointing), nothing else", offload=0)
     if layout.recompute not in ("none", "full"):
         layout = change(layout, changes, "DeepSpeed checkpoints whole layers (deepspeed.checkpointing)",
                                  recompute="full")
@@ -72,7 +72,7 @@ def config(job: Job) -> dict:
         out["tensor_parallel"] = {"autotp_size": lay.tp}
     if lay.recompute == "full":
         out["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
-                                           "cpu_checkpointing": False}
+                                           "cpu_checkpointing": bool(lay.offload)}
     return out
 
 

@@ -24,6 +24,11 @@ def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
     if layout.pp > 1 and layout.schedule not in ("1f1b", "interleaved"):
         layout = change(layout, changes, f"Megatron-LM schedules 1F1B and interleaved 1F1B, not "
                                          f"{layout.schedule}", schedule="1f1b", vpp=1)
+    if layout.offload and (layout.recompute != "none" or layout.offload >= model.layers):
+        # TransformerConfig: "CPU offloading does not work when activation recomputation is enabled", and it
+        # offloads fewer layers than the model has
+        layout = change(layout, changes, "Megatron-Core offloads fewer than all layers' activations, without "
+                                         "recompute", offload=0)
     if layout.recompute == "op":
         layout = change(layout, changes, "Megatron-LM recomputes whole layers or named modules, not every other "
                                          "matmul", recompute="full")

@@ -319,7 +319,7 @@ def _gpu(name, accel, bf16, fp8, fp32, hbm, hbm_bw, eff, nvlink, nvlink_size, ni
                        gemm_tile=(128, 256), gemm_k_overhead=128, attention_efficiency=attention, **kw)
 
 
-def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, eff=0.90) -> ClusterSpec:
+def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, host, eff=0.90) -> ClusterSpec:
     # ICI figure per torus axis with wraparound (two links, both directions), as the scaling book's W_ici;
     # ICI hop latency ~1 us; DCN per chip (host NIC bandwidth / chips per host). Matmuls run on 128x128 MXUs
     # (Cloud TPU "performance guide": dimensions are padded to multiples of 128); large MXU-aligned matmuls run
@@ -331,7 +331,7 @@ def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, eff=0
     return ClusterSpec(name=name, accelerator=accel, peak_flops_bf16=bf16, peak_flops_fp8=fp8,
                        peak_flops_fp32=bf16 / 2, hbm_bytes=hbm, hbm_bandwidth=hbm_bw, matmul_efficiency=eff,
                        tiers=tiers, torus=torus, default_devices=_prod(torus), price_per_device_hour=price,
-                       gemm_tile=(128, 128), software=Software(framework="megatron-core"))
+                       gemm_tile=(128, 128), software=Software(framework="megatron-core"), host_bandwidth=host)
 
 
 # matmul_efficiency: the fraction of the dense peak the best-shaped bf16 GEMM sustains, the ceiling of the
@@ -364,8 +364,10 @@ def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, eff=0
 # gpu_arch selects NCCL's tuner constants (cost/collectives.py); DGX A100's host is AMD EPYC 7742, DGX H100's
 # Intel Xeon 8480C, GB200's Grace (Arm).
 # host_bandwidth, the datasheets' host link, one way: A100 SXM PCIe Gen4 64 GB/s (32), H100/H800/H200 SXM PCIe
-# Gen5 128 GB/s (64), MI300X/MI325X PCIe Gen5 x16 128 GB/s (64); none stated here for Blackwell and TPUs (0).
-# These are the links' rates: no copy micro-benchmark here says what a pinned copy reaches of them.
+# Gen5 128 GB/s (64), MI300X/MI325X PCIe Gen5 x16 128 GB/s (64); TPUs, the scaling book's Part 2 ("PCIe
+# bandwidth is typically around 1.5e10 bytes / second per chip", 16 GB/s each way on v4, 32 GB/s on v6e); none
+# stated here for Blackwell (0). These are the links' rates: no copy micro-benchmark here says what a pinned
+# copy reaches of them.
 PRESETS: dict[str, ClusterSpec] = {
     # NVIDIA A100 datasheet: 312 TFLOP/s bf16, 19.5 fp32 (156 TF32), no FP8, 80 GB HBM2e at 2.039 TB/s, 108 SMs
     # (nvidia-smi reports 81920 MiB);
@@ -426,18 +428,18 @@ PRESETS: dict[str, ClusterSpec] = {
     # TPU v6e (Trillium; Cloud TPU docs): 918 TFLOP/s bf16, 1836 int8, 32 GiB HBM at 1.64 TB/s, 2D torus 16x16
     # (256 chips a pod), ICI 9e10 B/s bidirectional per link (scaling book Part 2), 1.8e11 per axis; no DCN
     # figure per chip published: v5e's; $2.70 per chip-hour on demand.
-    "tpu-v6e": _tpu("tpu-v6e", "TPU v6e", 918e12, 1836e12, 32 * GiB, 1.64e12, 1.8e11, 3.125e9, (16, 16), 2.7),
+    "tpu-v6e": _tpu("tpu-v6e", "TPU v6e", 918e12, 1836e12, 32 * GiB, 1.64e12, 1.8e11, 3.125e9, (16, 16), 2.7, 32e9),
     # TPU v5p (Cloud TPU docs, scaling book Part 2): 4.59e14 bf16, 9.18e14 int8, 95 GiB HBM at 2.765 TB/s,
     # ICI 9e10 B/s bidirectional per link, so 1.8e11 per torus axis with wraparound (the book's W_ici);
     # pods of up to 8960 chips, 16x16x16 = 4096 per slice here; DCN ~6.25e9 B/s per chip.
     "tpu-v5p": _tpu("tpu-v5p", "TPU v5p", 4.59e14, 9.18e14, 95 * GiB, 2.765e12, 1.8e11, 6.25e9,
-                    (16, 16, 16), 4.2),
+                    (16, 16, 16), 4.2, 1.5e10),
     # TPU v5e: 1.97e14 bf16, 3.94e14 int8, 16 GiB HBM at 8.1e11 B/s, 2D torus 16x16, ICI 4.5e10 per link
     # bidirectional (9e10 per axis with wraparound), DCN ~3.1e9 per chip.
-    "tpu-v5e": _tpu("tpu-v5e", "TPU v5e", 1.97e14, 3.94e14, 16 * GiB, 8.1e11, 9e10, 3.125e9, (16, 16), 1.2),
+    "tpu-v5e": _tpu("tpu-v5e", "TPU v5e", 1.97e14, 3.94e14, 16 * GiB, 8.1e11, 9e10, 3.125e9, (16, 16), 1.2, 1.5e10),
     # TPU v4: 2.75e14 bf16, 32 GiB HBM at 1.2e12 B/s, 3D torus up to 16x16x16 (4096), ICI 4.5e10 per link
     # bidirectional (9e10 per axis), DCN ~6.25e9 per chip.
-    "tpu-v4": _tpu("tpu-v4", "TPU v4", 2.75e14, 2.75e14, 32 * GiB, 1.2e12, 9e10, 6.25e9, (16, 16, 16), 3.2),
+    "tpu-v4": _tpu("tpu-v4", "TPU v4", 2.75e14, 2.75e14, 32 * GiB, 1.2e12, 9e10, 6.25e9, (16, 16, 16), 3.2, 16e9),
     # This machine: 2 AMD EPYC cores, 23 GB RAM, torch CPU kernels, gloo over loopback TCP, one core per rank.
     # fp32: measured 3.3-3.5e10 FLOP/s for single-thread torch GEMMs from 512x64x176 (tiny's shapes) to
     # 1024^3 (2026-11-23); bf16 has no native CPU GEMM here, rough 1e10. gloo all_reduce over loopback,

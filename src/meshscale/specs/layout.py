@@ -312,11 +312,10 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
     if missing:
         raise UserError(f"layout: recompute module {', '.join(missing)} names a part {model.name} does not have; "
                         "drop it")
-    if layout.offload and (layout.pp > 1 or layout.recompute != "none" or layout.offload >= model.layers):
-        # Megatron-Core's TransformerConfig refuses offload with pipelines or recompute, and of every layer
-        raise UserError(f"layout: offload={layout.offload} moves activations of that many of the {model.layers} "
-                        f"layers to host memory as Megatron-Core does: fewer than all of them, with pp=1 and no "
-                        "recompute; change those or drop offload")
+    if layout.offload and (layout.pp > 1 or layout.offload > model.layers):
+        raise UserError(f"layout: offload={layout.offload} moves what that many of the {model.layers} layers keep "
+                        "for backward to host memory, with pp=1 (Megatron-Core's and DeepSpeed's offload run without "
+                        "a pipeline); change pp or offload")
     if layout.recompute == "op" and (model.is_moe or model.uses_mla or t > 1 or layout.cp > 1):
         # its every-other-matmul rule would count routed experts' and TP/CP collectives' calls
         raise UserError(f"layout: recompute=op is built for dense models at tp=1 and cp=1 ({model.name}, tp={t}, "
