@@ -58,7 +58,7 @@ def test_tensor_parallel_bytes_per_layer_korthikanti():
 def test_megatron_recompute_modules_keep_their_inputs_and_run_their_forward_again():
     """recompute=layernorm+mlp (Megatron-Core's --recompute-modules): each module keeps only its input, and its
     forward GEMMs, FLOPs and (under SP) its TP gather and scatter run again in backward."""
-    model, h100 = load_model("llama3-8b"), load_cluster("h100-80gb")
+    model = load_model("llama3-8b")
 
     def layout(r):
         return Layout.parse(f"tp=2,sp=true,dp=4,zero=1,mbs=1,recompute={r}", 8)
@@ -68,7 +68,7 @@ def test_megatron_recompute_modules_keep_their_inputs_and_run_their_forward_agai
     act = {r: activation_bytes_per_layer(model, layout(r), tokens, True) for r in ("none", "layernorm", "mlp")}
     assert act["none"] - act["mlp"] == pytest.approx(6 * model.ffn / 2 * tokens)  # SwiGLU's gate, up, product
     assert act["none"] - act["layernorm"] == pytest.approx(4 * model.hidden / 2 * tokens)  # norm outputs, SP
-    p = {r: predict(model, h100, layout(r), 64) for r in ("none", "layernorm", "mlp", "layernorm+mlp", "full")}
+    p = {r: predict(model, H100, layout(r), 64) for r in ("none", "layernorm", "mlp", "layernorm+mlp", "full")}
     times = [p[r].step_time_s for r in ("none", "layernorm", "mlp", "layernorm+mlp", "full")]
     assert times == sorted(times) and times[2] - times[0] > 0.1 * times[0]  # the MLP is most of a layer's GEMMs
     mlp_flops = 2 * 3 * model.hidden * model.ffn * model.layers * 64 * model.seq
@@ -77,11 +77,11 @@ def test_megatron_recompute_modules_keep_their_inputs_and_run_their_forward_agai
     gathers = {r: entries(p[r], "tp")[("tp", "all_gather")] for r in ("none", "mlp")}
     assert gathers["mlp"] - gathers["none"] == 16 * model.layers * per_mb  # 16 micro-batches per rank
     moe = load_model("mixtral-8x7b")
-    a2a = {r: entries(predict(moe, h100, Layout.parse(f"dp=8,ep=8,mbs=1,recompute={r}", 8), 64), "ep")
+    a2a = {r: entries(predict(moe, H100, Layout.parse(f"dp=8,ep=8,mbs=1,recompute={r}", 8), 64), "ep")
            for r in ("none", "moe")}
     assert a2a["moe"][("ep", "all_to_all")] == pytest.approx(1.5 * a2a["none"][("ep", "all_to_all")])
     dsv3 = load_model("deepseek-v3")
-    mla = {r: predict(dsv3, h100, Layout.parse(f"dp=8,ep=8,mbs=1,recompute={r}", 8), 64)
+    mla = {r: predict(dsv3, H100, Layout.parse(f"dp=8,ep=8,mbs=1,recompute={r}", 8), 64)
            for r in ("none", "mla_up_proj")}
     up = 2 * dsv3.heads * (dsv3.q_lora_rank * (dsv3.head_dim + dsv3.rope_head_dim)
                            + dsv3.kv_lora_rank * (dsv3.head_dim + dsv3.v_head_dim))  # per token and layer
@@ -90,7 +90,7 @@ def test_megatron_recompute_modules_keep_their_inputs_and_run_their_forward_agai
     kept = {r: p.memory_per_device_bytes["activations"] for r, p in mla.items()}
     assert kept["mla_up_proj"] < kept["none"]
     with pytest.raises(UserError, match="recompute module moe"):
-        predict(model, h100, layout("moe"), 64)
+        predict(model, H100, layout("moe"), 64)
     with pytest.raises(UserError, match="--recompute-modules"):
         layout("attention")
 

@@ -389,7 +389,7 @@ def _module_gemms_forward(model: ModelSpec, cluster: ClusterSpec, layout: Layout
                           precision: str) -> float:
     """The forward GEMMs of the recompute modules a layer has (Megatron-Core's --recompute-modules: mlp a dense
     layer's MLP, moe the whole MoE layer with its router and shared experts, shared_experts those alone)."""
-    layer = model.first_dense_layers if moe else next(i for i in range(model.layers) if not model.is_moe_layer(i))
+    layer = _sample_layer(model, moe)
     parts = layer_gemm_parts(model, layer, layout, tokens, cluster.software.moe_imbalance)
     wanted = {"mlp": ("mlp",), "moe": ("router", "experts", "shared_experts"), "shared_experts": ("shared_experts",)}
     names = {p for m in layout.recompute_modules for p in wanted.get(m, ())}
@@ -397,6 +397,11 @@ def _module_gemms_forward(model: ModelSpec, cluster: ClusterSpec, layout: Layout
     if "mla_up_proj" in layout.recompute_modules:
         gemms += mla_up_projections(model, layout.tp, tokens)
     return gemm_pass_seconds(cluster, gemms, *_gemm_types(cluster, precision))[0] if gemms else 0.0
+
+
+def _sample_layer(model: ModelSpec, moe: bool) -> int:
+    """A layer of the kind asked for (MoE or dense): its GEMMs stand for every layer of that kind."""
+    return model.first_dense_layers if moe else next(i for i in range(model.layers) if not model.is_moe_layer(i))
 
 
 def mla_up_projections(model: ModelSpec, tp: int, tokens: float) -> tuple:
@@ -421,7 +426,7 @@ def _layer_kernels(model: ModelSpec, cluster: ClusterSpec, tp: int, cp: int, ep:
     casts', routing's) forward, input and weight gradients, then the attention core's forward and backward."""
     layout = Layout(tp=tp, cp=cp, ep=ep, etp=etp, dp=ep, mbs=mbs)
     tokens = layout.mbs * model.seq / layout.cp
-    layer = model.first_dense_layers if moe else next(i for i in range(model.layers) if not model.is_moe_layer(i))
+    layer = _sample_layer(model, moe)
     peak, dtype_bytes, operand_bytes = _gemm_types(cluster, precision)
     gemms = layer_gemms(model, layer, layout, tokens, cluster.software.moe_imbalance)
     f, b, w = gemm_pass_seconds(cluster, gemms, peak, dtype_bytes, operand_bytes, grad_accumulator_bytes(cluster,
