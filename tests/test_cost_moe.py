@@ -227,3 +227,29 @@ def test_folded_expert_state_per_rank_is_the_hand_count():
     assert 0 < dense < 0.1 * experts  # attention and norms, split by TP
     assert mem.optimizer == pytest.approx(12 * (experts / 4 + dense / 8))
     assert mem.total < H100.hbm_bytes
+
+
+def test_the_step_waits_for_the_rank_whose_passes_and_collectives_take_longest():
+    """Each pipeline rank's collectives are costed on its own layers, its MTP module's included, and the step
+    waits for the rank whose compute and exposed collectives take longest. Under DeepSeek-V3's V (dualpipev,
+    pp=16) rank 0 holds layer 0 (dense), the MTP module (a MoE layer) and both heads: the slowest compute, and
+    with DeepEP's hidden dispatch the rank the step waits for, its all-to-alls the MTP layer's alone (dispatch
+    and combine, forward and backward: 4 a micro-batch). Under NCCL's all-to-all the exposed dispatch of the
+    ranks holding four MoE layers outweighs rank 0's heads: the step waits for one of them."""
+    from meshscale.cost.step import rank_passes
+
+    dsv3, h800 = load_model("deepseek-v3"), load_cluster("h800")
+    layout = Layout.parse("dp=128,zero=1,pp=16,schedule=dualpipev,ep=64,mbs=1", 2048)
+    m = 15360 // 128
+    compute = [m * rank_passes(dsv3, h800, layout, r, "fp8").total for r in range(16)]
+    assert max(range(16), key=compute.__getitem__) == 0
+
+    def ep_calls(cluster):
+        p = predict(dsv3, cluster, layout, 15360, "fp8")
+        return p, sum(e["calls"] for e in p.comm if e["axis"] == "ep")
+
+    deepep, calls = ep_calls(with_software(h800, moe_dispatcher="deepep"))
+    assert calls == 4 * m and deepep.compute_s == pytest.approx(compute[0])
+    nccl, calls = ep_calls(h800)
+    assert calls == 4 * 4 * m and nccl.compute_s < compute[0]
+    assert nccl.compute_s + nccl.exposed_comm_s > compute[0] + deepep.exposed_comm_s

@@ -6,8 +6,9 @@ cost/kernels.py, cost/comm.py, cost/pipeline.py, cost/step.py), so a change ther
 - memory: predict's memory per device, with the parameters of the busiest rank of the shape's plain or V
   placement;
 - step time: (compute of the slowest stage + the bandwidth part of the collectives on the critical path) x
-  (1 + bubble ratio) + the ZeRO-1/2 parameter all-gather + the data-parallel traffic backward cannot hide;
-  latencies and per-kernel host overheads are dropped, and every term is at most predict's.
+  (1 + bubble ratio) + the ZeRO-1/2 parameter all-gather + the data-parallel traffic backward cannot hide,
+  that traffic of the rank with the fewest parameters (predict's step waits for whichever rank takes
+  longest); latencies and per-kernel host overheads are dropped, and every term is at most predict's.
 """
 
 from dataclasses import dataclass, fields
@@ -73,11 +74,16 @@ class Placements:
     layouts: tuple  # one Layout per schedule
     v_shaped: np.ndarray
     owned: tuple  # layers of each pipeline rank
-    busy: tuple  # the rank holding the most parameters (memory.busiest_rank)
+    # the rank holding the most parameters (memory.busiest_rank): what the memory bound charges
     params: np.ndarray  # its parameters, less the routed experts under EP (those reduce over their own group)
     experts: np.ndarray  # its routed expert parameters under EP (0 without)
-    root: np.ndarray  # its root unit's parameters (embedding, final norm, head)
-    chunks: tuple  # how many chunks it holds
+    # The time bound's data-parallel floor, valid on whichever rank predict's step waits for: the fewest dense
+    # parameters, root parameters and dense parameters outside the root of any rank, and each rank's (dense
+    # parameters, root parameters, chunks) for its gradient buckets.
+    fewest_params: np.ndarray
+    fewest_root: np.ndarray
+    fewest_blocks: np.ndarray
+    ranks: tuple
 
 
 def placements(model: ModelSpec, shape: "Shape") -> Placements:
@@ -90,13 +96,17 @@ def _placements(model: ModelSpec, tp: int, ep: int, etp: int, pp: int, schedules
     busy = tuple(busiest_rank(model, lay) for lay in layouts)
     experts = np.array([expert_params_on_rank(model, lay, r) if ep > 1 else 0.0 for lay, r in zip(layouts, busy)])
     params = np.array([params_on_rank(model, lay, r) for lay, r in zip(layouts, busy)]) - experts
-    root = np.array([root_params_on_rank(model, lay, r) for lay, r in zip(layouts, busy)])
     v_shaped = np.array([lay.v_shaped for lay in layouts])
-    for a in (params, experts, root, v_shaped):
+    ranks = tuple(tuple((params_on_rank(model, lay, r) - (expert_params_on_rank(model, lay, r) if ep > 1 else 0.0),
+                         root_params_on_rank(model, lay, r), len(rank_chunks(pp, lay.stages, lay.v_shaped, r)))
+                        for r in range(pp)) for lay in layouts)
+    fewest_params = np.array([min(p for p, _, _ in each) for each in ranks])
+    fewest_root = np.array([min(root for _, root, _ in each) for each in ranks])
+    fewest_blocks = np.array([min(p - root for p, root, _ in each) for each in ranks])
+    for a in (params, experts, v_shaped, fewest_params, fewest_root, fewest_blocks):
         a.flags.writeable = False
     counts = tuple(layer_counts(model.layers, pp, lay.stages, lay.v_shaped, model.mtp_layers) for lay in layouts)
-    return Placements(layouts, v_shaped, counts, busy, params, experts, root,
-                      tuple(len(rank_chunks(pp, lay.stages, lay.v_shaped, r)) for lay, r in zip(layouts, busy)))
+    return Placements(layouts, v_shaped, counts, params, experts, fewest_params, fewest_root, fewest_blocks, ranks)
 
 
 @dataclass
@@ -214,8 +224,8 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
                 for n in {min(o) for o in owned}}
     comm_floor = np.array([tp_floor[min(o)] for o in owned])  # per schedule x recompute
     send_floor = np.array([pipeline_floor(*args, lay) for lay in placed.layouts])
-    # per row, the busiest rank's parameters and those of its root unit: what predict charges over dp*cp
-    p_k, root_k = placed.params[k_i], placed.root[k_i]
+    # per row, the fewest parameters any rank reduces over dp*cp, its root unit's and the rest's
+    p_k, root_k, blocks = placed.fewest_params[k_i], placed.fewest_root[k_i], placed.fewest_blocks[k_i]
 
     def per_byte(collective):  # seconds per byte over each row's shard group
         full, hybrid = (bandwidth_seconds(cluster, shape.devices, collective, 1.0, g, tp)
@@ -229,8 +239,8 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     ratio = bubble_floor(shape, rows, kernels, elementwise, m, slowest, others, placed.v_shaped)
     sends = np.maximum(send_floor[k_i] - m * kernels.lead, 0.0)  # what the slowest rank's lead leaves
     if dp * cp > 1:  # what the hidden ZeRO-0-2 traffic takes from the compute it hides behind
-        buckets = np.array([comm.grad_buckets(cluster.software, p, dp * cp, r == 0, chunks)
-                            for r, p, chunks in zip(placed.busy, placed.params, placed.chunks)])[k_i]
+        buckets = np.array([min(comm.grad_buckets(cluster.software, p, dp * cp, r == 0, chunks)
+                                for r, (p, _, chunks) in enumerate(each)) for each in placed.ranks])[k_i]
         sends = sends + data_parallel_interference(cluster, z, m, buckets, compute - forward, forward,
                                                    np.where(z == 0, ar, rs) * grad_reduce_bytes(
                                                        cluster.software, precision) * p_k, ag * update * p_k)
@@ -243,7 +253,6 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
         # ZeRO-3 (comm.data_parallel_ops): without a pipeline each micro-batch gathers the blocks twice and
         # the root once and reduce-scatters the gradient; inside one, every forward gathers the blocks, all
         # backwards gather them once more, and the gradient is reduce-scattered once.
-        blocks = p_k - root_k
         if pp == 1:
             fsdp = m * (grads + ag * act_bytes * (2 * blocks + root_k))
         else:

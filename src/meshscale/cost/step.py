@@ -13,7 +13,7 @@ from meshscale.cost import bands, comm, critical, flops, overhead
 from meshscale.cost.comm import CommOp, Overlap
 from meshscale.cost.checkpoint import ADAM_MOMENTS, checkpoint_bytes
 from meshscale.cost.kernels import Passes, column_parallel_share, counted_seconds, kernel_shape
-from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busiest_rank, expert_params_on_rank,
+from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, expert_params_on_rank,
                                    memory_per_device, params_on_rank, root_params_on_rank)
 from meshscale.cost.pipeline import HEAD_IDLE_SCHEDULES, bubble_ratio
 from meshscale.errors import UserError
@@ -106,20 +106,73 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     tokens = layout.mbs * model.seq / layout.cp  # per device per micro-batch, before TP
     sw = cluster.software
 
-    # Compute on the slowest pipeline rank: shape-aware kernels plus the memory-bound element-wise work.
+    # Compute and communication on each kind of pipeline rank: the step waits for the rank whose passes and
+    # the collectives on their path (its layers' TP, CP and EP, its gradients' reduction) take longest.
     passes, others, lead = pipeline_passes(model, cluster, layout, precision)
     elementwise = elementwise_seconds(model, cluster, layout, tokens, act_bytes)
+    ledgers = [_rank_ledger(model, cluster, layout, r, rank_passes(model, cluster, layout, r, precision), m, lead,
+                            elementwise, tokens, act_bytes, precision)
+               for r, _ in _distinct_ranks(model, layout.pp, layout.stages, layout.v_shaped, layout_ends(layout))]
+    led = max(ledgers, key=lambda g: g.compute_s + g.critical_s + g.dp_exposed_s)
+    compute_s, critical_path, dp_exposed = led.compute_s, led.critical_s, led.dp_exposed_s
+
+    ratio = bubble_ratio(layout, m, passes, others, _head_ends(model, cluster, layout, precision, passes))
+    bubble_s = ratio * (compute_s + critical_path)
+    critical_path += control_seconds(cluster, devices, layout)  # once per step, after the pipeline drains
+    mem = memory_per_device(model, layout, global_batch, precision, cluster.fused_attention,
+                            eager=not sw.fused_elementwise)
+    optimizer_s = 2 * (mem.params + mem.grads + mem.optimizer) / cluster.achieved_hbm_bandwidth  # read + write
+    optimizer_s += overhead.optimizer_seconds(cluster, layout, led.layers, led.rank in (0, head_rank(layout)))
+    step = compute_s + critical_path + bubble_s + dp_exposed + optimizer_s
+
+    n_tokens = global_batch * model.seq
+    model_flops = flops.model_flops_per_step(model, n_tokens)
+    hw_flops = model_flops + n_tokens * flops.recompute_flops_per_token(model, layout.recompute,
+                                                                         range(model.layers))
+    # What bounds the step: the largest of compute, communication left exposed, and the bubble.
+    bound = max((("compute", compute_s), ("communication", critical_path + dp_exposed), ("bubble", bubble_s)),
+                key=lambda kv: kv[1])[0]
+    fits = mem.total <= cluster.hbm_bytes
+    ckpt_device, ckpt_total = checkpoint_bytes(model, layout, precision)
+    return Prediction(
+        model=model.name, cluster=cluster.name, layout=str(layout), devices=devices, global_batch=global_batch,
+        seq=model.seq, precision=precision, microbatches=m, step_time_s=step, compute_s=compute_s,
+        bubble_s=bubble_s, exposed_comm_s=critical_path + dp_exposed, optimizer_s=optimizer_s,
+        mfu=model_flops / (step * devices * peak), hfu=hw_flops / (step * devices * peak),
+        tokens_per_s=n_tokens / step, model_flops_per_step=model_flops,
+        six_pt_flops_per_step=flops.six_pt(model, n_tokens), hardware_flops_per_step=hw_flops,
+        bubble_fraction=bubble_s / step, fits=fits, hbm_bytes=cluster.hbm_bytes,
+        memory_per_device_bytes=mem.to_dict(), comm=[dict(e.__dict__) for e in led.entries],
+        bound=bound if fits else "memory", regime=regime(model, cluster, layout, n_tokens),
+        checkpoint_bytes_per_device=ckpt_device, checkpoint_bytes_total=ckpt_total,
+        band=bands.band(cluster, model, precision))
+
+
+@dataclass
+class RankLedger:
+    """One pipeline rank's compute and the collectives it runs in a step, with what they leave exposed."""
+    rank: int
+    layers: int  # the layers it runs (its MTP modules counted)
+    compute_s: float
+    critical_s: float  # the exposed collectives on its passes' path, and what the hidden ones slow them by
+    dp_exposed_s: float  # exposed data-parallel traffic
+    entries: list
+
+
+def _rank_ledger(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: int, passes: Passes, m: int,
+                 lead: float, elementwise: float, tokens: float, act_bytes: int, precision: str) -> RankLedger:
+    """What each axis sends from pipeline rank `rank`, on which link, how long, and what stays exposed behind
+    its `passes` (one micro-batch's; `m` a step)."""
+    sw, devices = cluster.software, layout.devices
     compute_s = m * passes.total
     attention_s = m * passes.attention
     gemm_s = compute_s - attention_s - m * elementwise
-
-    # Communication: what each axis sends, on which link, how long.
-    rank = busiest_rank(model, layout)
     params = params_on_rank(model, layout, rank)
     owned = stage_layers(model, layout, rank)
-    n_layers = len(owned)
-    moe_layers = sum(model.is_moe_layer(i) for i in owned) if model.is_moe else 0
     first, last = rank == 0, rank == head_rank(layout)
+    mtp = model.mtp_layers if last else 0  # each MTP module runs a layer like the last (kernels.mtp_passes)
+    n_layers = len(owned) + mtp
+    moe_layers = sum(model.is_moe_layer(i) for i in (*owned, *[model.layers - 1] * mtp)) if model.is_moe else 0
     ops = []
     # Under EP the routed experts reduce over their own replicas (edp), the rest over dp*cp.
     experts = expert_params_on_rank(model, layout, rank) if layout.ep > 1 else 0.0
@@ -186,37 +239,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         ledger_axis = "dp" if op.axis == "dp_replicate" else op.axis
         entries.append(CommEntry(ledger_axis, op.collective, op.bytes, t, exposed, link.tier, op.calls, size,
                                  overlap, hidden_by, shown, interference))
-
-    ratio = bubble_ratio(layout, m, passes, others, _head_ends(model, cluster, layout, precision, passes))
-    bubble_s = ratio * (compute_s + critical_path)
-    critical_path += control_seconds(cluster, devices, layout)  # once per step, after the pipeline drains
-    mem = memory_per_device(model, layout, global_batch, precision, cluster.fused_attention,
-                            eager=not sw.fused_elementwise)
-    optimizer_s = 2 * (mem.params + mem.grads + mem.optimizer) / cluster.achieved_hbm_bandwidth  # read + write
-    optimizer_s += overhead.optimizer_seconds(cluster, layout, n_layers, first or last)
-    step = compute_s + critical_path + bubble_s + dp_exposed + optimizer_s
-
-    n_tokens = global_batch * model.seq
-    model_flops = flops.model_flops_per_step(model, n_tokens)
-    hw_flops = model_flops + n_tokens * flops.recompute_flops_per_token(model, layout.recompute,
-                                                                         range(model.layers))
-    # What bounds the step: the largest of compute, communication left exposed, and the bubble.
-    bound = max((("compute", compute_s), ("communication", critical_path + dp_exposed), ("bubble", bubble_s)),
-                key=lambda kv: kv[1])[0]
-    fits = mem.total <= cluster.hbm_bytes
-    ckpt_device, ckpt_total = checkpoint_bytes(model, layout, precision)
-    return Prediction(
-        model=model.name, cluster=cluster.name, layout=str(layout), devices=devices, global_batch=global_batch,
-        seq=model.seq, precision=precision, microbatches=m, step_time_s=step, compute_s=compute_s,
-        bubble_s=bubble_s, exposed_comm_s=critical_path + dp_exposed, optimizer_s=optimizer_s,
-        mfu=model_flops / (step * devices * peak), hfu=hw_flops / (step * devices * peak),
-        tokens_per_s=n_tokens / step, model_flops_per_step=model_flops,
-        six_pt_flops_per_step=flops.six_pt(model, n_tokens), hardware_flops_per_step=hw_flops,
-        bubble_fraction=bubble_s / step, fits=fits, hbm_bytes=cluster.hbm_bytes,
-        memory_per_device_bytes=mem.to_dict(), comm=[dict(e.__dict__) for e in entries],
-        bound=bound if fits else "memory", regime=regime(model, cluster, layout, n_tokens),
-        checkpoint_bytes_per_device=ckpt_device, checkpoint_bytes_total=ckpt_total,
-        band=bands.band(cluster, model, precision))
+    return RankLedger(rank, n_layers, compute_s, critical_path, dp_exposed, entries)
 
 
 def _on(axis: str, ops: list[CommOp]) -> list[CommOp]:
