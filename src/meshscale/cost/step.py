@@ -71,6 +71,7 @@ class Prediction:
     checkpoint_bytes_per_device: float = 0.0  # what one checkpoint writes (cost/checkpoint.py)
     checkpoint_bytes_total: float = 0.0
     band: dict = field(default_factory=dict)  # the error its category earned on the validation set (cost/bands.py)
+    comm_rank: int = 0  # the pipeline rank `comm` describes: the one the step waits for
 
     def to_dict(self) -> dict:
         return {**self.__dict__, "memory_per_device_bytes": dict(self.memory_per_device_bytes),
@@ -145,7 +146,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         memory_per_device_bytes=mem.to_dict(), comm=[dict(e.__dict__) for e in led.entries],
         bound=bound if fits else "memory", regime=regime(model, cluster, layout, n_tokens),
         checkpoint_bytes_per_device=ckpt_device, checkpoint_bytes_total=ckpt_total,
-        band=bands.band(cluster, model, precision))
+        band=bands.band(cluster, model, precision), comm_rank=led.rank)
 
 
 @dataclass

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from meshscale.cost.memory import busiest_rank
+from meshscale.cost import predict
 from meshscale.models import hf_weights
 from meshscale.models.transformer import full_shapes, meta_model, moe_layers
 from meshscale.parallel.apply import apply_layout
@@ -24,7 +24,7 @@ from meshscale.parallel.tensor import vocab_parallel_cross_entropy
 from meshscale.runtime.loop.config import Resolved
 from meshscale.runtime.loop.data import Corpus, TokenData, load_corpus, rank_microbatches
 from meshscale.runtime.loop.optim import build_optimizer, clip_gradients, lr_at, set_lr
-from meshscale.runtime.measure.live import LiveMetrics, MemorySnapshot, StepProfiler
+from meshscale.runtime.measure.live import LiveMetrics, MemorySnapshot, StepProfiler, run_cluster
 from meshscale.runtime.measure.metrics import MemoryProbe, MetricsLog, heap_bytes, memory_bytes
 from meshscale.runtime.measure.trace import analytic_bubble, measured_bubble, write_chrome_trace
 from meshscale.runtime.resilience import checkpoint
@@ -418,10 +418,11 @@ def balance_loss_value(moe: list, mesh, dp_group, layout, m: int) -> float:
 
 
 def described_rank(run: Resolved) -> int:
-    """The global rank whose traffic the cost model predicts: the first rank of its busiest pipeline stage."""
-
-    layout = run.layout
-    return busiest_rank(run.spec, layout) * layout.dp * layout.cp * layout.tp
+    """The global rank whose traffic the cost model predicts: the first rank of the pipeline stage its step
+    waits for (Prediction.comm_rank)."""
+    layout, cfg = run.layout, run.config
+    stage = predict(run.spec, run_cluster(cfg), layout, cfg.global_batch, cfg.precision).comm_rank
+    return stage * layout.dp * layout.cp * layout.tp
 
 
 def pipeline_trace(run: Resolved, runner, m: int) -> dict:
