@@ -109,11 +109,11 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
 
     # Compute and communication on each kind of pipeline rank: the step waits for the rank whose passes and
     # the collectives on their path (its layers' TP, CP and EP, its gradients' reduction) take longest.
-    passes, others, lead = pipeline_passes(model, cluster, layout, precision)
+    ranks = distinct_rank_passes(model, cluster, layout, precision)
+    passes, others, lead = _slowest_and_others(ranks, layout.pp)
     elementwise = elementwise_seconds(model, cluster, layout, tokens, act_bytes)
-    ledgers = [_rank_ledger(model, cluster, layout, r, rank_passes(model, cluster, layout, r, precision), m, lead,
-                            elementwise, tokens, act_bytes, precision)
-               for r, _ in _distinct_ranks(model, layout.pp, layout.stages, layout.v_shaped, layout_ends(layout))]
+    ledgers = [_rank_ledger(model, cluster, layout, r, p, m, lead, elementwise, tokens, act_bytes, precision)
+               for r, _, p in ranks]
     led = max(ledgers, key=lambda g: g.compute_s + g.critical_s + g.dp_exposed_s)
     compute_s, critical_path, dp_exposed = led.compute_s, led.critical_s, led.dp_exposed_s
 
@@ -396,14 +396,23 @@ def pipeline_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
     """One micro-batch's F, B, W on the slowest pipeline rank, their mean over the other ranks (whose passes
     make the bubble, cost/pipeline.py), and the slowest rank's lead: how much longer its micro-batch takes
     than the next slowest rank's (slack that hides the stage-boundary sends)."""
-    ranks = _distinct_ranks(model, layout.pp, layout.stages, layout.v_shaped, layout_ends(layout))
-    per = sorted(((rank_passes(model, cluster, layout, r, precision), n) for r, n in ranks),
-                 key=lambda pn: -pn[0].total)
+    return _slowest_and_others(distinct_rank_passes(model, cluster, layout, precision), layout.pp)
+
+
+def distinct_rank_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision: str = "bf16") -> list:
+    """[(rank, how many ranks are alike, its `rank_passes`)] for one rank of each distinct kind."""
+    return [(r, n, rank_passes(model, cluster, layout, r, precision))
+            for r, n in _distinct_ranks(model, layout.pp, layout.stages, layout.v_shaped, layout_ends(layout))]
+
+
+def _slowest_and_others(ranks: list, pp: int) -> tuple[Passes, Passes, float]:
+    """`pipeline_passes` of `distinct_rank_passes`."""
+    per = sorted(((p, n) for _, n, p in ranks), key=lambda pn: -pn[0].total)
     slowest = per[0][0]
-    if layout.pp == 1:
+    if pp == 1:
         return slowest, slowest, 0.0
     others = [(p, n - (i == 0)) for i, (p, n) in enumerate(per)]
-    mean = sum((p * n for p, n in others), Passes()) * (1 / (layout.pp - 1))
+    mean = sum((p * n for p, n in others), Passes()) * (1 / (pp - 1))
     return slowest, mean, slowest.total - next(p.total for p, n in others if n)
 
 
