@@ -201,9 +201,10 @@ def qwen3_runs():
     accumulating into fp32 main_grad included), about 2 s of DeepEP dispatch and combine over NVLink (5.3 ranks a
     token), 1 s of TP collectives, each term held to its source (cost/comm.py, cost/kernels.py). The other
     9-10 s, about 3 ms a MoE layer and micro-batch, are in no term. What the model leaves out: the routing imbalance
-    of dropless routing ([software] moe_imbalance, left balanced: no measured figure for this run), and host
-    time (DeepEP's dispatch makes the CPU wait for the GPU in every MoE layer's forward, Megatron-Core
-    fused_a2a.py, so the GPU then runs at the pace the host launches the rest of the layer); open (issue 18)."""
+    of dropless routing ([software] moe_imbalance, left balanced: no measured figure for this run). Host time
+    is charged (cost/overhead.py framework_seconds: the dispatcher's wait in every MoE forward, and a layer's
+    module calls against its kernels) but binds on H100 only if the router and dispatcher make far more calls
+    than their stages; open (issue 18)."""
     model = ModelSpec(name="qwen3-235b-a22b", layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128,
                       ffn=12288, vocab=151936, seq=4096, experts=128, top_k=8, expert_ffn=1536)
     rows = [("235B TP4 EP8 PP8", "dp=8,zero=1,tp=4,sp=true,pp=8,vpp=4,schedule=interleaved,ep=8,etp=1,mbs=1",

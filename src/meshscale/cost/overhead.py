@@ -7,6 +7,9 @@ the tensor size; for small per-device work it dominates (Lumos, Liang et al. 202
 profiler's own CPU-time accounting attribute eager training steps largely to launch overhead at small
 sizes). We charge it per operator of our runtime's LLaMA block. A preset ClusterSpec measures none of this
 and every term below is then zero (or the tier's figure).
+
+On a GPU the host runs ahead of the device, queueing kernels, so its time adds nothing until it is the slower
+of the two: a pass then takes as long as its host needs to issue it (framework_seconds, step.py host_bound).
 """
 
 from dataclasses import replace
@@ -14,6 +17,7 @@ from dataclasses import replace
 from meshscale.cost.comm import Link
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import Layout
+from meshscale.specs.model import ModelSpec
 
 # aten operators of models/transformer.py, counted with a TorchDispatchMode (tests/test_calibrate.py recounts them):
 FORWARD_OPS_PER_LAYER = 90  # one block: two RMSNorms, q/k/v/o, half-split RoPE, SDPA, SwiGLU, residuals
@@ -23,6 +27,50 @@ ROOT_FORWARD_OPS, ROOT_BACKWARD_OPS = 20, 34  # embedding, final norm, head, cro
 OPTIMIZER_OPS_PER_TENSOR = 10  # AdamW with foreach=False (runtime/loop/optim.py): one update per tensor
 TENSORS_PER_LAYER = 9  # two norm gains, four attention and three MLP weights
 ROOT_TENSORS = 3  # embedding, final norm, head
+
+
+# Host time of Megatron-Core's modules in torch.nn.Linear forwards, (forward, backward), one call with tensors
+# too small to take kernel time: benchmarks/host_calls.py (the local layer spec, megatron-core 0.16.1, torch
+# 2.13, benchmarks/data/host_calls_cpu.json; rounded). A MoE layer is taken without its per-expert loop (one
+# SwiGLU MLP's time for the grouped expert modules); its router runs the auxiliary loss, its dispatcher the
+# all-to-all's. The local spec's ColumnParallelLinear costs 2.9 Linear forwards, as Transformer Engine's Linear
+# costs 2.69 of torch's (issue #2053, Grace): the spec GPU runs use is charged the same.
+LAYER_HOST = {False: (66.5, 78.1), True: (131.7, 115.8)}  # dense, MoE
+MLA_EXTRA_HOST = (12.4, 33.2)  # MLA's q and kv down- and up-projections and their norms, beyond one QKV projection
+MLP_HOST = (9.2, 17.6)  # a SwiGLU MLP (a MoE layer's shared experts add one)
+ROOT_HOST = (35.2, 33.1)  # embedding, final norm, output layer, vocab-parallel cross-entropy
+LINEAR_HOST, NORM_HOST = 2.9, 1.8  # one ColumnParallelLinear, one RMSNorm forward
+# What each --recompute-modules entry runs again in backward, in the same units: the attention core (one call
+# of the size of a linear), the layer's two norms, MLA's two up-projections, the dense MLP, the MoE block (its
+# layer without the attention part: a dense layer less its MLP), the experts' activation, the shared experts.
+RECOMPUTE_HOST = {"core_attn": LINEAR_HOST, "layernorm": 2 * NORM_HOST, "mla_up_proj": 2 * LINEAR_HOST,
+                  "mlp": MLP_HOST[0], "moe_act": NORM_HOST, "shared_experts": MLP_HOST[0],
+                  "moe": LAYER_HOST[True][0] - LAYER_HOST[False][0] + MLP_HOST[0]}
+
+
+def layer_host(model: ModelSpec, moe: bool) -> tuple[float, float]:
+    """(forward, backward) host time of one layer, in torch.nn.Linear forwards."""
+    parts = [LAYER_HOST[moe]] + [MLA_EXTRA_HOST] * model.uses_mla + [MLP_HOST] * (moe and model.shared_experts > 0)
+    return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+
+def framework_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, dense: int, moe: int,
+                      head: bool) -> tuple[float, float]:
+    """Host time to issue one micro-batch through `dense` and `moe` layers (and the embedding, head, loss and
+    MTP modules where `head`), (forward, backward), at `host_linear_s` a torch.nn.Linear forward; backward
+    runs again what its recompute reruns."""
+    passes = [layer_host(model, False)] * dense + [layer_host(model, True)] * moe
+    if head:  # each MTP module: a layer like the last, two norms, a projection, the shared head and loss
+        mtp = layer_host(model, model.is_moe_layer(model.layers - 1))
+        passes += [ROOT_HOST] + [mtp, ROOT_HOST, (2 * NORM_HOST + LINEAR_HOST, 0.0)] * model.mtp_layers
+    forward, backward = sum(p[0] for p in passes), sum(p[1] for p in passes)
+    if layout.recompute in ("full", "op"):
+        backward += forward
+    else:
+        for module in layout.recompute_modules:
+            rerun = {"mlp": dense, "moe": moe}.get(module, dense + moe)
+            backward += rerun * RECOMPUTE_HOST[module]
+    return forward * cluster.host_linear_s, backward * cluster.host_linear_s
 
 
 def chunk_seconds(cluster: ClusterSpec, layout: Layout, layers: int, head: bool) -> tuple[float, float]:

@@ -359,7 +359,34 @@ def _kind_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, kind: t
     passes = kernels + Passes(elementwise / 3 + host_f, elementwise * 2 / 3 + host_b)
     if layout.offload:
         passes = passes + offload_shown(model, cluster, layout, tokens, act_bytes, passes)
-    return passes * slowest_of(cluster, layout.devices)
+    issue = overhead.framework_seconds(model, cluster, layout, *kind)
+    wait = kind[1] * overhead.LINEAR_HOST * cluster.host_linear_s  # the call after each MoE layer's wait
+    return host_bound(passes * slowest_of(cluster, layout.devices), *issue, wait)
+
+
+def host_bound(device: Passes, host_f: float, host_b: float, sync_s: float) -> Passes:
+    """A micro-batch's passes when the host issuing them may be slower than the device running them. The host
+    runs ahead, so a pass takes the longer of the two, and a host lead left from one pass carries into the
+    next: without MoE layers the passes stretch together to the host's total. Megatron-Core's MoE
+    dispatchers copy the tokens-per-expert counts to the host in each MoE layer's forward and wait for them
+    (token_dispatcher.py _maybe_dtoh_and_synchronize; DeepEP's dispatch likewise), which drops any lead: forward
+    and backward are then bounded apart, and after each wait the device idles through the host's next call
+    (`sync_s`: a call the size of a linear's per MoE layer, the tokens' permutation)."""
+    if sync_s:
+        forward, backward = max(device.forward, host_f) + sync_s, max(device.backward + device.weight, host_b)
+        return _stretched(device, forward / device.forward, backward / (device.backward + device.weight))
+    stretch = max(1.0, (host_f + host_b) / device.total) if device.total else 1.0
+    return _stretched(device, stretch, stretch)
+
+
+def _stretched(device: Passes, forward: float, backward: float) -> Passes:
+    """`device` with its forward `forward` times and its backward and weight passes `backward` times longer (the
+    attention core's share too: it is what ring attention hides behind, as long as its pass)."""
+    if forward == backward == 1.0:
+        return device
+    attention_f = device.attention * (device.forward / device.total) if device.total else 0.0
+    attention = attention_f * forward + (device.attention - attention_f) * backward
+    return Passes(device.forward * forward, device.backward * backward, device.weight * backward, attention)
 
 
 def offload_shown(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float, act_bytes: int,

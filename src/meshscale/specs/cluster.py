@@ -154,6 +154,11 @@ class ClusterSpec:
     # Bytes/s one way between a device and its host's memory, the datasheet's PCIe link: activation offload
     # (Layout.offload) moves over it. 0: no figure, and predict refuses offload.
     host_bandwidth: float = 0.0
+    # Host time of one torch.nn.Linear forward on the CPU thread that launches a GPU's kernels (Python, the
+    # dispatcher, the launch): the unit cost/overhead.py counts a framework's layers in, since an eager
+    # framework's pass takes at least as long as its host takes to issue it. 0: not charged (XLA compiles a TPU's
+    # whole step; a calibrated machine measures op_overhead_s instead).
+    host_linear_s: float = 0.0
 
     __hash__ = hash_once
 
@@ -231,6 +236,9 @@ class ClusterSpec:
         if not 0 <= self.device_spread < 0.5:
             raise UserError(f"cluster {self.name}: device_spread must be in [0, 0.5) (the standard deviation of "
                             f"device speed, a fraction), got {self.device_spread!r}")
+        if not self.host_linear_s >= 0:
+            raise UserError(f"cluster {self.name}: host_linear_s must be >= 0 seconds (the host time of one "
+                            f"torch.nn.Linear forward; 0: none), got {self.host_linear_s!r}")
         if self.calibrated_ranks < 0:
             raise UserError(f"cluster {self.name}: calibrated_ranks must be >= 0 (0: devices do not share cores)")
         if min(self.op_overhead_s, self.fsdp_unit_overhead_s, self.fsdp_tensor_overhead_s) < 0 or any(r[-1] <= 0 for r in self.attention_rates + self.gemm_rates):
@@ -287,6 +295,7 @@ def _prod(xs) -> int:
 
 
 GB = 1e9
+HOST_LINEAR_S = {"intel": 13.5e-6, "amd": 13.5e-6, "arm": 37.1e-6}  # a torch.nn.Linear forward (_gpu's comment)
 MiB, GiB = 2**20, 2**30  # HBM stacks come in binary sizes: an "80 GB" GPU holds 80 GiB
 
 
@@ -308,7 +317,11 @@ def _gpu(name, accel, bf16, fp8, fp32, hbm, hbm_bw, eff, nvlink, nvlink_size, ni
     # 0.92; the device notes' 2026-11-13 copy, about 3.0 TB/s, agrees); its one-wave GEMMs (512 and 1024 x
     # 4096 x 4096, 2048^3, bf16 and FP8, within one wave of 128x256 tiles) took 4.1-8.6 us more than their
     # tiles and waves, median 6.3 us. Other GPUs have no such scan here: the H100's figures stand in.
+    # Host time of a torch.nn.Linear forward, bf16, CPU time per call beside its GPU kernel (NVIDIA/
+    # TransformerEngine issue #2053, 2025-08, hidden 2048, 8192 tokens): 13.5 us on DGX H100's Xeon 8480C, 37.1
+    # on GB200's Grace (33.2 on GH200's). AMD EPYC hosts: no figure, the Xeon's.
     tiers = (Tier(fast, nvlink_size, nvlink, 1.5e-6, nvlink_eff), Tier("ib", 0, nic, 5e-6, nic_eff))
+    kw.setdefault("host_linear_s", HOST_LINEAR_S[kw.get("host_cpu", "intel")])
     kw.setdefault("software", Software(framework="megatron-core"))
     kw.setdefault("device_spread", 0.01)
     kw.setdefault("hbm_efficiency", 0.90)

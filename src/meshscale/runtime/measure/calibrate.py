@@ -234,6 +234,7 @@ def cluster_fields(per_rank: list[dict], device, nproc: int, method: str) -> dic
               "peak_flops_fp32": best,
               "matmul_efficiency": 1.0,
               "op_overhead_s": med(r["op_overhead"] for r in per_rank),
+              "host_linear_s": 0.0,  # the measured per-operator time replaces the preset's host figure
               "attention_rates": attention, "gemm_rates": gemm, "default_devices": nproc,
               # our runtime keeps fp32 parameters under autocast, so ZeRO-1/2 gathers them in fp32
               "software": {"param_gather_fp32": True}}
