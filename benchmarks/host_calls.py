@@ -11,9 +11,10 @@ measured Linear forward (TransformerEngine issue #2053: 13.5 us on DGX H100's Xe
 
 - dense: self-attention (RoPE) and a SwiGLU MLP;
 - moe: the same attention and a MoELayer (top-k router with the auxiliary load-balancing loss, the all-to-all
-  dispatcher, as Megatron-Core's MoE runs use it), timed with 2, 4 and 8 local experts: the local spec runs its
-  experts one by one (SequentialMLP), so the per-expert slope is taken out and one SwiGLU MLP put back for the
-  grouped GEMM modules a GPU run uses;
+  dispatcher, as Megatron-Core's MoE runs use it) with two local experts, less one SwiGLU MLP: the local spec
+  runs its experts one by one (SequentialMLP), where a GPU run's grouped GEMM modules run them all at once;
+- router: the MoE layer's top-k router with its auxiliary loss alone (what CUDA graphs can capture of a dropless
+  MoE layer beside its attention; its dispatch, experts and combine stay eager);
 - root: the embedding, final norm, output layer and vocab-parallel cross-entropy (LanguageModelEmbedding,
   RMSNorm, ColumnParallelLinear, vocab_parallel_cross_entropy), once a micro-batch on the first and last ranks;
 - linear, norm: one ColumnParallelLinear and one RMSNorm call, the units of recompute's reruns;
@@ -26,7 +27,7 @@ router's gating asks for a device of, nor a CUDA random state for attention drop
 replace them (the dispatcher's copy to host then runs inline; the wait itself is what cost/step.py host_bound
 charges).
 
-    PYTHONPATH=src python benchmarks/host_calls.py [--json out.json] [--repeats 200]
+    PYTHONPATH=src python benchmarks/host_calls.py [--json out.json] [--repeats 500] [--runs 3]
 """
 
 import argparse
@@ -69,6 +70,7 @@ def _setup():
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29561"), RANK="0",
                       WORLD_SIZE="1")
     dist.init_process_group("gloo")
+    torch.set_num_threads(1)  # the host's one launching thread; no intra-op pool waking for tiny tensors
     _cpu_stand_ins()
     from megatron.core import parallel_state
     parallel_state.initialize_model_parallel(1, 1)
@@ -129,16 +131,15 @@ def _passes(layer, rotary, repeats: int) -> tuple[float, float]:
 
 
 def measure(repeats: int) -> dict:
-    warnings.filterwarnings("ignore")
-    _setup()
     linear, x = torch.nn.Linear(HIDDEN, HIDDEN, bias=False), torch.randn(TOKENS, HIDDEN)
     unit_before = _best_seconds(lambda: linear(x), 10 * repeats)
     import megatron.core
     out = {"tokens": TOKENS, "hidden": HIDDEN, "torch": torch.__version__,
            "megatron_core": megatron.core.__version__, "host": _cpu_name()}
     dense = _passes(_layer(), _rotary(), repeats)
-    moe = {e: _passes(_layer(experts=e), _rotary(), repeats) for e in (2, 4, 8)}
-    slope = [statistics.linear_regression(list(moe), [p[i] for p in moe.values()]) for i in (0, 1)]
+    moe_layer = _layer(experts=2)
+    moe = _passes(moe_layer, _rotary(), repeats)
+    router = _module_passes(moe_layer.mlp.router, repeats)
     mlp, column, norm = (_module_passes(m, repeats) for m in _modules())
     root = _root_passes(repeats)
     # the unit timed before and after, the faster kept: a busy spell on the host while it ran must not shrink every ratio
@@ -147,13 +148,13 @@ def measure(repeats: int) -> dict:
     out["linears"] = {
         "dense": [t / unit for t in dense],
         "root": [t / unit for t in root],
+        "router": [t / unit for t in router],
         "linear": [t / unit for t in column],
         "norm": [t / unit for t in norm],
         "mla_extra": [(3 * a + 2 * b) / unit for a, b in zip(column, norm)],
-        # the MoE layer without its expert loop, with one SwiGLU MLP for the grouped expert modules
-        "moe": [(s.intercept + m) / unit for s, m in zip(slope, mlp)],
+        # two experts run one by one, less one of them: one MLP's modules stand for the grouped experts'
+        "moe": [(t - m) / unit for t, m in zip(moe, mlp)],
         "mlp": [t / unit for t in mlp],
-        "per_sequential_expert": [s.slope / unit for s in slope],
     }
     return out
 
@@ -197,7 +198,7 @@ def _module_passes(module, repeats: int) -> tuple[float, float]:
 
     def forward():
         y = module(x)
-        return y[0] if isinstance(y, tuple) else y
+        return y[0] if isinstance(y, tuple) else y  # an MLP's (output, bias); the router's (probs, routing map)
 
     f = _best_seconds(forward, repeats)
     return f, _best_seconds(lambda: forward().sum().backward(), repeats) - f
@@ -206,9 +207,15 @@ def _module_passes(module, repeats: int) -> tuple[float, float]:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the figures here")
-    parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=500)
+    parser.add_argument("--runs", type=int, default=3, help="whole measurements; each figure is their median")
     args = parser.parse_args()
-    out = measure(args.repeats)
+    warnings.filterwarnings("ignore")
+    _setup()
+    runs = [measure(args.repeats) for _ in range(args.runs)]
+    out = {**runs[0], "runs": args.runs, "linear_forward_us": statistics.median(r["linear_forward_us"] for r in runs),
+           "linears": {k: [statistics.median(r["linears"][k][i] for r in runs) for i in (0, 1)]
+                       for k in runs[0]["linears"]}}
     print(f"torch {out['torch']}, one torch.nn.Linear forward ({TOKENS} x {HIDDEN}): "
           f"{out['linear_forward_us']:.1f} us on this host")
     print(f"{'Megatron-Core, local spec':34s} {'forward':>9s} {'backward':>9s}   (torch.nn.Linear forwards)")

@@ -197,14 +197,13 @@ def qwen3_runs():
     shapes (2 sequences whole instead of 4 split over TP2's heads and sequence; the same 4096 tokens per
     expert); only TP2's attention collectives are missing. The PP row is written as it ran (etp=1, zero=1):
     it fits (55 GB: 16 whole experts of 12 layers a rank, their Adam state over the 4 expert data-parallel
-    ranks) and predicts 19.6 s, -32%: about 16 s of kernels on the busiest rank (the expert weight gradients
+    ranks) and predicts 21.0 s, -27.5%: about 16 s of kernels on the busiest rank (the expert weight gradients
     accumulating into fp32 main_grad included), about 2 s of DeepEP dispatch and combine over NVLink (5.3 ranks a
-    token), 1 s of TP collectives, each term held to its source (cost/comm.py, cost/kernels.py). The other
-    9-10 s, about 3 ms a MoE layer and micro-batch, are in no term. What the model leaves out: the routing imbalance
-    of dropless routing ([software] moe_imbalance, left balanced: no measured figure for this run). Host time
-    is charged (cost/overhead.py framework_seconds: the dispatcher's wait in every MoE forward, and a layer's
-    module calls against its kernels) but binds on H100 only if the router and dispatcher make far more calls
-    than their stages; open (issue 18)."""
+    token), 1 s of TP collectives, each term held to its source (cost/comm.py, cost/kernels.py), and 1.7 s of
+    host time (cost/overhead.py framework_seconds: a MoE forward's 2.2 ms of host time a layer outlasts its
+    1.5-1.7 ms of kernels, and the dispatcher waits in each). The other 8 s, about 2.7 ms a MoE layer and
+    micro-batch, are in no term. What the model leaves out: the routing imbalance of dropless routing ([software]
+    moe_imbalance, left balanced: no measured figure for this run); open (issue 18)."""
     model = ModelSpec(name="qwen3-235b-a22b", layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128,
                       ffn=12288, vocab=151936, seq=4096, experts=128, top_k=8, expert_ffn=1536)
     rows = [("235B TP4 EP8 PP8", "dp=8,zero=1,tp=4,sp=true,pp=8,vpp=4,schedule=interleaved,ep=8,etp=1,mbs=1",

@@ -71,7 +71,7 @@ def test_recompute_makes_its_calls_again_in_backward():
 def test_the_layers_host_figures_are_the_recorded_benchmarks():
     recorded = json.loads((ROOT / "benchmarks/data/host_calls_cpu.json").read_text())["linears"]
     figures = {"dense": overhead.LAYER_HOST[False], "moe": overhead.LAYER_HOST[True], "root": overhead.ROOT_HOST,
-               "mla_extra": overhead.MLA_EXTRA_HOST, "mlp": overhead.MLP_HOST}
+               "mla_extra": overhead.MLA_EXTRA_HOST, "mlp": overhead.MLP_HOST, "router": overhead.ROUTER_HOST}
     for name, pair in figures.items():
         assert pair == pytest.approx(recorded[name], abs=0.05), name
     assert (overhead.LINEAR_HOST, overhead.NORM_HOST) == pytest.approx(
@@ -89,3 +89,29 @@ def test_shared_experts_and_mla_add_their_measured_host_time():
 def test_a_negative_host_call_time_is_refused_naming_the_field():
     with pytest.raises(UserError, match="host_linear_s must be >= 0"):
         replace(GB200, host_linear_s=-1e-6).validate()
+
+
+def test_cuda_graphs_leave_the_host_a_launch_and_a_moe_layers_eager_dispatch():
+    graphs = replace(GB200, software=replace(GB200.software, cuda_graphs=True))
+    plain = Layout.parse("dp=8,mbs=1", 8)
+    f, b = overhead.framework_seconds(LLAMA, graphs, plain, 4, 0, False)
+    assert f == b == pytest.approx(4 * overhead.LINEAR_HOST * GB200.host_linear_s)  # one graph a layer each way
+    eager = overhead.layer_host(SMALL_MOE, True, graphs=True)
+    assert eager == pytest.approx(tuple(m - r + overhead.LINEAR_HOST
+                                        for m, r in zip(overhead.MOE_BLOCK_HOST, overhead.ROUTER_HOST)))
+    assert 0 < eager[0] < overhead.layer_host(SMALL_MOE, True)[0]
+    moe = Layout.parse("dp=4,ep=4,mbs=1", 4)
+    steps = [predict(SMALL_MOE, c, moe, 8).step_time_s for c in (NO_HOST, graphs, GB200)]
+    assert steps[0] < steps[1] < steps[2]
+
+
+@pytest.mark.parametrize("software, why", [({"cuda_graphs": True, "framework": "torch"}, "with torch"),
+                                           ({"cuda_graphs": "yes"}, "got 'yes'")])
+def test_cuda_graphs_are_megatron_cores_and_a_bool(software, why):
+    with pytest.raises(UserError, match=f"cuda_graphs is Megatron-Core's.*{why}"):
+        replace(GB200, software=replace(GB200.software, **software))
+
+
+def test_a_calibrated_machine_takes_no_cuda_graphs():
+    with pytest.raises(UserError, match="cuda_graphs"):
+        replace(NO_HOST, software=replace(GB200.software, cuda_graphs=True))

@@ -32,15 +32,15 @@ def test_the_validation_set_covers_hardware_kinds_and_scales(rows):
 
 def test_step_times_within_stated_error(rows):
     errors = {(r.source, r.name): abs(pred / real - 1) for r, _, pred, real, _ in rows}
-    # Measured on this set (README table): median 6.5%. Two stated misses, both Qwen3-235B: the FSDP run (+56%),
-    # whose expert parameters we gather per micro-batch across 32 nodes as FSDP2 does where Megatron-FSDP's run
-    # took 17.6 s in all; and the PP run written as it ran (ETP1, the distributed optimizer: -35%), where every
-    # MoE term checks out against its source and 10 s of the 29 s are in none of them (published.py
-    # qwen3_runs). The rest within 26%. Margins: 1 point on the median, 4 on the worst.
-    misses = [errors.pop(("Megatron-MoE-ModelZoo Qwen3", name)) for name in ("235B TP2 EP8 FSDP", "235B TP4 EP8 PP8")]
+    # Measured on this set (README table): median 4.4%. One stated miss, Qwen3-235B's FSDP run (+57%), whose
+    # expert parameters Megatron-FSDP's default gathers and reduces per micro-batch across 32 nodes, more than
+    # its 17.6 s could have moved. The rest within 30%: the worst, the same model's PP run (-27.5%; every MoE term
+    # checks out against its source, 8 s of the 29 s are in none of them, published.py qwen3_runs). Margins: 3
+    # points on the median, 2.5 on the worst.
+    miss = errors.pop(("Megatron-MoE-ModelZoo Qwen3", "235B TP2 EP8 FSDP"))
     assert statistics.median(errors.values()) < 0.075
     assert max(errors.values()) < 0.30
-    assert min(misses) > 0.30  # still misses: when one is not, fold it back into the worst case above
+    assert miss > 0.30  # still a miss: when it is not, fold it back into the worst case above
 
 
 def test_runs_that_ran_are_predicted_to_fit(rows):

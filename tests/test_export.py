@@ -338,3 +338,34 @@ def test_cli_emit_prints_the_config_and_json_carries_it():
     r = cli("plan", "--model", "llama2-13b", "--cluster", "tpu-v5p", "--devices", "256", "--global-batch", "256",
             "--emit", "megatron")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "maxtext" in r.stderr
+
+
+@pytest.mark.skipif(not installed("megatron.core"), reason="megatron-core is not installed (pip install '.[test]')")
+def test_megatron_takes_cuda_graphs_where_the_cost_model_charges_them():
+    """[software] cuda_graphs: a dropless MoE layer's attention and router captured (its dense layers' MLPs too),
+    which Megatron-Core's TransformerConfig accepts; a layout it refuses them with gets none, and a note."""
+    from megatron.core.transformer.enums import CudaGraphScope
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    h100 = load_cluster("h100-80gb")
+    graphs = dataclasses.replace(h100, software=dataclasses.replace(h100.software, cuda_graphs=True))
+    mixtral = "dp=4,zero=1,tp=2,sp=true,pp=8,ep=8,etp=1,mbs=1"
+    for name, layout, scopes in (("mixtral-8x7b", mixtral, {"attn", "moe_router"}),
+                                 ("deepseek-v3", "dp=64,zero=1,pp=16,ep=64,mbs=1,recompute=layernorm+mla_up_proj+moe_act",
+                                  {"attn", "moe_router", "mlp"})):
+        model = load_model(name)
+        out = emit("megatron", model, graphs, Layout.parse(layout), 1024, "bf16", steps=10)
+        args = parse_megatron(out.config)
+        assert args["cuda_graph_impl"] == "transformer_engine" and set(args["cuda_graph_scope"]) == scopes
+        pattern = [int(model.is_moe_layer(i)) for i in range(model.layers)]
+        config = TransformerConfig(num_layers=model.layers, hidden_size=model.hidden, num_attention_heads=model.heads,
+                                   num_moe_experts=model.experts, moe_layer_freq=pattern,
+                                   cuda_graph_impl=args["cuda_graph_impl"], cuda_graph_scope=args["cuda_graph_scope"])
+        assert {s.name for s in config.cuda_graph_scope} == scopes
+        assert not out.notes
+    refused = emit("megatron", load_model("mixtral-8x7b"), graphs, Layout.parse(mixtral + ",recompute=full"), 256,
+                   "bf16", steps=10)
+    assert "cuda_graph_impl" not in parse_megatron(refused.config)
+    assert any("cuda_graphs is left out" in n and "full recompute" in n for n in refused.notes)
+    assert "cuda_graph_impl" not in parse_megatron(emit("megatron", load_model("llama3-8b"), h100,
+                                                        Layout.parse("dp=8,zero=1,mbs=1"), 64, "bf16", steps=10).config)

@@ -30,26 +30,34 @@ ROOT_TENSORS = 3  # embedding, final norm, head
 
 
 # Host time of Megatron-Core's modules in torch.nn.Linear forwards, (forward, backward), one call with tensors
-# too small to take kernel time: benchmarks/host_calls.py (the local layer spec, megatron-core 0.16.1, torch
-# 2.13, benchmarks/data/host_calls_cpu.json; rounded). A MoE layer is taken without its per-expert loop (one
-# SwiGLU MLP's time for the grouped expert modules); its router runs the auxiliary loss, its dispatcher the
-# all-to-all's. The local spec's ColumnParallelLinear costs 2.9 Linear forwards, as Transformer Engine's Linear
-# costs 2.69 of torch's (issue #2053, Grace): the spec GPU runs use is charged the same.
-LAYER_HOST = {False: (66.5, 78.1), True: (131.7, 115.8)}  # dense, MoE
-MLA_EXTRA_HOST = (12.4, 33.2)  # MLA's q and kv down- and up-projections and their norms, beyond one QKV projection
-MLP_HOST = (9.2, 17.6)  # a SwiGLU MLP (a MoE layer's shared experts add one)
-ROOT_HOST = (35.2, 33.1)  # embedding, final norm, output layer, vocab-parallel cross-entropy
-LINEAR_HOST, NORM_HOST = 2.9, 1.8  # one ColumnParallelLinear, one RMSNorm forward
+# too small to take kernel time, on one CPU thread: benchmarks/host_calls.py (the local layer spec, megatron-core
+# 0.16.1, torch 2.13; benchmarks/data/host_calls_cpu.json, rounded). A MoE layer's router runs the auxiliary
+# loss, its dispatcher the all-to-all's; its experts are one MLP's modules, as a GPU run's grouped GEMMs. The
+# local spec's ColumnParallelLinear costs 3.2 Linear forwards, as Transformer Engine's Linear costs 2.69 of
+# torch's (issue #2053, Grace): the spec GPU runs use is charged the same.
+LAYER_HOST = {False: (80.6, 99.7), True: (163.0, 133.8)}  # dense, MoE
+MLA_EXTRA_HOST = (14.0, 37.9)  # MLA's q and kv down- and up-projections and their norms, beyond one QKV projection
+MLP_HOST = (10.5, 20.8)  # a SwiGLU MLP (a MoE layer's shared experts add one)
+ROUTER_HOST = (15.5, 18.1)  # a MoE layer's top-k router with its auxiliary loss
+ROOT_HOST = (83.6, 42.9)  # embedding, final norm, output layer, vocab-parallel cross-entropy
+LINEAR_HOST, NORM_HOST = 3.2, 2.1  # one ColumnParallelLinear, one RMSNorm forward
+# The MoE block: a MoE layer less its attention (a dense layer less its MLP).
+MOE_BLOCK_HOST = tuple(m - d + p for m, d, p in zip(LAYER_HOST[True], LAYER_HOST[False], MLP_HOST))
 # What each --recompute-modules entry runs again in backward, in the same units: the attention core (one call
-# of the size of a linear), the layer's two norms, MLA's two up-projections, the dense MLP, the MoE block (its
-# layer without the attention part: a dense layer less its MLP), the experts' activation, the shared experts.
+# of the size of a linear), the layer's two norms, MLA's two up-projections, the dense MLP, the MoE block, the
+# experts' activation, the shared experts.
 RECOMPUTE_HOST = {"core_attn": LINEAR_HOST, "layernorm": 2 * NORM_HOST, "mla_up_proj": 2 * LINEAR_HOST,
-                  "mlp": MLP_HOST[0], "moe_act": NORM_HOST, "shared_experts": MLP_HOST[0],
-                  "moe": LAYER_HOST[True][0] - LAYER_HOST[False][0] + MLP_HOST[0]}
+                  "mlp": MLP_HOST[0], "moe": MOE_BLOCK_HOST[0], "moe_act": NORM_HOST,
+                  "shared_experts": MLP_HOST[0]}
 
 
-def layer_host(model: ModelSpec, moe: bool) -> tuple[float, float]:
-    """(forward, backward) host time of one layer, in torch.nn.Linear forwards."""
+def layer_host(model: ModelSpec, moe: bool, graphs: bool = False) -> tuple[float, float]:
+    """(forward, backward) host time of one layer, in torch.nn.Linear forwards. Under CUDA graphs ([software]
+    cuda_graphs) the host launches one graph each way for what was captured: a dense layer whole, a dropless
+    MoE layer's attention and router, whose dispatch, experts and combine run eagerly."""
+    if graphs:
+        eager = tuple(b - r for b, r in zip(MOE_BLOCK_HOST, ROUTER_HOST)) if moe else (0.0, 0.0)
+        return eager[0] + LINEAR_HOST, eager[1] + LINEAR_HOST
     parts = [LAYER_HOST[moe]] + [MLA_EXTRA_HOST] * model.uses_mla + [MLP_HOST] * (moe and model.shared_experts > 0)
     return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
@@ -59,9 +67,10 @@ def framework_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, de
     """Host time to issue one micro-batch through `dense` and `moe` layers (and the embedding, head, loss and
     MTP modules where `head`), (forward, backward), at `host_linear_s` a torch.nn.Linear forward; backward
     runs again what its recompute reruns."""
-    passes = [layer_host(model, False)] * dense + [layer_host(model, True)] * moe
+    graphs = cluster.software.cuda_graphs
+    passes = [layer_host(model, False, graphs)] * dense + [layer_host(model, True, graphs)] * moe
     if head:  # each MTP module: a layer like the last, two norms, a projection, the shared head and loss
-        mtp = layer_host(model, model.is_moe_layer(model.layers - 1))
+        mtp = layer_host(model, model.is_moe_layer(model.layers - 1), graphs)
         passes += [ROOT_HOST] + [mtp, ROOT_HOST, (2 * NORM_HOST + LINEAR_HOST, 0.0)] * model.mtp_layers
     forward, backward = sum(p[0] for p in passes), sum(p[1] for p in passes)
     if layout.recompute in ("full", "op"):

@@ -58,6 +58,8 @@ def arguments(job: Job) -> list[str]:
     args += _data_parallel_arguments(job)
     if lay.offload:
         args.append(f"--cpu-offloading-num-layers {lay.offload}")
+    if sw.cuda_graphs and not _graphs_refused(lay):
+        args += _graph_arguments(model)
     if lay.recompute == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
     elif lay.recompute_modules:  # selective is core_attn, Megatron-Core's default module list
@@ -160,8 +162,31 @@ def render(job: Job) -> str:
     return header + "\n" + " \\\n    ".join([launcher] + arguments(job)) + "\n"
 
 
+def _graph_arguments(model: ModelSpec) -> list[str]:
+    """CUDA graphs as the cost model charges them: a dense layer whole (an empty scope), a dropless MoE layer's
+    attention and router (with its dense layers' MLPs)."""
+    args = ["--cuda-graph-impl transformer_engine"]
+    if model.is_moe:
+        dense = any(not model.is_moe_layer(i) for i in range(model.layers))
+        args.append("--cuda-graph-scope attn moe_router" + (" mlp" if dense else ""))
+    return args
+
+
+def _graphs_refused(lay: Layout) -> str:
+    """Why Megatron-Core's TransformerConfig refuses per-layer CUDA graphs with this layout ('' if it takes them)."""
+    if lay.offload:
+        return "with activation offload"
+    if lay.recompute in ("full", "op"):
+        return "with full recompute (only a whole-iteration graph, --cuda-graph-impl local, takes it)"
+    if "moe" in lay.recompute_modules:
+        return "with the moe recompute module beside a captured router"
+    return ""
+
+
 def notes(job: Job) -> list[str]:
-    return []
+    why = job.cluster.software.cuda_graphs and _graphs_refused(job.layout)
+    return [f"[software] cuda_graphs is left out: Megatron-Core refuses per-layer CUDA graphs {why}; the "
+            f"prediction charged the host time they would have saved"] if why else []
 
 
 def parse_arguments(text: str) -> dict:

@@ -55,6 +55,12 @@ class Software:
     # Parameters per gradient bucket of DDP and ZeRO-1/2 (one reduce launch each; ZeRO-3 reduces one wrapped
     # unit at a time whatever this says, as FSDP2 does). Unset: the framework's default, FRAMEWORK_BUCKETS.
     grad_bucket_params: int | None = None
+    # Each layer replayed from a captured CUDA graph (Megatron-Core --cuda-graph-impl transformer_engine, TE's
+    # make_graphed_callables): the host launches a graph where it ran the layer's calls (cost/overhead.py). A
+    # dropless MoE layer's dispatch, experts and combine stay eager: their shapes change every step (Megatron-Core
+    # captures a whole MoE layer only when it drops and pads, its CudaGraphScope.moe; the attn and moe_router
+    # scopes take the rest).
+    cuda_graphs: bool = False
     # MoE token dispatch and combine: "alltoall", NCCL's all-to-all (Megatron-Core's alltoall dispatcher), or
     # "deepep", DeepEP's NVLink/RDMA-forwarding kernels (Megatron-Core's flex dispatcher; cost/comm.py
     # deepep_seconds); NVIDIA clusters only.
@@ -221,6 +227,11 @@ class ClusterSpec:
             raise UserError(f"cluster {self.name}: [software] grad_bucket_params must be a positive number of "
                             f"parameters per gradient bucket (leave it out for {sw.framework}'s default), "
                             f"got {sw.grad_bucket_params!r}")
+        if sw.cuda_graphs is not False and (sw.cuda_graphs is not True or sw.framework != "megatron-core"
+                                            or not self.host_linear_s):
+            raise UserError(f"cluster {self.name}: [software] cuda_graphs is Megatron-Core's (--cuda-graph-impl) on a "
+                            f"GPU cluster (host_linear_s > 0): true or false with framework = \"megatron-core\", "
+                            f"got {sw.cuda_graphs!r} with {sw.framework}")
         if sw.moe_dispatcher not in ("alltoall", "deepep") or (sw.moe_dispatcher == "deepep" and not self.gpu_arch):
             raise UserError(f"cluster {self.name}: [software] moe_dispatcher must be alltoall, or deepep on an "
                             f"NVIDIA cluster (gpu_arch set), got {sw.moe_dispatcher!r}")
