@@ -128,6 +128,23 @@ def test_pruning_keeps_the_exhaustive_ranking_with_experts():
     assert fast.evaluated < full.evaluated
 
 
+def test_the_bound_holds_where_the_host_bounds_the_step():
+    """On Grace a small MoE model's passes wait for the host that issues them; the bound takes the host's floor
+    too (else it prunes nothing), and stays below every prediction."""
+    model, gb200 = load_model("small-moe"), load_cluster("gb200-nvl72")
+    full = search(model, gb200, 8, 32, top=3, prune=False)
+    pool = full.pool
+    costed = [(b, pool.costed.get(pool.layout(i))) for i, b in enumerate(pool.bounds)]
+    costed = [(b, pred) for b, pred in costed if pred is not None]
+    assert costed and all(b <= pred.step_time_s * (1 + 1e-9) for b, pred in costed)
+    no_host = replace(gb200, host_linear_s=0.0)
+    best = full.ranked[0]
+    assert best.step_time_s > predict(model, no_host, Layout.parse(best.layout), 32).step_time_s  # host-bound
+    fast = search(model, gb200, 8, 32, top=3)
+    assert [p.layout for p in fast.ranked] == [p.layout for p in full.ranked]
+    assert fast.evaluated < full.evaluated / 4
+
+
 def test_the_search_folds_expert_parallelism_over_tp():
     """EP groups folded over tp x dp (ep=4 on dp=2 x tp=2) are searched with whole experts (etp=1); etp=1 where
     ep divides dp*cp only when --fix asks. Their bounds stay below predict and their memory is predict's."""

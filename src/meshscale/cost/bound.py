@@ -8,7 +8,8 @@ cost/kernels.py, cost/comm.py, cost/pipeline.py, cost/step.py), so a change ther
 - step time: (compute of the slowest stage + the bandwidth part of the collectives on the critical path) x
   (1 + bubble ratio) + the ZeRO-1/2 parameter all-gather + the data-parallel traffic backward cannot hide,
   that traffic of the rank with the fewest parameters (predict's step waits for whichever rank takes
-  longest); latencies and per-kernel host overheads are dropped, and every term is at most predict's.
+  longest); latencies and per-kernel host overheads are dropped, and every term is at most predict's; or,
+  where more, the host time of the rank whose host takes longest to issue its micro-batches.
 """
 
 from dataclasses import dataclass, fields
@@ -269,7 +270,10 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
             calls = fewest + 1 if ep == 1 else 2
             hides = np.minimum(compute, cluster.software.overlap_efficiency * fsdp * (1 - 1 / calls))
             on_path = on_path + np.where(z == 3, comm.sm_share(cluster, "dp") * hides, 0.0)
-    return on_path * (1 + ratio) + off_path
+    # the slowest rank's micro-batches take no less than any rank's host needs to issue its own (step.host_bound),
+    # less what a negative bubble takes off predict's step (DualPipeV's micro-batches overlapping)
+    issued = m * host_floor(model, cluster, shape)[kernels.placement[k_i], r_i] * (1 + np.minimum(ratio, 0.0))
+    return np.maximum(on_path * (1 + ratio) + off_path, issued)
 
 
 def data_parallel_interference(cluster: ClusterSpec, z, m, buckets, backward, forward, grads, gather):
@@ -392,6 +396,27 @@ def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape,
     lead = np.where(alike > 1, 0.0, totals.max(1) - next_slowest)
     first, last = (_passes(np.einsum("qi,jrip->qjrp", end, unit)) for end in (first_end, last_end))
     return PipelinePasses(_passes(slow), _passes(mean), lead, top[:, 0] == 0, first, last, placement)
+
+
+def host_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> np.ndarray:
+    """Per (placement, recompute), the most host time any pipeline rank needs to issue one micro-batch (its
+    layers' and head's, cost/overhead.py framework_seconds): predict's slowest rank takes at least that."""
+    keys: dict = {}
+    for lay in placements(model, shape).layouts:
+        keys.setdefault((lay.stages, lay.v_shaped), len(keys))
+    return _host_floor(model, cluster, shape.pp, tuple(keys))
+
+
+@lru_cache(maxsize=4096)
+def _host_floor(model: ModelSpec, cluster: ClusterSpec, pp: int, placements: tuple) -> np.ndarray:
+    kinds, count, _, _ = _placement_kinds(model, pp, placements)
+    columns = _unit_columns(model)
+    unit = np.array([[sum(overhead.framework_seconds(model, cluster, Layout(recompute=r), *kind))
+                      for kind in ((1, 0, False), (0, 1, False), (0, 0, True))] for r in RECOMPUTE_MODES])
+    per_rank = np.einsum("qni,ri->qnr", kinds, unit[:, columns])  # (placement, distinct rank, recompute)
+    out = np.where(count[:, :, None] > 0, per_rank, 0.0).max(1)
+    out.flags.writeable = False
+    return out
 
 
 def _passes(a: np.ndarray) -> Passes:
