@@ -142,7 +142,7 @@ def measure(repeats: int) -> dict:
     router = _module_passes(moe_layer.mlp.router, repeats)
     mlp, column, norm = (_module_passes(m, repeats) for m in _modules())
     root = _root_passes(repeats)
-    # the unit timed before and after, the faster kept: a busy spell on the host while it ran must not shrink every ratio
+    # the unit timed before and after, the faster kept: a busy spell while it ran must not shrink every ratio
     unit = min(unit_before, _best_seconds(lambda: linear(x), 10 * repeats))
     out["linear_forward_us"] = unit * 1e6
     out["linears"] = {

@@ -23,7 +23,8 @@ LLAMA = load_model("llama3-8b")
 
 
 def test_presets_take_their_host_cpus_linear_time_and_tpus_none():
-    assert GB200.host_linear_s == HOST_LINEAR_S["arm"] > load_cluster("h100-80gb").host_linear_s == HOST_LINEAR_S["intel"]
+    h100 = load_cluster("h100-80gb")
+    assert GB200.host_linear_s == HOST_LINEAR_S["arm"] > h100.host_linear_s == HOST_LINEAR_S["intel"]
     assert load_cluster("tpu-v5p").host_linear_s == 0.0 and load_cluster("local-cpu").host_linear_s == 0.0
 
 

@@ -350,9 +350,9 @@ def test_megatron_takes_cuda_graphs_where_the_cost_model_charges_them():
     h100 = load_cluster("h100-80gb")
     graphs = dataclasses.replace(h100, software=dataclasses.replace(h100.software, cuda_graphs=True))
     mixtral = "dp=4,zero=1,tp=2,sp=true,pp=8,ep=8,etp=1,mbs=1"
+    deepseek = "dp=64,zero=1,pp=16,ep=64,mbs=1,recompute=layernorm+mla_up_proj+moe_act"
     for name, layout, scopes in (("mixtral-8x7b", mixtral, {"attn", "moe_router"}),
-                                 ("deepseek-v3", "dp=64,zero=1,pp=16,ep=64,mbs=1,recompute=layernorm+mla_up_proj+moe_act",
-                                  {"attn", "moe_router", "mlp"})):
+                                 ("deepseek-v3", deepseek, {"attn", "moe_router", "mlp"})):
         model = load_model(name)
         out = emit("megatron", model, graphs, Layout.parse(layout), 1024, "bf16", steps=10)
         args = parse_megatron(out.config)

@@ -69,9 +69,10 @@ def framework_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, de
     runs again what its recompute reruns."""
     graphs = cluster.software.cuda_graphs
     passes = [layer_host(model, False, graphs)] * dense + [layer_host(model, True, graphs)] * moe
-    if head:  # each MTP module: a layer like the last, two norms, a projection, the shared head and loss
+    if head:  # each MTP module: a layer like the last, two norms and a projection (backward as forward), the head
         mtp = layer_host(model, model.is_moe_layer(model.layers - 1), graphs)
-        passes += [ROOT_HOST] + [mtp, ROOT_HOST, (2 * NORM_HOST + LINEAR_HOST, 0.0)] * model.mtp_layers
+        joins = (2 * NORM_HOST + LINEAR_HOST,) * 2
+        passes += [ROOT_HOST] + [mtp, ROOT_HOST, joins] * model.mtp_layers
     forward, backward = sum(p[0] for p in passes), sum(p[1] for p in passes)
     if layout.recompute in ("full", "op"):
         backward += forward

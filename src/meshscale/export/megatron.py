@@ -186,7 +186,7 @@ def _graphs_refused(lay: Layout) -> str:
 def notes(job: Job) -> list[str]:
     why = job.cluster.software.cuda_graphs and _graphs_refused(job.layout)
     return [f"[software] cuda_graphs is left out: Megatron-Core refuses per-layer CUDA graphs {why}; the "
-            f"prediction charged the host time they would have saved"] if why else []
+            f"prediction assumed their shorter host time"] if why else []
 
 
 def parse_arguments(text: str) -> dict:
