@@ -369,3 +369,21 @@ def test_megatron_takes_cuda_graphs_where_the_cost_model_charges_them():
     assert any("cuda_graphs is left out" in n and "full recompute" in n for n in refused.notes)
     assert "cuda_graph_impl" not in parse_megatron(emit("megatron", load_model("llama3-8b"), h100,
                                                         Layout.parse("dp=8,zero=1,mbs=1"), 64, "bf16", steps=10).config)
+
+
+@pytest.mark.skipif(not installed("megatron.core"), reason="megatron-core is not installed (pip install '.[test]')")
+def test_megatron_dispatches_tokens_as_the_cost_model_charged():
+    """[software] moe_dispatcher = "deepep" is Megatron-Core's flex dispatcher with DeepEP behind it, which its
+    TransformerConfig takes; alltoall stays NCCL's all-to-all."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    h100, model = load_cluster("h100-80gb"), load_model("mixtral-8x7b")
+    layout = Layout.parse("dp=4,zero=1,tp=2,sp=true,pp=8,ep=8,etp=1,mbs=1")
+    for dispatcher, kind, backend in (("alltoall", "alltoall", None), ("deepep", "flex", "deepep")):
+        cluster = dataclasses.replace(h100, software=dataclasses.replace(h100.software, moe_dispatcher=dispatcher))
+        args = parse_megatron(emit("megatron", model, cluster, layout, 256, "bf16", steps=10).config)
+        assert (args["moe_token_dispatcher_type"], args.get("moe_flex_dispatcher_backend")) == (kind, backend)
+        config = TransformerConfig(num_layers=model.layers, hidden_size=model.hidden, num_attention_heads=model.heads,
+                                   num_moe_experts=model.experts, moe_token_dispatcher_type=kind,
+                                   **({"moe_flex_dispatcher_backend": backend} if backend else {}))
+        assert config.moe_token_dispatcher_type == kind

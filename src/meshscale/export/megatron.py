@@ -16,6 +16,9 @@ from meshscale.specs.layout import RECOMPUTE_MODULES, Layout, split_layers
 from meshscale.specs.model import ModelSpec
 
 GPU_ONLY = "Megatron-LM"  # named in the refusal of a TPU slice
+# [software] moe_dispatcher as Megatron-Core runs it: NCCL's all-to-all, or DeepEP's kernels behind the flex dispatcher
+DISPATCHERS = {"alltoall": "--moe-token-dispatcher-type alltoall",
+               "deepep": "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep"}
 PRECISIONS = {"bf16-pure": ("bf16", "Megatron-LM keeps fp32 main parameters under --bf16 (16 B/param)")}
 
 
@@ -38,7 +41,7 @@ def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
 def arguments(job: Job) -> list[str]:
     """The arguments, as `--flag` or `--flag value` items."""
     lay, model, sw = job.layout, job.model, job.cluster.software
-    args = _model_arguments(model)
+    args = _model_arguments(model, sw.moe_dispatcher)
     args += [f"--seq-length {model.seq}", f"--micro-batch-size {lay.mbs}",
              f"--global-batch-size {job.global_batch}", f"--train-iters {job.steps}",
              f"--tensor-model-parallel-size {lay.tp}", f"--pipeline-model-parallel-size {lay.pp}",
@@ -76,7 +79,7 @@ def arguments(job: Job) -> list[str]:
     return args
 
 
-def _model_arguments(model: ModelSpec) -> list[str]:
+def _model_arguments(model: ModelSpec, dispatcher: str) -> list[str]:
     args = [f"--num-layers {model.layers}", f"--hidden-size {model.hidden}",
             f"--num-attention-heads {model.heads}", f"--ffn-hidden-size {model.ffn}",
             f"--max-position-embeddings {model.seq}", "--tokenizer-type NullTokenizer",
@@ -99,7 +102,7 @@ def _model_arguments(model: ModelSpec) -> list[str]:
         pattern = [int(model.is_moe_layer(i)) for i in range(model.layers)]
         args += [f"--num-experts {model.experts}", f"--moe-router-topk {model.top_k}",
                  f"--moe-ffn-hidden-size {model.expert_ffn}", "--moe-grouped-gemm",
-                 "--moe-token-dispatcher-type alltoall", f"--moe-aux-loss-coeff {model.aux_loss_coef}",
+                 DISPATCHERS[dispatcher], f"--moe-aux-loss-coeff {model.aux_loss_coef}",
                  f"--moe-layer-freq {shlex.quote(str(pattern).replace(' ', ''))}"]
         if model.shared_experts:
             args.append(f"--moe-shared-expert-intermediate-size {model.shared_experts * model.expert_ffn}")
