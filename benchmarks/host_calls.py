@@ -111,23 +111,22 @@ def _best_seconds(fn, repeats: int) -> float:
 def _cpu_name() -> str:
     with contextlib.suppress(OSError):
         with open("/proc/cpuinfo") as fh:
-            return next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
+            return next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")),
+                        platform.machine())
     return platform.machine()
 
 
+def _timed(forward, repeats: int) -> tuple[float, float]:
+    """(forward, backward) seconds of one call of `forward`, which returns a tensor to differentiate."""
+    f = _best_seconds(forward, repeats)
+    return f, _best_seconds(lambda: forward().sum().backward(), repeats) - f
+
+
 def _passes(layer, rotary, repeats: int) -> tuple[float, float]:
-    """(forward, backward) seconds of one call of `layer` on TOKENS tokens."""
+    """`_timed` of a TransformerLayer on TOKENS tokens."""
     x = torch.randn(TOKENS, 1, HIDDEN, requires_grad=True)
     causal = torch.ones(1, 1, TOKENS, TOKENS).triu(1).bool()  # Megatron's default mask is made on "cuda"
-
-    def forward():
-        return layer(x, attention_mask=causal, rotary_pos_emb=rotary)[0]
-
-    def both():
-        forward().sum().backward()
-
-    f = _best_seconds(forward, repeats)
-    return f, _best_seconds(both, repeats) - f
+    return _timed(lambda: layer(x, attention_mask=causal, rotary_pos_emb=rotary)[0], repeats)
 
 
 def measure(repeats: int) -> dict:
@@ -186,22 +185,21 @@ def _root_passes(repeats: int) -> tuple[float, float]:
 
     def forward():
         logits = head(norm(embedding(tokens, positions)))[0]
-        return vocab_parallel_cross_entropy(logits, target).sum()
+        return vocab_parallel_cross_entropy(logits, target)
 
-    f = _best_seconds(forward, repeats)
-    return f, _best_seconds(lambda: forward().backward(), repeats) - f
+    return _timed(forward, repeats)
 
 
 def _module_passes(module, repeats: int) -> tuple[float, float]:
-    """(forward, backward) seconds of one call of `module` (which may return (output, bias))."""
+    """`_timed` of one call of `module`, which returns a tuple: an MLP's (output, bias), the router's (probs,
+    routing map), a ColumnParallelLinear's (output, bias); an RMSNorm its output."""
     x = torch.randn(TOKENS, 1, HIDDEN, requires_grad=True)
 
     def forward():
         y = module(x)
-        return y[0] if isinstance(y, tuple) else y  # an MLP's (output, bias); the router's (probs, routing map)
+        return y[0] if isinstance(y, tuple) else y
 
-    f = _best_seconds(forward, repeats)
-    return f, _best_seconds(lambda: forward().sum().backward(), repeats) - f
+    return _timed(forward, repeats)
 
 
 def main():
