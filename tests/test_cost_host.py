@@ -1,12 +1,15 @@
 """The host that issues a GPU's kernels (cost model only, no torch): a pass takes at least as long as its host
 needs to run the framework's layers, and a MoE layer's host wait drops the lead the host had."""
 
+import io
 import json
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from meshscale.commands import report
 from meshscale.cost import overhead, predict
 from meshscale.cost.step import chunk_passes, host_bound
 from meshscale.cost.kernels import Passes
@@ -116,3 +119,17 @@ def test_cuda_graphs_are_megatron_cores_and_a_bool(software, why):
 def test_a_calibrated_machine_takes_no_cuda_graphs():
     with pytest.raises(UserError, match="cuda_graphs"):
         replace(NO_HOST, software=replace(GB200.software, cuda_graphs=True))
+
+
+def test_predict_says_how_long_the_device_waits_for_its_host():
+    layout = Layout.parse("dp=4,ep=4,mbs=1", 4)
+    waits, free = predict(SMALL_MOE, GB200, layout, 8), predict(SMALL_MOE, NO_HOST, layout, 8)
+    assert free.host_wait_s == 0.0 and waits.host_wait_s > 0.5 * waits.compute_s
+    assert waits.host_wait_s == pytest.approx(waits.compute_s - free.compute_s)
+    assert waits.to_dict()["host_wait_s"] == waits.host_wait_s
+    shown = io.StringIO()
+    report.print_prediction(waits, Console(file=shown, width=200))
+    assert "of which waiting on the host" in shown.getvalue()
+    shown = io.StringIO()
+    report.print_prediction(free, Console(file=shown, width=200))
+    assert "waiting on the host" not in shown.getvalue()

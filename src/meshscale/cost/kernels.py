@@ -288,6 +288,7 @@ class Passes:
     backward: float = 0.0
     weight: float = 0.0
     attention: float = 0.0
+    host: float = 0.0  # of the three, what the device spends waiting for the host that issues them (step.host_bound)
 
     @property
     def total(self) -> float:
@@ -295,10 +296,10 @@ class Passes:
 
     def __add__(self, other: "Passes") -> "Passes":
         return Passes(self.forward + other.forward, self.backward + other.backward, self.weight + other.weight,
-                      self.attention + other.attention)
+                      self.attention + other.attention, self.host + other.host)
 
     def __mul__(self, n: float) -> "Passes":
-        return Passes(self.forward * n, self.backward * n, self.weight * n, self.attention * n)
+        return Passes(self.forward * n, self.backward * n, self.weight * n, self.attention * n, self.host * n)
 
 
 def microbatch_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, layers: tuple, head: bool,

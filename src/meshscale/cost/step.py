@@ -6,7 +6,7 @@ step = (compute + TP + PP + EP + unhidden CP) * (1 + bubble ratio) + unhidden da
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from meshscale.cost import bands, comm, critical, flops, overhead
@@ -72,6 +72,7 @@ class Prediction:
     checkpoint_bytes_total: float = 0.0
     band: dict = field(default_factory=dict)  # the error its category earned on the validation set (cost/bands.py)
     comm_rank: int = 0  # the pipeline rank `comm` describes: the one the step waits for
+    host_wait_s: float = 0.0  # of compute_s, the device waiting for the host that issues its kernels (GPUs)
 
     def to_dict(self) -> dict:
         return {**self.__dict__, "memory_per_device_bytes": dict(self.memory_per_device_bytes),
@@ -116,6 +117,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
                for r, _, p in ranks]
     led = max(ledgers, key=lambda g: g.compute_s + g.critical_s + g.dp_exposed_s)
     compute_s, critical_path, dp_exposed = led.compute_s, led.critical_s, led.dp_exposed_s
+    host_wait_s = m * next(p for r, _, p in ranks if r == led.rank).host
 
     ratio = bubble_ratio(layout, m, passes, others, _head_ends(model, cluster, layout, precision, passes))
     bubble_s = ratio * (compute_s + critical_path)
@@ -138,6 +140,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     return Prediction(
         model=model.name, cluster=cluster.name, layout=str(layout), devices=devices, global_batch=global_batch,
         seq=model.seq, precision=precision, microbatches=m, step_time_s=step, compute_s=compute_s,
+        host_wait_s=host_wait_s,
         bubble_s=bubble_s, exposed_comm_s=critical_path + dp_exposed, optimizer_s=optimizer_s,
         mfu=model_flops / (step * devices * peak), hfu=hw_flops / (step * devices * peak),
         tokens_per_s=n_tokens / step, model_flops_per_step=model_flops,
@@ -386,7 +389,8 @@ def _stretched(device: Passes, forward: float, backward: float) -> Passes:
         return device
     attention_f = device.attention * (device.forward / device.total) if device.total else 0.0
     attention = attention_f * forward + (device.attention - attention_f) * backward
-    return Passes(device.forward * forward, device.backward * backward, device.weight * backward, attention)
+    out = Passes(device.forward * forward, device.backward * backward, device.weight * backward, attention)
+    return replace(out, host=out.total - device.total)
 
 
 def offload_shown(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float, act_bytes: int,
