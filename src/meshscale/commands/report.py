@@ -41,10 +41,11 @@ def print_prediction(pred, console: Console | None = None) -> None:
                   f"per DP rank, {pred.precision}")
     t = Table(title="step time", title_justify="left")
     t.add_column("part"), t.add_column("time", justify="right"), t.add_column("share", justify="right")
-    rows = [("compute", pred.compute_s)] + ([("  of which waiting on the host", pred.host_wait_s)]
-                                           if pred.host_wait_s else []) + [
-            ("exposed communication", pred.exposed_comm_s), ("pipeline bubble", pred.bubble_s),
-            ("optimizer update", pred.optimizer_s)]
+    rows = [("compute", pred.compute_s)]
+    if pred.host_wait_s:  # a GPU whose host issues its kernels slower than it runs them (cost/step.py host_bound)
+        rows.append(("  of which waiting on the host", pred.host_wait_s))
+    rows += [("exposed communication", pred.exposed_comm_s), ("pipeline bubble", pred.bubble_s),
+             ("optimizer update", pred.optimizer_s)]
     for name, v in rows:
         t.add_row(name, ms(v), f"{v / pred.step_time_s:.1%}")
     t.add_row("[bold]step[/]", f"[bold]{ms(pred.step_time_s)}[/]", band_cell(pred.band))
