@@ -378,10 +378,8 @@ def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape,
     pp = shape.pp
     unit = np.stack([_unit_passes(model, cluster, shape.tp, shape.cp, shape.ep, shape.etp, mbs, precision)
                      for mbs in shape.microbatch_sizes])  # (mbs, recompute, kind, F/B/W)
-    keys: dict = {}  # (chunks, V-shaped) -> its placement's index
-    placement = np.array([keys.setdefault((lay.stages, lay.v_shaped), len(keys))
-                          for lay in placements(model, shape).layouts])
-    kinds, count, first_end, last_end = _placement_kinds(model, pp, tuple(keys))
+    keys, placement = _placement_keys(model, shape)
+    kinds, count, first_end, last_end = _placement_kinds(model, pp, keys)
     per_rank = np.einsum("qni,jrip->qnjrp", kinds, unit)  # (placement, distinct rank, mbs, recompute, F/B/W)
     totals = np.where(count[:, :, None, None] > 0, per_rank.sum(-1), -np.inf)  # padding is never the slowest
     top = totals.argmax(1)[:, None]
@@ -398,13 +396,19 @@ def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape,
     return PipelinePasses(_passes(slow), _passes(mean), lead, top[:, 0] == 0, first, last, placement)
 
 
+def _placement_keys(model: ModelSpec, shape: Shape) -> tuple[tuple, np.ndarray]:
+    """The distinct placements of a shape's schedules, (chunks, V-shaped) each, and each schedule's index
+    into them (schedules that place chunks alike share one)."""
+    keys: dict = {}
+    placement = np.array([keys.setdefault((lay.stages, lay.v_shaped), len(keys))
+                          for lay in placements(model, shape).layouts])
+    return tuple(keys), placement
+
+
 def host_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> np.ndarray:
     """Per (placement, recompute), the most host time any pipeline rank needs to issue one micro-batch (its
     layers' and head's, cost/overhead.py framework_seconds): predict's slowest rank takes at least that."""
-    keys: dict = {}
-    for lay in placements(model, shape).layouts:
-        keys.setdefault((lay.stages, lay.v_shaped), len(keys))
-    return _host_floor(model, cluster, shape.pp, tuple(keys))
+    return _host_floor(model, cluster, shape.pp, _placement_keys(model, shape)[0])
 
 
 @lru_cache(maxsize=4096)
