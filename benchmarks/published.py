@@ -35,6 +35,7 @@ class Run:
     software: Software = Software(framework="megatron-core")
     fused_attention: bool = True
     nic: float = 0.0  # scale-out bytes/s per GPU where the site differs from the preset's (0: the preset's)
+    torus: tuple = ()  # TPU: the ICI slice the run was given, where smaller than the preset's (DCN between them)
     precision: str = "bf16"
 
     @property
@@ -47,25 +48,30 @@ def gpt(name, heads, hidden, layers):
                      seq=2048, mlp="gelu", tied_embeddings=True, learned_positions=True, biases=True)
 
 
-def maxtext(scale: int, seq: int = 2048) -> ModelSpec:
-    """MaxText's `global_parameter_scale` models (MaxText/configs/base.yml: emb 2048, 16 heads of 128,
-    mlp 7168, 16 layers, vocab 32000, SwiGLU; pyconfig.get_individual_scales doubles heads and mlp, then emb,
-    then layers, in turn)."""
-    base, rem = divmod(scale.bit_length() - 1, 3)
-    heads_scale, emb_scale = base + (rem > 0), base + (rem > 1)
-    return ModelSpec(name=f"maxtext-{scale}b", layers=16 << base, hidden=2048 << emb_scale,
-                     heads=16 << heads_scale, head_dim=128, ffn=7168 << heads_scale, vocab=32000, seq=seq)
+def maxtext(scale: int = 0, layers: int = 16, hidden: int = 2560, heads: int = 8, ffn: int = 8192) -> ModelSpec:
+    """MaxText's model as its 2023 performance tables ran it (MaxText/layers.py and configs/base.yml at
+    281e04bf, 2023-04, 5ebcd67f, 2023-10, and 76bd53b0, 2023-12, alike): heads of 256, a ReLU MLP (up and down:
+    GeLU's two matrices here), PaLM's parallel attention + MLP on one T5 RMSNorm (DecoderLayer: x +
+    attention(norm(x)) + mlp(norm(x))), qk-norm, relative position biases (RoPE stands in), vocab 32768 with
+    the logits read off the embedding, seq 2048. `global_parameter_scale` grows the base (emb 2560, 8 heads, mlp
+    8192, 16 layers) by doubling heads and mlp, then emb, then layers, in turn (pyconfig.get_individual_scales);
+    without a scale the dimensions are given (the v4 configs set them)."""
+    if scale:
+        base, rem = divmod(scale.bit_length() - 1, 3)
+        grow, wide = base + (rem > 0), base + (rem > 1)
+        layers, hidden, heads, ffn = layers << base, hidden << wide, heads << grow, ffn << grow
+    return ModelSpec(name=f"maxtext-2023-{scale}b" if scale else f"maxtext-2023-{hidden}x{layers}", layers=layers,
+                     hidden=hidden, heads=heads, head_dim=256, ffn=ffn, vocab=32768, seq=2048, mlp="gelu",
+                     tied_embeddings=True, qk_norm=True, parallel_residual=True)
 
 
-def maxtext_seconds(model: ModelSpec, per_device_batch: int, tflops: float) -> float:
-    """MaxText's TFLOP/s per chip back to seconds with its own count (maxtext_utils.
-    calculate_tflops_training_per_device at the time of the table): 6 x weight FLOPs per token (embedding
-    table as logits only) plus 3 x 4*s^2*heads*head_dim per layer of non-causal attention."""
-    h, s = model.hidden, model.seq
-    weights = 2 * s * (3 * h * model.ffn + h * model.heads * model.head_dim * 2
-                       + 2 * h * model.kv_heads * model.head_dim) * model.layers + 2 * s * h * model.vocab
-    attention = 4 * s * s * model.heads * model.head_dim * model.layers
-    return 3 * (weights + attention) * per_device_batch / (tflops * 1e12)
+def maxtext_seconds(model: ModelSpec, per_device_batch: int, tflops: float, attention: int) -> float:
+    """MaxText's TFLOP/s per chip back to seconds with its own count of the time (train.py): 6 x its
+    parameters per token (calculate_num_params_from_pytree: all of them), plus `attention` x s^2 x heads x
+    head_dim per layer and sequence: 0 in April 2023, 12 (non-causal) in October, 6 (causal) from December."""
+    s = model.seq
+    per_sequence = 6 * model.param_count() * s + attention * model.heads * model.head_dim * model.layers * s * s
+    return per_sequence * per_device_batch / (tflops * 1e12)
 
 
 # Narayanan et al. 2021 (arXiv:2104.04473) Table 1: GPT, seq 2048, vocab 51200, full recomputation, DGX A100;
@@ -136,24 +142,59 @@ def torchtitan_runs():
                   64, 64 * local, local * model.seq / wps, "A100", EAGER)
 
 
+# MaxText's 2023 tables, TFLOP/s per chip by slice count (slices joined by DCN, data-parallel across them:
+# base.yml's dcn_data_parallelism = -1; FSDP over each slice's ICI, ici_fsdp_parallelism = -1).
+# TPU v5e, README and v5e_high_performance.md at 5ebcd67f (2023-10-27), 1-32 slices of v5e-256, configs
+# MaxText/configs/largest_job/{16,32,64,128}b.sh there: (scale, tp, per-device batch, remat, TFLOP/s by slices).
+MAXTEXT_V5E = [(16, 1, 6, "full", (120, 117, 117, 115, 111, 108)), (32, 1, 4, "full", (132, 128, 126, 125, 123, 119)),
+               (64, 1, 2, "full", (118, 112, 110, 108, 105, 99)), (128, 16, 1, "full", (110, 110, 108, 104, 100, 91))]
+# TPU v5p, MaxText/configs/v5p/README.md and its {32,...,1024}b.sh at 76bd53b0 (2023-12-15): (scale, tp,
+# per-device batch, remat, [(v5p-N, slices, TFLOP/s)]); v5p-N counts TensorCores, N/2 chips. remat 'minimal'
+# (checkpoint_dots_with_no_batch_dims: keep the weight matmuls' outputs, rerun attention and the rest) is
+# recompute=selective here.
+MAXTEXT_V5P = [(32, 4, 8, "selective", [(128, 1, 328), (128, 2, 319)]),
+               (64, 4, 4, "selective", [(128, 1, 323), (128, 2, 309)]),
+               (128, 8, 2, "selective", [(256, 1, 315), (256, 2, 305), (512, 1, 316), (512, 2, 274)]),
+               (256, 8, 2, "selective", [(1024, 1, 308), (1024, 2, 289)]),
+               (512, 16, 2, "full", [(1024, 1, 294), (1024, 2, 282)]),
+               (1024, 16, 2, "full", [(2048, 1, 254), (2048, 2, 237), (4096, 1, 297), (4096, 2, 279)])]
+# TPU v4, README at 281e04bf (2023-04-27), configs {1,2,4}xv4-128.sh and {1,2}xv4-384.sh there (dimensions as
+# MaxText/configs/v4/{22,52}b.sh restate them at 76bd53b0): pure FSDP over the slice, full remat, attention as
+# einsums around a materialised softmax (layers.py dot_product_attention; flash attention came in the autumn).
+MAXTEXT_V4 = [("22B", (48, 6144, 24, 24576), 16, 128, (156, 152, 149, 146)),
+              ("52B", (32, 12288, 32, 49152), 10, 384, (154, 162))]
+# Slice shapes (Cloud TPU docs: v4 and v5p slices are 4x4x4 cubes, the longest axis last; v5e-256 is 16x16)
+SLICES = {64: (4, 4, 4), 128: (4, 4, 8), 192: (4, 4, 12), 256: (4, 8, 8), 512: (8, 8, 8), 1024: (8, 8, 16),
+          2048: (8, 16, 16)}
+
+
+def maxtext_run(name, model, cluster, slice_chips, slices, tp, pdb, remat, tflops, attention, flash=True) -> Run:
+    chips = slice_chips * slices
+    sp = ",sp=true" if tp > 1 else ""
+    shard = f",shard={slice_chips // tp}" if slices > 1 else ""
+    torus = () if cluster == "tpu-v5e" else SLICES[slice_chips]
+    return Run("MaxText README", f"{name} {slices}x{slice_chips}", model, cluster,
+               f"dp={chips // tp},zero=3{shard},tp={tp}{sp},mbs={pdb * tp},recompute={remat}", chips, pdb * chips,
+               maxtext_seconds(model, pdb, tflops, attention), "TPU " + cluster[4:], fused_attention=flash,
+               torus=torus)
+
+
 def maxtext_runs():
-    """AI-Hypercomputer/maxtext README 'Runtime Performance Results' (TFLOP/s per chip), configs
-    MaxText/configs/v5e/{16,32,64,128}b.sh and v5p/{32,128}b.sh (per_device_batch_size, ici_tensor_parallelism,
-    remat_policy; FSDP over the rest of the slice; seq 2048). v5p-N counts TensorCores: N/2 chips. remat
-    'full' is full recompute; 'minimal' keeps the matmul outputs (selective here)."""
-    rows = [("v5e 16B", 16, "tpu-v5e", 256, 1, 6, "full", 120), ("v5e 32B", 32, "tpu-v5e", 256, 1, 4, "full", 132),
-            ("v5e 64B", 64, "tpu-v5e", 256, 1, 2, "full", 118),
-            ("v5e 128B", 128, "tpu-v5e", 256, 16, 1, "selective", 110),
-            ("v5p 32B", 32, "tpu-v5p", 64, 4, 7, "selective", 328),
-            ("v5p 128B", 128, "tpu-v5p", 128, 8, 1, "selective", 315),
-            ("v5p 128B", 128, "tpu-v5p", 256, 8, 1, "selective", 315)]
-    for name, scale, cluster, chips, tp, pdb, remat, tflops in rows:
-        model = maxtext(scale)
-        dp = chips // tp
-        sp = ",sp=true" if tp > 1 else ""
-        yield Run("MaxText README", name, model, cluster,
-                  f"dp={dp},zero=3,tp={tp}{sp},mbs={pdb * tp},recompute={remat}", chips, pdb * chips,
-                  maxtext_seconds(model, pdb, tflops), "TPU " + cluster[4:])
+    """MaxText's MFU tables of 2023 (AI-Hypercomputer/maxtext), each with the configs and the model of the
+    commit that published it (`maxtext`); the multi-slice rows are data-parallel over DCN (`shard` = a slice's
+    FSDP group). A row's name is "<model> <slices>x<chips a slice>"."""
+    for scale, tp, pdb, remat, by_slices in MAXTEXT_V5E:
+        for slices, tflops in zip((1, 2, 4, 8, 16, 32), by_slices):
+            yield maxtext_run(f"v5e {scale}B", maxtext(scale), "tpu-v5e", 256, slices, tp, pdb, remat, tflops, 12)
+    for scale, tp, pdb, remat, rows in MAXTEXT_V5P:
+        for cores, slices, tflops in rows:
+            yield maxtext_run(f"v5p {scale}B", maxtext(scale), "tpu-v5p", cores // 2, slices, tp, pdb, remat,
+                              tflops, 6)
+    for name, (layers, hidden, heads, ffn), pdb, cores, by_slices in MAXTEXT_V4:
+        model = maxtext(layers=layers, hidden=hidden, heads=heads, ffn=ffn)
+        for slices, tflops in enumerate(by_slices):
+            yield maxtext_run(f"v4 {name}", model, "tpu-v4", cores // 2, 2 ** slices, 1, pdb, "full", tflops, 0,
+                              flash=False)
 
 
 def palm_runs():
@@ -162,10 +203,10 @@ def palm_runs():
     in two pods of 3072 (sec. 4: 12-way model parallelism and 256-way fully sharded data parallelism inside a
     pod, the pods data-parallel over DCN), 46.2% MFU (Table 3; 57.8% HFU, so some activations were
     rematerialized: recompute=full here) at 2048 sequences per step, converted with PaLM's own count (Appendix
-    B: 6N + 12LHQT per token, N = 540.35B). Its parallel attention + MLP formulation (one TP all-reduce per
-    layer instead of two) is not a ModelSpec option: our count of TP traffic is its double."""
+    B: 6N + 12LHQT per token, N = 540.35B). Parallel attention + MLP (sec. 2, "Parallel Layers"): one TP
+    region a layer."""
     model = ModelSpec(name="palm-540b", layers=118, hidden=18432, heads=48, kv_heads=1, head_dim=256, ffn=73728,
-                      vocab=256000, seq=2048, tied_embeddings=True)
+                      vocab=256000, seq=2048, tied_embeddings=True, parallel_residual=True)
     batch, chips = 2048, 6144
     flops = batch * model.seq * (6 * 540.35e9 + 12 * model.layers * model.heads * model.head_dim * model.seq)
     yield Run("PaLM T3", "PaLM 540B", model, "tpu-v4", "dp=512,zero=3,shard=256,tp=12,mbs=1,recompute=full",
@@ -338,6 +379,9 @@ def rows():
         cluster = replace(load_cluster(run.cluster), software=run.software, fused_attention=run.fused_attention)
         if run.nic:
             cluster = replace(cluster, tiers=(cluster.tiers[0], replace(cluster.tiers[-1], bandwidth=run.nic)))
+        if run.torus:
+            ici = replace(cluster.tiers[0], size=math.prod(run.torus))
+            cluster = replace(cluster, torus=run.torus, tiers=(ici, *cluster.tiers[1:]))
         assert run.hardware in pred_category(cluster, run), (run.hardware, run.cluster)
         layout = Layout.parse(run.layout, run.devices)
         pred = predict(run.model, cluster, layout, run.batch, run.precision)

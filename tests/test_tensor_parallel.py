@@ -1,16 +1,22 @@
 """Tensor and sequence parallelism against a single device: loss and every gradient after one step, then the
-loss over a few AdamW steps, for `tiny` in fp32 on real gloo ranks."""
+loss over a few AdamW steps, for `tiny` and a GPT-NeoX-style parallel-residual twin of it (biases, LayerNorm,
+GeLU: one TP region per block) in fp32 on real gloo ranks."""
+
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
 
+from meshscale.cost.comm import tensor_parallel_ops
 from meshscale.models.transformer import build_model
 from meshscale.parallel.ledger import CommLedger
 from meshscale.parallel.tensor import apply_tensor_parallel, is_tp_replicated, vocab_parallel_cross_entropy
+from meshscale.specs.layout import Layout
 from meshscale.specs.model import PRESETS
 from tests.multirank import run_ranks
 
 SPEC = PRESETS["tiny"]
+PARALLEL = replace(SPEC, name="tiny-parallel", parallel_residual=True, biases=True, mlp="gelu-erf")
 ROW_PARALLEL = ("wo.weight", "w2.weight")  # sharded along input features; every other shard is along rows
 
 
@@ -29,9 +35,9 @@ def local_grad_norm_sq(model: torch.nn.Module, tp_mesh) -> torch.Tensor:
     return total
 
 
-def batch(seed: int, n: int = 2):
+def batch(seed: int, n: int = 2, spec=SPEC):
     g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, SPEC.vocab, (n, SPEC.seq + 1), generator=g)
+    tokens = torch.randint(0, spec.vocab, (n, spec.seq + 1), generator=g)
     return tokens[:, :-1], tokens[:, 1:]
 
 
@@ -45,13 +51,13 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def reference(steps: int):
+def reference(steps: int, spec=SPEC):
     """Single-device losses over `steps` AdamW steps and the gradients of the first step."""
-    model = build_model(SPEC, seed=0)
+    model = build_model(spec, seed=0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses, grads = [], None
     for step in range(steps):
-        tokens, targets = batch(step)
+        tokens, targets = batch(step, spec=spec)
         loss = torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), targets.flatten())
         loss.backward()
         if grads is None:
@@ -62,13 +68,13 @@ def reference(steps: int):
     return losses, grads
 
 
-def tp_case(group, sp: bool, steps: int, ref_losses, ref_grads) -> dict:
+def tp_case(group, sp: bool, steps: int, ref_losses, ref_grads, spec=SPEC) -> dict:
     t, rank = dist.get_world_size(group), dist.get_rank(group)
-    model = apply_tensor_parallel(build_model(SPEC, seed=0), group, sequence_parallel=sp)
+    model = apply_tensor_parallel(build_model(spec, seed=0), group, sequence_parallel=sp)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     out = {"loss_err": 0.0, "grad_err": 0.0, "norm_err": 0.0}
     for step in range(steps):
-        tokens, targets = batch(step)
+        tokens, targets = batch(step, spec=spec)
         with CommLedger().active() as ledger:
             loss = vocab_parallel_cross_entropy(model(tokens), targets, group)
             loss.backward()
@@ -91,39 +97,45 @@ def tp_case(group, sp: bool, steps: int, ref_losses, ref_grads) -> dict:
 def tp_matrix(rank, world):
     torch.manual_seed(0)
     steps = 3
-    ref_losses, ref_grads = reference(steps)
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     whole = dist.new_group(list(range(world)))
     results = {}
-    for sp in (False, True):
-        results[(2, sp)] = tp_case(pairs[rank // 2], sp, steps, ref_losses, ref_grads)
-        results[(4, sp)] = tp_case(whole, sp, steps, ref_losses, ref_grads)
+    for spec in (SPEC, PARALLEL):
+        ref_losses, ref_grads = reference(steps, spec)
+        for sp in (False, True):
+            results[(spec.name, 2, sp)] = tp_case(pairs[rank // 2], sp, steps, ref_losses, ref_grads, spec)
+            results[(spec.name, 4, sp)] = tp_case(whole, sp, steps, ref_losses, ref_grads, spec)
     return results
 
 
-def expected_tp_bytes(t: int, sp: bool, b: int = 2) -> dict:
+def expected_tp_bytes(t: int, sp: bool, b: int = 2, spec=SPEC) -> dict:
     """Per-rank payloads of one forward+backward, by the comm contract (full buffer per call)."""
-    act = b * SPEC.seq * SPEC.hidden * 4  # one fp32 activation of the residual stream, whole sequence
-    tokens = b * SPEC.seq * 4
-    regions = 2 * SPEC.layers  # attention and MLP per block
+    act = b * spec.seq * spec.hidden * 4  # one fp32 activation of the residual stream, whole sequence
+    tokens = b * spec.seq * 4
+    regions = (1 if spec.parallel_residual else 2) * spec.layers  # attention and MLP, or both at once
+    vector = spec.hidden * 4 * (2 if spec.biases else 1)  # a norm's weight (and LayerNorm's bias) gradient
+    # replicated vectors each rank's gradient covers part of: every norm under SP or inside a parallel block
+    # (the final norm under SP only), and under SP the row-parallel biases added after the reduce-scatter
+    norms = (2 * spec.layers if sp or spec.parallel_residual else 0) + sp
+    biases = 2 * spec.layers * spec.hidden * 4 if sp and spec.biases else 0
+    small = norms * vector + biases + 3 * tokens  # and the loss's three per-token reductions
     if sp:
-        norms = 2 * SPEC.layers + 1
         return {
             # forward: all-gather into each region and the head; backward: all-gather of the
             # reduce-scatter's gradient (regions and embedding)
             "all_gather": act * (regions + 1) + act * (regions + 1),
             "reduce_scatter": act * (regions + 1) + act * (regions + 1),
-            # norm-weight gradients, and the loss's three per-token reductions
-            "all_reduce": norms * SPEC.hidden * 4 + 3 * tokens,
+            "all_reduce": small,
         }
-    return {"all_reduce": act * (regions + 1) + act * (regions + 1) + 3 * tokens}
+    return {"all_reduce": act * (regions + 1) + act * (regions + 1) + small}
 
 
 def test_tensor_and_sequence_parallel_match_single_device():
     results = run_ranks(4, tp_matrix)
     for rank, per_rank in enumerate(results):
-        for (t, sp), r in per_rank.items():
-            case = f"rank {rank} tp={t} sp={sp}"
+        for (name, t, sp), r in per_rank.items():
+            spec = PARALLEL if name == PARALLEL.name else SPEC
+            case = f"rank {rank} {name} tp={t} sp={sp}"
             assert r["loss_err"] < 1e-5, (case, r)
             assert r["grad_err"] < 1e-5, (case, r)
             assert r["norm_err"] < 1e-5, (case, r)
@@ -131,7 +143,17 @@ def test_tensor_and_sequence_parallel_match_single_device():
             for axis, kind, nbytes in r["comm"]:
                 assert axis == "tp"
                 measured[kind] = measured.get(kind, 0) + nbytes
-            assert measured == expected_tp_bytes(t, sp), case
+            assert measured == expected_tp_bytes(t, sp, spec=spec), case
+            assert measured == predicted_tp_bytes(t, sp, spec), case
+
+
+def predicted_tp_bytes(t: int, sp: bool, spec, b: int = 2) -> dict:
+    """The cost model's TP collectives (cost/comm.py) for the same forward+backward, by collective."""
+    layout = Layout.parse(f"tp={t},sp={str(sp).lower()},mbs={b}", t)
+    out: dict = {}
+    for op in tensor_parallel_ops(spec, layout, b * spec.seq, 4, spec.layers, True, True, 1):
+        out[op.collective] = out.get(op.collective, 0) + op.bytes
+    return out
 
 
 def fsdp_tp_matrix(rank, world):

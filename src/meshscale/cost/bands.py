@@ -13,7 +13,7 @@ from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.model import ModelSpec
 
 # --- written by benchmarks/published.py --write-bands; do not edit by hand -----------------------------
-SOURCE = 'benchmarks/published.py --write-bands, 45 published runs up to 2024, 2026-11-28'
+SOURCE = 'benchmarks/published.py --write-bands, 84 published runs up to 2024, 2026-11-28'
 # "hardware kind precision": (runs, median |error|, p90 |error|, mean signed error)
 BANDS: dict[str, tuple[int, float, float, float]] = {
     'A100 dense bf16': (19, 0.0607, 0.1107, 0.0546),
@@ -21,9 +21,9 @@ BANDS: dict[str, tuple[int, float, float, float]] = {
     'H100 dense bf16': (2, 0.0272, 0.0421, -0.0148),
     'H100 dense fp8': (12, 0.0217, 0.0441, -0.0138),
     'H800 MoE fp8': (1, 0.0404, 0.0404, -0.0404),
-    'TPU v4 dense bf16': (1, 0.0664, 0.0664, 0.0664),
-    'TPU v5e dense bf16': (4, 0.0551, 0.1222, -0.0386),
-    'TPU v5p dense bf16': (3, 0.0593, 0.0604, -0.0535),
+    'TPU v4 dense bf16': (7, 0.056, 0.0711, -0.0549),
+    'TPU v5e dense bf16': (24, 0.0619, 0.1476, -0.0559),
+    'TPU v5p dense bf16': (16, 0.136, 0.1964, -0.0843),
 }
 # --- end of written part ------------------------------------------------------------------------------
 

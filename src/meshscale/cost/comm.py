@@ -138,7 +138,11 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     """Megatron TP (Shoeybi et al. 2019, sec. 3; Korthikanti et al. 2022, sec. 4.2.2), per micro-batch of
     `tokens`, as parallel/tensor.py runs it (the ledger measures exactly these bytes).
     Per layer: 2 all-reduces forward (g) + 2 backward (f); with SP each becomes an all-gather +
-    reduce-scatter pair (4 AG and 4 RS per layer). Full recompute repeats the forward's 2 per layer. The
+    reduce-scatter pair (4 AG and 4 RS per layer). A dense parallel-residual layer (GPT-J, GPT-NeoX, PaLM) is
+    one region: its attention and MLP read the same input and their partial outputs are summed before one g
+    (PaLM, Chowdhery et al. 2022, sec. 2), so half of that, and its norms (whose gradients then reach each
+    rank only through its heads and columns) sum their weights' gradients over TP with or without SP. Full
+    recompute repeats the forward's collectives (2 per layer, 1 parallel). The
     vocab-parallel embedding adds one forward all-reduce (SP: RS forward, AG backward); the column-parallel
     head one backward all-reduce (SP: AG forward, RS backward). Each of these moves the full s*b*h activation.
     Small ones, in fp32: SP's replicated norm weights sum their gradient over TP (2 per layer, and the final
@@ -152,11 +156,13 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     if layout.tp == 1:
         return []
     v = tokens * model.hidden * act_bytes
-    per_layer = 4 + (2 if layout.recompute == "full" else 0)
-    calls = (n_layers * per_layer + first + last) * m
-    # a recomputed MLP region (the mlp module: dense layers'; moe: MoE layers') runs its forward's one again
+    fused = n_layers - moe_layers if model.parallel_residual else 0  # parallel blocks (MoE ones keep two regions)
+    regions = 2 * n_layers - fused
+    calls = (regions * (3 if layout.recompute == "full" else 2) + first + last) * m
+    # a recomputed MLP region (the mlp module: dense layers'; moe: MoE layers') runs its forward's one again; a
+    # parallel block's MLP has none of its own
     modules = layout.recompute_modules
-    calls += ((n_layers - moe_layers) * ("mlp" in modules) + moe_layers * ("moe" in modules)) * m
+    calls += ((n_layers - moe_layers - fused) * ("mlp" in modules) + moe_layers * ("moe" in modules)) * m
     # Where the EP dispatcher takes each TP rank's SP chunk of the tokens (Layout.dispatch_split: SP, or experts
     # split otherwise than TP), a MoE layer's MLP region has none of the SP gather and scatter: Megatron-Core's
     # MoELayer (moe_layer.py) routes and dispatches the sequence-parallel hidden states as they come (it asserts
@@ -169,20 +175,21 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     chunked = megatron_moe and not model.shared_experts and layout.sp and layout.ep > 1 and \
         layout.dispatch_split == layout.tp
     sp_moe = moe_layers if chunked else 0
-    calls -= sp_moe * (per_layer // 2 + ("moe" in modules)) * m
+    calls -= sp_moe * (2 + (layout.recompute == "full") + ("moe" in modules)) * m
     kv_calls = 2 * n_layers * m if layout.tp > model.kv_heads else 0
     small_calls = (3 if last else 0) * m + kv_calls + moe_layers * m
     small = ((3 * m if last else 0) * tokens * 4 + kv_calls * model.hidden * model.head_dim * 4
              + moe_layers * m * model.experts * model.hidden * 4)
-    if not layout.sp:
-        gathers = crossings * m
+    if not layout.sp:  # a parallel block's two norms: weight (LayerNorm: and bias) gradients, fp32
+        gathers, norm_calls = crossings * m, 2 * fused * m * (2 if model.biases else 1)
+        small, small_calls = small + norm_calls * model.hidden * 4, small_calls + norm_calls
         return [CommOp("all_reduce", v * calls + small, calls + small_calls, Overlap.NONE)] + \
             ([CommOp("all_gather", v * gathers, gathers, Overlap.NONE)] if gathers else [])
     # replicated vectors whose gradients cover only this rank's tokens, each summed over TP: the norms' weights
     # (LayerNorm's biases too) and, GPT-style, the row-parallel biases added after the reduce-scatter (wo, w2)
     norm_calls = (2 * n_layers + last) * m * (2 if model.biases else 1) + (2 * n_layers * m if model.biases else 0)
     # the column-parallel layers' (QKV, gate/up, the head) input gradients, reduce-scattered in backward
-    dgrad = (2 * n_layers - sp_moe + last) * m
+    dgrad = (regions - sp_moe + last) * m
     # a learned position table is added to the whole embedding, so it is all-reduced and then scattered (no
     # forward reduce-scatter; Megatron-Core's LanguageModelEmbedding reduce-scatters only without positions)
     positions = m if first and model.learned_positions else 0

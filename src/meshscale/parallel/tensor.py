@@ -10,10 +10,12 @@ We use our own autograd functions on plain tensors rather than DTensor: every pa
 local shard (so FSDP2 over "dp" and our flat-buffer ZeRO-1/2 see plain tensors), and every collective is a
 plain `torch.distributed` call whose payload goes straight into the comm ledger.
 
-Bytes per micro-batch of b x s tokens on a stage with L blocks (A = b*s*hidden*activation bytes, the full
+Bytes per micro-batch of b x s tokens on a stage with L blocks, P of them dense parallel-residual blocks
+(`ParallelBlock`: one TP region, the others two; R = 2L - P regions) (A = b*s*hidden*activation bytes, the full
 residual-stream buffer; emb/head = 1 where the stage holds the embedding / output head, else 0):
-  sp off: all_reduce tp  2*(2L + emb + head) * A    (g forward and f backward of every region)
-  sp on:  all_gather tp  (4L + emb + head) * A,  reduce_scatter tp  (4L + emb + head) * A,
+  sp off: all_reduce tp  2*(R + emb + head) * A    (g forward and f backward of every region)
+          all_reduce tp  2P * hidden * 4           (a parallel block's norm weights, fp32; LayerNorm: x2)
+  sp on:  all_gather tp  (2R + emb + head) * A,  reduce_scatter tp  (2R + emb + head) * A,
           all_reduce tp  (2L + head) * hidden * 4   (norm-weight gradients, fp32; GPT-style: LayerNorm
           biases too, and the row-parallel biases wo and w2, 2L * hidden * 4 more); with a learned position
           table the embedding's forward reduce-scatter is an all-reduce A (`scatter_after_positions`)
@@ -43,7 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from meshscale.models.transformer import MoE, RMSNorm, Transformer, compute_dtype
+from meshscale.models.transformer import Block, MoE, RMSNorm, Transformer, compute_dtype
 from meshscale.parallel.compat import all_gather_into, all_reduce, reduce_scatter_from
 from meshscale.parallel.construct import owned_slice
 from meshscale.parallel.ledger import record
@@ -184,9 +186,10 @@ class VocabParallelEmbedding(nn.Module):
         return _ReduceFromTP.apply(h, self.group)
 
 
-class SequenceParallelLayerNorm(nn.LayerNorm):
-    """LayerNorm over a sequence chunk: its weight and bias gradients cover only this rank's tokens, so both
-    are summed over the TP group (f on each, as SequenceParallelRMSNorm does for its weight)."""
+class GradSummedLayerNorm(nn.LayerNorm):
+    """A replicated LayerNorm whose weight and bias gradients each TP rank holds only part of (its sequence
+    chunk under SP; its heads' and MLP columns' share in a parallel block): both are summed over the TP group
+    (f on each, as GradSummedRMSNorm does for its weight)."""
 
     def __init__(self, norm: nn.LayerNorm, group):
         super().__init__(norm.normalized_shape, norm.eps, device="meta")
@@ -198,10 +201,10 @@ class SequenceParallelLayerNorm(nn.LayerNorm):
                                         _CopyToTP.apply(self.bias, self.group), self.eps)
 
 
-class SequenceParallelRMSNorm(RMSNorm):
-    """RMSNorm over a sequence chunk: each rank's weight gradient covers only its tokens, so the gradient
-    of the (replicated) weight is summed over the TP group, exactly as f does for a replicated input.
-    Qwen3's qk-norm (over each head, every rank holding some of the heads) needs the same sum."""
+class GradSummedRMSNorm(RMSNorm):
+    """A replicated RMSNorm whose weight gradient each TP rank holds only part of (its sequence chunk under
+    SP; its heads' and MLP columns' share in a parallel block; Qwen3's qk-norm over each rank's heads): the
+    gradient is summed over the TP group, exactly as f does for a replicated input."""
 
     def __init__(self, norm: RMSNorm, group):
         super().__init__(norm.weight.shape[0], norm.eps)
@@ -243,20 +246,47 @@ def _shard(linear: nn.Linear, dim: int, rank: int, t: int) -> None:
 class RowParallelLinear(nn.Module):
     """A row-parallel matmul ending its region: g (or SP's reduce-scatter) on the partial products, then the
     bias, added once. Holds `weight` and `bias` under their original names. Under SP the bias meets only
-    this rank's tokens, so its gradient is summed over TP (f on the bias)."""
+    this rank's tokens, so its gradient is summed over TP (f on the bias). reduce=False: the partial products
+    alone, for a parallel block that sums its branches before one g (ParallelBlock adds the bias)."""
 
-    def __init__(self, linear: nn.Linear, rank: int, t: int, group, sequence_parallel: bool):
+    def __init__(self, linear: nn.Linear, rank: int, t: int, group, sequence_parallel: bool, reduce: bool = True):
         super().__init__()
         _shard(linear, 1, rank, t)
         self.weight, self.bias = linear.weight, linear.bias
         self.group, self.op = group, _ReduceScatterSeq if sequence_parallel else _ReduceFromTP
         self.bias_op = _CopyToTP if sequence_parallel else None
+        self.reduce = reduce
 
     def forward(self, x):
-        out = self.op.apply(nn.functional.linear(x, self.weight), self.group)
+        out = nn.functional.linear(x, self.weight)
+        if not self.reduce:
+            return out
+        return self.add_bias(self.op.apply(out, self.group))
+
+    def add_bias(self, out: torch.Tensor) -> torch.Tensor:
         if self.bias is None:
             return out
         return out + (self.bias_op.apply(self.bias, self.group) if self.bias_op else self.bias)
+
+
+class ParallelBlock(Block):
+    """A parallel-residual block (GPT-J, GPT-NeoX, PaLM: x + attention(norm1(x)) + mlp(norm2(x))) under TP.
+    Both branches read the block's input and their outputs are summed, so one f (SP: one all-gather) enters
+    both and one g (SP: one reduce-scatter) leaves them with the sum of their partial products: one collective
+    each way per layer where a sequential block needs two (Chowdhery et al. 2022, "PaLM", sec. 2, Parallel
+    Layers; GPT-NeoX's gpt_j_residual reduces once). The norms then meet the whole input on every rank, but
+    their gradients only through this rank's heads and columns, so theirs are summed (GradSummed*Norm).
+    `apply_tensor_parallel` turns a dense parallel-residual Block into one (its parameters and names unchanged)."""
+
+    tp_group: object
+    tp_enter: "_Pair"
+    tp_leave: "_Pair"
+
+    def forward(self, x, cos, sin, mask=None):
+        h = self.tp_enter.apply(x, self.tp_group)
+        partial = self.attention(self.attention_norm(h), cos, sin, mask) + self.feed_forward(self.ffn_norm(h))
+        out = self.tp_leave.apply(partial, self.tp_group)
+        return x + self.feed_forward.w2.add_bias(self.attention.wo.add_bias(out))
 
 
 def _shard_columns(mlp: nn.Module, rank: int, t: int) -> None:
@@ -319,11 +349,10 @@ def apply_tensor_parallel(model: Transformer, tp_mesh, sequence_parallel: bool =
     if sp and spec.seq % t:
         raise ValueError(f"sequence parallelism needs tp={t} to divide seq={spec.seq}")
 
-    def norm(module):
-        if not sp:
+    def norm(module, summed: bool = False):
+        if not (sp or summed):
             return module
-        return (SequenceParallelLayerNorm if isinstance(module, nn.LayerNorm) else SequenceParallelRMSNorm)(module,
-                                                                                                              group)
+        return (GradSummedLayerNorm if isinstance(module, nn.LayerNorm) else GradSummedRMSNorm)(module, group)
 
     if model.tok_embeddings is not None:
         table = owned_slice(model.tok_embeddings.weight, 0, rank, t)
@@ -332,25 +361,32 @@ def apply_tensor_parallel(model: Transformer, tp_mesh, sequence_parallel: bool =
         if positions:
             scatter_after_positions(model, group)
     for block in model.layers.values():
-        block.attention_norm, block.ffn_norm = norm(block.attention_norm), norm(block.ffn_norm)
         attention, mlp = block.attention, block.feed_forward
+        fused = block.parallel_residual and not isinstance(mlp, MoE)
+        block.attention_norm, block.ffn_norm = (norm(n, fused) for n in (block.attention_norm, block.ffn_norm))
         kv = (attention.wk, attention.wv)
         if kv_group is not None:
             attention.wk, attention.wv = (_replicate_kv(w, rank, t, spec.kv_heads, kv_group) for w in kv)
             kv = ()
         for column in (attention.wq, *kv):
             _shard(column, 0, rank, t)
-        attention.wo = RowParallelLinear(attention.wo, rank, t, group, sp)
+        attention.wo = RowParallelLinear(attention.wo, rank, t, group, sp, reduce=not fused)
         if attention.q_norm is not None:  # qk-norm: each rank's heads give part of the weights' gradient
-            attention.q_norm, attention.k_norm = (SequenceParallelRMSNorm(n, group)
+            attention.q_norm, attention.k_norm = (GradSummedRMSNorm(n, group)
                                                   for n in (attention.q_norm, attention.k_norm))
-        _enter_region(attention, group, sp)
         if isinstance(mlp, MoE):
+            _enter_region(attention, group, sp)
             _shard_moe(mlp, group, rank, t, sp, split_experts)
             continue
         _shard_columns(mlp, rank, t)
-        mlp.w2 = RowParallelLinear(mlp.w2, rank, t, group, sp)
-        _enter_region(mlp, group, sp)
+        mlp.w2 = RowParallelLinear(mlp.w2, rank, t, group, sp, reduce=not fused)
+        if fused:
+            block.__class__ = ParallelBlock
+            block.tp_group = group
+            block.tp_enter, block.tp_leave = (_GatherSeq, _ReduceScatterSeq) if sp else (_CopyToTP, _ReduceFromTP)
+        else:
+            _enter_region(attention, group, sp)
+            _enter_region(mlp, group, sp)
     if model.norm is not None:
         model.norm = norm(model.norm)
     if model.output is not None:
