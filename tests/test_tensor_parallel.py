@@ -10,6 +10,7 @@ import torch.distributed as dist
 from meshscale.cost.comm import tensor_parallel_ops
 from meshscale.models.transformer import build_model
 from meshscale.parallel.ledger import CommLedger
+from meshscale.parallel.recompute import apply_recompute
 from meshscale.parallel.tensor import apply_tensor_parallel, is_tp_replicated, vocab_parallel_cross_entropy
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import PRESETS
@@ -68,9 +69,10 @@ def reference(steps: int, spec=SPEC):
     return losses, grads
 
 
-def tp_case(group, sp: bool, steps: int, ref_losses, ref_grads, spec=SPEC) -> dict:
+def tp_case(group, sp: bool, steps: int, ref_losses, ref_grads, spec=SPEC, recompute: str = "none") -> dict:
     t, rank = dist.get_world_size(group), dist.get_rank(group)
     model = apply_tensor_parallel(build_model(spec, seed=0), group, sequence_parallel=sp)
+    apply_recompute(model, recompute)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     out = {"loss_err": 0.0, "grad_err": 0.0, "norm_err": 0.0}
     for step in range(steps):
@@ -103,39 +105,45 @@ def tp_matrix(rank, world):
     for spec in (SPEC, PARALLEL):
         ref_losses, ref_grads = reference(steps, spec)
         for sp in (False, True):
-            results[(spec.name, 2, sp)] = tp_case(pairs[rank // 2], sp, steps, ref_losses, ref_grads, spec)
-            results[(spec.name, 4, sp)] = tp_case(whole, sp, steps, ref_losses, ref_grads, spec)
+            results[(spec.name, 2, sp, "none")] = tp_case(pairs[rank // 2], sp, steps, ref_losses, ref_grads, spec)
+            results[(spec.name, 4, sp, "none")] = tp_case(whole, sp, steps, ref_losses, ref_grads, spec)
+            results[(spec.name, 2, sp, "full")] = tp_case(pairs[rank // 2], sp, steps, ref_losses, ref_grads, spec,
+                                                          "full")
     return results
 
 
-def expected_tp_bytes(t: int, sp: bool, b: int = 2, spec=SPEC) -> dict:
-    """Per-rank payloads of one forward+backward, by the comm contract (full buffer per call)."""
+def expected_tp_bytes(t: int, sp: bool, b: int = 2, spec=SPEC, recompute: str = "none") -> dict:
+    """Per-rank payloads of one forward+backward, by the comm contract (full buffer per call). Full recompute
+    reruns each block's forward collectives but its last g: torch's checkpoint stops once the last tensor saved
+    for backward (the last row-parallel matmul's input) is back."""
     act = b * spec.seq * spec.hidden * 4  # one fp32 activation of the residual stream, whole sequence
     tokens = b * spec.seq * 4
     regions = (1 if spec.parallel_residual else 2) * spec.layers  # attention and MLP, or both at once
+    rerun = regions if recompute == "full" else 0  # forward f's (SP: gathers) and g's again, but the last g
     vector = spec.hidden * 4 * (2 if spec.biases else 1)  # a norm's weight (and LayerNorm's bias) gradient
     # replicated vectors each rank's gradient covers part of: every norm under SP or inside a parallel block
     # (the final norm under SP only), and under SP the row-parallel biases added after the reduce-scatter
     norms = (2 * spec.layers if sp or spec.parallel_residual else 0) + sp
     biases = 2 * spec.layers * spec.hidden * 4 if sp and spec.biases else 0
     small = norms * vector + biases + 3 * tokens  # and the loss's three per-token reductions
+    last = spec.layers if rerun else 0
     if sp:
         return {
             # forward: all-gather into each region and the head; backward: all-gather of the
             # reduce-scatter's gradient (regions and embedding)
-            "all_gather": act * (regions + 1) + act * (regions + 1),
-            "reduce_scatter": act * (regions + 1) + act * (regions + 1),
+            "all_gather": act * (regions + 1) + act * (regions + 1) + act * rerun,
+            "reduce_scatter": act * (regions + 1) + act * (regions + 1) + act * (rerun - last),
             "all_reduce": small,
         }
-    return {"all_reduce": act * (regions + 1) + act * (regions + 1) + small}
+    return {"all_reduce": act * (regions + 1) + act * (regions + 1) + act * (rerun - last) + small}
 
 
 def test_tensor_and_sequence_parallel_match_single_device():
     results = run_ranks(4, tp_matrix)
     for rank, per_rank in enumerate(results):
-        for (name, t, sp), r in per_rank.items():
+        for (name, t, sp, recompute), r in per_rank.items():
             spec = PARALLEL if name == PARALLEL.name else SPEC
-            case = f"rank {rank} {name} tp={t} sp={sp}"
+            case = f"rank {rank} {name} tp={t} sp={sp} recompute={recompute}"
             assert r["loss_err"] < 1e-5, (case, r)
             assert r["grad_err"] < 1e-5, (case, r)
             assert r["norm_err"] < 1e-5, (case, r)
@@ -143,13 +151,13 @@ def test_tensor_and_sequence_parallel_match_single_device():
             for axis, kind, nbytes in r["comm"]:
                 assert axis == "tp"
                 measured[kind] = measured.get(kind, 0) + nbytes
-            assert measured == expected_tp_bytes(t, sp, spec=spec), case
-            assert measured == predicted_tp_bytes(t, sp, spec), case
+            assert measured == expected_tp_bytes(t, sp, spec=spec, recompute=recompute), case
+            assert measured == predicted_tp_bytes(t, sp, spec, recompute), case
 
 
-def predicted_tp_bytes(t: int, sp: bool, spec, b: int = 2) -> dict:
+def predicted_tp_bytes(t: int, sp: bool, spec, recompute: str, b: int = 2) -> dict:
     """The cost model's TP collectives (cost/comm.py) for the same forward+backward, by collective."""
-    layout = Layout.parse(f"tp={t},sp={str(sp).lower()},mbs={b}", t)
+    layout = Layout.parse(f"tp={t},sp={str(sp).lower()},mbs={b},recompute={recompute}", t)
     out: dict = {}
     for op in tensor_parallel_ops(spec, layout, b * spec.seq, 4, spec.layers, True, True, 1):
         out[op.collective] = out.get(op.collective, 0) + op.bytes

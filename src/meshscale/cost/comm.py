@@ -134,7 +134,7 @@ def replica_ops(zero: int, params: float, m: int, units: int, shard: int, replic
 
 def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, n_layers: int,
                         first: bool, last: bool, m: int, crossings: int = 0, moe_layers: int = 0,
-                        megatron_moe: bool = False) -> list[CommOp]:
+                        framework: str = "torch") -> list[CommOp]:
     """Megatron TP (Shoeybi et al. 2019, sec. 3; Korthikanti et al. 2022, sec. 4.2.2), per micro-batch of
     `tokens`, as parallel/tensor.py runs it (the ledger measures exactly these bytes).
     Per layer: 2 all-reduces forward (g) + 2 backward (f); with SP each becomes an all-gather +
@@ -142,14 +142,17 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     one region: its attention and MLP read the same input and their partial outputs are summed before one g
     (PaLM, Chowdhery et al. 2022, sec. 2), so half of that, and its norms (whose gradients then reach each
     rank only through its heads and columns) sum their weights' gradients over TP with or without SP. Full
-    recompute repeats the forward's collectives (2 per layer, 1 parallel). The
+    recompute repeats the forward's collectives, but for `framework` "torch" each layer's last: torch's
+    non-reentrant checkpoint (torch.utils.checkpoint, our runtime's and torchtitan's) stops recomputing once the
+    last tensor saved for backward is back, before the g after the layer's last row-parallel matmul, where
+    Megatron-Core's CheckpointFunction and DeepSpeed's rerun the whole forward. The
     vocab-parallel embedding adds one forward all-reduce (SP: RS forward, AG backward); the column-parallel
     head one backward all-reduce (SP: AG forward, RS backward). Each of these moves the full s*b*h activation.
     Small ones, in fp32: SP's replicated norm weights sum their gradient over TP (2 per layer, and the final
     norm), and the vocab-parallel loss all-reduces 3 numbers per token (max, sum of exponentials, target
     logit; Megatron-LM sec. 3). Without SP, each of the rank's `crossings` pipeline boundaries per
     micro-batch (see pipeline_ops) all-gathers the activation the TP ranks sent in slices. A MoE layer is one
-    TP region like a dense MLP (but for Megatron-Core's MLP region under SP with EP, `megatron_moe`, below),
+    TP region like a dense MLP (but for Megatron-Core's MLP region under SP with EP, below),
     and its whole router weight sums its gradient over TP (experts*hidden, fp32).
     With tp > kv_heads each layer's replicated K and V weight gradients (fp32) are summed over the ranks
     sharing the head, every backward."""
@@ -159,6 +162,8 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     fused = n_layers - moe_layers if model.parallel_residual else 0  # parallel blocks (MoE ones keep two regions)
     regions = 2 * n_layers - fused
     calls = (regions * (3 if layout.recompute == "full" else 2) + first + last) * m
+    # each layer's last g, not rerun by torch's checkpoint (a reduce-scatter under SP, an all-reduce without)
+    stopped = n_layers * m if layout.recompute == "full" and framework == "torch" else 0
     # a recomputed MLP region (the mlp module: dense layers'; moe: MoE layers') runs its forward's one again; a
     # parallel block's MLP has none of its own
     modules = layout.recompute_modules
@@ -172,7 +177,7 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     # sequence as a dense MLP does (Megatron-Core's SharedExpertMLP). parallel/tensor.py gathers the sequence
     # around every MoE layer under SP (its dispatcher picks each TP rank's chunk from the whole), so the runtime
     # (any other framework) keeps the dense count.
-    chunked = megatron_moe and not model.shared_experts and layout.sp and layout.ep > 1 and \
+    chunked = framework == "megatron-core" and not model.shared_experts and layout.sp and layout.ep > 1 and \
         layout.dispatch_split == layout.tp
     sp_moe = moe_layers if chunked else 0
     calls -= sp_moe * (2 + (layout.recompute == "full") + ("moe" in modules)) * m
@@ -183,6 +188,7 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     if not layout.sp:  # a parallel block's two norms: weight (LayerNorm: and bias) gradients, fp32
         gathers, norm_calls = crossings * m, 2 * fused * m * (2 if model.biases else 1)
         small, small_calls = small + norm_calls * model.hidden * 4, small_calls + norm_calls
+        calls -= stopped
         return [CommOp("all_reduce", v * calls + small, calls + small_calls, Overlap.NONE)] + \
             ([CommOp("all_gather", v * gathers, gathers, Overlap.NONE)] if gathers else [])
     # replicated vectors whose gradients cover only this rank's tokens, each summed over TP: the norms' weights
@@ -193,8 +199,9 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     # a learned position table is added to the whole embedding, so it is all-reduced and then scattered (no
     # forward reduce-scatter; Megatron-Core's LanguageModelEmbedding reduce-scatters only without positions)
     positions = m if first and model.learned_positions else 0
+    scatters = calls - dgrad - positions - stopped
     return [CommOp("all_gather", v * calls, calls, Overlap.GEMM),
-            CommOp("reduce_scatter", v * (calls - dgrad - positions), calls - dgrad - positions, Overlap.GEMM),
+            CommOp("reduce_scatter", v * scatters, scatters, Overlap.GEMM),
             CommOp("reduce_scatter", v * dgrad, dgrad, Overlap.WGRAD),
             CommOp("all_reduce", small + norm_calls * model.hidden * 4 + v * positions,
                    small_calls + norm_calls + positions, Overlap.NONE)]

@@ -200,7 +200,7 @@ def _rank_ledger(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: i
                                                  grad_bytes, update_bytes, buckets(experts)))
     crossings = comm.pipeline_sends(layout, rank) if layout.pp > 1 else 0
     ops += _on("tp", comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, first, last, m, crossings,
-                                              moe_layers, sw.framework == "megatron-core"))
+                                              moe_layers, sw.framework))
     ops += _on("pp", comm.pipeline_ops(model, layout, tokens, act_bytes, m, rank))
     ops += _on("pp", comm.tied_embedding_ops(model, layout, first or last))
     ops += _on("cp", comm.context_parallel_ops(model, layout, tokens, act_bytes, n_layers, m, moe_layers))

@@ -5,7 +5,8 @@
   2. tensor (and sequence) parallelism on each chunk over mesh["tp"],
   3. context parallelism on each chunk over mesh["cp"]: ring attention and this rank's RoPE positions,
   4. activation recompute (it wraps the block forwards and the attention core, TP collectives and CP ring
-     included, so they rerun), then the precision recipe's parameter dtype and float8 layers (precision.py),
+     included, so they rerun up to the block's last saved tensor: torch's checkpoint stops there, before the
+     block's last TP g), then the precision recipe's parameter dtype and float8 layers (precision.py),
   5. the data-parallel family over the dp x cp ranks (they hold the same parameters) on each chunk: DDP
      (our bucketed all-reduce after the schedule inside a pipeline), our ZeRO-1/2 over the chunk's local
      (TP-sharded) parameters, or FSDP2 on its blocks and root; under EP the routed experts get their own

@@ -24,7 +24,8 @@ residual-stream buffer; emb/head = 1 where the stage holds the embedding / outpu
           the sender's backward: Megatron's scatter/gather, `scatter_gather_stage`)
   tp > kv_heads (KV-head replication): all_reduce tp  2L * hidden*head_dim * 4  (the K and V weight
           gradients of a head, summed over the tp/kv_heads ranks holding copies of it)
-Recomputed blocks run their forward collectives again in backward.
+Recomputed blocks run their forward collectives again in backward, but each block's last g: torch's non-reentrant
+checkpoint stops once the last tensor saved for backward (the last row-parallel matmul's input) is back.
 
 Biases (GPT-style): a column-parallel bias is split with its output features; a row-parallel one is added
 once, after the sum (Megatron's RowParallelLinear). A MoE layer is one region: f before the router and the
