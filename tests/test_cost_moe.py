@@ -182,7 +182,8 @@ def test_moe_layers_have_no_sp_gather_where_the_dispatcher_takes_the_sp_chunk():
     folded = Layout.parse("dp=2,tp=4,sp=true,ep=8,etp=1", 8)
 
     def counts(layout, moe_layers, model=QWEN3, megatron=True):
-        ops = comm.tensor_parallel_ops(model, layout, tokens, 2, n, False, False, m, 0, moe_layers, megatron)
+        framework = "megatron-core" if megatron else "torch"
+        ops = comm.tensor_parallel_ops(model, layout, tokens, 2, n, False, False, m, 0, moe_layers, framework)
         return {(op.collective, op.overlap): op.calls for op in ops if op.collective != "all_reduce"}
 
     shared = replace(QWEN3, shared_experts=1)

@@ -414,6 +414,13 @@ def pipeline_refusal(layout: Layout, n_microbatches: int) -> str | None:
         # compute weight gradients with autograd.grad, which never triggers that hook
         return (f"schedule={layout.schedule} computes weight gradients apart from backward, which zero=2 cannot "
                 "reduce-scatter as they form; use zero=1 (or gpipe/1f1b/interleaved with zero=2)")
+    if layout.split_backward and layout.recompute in ("full", "op"):
+        # measured on torch 2.13 through the TP ledger (tiny, tp=2, pp=2): the split backward reruns a
+        # checkpointed block for the input gradient and again for its weight gradients, so the recompute's TP
+        # collectives came 10x (zb), 5.5x (zbv) and 1.6x (dualpipev) what 1f1b's single rerun moves
+        return (f"schedule={layout.schedule} recomputes a checkpointed block again for its weight gradients (torch's "
+                f"split backward); use recompute=selective or none with it, or recompute={layout.recompute} with "
+                "schedule=1f1b or interleaved")
     if layout.schedule == "dualpipev" and m < 2 * p:
         return (f"schedule=dualpipev needs at least 2*pp = {2 * p} micro-batches per step, got {m}; "
                 "raise the batch or lower mbs")
