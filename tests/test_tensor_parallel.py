@@ -1,6 +1,6 @@
 """Tensor and sequence parallelism against a single device: loss and every gradient after one step, then the
 loss over a few AdamW steps, for `tiny` and a GPT-NeoX-style parallel-residual twin of it (biases, LayerNorm,
-GeLU: one TP region per block) in fp32 on real gloo ranks."""
+GeLU: one TP region per block; and qk-norm) in fp32 on real gloo ranks."""
 
 from dataclasses import replace
 
@@ -17,7 +17,7 @@ from meshscale.specs.model import PRESETS
 from tests.multirank import run_ranks
 
 SPEC = PRESETS["tiny"]
-PARALLEL = replace(SPEC, name="tiny-parallel", parallel_residual=True, biases=True, mlp="gelu-erf")
+PARALLEL = replace(SPEC, name="tiny-parallel", parallel_residual=True, biases=True, mlp="gelu-erf", qk_norm=True)
 ROW_PARALLEL = ("wo.weight", "w2.weight")  # sharded along input features; every other shard is along rows
 
 
@@ -125,7 +125,8 @@ def expected_tp_bytes(t: int, sp: bool, b: int = 2, spec=SPEC, recompute: str = 
     # (the final norm under SP only), and under SP the row-parallel biases added after the reduce-scatter
     norms = (2 * spec.layers if sp or spec.parallel_residual else 0) + sp
     biases = 2 * spec.layers * spec.hidden * 4 if sp and spec.biases else 0
-    small = norms * vector + biases + 3 * tokens  # and the loss's three per-token reductions
+    qk = 2 * spec.layers * spec.head_dim * 4 if spec.qk_norm else 0  # qk-norm weights: each rank's heads' part
+    small = norms * vector + biases + qk + 3 * tokens  # and the loss's three per-token reductions
     last = spec.layers if rerun else 0
     if sp:
         return {

@@ -155,7 +155,7 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     TP region like a dense MLP (but for Megatron-Core's MLP region under SP with EP, below),
     and its whole router weight sums its gradient over TP (experts*hidden, fp32).
     With tp > kv_heads each layer's replicated K and V weight gradients (fp32) are summed over the ranks
-    sharing the head, every backward."""
+    sharing the head, every backward; a qk-norm's two weights (head_dim each) over TP, every backward."""
     if layout.tp == 1:
         return []
     v = tokens * model.hidden * act_bytes
@@ -182,9 +182,10 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     sp_moe = moe_layers if chunked else 0
     calls -= sp_moe * (2 + (layout.recompute == "full") + ("moe" in modules)) * m
     kv_calls = 2 * n_layers * m if layout.tp > model.kv_heads else 0
-    small_calls = (3 if last else 0) * m + kv_calls + moe_layers * m
+    qk_calls = 2 * n_layers * m if model.qk_norm else 0  # q and k norm weights: each rank's heads give part
+    small_calls = (3 if last else 0) * m + kv_calls + moe_layers * m + qk_calls
     small = ((3 * m if last else 0) * tokens * 4 + kv_calls * model.hidden * model.head_dim * 4
-             + moe_layers * m * model.experts * model.hidden * 4)
+             + moe_layers * m * model.experts * model.hidden * 4 + qk_calls * model.head_dim * 4)
     if not layout.sp:  # a parallel block's two norms: weight (LayerNorm: and bias) gradients, fp32
         gathers, norm_calls = crossings * m, 2 * fused * m * (2 if model.biases else 1)
         small, small_calls = small + norm_calls * model.hidden * 4, small_calls + norm_calls
