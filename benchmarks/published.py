@@ -238,7 +238,7 @@ def qwen3_runs():
     shapes (2 sequences whole instead of 4 split over TP2's heads and sequence; the same 4096 tokens per
     expert); only TP2's attention collectives are missing. The PP row is written as it ran (etp=1, zero=1):
     it fits (55 GB: 16 whole experts of 12 layers a rank, their Adam state over the 4 expert data-parallel
-    ranks) and predicts 21.0 s, -27.5%: about 16 s of kernels on the busiest rank (the expert weight gradients
+    ranks) and predicts 20.8 s, -28.2%: about 16 s of kernels on the busiest rank (the expert weight gradients
     accumulating into fp32 main_grad included), about 2 s of DeepEP dispatch and combine over NVLink (5.3 ranks a
     token), 1 s of TP collectives, each term held to its source (cost/comm.py, cost/kernels.py), and 1.7 s of
     host time (cost/overhead.py framework_seconds: a MoE forward's 2.2 ms of host time a layer outlasts its

@@ -49,12 +49,16 @@ def test_tensor_parallel_bytes_per_layer_korthikanti():
     assert ar == 2 * ((4 * TINY.layers + 2) * act + loss)
     sp = entries(predict(TINY, CPU, Layout(dp=1, tp=2, sp=True, mbs=2), batch, "fp32"), "tp")
     assert sp[("tp", "all_gather")] == sp[("tp", "reduce_scatter")] == 2 * (4 * TINY.layers + 2) * act
-    # SP: the replicated norm weights' gradients (2 per layer and the final norm) are summed over TP
+    # SP: the replicated norm weights' gradients (2 per layer and the final norm) are summed over TP, every
+    # micro-batch by our runtime, once a step (coalesced, after the last) by Megatron-Core
     assert sp[("tp", "all_reduce")] == 2 * (loss + (2 * TINY.layers + 1) * TINY.hidden * 4)
+    megatron = dataclasses.replace(CPU, software=dataclasses.replace(CPU.software, framework="megatron-core"))
+    sp_once = predict(TINY, megatron, Layout(dp=1, tp=2, sp=True, mbs=2), batch, "fp32").to_dict()["comm"]
+    summed = next(e for e in sp_once if e["axis"] == "tp" and e["collective"] == "all_reduce")
+    assert summed["bytes"] == 2 * loss + (2 * TINY.layers + 1) * TINY.hidden * 4 and summed["calls"] == 2 * 3 + 1
     # full recompute reruns a layer's forward g's: both under Megatron-Core's CheckpointFunction, all but the last
     # under torch's non-reentrant checkpoint (it stops once the last saved tensor is back), as our runtime measures
     full = Layout(dp=1, tp=2, mbs=2, recompute="full")
-    megatron = dataclasses.replace(CPU, software=dataclasses.replace(CPU.software, framework="megatron-core"))
     assert entries(predict(TINY, megatron, full, batch, "fp32"), "tp")[("tp", "all_reduce")] == \
         2 * ((6 * TINY.layers + 2) * act + loss)
     assert entries(predict(TINY, CPU, full, batch, "fp32"), "tp")[("tp", "all_reduce")] == \

@@ -149,7 +149,8 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     vocab-parallel embedding adds one forward all-reduce (SP: RS forward, AG backward); the column-parallel
     head one backward all-reduce (SP: AG forward, RS backward). Each of these moves the full s*b*h activation.
     Small ones, in fp32: SP's replicated norm weights sum their gradient over TP (2 per layer, and the final
-    norm), and the vocab-parallel loss all-reduces 3 numbers per token (max, sum of exponentials, target
+    norm; each micro-batch in our runtime, once a step in Megatron-Core: `replicated_gradient_sums`), and the
+    vocab-parallel loss all-reduces 3 numbers per token (max, sum of exponentials, target
     logit; Megatron-LM sec. 3). Without SP, each of the rank's `crossings` pipeline boundaries per
     micro-batch (see pipeline_ops) all-gathers the activation the TP ranks sent in slices. A MoE layer is one
     TP region like a dense MLP (but for Megatron-Core's MLP region under SP with EP, below),
@@ -182,19 +183,22 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     sp_moe = moe_layers if chunked else 0
     calls -= sp_moe * (2 + (layout.recompute == "full") + ("moe" in modules)) * m
     kv_calls = 2 * n_layers * m if layout.tp > model.kv_heads else 0
-    qk_calls = 2 * n_layers * m if model.qk_norm else 0  # q and k norm weights: each rank's heads give part
-    small_calls = (3 if last else 0) * m + kv_calls + moe_layers * m + qk_calls
-    small = ((3 * m if last else 0) * tokens * 4 + kv_calls * model.hidden * model.head_dim * 4
-             + moe_layers * m * model.experts * model.hidden * 4 + qk_calls * model.head_dim * 4)
-    if not layout.sp:  # a parallel block's two norms: weight (LayerNorm: and bias) gradients, fp32
-        gathers, norm_calls = crossings * m, 2 * fused * m * (2 if model.biases else 1)
-        small, small_calls = small + norm_calls * model.hidden * 4, small_calls + norm_calls
+    small_calls = (3 if last else 0) * m + kv_calls
+    small = (3 * m if last else 0) * tokens * 4 + kv_calls * model.hidden * model.head_dim * 4
+    # TP-replicated weights whose gradient each rank holds only part of, (count, elements): the routers, the
+    # qk-norms (each rank's heads), the norms' weights (LayerNorm: and biases) under SP (each rank's tokens) or in
+    # a parallel block (its heads and columns), and under SP the GPT-style biases after the reduce-scatter
+    norms = (2 * n_layers + last) * (2 if model.biases else 1) + 2 * n_layers * model.biases if layout.sp else \
+        2 * fused * (2 if model.biases else 1)
+    weights = ((moe_layers, model.experts * model.hidden), (2 * n_layers * model.qk_norm, model.head_dim),
+               (norms, model.hidden))
+    summed_calls, summed_bytes = replicated_gradient_sums(weights, m, framework)
+    small, small_calls = small + summed_bytes, small_calls + summed_calls
+    if not layout.sp:
+        gathers = crossings * m
         calls -= stopped
         return [CommOp("all_reduce", v * calls + small, calls + small_calls, Overlap.NONE)] + \
             ([CommOp("all_gather", v * gathers, gathers, Overlap.NONE)] if gathers else [])
-    # replicated vectors whose gradients cover only this rank's tokens, each summed over TP: the norms' weights
-    # (LayerNorm's biases too) and, GPT-style, the row-parallel biases added after the reduce-scatter (wo, w2)
-    norm_calls = (2 * n_layers + last) * m * (2 if model.biases else 1) + (2 * n_layers * m if model.biases else 0)
     # the column-parallel layers' (QKV, gate/up, the head) input gradients, reduce-scattered in backward
     dgrad = (regions - sp_moe + last) * m
     # a learned position table is added to the whole embedding, so it is all-reduced and then scattered (no
@@ -204,8 +208,19 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     return [CommOp("all_gather", v * calls, calls, Overlap.GEMM),
             CommOp("reduce_scatter", v * scatters, scatters, Overlap.GEMM),
             CommOp("reduce_scatter", v * dgrad, dgrad, Overlap.WGRAD),
-            CommOp("all_reduce", small + norm_calls * model.hidden * 4 + v * positions,
-                   small_calls + norm_calls + positions, Overlap.NONE)]
+            CommOp("all_reduce", small + v * positions, small_calls + positions, Overlap.NONE)]
+
+
+def replicated_gradient_sums(weights: tuple, m: int, framework: str) -> tuple[int, float]:
+    """(calls, bytes) of summing TP-replicated weights' fp32 gradients over TP, `weights` as (count, elements):
+    one all-reduce per weight and micro-batch as our runtime does it (an f on each weight); Megatron-Core sums
+    the accumulated gradients once a step in one coalesced all-reduce (finalize_model_grads.py,
+    _allreduce_non_tensor_model_parallel_grads: the weights marked sequence_parallel, norms, biases and routers,
+    and the qk layernorms)."""
+    count, elements = sum(n for n, _ in weights), sum(n * e for n, e in weights)
+    if framework == "megatron-core":
+        return min(count, 1), elements * 4
+    return count * m, elements * 4 * m
 
 
 def pipeline_sends(layout: Layout, rank: int) -> int:
