@@ -113,7 +113,7 @@ def test_cli_table_json_and_bad_input(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "measured vs predicted" in out and "differs most:" in out
     words = " ".join(out.split())  # the console wraps long lines
-    assert "in band" in words and "no (49% off)" in words and "error band: H100 dense bf16" in words
+    assert "in band" in words and "no (50% off)" in words and "error band: H100 dense bf16" in words
     main(args + ["--json"])
     d = json.loads(capsys.readouterr().out)
     assert d["schema_version"] == 1 and d["framework"] == "megatron" and d["worst"] in ("step time", "memory per device")
