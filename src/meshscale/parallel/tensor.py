@@ -129,6 +129,18 @@ _ReduceFromTP = _Pair(_all_reduce, _same)
 _GatherSeq = _Pair(_gather_seq, _reduce_scatter_seq)
 # SP's g: reduce-scatter the partial sums of a row-parallel matmul along the sequence.
 _ReduceScatterSeq = _Pair(_reduce_scatter_seq, _gather_seq)
+
+
+def _entering(sequence_parallel: bool) -> _Pair:
+    """What enters a column-parallel region: f, or SP's all-gather."""
+    return _GatherSeq if sequence_parallel else _CopyToTP
+
+
+def _leaving(sequence_parallel: bool) -> _Pair:
+    """What leaves a row-parallel region: g, or SP's reduce-scatter."""
+    return _ReduceScatterSeq if sequence_parallel else _ReduceFromTP
+
+
 # Megatron's scatter to the sequence-parallel region: keep this rank's chunk; all-gather the gradient.
 _ScatterSeq = _Pair(_split_seq, _gather_seq)
 
@@ -254,7 +266,7 @@ class RowParallelLinear(nn.Module):
         super().__init__()
         _shard(linear, 1, rank, t)
         self.weight, self.bias = linear.weight, linear.bias
-        self.group, self.op = group, _ReduceScatterSeq if sequence_parallel else _ReduceFromTP
+        self.group, self.op = group, _leaving(sequence_parallel)
         self.bias_op = _CopyToTP if sequence_parallel else None
         self.reduce = reduce
 
@@ -313,13 +325,13 @@ def _shard_moe(moe: MoE, group, rank: int, t: int, sequence_parallel: bool, spli
 
 def _enter_region(module: nn.Module, group, sequence_parallel: bool) -> None:
     """Input boundary of a column-parallel region: f (or the SP all-gather) on the first argument."""
-    op = _GatherSeq if sequence_parallel else _CopyToTP
+    op = _entering(sequence_parallel)
     module.register_forward_pre_hook(lambda _m, args: (op.apply(args[0], group), *args[1:]))
 
 
 def _leave_region(module: nn.Module, group, sequence_parallel: bool) -> None:
     """Output boundary of a row-parallel region: g (or the SP reduce-scatter)."""
-    op = _ReduceScatterSeq if sequence_parallel else _ReduceFromTP
+    op = _leaving(sequence_parallel)
     module.register_forward_hook(lambda _m, _args, out: op.apply(out, group))
 
 
@@ -384,7 +396,7 @@ def apply_tensor_parallel(model: Transformer, tp_mesh, sequence_parallel: bool =
         if fused:
             block.__class__ = ParallelBlock
             block.tp_group = group
-            block.tp_enter, block.tp_leave = (_GatherSeq, _ReduceScatterSeq) if sp else (_CopyToTP, _ReduceFromTP)
+            block.tp_enter, block.tp_leave = _entering(sp), _leaving(sp)
         else:
             _enter_region(attention, group, sp)
             _enter_region(mlp, group, sp)
