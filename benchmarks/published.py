@@ -232,13 +232,13 @@ def qwen3_runs():
     heads / 4 KV heads of 128, 128 experts of 1536, top-8, vocab 151936) on 256 H100, seq 4096, GBS 2048,
     Megatron-Core, step seconds as published. Both runs keep experts whole (--expert-tensor-parallel-size 1
     in the zoo's model_configs/benchmarking/Qwen3-235B-A22B.yaml, which also sets --use-distributed-optimizer,
-    SP and dropless aux-loss routing, not forced balance) in EP groups folded out of tp x dp inside a node
+    SP, --moe-permute-fusion and dropless aux-loss routing, not forced balance) in EP groups folded out of tp x dp inside a node
     (Megatron-Core's MoE parallel folding), with the DeepEP dispatcher. The FSDP row is written without TP: its
     experts then stay whole and its EP group inside a node, as the run's, and each rank's GEMMs keep the run's
     shapes (2 sequences whole instead of 4 split over TP2's heads and sequence; the same 4096 tokens per
     expert); only TP2's attention collectives are missing. The PP row is written as it ran (etp=1, zero=1):
     it fits (55 GB: 16 whole experts of 12 layers a rank, their Adam state over the 4 expert data-parallel
-    ranks) and predicts 20.8 s, -28.2%: about 16 s of kernels on the busiest rank (the expert weight gradients
+    ranks) and predicts 21.1 s, -27.4%: about 16 s of kernels on the busiest rank (the expert weight gradients
     accumulating into fp32 main_grad included), about 2 s of DeepEP dispatch and combine over NVLink (5.3 ranks a
     token), 1 s of TP collectives, each term held to its source (cost/comm.py, cost/kernels.py), and 1.7 s of
     host time (cost/overhead.py framework_seconds: a MoE forward's 2.2 ms of host time a layer outlasts its
@@ -252,7 +252,7 @@ def qwen3_runs():
             ("235B TP2 EP8 FSDP", "dp=256,zero=3,ep=8,mbs=2,recompute=full", 17.6)]
     for name, layout, seconds in rows:
         yield Run("Megatron-MoE-ModelZoo Qwen3", name, model, "h100-80gb", layout, 256, 2048, seconds, "H100",
-                  replace(MEGATRON_CORE, moe_dispatcher="deepep"))
+                  replace(MEGATRON_CORE, moe_dispatcher="deepep", moe_permute_fusion=True))
 
 
 def deepseek_runs():
@@ -263,12 +263,14 @@ def deepseek_runs():
     up-projection recomputed (sec. 3.2.3); seq 4096 and 15,360 sequences a step after the first 469B tokens
     (sec. 4.2); one MTP module (sec. 2.2); its own dispatch kernels (DeepEP's). The figure is the run's
     average: the smaller batches of its first 3% of tokens and any restart are in it, so it bounds the step
-    from above. The micro-batch size is not stated: 1."""
+    from above. The micro-batch size is not stated: 1. How it permutes tokens for its experts is not stated
+    either: fused kernels, as a team that wrote its own dispatch kernels would ([software] moe_permute_fusion)."""
     model, batch = load_model("deepseek-v3"), 15360
     tokens_per_s = 2048 * 1e12 / (180e3 * 3600)
     yield Run("DeepSeek-V3 T1", "DeepSeek-V3 671B", model, "h800",
               "dp=128,zero=1,pp=16,schedule=dualpipev,ep=64,mbs=1,recompute=layernorm+mla_up_proj", 2048, batch,
-              batch * model.seq / tokens_per_s, "H800", replace(MEGATRON_CORE, moe_dispatcher="deepep"),
+              batch * model.seq / tokens_per_s, "H800", replace(MEGATRON_CORE, moe_dispatcher="deepep",
+                                                               moe_permute_fusion=True),
               precision="fp8")
 
 
@@ -285,7 +287,8 @@ def megatron_core_flops(model: ModelSpec, batch: int) -> float:
 def mixtral_runs():
     """NVIDIA/Megatron-LM megatron/core/transformer/moe/README.md (MCore v0.8): Mixtral 8x7B bf16 reaches 438
     TFLOP/s per GPU with the reference mapping of its table: 64 H100, seq 4096, TP1 EP8 PP4 VP8, MBS 1, GBS 256,
-    dropless all-to-all, distributed optimizer with overlapped grad reduce and param gather."""
+    dropless all-to-all, distributed optimizer with overlapped grad reduce and param gather. MCore 0.8 permutes
+    with torch ops (moe_utils at core_r0.8.0: argsort, index_select, index_copy), the unfused default."""
     model = load_model("mixtral-8x7b")
     yield Run("Megatron-Core MoE README", "Mixtral 8x7B", model, "h100-80gb",
               "dp=16,zero=1,pp=4,vpp=8,schedule=interleaved,ep=8,mbs=1", 64, 256,

@@ -68,10 +68,18 @@ def test_grouped_gemms_lose_throughput_with_few_tokens_per_expert_as_deepgemm_me
     assert len(experts) == 2 and all(g.grouped for g in experts)
 
 
-def test_routing_is_memory_traffic_in_both_passes():
-    tokens = 4096.0
-    bytes_ = 3 * 4 * tokens * MIXTRAL.experts + 2 * (1 + MIXTRAL.top_k) * tokens * MIXTRAL.hidden * 2
-    assert routing_seconds(MIXTRAL, H100, tokens, 2) == pytest.approx(bytes_ / H100.achieved_hbm_bandwidth)
+def test_routing_is_memory_traffic_in_both_passes_at_the_permute_kernels_measured_rate():
+    """The router's logits at the memory rate; the permute and unpermute's copies at the share of it their
+    kernels reached on an H200 (kernels.PERMUTE_EFFICIENCY): torch's ops, Megatron-Core's default, several
+    times slower than Transformer Engine's fused ones ([software] moe_permute_fusion)."""
+    tokens, rate = 4096.0, H100.achieved_hbm_bandwidth
+    router = 3 * 4 * tokens * MIXTRAL.experts
+    permute = 2 * (1 + MIXTRAL.top_k) * tokens * MIXTRAL.hidden * 2
+    fused = with_software(moe_permute_fusion=True)
+    assert routing_seconds(MIXTRAL, H100, tokens, 2) == pytest.approx(router / rate + permute / (rate * 0.15))
+    assert routing_seconds(MIXTRAL, fused, tokens, 2) == pytest.approx(router / rate + permute / (rate * 0.76))
+    layout = Layout.parse("dp=8,ep=8,mbs=1", 8)
+    assert predict(MIXTRAL, fused, layout, 8).compute_s < predict(MIXTRAL, H100, layout, 8).compute_s
     layout = Layout(mbs=1)
     gemms = layer_gemms(MIXTRAL, 0, layout, tokens)
     f, b, _ = gemm_pass_seconds(H100, gemms, H100.gemm_peak("bf16"), 2)
@@ -79,6 +87,26 @@ def test_routing_is_memory_traffic_in_both_passes():
     routing = routing_seconds(MIXTRAL, H100, tokens, 2)
     assert passes.forward >= f + routing
     assert passes.backward >= b + routing
+
+
+@pytest.mark.parametrize("software, why", [({"moe_permute_fusion": True, "framework": "torch"}, "with torch"),
+                                           ({"moe_permute_fusion": 1}, "got 1")])
+def test_permute_fusion_is_megatron_cores_and_a_bool(software, why):
+    with pytest.raises(UserError, match=f"moe_permute_fusion is Megatron-Core's.*{why}"):
+        with_software(**software)
+
+
+def test_a_grouped_weight_gradient_slows_with_few_tokens_per_expert_as_the_h200_scan_measured():
+    """Tokens are the weight gradient's K: at 128 a group it ran at 0.68 of what the tile model charges on an
+    H200 (kernels.GROUPED_WGRAD_EFFICIENCY), at 1,024 and more at 0.93; a dense GEMM's is the tile model's."""
+    peak, n, k = H100.gemm_peak("bf16"), 3072, 4096
+
+    def wgrad(m, grouped):
+        return gemm_pass_seconds(H100, (Gemm(m, n, k, 16, grouped),), peak, 2)[2]
+
+    assert wgrad(128, True) == pytest.approx(wgrad(128, False) / 0.68)
+    assert wgrad(4096, True) == pytest.approx(wgrad(4096, False) / 0.93)
+    assert wgrad(128, False) / wgrad(128, True) < wgrad(512, False) / wgrad(512, True) < 0.93
 
 
 def test_deepep_at_its_measured_fractions_of_each_tier():

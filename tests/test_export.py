@@ -374,15 +374,19 @@ def test_megatron_takes_cuda_graphs_where_the_cost_model_charges_them():
 @pytest.mark.skipif(not installed("megatron.core"), reason="megatron-core is not installed (pip install '.[test]')")
 def test_megatron_dispatches_tokens_as_the_cost_model_charged():
     """[software] moe_dispatcher = "deepep" is Megatron-Core's flex dispatcher with DeepEP behind it, which its
-    TransformerConfig takes; alltoall stays NCCL's all-to-all."""
+    TransformerConfig takes; alltoall stays NCCL's all-to-all. moe_permute_fusion is --moe-permute-fusion
+    (which TransformerConfig takes only beside Transformer Engine: its parser is the check here)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     h100, model = load_cluster("h100-80gb"), load_model("mixtral-8x7b")
     layout = Layout.parse("dp=4,zero=1,tp=2,sp=true,pp=8,ep=8,etp=1,mbs=1")
     for dispatcher, kind, backend in (("alltoall", "alltoall", None), ("deepep", "flex", "deepep")):
-        cluster = dataclasses.replace(h100, software=dataclasses.replace(h100.software, moe_dispatcher=dispatcher))
+        fused = dispatcher == "deepep"
+        cluster = dataclasses.replace(h100, software=dataclasses.replace(h100.software, moe_dispatcher=dispatcher,
+                                                                         moe_permute_fusion=fused))
         args = parse_megatron(emit("megatron", model, cluster, layout, 256, "bf16", steps=10).config)
         assert (args["moe_token_dispatcher_type"], args.get("moe_flex_dispatcher_backend")) == (kind, backend)
+        assert args.get("moe_permute_fusion", False) is fused
         config = TransformerConfig(num_layers=model.layers, hidden_size=model.hidden, num_attention_heads=model.heads,
                                    num_moe_experts=model.experts, moe_token_dispatcher_type=kind,
                                    **({"moe_flex_dispatcher_backend": backend} if backend else {}))

@@ -1,5 +1,6 @@
 """The cost model's kernel terms against this workplace's recorded GPU scans (benchmarks/kernel_scan.py on an
-H200 and an H100, benchmarks/data/): every GEMM and HBM row predicted again by today's model, pred/meas."""
+H200 and an H100, benchmarks/data/): GEMM, HBM, grouped weight-gradient, MoE permute and interference rows
+predicted again by today's model, pred/meas."""
 
 import importlib.util
 import json
@@ -34,11 +35,58 @@ def test_memory_traffic_is_charged_at_what_a_copy_reaches(path):
 @pytest.mark.parametrize("path", SCANS, ids=lambda p: p.stem)
 def test_small_gemms_pay_a_fixed_time_per_kernel_and_large_ones_barely_notice(path):
     """gemm_kernel_overhead_s: the one-wave GEMMs (under 100 us) were 0.54-0.88 of their time without it; with
-    it each is within 0.8-1.15 and their median within 5%. The large ones stay where tiles and waves put them
-    (0.91-1.27, the 8192 x 6144 x 4096 ones' wave quantization the most pessimistic)."""
+    it each is within 0.8-1.2 (two H200 scans put the 20 us FP8 512 x 4096 x 4096 at 1.08 and 1.16) and their
+    median within 5%. The large ones stay where tiles and waves put them (0.91-1.27, the 8192 x 6144 x 4096
+    ones' wave quantization the most pessimistic)."""
     rows = ratios(path, "gemm")
     small = [r for t, r in rows if t < 1e-4]
     large = [r for t, r in rows if t >= 1e-4]
-    assert len(small) == 6 and all(0.8 < r < 1.15 for r in small)
+    assert len(small) == 6 and all(0.8 < r < 1.2 for r in small)
     assert 0.95 < statistics.median(small) < 1.05
     assert all(0.9 < r < 1.3 for r in large) and 0.97 < statistics.median(large) < 1.1
+
+
+def scan_rows(kind: str) -> list[tuple[dict, float]]:
+    """(row, predicted / measured) of the recorded scans' rows of exactly `kind`."""
+    out = []
+    for path in SCANS:
+        scan = json.loads(path.read_text())
+        cluster = load_cluster(scan["preset"])
+        out += [(r, kernel_scan.predicted_seconds(r, cluster) / r["measured_s"]) for r in scan["rows"]
+                if r["kind"] == kind]
+    return out
+
+
+def test_a_gemm_beside_a_collective_loses_the_sms_its_blocks_hold():
+    """comm.sm_share's mechanism on the H200: a GEMM beside a copy on 8 or 24 thread blocks (NCCL's channels)
+    slowed as the SMs those blocks hold predict, within 5%; 66 blocks (half the SMs) slowed it less (1.15)."""
+    rows = {r["shape"]["blocks"]: ratio for r, ratio in scan_rows("interference")}
+    assert rows and all(0.95 < rows[b] < 1.05 for b in (8, 24)) and 1.0 < rows[66] < 1.25
+
+
+def test_permute_kernels_cost_their_measured_share_of_the_memory_rate():
+    """PERMUTE_EFFICIENCY: each path's rows whose kernels outlast their launches (all but Mixtral at 4,096
+    tokens, which the host paces) within 10%, Megatron-Core's torch ops and Transformer Engine's fused kernels."""
+    for kind in ("moe permute megatron", "moe permute te"):
+        timed = [ratio for r, ratio in scan_rows(kind) if (r["shape"]["model"], r["shape"]["tokens"]) !=
+                 ("mixtral-8x7b", 4096)]
+        assert len(timed) == 3 and all(0.9 < ratio < 1.1 for ratio in timed)
+
+
+def test_grouped_weight_gradients_cost_what_the_scan_measured_by_tokens_per_expert():
+    """GROUPED_WGRAD_EFFICIENCY: at every tokens-per-expert point the six matrices' median within 10%, and none
+    off by more than 25%; without it the model was 0.62-0.84 of the measured time at 128 tokens."""
+    by_tokens: dict = {}
+    for r, ratio in scan_rows("grouped wgrad bf16"):
+        by_tokens.setdefault(r["shape"]["m"], []).append(ratio)
+    assert len(by_tokens) == 6
+    for ratios_ in by_tokens.values():
+        assert 0.9 < statistics.median(ratios_) < 1.1 and all(0.75 < x < 1.25 for x in ratios_)
+
+
+def test_the_trainers_fused_adamw_costs_the_one_pass_the_model_charges():
+    """cost/step.py charges the update one read and write of fp32 parameters, gradients and moments: torch's
+    fused AdamW (the trainer's on GPUs) within 10% of it; its default foreach kernels took about 3x."""
+    (_, fused), = scan_rows("optimizer fused")
+    (_, foreach), = scan_rows("optimizer foreach")
+    assert 0.9 < fused < 1.1 and foreach < 0.4

@@ -171,11 +171,17 @@ class Gemm:
 # dense ratio for the masked kernels (1,024 tokens in all) fell 1.088x and 1.132x for the two shapes (h100-80gb,
 # FP8): the table written before, 0.77, 0.86, 0.94, was multiplied by their mean, 1.11, and held at 1.
 GROUPED_GEMM_EFFICIENCY = ((256, 0.86), (512, 0.95), (1024, 1.0), (4096, 1.0))
+# The weight gradient of a grouped GEMM, whose reduction dimension K is a group's tokens, against what
+# gemm_seconds charges that shape: benchmarks/kernel_scan.py on one H200 (torch._grouped_mm's CUTLASS kernels,
+# benchmarks/data/kernel_scan_h200.json), the mean over six expert matrices of Mixtral 8x7B, Qwen3-235B-A22B and
+# DeepSeek-V3 (0.62-0.84 at 128 tokens, 0.88-0.99 at 1,024). With few K steps a tile's epilogue, writing its
+# whole K-independent output, is not hidden behind its main loop.
+GROUPED_WGRAD_EFFICIENCY = ((128, 0.68), (256, 0.78), (512, 0.87), (1024, 0.93), (4096, 0.93))
 
 
-def grouped_gemm_efficiency(tokens_per_group: float) -> float:
-    """Throughput of a grouped GEMM relative to a dense one of the same shape, log-interpolated in M."""
-    points = GROUPED_GEMM_EFFICIENCY
+def grouped_gemm_efficiency(tokens_per_group: float, points: tuple = GROUPED_GEMM_EFFICIENCY) -> float:
+    """Throughput of a grouped GEMM relative to a dense one of the same shape, log-interpolated in its tokens
+    per group (M; K for the weight gradient, with GROUPED_WGRAD_EFFICIENCY)."""
     if tokens_per_group <= points[0][0]:
         return points[0][1]
     for (m0, e0), (m1, e1) in zip(points, points[1:]):
@@ -235,15 +241,16 @@ def gemm_pass_seconds(cluster: ClusterSpec, gemms: tuple, peak: float, dtype_byt
     """(forward, input gradient, weight gradient) of a list of forward GEMMs: dX = dY W^T is (m, k, n) and
     dW = X^T dY is (k, n, m) (Narayanan et al. 2021 sec. 5.1: backward is twice the forward). A grouped GEMM's
     forward and input gradient (tokens as M) run at grouped_gemm_efficiency of its tokens per group; its weight
-    gradient (tokens as K) pays the tile prologue per group through gemm_seconds, and (`grad_bytes` > 0) no
-    less than its memory traffic when it accumulates into the weight's gradient in place, every micro-batch
-    (`expert_wgrad_traffic`)."""
+    gradient (tokens as K) at GROUPED_WGRAD_EFFICIENCY's, and (`grad_bytes` > 0) no less than its memory
+    traffic when it accumulates into the weight's gradient in place, every micro-batch (`expert_wgrad_traffic`)."""
     f = b = w = 0.0
     for g in gemms:
         slow = 1.0 / grouped_gemm_efficiency(g.m) if g.grouped else 1.0
         f += gemm_seconds(cluster, g.m, g.n, g.k, peak, dtype_bytes, g.batch, operand_bytes) * slow
         b += gemm_seconds(cluster, g.m, g.k, g.n, peak, dtype_bytes, g.batch, operand_bytes) * slow
         wgrad = gemm_seconds(cluster, g.k, g.n, g.m, peak, dtype_bytes, g.batch, operand_bytes)
+        if g.grouped:
+            wgrad /= grouped_gemm_efficiency(g.m, GROUPED_WGRAD_EFFICIENCY)
         if g.grouped and grad_bytes:
             wgrad = max(wgrad, expert_wgrad_traffic(cluster, g, operand_bytes or dtype_bytes, grad_bytes))
         w += wgrad
@@ -441,16 +448,32 @@ def _layer_kernels(model: ModelSpec, cluster: ClusterSpec, tp: int, cp: int, ep:
     return (f, b, w, *attention_core_seconds(model, cluster, layout, tokens, precision))
 
 
+# The permute and unpermute's share of the achieved HBM rate, forward and backward, by [software]
+# moe_permute_fusion: benchmarks/kernel_scan.py on one H200 (benchmarks/data/kernel_scan_h200.json, the rows whose
+# kernels outlast their host launches: Mixtral 8x7B at 16,384 tokens, DeepSeek-V3 at 4,096 and 16,384).
+# Transformer Engine 2.20's fused Triton kernels reach 0.72-0.81 of a copy's rate; Megatron-Core 0.16's
+# moe_utils (masked_select, index_select, scatter_add's atomics, and their autograd) 0.14-0.16.
+PERMUTE_EFFICIENCY = {True: 0.76, False: 0.15}
+
+
 def routing_seconds(model: ModelSpec, cluster: ClusterSpec, tokens: float, dtype_bytes: int) -> float:
     """One MoE layer's routing kernels for `tokens` on a rank, one pass, as memory traffic (their FLOPs are
-    nil): the router's softmax and top-k over tokens x experts fp32 logits (written, read twice), the permute
-    that gathers top_k copies of each token (reads the tokens, writes the copies) and the unpermute that
-    scatters the experts' outputs back weighted by their probabilities (reads the copies, writes the tokens):
-    Megatron-Core's moe_utils.permute / unpermute (index_select and scatter_add) and its TopKRouter. Every TP
-    rank routes all tokens (memory.activation_bytes_per_layer's accounting)."""
+    nil; `routing_bytes`), the permute's at PERMUTE_EFFICIENCY. Every TP rank routes all tokens
+    (memory.activation_bytes_per_layer's accounting). The router's many small kernels take their host time
+    (cost/overhead.py ROUTER_HOST), not this."""
+    router, permute = routing_bytes(model, tokens, dtype_bytes)
+    rate = cluster.achieved_hbm_bandwidth
+    return router / rate + permute / (rate * PERMUTE_EFFICIENCY[cluster.software.moe_permute_fusion])
+
+
+def routing_bytes(model: ModelSpec, tokens: float, dtype_bytes: int) -> tuple[float, float]:
+    """(router, permute) bytes of one MoE layer's routing for `tokens`, one pass: the router's softmax and top-k
+    over tokens x experts fp32 logits (written, read twice); the permute that gathers top_k copies of each
+    token (reads the tokens, writes the copies) and the unpermute that sums them back (reads the copies,
+    writes the tokens): Megatron-Core's moe_utils.permute / unpermute and its TopKRouter."""
     router = 3 * 4 * tokens * model.experts
     permute = 2 * (1 + model.top_k) * tokens * model.hidden * dtype_bytes
-    return (router + permute) / cluster.achieved_hbm_bandwidth
+    return router, permute
 
 
 def attention_core_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float,

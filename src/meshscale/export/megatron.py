@@ -42,6 +42,8 @@ def arguments(job: Job) -> list[str]:
     """The arguments, as `--flag` or `--flag value` items."""
     lay, model, sw = job.layout, job.model, job.cluster.software
     args = _model_arguments(model, sw.moe_dispatcher)
+    if model.is_moe and sw.moe_permute_fusion:
+        args.append("--moe-permute-fusion")
     args += [f"--seq-length {model.seq}", f"--micro-batch-size {lay.mbs}",
              f"--global-batch-size {job.global_batch}", f"--train-iters {job.steps}",
              f"--tensor-model-parallel-size {lay.tp}", f"--pipeline-model-parallel-size {lay.pp}",

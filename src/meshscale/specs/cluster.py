@@ -70,6 +70,10 @@ class Software:
     # force routing (Megatron-Core --moe-router-force-load-balancing); a measured max/mean of tokens per EP rank
     # otherwise.
     moe_imbalance: float = 1.0
+    # A MoE layer's permute and unpermute as Transformer Engine's fused Triton kernels (Megatron-Core
+    # --moe-permute-fusion); false: torch's masked_select, index_select and scatter_add (moe_utils, Megatron-Core's
+    # default), several times slower (cost/kernels.py PERMUTE_EFFICIENCY).
+    moe_permute_fusion: bool = False
     # Fraction of an overlapped collective's time that can run beside compute, the rest adding to the step
     # (cost/step.py exposed_seconds): 1 where a separate engine moves the data (NCCL on GPUs, ICI DMA on TPUs);
     # calibrate measures it where collectives and compute share the cores (gloo on this CPU: 0-0.6 in full
@@ -235,6 +239,10 @@ class ClusterSpec:
         if sw.moe_dispatcher not in ("alltoall", "deepep") or (sw.moe_dispatcher == "deepep" and not self.gpu_arch):
             raise UserError(f"cluster {self.name}: [software] moe_dispatcher must be alltoall, or deepep on an "
                             f"NVIDIA cluster (gpu_arch set), got {sw.moe_dispatcher!r}")
+        if sw.moe_permute_fusion is not False and (sw.moe_permute_fusion is not True or sw.framework != "megatron-core"):
+            raise UserError(f"cluster {self.name}: [software] moe_permute_fusion is Megatron-Core's (--moe-permute-"
+                            f"fusion): true or false with framework = \"megatron-core\", got "
+                            f"{sw.moe_permute_fusion!r} with {sw.framework}")
         if not sw.moe_imbalance >= 1:
             raise UserError(f"cluster {self.name}: [software] moe_imbalance must be >= 1 (the busiest expert-parallel "
                             f"rank's tokens over the balanced share; 1: balanced), got {sw.moe_imbalance!r}")
