@@ -386,3 +386,35 @@ def test_bad_checkpoint_input_is_one_line_and_changes_nothing(tmp_path, one_proc
             main(["train", "--model", model_file, "--checkpoint-dir", str(target)])
         assert message in capsys.readouterr().err
     assert not_a_dir.read_text() == "x"
+
+
+@pytest.mark.parametrize("fused", [True, None])
+def test_the_optimizer_state_made_before_the_first_step_is_what_torch_makes(fused):
+    """A checkpoint before the first step (or a resume) makes AdamW's state itself: its step count must be the
+    tensor torch's own first step makes (float32; on the parameter's device for the fused kernel, the
+    trainer's on GPUs, which reads it there), for the fused and the default kernels alike, and so made it
+    steps as torch's own does."""
+    import torch
+
+    from meshscale.runtime.resilience.checkpoint import _ensure_optimizer_state, step_tensor
+
+    def adamw():
+        p = torch.nn.Parameter(torch.ones(4))
+        p.grad = torch.full((4,), 0.5)
+        return p, torch.optim.AdamW([p], lr=0.1, fused=fused)
+
+    (ours, ours_opt), (theirs, theirs_opt) = adamw(), adamw()
+    _ensure_optimizer_state(ours_opt)
+    theirs_opt.step()
+    made = theirs_opt.state[theirs]["step"]
+    for opt, p in ((ours_opt, ours), (theirs_opt, theirs)):
+        opt.state[p]["step"] = step_tensor(opt.param_groups[0], p, 0)
+        for k in ("exp_avg", "exp_avg_sq"):
+            opt.state[p][k].zero_()
+        p.data.fill_(1.0)
+    mine = ours_opt.state[ours]["step"]
+    assert (mine.dtype, mine.device) == (made.dtype, made.device) == (torch.float32, ours.device)
+    ours_opt.step()
+    theirs_opt.step()
+    assert torch.equal(ours, theirs) and float(ours_opt.state[ours]["step"]) == 1.0
+    assert step_tensor(ours_opt.param_groups[0], ours, 7).dtype == torch.float32

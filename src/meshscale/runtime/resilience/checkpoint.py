@@ -249,9 +249,16 @@ def _ensure_optimizer_state(optimizer) -> None:
         for p in group["params"]:
             state = optimizer.state[p]
             if not state:
-                state["step"] = torch.tensor(0.0)
+                state["step"] = step_tensor(group, p, 0)
                 for k in MOMENTS:
                     state[k] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+def step_tensor(group: dict, p: torch.Tensor, value: float) -> torch.Tensor:
+    """AdamW's step count as torch keeps it (torch.optim.adamw's _init_group): a float32 scalar, on the
+    parameter's device for the fused and capturable kernels, which read it there, on the CPU otherwise."""
+    on_device = group.get("fused") or group.get("capturable")
+    return torch.tensor(float(value), dtype=torch.float32, device=p.device if on_device else "cpu")
 
 
 def _global(t: torch.Tensor, full_shape: tuple, holders: torch.Tensor, shard_size: int):
@@ -518,8 +525,10 @@ def restore_latest(run, par, optimizer, mesh, verified_only: bool = False) -> in
         dcp.load(state, storage_reader=dcp.FileSystemReader(path), no_dist=not multi)
     for write_back in write_backs:
         write_back()
-    for s in optimizer.state.values():
-        s["step"] = torch.tensor(manifest["optimizer_step"])
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if "step" in optimizer.state.get(p, {}):
+                optimizer.state[p]["step"] = step_tensor(group, p, manifest["optimizer_step"])
     if same_world:
         torch.set_rng_state(state[f"rng.{rank}"])
     if rank == 0:
