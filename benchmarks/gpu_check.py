@@ -5,8 +5,8 @@
    With one GPU: that GPU against the CPU.
 2. One GPU's MFU on a llama3-8b-shaped block stack (its hidden size, heads, KV heads, SwiGLU width and
    vocabulary; --layers of its blocks) in bf16 with fp32 master weights, against the cost model's
-   prediction (meshscale.cost.predict on the matching cluster preset), and the allocator's peak memory
-   against the predicted memory per device.
+   prediction (meshscale.cost.predict on the matching cluster preset with our runtime's software, as
+   `train --predict` costs a run), and the allocator's peak memory against the predicted memory per device.
 3. `meshscale train --memory-snapshot 1-2` on one GPU through the CLI: the snapshot pickle is written, holds the
    allocator's segments and the recorded allocations (what pytorch.org/memory_viz draws), and a second run
    with the same folder is refused in one line instead of overwriting it.
@@ -109,22 +109,22 @@ def block_stack(layers: int, seq: int, steps: int, compile_blocks: bool = False)
     from meshscale.cost import predict
     from meshscale.runtime.loop.config import Resolved, TrainConfig
     from meshscale.runtime.loop.trainer import train
-    from meshscale.specs.cluster import load_cluster
+    from meshscale.runtime.measure.live import run_cluster
     from meshscale.specs.layout import Layout
     from meshscale.specs.model import load_model
 
     spec = dataclasses.replace(load_model("llama3-8b"), layers=layers, name=f"llama3-8b-{layers}-blocks").with_seq(seq)
     layout = Layout.parse("", devices=1).resolve_mbs(1)
     preset = cluster_preset()
-    cluster = load_cluster(preset)
+    config = TrainConfig(model="llama3-8b", steps=steps, global_batch=1, seq=seq, precision="bf16", device="cuda",
+                         val_batches=1, sdc_check_every=0, warmup=1, compile=compile_blocks, cluster=preset)
+    cluster = run_cluster(config)  # the preset with our runtime's software, as `train --predict` costs it
     prediction = predict(spec, cluster, layout, 1, "bf16")
     memory = prediction.memory_per_device_bytes["total"]
     if memory > torch.cuda.get_device_properties(0).total_memory:
         print(f"block stack: {layers} blocks at seq {seq} are predicted to need {memory / 2**30:.1f} GiB, more than "
               "this GPU has; lower --layers or --seq")
         return
-    config = TrainConfig(model="llama3-8b", steps=steps, global_batch=1, seq=seq, precision="bf16", device="cuda",
-                         val_batches=1, sdc_check_every=0, warmup=1, compile=compile_blocks)
     torch.cuda.reset_peak_memory_stats()
     rows = train(Resolved(config, spec, layout), torch.device("cuda", 0), log=False)["rows"]
     step = statistics.median(r["step_time_s"] for r in rows[1:])
@@ -132,7 +132,7 @@ def block_stack(layers: int, seq: int, steps: int, compile_blocks: bool = False)
     mfu = prediction.model_flops_per_step / (step * cluster.peak_flops("bf16"))
     print(f"\n{spec.name} ({spec.param_count() / 1e9:.2f}B parameters, seq {seq}, bf16"
           f"{', --compile' if compile_blocks else ''}, one "
-          f"{torch.cuda.get_device_name(0)}; cost model on {preset})")
+          f"{torch.cuda.get_device_name(0)}; cost model on {preset} with the runtime's software)")
     print(f"  step time  measured {step * 1e3:8.1f} ms   predicted {prediction.step_time_s * 1e3:8.1f} ms   "
           f"ratio {step / prediction.step_time_s:.2f}")
     print(f"  MFU        measured {mfu:8.1%}      predicted {prediction.mfu:8.1%}")
