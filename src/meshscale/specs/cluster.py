@@ -239,7 +239,8 @@ class ClusterSpec:
         if sw.moe_dispatcher not in ("alltoall", "deepep") or (sw.moe_dispatcher == "deepep" and not self.gpu_arch):
             raise UserError(f"cluster {self.name}: [software] moe_dispatcher must be alltoall, or deepep on an "
                             f"NVIDIA cluster (gpu_arch set), got {sw.moe_dispatcher!r}")
-        if sw.moe_permute_fusion is not False and (sw.moe_permute_fusion is not True or sw.framework != "megatron-core"):
+        if sw.moe_permute_fusion is not False and (sw.moe_permute_fusion is not True
+                                                   or sw.framework != "megatron-core"):
             raise UserError(f"cluster {self.name}: [software] moe_permute_fusion is Megatron-Core's (--moe-permute-"
                             f"fusion): true or false with framework = \"megatron-core\", got "
                             f"{sw.moe_permute_fusion!r} with {sw.framework}")
