@@ -480,12 +480,13 @@ PRESETS: dict[str, ClusterSpec] = {
     # steps, ~0.35 ms each) while three engineers shared the cores. Issue 4's trainer measures whole steps.
     # Software: torch's (FSDP2 units), with our runtime's gradient buckets: its default --bucket-mb 25, torch
     # DDP's bucket_cap_mb, of fp32 gradient (the "torch" FRAMEWORK_BUCKETS; runtime/loop/config.py bucket_mb,
-    # parallel/data_parallel.py grad_buckets).
+    # parallel/data_parallel.py grad_buckets), and its eager element-wise operators (runtime/measure/live.py
+    # run_cluster), so that `predict` here and `train --predict` agree.
     "local-cpu": ClusterSpec(name="local-cpu", accelerator="cpu (2 cores)", peak_flops_bf16=1e10,
                              peak_flops_fp8=0.0, peak_flops_fp32=3.4e10, hbm_bytes=8 * GB, hbm_bandwidth=10e9,
                              matmul_efficiency=1.0, tiers=(Tier("loopback", 0, 0.87e9, 3.5e-4, 1.0),),
                              default_devices=2, gemm_tile=(1, 1),
-                             software=Software(framework="torch", param_gather_fp32=True)),
+                             software=Software(framework="torch", param_gather_fp32=True, fused_elementwise=False)),
 }
 
 # Power per device, (board power, idle power) in W, for `meshscale scale`'s energy per token: a device draws
