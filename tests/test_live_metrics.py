@@ -140,3 +140,21 @@ def test_memory_snapshot_files_are_checked_before_the_start(tmp_path):
     if not os.access(locked, os.W_OK):  # root writes anywhere
         with pytest.raises(UserError, match="is not a writable folder"):
             check_snapshot_files(replace(cfg, memory_snapshot_dir=str(locked / "mem")), world=1)
+
+
+@pytest.mark.parametrize("compile_blocks", [False, True])
+def test_a_runs_prediction_costs_our_runtime_whatever_the_cluster_files_software(compile_blocks):
+    """train --predict on a GPU preset (Megatron-Core's software): torch's framework and our gradient buckets,
+    element-wise operators fused only under --compile, ZeRO-1/2 gathers of the fp32 parameters; the rest of
+    the preset (its kernels, links, dispatcher) as the file says."""
+    from meshscale.runtime.loop.config import TrainConfig
+    from meshscale.runtime.measure.live import run_cluster
+    from meshscale.specs.cluster import load_cluster
+
+    preset = load_cluster("h100-80gb")
+    assert preset.software.fused_elementwise and not preset.software.param_gather_fp32
+    cluster = run_cluster(TrainConfig(model="tiny", cluster="h100-80gb", compile=compile_blocks, bucket_mb=1.0))
+    sw = cluster.software
+    assert (sw.framework, sw.grad_bucket_params, sw.fused_elementwise, sw.param_gather_fp32) == \
+        ("torch", 2**18, compile_blocks, True)
+    assert sw.moe_dispatcher == preset.software.moe_dispatcher and cluster.tiers == preset.tiers
