@@ -18,14 +18,15 @@ name). Nothing here is fitted: the figures are for reading, and for a note that 
   memory traffic at, the preset's `hbm_bandwidth` x `hbm_efficiency` (the latter taken from this row's copy).
 - Host link: a 1 GiB copy from device to pinned host memory and back, what activation offload moves, against
   the preset's `host_bandwidth` (the datasheet's PCIe rate; no scan had measured it).
-- MoE routing, forward and backward, at Mixtral 8x7B and DeepSeek-V3 shapes and a micro-batch's tokens, as
-  Megatron-Core's all-to-all dispatcher runs it: its router (moe_utils.topk_routing_with_score_function),
-  against the host time cost/overhead.py charges it (ROUTER_HOST), and its permute / unpermute both ways it
-  can, torch's masked_select / index_select / scatter_add (moe_utils, the default) and Transformer Engine's
-  fused Triton kernels (--moe-permute-fusion), against `routing_bytes` at the memory rate times
-  PERMUTE_EFFICIENCY (this scan's own figures, where the kernels outlast their launches). Needs megatron-core
-  and TE's transformer_engine/pytorch/triton/permutation.py importable; rows whose code is missing are left
-  out, as without Triton.
+- MoE routing, forward and backward, at Mixtral 8x7B, Qwen3-235B and DeepSeek-V3 shapes and a micro-batch's
+  tokens, as Megatron-Core's all-to-all dispatcher runs it: its router
+  (moe_utils.topk_routing_with_score_function), against the host time cost/overhead.py charges it
+  (ROUTER_HOST), and its permute / unpermute both ways it can, torch's masked_select / index_select /
+  scatter_add (moe_utils, the default) and Transformer Engine's fused Triton kernels (--moe-permute-fusion),
+  against `routing_bytes` at the memory rate times PERMUTE_EFFICIENCY (this scan's own figures, where the
+  kernels outlast their launches). Needs megatron-core and TE's transformer_engine/pytorch/triton/
+  permutation.py importable (TE 2.4's kernels, those of the Qwen3 run's time, as well as 2.20's); rows whose
+  code is missing are left out, as without Triton.
 - Optimizer: one AdamW step over a llama3-8b 4-block stack's fp32 parameters (1.9B; gradients and moments fp32
   too) by torch's fused kernel, which the trainer uses on GPUs, and by its default foreach kernels, against the
   one read and write of parameters, gradients and moments that cost/step.py charges.
@@ -41,6 +42,7 @@ Each timing is CUDA events around back-to-back launches, so no kernel waits for 
 """
 
 import argparse
+import inspect
 import json
 import sys
 
@@ -71,7 +73,7 @@ GROUPED_SHAPES = ((8, 14336, 4096), (8, 4096, 14336),  # Mixtral 8x7B, ep=1
                   (8, 4096, 7168), (8, 7168, 2048))  # DeepSeek-V3, ep=32
 ATTENTION_SEQS = (512, 1024, 2048, 4096, 8192, 16384)
 ATTENTION_HEADS, HEAD_DIM, ATTENTION_TOKENS = 32, 128, 32768  # batch = tokens / seq
-ROUTING_MODELS, ROUTING_TOKENS = ("mixtral-8x7b", "deepseek-v3"), (4096, 16384)
+ROUTING_MODELS, ROUTING_TOKENS = ("mixtral-8x7b", "qwen3-235b-a22b", "deepseek-v3"), (4096, 16384)
 # thread blocks the copy holds (24: NCCL's channels on Hopper); not all 132 SMs, where the GEMM would wait
 INTERFERENCE_BLOCKS = (8, 24, 66)
 PRESET_BY_NAME = (("H200", "h200"), ("H100", "h100-80gb"), ("A100", "a100-80gb"), ("B200", "b200"))
@@ -281,14 +283,18 @@ def moe_routing() -> list[dict]:
 def _te_routing(te, x, probs, routing_map, model) -> None:
     """TE's fused permute-with-probabilities and unpermute, forward then the backward each's autograd
     function runs (the unpermute's is a permute of the gradient, the permute's an unpermute of it and of its
-    probabilities' gradient; the output stands in for both gradients)."""
-    t, experts, hidden, copies = x.shape[0], model.experts, model.hidden, x.shape[0] * model.top_k
-    row_id_map = te.make_row_id_map(routing_map, t, experts)
-    permuted, _, permuted_probs = te.permute_with_mask_map(x, row_id_map, probs, None, None, t, experts, copies,
-                                                           hidden, 0)
-    out, _ = te.unpermute_with_mask_map(permuted, row_id_map, None, None, None, t, experts, hidden)
-    grad, _, _ = te.permute_with_mask_map(out, row_id_map, None, None, None, t, experts, copies, hidden, 0)
-    te.unpermute_with_mask_map(grad, row_id_map, None, permuted_probs, None, t, experts, hidden)
+    probabilities' gradient; the output stands in for both gradients). By keyword: TE 2.4's functions take
+    the same arguments less the FP8 padding offsets that later ones added."""
+    t = x.shape[0]
+    sizes = {"num_tokens": t, "num_experts": model.experts, "hidden_size": model.hidden}
+    spread = {**sizes, "num_out_tokens": t * model.top_k, "scale": None, "scale_hidden_dim": 0}
+    if "pad_offsets" in inspect.signature(te.permute_with_mask_map).parameters:
+        spread["pad_offsets"] = sizes["pad_offsets"] = None
+    row_id_map = te.make_row_id_map(routing_map, t, model.experts)
+    permuted, _, permuted_probs = te.permute_with_mask_map(x, row_id_map, probs=probs, **spread)
+    out, _ = te.unpermute_with_mask_map(permuted, row_id_map, merging_probs=None, permuted_probs=None, **sizes)
+    grad, _, _ = te.permute_with_mask_map(out, row_id_map, probs=None, **spread)
+    te.unpermute_with_mask_map(grad, row_id_map, merging_probs=None, permuted_probs=permuted_probs, **sizes)
 
 
 def optimizer() -> list[dict]:

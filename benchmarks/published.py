@@ -245,8 +245,7 @@ def qwen3_runs():
     1.5-1.7 ms of kernels, and the dispatcher waits in each). The other 8 s, about 2.7 ms a MoE layer and
     micro-batch, are in no term. What the model leaves out: the routing imbalance of dropless routing ([software]
     moe_imbalance, left balanced: no measured figure for this run); open (issue 18)."""
-    model = ModelSpec(name="qwen3-235b-a22b", layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128,
-                      ffn=12288, vocab=151936, seq=4096, experts=128, top_k=8, expert_ffn=1536)
+    model = load_model("qwen3-235b-a22b")
     rows = [("235B TP4 EP8 PP8", "dp=8,zero=1,tp=4,sp=true,pp=8,vpp=4,schedule=interleaved,ep=8,etp=1,mbs=1",
              29.0),
             ("235B TP2 EP8 FSDP", "dp=256,zero=3,ep=8,mbs=2,recompute=full", 17.6)]

@@ -17,12 +17,11 @@ from meshscale.cost.memory import memory_per_device
 from meshscale.errors import UserError
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout
-from meshscale.specs.model import ModelSpec, load_model
+from meshscale.specs.model import load_model
 
 H100 = load_cluster("h100-80gb")
 MIXTRAL = load_model("mixtral-8x7b")
-QWEN3 = ModelSpec(name="qwen3-235b-a22b", layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128, ffn=12288,
-                  vocab=151936, seq=4096, experts=128, top_k=8, expert_ffn=1536)
+QWEN3 = load_model("qwen3-235b-a22b")
 
 
 def with_software(cluster=H100, **software):

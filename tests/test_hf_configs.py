@@ -1,6 +1,7 @@
 """Hugging Face config.json files read per model_type: 24 published configs (their math fields, as on the
 Hub) planned at the published parameter totals, and the refusals of what meshscale does not map."""
 
+import dataclasses
 import json
 
 import pytest
@@ -132,6 +133,14 @@ def test_published_configs_count_their_published_parameters(tmp_path, name, conf
 
 def by_name(name):
     return next(c for n, c, _ in CONFIGS if n == name)
+
+
+@pytest.mark.parametrize("preset, name", [("qwen3-235b-a22b", "Qwen3-235B-A22B")])
+def test_a_preset_is_its_published_config(preset, name):
+    """A preset written by hand reads as its Hugging Face config.json does, but for its name and the
+    training sequence the preset chooses (the config gives the longest context)."""
+    read = from_hf_config(by_name(name), preset)
+    assert dataclasses.replace(read, seq=4096) == load_model(preset)
 
 
 def test_the_math_fields_are_read():

@@ -217,6 +217,11 @@ PRESETS: dict[str, ModelSpec] = {
                            seq=2048, mlp="gelu", tied_embeddings=True, learned_positions=True, biases=True),
     # Jiang et al. 2024, "Mixtral of Experts", Table 1.
     "mixtral-8x7b": _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 4096, experts=8, top_k=2),
+    # Qwen Team 2025, "Qwen3 Technical Report", Table 2, and its HF config.json: every layer MoE (128 experts of
+    # 1536, top-8, no shared expert), QK-norm, GQA 64/4 heads of 128 (235B total, 22B active).
+    "qwen3-235b-a22b": _llama("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, 4096, head_dim=128,
+                              experts=128, top_k=8, expert_ffn=1536, qk_norm=True, norm_eps=1e-6,
+                              rope_theta=1e6, aux_loss_coef=0.001),
     # DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", sec. 4.2 (671B total, 37B active).
     "deepseek-v3": _llama("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, 4096, head_dim=128,
                           experts=256, top_k=8, expert_ffn=2048, shared_experts=1, first_dense_layers=3,
