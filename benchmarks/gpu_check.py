@@ -10,6 +10,8 @@
 3. `meshscale train --memory-snapshot 1-2` on one GPU through the CLI: the snapshot pickle is written, holds the
    allocator's segments and the recorded allocations (what pytorch.org/memory_viz draws), and a second run
    with the same folder is refused in one line instead of overwriting it.
+4. A checkpoint resume on one GPU: `tiny` resumed from its step-2 checkpoint continues as the uninterrupted run
+   did (the fused AdamW's state, step count included, back on the device).
 
     PYTHONPATH=src python benchmarks/gpu_check.py [--layers 4] [--seq 4096] [--steps 6]
 """
@@ -18,6 +20,7 @@ import argparse
 import dataclasses
 import os
 import pickle
+import shutil
 import statistics
 import subprocess
 import sys
@@ -139,6 +142,31 @@ def block_stack(layers: int, seq: int, steps: int, compile_blocks: bool = False)
     print(f"  peak mem   measured {peak / 2**30:8.2f} GiB  predicted {memory / 2**30:8.2f} GiB  ratio {peak / memory:.2f}")
 
 
+def resume(device: str = "cuda") -> bool:
+    """`tiny` trained PARITY_STEPS steps saving a checkpoint each, then resumed from its step-2 checkpoint: the
+    resumed steps' losses equal the uninterrupted run's to 1e-6 (a GPU's atomics may reorder a sum). On a GPU
+    the optimizer is torch's fused AdamW, whose step count a checkpoint must put back on the device."""
+    from meshscale.runtime.loop.trainer import train
+    from meshscale.runtime.resilience.checkpoint import step_dir
+
+    _exact_fp32()
+    target = torch.device(device, 0) if device == "cuda" else torch.device(device)
+
+    def losses(folder: str) -> list:
+        run = _run("", 1, device=device, checkpoint_dir=folder, checkpoint_every=1, keep=3)
+        return [r["loss"] for r in train(run, target, log=False)["rows"]]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        full = losses(os.path.join(tmp, "full"))
+        shutil.copytree(step_dir(os.path.join(tmp, "full"), 2), step_dir(os.path.join(tmp, "once"), 2))
+        once = losses(os.path.join(tmp, "once"))
+    worst = max(abs(a - b) / abs(b) for a, b in zip(once, full[2:])) if len(once) == len(full) - 2 else float("inf")
+    ok = worst <= 1e-6
+    print(f"\nresume from a step-2 checkpoint ({device}): {len(once)} steps, worst relative loss difference "
+          f"{worst:.2e}: {'ok' if ok else 'DIFFERS'}")
+    return ok
+
+
 def memory_snapshot() -> bool:
     with tempfile.TemporaryDirectory() as folder:
         args = [sys.executable, "-m", "meshscale", "train", "--model", "tiny", "--steps", "4", "--device", "cuda",
@@ -174,6 +202,7 @@ def main() -> int:
         return 0
     ok = True if args.skip_parity else parity()
     ok = memory_snapshot() and ok
+    ok = resume() and ok
     block_stack(args.layers, args.seq, args.steps)
     if args.compile:
         block_stack(args.layers, args.seq, args.steps, compile_blocks=True)
