@@ -42,6 +42,7 @@ Each timing is CUDA events around back-to-back launches, so no kernel waits for 
 """
 
 import argparse
+import dataclasses
 import inspect
 import json
 import sys
@@ -298,11 +299,13 @@ def _te_routing(te, x, probs, routing_map, model) -> None:
 
 
 def optimizer() -> list[dict]:
-    """AdamW steps (the trainer's betas and weight decay) over fp32 parameters shaped as llama3-8b's embedding,
-    head and 4 blocks, with gradients set: torch's fused kernel and its default foreach ones."""
-    h, f, v, kv = 4096, 14336, 128256, 1024
-    shapes = [(v, h), (v, h), (h,)] + [(h, h), (kv, h), (kv, h), (h, h), (f, h), (f, h), (h, f), (h,), (h,)] * 4
-    params = [torch.nn.Parameter(torch.randn(*s, device="cuda") * 0.01) for s in shapes]
+    """AdamW steps (the trainer's betas and weight decay) over fp32 parameters shaped as our llama3-8b model's
+    with 4 blocks (gpu_check's block stack), with gradients set: torch's fused kernel and its default foreach
+    ones."""
+    from meshscale.models.transformer import full_shapes
+
+    stack = dataclasses.replace(load_model("llama3-8b"), layers=4)
+    params = [torch.nn.Parameter(torch.randn(*s, device="cuda") * 0.01) for s in full_shapes(stack).values()]
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
     shape = {"params": sum(p.numel() for p in params)}
