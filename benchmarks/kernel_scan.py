@@ -25,7 +25,7 @@ name). Nothing here is fitted: the figures are for reading, and for a note that 
   scatter_add (moe_utils, the default) and Transformer Engine's fused Triton kernels (--moe-permute-fusion),
   against `routing_bytes` at the memory rate times PERMUTE_EFFICIENCY (this scan's own figures, where the
   kernels outlast their launches). Needs megatron-core and TE's transformer_engine/pytorch/triton/
-  permutation.py importable (TE 2.4's kernels, those of the Qwen3 run's time, as well as 2.20's); rows whose
+  permutation.py importable (TE 2.4's kernels, from before TE PR #1927 reworked them, as well as 2.20's); rows whose
   code is missing are left out, as without Triton.
 - Optimizer: one AdamW step over a llama3-8b 4-block stack's fp32 parameters (1.9B; gradients and moments fp32
   too) by torch's fused kernel, which the trainer uses on GPUs, and by its default foreach kernels, against the

@@ -2,7 +2,9 @@
 
 Each run states its source (paper table or repository file), the layout the source reports, and the
 measured step time, derived from what the source publishes (a step time, tokens/s per device, or TFLOP/s per
-device with the source's own FLOP count). Nothing here sets an efficiency factor: those come from
+device with the source's own FLOP count). Only publications up to 2024: vendor performance tables of 2025-2026
+(NeMo 25.x, Megatron-Bridge, Megatron-MoE-ModelZoo, torchtitan's 2025 pages) are kept out, for blind
+scoring (issue 18). Nothing here sets an efficiency factor: those come from
 micro-benchmarks and datasheets (specs/cluster.py). Run: PYTHONPATH=src python benchmarks/published.py
 (--write-bands: rewrite cost/bands.py's error bands from these runs, after any change to the model).
 """
@@ -227,33 +229,6 @@ def llama3_runs():
                   "H100")
 
 
-def qwen3_runs():
-    """yanring/Megatron-MoE-ModelZoo best_practice/Qwen3/readme.md: Qwen3-235B-A22B (94 layers, h 4096, 64
-    heads / 4 KV heads of 128, 128 experts of 1536, top-8, vocab 151936) on 256 H100, seq 4096, GBS 2048,
-    Megatron-Core, step seconds as published. Both runs keep experts whole (--expert-tensor-parallel-size 1
-    in the zoo's model_configs/benchmarking/Qwen3-235B-A22B.yaml, which also sets --use-distributed-optimizer,
-    SP, --moe-permute-fusion and dropless aux-loss routing, not forced balance) in EP groups folded out of tp x dp inside a node
-    (Megatron-Core's MoE parallel folding), with the DeepEP dispatcher. The FSDP row is written without TP: its
-    experts then stay whole and its EP group inside a node, as the run's, and each rank's GEMMs keep the run's
-    shapes (2 sequences whole instead of 4 split over TP2's heads and sequence; the same 4096 tokens per
-    expert); only TP2's attention collectives are missing. The PP row is written as it ran (etp=1, zero=1):
-    it fits (55 GB: 16 whole experts of 12 layers a rank, their Adam state over the 4 expert data-parallel
-    ranks) and predicts 21.1 s, -27.4%: about 16 s of kernels on the busiest rank (the expert weight gradients
-    accumulating into fp32 main_grad included), about 2 s of DeepEP dispatch and combine over NVLink (5.3 ranks a
-    token), 1 s of TP collectives, each term held to its source (cost/comm.py, cost/kernels.py), and 1.7 s of
-    host time (cost/overhead.py framework_seconds: a MoE forward's 2.2 ms of host time a layer outlasts its
-    1.5-1.7 ms of kernels, and the dispatcher waits in each). The other 8 s, about 2.7 ms a MoE layer and
-    micro-batch, are in no term. What the model leaves out: the routing imbalance of dropless routing ([software]
-    moe_imbalance, left balanced: no measured figure for this run); open (issue 18)."""
-    model = load_model("qwen3-235b-a22b")
-    rows = [("235B TP4 EP8 PP8", "dp=8,zero=1,tp=4,sp=true,pp=8,vpp=4,schedule=interleaved,ep=8,etp=1,mbs=1",
-             29.0),
-            ("235B TP2 EP8 FSDP", "dp=256,zero=3,ep=8,mbs=2,recompute=full", 17.6)]
-    for name, layout, seconds in rows:
-        yield Run("Megatron-MoE-ModelZoo Qwen3", name, model, "h100-80gb", layout, 256, 2048, seconds, "H100",
-                  replace(MEGATRON_CORE, moe_dispatcher="deepep", moe_permute_fusion=True))
-
-
 def deepseek_runs():
     """DeepSeek-AI 2024, "DeepSeek-V3 Technical Report" (arXiv:2412.19437): pre-training took 180K H800 GPU
     hours a trillion tokens (Table 1; 2,664K for 14.8T) on 2,048 H800 (sec. 3.1), 3.16M tokens a second. As
@@ -367,7 +342,6 @@ def runs():
     yield from torchtitan_runs()
     yield from maxtext_runs()
     yield from llama3_runs()
-    yield from qwen3_runs()
     yield from mixtral_runs()
     yield from deepseek_runs()
     yield from palm_runs()
