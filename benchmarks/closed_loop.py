@@ -53,7 +53,8 @@ def table(models: list[str], cluster: str) -> None:
         for layout, nproc in LAYOUTS:
             s = summary(model, layout, nproc, cluster)
             mib = 2**20
-            print(f"{model:<6} {layout:<26} {s['step_time_s'] * 1e3:>8.1f}ms {s['predicted_step_time_s'] * 1e3:>7.1f}ms "
+            print(f"{model:<6} {layout:<26} {s['step_time_s'] * 1e3:>8.1f}ms "
+                  f"{s['predicted_step_time_s'] * 1e3:>7.1f}ms "
                   f"{s['step_time_s'] / s['predicted_step_time_s']:>6.2f}   "
                   f"{s['peak_memory_bytes'] / mib:>9.1f}MiB {s['predicted_memory_bytes'] / mib:>6.1f}MiB "
                   f"{s['peak_memory_bytes'] / s['predicted_memory_bytes']:>6.2f}", flush=True)

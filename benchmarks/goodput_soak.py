@@ -273,7 +273,8 @@ def report(ev: dict, a: dict, median: dict) -> None:
           f"{args['mtbf']:g} s for {a['wall']:.0f} s: {a['kills']} kills, {len(a['restarts'])} restarts, "
           f"{a['steps']} steps" + (f"; load {min(load):.1f}-{max(load):.1f} (median {statistics.median(load):.1f})"
                                    if load else ""))
-    print(f"  w {w:.3f} s per steady step (mean; median {median['w']:.3f} s): tau {tau:.2f} s; checkpoint cost per interval delta {delta:.3f} s "
+    print(f"  w {w:.3f} s per steady step (mean; median {median['w']:.3f} s): tau {tau:.2f} s; "
+          f"checkpoint cost per interval delta {delta:.3f} s "
           f"(staging step {a['blocked_mean']:.3f} s + steps the write overlaps {a['overlap_mean']:.3f} s; write to "
           f"commit {a['write_median']:.2f} s, median of {a['saves']})")
     parts = {name: [f[key] for f in a["failures"] if key in f] for key, name in

@@ -139,7 +139,8 @@ def block_stack(layers: int, seq: int, steps: int, compile_blocks: bool = False)
     print(f"  step time  measured {step * 1e3:8.1f} ms   predicted {prediction.step_time_s * 1e3:8.1f} ms   "
           f"ratio {step / prediction.step_time_s:.2f}")
     print(f"  MFU        measured {mfu:8.1%}      predicted {prediction.mfu:8.1%}")
-    print(f"  peak mem   measured {peak / 2**30:8.2f} GiB  predicted {memory / 2**30:8.2f} GiB  ratio {peak / memory:.2f}")
+    print(f"  peak mem   measured {peak / 2**30:8.2f} GiB  predicted {memory / 2**30:8.2f} GiB  "
+          f"ratio {peak / memory:.2f}")
 
 
 def resume(device: str = "cuda") -> bool:

@@ -218,7 +218,8 @@ def hbm() -> list[dict]:
     src = torch.empty(2 << 30, dtype=torch.bfloat16, device="cuda")
     other, dst = torch.empty_like(src), torch.empty_like(src)
     rows = []
-    for kind, fn, moved in (("hbm copy", lambda: dst.copy_(src), 2), ("hbm add", lambda: torch.add(src, other, out=dst), 3)):
+    for kind, fn, moved in (("hbm copy", lambda: dst.copy_(src), 2),
+                            ("hbm add", lambda: torch.add(src, other, out=dst), 3)):
         rows.append({"kind": kind, "shape": {"bytes": moved * src.numel() * src.element_size()},
                      "measured_s": timed(fn, repeat=5)})
     return rows

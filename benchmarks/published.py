@@ -55,9 +55,9 @@ def maxtext(scale: int = 0, layers: int = 16, hidden: int = 2560, heads: int = 8
     281e04bf, 2023-04, 5ebcd67f, 2023-10, and 76bd53b0, 2023-12, alike): heads of 256, a ReLU MLP (up and down:
     GeLU's two matrices here), PaLM's parallel attention + MLP on one T5 RMSNorm (DecoderLayer: x +
     attention(norm(x)) + mlp(norm(x))), qk-norm, T5 relative position biases until RoPE in December (RoPE
-    here), vocab 32768 with the logits read off the embedding, seq 2048. `global_parameter_scale` grows the base (emb 2560, 8 heads, mlp
-    8192, 16 layers) by doubling heads and mlp, then emb, then layers, in turn (pyconfig.get_individual_scales);
-    without a scale the dimensions are given (the v4 configs set them)."""
+    here), vocab 32768 with the logits read off the embedding, seq 2048. `global_parameter_scale` grows the base
+    (emb 2560, 8 heads, mlp 8192, 16 layers) by doubling heads and mlp, then emb, then layers, in turn
+    (pyconfig.get_individual_scales); without a scale the dimensions are given (the v4 configs set them)."""
     if scale:
         base, rem = divmod(scale.bit_length() - 1, 3)
         grow, wide = base + (rem > 0), base + (rem > 1)

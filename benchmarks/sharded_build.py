@@ -115,7 +115,8 @@ def main() -> None:
     layout = args.layout
     with tempfile.TemporaryDirectory() as tmp:
         print(f"build time vs size ({layout}, {world} ranks, each its share; whole: one process, every parameter)")
-        print(f"{'layers':>6} {'params':>10} {'sharded build s (max rank)':>27} {'params MiB/rank':>16} {'whole build s':>14}")
+        print(f"{'layers':>6} {'params':>10} {'sharded build s (max rank)':>27} {'params MiB/rank':>16} "
+              f"{'whole build s':>14}")
         sizes = [int(x) for x in args.sizes.split(",")]
         built = on_ranks(world, [(spec_file(tmp, n, args.seq), layout, 0, args.seq, False, args.precision)
                                  for n in sizes])
@@ -141,7 +142,8 @@ def main() -> None:
               "before building")
         print(f"{'rank':>4} {'build s':>8} {'heap MiB':>14} {'ratio':>6} {'RSS peak MiB':>13} {'ratio':>6}  losses")
         for rank, (r,) in enumerate(trained):
-            print(f"{rank:>4} {r['build_s']:>8.1f} {r['probe_bytes'] / 2**20:>14.0f} {r['probe_bytes'] / pred['total']:>6.2f} "
+            print(f"{rank:>4} {r['build_s']:>8.1f} {r['probe_bytes'] / 2**20:>14.0f} "
+                  f"{r['probe_bytes'] / pred['total']:>6.2f} "
                   f"{r['peak_bytes'] / 2**20:>13.0f} {r['peak_bytes'] / pred['total']:>6.2f}  "
                   f"{', '.join(f'{x:.4f}' for x in r['losses'])}")
 

@@ -116,7 +116,8 @@ def test_cli_table_json_and_bad_input(capsys, tmp_path):
     assert "in band" in words and "no (50% off)" in words and "error band: H100 dense bf16" in words
     main(args + ["--json"])
     d = json.loads(capsys.readouterr().out)
-    assert d["schema_version"] == 1 and d["framework"] == "megatron" and d["worst"] in ("step time", "memory per device")
+    assert (d["schema_version"] == 1 and d["framework"] == "megatron"
+            and d["worst"] in ("step time", "memory per device"))
     rows = {r["name"]: r for r in d["rows"]}
     assert rows["step time"]["within_band"] == "outside" and rows["step time"]["band"]["runs"] > 0
     assert rows["memory per device"]["band"] is None and rows["memory per device"]["within_band"] is None

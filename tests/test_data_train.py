@@ -58,7 +58,8 @@ def train(corpus, name, *extra):
 def test_tokenized_corpus_trains_and_resumes_exactly(corpus):
     whole, whole_val = train(corpus, "whole", "--steps", 6, "--document-mask")
     assert whole[-1][1] < whole[0][1] - 0.3 and whole[0][1] == pytest.approx(6.24, abs=0.3)  # ln 512 = 6.24
-    first, _ = train(corpus, "cut", "--steps", 3, "--document-mask", "--checkpoint-dir", "ckpt", "--checkpoint-every", 3)
+    first, _ = train(corpus, "cut", "--steps", 3, "--document-mask", "--checkpoint-dir", "ckpt",
+                     "--checkpoint-every", 3)
     # --steps is part of the LR schedule a resume checks: continuing past the cut is a deliberate change
     resumed, resumed_val = train(corpus, "cut", "--steps", 6, "--document-mask", "--checkpoint-dir", "ckpt",
                                  "--allow-config-change")

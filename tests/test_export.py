@@ -169,7 +169,8 @@ def test_megatron_core_configs_take_it(case):
               num_query_groups=args.get("num_query_groups"), fp8=args.get("fp8"),
               pipeline_dtype=torch.bfloat16 if args.get("bf16") else torch.float32)
     if lay.vpp > 1 and "num_layers_per_virtual_pipeline_stage" in args:
-        kw["virtual_pipeline_model_parallel_size"] = model.layers // lay.pp // args["num_layers_per_virtual_pipeline_stage"]
+        kw["virtual_pipeline_model_parallel_size"] = (
+            model.layers // lay.pp // args["num_layers_per_virtual_pipeline_stage"])
     if kind is MLATransformerConfig:
         kw.pop("kv_channels", None)
     config = kind(**kw)

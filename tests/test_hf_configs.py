@@ -54,7 +54,8 @@ CONFIGS = [
                                moe_intermediate_size=1408, shared_expert_intermediate_size=5632,
                                decoder_sparse_step=1, norm_topk_prob=False), 14_315_784_192),
     ("Qwen2-57B-A14B", qwen("qwen2_moe", 3584, 18944, 28, 28, 4, 151936, num_experts=64, num_experts_per_tok=8,
-                            moe_intermediate_size=2560, shared_expert_intermediate_size=20480), 57_400_000_000),  # "57.4B"
+                            moe_intermediate_size=2560, shared_expert_intermediate_size=20480),
+     57_400_000_000),  # "57.4B"
     ("Qwen3-8B", qwen("qwen3", 4096, 12288, 36, 32, 8, 151936, head_dim=128, attention_bias=False),
      8_190_735_360),
     ("Qwen3-30B-A3B", qwen("qwen3_moe", 2048, 6144, 48, 32, 4, 151936, head_dim=128, num_experts=128,

@@ -1,6 +1,6 @@
 """The precision recipes and --compile in one process: what a rank holds under each recipe against the cost
-model's bytes per parameter, float8 layers where fp8 is asked for (its refusal off-GPU: test_train_cli), and a compiled run
-against the eager one. (Parity of bf16 and bf16-pure across layouts: tests/test_train_matrix.py.)"""
+model's bytes per parameter, float8 layers where fp8 is asked for (its refusal off-GPU: test_train_cli), and a
+compiled run against the eager one. (Parity of bf16 and bf16-pure across layouts: tests/test_train_matrix.py.)"""
 
 import pytest
 import torch

@@ -3,9 +3,9 @@ schedule, each zero stage with PP and TP, SP on and off) trains with the single-
 relative in fp32, and the comm ledger measures exactly the bytes the cost model predicts for it.
 
 Cases come from the planner's own predicate (plan.search.runnable) and the trainer's
-(specs.layout.trainer_refusal), deduplicated over mbs (1 with a pipeline, the most micro-batches; the default without) and recompute (none;
-tests/test_train_parity.py and test_ledger.py cover recompute). Each world runs its cases in two spawned
-process groups. World 8 is sampled (see `sampled`).
+(specs.layout.trainer_refusal), deduplicated over mbs (1 with a pipeline, the most micro-batches; the default
+without) and recompute (none; tests/test_train_parity.py and test_ledger.py cover recompute). Each world runs its
+cases in two spawned process groups. World 8 is sampled (see `sampled`).
 
 Context parallelism and hybrid sharding (`new_mechanism_cases`, sampled as its docstring says) run in their
 own spawned groups, below the block marked for them. The planner's winners for a set of models and clusters,

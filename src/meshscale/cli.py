@@ -22,7 +22,8 @@ COMMANDS = {
     "export": ("meshscale.commands.export", "write a training checkpoint as a Hugging Face model directory"),
     "budget": ("meshscale.commands.budget", "cluster, devices and layout that train N tokens by a deadline, cheapest"),
     "check": ("meshscale.commands.check", "a torchtitan or Megatron-LM job's log beside the prediction for its config"),
-    "data": ("meshscale.commands.data", "train a tokenizer, tokenize text/JSONL/Parquet into Megatron's .bin/.idx, inspect"),
+    "data": ("meshscale.commands.data",
+             "train a tokenizer, tokenize text/JSONL/Parquet into Megatron's .bin/.idx, inspect"),
 }
 
 

@@ -5,7 +5,8 @@ torchtitan (components/metrics.py, MetricsProcessor.log), one line every metrics
 tps: tokens per second per device; memory: the peak reserved by the caching allocator.
 Megatron-LM (training/training.py, training_log), one line every --log-interval iterations:
      [2025-01-01 00:00:00.000000] iteration       10/    1000 | consumed samples:  ... | elapsed time per
-     iteration (ms): 1234.5 | throughput per GPU (TFLOP/s/GPU): 345.6 | learning rate: ... | global batch size: 512 | ...
+     iteration (ms): 1234.5 | throughput per GPU (TFLOP/s/GPU): 345.6 | learning rate: ... |
+     global batch size: 512 | ...
 and, from report_memory, `[Rank 0] (after 10 iterations) memory (MB) | allocated: ... | max allocated: 61234.56 | ...`.
 """
 

@@ -16,8 +16,8 @@ def add_arguments(p):
     p.add_argument("--collective", default="all_reduce", help=f"one of {', '.join(KINDS)} (default all_reduce)")
     p.add_argument("--sizes", default=DEFAULT_SIZES, help="message sizes, e.g. 1M,64M,1G (K/M/G are binary; "
                    "the buffer each rank passes, as nccl-tests' size column); default 1M..8G")
-    p.add_argument("--json", action="store_true", help="print one JSON object: cluster, devices, collective and rows of {collective, bytes, "
-                   "seconds, busbw_GBps}")
+    p.add_argument("--json", action="store_true", help="print one JSON object: cluster, devices, collective and "
+                   "rows of {collective, bytes, seconds, busbw_GBps}")
     p.add_argument("--plot", metavar="FILE.png", help="draw bus bandwidth against message size")
 
 

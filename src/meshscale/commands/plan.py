@@ -59,7 +59,8 @@ def run(args) -> int:
             raise UserError(f"no layout of {devices} devices splits {batch} sequences of {model.seq} tokens "
                             "(dp must divide the batch, cp the sequence); change the batch or the device count")
         raise UserError(f"nothing fits: the smallest memory per device any layout needs is {need / 1e9:,.1f} GB "
-                        f"(at {where}), but {cluster.name} offers {cluster.hbm_bytes * (1 - args.memory_headroom) / 1e9:,.1f} GB "
+                        f"(at {where}), but {cluster.name} offers "
+                        f"{cluster.hbm_bytes * (1 - args.memory_headroom) / 1e9:,.1f} GB "
                         f"after {args.memory_headroom:.0%} headroom; add devices or pick a larger accelerator")
     win_devices = plan.ranked[0].devices
     good = goodput_of(args, plan.ranked[0])  # of the winner

@@ -52,8 +52,8 @@ def _print_table(rows, mode, model, cluster):
     held = (f"global batch {rows[0].global_batch * model.seq:,} tokens" if mode == "strong"
             else f"{rows[0].global_batch * model.seq // rows[0].devices:,} tokens per device")
     t = Table(title=f"{mode} scaling of {model.name} on {cluster.name} ({held})", title_justify="left")
-    cols = ["devices", "layout", "step", "band", "tokens/s", "per device", "MFU", "efficiency", "marginal", "exposed comm",
-            "$/M tokens", "J/token"]
+    cols = ["devices", "layout", "step", "band", "tokens/s", "per device", "MFU", "efficiency", "marginal",
+            "exposed comm", "$/M tokens", "J/token"]
     if rows[0].goodput:
         cols += ["ETTR", "goodput tokens/s"]
     for col in cols:

@@ -107,7 +107,8 @@ class IndexedDataset:
         raw = self.idx_path.read_bytes()
         bad = f"{self.idx_path}: not a Megatron indexed-dataset index"
         if len(raw) < HEADER.size:
-            raise UserError(f"{bad} ({len(raw)} bytes, shorter than its header); rewrite it with `meshscale data prepare`")
+            raise UserError(f"{bad} ({len(raw)} bytes, shorter than its header); "
+                            "rewrite it with `meshscale data prepare`")
         magic, version, code, n_seq, n_doc = HEADER.unpack_from(raw)
         if magic != MAGIC:
             raise UserError(f"{bad} (magic {magic!r}, expected {MAGIC!r}); pass PREFIX of a PREFIX.bin/.idx pair")

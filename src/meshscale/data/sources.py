@@ -18,7 +18,8 @@ def input_files(path: str | Path) -> list[Path]:
     """A file, or the files under a directory in sorted order (hidden ones left out)."""
     p = Path(path)
     if not p.exists():
-        raise UserError(f"{path}: no such file or directory; pass text, .jsonl or .parquet files or a directory of them")
+        raise UserError(f"{path}: no such file or directory; "
+                        "pass text, .jsonl or .parquet files or a directory of them")
     files = [p] if p.is_file() else sorted(
         f for f in p.rglob("*") if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts))
     if not files:

@@ -52,7 +52,8 @@ def load_tokenizer(path: str | Path, eos: str | None = None) -> Tokenizer:
     try:
         inner = Inner.from_file(str(p))
     except Exception as e:  # the Rust library raises a bare Exception for every parse failure
-        raise UserError(f"--tokenizer {p}: not a tokenizers-library tokenizer.json ({str(e).splitlines()[0]})") from None
+        raise UserError(f"--tokenizer {p}: not a tokenizers-library tokenizer.json "
+                        f"({str(e).splitlines()[0]})") from None
     return Tokenizer(inner, eos, str(p))
 
 

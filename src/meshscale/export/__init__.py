@@ -94,7 +94,8 @@ def emit(framework: str, model: ModelSpec, cluster: ClusterSpec, layout: Layout,
         raise UserError(f"--emit {framework}: layout {asked.layout} needs "
                         f"{asked.memory_per_device_bytes['total'] / 1e9:,.1f} GB per device, more than "
                         f"{cluster.name}'s {cluster.hbm_bytes / 1e9:,.1f} GB; pick a layout that fits")
-    options: list[Prediction | None] = [asked] if not changes else [_try_predict(model, cluster, near, global_batch, runs_in)]
+    options: list[Prediction | None] = (
+        [asked] if not changes else [_try_predict(model, cluster, near, global_batch, runs_in)])
     if changes and not (options[0] and options[0].fits):  # the nearest does not fit: the best that does
         options.append(best_expressible(framework, model, cluster, layout.devices, global_batch, runs_in,
                                          search_options))

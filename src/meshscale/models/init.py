@@ -31,5 +31,6 @@ def normal_block(key: str, shape: tuple[int, int], offset: tuple[int, int], size
             tile = torch.randn(tr, tc, generator=torch.Generator().manual_seed(stable_hash(f"{key}:{i}:{j}")))
             lo_r, hi_r = max(r0, i * tr), min(r0 + rows, (i + 1) * tr)
             lo_c, hi_c = max(c0, j * tc), min(c0 + cols, (j + 1) * tc)
-            out[lo_r - r0:hi_r - r0, lo_c - c0:hi_c - c0] = tile[lo_r - i * tr:hi_r - i * tr, lo_c - j * tc:hi_c - j * tc]
+            out[lo_r - r0:hi_r - r0, lo_c - c0:hi_c - c0] = tile[lo_r - i * tr:hi_r - i * tr,
+                                                                 lo_c - j * tc:hi_c - j * tc]
     return out

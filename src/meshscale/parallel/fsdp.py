@@ -4,8 +4,8 @@ On a 2-D (replicate, shard) mesh this is FSDP2's hybrid sharding: gathers and re
 shard group, then an all-reduce of the reduced shard across the groups.
 
 Under bf16 (and fp8) the gathered parameters are bf16 while the sharded masters, and the gradient
-reduce-scatter, stay fp32; under bf16-pure all of them are bf16 (parallel/precision.py). FSDP2 is torch's code, so its collectives reach the ledger through
-`ledger.tap()`, which wraps the torch.distributed functions it calls.
+reduce-scatter, stay fp32; under bf16-pure all of them are bf16 (parallel/precision.py). FSDP2 is torch's code,
+so its collectives reach the ledger through `ledger.tap()`, which wraps the torch.distributed functions it calls.
 """
 
 from contextlib import contextmanager

@@ -1,8 +1,8 @@
 """Comm ledger: every collective a rank runs in a training step, with its mesh axis, bytes and time.
 
-Bytes follow the comm-accounting contract (defined here, and costed the same way by cost/comm.py): the FULL buffer a call operates on (all_reduce:
-the tensor; reduce_scatter: the whole input; all_gather: the whole output; send_recv: the tensor
-sent; all_to_all: the buffer sent), summed per optimizer step. Wire factors are not included.
+Bytes follow the comm-accounting contract (defined here, and costed the same way by cost/comm.py): the FULL
+buffer a call operates on (all_reduce: the tensor; reduce_scatter: the whole input; all_gather: the whole output;
+send_recv: the tensor sent; all_to_all: the buffer sent), summed per optimizer step. Wire factors are not included.
 
 Three ways in, one record format:
   * code we own calls `ledger.record(axis, collective, nbytes, seconds)` itself (ZeRO, DDP's hook);

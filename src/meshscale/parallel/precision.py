@@ -1,5 +1,5 @@
-"""How the blocks compute: the training recipes `--precision` names (the cost model's PRECISIONS, cost/memory.py), as parameter dtypes
-and the casts around the matrix multiplies:
+"""How the blocks compute: the training recipes `--precision` names (the cost model's PRECISIONS, cost/memory.py),
+as parameter dtypes and the casts around the matrix multiplies:
 
   fp32       fp32 everywhere.
   bf16       fp32 parameters (the master weights), bf16 compute under torch.autocast, fp32 gradients and fp32

@@ -4,9 +4,9 @@ the latest of (its rank is free, its inputs arrived, its FSDP parameters are gat
 A forward of chunk s needs the forward of chunk s-1 of the same micro-batch; an input gradient (I, or a full
 backward B) of chunk s needs the forward of s and the input gradient of s+1; a weight gradient W needs the
 I of its chunk. Data crossing ranks arrives after a stage-boundary send (latency + bytes / bandwidth, given
-per pair of ranks: a slow link slows the sends it carries). Optionally each rank's FSDP traffic runs on its own stream, one wrapping unit (layer) ahead of
-compute (FSDP's prefetch): the gather for unit u starts once the gather for unit u-1 is done and unit u-1
-has started computing; a unit computes once its gather is done.
+per pair of ranks: a slow link slows the sends it carries). Optionally each rank's FSDP traffic runs on its own
+stream, one wrapping unit (layer) ahead of compute (FSDP's prefetch): the gather for unit u starts once the gather
+for unit u-1 is done and unit u-1 has started computing; a unit computes once its gather is done.
 """
 
 from dataclasses import dataclass, field

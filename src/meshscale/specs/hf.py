@@ -50,7 +50,8 @@ class Fields:
                 raise UserError(f"{self.source}: the config lacks {key!r}, which a {self.data['model_type']} "
                                 "config must give")
             return default
-        ok = isinstance(value, (int, float) if kind is float else kind) and (kind is bool or not isinstance(value, bool))
+        ok = (isinstance(value, (int, float) if kind is float else kind)
+              and (kind is bool or not isinstance(value, bool)))
         if not ok:
             raise UserError(f"{self.source}: {key} must be {_KINDS[kind]}, got {value!r}")
         return float(value) if kind is float else value

@@ -229,7 +229,8 @@ def check_fits(cfg: TrainConfig, spec: ModelSpec, layout: Layout) -> None:
     else:
         fix = "lower mbs or --seq, or recompute activations (recompute=full)"
     raise UserError(f"{spec.name} under {layout} needs {need['total'] / 2**30:.1f} GiB per rank (cost model: "
-                    f"{state / 2**30:.1f} GiB of weights, gradients and optimizer state, FSDP's gathered units included, "
+                    f"{state / 2**30:.1f} GiB of weights, gradients and optimizer state, "
+                    "FSDP's gathered units included, "
                     f"{need['activations'] / 2**30:.1f} GiB of activations), more than the {have / 2**30:.1f} GiB "
                     f"a rank has ({where}); {fix}")
 

@@ -126,7 +126,8 @@ class MetricsLog:
             self.file.write(json.dumps(row) + "\n")
             self.file.flush()
         aux = f"  aux {row['aux_loss']:.4f}" if "aux_loss" in row else ""
-        line = (f"step {row['step']:>4}  loss {row['loss']:.4f}{aux}  lr {row['lr']:.2e}  grad_norm {row['grad_norm']:.3f}"
+        line = (f"step {row['step']:>4}  loss {row['loss']:.4f}{aux}  lr {row['lr']:.2e}"
+                f"  grad_norm {row['grad_norm']:.3f}"
                 f"  {row['tokens_per_s']:,.0f} tok/s  {row['step_time_s'] * 1e3:.0f} ms"
                 f"  mem {row['peak_memory_bytes'] / 2**20:.1f} MiB")
         shown = row["step"] % self.every == 0 or row["step"] == self.steps - 1
@@ -200,7 +201,8 @@ def report(run, result: dict, prediction: dict | None = None) -> str:
         bubble = result["bubble"]
         lines.append(f"pipeline bubble (last step): measured {sum(bubble['measured']) / len(bubble['measured']):.2f} "
                      f"(per pp rank {', '.join(f'{b:.2f}' for b in bubble['measured'])}), predicted "
-                     f"{bubble['predicted']:.2f}" + (f"; trace written to {run.config.trace}" if run.config.trace else ""))
+                     f"{bubble['predicted']:.2f}"
+                     + (f"; trace written to {run.config.trace}" if run.config.trace else ""))
     if "ep_imbalance" in result:
         lines.append(f"expert parallelism: ep all_to_all bytes are the EP group's mean; the busiest rank sent "
                      f"{result['ep_imbalance']:.2f}x that (routing imbalance, last step)")

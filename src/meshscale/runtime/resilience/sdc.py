@@ -5,9 +5,9 @@ Replicas checked, as the data-parallel strategies name them (Strategy.replicas):
 data-parallel replicas (the dp x cp ranks) under zero 0-2 (routed experts within their expert data-parallel
 group) (and their optimizer state under zero=0, where it is replicated too), under zero=3 with hybrid sharding
 the shards and optimizer state of the replica groups; and the norm weights every tensor-parallel rank holds
-whole (and their optimizer state under zero 0 and 3). Under zero 1-2 a rank's parameters are re-gathered from their owners'
-shards every step, so a flip in a gathered copy lives one step, and a flip in an owner's shard is gathered into
-every replica alike: only the numerical guards can see that one.
+whole (and their optimizer state under zero 0 and 3). Under zero 1-2 a rank's parameters are re-gathered from
+their owners' shards every step, so a flip in a gathered copy lives one step, and a flip in an owner's shard is
+gathered into every replica alike: only the numerical guards can see that one.
 
 Each tensor's fingerprint is the int64 sum of its bits read as int32 (bytes for other widths): one bit flip
 changes it by a power of two, never by zero. The fingerprints travel in one small all-gather per replica
