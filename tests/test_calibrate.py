@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from meshscale.cost import overhead, predict
+from meshscale.errors import UserError
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout, trainer_refusal
 from meshscale.specs.model import load_model
@@ -43,6 +44,7 @@ def test_calibrate_writes_a_cluster_spec_that_predict_uses(calibrated):
                                                    "send_recv"}
     assert all(bw > 0 and lat > 0 for _, lat, bw in cluster.collectives)
     assert cluster.op_overhead_s > 0 and len(cluster.gemm_rates) >= 3 and cluster.attention_rates
+    assert cluster.rates_precision == "fp32"  # what `train` runs on a CPU
     assert cluster.tiers[0].bandwidth == max(bw for _, _, bw in cluster.collectives)
     # our eager runtime, two ranks sharing the host's cores, and how much of a collective compute hides here
     assert cluster.calibrated_ranks == 2 and not cluster.software.fused_elementwise
@@ -99,6 +101,54 @@ def test_simulate_agrees_with_predict_on_the_calibrated_machine(calibrated):
         layout = Layout.parse(text, devices)
         assert simulate(tiny, spec, layout, 8, "fp32").step_time_s == pytest.approx(
             predict(tiny, spec, layout, 8, "fp32").step_time_s, rel=0.02)
+
+
+def test_measured_rates_cost_their_own_precision_only():
+    """A CPU's fp32 GEMM rates say nothing of its bf16 kernels (nor a GPU's bf16 of its FP8): the rates stand
+    for the precision they were measured in, and the others keep the preset's model."""
+    from meshscale.cost.kernels import gemm_seconds
+
+    cpu, tiny, layout = load_cluster("local-cpu"), load_model("tiny"), Layout(dp=2)
+    measured = replace(cpu, gemm_rates=((1024, 1024, 1024, 1e9),), attention_rates=((64, 32, 1e8),))
+    peak = cpu.peak_flops("fp32")
+    assert gemm_seconds(measured, 1024, 1024, 1024, peak, 4) == pytest.approx(2 * 1024**3 / 1e9)
+    assert gemm_seconds(measured, 1024, 1024, 1024, peak, 2) == gemm_seconds(cpu, 1024, 1024, 1024, peak, 2)
+    assert predict(tiny, measured, layout, 16, "fp32").compute_s != predict(tiny, cpu, layout, 16, "fp32").compute_s
+    assert predict(tiny, measured, layout, 16, "bf16").compute_s == predict(tiny, cpu, layout, 16, "bf16").compute_s
+    bf16 = replace(measured, rates_precision="bf16")
+    assert gemm_seconds(bf16, 1024, 1024, 1024, peak, 2) == pytest.approx(2 * 1024**3 / 1e9)
+    assert gemm_seconds(bf16, 1024, 1024, 1024, peak, 2, operand_bytes=1) != pytest.approx(2 * 1024**3 / 1e9)
+    with pytest.raises(UserError, match="rates_precision must be fp32 or bf16"):
+        replace(cpu, rates_precision="fp8")
+
+
+def test_a_gpu_calibration_keeps_its_datasheet_for_what_it_did_not_measure(monkeypatch, tmp_path):
+    """What calibrate writes for a GPU (bf16 rates at a llama3-8b layer's shapes, no new peaks), read back:
+    bf16 GEMMs cost the measured rates, FP8 ones the preset's model. Built from made-up rates (no GPU here)."""
+    import torch
+
+    from meshscale.cost.kernels import gemm_seconds
+    from meshscale.runtime.measure import calibrate
+
+    sweep = calibrate.SWEEPS["cuda"]
+    assert sweep.precision == "bf16" and (8192, 8192, 8192) in sweep.gemms
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    rank = {"gemm": [(m, n, k, 6e14) for m, n, k in sweep.gemms],
+            "attention": [(s, d, 4e14) for s, d in sweep.attention], "bandwidth": 4.3e12, "op_overhead": 1e-5}
+    path = tmp_path / "gpu.toml"
+    path.write_text(calibrate.to_toml(calibrate.cluster_fields([rank], torch.device("cuda", 0), 1, "test")))
+    gpu, h200 = load_cluster(str(path)), load_cluster("h200")
+    assert gpu.rates_precision == "bf16" and gpu.calibrated_ranks == 0
+    assert (gpu.peak_flops_bf16, gpu.peak_flops_fp32, gpu.matmul_efficiency) == (
+        h200.peak_flops_bf16, h200.peak_flops_fp32, h200.matmul_efficiency)
+    model, layout = load_model("llama3-8b"), Layout(dp=8)
+    kernels = predict(model, gpu, layout, 64, "bf16").compute_s
+    assert kernels != predict(model, h200, layout, 64, "bf16").compute_s
+    bare = replace(gpu, gemm_rates=(), attention_rates=())
+    assert predict(model, gpu, layout, 64, "fp32").compute_s == predict(model, bare, layout, 64, "fp32").compute_s
+    fp8 = gpu.gemm_peak("fp8")  # FP8 operands: the preset's model (its attention and head stay bf16, measured)
+    assert gemm_seconds(gpu, 4096, 4096, 4096, fp8, 2, operand_bytes=1) == gemm_seconds(bare, 4096, 4096, 4096, fp8,
+                                                                                       2, operand_bytes=1)
 
 
 def test_calibrate_never_overwrites_silently(calibrated):

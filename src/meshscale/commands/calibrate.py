@@ -38,9 +38,10 @@ def summary(path: str) -> str:
     rates = ", ".join(f"{m}x{n}x{k} {r / 1e9:.1f}" for m, n, k, r in c.gemm_rates)
     attn = ", ".join(f"s={s} d={d} {r / 1e9:.2f}" for s, d, r in c.attention_rates)
     return (f"wrote {path} ({c.name}, base {dict(c.calibration).get('device', '')})\n"
-            f"GEMM GFLOP/s: {rates}\n"
-            f"attention GFLOP/s: {attn}\nmemory bandwidth {c.hbm_bandwidth / 1e9:.1f} GB/s; "
+            f"GEMM GFLOP/s ({c.rates_precision}): {rates}\n"
+            f"attention GFLOP/s ({c.rates_precision}): {attn}\nmemory bandwidth {c.hbm_bandwidth / 1e9:.1f} GB/s; "
             f"{c.op_overhead_s * 1e6:.1f} us per operator; FSDP2 {c.fsdp_unit_overhead_s * 1e6:.0f} us per unit, "
             f"{c.fsdp_tensor_overhead_s * 1e6:.0f} us per sharded tensor update; compute hides "
             f"{c.software.overlap_efficiency:.0%} of an overlapped collective\n"
-            + (f"collectives (bus bandwidth, latency per step): {kinds}" if kinds else "collectives: one process, none measured"))
+            + (f"collectives (bus bandwidth, latency per step): {kinds}" if kinds
+               else "collectives: one process, none measured"))

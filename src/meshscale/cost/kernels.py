@@ -40,8 +40,8 @@ def gemm_seconds(cluster: ClusterSpec, m: float, n: float, k: float, peak: float
     operand_bytes = operand_bytes or dtype_bytes
     if min(m, n, k) <= 0:
         return 0.0
-    measured = nearest(cluster.gemm_rates, (m, n, k))
-    if measured:  # a calibrated machine: its own GEMM rate at the nearest measured shape
+    measured = nearest(cluster.gemm_rates, (m, n, k)) if measured_precision(cluster, operand_bytes) else 0.0
+    if measured:  # a calibrated machine: its own GEMM rate at the nearest measured shape and precision
         return batch * 2.0 * m * n * k / measured
     rate = peak * cluster.matmul_efficiency
     tm, tn = cluster.gemm_tile
@@ -68,6 +68,11 @@ def nearest(rows: tuple, shape: tuple) -> float:
         return 0.0
     near = min(rows, key=lambda r: sum(abs(math.log(a / b)) for a, b in zip(r[:-1], shape)))
     return near[-1]
+
+
+def measured_precision(cluster: ClusterSpec, dtype_bytes: int) -> bool:
+    """Whether a kernel on `dtype_bytes` operands runs at the precision the cluster's rates were measured in."""
+    return PRECISIONS[cluster.rates_precision]["compute"] == dtype_bytes
 
 
 def gemm_efficiency(cluster: ClusterSpec, m: float, n: float, k: float, peak: float) -> float:
@@ -485,7 +490,8 @@ def attention_core_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layou
     peak, dtype_bytes = cluster.bf16_work_peak(precision), PRECISIONS[precision]["compute"]
     core = tokens * flops.attention_core_flops(model, model.seq, fused) / layout.tp
     measured = nearest(cluster.attention_rates, (model.seq / layout.cp, model.head_dim))
-    if fused and measured:  # calibrated: forward + backward measured as 3x the forward FLOPs
+    if fused and measured and measured_precision(cluster, dtype_bytes):
+        # calibrated: forward + backward measured as 3x the forward FLOPs
         total = 3 * core / measured
         return total / 3, total * 2 / 3
     if fused:

@@ -138,8 +138,11 @@ class ClusterSpec:
     op_overhead_s: float = 0.0  # host time per framework operator (Python, dispatch, autograd), tiny tensors
     fsdp_unit_overhead_s: float = 0.0  # FSDP2's host time per unit for one forward + backward, besides traffic
     fsdp_tensor_overhead_s: float = 0.0  # and per sharded (DTensor) parameter tensor in one optimizer update
-    attention_rates: tuple = ()  # (seq, head_dim, FLOP/s): fp32 causal attention forward + backward
-    gemm_rates: tuple = ()  # (m, n, k, FLOP/s): fp32 GEMM throughput over shapes
+    attention_rates: tuple = ()  # (seq, head_dim, FLOP/s): causal attention forward + backward
+    gemm_rates: tuple = ()  # (m, n, k, FLOP/s): GEMM throughput over shapes
+    # The precision both rates were measured in; they stand for that precision's kernels only (a CPU's fp32
+    # GEMM rate says nothing of its bf16 one, nor a GPU's bf16 of its fp32 or FP8): others keep the preset's.
+    rates_precision: str = "fp32"
     collectives: tuple = ()  # (collective, latency per step s, bus bandwidth B/s) over tier 0
     calibration: tuple = ()  # provenance, (key, value): date, host, torch, nproc, method
     # CPU hosts: how many ranks per host ran at once when the rates above were measured (calibrate's --nproc);
@@ -261,9 +264,13 @@ class ClusterSpec:
                             f"torch.nn.Linear forward; 0: none), got {self.host_linear_s!r}")
         if self.calibrated_ranks < 0:
             raise UserError(f"cluster {self.name}: calibrated_ranks must be >= 0 (0: devices do not share cores)")
-        if min(self.op_overhead_s, self.fsdp_unit_overhead_s, self.fsdp_tensor_overhead_s) < 0 or any(r[-1] <= 0 for r in self.attention_rates + self.gemm_rates):
+        overheads = (self.op_overhead_s, self.fsdp_unit_overhead_s, self.fsdp_tensor_overhead_s)
+        if min(overheads) < 0 or any(r[-1] <= 0 for r in self.attention_rates + self.gemm_rates):
             raise UserError(f"cluster {self.name}: op_overhead_s and the fsdp overheads must be >= 0 and measured "
                             "rates positive")
+        if self.rates_precision not in ("fp32", "bf16"):
+            raise UserError(f"cluster {self.name}: rates_precision must be fp32 or bf16 (what gemm_rates and "
+                            f"attention_rates were measured in), got {self.rates_precision!r}")
         if any(len(c) != 3 or c[1] < 0 or c[2] <= 0 for c in self.collectives):
             raise UserError(f"cluster {self.name}: each of collectives needs collective, latency >= 0, "
                             "bandwidth > 0")

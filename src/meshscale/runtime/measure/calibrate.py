@@ -14,6 +14,7 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -25,9 +26,32 @@ from meshscale.runtime.loop.launch import exit_worker, first_failure
 from meshscale.runtime.loop.optim import build_optimizer
 from meshscale.runtime.loop.trainer import pick_device
 
-GEMM_SHAPES = ((512, 64, 176), (512, 176, 64), (2048, 256, 688), (2048, 688, 256), (2048, 256, 256),
-               (1024, 1024, 1024))  # (m, n, k): tiny's and small's layer GEMMs, then a square one
-ATTENTION_SHAPES = ((64, 8), (256, 32), (1024, 64))  # (seq, head_dim)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What is measured on one kind of device, in the precision `train` runs there: GEMMs (m, n, k), causal
+    attention (seq, head_dim) over `attention_tokens` tokens of 8 heads, and an add over fp32 tensors of
+    `add_elements`, large enough to leave the caches."""
+    precision: str
+    gemms: tuple
+    attention: tuple
+    attention_tokens: int
+    add_elements: int
+
+
+SWEEPS = {
+    # tiny's and small's layer GEMMs, then a square one; fp32 (`train`'s default); 16 MiB tensors
+    "cpu": Sweep("fp32", ((512, 64, 176), (512, 176, 64), (2048, 256, 688), (2048, 688, 256), (2048, 256, 256),
+                          (1024, 1024, 1024)), ((64, 8), (256, 32), (1024, 64)), 4096, 2**22),
+    # a llama3-8b layer's GEMMs at 4,096 tokens (QKV, output, MLP up and down), the output at 1,024, and 8192^3,
+    # in bf16 (a GPU trains in bf16; its fp32 and FP8 keep the preset's figures); 1 GiB tensors (an H100's L2
+    # holds 50 MB)
+    "cuda": Sweep("bf16", ((4096, 6144, 4096), (4096, 4096, 4096), (4096, 14336, 4096), (4096, 4096, 14336),
+                           (1024, 4096, 4096), (8192, 8192, 8192)), ((1024, 128), (4096, 128), (8192, 128)), 32768,
+                  2**28),
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 MESSAGE_BYTES = (4 * 2**10, 64 * 2**10, 1 * 2**20, 8 * 2**20)
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
@@ -59,20 +83,20 @@ def _gemm_burst(device, n: int, count: int):
     return burst
 
 
-def gemm_rates(device, dtype, repeat: int) -> list[tuple]:
-    out = []
-    for m, n, k in GEMM_SHAPES:
+def gemm_rates(device, sweep: Sweep, repeat: int) -> list[tuple]:
+    out, dtype = [], DTYPES[sweep.precision]
+    for m, n, k in sweep.gemms:
         a, b = torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
         out.append((m, n, k, 2 * m * n * k / _timed(lambda: a @ b, device, repeat)))
     return out
 
 
-def attention_rates(device, dtype, repeat: int) -> list[tuple]:
+def attention_rates(device, sweep: Sweep, repeat: int) -> list[tuple]:
     """Causal SDPA forward + backward at 8 heads; FLOPs counted as cost/flops.py does (QK^T and AV over
     the (s+1)/2 positions a token attends to, backward twice forward)."""
-    out = []
-    for seq, head_dim in ATTENTION_SHAPES:
-        batch = max(1, 4096 // seq)
+    out, dtype = [], DTYPES[sweep.precision]
+    for seq, head_dim in sweep.attention:
+        batch = max(1, sweep.attention_tokens // seq)
         q, k, v = (torch.randn(batch, 8, seq, head_dim, device=device, dtype=dtype, requires_grad=True)
                    for _ in range(3))
 
@@ -84,9 +108,9 @@ def attention_rates(device, dtype, repeat: int) -> list[tuple]:
     return out
 
 
-def memory_bandwidth(device, repeat: int) -> float:
-    """Bytes/s of an out-of-place add of 16 MiB tensors (two reads, one write)."""
-    a, b = torch.randn(2**22, device=device), torch.randn(2**22, device=device)
+def memory_bandwidth(device, sweep: Sweep, repeat: int) -> float:
+    """Bytes/s of an out-of-place add of fp32 tensors (two reads, one write)."""
+    a, b = torch.randn(sweep.add_elements, device=device), torch.randn(sweep.add_elements, device=device)
     out = torch.empty_like(a)
     return 3 * a.nbytes / _timed(lambda: torch.add(a, b, out=out), device, repeat)
 
@@ -205,10 +229,9 @@ def alpha_beta(kind: str, samples: list[tuple], n: int) -> tuple[float, float]:
 
 def measure(device, quick: bool) -> dict:
     """This rank's measurements."""
-    repeat = 3 if quick else 10
-    dtype = torch.float32  # `train`'s default precision; the rates are written as the fp32 figures
-    result = {"gemm": gemm_rates(device, dtype, repeat), "attention": attention_rates(device, dtype, repeat),
-              "bandwidth": memory_bandwidth(device, repeat), "op_overhead": op_overhead(device, repeat)}
+    repeat, sweep = 3 if quick else 10, SWEEPS[device.type]
+    result = {"gemm": gemm_rates(device, sweep, repeat), "attention": attention_rates(device, sweep, repeat),
+              "bandwidth": memory_bandwidth(device, sweep, repeat), "op_overhead": op_overhead(device, repeat)}
     if dist.is_initialized() and dist.get_world_size() > 1:
         sizes = MESSAGE_BYTES[::3] if quick else MESSAGE_BYTES
         result["collectives"] = collective_times(device, repeat if quick else 40, sizes)
@@ -224,21 +247,21 @@ def cluster_fields(per_rank: list[dict], device, nproc: int, method: str) -> dic
     gemm = [(*first["gemm"][i][:3], med(r["gemm"][i][3] for r in per_rank)) for i in range(len(first["gemm"]))]
     attention = [(*first["attention"][i][:2], med(r["attention"][i][2] for r in per_rank))
                  for i in range(len(first["attention"]))]
-    best = max(g[3] for g in gemm)
     fields = {"base": "local-cpu" if device.type == "cpu" else _gpu_base(device),
               "name": f"calibrated-{platform.node() or 'host'}",
               "hbm_bandwidth": med(r["bandwidth"] for r in per_rank),
               "hbm_efficiency": 1.0,  # measured: already what an element-wise kernel reaches, not a datasheet's
-              # The best GEMM measured is the peak; each layout's shapes get their own measured rate
-              # (cost/overhead.py), never above it, so the planner's bound at the peak stays a bound.
-              "peak_flops_fp32": best,
-              "matmul_efficiency": 1.0,
               "op_overhead_s": med(r["op_overhead"] for r in per_rank),
               "host_linear_s": 0.0,  # the measured per-operator time replaces the preset's host figure
-              "attention_rates": attention, "gemm_rates": gemm, "default_devices": nproc,
+              "attention_rates": attention, "gemm_rates": gemm, "rates_precision": SWEEPS[device.type].precision,
+              "default_devices": nproc,
               # our runtime keeps fp32 parameters under autocast, so ZeRO-1/2 gathers them in fp32
               "software": {"param_gather_fp32": True}}
     if device.type == "cpu":
+        # The best fp32 GEMM measured is the peak, reached in full; each layout's shapes get their own measured
+        # rate (cost/kernels.py), never above it. A GPU keeps its datasheet peaks and efficiency: they still
+        # cost the precisions not measured.
+        fields.update(peak_flops_fp32=max(g[3] for g in gemm), matmul_efficiency=1.0)
         # The ranks measured at once share this host's cores; a job with more ranks per host shares them too.
         # Our runtime runs each element-wise operator eagerly and keeps what autograd saves (cost/memory.py).
         fields["calibrated_ranks"] = nproc
