@@ -29,6 +29,12 @@ CURVES = (
           ((1, 36.22), (2, 53.54), (4, 71.43), (8, 89.99), (16, 109.22), (32, 132.77), (64, 166.63),
            (128, 174.18), (256, 213.87), (512, 221.58), (1024, 228.10), (2048, 230.22), (4096, 230.48),
            (8192, 231.58))),
+    # Azure ND_H100_v5_results.md: 8 H100 SXM on NVLink4 NVSwitch (the DGX H100 fabric), NVLS, in-place, NCCL 2.18.5,
+    # Intel Xeon 8480C host (its table's "33M" .. "536M" are 2^25 .. 2^29 bytes)
+    Curve("HGX H100 x8 (DGX H100 fabric)", "Azure ND H100 v5 results (NCCL 2.18.5)", "h100-80gb", 8,
+          ((1, 43.70), (2, 81.93), (4, 128.73), (8, 172.13), (16, 234.45), (32, 295.53), (64, 361.78),
+           (128, 400.61), (256, 423.38), (512, 438.46), (1024, 466.35), (2048, 472.36), (4096, 475.54),
+           (8192, 478.87))),
     # Azure ND_H200_v5_results.md: 8 H200 on NVLink4 NVSwitch (the DGX H100 fabric), NVLS, NCCL 2.20.5
     Curve("HGX H200 x8 (DGX H100 fabric)", "Azure ND H200 v5 results (NCCL 2.20.5)", "h200", 8,
           ((1, 52.96), (2, 88.78), (4, 138.44), (8, 181.94), (16, 240.41), (32, 300.91), (64, 368.11),
@@ -75,10 +81,9 @@ if __name__ == "__main__":
         for mib, measured, busbw, err, option in rows:
             print(f"  {mib:6d} MiB  measured {measured:7.1f}  model {busbw:7.1f} GB/s  {err:+6.1%}  {option}")
     if "--plot" in sys.argv:
-        from meshscale.commands.collectives import curve as model_curve
         from meshscale.plots import _pyplot, _save
         plt = _pyplot()
-        fig, axes = plt.subplots(2, 3, figsize=(12, 7))
+        fig, axes = plt.subplots(2, 4, figsize=(16, 7))
         for ax, c in zip(axes.flat, CURVES):
             sizes = [2**i * M for i in range(14)]
             rows = [(s, predicted(c, s / M)[0]) for s in sizes]
@@ -86,4 +91,6 @@ if __name__ == "__main__":
             ax.plot([m * M for m, _ in c.points], [g for _, g in c.points], "x", label="nccl-tests")
             ax.set_xscale("log", base=2), ax.set_title(f"{c.name} ({c.devices})", fontsize=9)
             ax.set_xlabel("bytes"), ax.set_ylabel("busbw GB/s"), ax.legend(fontsize=7)
+        for ax in axes.flat[len(CURVES):]:
+            ax.axis("off")
         _save(fig, sys.argv[sys.argv.index("--plot") + 1])
