@@ -27,7 +27,6 @@ from meshscale.runtime.loop.optim import build_optimizer
 from meshscale.runtime.loop.trainer import pick_device
 
 
-
 @dataclass(frozen=True)
 class Sweep:
     """What is measured on one kind of device, in the precision `train` runs there: GEMMs (m, n, k), causal
