@@ -1,5 +1,6 @@
-"""Published nccl-tests bus-bandwidth curves against cost/collectives.py (all_reduce_perf, in-place or
-out-of-place busbw as published, float sum). Each curve names its source, NCCL version and system.
+"""Published nccl-tests bus-bandwidth curves against cost/collectives.py (all_reduce_perf unless a curve names
+another collective; in-place or out-of-place busbw as published, float sum). Each curve names its source, NCCL
+version and system.
 Run: PYTHONPATH=src python benchmarks/nccl_curves.py [--plot docs/collectives.png]
 """
 
@@ -20,6 +21,7 @@ class Curve:
     devices: int
     points: tuple  # (MiB, busbw GB/s)
     algorithms: tuple = ()  # NCCL_ALGO forced by the run ((): NCCL's choice)
+    collective: str = "all_reduce"
 
 
 CURVES = (
@@ -35,6 +37,11 @@ CURVES = (
           ((1, 43.70), (2, 81.93), (4, 128.73), (8, 172.13), (16, 234.45), (32, 295.53), (64, 361.78),
            (128, 400.61), (256, 423.38), (512, 438.46), (1024, 466.35), (2048, 472.36), (4096, 475.54),
            (8192, 478.87))),
+    # NVIDIA/nccl#1047 (2023-10-31): reduce_scatter_perf on one H100 server, 8 GPUs, NCCL_ALGO=Ring,
+    # out-of-place busbw (size: the whole input, each rank keeping an eighth)
+    Curve("H100 x8 reduce-scatter, ring", "NVIDIA/nccl#1047", "h100-80gb", 8,
+          ((128, 311.34), (256, 330.94), (512, 340.94), (1024, 349.36), (2048, 354.81), (4096, 357.76),
+           (8192, 362.16)), ("ring",), "reduce_scatter"),
     # Azure ND_H200_v5_results.md: 8 H200 on NVLink4 NVSwitch (the DGX H100 fabric), NVLS, NCCL 2.20.5
     Curve("HGX H200 x8 (DGX H100 fabric)", "Azure ND H200 v5 results (NCCL 2.20.5)", "h200", 8,
           ((1, 52.96), (2, 88.78), (4, 138.44), (8, 181.94), (16, 240.41), (32, 300.91), (64, 368.11),
@@ -60,8 +67,9 @@ def predicted(curve: Curve, mib: float) -> tuple[float, str]:
     """(bus bandwidth GB/s, algorithm/protocol) the model gives one call of `mib` MiB."""
     cluster = load_cluster(curve.cluster)
     link = comm.group_link(cluster, curve.devices, curve.devices, 1)
-    t, option = collectives.best("all_reduce", link.fabric, mib * M, curve.algorithms)
-    return collectives.wire_factor("all_reduce", curve.devices) * mib * M / t / 1e9, f"{option[0]}/{option[1]}"
+    t, option = collectives.best(curve.collective, link.fabric, mib * M, curve.algorithms)
+    busbw = collectives.wire_factor(curve.collective, curve.devices) * mib * M / t / 1e9
+    return busbw, f"{option[0]}/{option[1]}"
 
 
 def errors(curve: Curve) -> list[tuple]:
@@ -77,7 +85,7 @@ if __name__ == "__main__":
     for curve in CURVES:
         rows = errors(curve)
         worst = max(abs(e) for *_, e, _ in rows)
-        print(f"\n{curve.name} ({curve.devices} GPUs, {curve.source}): worst {worst:.0%}")
+        print(f"\n{curve.name} ({curve.collective}, {curve.devices} GPUs, {curve.source}): worst {worst:.0%}")
         for mib, measured, busbw, err, option in rows:
             print(f"  {mib:6d} MiB  measured {measured:7.1f}  model {busbw:7.1f} GB/s  {err:+6.1%}  {option}")
     if "--plot" in sys.argv:
