@@ -337,6 +337,70 @@ def nemo_runs():
                   gbs * seq / (per_gpu * gpus), "H100", software, precision="fp8")
 
 
+# MosaicML llm-foundry scripts/train/benchmarking/README.md at 5e85bd62 (2024-01-06): MPT models trained with
+# Composer's FSDP (torch FSDP1, one unit a block, eager PyTorch, low-precision LayerNorm, MPT's Triton flash
+# attention), every row at the models' own sequence length 2048: (model, GPUs, micro-batch, accumulation,
+# global batch, tokens/s, sharding, activation checkpointing). MP mode DEFAULT reduces gradients in fp32, PURE
+# in bf16. H100: both H100 80GB BF16 tables ("Large Scale" added in that commit); A100: the A100 80GB table.
+MPT_SIZES = {"70b": (8192, 64, 80), "30b": (7168, 56, 48), "13b": (5120, 40, 40), "7b": (4096, 32, 32),
+             "3b": (2560, 20, 32), "1b": (2048, 16, 24), "760m": (1536, 12, 24), "350m": (1024, 16, 24),
+             "125m": (768, 12, 12)}
+MOSAIC_H100 = [
+    ("70b", 512, 8, 1, 4096, 515636, "full", True), ("70b", 256, 8, 1, 2048, 265149, "full", True),
+    ("70b", 128, 8, 1, 1024, 135490, "full", True), ("30b", 512, 8, 1, 4096, 1083366, "full", True),
+    ("30b", 256, 8, 1, 2048, 550022, "full", True), ("30b", 128, 8, 1, 1024, 281491, "full", True),
+    ("13b", 512, 16, 1, 8192, 2535811, "full", True), ("13b", 256, 16, 1, 4096, 1277214, "full", True),
+    ("13b", 128, 16, 1, 2048, 650264, "full", True), ("7b", 512, 6, 1, 3072, 4951479, "full", False),
+    ("7b", 256, 6, 1, 1536, 2590548, "full", False), ("7b", 128, 6, 1, 768, 1340830, "full", False),
+    ("3b", 512, 8, 1, 4096, 11092218, "grad", False), ("3b", 256, 8, 1, 2048, 5829686, "grad", False),
+    ("3b", 128, 8, 1, 1024, 2998098, "grad", False), ("1b", 512, 12, 1, 6144, 20396905, "grad", False),
+    ("1b", 256, 12, 1, 3072, 10894207, "grad", False), ("1b", 128, 12, 1, 1536, 5647854, "grad", False),
+    ("70b", 64, 8, 4, 2048, 66523, "full", True), ("70b", 32, 2, 16, 1024, 28242, "full", True),
+    ("30b", 32, 14, 3, 1344, 73860, "full", True), ("30b", 16, 10, 3, 480, 36209, "full", True),
+    ("30b", 8, 3, 21, 504, 16022, "full", True), ("13b", 64, 2, 1, 128, 307209, "full", False),
+    ("13b", 32, 2, 1, 64, 153960, "full", False), ("13b", 16, 2, 1, 32, 76280, "full", False),
+    ("13b", 8, 2, 1, 16, 38336, "full", False), ("7b", 8, 6, 1, 48, 85144, "full", False),
+    ("3b", 64, 6, 3, 1152, 1441663, "full", False), ("3b", 32, 6, 3, 576, 736701, "full", False),
+    ("3b", 16, 10, 3, 480, 386285, "full", False), ("1b", 64, 20, 1, 1280, 2841754, "full", False),
+    ("1b", 32, 20, 1, 640, 1444183, "full", False), ("1b", 16, 20, 1, 320, 736596, "full", False),
+    ("1b", 8, 14, 1, 112, 363645, "full", False), ("760m", 32, 24, 1, 768, 2175091, "full", False),
+    ("760m", 16, 24, 1, 384, 1096819, "full", False), ("760m", 8, 24, 2, 384, 505177, "full", False)]
+MOSAIC_A100 = [
+    ("70b", 64, 8, 4, 2048, 26274, "full", True, "PURE"), ("70b", 32, 2, 16, 1024, 11962, "full", True, "PURE"),
+    ("30b", 8, 3, 21, 504, 7330, "full", True), ("13b", 8, 2, 3, 48, 18097, "full", False),
+    ("7b", 8, 6, 2, 96, 37130, "full", False), ("3b", 8, 10, 2, 160, 86491, "full", False),
+    ("1b", 8, 14, 4, 448, 164109, "full", False), ("760m", 8, 24, 2, 384, 259472, "full", False),
+    ("350m", 8, 32, 2, 512, 470263, "full", False), ("125m", 8, 40, 2, 640, 1142641, "full", False),
+    ("125m", 8, 32, 2, 512, 1133901, "full", False)]
+# The H100 80GB FP8 table's one row at seq 2048 (Transformer Engine's FP8 linear layers, `amp_fp8`)
+MOSAIC_H100_FP8 = [("3b", 8, 10, 6, 480, 244692, "full", False)]
+COMPOSER = Software(framework="torch", fused_elementwise=False)
+
+
+def mpt(name: str) -> ModelSpec:
+    """MPT as llm-foundry's yamls/pretrain/mpt-*.yaml build it: GeLU MLP x4, no biases, learned positions, tied
+    embeddings, vocab 50368, LayerNorm, seq 2048."""
+    hidden, heads, layers = MPT_SIZES[name]
+    return ModelSpec(name=f"mpt-{name}", layers=layers, hidden=hidden, heads=heads, ffn=4 * hidden, vocab=50368,
+                     seq=2048, mlp="gelu", tied_embeddings=True, learned_positions=True)
+
+
+def mosaic_runs():
+    for cluster, hardware, rows, precision in (("h100-80gb", "H100", MOSAIC_H100, "bf16"),
+                                               ("h100-80gb", "H100", MOSAIC_H100_FP8, "fp8"),
+                                               ("a100-80gb", "A100", MOSAIC_A100, "bf16")):
+        for name, gpus, mbs, accum, batch, tokens_per_s, shard, ckpt, *mode in rows:
+            zero = "zero=3" if shard == "full" else "zero=2"
+            layout = f"dp={gpus},{zero},mbs={mbs}" + (",recompute=full" if ckpt else "")
+            # FSDP reduces (and under SHARD_GRAD_OP gathers) one wrapped block at a time: MPT's fsdp_wrap_fn
+            hidden = MPT_SIZES[name][0]
+            software = replace(COMPOSER, grad_reduce_fp32=mode != ["PURE"], grad_bucket_params=12 * hidden**2)
+            assert batch == gpus * mbs * accum, name
+            yield Run("llm-foundry benchmarks", f"MPT-{name} {gpus}x{hardware} {precision} mbs{mbs}", mpt(name),
+                      cluster, layout, gpus, batch, batch * 2048 / tokens_per_s, hardware, software,
+                      precision=precision)
+
+
 def runs():
     yield from megatron_runs()
     yield from torchtitan_runs()
@@ -347,6 +411,7 @@ def runs():
     yield from palm_runs()
     yield from bloom_runs()
     yield from nemo_runs()
+    yield from mosaic_runs()
 
 
 def rows():
@@ -381,7 +446,7 @@ def computed_bands() -> dict[str, tuple]:
     out = {}
     for key, errs in sorted(errors_by_category().items()):
         med, p90, _, bias = summary(errs)
-        out[key] = (len(errs), round(med, 4), round(p90, 4), round(bias, 4))
+        out[key] = (len(errs), med, p90, bias)
     return out
 
 
@@ -400,10 +465,11 @@ def write_bands(path: str) -> None:
 
 
 def summary(errors: list[float]) -> tuple[float, float, float, float]:
-    """Median, 90th percentile and max of |error|, and the mean signed error (negative: predicted too fast)."""
+    """Median, 90th percentile and max of |error|, and the mean signed error (negative: predicted too fast),
+    to 0.01% as cost/bands.py stores them (so the printed table and the bands round alike)."""
     a = sorted(map(abs, errors))
     p90 = a[min(len(a) - 1, round(0.9 * (len(a) - 1)))]
-    return statistics.median(a), p90, a[-1], statistics.mean(errors)
+    return tuple(round(x, 4) for x in (statistics.median(a), p90, a[-1], statistics.mean(errors)))
 
 
 if __name__ == "__main__":

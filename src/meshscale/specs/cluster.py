@@ -379,13 +379,16 @@ def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, host,
 # (Bekman, ml-engineering, compute/accelerator/README.md and benchmarks/README.md). Training keeps the GPU at
 # its power limit, so the sustained figure (MSMF, after thermal soak) applies, not the boost burst (MAMF):
 # H200 = H100 silicon at 700 W, MSMF 702.9 of 989 TFLOP/s (0.711; MAMF 828); B200 MSMF 1426-1456 of 2250
-# (0.640; MAMF 1751). A100 has only a MAMF (271.2, 0.869); we apply the 0.81-0.85 burst-to-sustained ratio
-# measured on both other chips (0.83), 0.72.
+# (0.640; MAMF 1751). A100 (MAMF 271.2, 0.869; no MSMF there): Azure's cuBLASLt scan on ND A100 v4 after 10,000
+# warm-up launches (Azure/AI-benchmarking-guide Azure_Results/ND_A100_v4_results.md, fp16, the rate of bf16 on
+# A100), 256.5 TFLOP/s at 16384^3 (0.822; 253.7 at 8192^3, 250.8 at 6144x12288x12288), 0.946 of its MAMF; the
+# 400 W part holds its clock where the 700-1000 W ones fall to 0.81-0.85 of theirs.
 # attention_efficiency: a fused attention kernel's forward + backward rate (backward counted as 2.5x the
 # forward's FLOPs, the papers' convention) at long causal sequences, head_dim 128, as training sustains it;
 # shorter sequences and context-parallel chunks run slower along the same scans (cost/kernels.py
-# attention_shape). A100: FlashAttention-2, 189 of 312 TFLOP/s at 8-16k (Dao 2023, arXiv:2307.08691, fig. 4d),
-# times the 0.83 burst-to-sustained ratio of its GEMMs: 0.50. H100/H200: cuDNN (Transformer Engine's kernel),
+# attention_shape). A100: FlashAttention-2 forward + backward on the same soaked Azure node, 179.5 of 312
+# TFLOP/s at seq 8192, head_dim 64, batch 2 (0.575; Dao 2023, arXiv:2307.08691, fig. 4, has ~189 at head_dim
+# 128 from a short burst). H100/H200: cuDNN (Transformer Engine's kernel),
 # forward 539 and backward ~467 TFLOP/s at 16k causal, 486 together (Shah et al. 2024, arXiv:2407.08608,
 # figs. 5-6, measured at a fixed 1830 MHz, the clock of the 989 TFLOP/s peak), times H100's sustained/burst
 # GEMM ratio 702.9/794.5 (MSMF/MAMF): 0.434. Blackwell (no scan before 2025 on record): Hopper's 0.491 of the
@@ -412,8 +415,8 @@ PRESETS: dict[str, ClusterSpec] = {
     # NVIDIA A100 datasheet: 312 TFLOP/s bf16, 19.5 fp32 (156 TF32), no FP8, 80 GB HBM2e at 2.039 TB/s, 108 SMs
     # (nvidia-smi reports 81920 MiB);
     # DGX A100: NVLink3 600 GB/s bidirectional per GPU (300 one way), 8x HDR 200 Gb/s NICs (25 GB/s per GPU).
-    "a100-80gb": _gpu("a100-80gb", "A100-SXM4-80GB", 312e12, 0.0, 19.5e12, 81920 * MiB, 2.039e12, 0.72,
-                      300 * GB, 8, 25 * GB, 1.8, 108, 0.50, nvlink_eff=0.78, gpu_arch="ampere", host_cpu="amd",
+    "a100-80gb": _gpu("a100-80gb", "A100-SXM4-80GB", 312e12, 0.0, 19.5e12, 81920 * MiB, 2.039e12, 0.822,
+                      300 * GB, 8, 25 * GB, 1.8, 108, 0.575, nvlink_eff=0.78, gpu_arch="ampere", host_cpu="amd",
                       host_bandwidth=32 * GB),
     # NVIDIA H100 SXM datasheet: 989 TFLOP/s bf16 dense, 1979 fp8, 67 fp32; 80 GB HBM3 at 3.35 TB/s, 132 SMs
     # (nvidia-smi reports 81559 MiB);
@@ -459,8 +462,9 @@ PRESETS: dict[str, ClusterSpec] = {
     # 5.3 TB/s, 304 CUs; 8 GPUs fully connected by Infinity Fabric, 7 links of 64 GB/s one way (448 GB/s);
     # 400 Gb/s NIC per GPU. MI325X: the same compute die, 256 GB HBM3E at 6 TB/s. GEMM: MAMF 781.9 of 1300
     # (ml-engineering's MAMF table, ROCm 6.2; 0.601), sustained by the burst-to-sustained ratio measured on
-    # NVIDIA parts (0.83; see matmul_efficiency above): 0.50. Collectives are RCCL's, not NCCL's tuner
-    # (gpu_arch unset: alpha-beta); no published RCCL bus bandwidth: NVLink's 0.80 fraction stands in.
+    # NVIDIA's 700-1000 W parts (0.83, H100 and B200 MSMF/MAMF; see matmul_efficiency above): 0.50.
+    # Collectives are RCCL's, not NCCL's tuner (gpu_arch unset: alpha-beta); no published RCCL bus bandwidth:
+    # NVLink's 0.80 fraction stands in.
     "mi300x": _gpu("mi300x", "MI300X-192GB", 1307.4e12, 2614.9e12, 163.4e12, 192 * GB, 5.3e12, 0.50, 448 * GB, 8,
                    50 * GB, 0.0, 304, 0.0, fast="xgmi", host_bandwidth=64 * GB),
     "mi325x": _gpu("mi325x", "MI325X-256GB", 1307.4e12, 2614.9e12, 163.4e12, 256 * GB, 6.0e12, 0.50, 448 * GB, 8,
