@@ -56,6 +56,13 @@ def test_bad_fields(tmp_path):
                     hbm_bytes=1, hbm_bandwidth=1, matmul_efficiency=1.5, tiers=(Tier("a", 0, 1, 0, 1),))
 
 
+def test_a_cluster_file_missing_fields_names_them_and_the_base_key(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('accelerator = "x"\n[software]\nframework = "torch"\n')
+    with pytest.raises(UserError, match=r"missing field\(s\) peak_flops_bf16, .*matmul_efficiency; .*base = "):
+        load_cluster(str(path))
+
+
 @pytest.mark.parametrize("text, match", [
     ('matmul_efficiency = "0.5"', "matmul_efficiency must be a number, got '0.5'"),
     ("compute_units = 1.5", "compute_units must be an integer"),

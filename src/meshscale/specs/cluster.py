@@ -527,7 +527,8 @@ def load_cluster(name_or_path: str) -> ClusterSpec:
         if isinstance(data.get("software"), dict):  # a [software] table overrides the base's one key by key
             data["software"] = {**asdict(preset.software), **data["software"]}
         data = {**{name: getattr(preset, name) for name in ClusterSpec.__dataclass_fields__}, **data}
-    return build(ClusterSpec, data, name_or_path)
+    hint = "" if base else f'; give them, or start from a preset: base = "h100-80gb" (any of {", ".join(PRESETS)})'
+    return build(ClusterSpec, data, name_or_path, hint)
 
 
 __all__ = ["ClusterSpec", "Software", "Tier", "PRESETS", "load_cluster"]

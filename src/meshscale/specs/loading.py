@@ -2,6 +2,7 @@
 
 import json
 import weakref
+from dataclasses import MISSING
 from pathlib import Path
 
 from meshscale.errors import UserError
@@ -44,13 +45,18 @@ _ACCEPTS = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}
 _WHAT = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
-def build(cls, fields: dict, source: str):
-    """Construct dataclass `cls` from `fields`, naming unknown keys and mistyped values instead of raising
-    TypeError (or failing later, in a comparison)."""
+def build(cls, fields: dict, source: str, missing_hint: str = ""):
+    """Construct dataclass `cls` from `fields`, naming unknown keys, missing required ones (then
+    `missing_hint`, what else the file could do) and mistyped values instead of raising TypeError (or failing
+    later, in a comparison)."""
     known = set(cls.__dataclass_fields__)
     unknown = sorted(set(fields) - known)
     if unknown:
         raise UserError(f"{source}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    missing = [name for name, f in cls.__dataclass_fields__.items()
+               if f.default is MISSING and f.default_factory is MISSING and name not in fields]
+    if missing:
+        raise UserError(f"{source}: missing field(s) {', '.join(missing)}{missing_hint}")
     for name, value in fields.items():
         kind = cls.__dataclass_fields__[name].type
         if type(None) in getattr(kind, "__args__", ()):  # `str | None` (a path): None, or the type's values
