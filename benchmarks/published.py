@@ -390,14 +390,14 @@ def mosaic_runs():
                                                ("h100-80gb", "H100", MOSAIC_H100_FP8, "fp8"),
                                                ("a100-80gb", "A100", MOSAIC_A100, "bf16")):
         for name, gpus, mbs, accum, batch, tokens_per_s, shard, ckpt, *mode in rows:
+            model = mpt(name)
             zero = "zero=3" if shard == "full" else "zero=2"
             layout = f"dp={gpus},{zero},mbs={mbs}" + (",recompute=full" if ckpt else "")
             # FSDP reduces (and under SHARD_GRAD_OP gathers) one wrapped block at a time: MPT's fsdp_wrap_fn
-            hidden = MPT_SIZES[name][0]
-            software = replace(COMPOSER, grad_reduce_fp32=mode != ["PURE"], grad_bucket_params=12 * hidden**2)
+            software = replace(COMPOSER, grad_reduce_fp32=mode != ["PURE"], grad_bucket_params=12 * model.hidden**2)
             assert batch == gpus * mbs * accum, name
-            yield Run("llm-foundry benchmarks", f"MPT-{name} {gpus}x{hardware} {precision} mbs{mbs}", mpt(name),
-                      cluster, layout, gpus, batch, batch * 2048 / tokens_per_s, hardware, software,
+            yield Run("llm-foundry benchmarks", f"MPT-{name} {gpus}x{hardware} {precision} mbs{mbs}", model,
+                      cluster, layout, gpus, batch, batch * model.seq / tokens_per_s, hardware, software,
                       precision=precision)
 
 
