@@ -97,8 +97,10 @@ KORTHIKANTI_2022 = [
 # arguments.py switches fp32 accumulation and all-reduce on only for bf16.
 # Gradient buckets: Megatron-LM 2021 all-reduced its one contiguous gradient buffer in one call, which is
 # Megatron-Core's rule without overlap (framework megatron-core, one bucket a buffer).
+# Stage-boundary sends blocked their rank (p2p_communication.py _communicate: wait on each request, then
+# torch.cuda.synchronize(), from 2021 until --overlap-p2p-communication in 2023).
 MEGATRON_2021 = Software(framework="megatron-core", grad_reduce_overlap=False, param_gather_overlap=False,
-                         grad_reduce_fp32=False)
+                         grad_reduce_fp32=False, pp_comm_overlap=False)
 # Sequence parallelism came with the backward's input-gradient reduce-scatter run behind the weight-gradient
 # GEMM (Megatron-LM mpu/layers.py of 2022, LinearWithGradAccumulationAndAsyncCommunication); Megatron-Core
 # keeps it (core/tensor_parallel/layers.py).

@@ -182,3 +182,18 @@ def test_bad_bucket_knobs_are_one_line(tmp_path, software, needle):
     with pytest.raises(UserError, match=re.escape(needle)) as e:
         load_cluster(str(path))
     assert "\n" not in str(e.value)
+
+
+def test_blocking_pipeline_sends_show_in_full():
+    """pp_comm_overlap=false (Megatron-LM before 2023): interleaved 1F1B's stage-boundary sends, which otherwise
+    show only on the first and last micro-batches' chain, block their rank: all of their time shows."""
+    layout = Layout.parse("tp=8,pp=4,vpp=2,schedule=interleaved,dp=2,mbs=1", 64)
+    sends, steps = {}, {}
+    for overlap in (True, False):
+        pred = predict(MODEL, with_software(pp_comm_overlap=overlap), layout, 64)
+        sends[overlap] = next(e for e in pred.comm if e["axis"] == "pp" and e["collective"] == "send_recv")
+        steps[overlap] = pred.step_time_s
+    assert steps[False] > steps[True]
+    assert sends[True]["time_s"] == sends[False]["time_s"]
+    assert sends[True]["exposed_s"] < 0.5 * sends[True]["time_s"]
+    assert sends[False]["exposed_s"] == pytest.approx(sends[False]["time_s"])

@@ -392,3 +392,15 @@ def test_megatron_dispatches_tokens_as_the_cost_model_charged():
                                    num_moe_experts=model.experts, moe_token_dispatcher_type=kind,
                                    **({"moe_flex_dispatcher_backend": backend} if backend else {}))
         assert config.moe_token_dispatcher_type == kind
+
+
+def test_megatron_overlaps_pipeline_sends_as_the_cost_model_charged():
+    """[software] pp_comm_overlap = false is Megatron-LM's --no-overlap-p2p-communication, which only the
+    interleaved schedule has (its validate_args turns the overlap off for the others)."""
+    h100, model = load_cluster("h100-80gb"), load_model("llama3-8b")
+    for schedule, vpp in (("interleaved", ",vpp=2"), ("1f1b", "")):
+        layout = Layout.parse(f"dp=4,zero=1,tp=2,pp=4{vpp},schedule={schedule},mbs=1")
+        for overlap in (True, False):
+            cluster = dataclasses.replace(h100, software=dataclasses.replace(h100.software, pp_comm_overlap=overlap))
+            args = parse_megatron(emit("megatron", model, cluster, layout, 256, "bf16", steps=10).config)
+            assert args.get("overlap_p2p_comm", True) is (overlap or schedule != "interleaved")

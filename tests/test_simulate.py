@@ -109,7 +109,8 @@ AGREE = [("llama2-7b", "fsdp=128", 128, 256), ("llama2-7b", "dp=64,tp=2,sp=true"
          ("gpt3-175b", "tp=8,pp=8,recompute=full", 1024, 1536),
          ("mixtral-8x7b", "dp=16,zero=1,ep=8,tp=2,pp=2", 64, 256)]
 SOFTWARE = (Software(),  # the defaults
-            Software(grad_reduce_overlap=False, param_gather_overlap=False, fsdp_prefetch=False),  # all off
+            Software(grad_reduce_overlap=False, param_gather_overlap=False, fsdp_prefetch=False,
+                     pp_comm_overlap=False),  # all off
             Software(tp_comm_overlap=True, ep_comm_overlap=True))  # all on
 
 

@@ -229,7 +229,7 @@ def _rank_ledger(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: i
                    Overlap.WGRAD: wgrad_s}
         hidden_by, shown = windows.get(overlap, 0.0), _shown(overlap, t, op.calls, layout.tp, m)
         if op.axis == "pp" and op.collective == "send_recv":  # behind the faster ranks' slack (cost/pipeline.py)
-            hidden_by, shown = (t if layout.schedule in QUEUED else m * lead), t / op.calls * _chain_crossings(layout)
+            hidden_by, shown = _p2p_hidden_by(layout, sw, t, m * lead), t / op.calls * _chain_crossings(layout)
         exposed = exposed_seconds(t, hidden_by, shown, sw.overlap_efficiency)
         # the compute it hides behind runs on the SMs its kernels leave: that compute takes longer by the hidden
         # time x their share (critical path: it slows passes, and so the bubble, wherever it lands)
@@ -450,6 +450,15 @@ def _slowest_and_others(ranks: list, pp: int) -> tuple[Passes, Passes, float]:
 # Schedules whose ranks hold other passes ready while a send travels (GPipe's run of forwards, then of
 # backwards; interleaved 1F1B's other chunks): their sends hide but for the chain (sim/engine.py shows it).
 QUEUED = ("gpipe", "interleaved")
+
+
+def _p2p_hidden_by(layout: Layout, sw, t: float, slack: float) -> float:
+    """What the stage-boundary sends of `t` seconds hide behind: all of themselves where the schedule queues
+    other passes and the framework overlaps them, the slowest rank's slack over its neighbours otherwise, nothing
+    where every send blocks its rank (Software.pp_comm_overlap false: the slowest rank waits out its own sends)."""
+    if not sw.pp_comm_overlap:
+        return 0.0
+    return t if layout.schedule in QUEUED else slack
 
 
 def _chain_crossings(layout: Layout) -> int:

@@ -54,6 +54,8 @@ def arguments(job: Job) -> list[str]:
         args.append("--tp-comm-overlap")
     if lay.pp > 1:
         args += _pipeline_arguments(model, lay)
+        if lay.schedule == "interleaved" and not sw.pp_comm_overlap:
+            args.append("--no-overlap-p2p-communication")
     if lay.cp > 1:
         args.append("--cp-comm-type p2p")  # K,V passed around the ring, as the cost model charges
     if lay.ep > 1:

@@ -45,12 +45,14 @@ class PipelineRun:
     events: list = field(default_factory=list)
 
 
-def run(orders: tuple, owner, seconds, send, fsdp_share=None, replica: int = 0, before=None) -> PipelineRun:
+def run(orders: tuple, owner, seconds, send, fsdp_share=None, replica: int = 0, before=None,
+        blocking: bool = False) -> PipelineRun:
     """orders: per rank, (stage, kind, mb) tuples; owner(stage) -> rank; seconds(rank, stage, kind, mb) ->
     (compute, inline collectives); send(from rank, to rank) -> seconds of a stage-boundary send;
     fsdp_share(rank, stage, compute) -> (FSDP traffic seconds of a pass of that compute time, its wrapping
     units) (None: no FSDP); before(rank, stage, kind, mb) -> seconds its rank spends between its previous pass
-    and this one, however early the inputs came (None: nothing; a measured trace's replay)."""
+    and this one, however early the inputs came (None: nothing; a measured trace's replay); blocking: a rank
+    waits out each of its stage-boundary sends before its next pass ([software] pp_comm_overlap false)."""
     last_stage = max(a[0] for order in orders for a in order)
     done: dict = {}  # output(...) -> when it was ready
     free = [0.0] * len(orders)
@@ -99,9 +101,11 @@ def run(orders: tuple, owner, seconds, send, fsdp_share=None, replica: int = 0, 
                 if inline:
                     out.events.append(Event(r, "compute", "tp", t, end, stage, mb, replica))
                 target = stage + 1 if kind == "F" else stage - 1
+                free[r] = end
                 if kind != "W" and 0 <= target <= last_stage and owner(target) != r:
                     out.events.append(Event(r, "pp", "send", end, end + send(r, owner(target)), stage, mb, replica))
-                free[r] = end
+                    if blocking:
+                        free[r] = out.events[-1].end
                 done[output(stage, kind, mb)] = end
                 at[r] += 1
                 remaining -= 1

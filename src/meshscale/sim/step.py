@@ -118,7 +118,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batc
     orders = rank_orders(layout.schedule if layout.pp > 1 else "1f1b", layout.pp, layout.vpp, m)
     owner = lambda stage: stage_owner(stage, layout.pp, layout.v_shaped)  # noqa: E731
     pipelines = _replicas(layout, stragglers, slow_links)
-    runs = [engine.run(orders, owner, seconds_for(slow, links), send_for(links), share, i)
+    blocking = not cluster.software.pp_comm_overlap
+    runs = [engine.run(orders, owner, seconds_for(slow, links), send_for(links), share, i, blocking=blocking)
             for i, (_, slow, links) in enumerate(pipelines)]
     last_backward = [[max(p.end for p in run.passes if p.rank == r and p.kind != "F") for r in range(layout.pp)]
                      for run in runs]
@@ -129,7 +130,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batc
     reference = None  # a replica without stragglers, to say how much more the straggling ones wait
     if healthy:
         reference = runs[0] if not pipelines[0][0] else engine.run(orders, owner, seconds_for({}, {}),
-                                                                     send_for({}), share)
+                                                                     send_for({}), share, blocking=blocking)
     for i, ((name, _, _), run) in enumerate(zip(pipelines, runs)):
         for r in range(layout.pp):
             mine = [p for p in run.passes if p.rank == r]

@@ -38,6 +38,11 @@ class Software:
     # MoE dispatch/combine all-to-alls of one micro-batch behind another's compute (Megatron-Core
     # `--overlap-moe-expert-parallel-comm`; schedule=dualpipev always does, DeepSeek-V3 sec. 3.2.1)
     ep_comm_overlap: bool = False
+    # Interleaved 1F1B's (and GPipe's) stage-boundary sends run while the rank computes its other chunks
+    # (Megatron-Core --overlap-p2p-communication, added 2023-05 and on by default since 2023-10; torch's
+    # pipelining posts them as isend/irecv); false: each send blocks its rank until it lands, as Megatron-LM
+    # before 2023 did (p2p_communication.py _communicate waited on every request, then torch.cuda.synchronize()).
+    pp_comm_overlap: bool = True
     # Gradients travel in fp32 (FSDP2's reduce_dtype, Megatron-LM's arguments.py forces fp32 accumulation and
     # all-reduce for bf16); false: in the 2-byte compute dtype, as Megatron-LM's fp16 runs did (its
     # --accumulate-allreduce-grads-in-fp32 is off by default).
