@@ -71,6 +71,17 @@ def test_eager_elementwise_moves_more_than_fused_and_splits_like_the_layout():
         - 2 * (MODEL.kv_heads * MODEL.head_dim + q)  # no repeat_kv copies without grouped heads
 
 
+def test_eager_elementwise_counts_the_blocks_own_norms_and_positions():
+    """A GPT-style block (LayerNorm under autocast, learned positions) moves 2 x 8 fewer elements per hidden
+    element in its norms than torchtitan's fp32 RMSNorm, and runs no RoPE; partial rotary rotates its share."""
+    q, kv = MODEL.heads * MODEL.head_dim, MODEL.kv_heads * MODEL.head_dim
+    llama = eager_forward_elements(MODEL, 1, False)
+    assert eager_forward_elements(replace(MODEL, learned_positions=True), 1, False) == llama - 10 * (q + kv)
+    assert eager_forward_elements(replace(MODEL, rotary_fraction=0.25), 1, False) == llama - 7.5 * (q + kv)
+    gpt = replace(MODEL, biases=True, learned_positions=True)
+    assert eager_forward_elements(gpt, 1, False) == llama - 10 * (q + kv) - 16 * MODEL.hidden
+
+
 def test_eager_elementwise_lengthens_the_step_more_with_full_recompute():
     def step(recompute, **software):
         layout = Layout.parse(f"dp=8,zero=3,mbs=1,recompute={recompute}", 8)
