@@ -376,7 +376,8 @@ MOSAIC_A100 = [
     ("125m", 8, 32, 2, 512, 1133901, "full", False)]
 # The H100 80GB FP8 table's one row at seq 2048 (Transformer Engine's FP8 linear layers, `amp_fp8`)
 MOSAIC_H100_FP8 = [("3b", 8, 10, 6, 480, 244692, "full", False)]
-COMPOSER = Software(framework="torch", fused_elementwise=False)
+# Composer's FSDP of 2023-24 is torch's FSDP1: flat parameters gathered in place (no copy-out)
+COMPOSER = Software(framework="torch", fused_elementwise=False, fsdp_copy_out=False)
 
 
 def mpt(name: str) -> ModelSpec:

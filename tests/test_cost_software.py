@@ -208,3 +208,21 @@ def test_blocking_pipeline_sends_show_in_full():
     assert sends[True]["time_s"] == sends[False]["time_s"]
     assert sends[True]["exposed_s"] < 0.5 * sends[True]["time_s"]
     assert sends[False]["exposed_s"] == pytest.approx(sends[False]["time_s"])
+
+
+def test_fsdp2_copies_its_gathered_parameters_out_on_the_compute_stream():
+    """framework torch, zero=3: FSDP2 reads and writes every gathered byte once more (its copy-out), which
+    slows the step; FSDP1 (fsdp_copy_out false) and Megatron-FSDP gather in place."""
+    layout = Layout.parse("dp=8,zero=3,mbs=1", 8)
+
+    def gather(**software):
+        pred = predict(MODEL, with_software(**software), layout, 16)
+        entry = next(e for e in pred.comm if e["collective"] == "all_gather")
+        return entry, pred.step_time_s
+
+    (fsdp2, t2), (fsdp1, t1) = gather(framework="torch"), gather(framework="torch", fsdp_copy_out=False)
+    copy = 2 * fsdp2["bytes"] / A100.achieved_hbm_bandwidth
+    assert fsdp2["interference_s"] - fsdp1["interference_s"] == pytest.approx(copy)
+    assert t2 - t1 == pytest.approx(copy)
+    megatron, _ = gather(framework="megatron-core")
+    assert megatron["interference_s"] == pytest.approx(fsdp1["interference_s"])

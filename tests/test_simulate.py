@@ -111,7 +111,8 @@ AGREE = [("llama2-7b", "fsdp=128", 128, 256), ("llama2-7b", "dp=64,tp=2,sp=true"
 SOFTWARE = (Software(),  # the defaults
             Software(grad_reduce_overlap=False, param_gather_overlap=False, fsdp_prefetch=False,
                      pp_comm_overlap=False),  # all off
-            Software(tp_comm_overlap=True, ep_comm_overlap=True))  # all on
+            Software(tp_comm_overlap=True, ep_comm_overlap=True),  # all on
+            Software(framework="torch"))  # DDP's buckets, FSDP2's units and copy-out
 
 
 def test_predict_computes_from_the_chunks_the_simulator_runs():

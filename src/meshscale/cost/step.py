@@ -36,7 +36,8 @@ class CommEntry:
     overlap: Overlap  # what hides it (predict's rules below); NONE where its [software] switch is off
     hidden_by_s: float = 0.0  # the compute it may hide behind: exposed_s = max(time_s - hidden_by_s, shown_s)
     shown_s: float = 0.0  # what shows however much compute there is
-    # what the compute it hides behind loses to it: the SMs its kernels hold while it runs (comm.sm_share)
+    # what the compute it hides behind loses to it: the SMs its kernels hold while it runs (comm.sm_share), and
+    # for FSDP2's all-gathers the copy-out of the gathered parameters on the compute stream
     interference_s: float = 0.0
 
 
@@ -234,6 +235,8 @@ def _rank_ledger(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: i
         # the compute it hides behind runs on the SMs its kernels leave: that compute takes longer by the hidden
         # time x their share (critical path: it slows passes, and so the bubble, wherever it lands)
         interference = (t - exposed) * comm.sm_share(cluster, op.axis)
+        if op.collective == "all_gather" and op.overlap == Overlap.FSDP and _copies_out(sw):
+            interference += 2 * op.bytes / cluster.achieved_hbm_bandwidth  # on the compute stream
         critical_path += interference
         if op.axis in ("dp", "dp_replicate", "edp"):
             dp_exposed += exposed
@@ -459,6 +462,11 @@ def _p2p_hidden_by(layout: Layout, sw, t: float, slack: float) -> float:
     if not sw.pp_comm_overlap:
         return 0.0
     return t if layout.schedule in QUEUED else slack
+
+
+def _copies_out(sw) -> bool:
+    """Whether ZeRO-3's gathered parameters are copied out of the all-gather buffer (Software.fsdp_copy_out)."""
+    return sw.framework == "torch" and sw.fsdp_copy_out
 
 
 def _chain_crossings(layout: Layout) -> int:

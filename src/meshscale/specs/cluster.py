@@ -43,6 +43,11 @@ class Software:
     # pipelining posts them as isend/irecv); false: each send blocks its rank until it lands, as Megatron-LM
     # before 2023 did (p2p_communication.py _communicate waited on every request, then torch.cuda.synchronize()).
     pp_comm_overlap: bool = True
+    # framework torch, zero=3: FSDP2 (fully_shard) copies each gathered parameter out of the all-gather buffer on
+    # the compute stream, a read and a write of it (torch's _fsdp_param_group.py wait_for_unshard ->
+    # foreach_all_gather_copy_out); false: FSDP1, whose flat parameter is the all-gather buffer. Megatron-FSDP and
+    # DeepSpeed's ZeRO-3 gather in place whatever this says.
+    fsdp_copy_out: bool = True
     # Gradients travel in fp32 (FSDP2's reduce_dtype, Megatron-LM's arguments.py forces fp32 accumulation and
     # all-reduce for bf16); false: in the 2-byte compute dtype, as Megatron-LM's fp16 runs did (its
     # --accumulate-allreduce-grads-in-fp32 is off by default).
