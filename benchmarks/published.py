@@ -347,7 +347,7 @@ def nemo_runs():
 MPT_SIZES = {"70b": (8192, 64, 80), "30b": (7168, 56, 48), "13b": (5120, 40, 40), "7b": (4096, 32, 32),
              "3b": (2560, 20, 32), "1b": (2048, 16, 24), "760m": (1536, 12, 24), "350m": (1024, 16, 24),
              "125m": (768, 12, 12)}
-MOSAIC_H100 = [
+MOSAIC_H100_LARGE = [
     ("70b", 512, 8, 1, 4096, 515636, "full", True), ("70b", 256, 8, 1, 2048, 265149, "full", True),
     ("70b", 128, 8, 1, 1024, 135490, "full", True), ("30b", 512, 8, 1, 4096, 1083366, "full", True),
     ("30b", 256, 8, 1, 2048, 550022, "full", True), ("30b", 128, 8, 1, 1024, 281491, "full", True),
@@ -356,7 +356,8 @@ MOSAIC_H100 = [
     ("7b", 256, 6, 1, 1536, 2590548, "full", False), ("7b", 128, 6, 1, 768, 1340830, "full", False),
     ("3b", 512, 8, 1, 4096, 11092218, "grad", False), ("3b", 256, 8, 1, 2048, 5829686, "grad", False),
     ("3b", 128, 8, 1, 1024, 2998098, "grad", False), ("1b", 512, 12, 1, 6144, 20396905, "grad", False),
-    ("1b", 256, 12, 1, 3072, 10894207, "grad", False), ("1b", 128, 12, 1, 1536, 5647854, "grad", False),
+    ("1b", 256, 12, 1, 3072, 10894207, "grad", False), ("1b", 128, 12, 1, 1536, 5647854, "grad", False)]
+MOSAIC_H100 = [
     ("70b", 64, 8, 4, 2048, 66523, "full", True), ("70b", 32, 2, 16, 1024, 28242, "full", True),
     ("30b", 32, 14, 3, 1344, 73860, "full", True), ("30b", 16, 10, 3, 480, 36209, "full", True),
     ("30b", 8, 3, 21, 504, 16022, "full", True), ("13b", 64, 2, 1, 128, 307209, "full", False),
@@ -376,8 +377,16 @@ MOSAIC_A100 = [
     ("125m", 8, 32, 2, 512, 1133901, "full", False)]
 # The H100 80GB FP8 table's one row at seq 2048 (Transformer Engine's FP8 linear layers, `amp_fp8`)
 MOSAIC_H100_FP8 = [("3b", 8, 10, 6, 480, 244692, "full", False)]
-# Composer's FSDP of 2023-24 is torch's FSDP1: flat parameters gathered in place (no copy-out)
-COMPOSER = Software(framework="torch", fused_elementwise=False, fsdp_copy_out=False)
+# Composer's FSDP of 2023-24 is torch's FSDP1: flat parameters gathered in place (no copy-out). llm-foundry's
+# benchmark runs set norm_type: low_precision_layernorm and attn_impl: triton (submit_benchmarks.py) and keep
+# MPT's default loss_fn, fused_crossentropy (flash-attn's kernel; modeling_mpt.py); Composer computes the model's
+# train metrics, LanguageCrossEntropy and LanguagePerplexity, after every micro-batch (trainer.py
+# _train_microbatch -> _eval_train_metrics, composer 0e8bbf09).
+COMPOSER = Software(framework="torch", fused_elementwise=False, fsdp_copy_out=False, low_precision_norm=True,
+                    attention_kernel="fa-triton", fused_cross_entropy=True, metric_cross_entropies=2)
+# The Large Scale table's sweep (sweep.py at 5e85bd62) ran FlashAttention-2 (flash-attn 2.4.2, `.[gpu-flash2]`)
+# for these models and the Triton kernel for 13b and 30b
+FA2_LARGE_SCALE = ("1b", "3b", "7b", "70b")
 
 
 def mpt(name: str) -> ModelSpec:
@@ -389,7 +398,8 @@ def mpt(name: str) -> ModelSpec:
 
 
 def mosaic_runs():
-    for cluster, hardware, rows, precision in (("h100-80gb", "H100", MOSAIC_H100, "bf16"),
+    for cluster, hardware, rows, precision in (("h100-80gb", "H100", MOSAIC_H100_LARGE, "bf16"),
+                                               ("h100-80gb", "H100", MOSAIC_H100, "bf16"),
                                                ("h100-80gb", "H100", MOSAIC_H100_FP8, "fp8"),
                                                ("a100-80gb", "A100", MOSAIC_A100, "bf16")):
         for name, gpus, mbs, accum, batch, tokens_per_s, shard, ckpt, *mode in rows:
@@ -398,6 +408,8 @@ def mosaic_runs():
             layout = f"dp={gpus},{zero},mbs={mbs}" + (",recompute=full" if ckpt else "")
             # FSDP reduces (and under SHARD_GRAD_OP gathers) one wrapped block at a time: MPT's fsdp_wrap_fn
             software = replace(COMPOSER, grad_reduce_fp32=mode != ["PURE"], grad_bucket_params=12 * model.hidden**2)
+            if rows is MOSAIC_H100_LARGE and name in FA2_LARGE_SCALE:
+                software = replace(software, attention_kernel="fa2")
             assert batch == gpus * mbs * accum, name
             yield Run("llm-foundry benchmarks", f"MPT-{name} {gpus}x{hardware} {precision} mbs{mbs}", model,
                       cluster, layout, gpus, batch, batch * model.seq / tokens_per_s, hardware, software,

@@ -82,6 +82,22 @@ def test_eager_elementwise_counts_the_blocks_own_norms_and_positions():
     assert eager_forward_elements(gpt, 1, False) == llama - 10 * (q + kv) - 16 * MODEL.hidden
 
 
+def test_a_low_precision_norm_moves_the_2_byte_activations_once():
+    """llm-foundry's low_precision_layernorm: each of the block's two norms reads and writes the activations once
+    (2 elements a hidden element), where torchtitan's fp32 RMSNorm moves 18 and an autocast LayerNorm 10; fused
+    element-wise kernels are what they were."""
+    gpt = replace(MODEL, biases=True, learned_positions=True)
+    for model, norm in ((MODEL, 18), (gpt, 10)):
+        assert eager_forward_elements(model, 1, False) - eager_forward_elements(model, 1, False, True) \
+            == 2 * (norm - 2) * MODEL.hidden
+    layout, tokens = Layout(dp=1), 4096.0
+    eager, low = (elementwise_seconds(MODEL, with_software(fused_elementwise=False, low_precision_norm=lp), layout,
+                                      tokens, 2) for lp in (False, True))
+    assert low < eager
+    assert elementwise_seconds(MODEL, with_software(low_precision_norm=True), layout, tokens, 2) == \
+        elementwise_seconds(MODEL, A100, layout, tokens, 2)
+
+
 def test_eager_elementwise_lengthens_the_step_more_with_full_recompute():
     def step(recompute, **software):
         layout = Layout.parse(f"dp=8,zero=3,mbs=1,recompute={recompute}", 8)
@@ -186,11 +202,23 @@ def test_megatron_buckets_once_without_overlap_and_off_the_first_stage():
 @pytest.mark.parametrize("software, needle", [({"grad_bucket_params": 0}, "grad_bucket_params"),
                                               ({"grad_bucket_params": -5}, "grad_bucket_params"),
                                               ({"framework": "jax"}, "framework must be one of"),
+                                              ({"attention_kernel": "xformers"}, "attention_kernel must be one of"),
+                                              ({"metric_cross_entropies": -1}, "metric_cross_entropies must be"),
+                                              ({"metric_cross_entropies": 1.5}, "metric_cross_entropies must be"),
+                                              ({"low_precision_norm": "yes"}, "low_precision_norm must be"),
                                               ({"bucket_cap_mb": 25}, "unknown field(s) bucket_cap_mb")])
 def test_bad_bucket_knobs_are_one_line(tmp_path, software, needle):
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"base": "h100-80gb", "software": software}))
     with pytest.raises(UserError, match=re.escape(needle)) as e:
+        load_cluster(str(path))
+    assert "\n" not in str(e.value)
+
+
+def test_other_attention_kernels_are_nvidia_ones(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"base": "tpu-v5p", "software": {"attention_kernel": "fa2"}}))
+    with pytest.raises(UserError, match="fa2 and fa-triton on an NVIDIA cluster from Ampere on") as e:
         load_cluster(str(path))
     assert "\n" not in str(e.value)
 

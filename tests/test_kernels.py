@@ -85,6 +85,39 @@ def test_attention_runs_at_the_published_kernel_scans_rate_for_its_length():
     assert rate(h100, 8192, cp=2) > ring
 
 
+def with_software(cluster, **software):
+    return replace(cluster, software=replace(cluster.software, **software))
+
+
+def test_a_framework_may_run_another_attention_kernel_at_its_measured_rate():
+    """[software] attention_kernel: FlashAttention-2 runs on H100 at its own figure (Dao 2023 fig. 7: 265
+    TFLOP/s forward + backward at 2k causal, where cuDNN's forward 484 and backward 465 x 484/617 make 393) and is
+    the platform kernel on A100; the 2022 Triton kernel runs at its A100 figure's share of FlashAttention-2's (68
+    of 155 at 2k causal, 90 of 187 not causal), on H100 too."""
+    a100, h100 = CLUSTERS[0], CLUSTERS[1]
+
+    def seconds(cluster, kernel, seq=2048, causal=True):
+        return attention_seconds(with_software(cluster, attention_kernel=kernel), 1e12, seq,
+                                 cluster.peak_flops_bf16, causal)
+
+    cudnn = 3.5 / (1 / 484 + 2.5 / (465 * 484 / 617))
+    assert seconds(h100, "platform") / seconds(h100, "fa2") == pytest.approx(265 / cudnn)
+    assert seconds(a100, "fa2") == seconds(a100, "platform")
+    assert seconds(a100, "platform") / seconds(a100, "fa-triton") == pytest.approx(68 / 155)
+    assert seconds(a100, "platform", causal=False) / seconds(a100, "fa-triton", causal=False) \
+        == pytest.approx(90 / 187)
+    assert seconds(h100, "fa2") / seconds(h100, "fa-triton") == pytest.approx(68 / 155)
+    # between the measured lengths log-linear, beyond them flat
+    mid = seconds(a100, "platform", 2896) / seconds(a100, "fa-triton", 2896)
+    assert 68 / 155 < mid < 74 / 173 or 74 / 173 < mid < 68 / 155
+    assert seconds(a100, "platform", 65536) / seconds(a100, "fa-triton", 65536) == pytest.approx(80 / 189)
+    # a model's attention core follows the kernel; a calibrated machine's measured rates still win
+    model, layout = load_model("llama3-8b"), Layout(mbs=1)
+    core = [attention_core_seconds(model, with_software(h100, attention_kernel=k), layout, model.seq, "bf16")
+            for k in ("platform", "fa2")]
+    assert core[1][0] > core[0][0] and core[1][1] > core[0][1]
+
+
 def test_ring_attention_merges_each_steps_output_through_memory():
     """Transformer Engine's ring adds every step's output into an fp32 one and accumulates dq, dk, dv in fp32:
     memory traffic that grows with the ring's steps, beside the attention's FLOPs."""
@@ -242,3 +275,16 @@ def test_the_head_pays_the_cross_entropy_as_memory_traffic():
     share = {m.name: loss_seconds(h100, m.seq * m.vocab)[0] / gemm_seconds(h100, m.seq, m.vocab, m.hidden, peak)
              for m in (small, large)}
     assert share["llama3-8b"] > 3 * share["llama3-405b"] and 0.1 < share["llama3-8b"] < 1.2  # 1.05: about its GEMM's
+
+
+def test_a_fused_loss_reads_the_logits_and_metric_cross_entropies_add_to_its_forward():
+    """[software] fused_cross_entropy: one kernel reads the 2-byte logits (2 bytes an element) and, backward,
+    reads them and writes their gradient (4); each of metric_cross_entropies casts them to fp32 and takes their
+    log-softmax (14) in forward."""
+    h100, logits = CLUSTERS[1], 1e9
+    hbm = h100.achieved_hbm_bandwidth
+    assert loss_seconds(with_software(h100, fused_cross_entropy=True), logits) == pytest.approx(
+        (2 * logits / hbm, 4 * logits / hbm))
+    composer = with_software(h100, fused_cross_entropy=True, metric_cross_entropies=2)
+    assert loss_seconds(composer, logits) == pytest.approx((30 * logits / hbm, 4 * logits / hbm))
+    assert loss_seconds(with_software(h100, metric_cross_entropies=1), logits)[0] == pytest.approx(52 * logits / hbm)

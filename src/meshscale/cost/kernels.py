@@ -108,19 +108,58 @@ ATTENTION_SHAPES = {
 }
 
 
-def attention_shape(arch: str, seq: float, causal: bool) -> float:
-    """A fused kernel's rate at sequence length `seq` over its rate at long causal sequences: log-linear between
-    the measured lengths, the 512-1k slope continued below 512 (per-tile prologues and epilogues amortised over
-    fewer key blocks; never below a tenth), flat above 16k."""
+# Fused attention kernels a framework may run in place of its platform's (the presets' rates: FlashAttention-2 on
+# Ampere, cuDNN on Hopper and later), forward + backward, head_dim 128, (seq, not causal, causal) TFLOP/s:
+# - FlashAttention-2 on H100 SXM5 (Dao 2023, fig. 7; the flash-attention repository's
+#   assets/flash2_h100_fwd_bwd_benchmark.png): Ampere-style mma.sync code, no Hopper instructions;
+# - "FlashAttention Triton" (HazyResearch's flash_attn_triton.py on the pre-MLIR triton 2.0.0.dev20221202, the
+#   kernel llm-foundry's `attn_impl: triton` copied) beside FlashAttention-2 in one A100 80GB measurement
+#   (assets/flash2_a100_fwd_bwd_benchmark.png, figs. b and d): (seq, FA2 not causal, FA2 causal, Triton not
+#   causal, Triton causal). No Hopper figure: its pre-MLIR compiler emits the same Ampere instructions there, so
+#   it keeps its A100 ratio to FlashAttention-2.
+FA2_H100 = ((512, 248, 163), (1024, 294, 221), (2048, 320, 265), (4096, 326, 294), (8192, 335, 308),
+            (16384, 338, 328))
+FA_TRITON_A100 = ((512, 153, 99, 78, 50), (1024, 173, 133, 85, 61), (2048, 187, 155, 90, 68),
+                  (4096, 196, 173, 93, 74), (8192, 201, 182, 95, 78), (16384, 203, 189, 95, 80))
+
+
+def _loglinear(rows: tuple, seq: float) -> tuple:
+    """A table's columns at `seq`, log-linear between its lengths and flat outside them."""
+    seq = min(max(seq, rows[0][0]), rows[-1][0])
+    i = max(i for i, r in enumerate(rows[:-1]) if r[0] <= seq) if seq < rows[-1][0] else len(rows) - 2
+    (s0, *a), (s1, *b) = rows[i], rows[i + 1]
+    t = math.log(seq / s0) / math.log(s1 / s0)
+    return tuple(x + (y - x) * t for x, y in zip(a, b))
+
+
+def kernel_speed(arch: str, kernel: str, seq: float, causal: bool) -> float:
+    """The [software] attention_kernel's rate over the platform's at `seq`: FlashAttention-2's over cuDNN's off
+    Ampere (Blackwell takes Hopper's figures), times the Triton kernel's over FlashAttention-2's."""
+    speed = 1.0
+    if kernel == "fa-triton":
+        fa2_nc, fa2_c, triton_nc, triton_c = _loglinear(FA_TRITON_A100, seq)
+        speed *= triton_c / fa2_c if causal else triton_nc / fa2_nc
+    if kernel != "platform" and arch != "ampere":
+        fa2, cudnn = _loglinear(FA2_H100, seq), _loglinear(ATTENTION_SHAPES["hopper"], seq)  # (not causal, causal)
+        col = 1 if causal else 0
+        speed *= fa2[col] / cudnn[col]
+    return speed
+
+
+def attention_shape(arch: str, seq: float, causal: bool, kernel: str = "platform") -> float:
+    """A fused kernel's rate at sequence length `seq` over the platform kernel's rate at long causal sequences:
+    log-linear between the measured lengths, the 512-1k slope continued below 512 (per-tile prologues and
+    epilogues amortised over fewer key blocks; never below a tenth), flat above 16k; times `kernel_speed`."""
+    speed = kernel_speed(arch, kernel, seq, causal)
     rows = ATTENTION_SHAPES.get(arch, ATTENTION_SHAPES["hopper"])
     top = rows[-1][2]
     col = 2 if causal else 1
     if seq >= rows[-1][0]:
-        return rows[-1][col] / top
+        return speed * rows[-1][col] / top
     i = max(0, next(i for i, r in enumerate(rows) if r[0] > seq) - 1)
     (s0, *r0), (s1, *r1) = rows[i], rows[i + 1]
     y0, y1 = r0[col - 1], r1[col - 1]
-    return max(0.1, y0 + (y1 - y0) * math.log(seq / s0) / math.log(s1 / s0)) / top
+    return speed * max(0.1, y0 + (y1 - y0) * math.log(seq / s0) / math.log(s1 / s0)) / top
 
 
 def attention_seconds(cluster: ClusterSpec, core_flops: float, seq: int, peak: float, causal: bool = True,
@@ -138,12 +177,12 @@ def attention_seconds(cluster: ClusterSpec, core_flops: float, seq: int, peak: f
         blocks = max(1.0, seq / cp / FLASH_BLOCK)
         diagonal = blocks / (blocks + 1) if causal else 1.0
         return 3.5 * core_flops / (peak * eff * diagonal)
-    arch = cluster.gpu_arch
+    arch, kernel = cluster.gpu_arch, cluster.software.attention_kernel
     if cp == 1:
-        return 3.5 * core_flops / (peak * eff * attention_shape(arch, seq, causal))
+        return 3.5 * core_flops / (peak * eff * attention_shape(arch, seq, causal, kernel))
     chunk = seq / (2 * cp)
-    own = attention_shape(arch, 2 * chunk, causal)
-    ring = attention_shape(arch, chunk * math.sqrt(2), False)
+    own = attention_shape(arch, 2 * chunk, causal, kernel)
+    ring = attention_shape(arch, chunk * math.sqrt(2), False, kernel)
     return 3.5 * core_flops / (peak * eff) * (1 / cp / own + (cp - 1) / cp / ring)
 
 
@@ -373,9 +412,14 @@ def loss_seconds(cluster: ClusterSpec, logits: float) -> tuple[float, float]:
     Megatron-Core's LanguageModule.compute_language_model_loss casts the bf16 logits to fp32 and
     tensor_parallel.vocab_parallel_cross_entropy (2024) takes their max, subtracts it, exponentiates in place,
     sums and normalises in place, keeping the softmax for backward: 2+4, 4, 4+4, 4+4, 4, 4+4 bytes an element;
-    backward scales that softmax by the loss gradient in place (4+4) and casts it back to bf16 (4+2)."""
+    backward scales that softmax by the loss gradient in place (4+4) and casts it back to bf16 (4+2). A fused
+    kernel ([software] fused_cross_entropy) reads the logits (2) and, backward, reads them and writes their
+    gradient (2+2). Each metric's cross-entropy ([software] metric_cross_entropies; torch's under autocast) casts
+    the logits to fp32 (2+4) and takes their log-softmax (4+4)."""
+    sw = cluster.software
+    forward, backward = (2, 4) if sw.fused_cross_entropy else (38, 14)
     bandwidth = cluster.achieved_hbm_bandwidth
-    return 38 * logits / bandwidth, 14 * logits / bandwidth
+    return (forward + 14 * sw.metric_cross_entropies) * logits / bandwidth, backward * logits / bandwidth
 
 
 @lru_cache(maxsize=65536)

@@ -542,20 +542,21 @@ def elementwise_scaled(model: ModelSpec, cluster: ClusterSpec, pp: int, tokens: 
 
 def elementwise_per_token(model: ModelSpec, cluster: ClusterSpec, tp: int, sp: bool, recompute: str) -> float:
     """`_elementwise_per_token` for a cluster's kernels."""
-    return _elementwise_per_token(model, cluster.fused_attention, cluster.software.fused_elementwise, tp, sp,
-                                  recompute)
+    sw = cluster.software
+    return _elementwise_per_token(model, cluster.fused_attention, sw.fused_elementwise, tp, sp, recompute,
+                                  sw.low_precision_norm)
 
 
 @lru_cache(maxsize=4096)
 def _elementwise_per_token(model: ModelSpec, fused: bool, fused_elementwise: bool, tp: int, sp: bool,
-                           recompute: str) -> float:
+                           recompute: str, low_precision_norm: bool = False) -> float:
     """Bytes (per byte of activation) one layer's element-wise kernels move per token in all its passes. Fused
     kernels write and read once per pass what the layer stores (the 2-byte accounting of
     activation_bytes_per_layer scaled to one byte); eager ones move what eager_forward_elements counts; an
     unfused attention core's softmax and dropout move what `score_elements` counts."""
     stored = activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute="selective"), 1)
     passes = 3 + (1 if recompute in ("full", "op") else 0)
-    forward = stored if fused_elementwise else eager_forward_elements(model, tp, sp)
+    forward = stored if fused_elementwise else eager_forward_elements(model, tp, sp, low_precision_norm)
     # recompute modules (Megatron-Core's) write again, and read once, what they no longer keep
     modules = Layout(recompute=recompute).recompute_modules | {"core_attn"}
     rerun = stored - activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute="+".join(modules)), 1)
@@ -575,7 +576,7 @@ def score_elements(model: ModelSpec, tp: int, recompute: str) -> float:
     return model.heads / tp * model.seq * ((2 + dropout) * forwards + 3 + dropout)
 
 
-def eager_forward_elements(model: ModelSpec, tp: int, sp: bool) -> float:
+def eager_forward_elements(model: ModelSpec, tp: int, sp: bool, low_precision_norm: bool = False) -> float:
     """Elements (of the activation dtype; an fp32 one counts 2) the element-wise operators of one block read
     and write per token in forward when each runs as its own kernel, as torchtitan's model.py runs a LLaMA
     block in eager mode: per RMSNorm, x.float() 3, pow 4, mean 2, x * rsqrt 4, type_as 3, * weight 2 (18 per
@@ -583,11 +584,12 @@ def eager_forward_elements(model: ModelSpec, tp: int, sp: bool) -> float:
     (10 per element; none with learned positions); grouped K, V expanded to the query heads (repeat_kv); the
     attention output made contiguous 2; SwiGLU's silu 2 and product 3 per ffn element (GeLU 2); two residual
     adds 3 each. A GPT-style block's nn.LayerNorm runs in fp32 under autocast (its autocast-to-float32 list):
-    the input cast 3, layer_norm 4, the next linear's cast back 3 (10 per hidden element)."""
+    the input cast 3, layer_norm 4, the next linear's cast back 3 (10 per hidden element); a low-precision norm
+    reads and writes the 2-byte activations once (2)."""
     q = model.heads * model.head_dim / tp
     kv = kv_heads_per_rank(model.kv_heads, tp) * model.head_dim
     width = ((model.top_k + model.shared_experts) * model.expert_ffn if model.is_moe else model.ffn) / tp
-    norm = 10 if model.biases else 18
+    norm = 2 if low_precision_norm else 10 if model.biases else 18
     hidden = (2 * norm + 2 * 3) * model.hidden / (tp if sp else 1)
     rope = 0.0 if model.learned_positions else 10 * model.rotary_fraction * (q + kv)
     repeat = 2 * (kv + q) if kv < q else 0.0

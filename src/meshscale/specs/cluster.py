@@ -59,6 +59,21 @@ class Software:
     # Element-wise work (norms, RoPE, activations, residuals) in fused kernels (Megatron's fused norm and bias-
     # activation kernels, XLA, torch.compile); false: one kernel per operator, as eager PyTorch runs it.
     fused_elementwise: bool = True
+    # Eager norms as one kernel on the 2-byte activations, a read and a write an element (llm-foundry's
+    # low_precision_layernorm: F.layer_norm with autocast off); false: as the block writes them (cost/step.py
+    # eager_forward_elements). Fused element-wise kernels make this moot.
+    low_precision_norm: bool = False
+    # The fused attention kernel: "platform", the presets' rate (cuDNN through Transformer Engine on Hopper and
+    # Blackwell, FlashAttention-2 on Ampere); "fa2", FlashAttention-2 (flash-attn 2.x, torch's SDPA flash backend);
+    # "fa-triton", the 2022 Triton FlashAttention (llm-foundry's attn_impl: triton). Rates: cost/kernels.py.
+    attention_kernel: str = "platform"
+    # The loss as one kernel over the 2-byte logits (flash-attn's cross_entropy, llm-foundry's fused_crossentropy):
+    # it reads them forward, and reads them and writes their gradient backward; false: Megatron-Core's vocab-
+    # parallel cross-entropy in fp32 (cost/kernels.py loss_seconds).
+    fused_cross_entropy: bool = False
+    # Gradient-free cross-entropies over the logits a trainer adds each micro-batch for its metrics, each in fp32
+    # under autocast (Composer's train metrics, LanguageCrossEntropy and LanguagePerplexity: 2).
+    metric_cross_entropies: int = 0
     # The framework whose defaults fill what is left unset (`grad_buckets`): megatron-core, torch (DDP, FSDP2)
     # or deepspeed.
     framework: str = "megatron-core"
@@ -90,6 +105,8 @@ class Software:
     # calibrations; --quick's three repeats scatter up to 1).
     overlap_efficiency: float = 1.0
 
+
+ATTENTION_KERNELS = ("platform", "fa2", "fa-triton")
 
 # Each framework's default gradient bucket, in parameters, and where it is set:
 # - megatron-core: max(40M, 1M x data-parallel size) parameters (megatron/core/distributed/
@@ -249,6 +266,14 @@ class ClusterSpec:
             raise UserError(f"cluster {self.name}: [software] cuda_graphs is Megatron-Core's (--cuda-graph-impl) on a "
                             f"GPU cluster (host_linear_s > 0): true or false with framework = \"megatron-core\", "
                             f"got {sw.cuda_graphs!r} with {sw.framework}")
+        if sw.attention_kernel not in ATTENTION_KERNELS or (sw.attention_kernel != "platform" and
+                                                            self.gpu_arch not in ("ampere", "hopper", "blackwell")):
+            raise UserError(f"cluster {self.name}: [software] attention_kernel must be one of "
+                            f"{', '.join(ATTENTION_KERNELS)} (fa2 and fa-triton on an NVIDIA cluster from Ampere on, "
+                            f"gpu_arch ampere, hopper or blackwell), got {sw.attention_kernel!r}")
+        if not sw.metric_cross_entropies >= 0:
+            raise UserError(f"cluster {self.name}: [software] metric_cross_entropies must be a whole number >= 0, "
+                            f"got {sw.metric_cross_entropies!r}")
         if sw.moe_dispatcher not in ("alltoall", "deepep") or (sw.moe_dispatcher == "deepep" and not self.gpu_arch):
             raise UserError(f"cluster {self.name}: [software] moe_dispatcher must be alltoall, or deepep on an "
                             f"NVIDIA cluster (gpu_arch set), got {sw.moe_dispatcher!r}")
