@@ -372,6 +372,16 @@ def test_megatron_takes_cuda_graphs_where_the_cost_model_charges_them():
                                                         Layout.parse("dp=8,zero=1,mbs=1"), 64, "bf16", steps=10).config)
 
 
+def test_kernels_the_prediction_assumed_are_named_beside_the_config():
+    """The emitted configs do not pick attention, norm or loss kernels: a [software] choice of them is a note."""
+    h100, model, layout = load_cluster("h100-80gb"), load_model("llama3-8b"), Layout.parse("dp=8,zero=3,mbs=1")
+    assert not emit("torchtitan", model, h100, layout, 64, "bf16", steps=10).notes
+    stack = dataclasses.replace(h100, software=dataclasses.replace(h100.software, attention_kernel="fa2",
+                                                                   metric_cross_entropies=2))
+    notes = emit("torchtitan", model, stack, layout, 64, "bf16", steps=10).notes
+    assert len(notes) == 1 and "attention_kernel = 'fa2', metric_cross_entropies = 2" in notes[0]
+
+
 @pytest.mark.skipif(not installed("megatron.core"), reason="megatron-core is not installed (pip install '.[test]')")
 def test_megatron_dispatches_tokens_as_the_cost_model_charged():
     """[software] moe_dispatcher = "deepep" is Megatron-Core's flex dispatcher with DeepEP behind it, which its

@@ -107,7 +107,20 @@ def emit(framework: str, model: ModelSpec, cluster: ClusterSpec, layout: Layout,
     chosen = Layout.parse(best.layout).resolve_mbs(global_batch)
     job = Job(model, cluster, chosen, global_batch, runs_in, steps, data)
     return Emitted(framework, asked.layout, best.layout, changes, module.render(job), best,
-                   asked.step_time_s if changes else None, module.notes(job))
+                   asked.step_time_s if changes else None, module.notes(job) + kernel_notes(cluster))
+
+
+# [software] kernel choices and their defaults: no emitted config picks a stack's kernels
+KERNEL_CHOICES = (("attention_kernel", "platform"), ("low_precision_norm", False), ("fused_cross_entropy", False),
+                  ("metric_cross_entropies", 0))
+
+
+def kernel_notes(cluster: ClusterSpec) -> list[str]:
+    """What the prediction assumed of the software stack's kernels that the emitted config does not select."""
+    chosen = [f"{key} = {getattr(cluster.software, key)!r}" for key, default in KERNEL_CHOICES
+              if getattr(cluster.software, key) != default]
+    return [f"the prediction assumed [software] {', '.join(chosen)}; the config does not choose kernels, so the "
+            f"run matches it only with the same ones installed and selected"] if chosen else []
 
 
 def best_expressible(framework, model, cluster, devices, global_batch, precision, options) -> Prediction | None:
