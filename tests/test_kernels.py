@@ -79,6 +79,9 @@ def test_attention_runs_at_the_published_kernel_scans_rate_for_its_length():
     assert rate(h100, 512) == pytest.approx(3.5 / (1 / 315 + 2.5 / (305 * 315 / 482)) / 485.5, rel=0.01)
     assert rate(a100, 2048) == pytest.approx(155 / 189, rel=0.01)
     assert rate(h100, 1024, causal=False) > rate(h100, 1024)  # no masked diagonal blocks
+    # below the scans the 512-1k slope continues, down to a tenth of the long causal rate and no lower
+    assert rate(h100, 256) < rate(h100, 512)
+    assert rate(h100, 64) == pytest.approx(0.1) and rate(a100, 64, causal=False) == pytest.approx(0.1)
     # a ring of 8 over 8k: 1/8 of the work causal over 1k, the rest non-causal 1k x 512 kernels
     ring = rate(h100, 8192, cp=8)
     assert rate(h100, 512) < ring < 0.85 * rate(h100, 8192)

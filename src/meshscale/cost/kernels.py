@@ -159,7 +159,7 @@ def attention_shape(arch: str, seq: float, causal: bool, kernel: str = "platform
     i = max(0, next(i for i, r in enumerate(rows) if r[0] > seq) - 1)
     (s0, *r0), (s1, *r1) = rows[i], rows[i + 1]
     y0, y1 = r0[col - 1], r1[col - 1]
-    return speed * max(0.1, y0 + (y1 - y0) * math.log(seq / s0) / math.log(s1 / s0)) / top
+    return speed * max(0.1 * top, y0 + (y1 - y0) * math.log(seq / s0) / math.log(s1 / s0)) / top
 
 
 def attention_seconds(cluster: ClusterSpec, core_flops: float, seq: int, peak: float, causal: bool = True,
