@@ -123,10 +123,14 @@ FA_TRITON_A100 = ((512, 153, 99, 78, 50), (1024, 173, 133, 85, 61), (2048, 187, 
                   (4096, 196, 173, 93, 74), (8192, 201, 182, 95, 78), (16384, 203, 189, 95, 80))
 
 
-def _loglinear(rows: tuple, seq: float) -> tuple:
-    """A table's columns at `seq`, log-linear between its lengths and flat outside them."""
-    seq = min(max(seq, rows[0][0]), rows[-1][0])
-    i = max(i for i, r in enumerate(rows[:-1]) if r[0] <= seq) if seq < rows[-1][0] else len(rows) - 2
+def _loglinear(rows: tuple, seq: float, extend_below: bool = False) -> tuple:
+    """A table's columns at `seq`: log-linear between its lengths, flat above them; below them flat, or
+    (extend_below) along its first segment's slope."""
+    if seq >= rows[-1][0]:
+        return tuple(rows[-1][1:])
+    if not extend_below:
+        seq = max(seq, rows[0][0])
+    i = max(0, next(i for i, r in enumerate(rows) if r[0] > seq) - 1)
     (s0, *a), (s1, *b) = rows[i], rows[i + 1]
     t = math.log(seq / s0) / math.log(s1 / s0)
     return tuple(x + (y - x) * t for x, y in zip(a, b))
@@ -150,16 +154,10 @@ def attention_shape(arch: str, seq: float, causal: bool, kernel: str = "platform
     """A fused kernel's rate at sequence length `seq` over the platform kernel's rate at long causal sequences:
     log-linear between the measured lengths, the 512-1k slope continued below 512 (per-tile prologues and
     epilogues amortised over fewer key blocks; never below a tenth), flat above 16k; times `kernel_speed`."""
-    speed = kernel_speed(arch, kernel, seq, causal)
     rows = ATTENTION_SHAPES.get(arch, ATTENTION_SHAPES["hopper"])
     top = rows[-1][2]
-    col = 2 if causal else 1
-    if seq >= rows[-1][0]:
-        return speed * rows[-1][col] / top
-    i = max(0, next(i for i, r in enumerate(rows) if r[0] > seq) - 1)
-    (s0, *r0), (s1, *r1) = rows[i], rows[i + 1]
-    y0, y1 = r0[col - 1], r1[col - 1]
-    return speed * max(0.1 * top, y0 + (y1 - y0) * math.log(seq / s0) / math.log(s1 / s0)) / top
+    rate = _loglinear(rows, seq, extend_below=True)[1 if causal else 0]
+    return kernel_speed(arch, kernel, seq, causal) * max(0.1 * top, rate) / top
 
 
 def attention_seconds(cluster: ClusterSpec, core_flops: float, seq: int, peak: float, causal: bool = True,

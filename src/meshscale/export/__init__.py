@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from meshscale.cost import Prediction, predict
 from meshscale.errors import UserError
-from meshscale.specs.cluster import ClusterSpec
+from meshscale.specs.cluster import ClusterSpec, Software
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import ModelSpec
 
@@ -110,15 +110,15 @@ def emit(framework: str, model: ModelSpec, cluster: ClusterSpec, layout: Layout,
                    asked.step_time_s if changes else None, module.notes(job) + kernel_notes(cluster))
 
 
-# [software] kernel choices and their defaults: no emitted config picks a stack's kernels
-KERNEL_CHOICES = (("attention_kernel", "platform"), ("low_precision_norm", False), ("fused_cross_entropy", False),
-                  ("metric_cross_entropies", 0))
+# [software] kernel choices: no emitted config picks a stack's kernels
+KERNEL_CHOICES = ("attention_kernel", "low_precision_norm", "fused_cross_entropy", "metric_cross_entropies")
 
 
 def kernel_notes(cluster: ClusterSpec) -> list[str]:
-    """What the prediction assumed of the software stack's kernels that the emitted config does not select."""
-    chosen = [f"{key} = {getattr(cluster.software, key)!r}" for key, default in KERNEL_CHOICES
-              if getattr(cluster.software, key) != default]
+    """What the prediction assumed of the software stack's kernels (the choices off Software's defaults) that
+    the emitted config does not select."""
+    sw, default = cluster.software, Software()
+    chosen = [f"{key} = {getattr(sw, key)!r}" for key in KERNEL_CHOICES if getattr(sw, key) != getattr(default, key)]
     return [f"the prediction assumed [software] {', '.join(chosen)}; the config does not choose kernels, so the "
             f"run matches it only with the same ones installed and selected"] if chosen else []
 
