@@ -82,9 +82,10 @@ def gemm_efficiency(cluster: ClusterSpec, m: float, n: float, k: float, peak: fl
 
 # Fused attention throughput against the kernel's sequence length, head_dim 128, TFLOP/s as the papers count
 # them (4 s^2 d heads forward, halved when causal; the backward 2.5x the forward's):
-# Ampere: FlashAttention-2 on A100 80GB, forward + backward (Dao 2023, arXiv:2307.08691, fig. 4b and 4d):
-# (seq, not causal, causal).
-FA2_A100 = ((512, 131, 99), (1024, 181, 131), (2048, 196, 155), (4096, 201, 182), (8192, 203, 189),
+# Ampere: FlashAttention-2 on A100 80GB, forward + backward (Dao 2023, arXiv:2307.08691, fig. 4b and 4d, the
+# repository's assets/flash2_a100_fwd_bwd_benchmark.png): (seq, not causal, causal). The legend hides fig. 4b's
+# labels at 512 and 1k: read from the bars' heights against the axis (151, 173).
+FA2_A100 = ((512, 151, 99), (1024, 173, 133), (2048, 187, 155), (4096, 196, 173), (8192, 201, 182),
             (16384, 203, 189))
 # Hopper: cuDNN on H100 SXM5, the kernel Transformer Engine (Megatron-Core, NeMo) runs there, measured beside
 # FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608, figs. 5c, 5d and 6b; within 10% of FA3's from 1k):
