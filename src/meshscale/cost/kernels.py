@@ -115,13 +115,12 @@ ATTENTION_SHAPES = {
 #   assets/flash2_h100_fwd_bwd_benchmark.png): Ampere-style mma.sync code, no Hopper instructions;
 # - "FlashAttention Triton" (HazyResearch's flash_attn_triton.py on the pre-MLIR triton 2.0.0.dev20221202, the
 #   kernel llm-foundry's `attn_impl: triton` copied) beside FlashAttention-2 in one A100 80GB measurement
-#   (assets/flash2_a100_fwd_bwd_benchmark.png, figs. b and d): (seq, FA2 not causal, FA2 causal, Triton not
-#   causal, Triton causal). No Hopper figure: its pre-MLIR compiler emits the same Ampere instructions there, so
-#   it keeps its A100 ratio to FlashAttention-2.
+#   (assets/flash2_a100_fwd_bwd_benchmark.png, figs. b and d, FA2_A100's figure): (seq, not causal, causal).
+#   No Hopper figure: its pre-MLIR compiler emits the same Ampere instructions there, so it keeps its A100
+#   ratio to FlashAttention-2.
 FA2_H100 = ((512, 248, 163), (1024, 294, 221), (2048, 320, 265), (4096, 326, 294), (8192, 335, 308),
             (16384, 338, 328))
-FA_TRITON_A100 = ((512, 153, 99, 78, 50), (1024, 173, 133, 85, 61), (2048, 187, 155, 90, 68),
-                  (4096, 196, 173, 93, 74), (8192, 201, 182, 95, 78), (16384, 203, 189, 95, 80))
+FA_TRITON_A100 = ((512, 78, 50), (1024, 85, 61), (2048, 90, 68), (4096, 93, 74), (8192, 95, 78), (16384, 95, 80))
 
 
 def _loglinear(rows: tuple, seq: float, extend_below: bool = False) -> tuple:
@@ -140,14 +139,11 @@ def _loglinear(rows: tuple, seq: float, extend_below: bool = False) -> tuple:
 def kernel_speed(arch: str, kernel: str, seq: float, causal: bool) -> float:
     """The [software] attention_kernel's rate over the platform's at `seq`: FlashAttention-2's over cuDNN's off
     Ampere (Blackwell takes Hopper's figures), times the Triton kernel's over FlashAttention-2's."""
-    speed = 1.0
+    speed, col = 1.0, 1 if causal else 0  # the tables' columns: (not causal, causal)
     if kernel == "fa-triton":
-        fa2_nc, fa2_c, triton_nc, triton_c = _loglinear(FA_TRITON_A100, seq)
-        speed *= triton_c / fa2_c if causal else triton_nc / fa2_nc
+        speed *= _loglinear(FA_TRITON_A100, seq)[col] / _loglinear(FA2_A100, seq)[col]
     if kernel != "platform" and arch != "ampere":
-        fa2, cudnn = _loglinear(FA2_H100, seq), _loglinear(ATTENTION_SHAPES["hopper"], seq)  # (not causal, causal)
-        col = 1 if causal else 0
-        speed *= fa2[col] / cudnn[col]
+        speed *= _loglinear(FA2_H100, seq)[col] / _loglinear(ATTENTION_SHAPES["hopper"], seq)[col]
     return speed
 
 
