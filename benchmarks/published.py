@@ -385,7 +385,8 @@ MOSAIC_H100_FP8 = [("3b", 8, 10, 6, 480, 244692, "full", False)]
 COMPOSER = Software(framework="torch", fused_elementwise=False, fsdp_copy_out=False, low_precision_norm=True,
                     attention_kernel="fa-triton", fused_cross_entropy=True, metric_cross_entropies=2)
 # The Large Scale table's sweep (sweep.py at 5e85bd62) ran FlashAttention-2 (flash-attn 2.4.2, `.[gpu-flash2]`)
-# for these models and the Triton kernel for 13b and 30b
+# for these models and the Triton kernel for 13b and 30b; llm-foundry's flash_attn_fn unpads q, k and v for
+# flash_attn_varlen_func and pads its output back, whatever the mask (llmfoundry/models/layers/attention.py there)
 FA2_LARGE_SCALE = ("1b", "3b", "7b", "70b")
 
 
@@ -409,7 +410,7 @@ def mosaic_runs():
             # FSDP reduces (and under SHARD_GRAD_OP gathers) one wrapped block at a time: MPT's fsdp_wrap_fn
             software = replace(COMPOSER, grad_reduce_fp32=mode != ["PURE"], grad_bucket_params=12 * model.hidden**2)
             if rows is MOSAIC_H100_LARGE and name in FA2_LARGE_SCALE:
-                software = replace(software, attention_kernel="fa2")
+                software = replace(software, attention_kernel="fa2", attention_unpad=True)
             assert batch == gpus * mbs * accum, name
             yield Run("llm-foundry benchmarks", f"MPT-{name} {gpus}x{hardware} {precision} mbs{mbs}", model,
                       cluster, layout, gpus, batch, batch * model.seq / tokens_per_s, hardware, software,

@@ -12,6 +12,7 @@ from meshscale.cost import predict
 from meshscale.cost.comm import grad_buckets
 from meshscale.cost.memory import params_on_rank
 from meshscale.errors import UserError
+from meshscale.cost.overhead import LINEAR_HOST
 from meshscale.cost.step import eager_forward_elements, elementwise_seconds
 from meshscale.plan.search import search
 from meshscale.specs.cluster import load_cluster
@@ -96,6 +97,27 @@ def test_a_low_precision_norm_moves_the_2_byte_activations_once():
     assert low < eager
     assert elementwise_seconds(MODEL, with_software(low_precision_norm=True), layout, tokens, 2) == \
         elementwise_seconds(MODEL, A100, layout, tokens, 2)
+
+
+def test_attention_unpadding_copies_q_k_v_and_the_output_and_waits_for_the_host():
+    """flash-attn's unpad_input / pad_input around the varlen kernel (llm-foundry's flash_attn_fn): forward, q, k, v
+    gathered (2 elements moved each) and the output put into zeros (3); backward, their gradients scattered into
+    zeros (3 each) and the output's indexed (2); a full recompute unpads again. Each unpad_input waits for the
+    device twice, and the device then idles through the host's next call: three such waits a layer's forward."""
+    gqa = replace(MODEL, kv_heads=8, heads=32)
+    q, kv = 4096, 8 * 128
+    for recompute, forwards in (("none", 1), ("full", 2)):
+        layout, tokens = Layout.parse(f"dp=1,recompute={recompute}"), 1.0
+        extra = (elementwise_seconds(gqa, with_software(attention_unpad=True), layout, tokens, 2)
+                 - elementwise_seconds(gqa, A100, layout, tokens, 2))
+        moved = forwards * (2 * (q + 2 * kv) + 3 * q) + 3 * (q + 2 * kv) + 2 * q
+        assert extra * A100.achieved_hbm_bandwidth == pytest.approx(gqa.layers * moved * 2)
+    layout = Layout.parse("dp=8,zero=3,mbs=1", 8)
+    plain, unpadded = (predict(MODEL, with_software(attention_unpad=u), layout, 8) for u in (False, True))
+    copies = elementwise_seconds(MODEL, with_software(attention_unpad=True), layout, MODEL.seq, 2) - \
+        elementwise_seconds(MODEL, A100, layout, MODEL.seq, 2)
+    waits = 3 * MODEL.layers * LINEAR_HOST * A100.host_linear_s
+    assert unpadded.compute_s - plain.compute_s == pytest.approx(copies + waits, rel=0.05)
 
 
 def test_eager_elementwise_lengthens_the_step_more_with_full_recompute():
@@ -206,6 +228,7 @@ def test_megatron_buckets_once_without_overlap_and_off_the_first_stage():
                                               ({"metric_cross_entropies": -1}, "metric_cross_entropies must be"),
                                               ({"metric_cross_entropies": 1.5}, "metric_cross_entropies must be"),
                                               ({"low_precision_norm": "yes"}, "low_precision_norm must be"),
+                                              ({"attention_unpad": 1}, "attention_unpad must be"),
                                               ({"bucket_cap_mb": 25}, "unknown field(s) bucket_cap_mb")])
 def test_bad_bucket_knobs_are_one_line(tmp_path, software, needle):
     path = tmp_path / "c.json"

@@ -377,9 +377,10 @@ def test_kernels_the_prediction_assumed_are_named_beside_the_config():
     h100, model, layout = load_cluster("h100-80gb"), load_model("llama3-8b"), Layout.parse("dp=8,zero=3,mbs=1")
     assert not emit("torchtitan", model, h100, layout, 64, "bf16", steps=10).notes
     stack = dataclasses.replace(h100, software=dataclasses.replace(h100.software, attention_kernel="fa2",
-                                                                   metric_cross_entropies=2))
+                                                                   attention_unpad=True, metric_cross_entropies=2))
     notes = emit("torchtitan", model, stack, layout, 64, "bf16", steps=10).notes
-    assert len(notes) == 1 and "attention_kernel = 'fa2', metric_cross_entropies = 2" in notes[0]
+    assert len(notes) == 1
+    assert "attention_kernel = 'fa2', attention_unpad = True, metric_cross_entropies = 2" in notes[0]
 
 
 @pytest.mark.skipif(not installed("megatron.core"), reason="megatron-core is not installed (pip install '.[test]')")

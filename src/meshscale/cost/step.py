@@ -366,20 +366,30 @@ def _kind_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, kind: t
     if layout.offload:
         passes = passes + offload_shown(model, cluster, layout, tokens, act_bytes, passes)
     issue = overhead.framework_seconds(model, cluster, layout, *kind)
-    wait = kind[1] * overhead.LINEAR_HOST * cluster.host_linear_s  # the call after each MoE layer's wait
-    return host_bound(passes * slowest_of(cluster, layout.devices), *issue, wait)
+    call = overhead.LINEAR_HOST * cluster.host_linear_s  # the call after each wait
+    unpad = unpad_waits(cluster, kind[0] + kind[1])
+    rerun = (kind[1] if layout.reruns("moe") else 0) + (unpad if layout.reruns("core_attn") else 0)
+    return host_bound(passes * slowest_of(cluster, layout.devices), *issue, (kind[1] + unpad) * call, rerun * call)
 
 
-def host_bound(device: Passes, host_f: float, host_b: float, sync_s: float) -> Passes:
+def unpad_waits(cluster: ClusterSpec, layers: int) -> int:
+    """Host waits of `layers` layers' attention unpadding ([software] attention_unpad) in one forward: every
+    unpad_input (q, k, v) reads torch.nonzero's count and the longest sequence (.item()) back to the host."""
+    return 3 * layers if cluster.software.attention_unpad else 0
+
+
+def host_bound(device: Passes, host_f: float, host_b: float, sync_s: float, sync_b: float = 0.0) -> Passes:
     """A micro-batch's passes when the host issuing them may be slower than the device running them. The host
     runs ahead, so a pass takes the longer of the two, and a host lead left from one pass carries into the
     next: without MoE layers the passes stretch together to the host's total. Megatron-Core's MoE
     dispatchers copy the tokens-per-expert counts to the host in each MoE layer's forward and wait for them
     (token_dispatcher.py _maybe_dtoh_and_synchronize; DeepEP's dispatch likewise), which drops any lead: forward
     and backward are then bounded apart, and after each wait the device idles through the host's next call
-    (`sync_s`: a call the size of a linear's per MoE layer, the tokens' permutation)."""
+    (`sync_s`: a call the size of a linear's per MoE layer, the tokens' permutation, and per unpad_waits;
+    `sync_b`: those a recompute's rerun of them waits in backward)."""
     if sync_s:
-        forward, backward = max(device.forward, host_f) + sync_s, max(device.backward + device.weight, host_b)
+        forward = max(device.forward, host_f) + sync_s
+        backward = max(device.backward + device.weight, host_b) + sync_b
         return _stretched(device, forward / device.forward, backward / (device.backward + device.weight))
     stretch = max(1.0, (host_f + host_b) / device.total) if device.total else 1.0
     return _stretched(device, stretch, stretch)
@@ -544,23 +554,37 @@ def elementwise_per_token(model: ModelSpec, cluster: ClusterSpec, tp: int, sp: b
     """`_elementwise_per_token` for a cluster's kernels."""
     sw = cluster.software
     return _elementwise_per_token(model, cluster.fused_attention, sw.fused_elementwise, tp, sp, recompute,
-                                  sw.low_precision_norm)
+                                  sw.low_precision_norm, sw.attention_unpad)
 
 
 @lru_cache(maxsize=4096)
 def _elementwise_per_token(model: ModelSpec, fused: bool, fused_elementwise: bool, tp: int, sp: bool,
-                           recompute: str, low_precision_norm: bool = False) -> float:
+                           recompute: str, low_precision_norm: bool = False, unpad: bool = False) -> float:
     """Bytes (per byte of activation) one layer's element-wise kernels move per token in all its passes. Fused
     kernels write and read once per pass what the layer stores (the 2-byte accounting of
     activation_bytes_per_layer scaled to one byte); eager ones move what eager_forward_elements counts; an
-    unfused attention core's softmax and dropout move what `score_elements` counts."""
+    unfused attention core's softmax and dropout move what `score_elements` counts; `unpad` adds
+    `unpad_elements`."""
     stored = activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute="selective"), 1)
     passes = 3 + (1 if recompute in ("full", "op") else 0)
     forward = stored if fused_elementwise else eager_forward_elements(model, tp, sp, low_precision_norm)
     # recompute modules (Megatron-Core's) write again, and read once, what they no longer keep
     modules = Layout(recompute=recompute).recompute_modules | {"core_attn"}
     rerun = stored - activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute="+".join(modules)), 1)
-    return forward * passes + rerun + (0.0 if fused else score_elements(model, tp, recompute))
+    moved = forward * passes + rerun + (0.0 if fused else score_elements(model, tp, recompute))
+    return moved + (unpad_elements(model, tp, recompute) if unpad else 0.0)
+
+
+def unpad_elements(model: ModelSpec, tp: int, recompute: str) -> float:
+    """Elements one layer's attention unpadding moves per token over a step (flash-attn 2.4's bert_padding, as
+    llm-foundry's flash_attn_fn calls it): forward, q, k and v each gathered (torch.gather against an expanded
+    index: read and write, 2) and the output put back into zeros (zeros, read, write: 3); backward, their
+    gradients scattered into zeros (3 each) and the output's gradient indexed (2). A rerun of the attention core
+    (selective, full) unpads again."""
+    q = model.heads * model.head_dim / tp
+    qkv = q + 2 * kv_heads_per_rank(model.kv_heads, tp) * model.head_dim
+    forward = 2 * qkv + 3 * q
+    return forward * (2 if Layout(recompute=recompute).reruns("core_attn") else 1) + 3 * qkv + 2 * q
 
 
 def score_elements(model: ModelSpec, tp: int, recompute: str) -> float:

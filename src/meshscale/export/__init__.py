@@ -111,7 +111,8 @@ def emit(framework: str, model: ModelSpec, cluster: ClusterSpec, layout: Layout,
 
 
 # [software] kernel choices: no emitted config picks a stack's kernels
-KERNEL_CHOICES = ("attention_kernel", "low_precision_norm", "fused_cross_entropy", "metric_cross_entropies")
+KERNEL_CHOICES = ("attention_kernel", "attention_unpad", "low_precision_norm", "fused_cross_entropy",
+                  "metric_cross_entropies")
 
 
 def kernel_notes(cluster: ClusterSpec) -> list[str]:

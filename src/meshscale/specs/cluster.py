@@ -67,6 +67,11 @@ class Software:
     # Blackwell, FlashAttention-2 on Ampere); "fa2", FlashAttention-2 (flash-attn 2.x, torch's SDPA flash backend);
     # "fa-triton", the 2022 Triton FlashAttention (llm-foundry's attn_impl: triton). Rates: cost/kernels.py.
     attention_kernel: str = "platform"
+    # The attention's q, k and v unpadded before a variable-length kernel and its output padded after
+    # (flash-attn's bert_padding.unpad_input / pad_input around flash_attn_varlen_func, as llm-foundry's
+    # flash_attn_fn runs it whatever the mask and Hugging Face transformers' FlashAttention-2 path under a padding
+    # mask): gather and scatter copies of them and their gradients, and host waits (cost/step.py unpad_elements).
+    attention_unpad: bool = False
     # The loss as one kernel over the 2-byte logits (flash-attn's cross_entropy, llm-foundry's fused_crossentropy):
     # it reads them forward, and reads them and writes their gradient backward; false: Megatron-Core's vocab-
     # parallel cross-entropy in fp32 (cost/kernels.py loss_seconds).
