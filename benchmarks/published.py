@@ -154,12 +154,11 @@ MAXTEXT_V5E = [(16, 1, 6, "full", (120, 117, 117, 115, 111, 108)), (32, 1, 4, "f
                (64, 1, 2, "full", (118, 112, 110, 108, 105, 99)), (128, 16, 1, "full", (110, 110, 108, 104, 100, 91))]
 # TPU v5p, MaxText/configs/v5p/README.md and its {32,...,1024}b.sh at 76bd53b0 (2023-12-15): (scale, tp,
 # per-device batch, remat, [(v5p-N, slices, TFLOP/s)]); v5p-N counts TensorCores, N/2 chips. remat 'minimal'
-# (checkpoint_dots_with_no_batch_dims: keep the weight matmuls' outputs, rerun attention and the rest) is
-# recompute=selective here.
-MAXTEXT_V5P = [(32, 4, 8, "selective", [(128, 1, 328), (128, 2, 319)]),
-               (64, 4, 4, "selective", [(128, 1, 323), (128, 2, 309)]),
-               (128, 8, 2, "selective", [(256, 1, 315), (256, 2, 305), (512, 1, 316), (512, 2, 274)]),
-               (256, 8, 2, "selective", [(1024, 1, 308), (1024, 2, 289)]),
+# (checkpoint_dots_with_no_batch_dims: keep the weight matmuls' outputs, rerun attention and the rest).
+MAXTEXT_V5P = [(32, 4, 8, "minimal", [(128, 1, 328), (128, 2, 319)]),
+               (64, 4, 4, "minimal", [(128, 1, 323), (128, 2, 309)]),
+               (128, 8, 2, "minimal", [(256, 1, 315), (256, 2, 305), (512, 1, 316), (512, 2, 274)]),
+               (256, 8, 2, "minimal", [(1024, 1, 308), (1024, 2, 289)]),
                (512, 16, 2, "full", [(1024, 1, 294), (1024, 2, 282)]),
                (1024, 16, 2, "full", [(2048, 1, 254), (2048, 2, 237), (4096, 1, 297), (4096, 2, 279)])]
 # TPU v4, README at 281e04bf (2023-04-27), configs {1,2,4}xv4-128.sh and {1,2}xv4-384.sh there (dimensions as

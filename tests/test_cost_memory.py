@@ -10,7 +10,7 @@ from meshscale.cost.memory import (activation_bytes_per_layer, busiest_rank, hel
                                    params_on_rank)
 from meshscale.errors import UserError
 from meshscale.specs.cluster import load_cluster
-from meshscale.specs.layout import Layout, check_against
+from meshscale.specs.layout import Layout, check_against, trainer_refusal
 from meshscale.specs.model import ModelSpec, load_model
 
 GPT3 = load_model("gpt3-175b")  # GPT-3 175B: Korthikanti's model (4h GeLU MLP, MHA, dropout)
@@ -107,6 +107,33 @@ def test_op_recompute_keeps_the_saved_matmul_outputs():
             check_against(Layout.parse(bad, 8), model, batch)
     with pytest.raises(UserError, match="recompute=op"):
         check_against(Layout.parse("dp=8,ep=8,recompute=op", 8), load_model("mixtral-8x7b"), 8)
+
+
+def test_minimal_recompute_keeps_every_matmul_output_and_reruns_no_matmul():
+    """recompute=minimal (MaxText's remat_policy minimal) keeps the block input and the matmul outputs backward
+    reads: q, k, v, gate and up, and a sequential block's attention projection (split by SP, the rest by TP);
+    eager torch's checkpoint also keeps the down projection's. Its backward reruns the attention core and the
+    element-wise work, never a GEMM; MoE models and the trainer's TP are one line."""
+    model = load_model("llama3-8b")
+    h, q, kv, f = model.hidden, model.heads * model.head_dim, model.kv_heads * model.head_dim, model.ffn
+    kept = 2 * (2 * h + q + 2 * kv + 2 * f)
+    assert activation_bytes_per_layer(model, Layout(recompute="minimal"), 1, True) == kept
+    assert activation_bytes_per_layer(model, Layout(recompute="minimal"), 1, True, eager=True) == kept + 2 * h
+    assert activation_bytes_per_layer(model, Layout(tp=4, sp=True, recompute="minimal"), 1, True) == kept / 4
+    parallel = dataclasses.replace(model, parallel_residual=True)  # PaLM's block: the projection is not read
+    assert activation_bytes_per_layer(parallel, Layout(recompute="minimal"), 1, True) == kept - 2 * h
+    none, sel, full = (activation_bytes_per_layer(model, Layout(recompute=r), 1, True)
+                       for r in ("none", "selective", "full"))
+    assert full < kept < sel <= none
+    cluster = load_cluster("h100-80gb")
+    pred = {r: predict(model, cluster, Layout.parse(f"dp=8,zero=3,mbs=1,recompute={r}", 8), 8)
+            for r in ("selective", "minimal", "full")}
+    assert pred["selective"].compute_s < pred["minimal"].compute_s < pred["full"].compute_s
+    assert pred["minimal"].hardware_flops_per_step == pred["selective"].hardware_flops_per_step
+    with pytest.raises(UserError, match="recompute=minimal is built for dense models"):
+        check_against(Layout.parse("dp=8,ep=8,recompute=minimal", 8), load_model("mixtral-8x7b"), 8)
+    check_against(Layout.parse("tp=2,sp=true,cp=2,recompute=minimal", 8), model, 8)  # predict costs any TP and CP
+    assert "tp=1 and cp=1" in trainer_refusal(Layout.parse("tp=2,recompute=minimal", 8), load_model("tiny"))
 
 
 def test_moe_layers_keep_each_routed_copy_of_a_token():

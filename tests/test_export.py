@@ -37,6 +37,8 @@ CASES = [
     ("gpt3-175b", "a100-80gb", "dp=8,zero=1,tp=8,sp=true,pp=12,vpp=2,schedule=interleaved,mbs=1", 1536, "bf16"),
     ("llama3-8b", "h100-80gb", "dp=8,zero=3,mbs=1,recompute=op", 64, "fp32"),
     ("llama2-13b", "tpu-v5p", "dp=32,zero=3,tp=4,cp=32,recompute=full", 96, "bf16"),
+    ("llama2-13b", "tpu-v5p", "dp=16,zero=3,tp=4,mbs=8,recompute=minimal", 128, "bf16"),
+    ("llama3-8b", "h100-80gb", "dp=8,zero=3,mbs=1,recompute=minimal", 64, "bf16"),
     # uneven first and last pipeline ranks, Megatron-Core's recompute modules, and activation offload
     ("llama3-8b", "h100-80gb", "dp=2,zero=1,tp=2,sp=true,pp=4,first=5,last=11,mbs=1", 64, "bf16"),
     ("llama3-8b", "h100-80gb", "dp=8,zero=1,mbs=1,offload=8", 64, "bf16"),
@@ -293,6 +295,16 @@ def _product(xs) -> int:
     for x in xs:
         out *= x
     return out
+
+
+def test_minimal_recompute_is_maxtexts_policy_and_the_nearest_elsewhere():
+    yaml = pytest.importorskip("yaml", reason="pyyaml is not installed (pip install '.[test]')")
+    out, _, _ = emitted("maxtext", CASES[9])
+    assert yaml.safe_load(out.config)["remat_policy"] == "minimal" and not out.changes
+    nearest = {"megatron": "selective", "torchtitan": "op", "deepspeed": "full"}
+    for framework, recompute in nearest.items():
+        out, _, _ = emitted(framework, CASES[10])
+        assert Layout.parse(out.layout).recompute == recompute and any("recompute" in c for c in out.changes)
 
 
 # ---- what a framework cannot express -------------------------------------------------------------------

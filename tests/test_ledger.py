@@ -9,7 +9,7 @@ from multirank import run_ranks
 WORLD = 2
 CASES = ["zero=0", "zero=0,mbs=2", "zero=1", "zero=1,mbs=2", "zero=2", "zero=2,mbs=1",
          "zero=3", "zero=3,mbs=2", "zero=3,mbs=2,recompute=full", "zero=3,mbs=2,recompute=selective",
-         "zero=3,mbs=2,recompute=op",
+         "zero=3,mbs=2,recompute=op", "zero=3,mbs=2,recompute=minimal",
          "zero=3,mbs=2@bf16", "zero=2,mbs=2@bf16"]
 
 

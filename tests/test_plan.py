@@ -246,3 +246,17 @@ def test_when_plain_dp_wins_pure_fsdp_is_still_described_as_fsdp():
     assert Layout.parse(plan.ranked[0].layout, 2).zero != 3
     line = next(line for line in explain(plan, model, cluster, 2, 16, "fp32") if line.startswith("Pure FSDP"))
     assert "zero=3" in line and "no layout" not in line
+
+
+def test_the_planner_searches_minimal_recompute_for_dense_models_only():
+    """recompute=minimal (MaxText's remat policy) is searched like none, selective and full for dense models; a
+    MoE model is never offered it, and fixing it for one is a one-line error."""
+    plan = search(load_model("llama3-70b"), load_cluster("tpu-v5p"), 256, 512, top=3,
+                  fix=search_mod.parse_fix("recompute=minimal"))
+    assert plan.ranked and all(Layout.parse(p.layout).recompute == "minimal" for p in plan.ranked)
+    moe = load_model("mixtral-8x7b")
+    with pytest.raises(UserError, match="built for dense models without MLA"):
+        search(moe, H100, 64, 256, fix=search_mod.parse_fix("recompute=minimal"))
+    pool = search(moe, H100, 64, 256, top=3).pool
+    modes = {bound.RECOMPUTE_MODES[r] for _, rows in pool.scored for r in rows.recompute}
+    assert "minimal" not in modes and {"none", "full"} <= modes

@@ -88,7 +88,7 @@ def test_recompute_keeps_fewer_activations_and_the_same_gradients():
     spec = PRESETS["tiny"]
     batch = torch.randint(0, 256, (2, spec.seq + 1), generator=torch.Generator().manual_seed(0))
     saved, grads, backward_mms = {}, {}, {}
-    for mode in ("none", "selective", "full", "op"):
+    for mode in ("none", "selective", "full", "op", "minimal"):
         model = build_model(spec)
         apply_recompute(model, mode)
         total = [0]
@@ -104,7 +104,8 @@ def test_recompute_keeps_fewer_activations_and_the_same_gradients():
         saved[mode], backward_mms[mode] = total[0], count.calls
         grads[mode] = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
     assert saved["none"] > saved["selective"] > saved["full"]
-    for mode in ("selective", "full", "op"):
+    for mode in ("selective", "full", "op", "minimal"):
         assert torch.equal(grads["none"], grads[mode]), mode
-    # op reruns the matmuls the cost model charges it: every other one of each block (k, o and up)
+    # op reruns the matmuls the cost model charges it: every other one of each block (k, o and up); minimal none
     assert backward_mms["op"] - backward_mms["none"] == len(op_recomputed_matmuls(spec)) * spec.layers
+    assert backward_mms["minimal"] == backward_mms["none"] and saved["minimal"] < saved["none"]

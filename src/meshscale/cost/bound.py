@@ -27,7 +27,7 @@ from meshscale.cost.pipeline import head_on_chain, schedule_bubble, v_tail
 from meshscale.cost.step import (chunk_kinds, elementwise_per_token, elementwise_scaled, grad_reduce_bytes,
                                  param_gather_bytes, rank_kinds, slowest_of)
 from meshscale.specs.cluster import ClusterSpec
-from meshscale.specs.layout import RECOMPUTE, Layout
+from meshscale.specs.layout import RECOMPUTE, REBUILDS_LAYER, Layout
 from meshscale.specs.model import ModelSpec
 from meshscale.specs.placement import layer_counts, rank_chunks, sends_per_rank
 
@@ -154,15 +154,15 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
     held = _held_layers(model.layers, model.mtp_layers, pp, shape.schedules, shape.per_rank,
                         shape.microbatch_sizes)[k_i, rows.mbs_index]
     logits = np.where(v_shaped | (pp == 1), 4 * model.vocab / tp, 0.0)  # the head on the first rank
-    full = r_i == RECOMPUTE_MODES.index("full")  # one layer rebuilt at a time during backward
-    acts = (per_token[s_i, r_i] * held + np.where(full, rebuild[s_i], 0.0) + logits) * tokens
+    rebuilt = np.isin(r_i, [RECOMPUTE_MODES.index(r) for r in REBUILDS_LAYER if r in RECOMPUTE_MODES])
+    acts = (per_token[s_i, r_i] * held + np.where(rebuilt, rebuild[s_i], 0.0) + logits) * tokens
     return static + acts
 
 
 @lru_cache(maxsize=1024)
 def _activation_bytes(model: ModelSpec, tp: int, etp: int, sps: tuple, fused_attention: bool, eager: bool) -> tuple:
     """Per token, 2-byte activations: a layer's (memory.activation_bytes_per_layer) per (sp, recompute), and
-    the layer rebuilt under full recompute's per sp (read only)."""
+    the layer rebuilt under full (and minimal) recompute's per sp (read only)."""
     ep = 2 if etp else 1  # etp needs ep > 1; activations do not depend on ep
     per_token = np.array([[activation_bytes_per_layer(model, Layout(dp=tp, tp=tp, sp=sp, recompute=r, ep=ep, etp=etp),
                                                       1, fused_attention, eager)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from meshscale.cost.flops import block_matmuls
-from meshscale.specs.layout import Layout, kv_heads_per_rank
+from meshscale.specs.layout import REBUILDS_LAYER, Layout, kv_heads_per_rank
 from meshscale.specs.placement import chunk_ranges, head_rank, layout_ends, rank_layers
 from meshscale.specs.model import ModelSpec
 
@@ -187,6 +187,8 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, 
     if layout.recompute == "op":  # the block's input, the saved matmul outputs and the attention output (tp=1)
         saved = block_matmuls(model)[0::2]
         return 2 * tokens * (h + sum(o for _, o in saved) + model.heads * model.head_dim)
+    if layout.recompute == "minimal":
+        return 2 * tokens * minimal_saved_elements(model, t, layout.sp, eager)
     kv = kv_heads_per_rank(model.kv_heads, t) * t * model.head_dim  # replicated KV heads count on every rank
     # Attention block: qkv input 2h, Q 2h(q width), K and V 2kv each, out-proj input 2h, dropout mask h.
     q = model.heads * model.head_dim
@@ -217,6 +219,18 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, 
     scores = (5 if model.biases else 2) * model.heads * s if "core_attn" not in modules and not fused_attention else 0
     per_token = unsplit / (t if layout.sp else 1) + (attn_split + mlp_split + scores) / t + routing
     return per_token * tokens
+
+
+def minimal_saved_elements(model: ModelSpec, tp: int, sp: bool, eager: bool) -> float:
+    """Elements per token one layer keeps under recompute=minimal: its input, and the weight matmuls' outputs
+    backward reads (q, k, v and the MLP's first, split by TP; a sequential block's attention projection, which
+    rebuilds the second norm's input, split by SP). That is what JAX's partial evaluation (MaxText) and a compiled
+    graph's partitioner keep; eager torch's selective checkpoint keeps each output its policy saves, so also the
+    down projection's and a parallel block's attention projection's."""
+    stream = 3 if eager else 1 + (not model.parallel_residual)  # the input, attention projection, down
+    first = (2 if model.gated_mlp else 1) * model.ffn
+    qkv = model.heads * model.head_dim / tp + 2 * kv_heads_per_rank(model.kv_heads, tp) * model.head_dim
+    return stream * model.hidden / (tp if sp else 1) + qkv + first / tp
 
 
 def zero_copy_bytes(precision: str, zero: int) -> int:
@@ -313,7 +327,7 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
     per_layer = activation_bytes_per_layer(model, layout, tokens, fused_attention, eager) * scale
     # offloaded layers' activations wait in host memory (Layout.offload: pp=1, one micro-batch in flight)
     acts = per_layer * (held_layer_microbatches(model, layout, m) - layout.offload)
-    if layout.recompute in ("full", "op"):  # one layer is rebuilt at a time during backward
+    if layout.recompute in REBUILDS_LAYER:  # one layer is rebuilt at a time during backward
         acts += rebuilt_layer_bytes(model, layout.tp, layout.sp, tokens, fused_attention, eager) * scale
     # fp32 logits for the loss where the first rank also holds the head (counted once: freed right away).
     if head_rank(layout) == 0:
@@ -323,7 +337,7 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
 
 def rebuilt_layer_bytes(model: ModelSpec, tp: int, sp: bool, tokens: float, fused_attention: bool,
                         eager: bool) -> float:
-    """What the one layer rebuilt at a time under full or op recompute holds (2-byte activations): all it
+    """What the one layer rebuilt at a time under full, op or minimal recompute holds (2-byte activations): all it
     saves, which a fused-attention Korthikanti count gives as the selective one; eagerly, everything."""
     recompute = "none" if eager else "selective"
     return activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute=recompute), tokens, fused_attention,

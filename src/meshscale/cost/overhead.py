@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from meshscale.cost.comm import Link
 from meshscale.specs.cluster import ClusterSpec
-from meshscale.specs.layout import Layout
+from meshscale.specs.layout import REBUILDS_LAYER, Layout
 from meshscale.specs.model import ModelSpec
 
 # aten operators of models/transformer.py, counted with a TorchDispatchMode (tests/test_calibrate.py recounts them):
@@ -74,7 +74,7 @@ def framework_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, de
         joins = (2 * NORM_HOST + LINEAR_HOST,) * 2
         passes += [ROOT_HOST] + [mtp, ROOT_HOST, joins] * model.mtp_layers
     forward, backward = sum(p[0] for p in passes), sum(p[1] for p in passes)
-    if layout.recompute in ("full", "op"):
+    if layout.recompute in REBUILDS_LAYER:
         backward += forward
     else:
         for module in layout.recompute_modules:
@@ -86,9 +86,10 @@ def framework_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, de
 def chunk_seconds(cluster: ClusterSpec, layout: Layout, layers: int, head: bool) -> tuple[float, float]:
     """Host time of one micro-batch through a pipeline chunk of `layers` blocks (with the embedding, head and
     loss where `head`), (forward, backward): part of each pass, so predict and the simulator charge it alike."""
-    # op reruns the forward but its saved matmuls and attention: counted as the whole forward
-    recompute = {"full": FORWARD_OPS_PER_LAYER, "op": FORWARD_OPS_PER_LAYER,
-                 "selective": SELECTIVE_OPS_PER_LAYER}.get(layout.recompute, 0)
+    # op and minimal rerun the forward but for what they saved, whose calls still pass the checkpoint's dispatch:
+    # counted as the whole forward
+    recompute = FORWARD_OPS_PER_LAYER if layout.recompute in REBUILDS_LAYER else \
+        SELECTIVE_OPS_PER_LAYER if layout.recompute == "selective" else 0
     forward = layers * FORWARD_OPS_PER_LAYER + (ROOT_FORWARD_OPS if head else 0)
     backward = layers * (BACKWARD_OPS_PER_LAYER + recompute) + (ROOT_BACKWARD_OPS if head else 0)
     # FSDP2 (zero=3) wraps each block, and the root, in a unit with gather and reshard hooks both ways

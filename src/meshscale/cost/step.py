@@ -18,7 +18,7 @@ from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, exper
 from meshscale.cost.pipeline import HEAD_IDLE_SCHEDULES, bubble_ratio
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
-from meshscale.specs.layout import Layout, check_against, kv_heads_per_rank, split_layers
+from meshscale.specs.layout import REBUILDS_LAYER, Layout, check_against, kv_heads_per_rank, split_layers
 from meshscale.specs.placement import head_rank, layout_ends, rank_chunks, stage_layers
 from meshscale.specs.model import ModelSpec
 
@@ -566,7 +566,7 @@ def _elementwise_per_token(model: ModelSpec, fused: bool, fused_elementwise: boo
     unfused attention core's softmax and dropout move what `score_elements` counts; `unpad` adds
     `unpad_elements`."""
     stored = activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute="selective"), 1)
-    passes = 3 + (1 if recompute in ("full", "op") else 0)
+    passes = 3 + (1 if recompute in REBUILDS_LAYER else 0)
     forward = stored if fused_elementwise else eager_forward_elements(model, tp, sp, low_precision_norm)
     # recompute modules (Megatron-Core's) write again, and read once, what they no longer keep
     modules = Layout(recompute=recompute).recompute_modules | {"core_attn"}

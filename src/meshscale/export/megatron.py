@@ -35,6 +35,9 @@ def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
     if layout.recompute == "op":
         layout = change(layout, changes, "Megatron-LM recomputes whole layers or named modules, not every other "
                                          "matmul", recompute="full")
+    if layout.recompute == "minimal":
+        layout = change(layout, changes, "Megatron-LM keeps the linear layers' inputs, not their outputs: its "
+                                         "attention-core recompute is the nearest", recompute="selective")
     return layout, changes
 
 

@@ -44,6 +44,10 @@ def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
                                  sp=True)
     if layout.offload:
         layout = change(layout, changes, "torchtitan keeps activations on the device", offload=0)
+    if layout.recompute == "minimal":
+        nearest = "op" if layout.tp == 1 and layout.cp == 1 else "full"
+        layout = change(layout, changes, "torchtitan's op-level policy keeps every other matmul's output, not each "
+                                         "one's (and runs at tp=1, cp=1)", recompute=nearest)
     if layout.recompute not in ("none", "full", "op"):
         layout = change(layout, changes, "torchtitan's selective recompute is op-level (recompute=op) or per "
                                          "layer, not named modules such as the attention core", recompute="full")

@@ -5,6 +5,8 @@
              activations grow with seq^2 per head yet which costs no weight matmul to redo.
   op:        torchtitan's op-level selective checkpointing: keep the attention kernel's output and every
              other matmul's (the block's 1st, 3rd, ...), rerun the rest (torch's selective checkpoint API).
+  minimal:   keep every weight matmul's output, rerun the attention core and the element-wise work (MaxText's
+             remat_policy "minimal", JAX's checkpoint_dots_with_no_batch_dims): no matmul runs twice.
 
 The module tree and parameter names are left alone (we replace the forward callables), so
 initialisation, FSDP wrapping and checkpoints see the same model.
@@ -39,6 +41,13 @@ def _every_other_matmul():
     return create_selective_checkpoint_contexts(policy)
 
 
+def _every_matmul():
+    def policy(ctx, func, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if func in _MATMULS else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
 def apply_recompute(model, mode: str) -> None:
     if mode == "none":
         return
@@ -49,5 +58,7 @@ def apply_recompute(model, mode: str) -> None:
             block.attention.core = _checkpointed(block.attention.core)
         elif mode == "op":
             block.forward = partial(checkpoint, block.forward, use_reentrant=False, context_fn=_every_other_matmul)
+        elif mode == "minimal":
+            block.forward = partial(checkpoint, block.forward, use_reentrant=False, context_fn=_every_matmul)
         else:
             raise ValueError(f"unknown recompute mode {mode!r}")

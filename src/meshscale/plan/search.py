@@ -67,12 +67,12 @@ def _check_fixable(key: str, value) -> None:
     if key in ("schedule", "recompute"):
         choices = SCHEDULES if key == "schedule" else RECOMPUTE
         if key == "recompute" and ("+" in value or value in RECOMPUTE_MODULES):  # predict's, not the search's
-            raise UserError(f"--fix: plan does not search recompute modules ({value}); fix none, selective or "
-                            "full, and predict the module list with --layout")
+            raise UserError(f"--fix: plan does not search recompute modules ({value}); fix none, selective, "
+                            "full or minimal, and predict the module list with --layout")
         if value not in choices:
             raise UserError(f"--fix: unknown {key} {value!r}; choose one of {', '.join(choices)}")
         if value == "op":  # torchtitan's policy, for predict and train; its tp=1, dense-only rule stays out
-            raise UserError("--fix: plan does not search recompute=op; fix none, selective or full")
+            raise UserError("--fix: plan does not search recompute=op; fix none, selective, full or minimal")
     elif key != "sp" and not (0 <= value <= 3 if key == "zero" else value >= 1):
         raise UserError(f"--fix: {key} must be a whole number {'0-3' if key == 'zero' else '>= 1'}, got {value}")
 
@@ -158,6 +158,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     cluster.check_precision(precision)
+    if (fix or {}).get("recompute") == "minimal" and (model.is_moe or model.uses_mla):
+        raise UserError(f"--fix recompute=minimal: it is built for dense models without MLA ({model.name}); fix "
+                        "none, selective or full")
     pool = score(Pool(model, cluster, devices, global_batch, precision, headroom, cross_tp, where, fix or {}))
     if not len(pool.bounds):
         return Plan([], pool.enumerated, 0, 0, time.perf_counter() - start, pool.smallest, fixed=pool.fix)
@@ -221,7 +224,7 @@ def score(pool: Pool) -> Pool:
     model, cluster, precision = pool.model, pool.cluster, pool.precision
     bounds = []
     for shape in _shapes(model, cluster, pool.devices, pool.global_batch, pool.cross_tp, pool.where, pool.fix):
-        rows = _rows(shape, pool.fix)
+        rows = _rows(shape, pool.fix, model.is_moe or model.uses_mla)
         if not len(rows):
             continue
         pool.enumerated += len(rows)
@@ -331,13 +334,15 @@ def _shapes(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: 
                               shards=tuple(_shard_sizes(cluster, tp, dp * cp)), etp=etp if etp != tp else 0)
 
 
-def _rows(shape: bound.Shape, fix: dict) -> bound.Rows:
+def _rows(shape: bound.Shape, fix: dict, routed: bool = False) -> bound.Rows:
     """Every combination of the shape's choices `fix` allows, in itertools.product's order (zero, shard, sp,
-    schedule, mbs, recompute); a shard group smaller than dp*cp needs ZeRO."""
+    schedule, mbs, recompute); a shard group smaller than dp*cp needs ZeRO, and `routed` (MoE or MLA) models
+    have no recompute=minimal (specs.layout.check_against)."""
     replicas = shape.dp * shape.cp
     zeros = [z for z in (range(4) if replicas > 1 else [0]) if _allowed(fix, "zero", z)]
     sp_idx = [i for i, sp in enumerate(shape.sps) if _allowed(fix, "sp", sp)]
-    rec_idx = [i for i, r in enumerate(bound.RECOMPUTE_MODES) if _allowed(fix, "recompute", r)]
+    rec_idx = [i for i, r in enumerate(bound.RECOMPUTE_MODES)
+               if _allowed(fix, "recompute", r) and not (routed and r == "minimal")]
     zero_shard = np.array([(z, g) for z in zeros for g in shape.shards if z > 0 or g == replicas], dtype=int)
     zero_shard = zero_shard.reshape(-1, 2)  # (zero, shard) pairs, none when --fix leaves no zero
     axes = [np.asarray(a) for a in (sp_idx, range(len(shape.schedules)), shape.microbatch_sizes, rec_idx)]

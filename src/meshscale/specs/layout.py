@@ -22,7 +22,12 @@ from meshscale.errors import UserError
 from meshscale.specs.model import trainer_lacks
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb", "zbv", "dualpipev")
-RECOMPUTE = ("none", "selective", "full", "op")
+# none; selective (the attention core); full (the whole block); op (torchtitan's: every other matmul's output
+# kept); minimal (every weight matmul's output kept, the attention core and the element-wise work rerun: MaxText's
+# remat_policy "minimal", JAX's checkpoint_dots_with_no_batch_dims).
+RECOMPUTE = ("none", "selective", "full", "op", "minimal")
+# The modes under which backward rebuilds a layer's forward at a time (its transient activations at the peak).
+REBUILDS_LAYER = ("full", "op", "minimal")
 # Megatron-Core's --recompute-modules (transformer_config.py recompute_modules): the parts of a layer whose
 # forward backward runs again from the input they keep; `recompute=mlp+layernorm` names several. core_attn alone
 # is Korthikanti et al.'s selective recompute, written `selective`.
@@ -111,9 +116,9 @@ class Layout:
     # ---- derived sizes ------------------------------------------------------------------
     @property
     def recompute_modules(self) -> frozenset:
-        """The RECOMPUTE_MODULES whose forward backward runs again: selective's attention core, or those the
-        list names; none for none, full (the whole layer) and op (every other matmul)."""
-        if self.recompute == "selective":
+        """The RECOMPUTE_MODULES whose forward backward runs again: selective's and minimal's attention core,
+        or those the list names; none for none, full (the whole layer) and op (every other matmul)."""
+        if self.recompute in ("selective", "minimal"):
             return frozenset({"core_attn"})
         return frozenset() if self.recompute in RECOMPUTE else frozenset(self.recompute.split("+"))
 
@@ -320,6 +325,10 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
         # its every-other-matmul rule would count routed experts' and TP/CP collectives' calls
         raise UserError(f"layout: recompute=op is built for dense models at tp=1 and cp=1 ({model.name}, tp={t}, "
                         f"cp={layout.cp}); use recompute=selective or full")
+    if layout.recompute == "minimal" and (model.is_moe or model.uses_mla):
+        # a MoE layer's experts read permuted tokens, which are no matmul's output: their rerun would dispatch again
+        raise UserError(f"layout: recompute=minimal is built for dense models without MLA ({model.name}); use "
+                        "recompute=selective or full")
     if layout.ep > 1:
         if not model.is_moe:
             raise UserError(f"layout: ep={layout.ep} needs a mixture-of-experts model; {model.name} is dense, so "
@@ -414,7 +423,7 @@ def pipeline_refusal(layout: Layout, n_microbatches: int) -> str | None:
         # compute weight gradients with autograd.grad, which never triggers that hook
         return (f"schedule={layout.schedule} computes weight gradients apart from backward, which zero=2 cannot "
                 "reduce-scatter as they form; use zero=1 (or gpipe/1f1b/interleaved with zero=2)")
-    if layout.split_backward and layout.recompute in ("full", "op"):
+    if layout.split_backward and layout.recompute in REBUILDS_LAYER:
         # measured on torch 2.13 through the TP ledger (tiny, tp=2, pp=2): the split backward reruns a
         # checkpointed block for the input gradient and again for its weight gradients, so the recompute's TP
         # collectives came 10x (zb), 5.5x (zbv) and 1.6x (dualpipev) what 1f1b's single rerun moves
@@ -443,7 +452,10 @@ def trainer_refusal(layout: Layout, model) -> str | None:
         return f"model {model.name}: the trainer has no {lacks}"
     if layout.recompute not in RECOMPUTE:
         return (f"recompute={layout.recompute} is Megatron-Core's module recompute, which predict costs and "
-                "--emit megatron writes; the trainer runs recompute none, selective, full or op")
+                "--emit megatron writes; the trainer runs recompute none, selective, full, op or minimal")
+    if layout.recompute == "minimal" and (layout.tp > 1 or layout.cp > 1):
+        # its policy keeps matmul outputs; under TP a row-parallel one is a partial sum before its reduction
+        return "recompute=minimal is built in the trainer at tp=1 and cp=1; use recompute=selective or full"
     if layout.offload:
         return (f"offload={layout.offload} is Megatron-Core's activation offload, which predict costs and "
                 "--emit megatron writes; the trainer keeps activations on the device")
