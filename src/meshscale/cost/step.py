@@ -237,6 +237,9 @@ def _rank_ledger(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: i
         interference = (t - exposed) * comm.sm_share(cluster, op.axis)
         if op.collective == "all_gather" and op.overlap == Overlap.FSDP and _copies_out(sw):
             interference += 2 * op.bytes / cluster.achieved_hbm_bandwidth  # on the compute stream
+        if op.collective == "reduce_scatter" and op.axis in ("dp", "edp"):
+            copied = reduce_copy_bytes(sw, layout.zero, precision) * op.bytes / grad_bytes
+            interference += copied / cluster.achieved_hbm_bandwidth
         critical_path += interference
         if op.axis in ("dp", "dp_replicate", "edp"):
             dp_exposed += exposed
@@ -292,6 +295,21 @@ def expert_units_per_layer(model: ModelSpec, layout: Layout, sw) -> int:
     parameter)) gathers a layer's experts in one collective over the expert data-parallel group; the runtime's
     FSDP2 shards each expert as its own unit (parallel/expert.py _ShardedExperts), as does DeepSpeed's."""
     return 1 if sw.framework == "megatron-core" else model.experts // layout.ep
+
+
+def reduce_copy_bytes(sw, zero: int, precision: str) -> int:
+    """HBM bytes per gradient element torch's FSDP moves to prepare each reduce-scatter, beside backward's compute.
+    FSDP2 (zero=3) copies the unsharded gradients into its reduce-scatter buffer in the reduce dtype on the compute
+    stream (_fsdp_collectives.py foreach_reduce_scatter_copy_in: a read and a write) and lets NCCL average; FSDP1
+    (fsdp_copy_out false, FULL_SHARD or SHARD_GRAD_OP) casts the flat gradient to the reduce dtype and divides it
+    in place by its pre-divide factor on its post-backward stream (_runtime_utils.py _post_backward_hook,
+    _reduce_grad). Other frameworks reduce the buffer their gradients accumulate in."""
+    if sw.framework != "torch" or zero < 2:
+        return 0
+    compute, reduce = PRECISIONS[precision]["compute"], grad_reduce_bytes(sw, precision)
+    if not sw.fsdp_copy_out:
+        return (compute + reduce if reduce != compute else 0) + 2 * reduce
+    return compute + reduce if zero == 3 else 0
 
 
 def grad_reduce_bytes(sw, precision: str) -> int:
