@@ -280,8 +280,9 @@ def test_fsdp2_copies_its_gathered_parameters_out_on_the_compute_stream():
 
 def test_torch_fsdp_prepares_each_reduce_scatter_in_memory():
     """Before each reduce-scatter FSDP2 (zero=3) copies the bf16 gradients into its fp32 buffer (2 + 4 bytes an
-    element) and NCCL averages; FSDP1 casts them to fp32 (2 + 4) and pre-divides in place (4 + 4), or with bf16
-    reduction only divides (2 + 2); Megatron-Core reduces the buffer its gradients accumulate in. Per micro-batch."""
+    element) and NCCL averages; FSDP1 cats them into its flat gradient (2 + 2), casts it to fp32 (2 + 4) and
+    pre-divides in place (4 + 4), or with bf16 reduction only divides (2 + 2); Megatron-Core reduces the buffer its
+    gradients accumulate in. Per micro-batch."""
     def reduce(zero, m=1, **software):
         pred = predict(MODEL, with_software(**software), Layout.parse(f"dp=8,zero={zero},mbs=1", 8), 8 * m)
         entry = next(e for e in pred.comm if e["collective"] == "reduce_scatter" and e["axis"] == "dp")
@@ -290,9 +291,9 @@ def test_torch_fsdp_prepares_each_reduce_scatter_in_memory():
     fsdp1, fsdp2, bf16 = {"framework": "torch", "fsdp_copy_out": False}, {"framework": "torch"}, \
         {"grad_reduce_fp32": False}
     for zero, m, a, b, moved, width in ((3, 1, fsdp2, {"framework": "megatron-core"}, 6, 4),
-                                        (3, 1, fsdp1, fsdp2, 14 - 6, 4),
-                                        (2, 1, fsdp1, fsdp2, 14, 4),  # our ZeRO-2 reduces its own buckets
-                                        (2, 2, fsdp1, fsdp2, 14, 4),
-                                        (2, 1, fsdp1 | bf16, fsdp2 | bf16, 4, 2)):
+                                        (3, 1, fsdp1, fsdp2, 18 - 6, 4),
+                                        (2, 1, fsdp1, fsdp2, 18, 4),  # our ZeRO-2 reduces its own buckets
+                                        (2, 2, fsdp1, fsdp2, 18, 4),
+                                        (2, 1, fsdp1 | bf16, fsdp2 | bf16, 8, 2)):
         (slow, nbytes), (fast, _) = reduce(zero, m, **a), reduce(zero, m, **b)
         assert slow - fast == pytest.approx(moved * nbytes / width / A100.achieved_hbm_bandwidth)

@@ -300,15 +300,16 @@ def expert_units_per_layer(model: ModelSpec, layout: Layout, sw) -> int:
 def reduce_copy_bytes(sw, zero: int, precision: str) -> int:
     """HBM bytes per gradient element torch's FSDP moves to prepare each reduce-scatter, beside backward's compute.
     FSDP2 (zero=3) copies the unsharded gradients into its reduce-scatter buffer in the reduce dtype on the compute
-    stream (_fsdp_collectives.py foreach_reduce_scatter_copy_in: a read and a write) and lets NCCL average; FSDP1
-    (fsdp_copy_out false, FULL_SHARD or SHARD_GRAD_OP) casts the flat gradient to the reduce dtype and divides it
-    in place by its pre-divide factor on its post-backward stream (_runtime_utils.py _post_backward_hook,
-    _reduce_grad). Other frameworks reduce the buffer their gradients accumulate in."""
+    stream (_fsdp_collectives.py foreach_reduce_scatter_copy_in: a read and a write) and lets NCCL average. FSDP1
+    (fsdp_copy_out false, FULL_SHARD or SHARD_GRAD_OP) gets its flat gradient from autograd's backward of the split
+    into parameter views (a cat of their gradients, measured on torch 2.13), then casts it to the reduce dtype and
+    divides it in place by its pre-divide factor on its post-backward stream (_runtime_utils.py
+    _post_backward_hook, _reduce_grad). Other frameworks reduce the buffer their gradients accumulate in."""
     if sw.framework != "torch" or zero < 2:
         return 0
     compute, reduce = PRECISIONS[precision]["compute"], grad_reduce_bytes(sw, precision)
     if not sw.fsdp_copy_out:
-        return (compute + reduce if reduce != compute else 0) + 2 * reduce
+        return 2 * compute + (compute + reduce if reduce != compute else 0) + 2 * reduce
     return compute + reduce if zero == 3 else 0
 
 
