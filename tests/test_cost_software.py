@@ -238,10 +238,12 @@ def test_bad_bucket_knobs_are_one_line(tmp_path, software, needle):
     assert "\n" not in str(e.value)
 
 
-def test_other_attention_kernels_are_nvidia_ones(tmp_path):
+@pytest.mark.parametrize("software, needle", [({"attention_kernel": "fa2"}, "fa2 and fa-triton on an NVIDIA cluster"),
+                                              ({"attention_unpad": True}, "attention_unpad is flash-attn's")])
+def test_other_attention_kernels_are_nvidia_ones(tmp_path, software, needle):
     path = tmp_path / "c.json"
-    path.write_text(json.dumps({"base": "tpu-v5p", "software": {"attention_kernel": "fa2"}}))
-    with pytest.raises(UserError, match="fa2 and fa-triton on an NVIDIA cluster from Ampere on") as e:
+    path.write_text(json.dumps({"base": "tpu-v5p", "software": software}))
+    with pytest.raises(UserError, match=needle) as e:
         load_cluster(str(path))
     assert "\n" not in str(e.value)
 

@@ -276,6 +276,9 @@ class ClusterSpec:
             raise UserError(f"cluster {self.name}: [software] attention_kernel must be one of "
                             f"{', '.join(ATTENTION_KERNELS)} (fa2 and fa-triton on an NVIDIA cluster from Ampere on, "
                             f"gpu_arch ampere, hopper or blackwell), got {sw.attention_kernel!r}")
+        if sw.attention_unpad and not self.gpu_arch:
+            raise UserError(f"cluster {self.name}: [software] attention_unpad is flash-attn's (bert_padding around its "
+                            "varlen kernel) on an NVIDIA cluster (gpu_arch set); drop it")
         if not sw.metric_cross_entropies >= 0:
             raise UserError(f"cluster {self.name}: [software] metric_cross_entropies must be a whole number >= 0, "
                             f"got {sw.metric_cross_entropies!r}")
