@@ -387,6 +387,7 @@ def _kind_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, kind: t
     issue = overhead.framework_seconds(model, cluster, layout, *kind)
     call = overhead.LINEAR_HOST * cluster.host_linear_s  # the call after each wait
     unpad = unpad_waits(cluster, kind[0] + kind[1])
+    # a recompute that reruns a MoE layer's dispatch or the attention's unpadding waits again in backward
     rerun = (kind[1] if layout.reruns("moe") else 0) + (unpad if layout.reruns("core_attn") else 0)
     return host_bound(passes * slowest_of(cluster, layout.devices), *issue, (kind[1] + unpad) * call, rerun * call)
 
@@ -599,7 +600,7 @@ def unpad_elements(model: ModelSpec, tp: int, recompute: str) -> float:
     llm-foundry's flash_attn_fn calls it): forward, q, k and v each gathered (torch.gather against an expanded
     index: read and write, 2) and the output put back into zeros (zeros, read, write: 3); backward, their
     gradients scattered into zeros (3 each) and the output's gradient indexed (2). A rerun of the attention core
-    (selective, full) unpads again."""
+    (selective, minimal, full) unpads again."""
     q = model.heads * model.head_dim / tp
     qkv = q + 2 * kv_heads_per_rank(model.kv_heads, tp) * model.head_dim
     forward = 2 * qkv + 3 * q

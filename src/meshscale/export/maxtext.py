@@ -22,8 +22,8 @@ MODEL_NAMES = {"llama2-7b": "llama2-7b", "llama2-13b": "llama2-13b", "llama2-70b
                "llama3-8b": "llama3-8b", "llama3-70b": "llama3-70b", "llama3-405b": "llama3-405b",
                "mixtral-8x7b": "mixtral-8x7b", "deepseek-v3": "deepseek3-671b", "gpt3-175b": "gpt3-175b"}
 # remat_policy: MaxText's policies from fastest (saves most) to slowest; 'minimal_with_context' keeps every
-# matmul output and the attention context, the nearest to recompute=none; 'minimal' keeps every matmul output
-# (checkpoint_dots_with_no_batch_dims), recompute=minimal
+# matmul output and the attention context, the nearest to recompute=none; 'minimal' (checkpoint_dots_with_no_
+# batch_dims) keeps the matmul outputs backward reads and reruns the attention, recompute=minimal
 REMAT = {"none": "minimal_with_context", "minimal": "minimal", "full": "full"}
 
 

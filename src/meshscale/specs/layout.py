@@ -326,7 +326,7 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
         raise UserError(f"layout: recompute=op is built for dense models at tp=1 and cp=1 ({model.name}, tp={t}, "
                         f"cp={layout.cp}); use recompute=selective or full")
     if layout.recompute == "minimal" and (model.is_moe or model.uses_mla):
-        # a MoE layer's experts read permuted tokens, which are no matmul's output: their rerun would dispatch again
+        # MoE experts read permuted tokens, no matmul's output (a rerun would dispatch again); MLA's latents uncounted
         raise UserError(f"layout: recompute=minimal is built for dense models without MLA ({model.name}); use "
                         "recompute=selective or full")
     if layout.ep > 1:
