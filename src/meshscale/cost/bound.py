@@ -33,6 +33,7 @@ from meshscale.specs.placement import layer_counts, rank_chunks, sends_per_rank
 
 # The recompute modes the planner searches (op is torchtitan's policy for predict and train, with its own rules)
 RECOMPUTE_MODES = tuple(r for r in RECOMPUTE if r != "op")
+REBUILT_MODES = [i for i, r in enumerate(RECOMPUTE_MODES) if r in REBUILDS_LAYER]  # their indices
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
     held = _held_layers(model.layers, model.mtp_layers, pp, shape.schedules, shape.per_rank,
                         shape.microbatch_sizes)[k_i, rows.mbs_index]
     logits = np.where(v_shaped | (pp == 1), 4 * model.vocab / tp, 0.0)  # the head on the first rank
-    rebuilt = np.isin(r_i, [RECOMPUTE_MODES.index(r) for r in REBUILDS_LAYER if r in RECOMPUTE_MODES])
+    rebuilt = np.isin(r_i, REBUILT_MODES)  # one layer rebuilt at a time during backward
     acts = (per_token[s_i, r_i] * held + np.where(rebuilt, rebuild[s_i], 0.0) + logits) * tokens
     return static + acts
 

@@ -22,7 +22,7 @@ from meshscale.cost.step import Prediction
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import (RECOMPUTE, RECOMPUTE_MODULES, SCHEDULES, Layout, check_against, kv_heads_fit,
-                                    layout_items, parse_value)
+                                    layout_items, minimal_recompute_built, parse_value)
 from meshscale.specs.model import ModelSpec
 
 MAX_VPP = 8
@@ -158,7 +158,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     cluster.check_precision(precision)
-    if (fix or {}).get("recompute") == "minimal" and (model.is_moe or model.uses_mla):
+    if (fix or {}).get("recompute") == "minimal" and not minimal_recompute_built(model):
         raise UserError(f"--fix recompute=minimal: it is built for dense models without MLA ({model.name}); fix "
                         "none, selective or full")
     pool = score(Pool(model, cluster, devices, global_batch, precision, headroom, cross_tp, where, fix or {}))
@@ -224,7 +224,7 @@ def score(pool: Pool) -> Pool:
     model, cluster, precision = pool.model, pool.cluster, pool.precision
     bounds = []
     for shape in _shapes(model, cluster, pool.devices, pool.global_batch, pool.cross_tp, pool.where, pool.fix):
-        rows = _rows(shape, pool.fix, model.is_moe or model.uses_mla)
+        rows = _rows(shape, pool.fix, minimal_recompute_built(model))
         if not len(rows):
             continue
         pool.enumerated += len(rows)
@@ -334,15 +334,15 @@ def _shapes(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: 
                               shards=tuple(_shard_sizes(cluster, tp, dp * cp)), etp=etp if etp != tp else 0)
 
 
-def _rows(shape: bound.Shape, fix: dict, routed: bool = False) -> bound.Rows:
+def _rows(shape: bound.Shape, fix: dict, minimal: bool = True) -> bound.Rows:
     """Every combination of the shape's choices `fix` allows, in itertools.product's order (zero, shard, sp,
-    schedule, mbs, recompute); a shard group smaller than dp*cp needs ZeRO, and `routed` (MoE or MLA) models
-    have no recompute=minimal (specs.layout.check_against)."""
+    schedule, mbs, recompute); a shard group smaller than dp*cp needs ZeRO, and recompute=minimal comes only where
+    `minimal` (specs.layout.minimal_recompute_built)."""
     replicas = shape.dp * shape.cp
     zeros = [z for z in (range(4) if replicas > 1 else [0]) if _allowed(fix, "zero", z)]
     sp_idx = [i for i, sp in enumerate(shape.sps) if _allowed(fix, "sp", sp)]
     rec_idx = [i for i, r in enumerate(bound.RECOMPUTE_MODES)
-               if _allowed(fix, "recompute", r) and not (routed and r == "minimal")]
+               if _allowed(fix, "recompute", r) and (minimal or r != "minimal")]
     zero_shard = np.array([(z, g) for z in zeros for g in shape.shards if z > 0 or g == replicas], dtype=int)
     zero_shard = zero_shard.reshape(-1, 2)  # (zero, shard) pairs, none when --fix leaves no zero
     axes = [np.asarray(a) for a in (sp_idx, range(len(shape.schedules)), shape.microbatch_sizes, rec_idx)]

@@ -325,8 +325,7 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
         # its every-other-matmul rule would count routed experts' and TP/CP collectives' calls
         raise UserError(f"layout: recompute=op is built for dense models at tp=1 and cp=1 ({model.name}, tp={t}, "
                         f"cp={layout.cp}); use recompute=selective or full")
-    if layout.recompute == "minimal" and (model.is_moe or model.uses_mla):
-        # MoE experts read permuted tokens, no matmul's output (a rerun would dispatch again); MLA's latents uncounted
+    if layout.recompute == "minimal" and not minimal_recompute_built(model):
         raise UserError(f"layout: recompute=minimal is built for dense models without MLA ({model.name}); use "
                         "recompute=selective or full")
     if layout.ep > 1:
@@ -434,6 +433,12 @@ def pipeline_refusal(layout: Layout, n_microbatches: int) -> str | None:
         return (f"schedule=dualpipev needs at least 2*pp = {2 * p} micro-batches per step, got {m}; "
                 "raise the batch or lower mbs")
     return None
+
+
+def minimal_recompute_built(model) -> bool:
+    """Whether recompute=minimal is built for `model`: dense and without MLA. MoE experts read permuted tokens,
+    no matmul's output, so their rerun would dispatch again; MLA's latents are not counted."""
+    return not (model.is_moe or model.uses_mla)
 
 
 def check_trainable(layout: Layout, model) -> None:
