@@ -57,9 +57,14 @@ CURVES = (
           ((512, 586.06), (1024, 681.17), (2048, 757.78), (4096, 839.16), (8192, 834.57))),
     # coreweave/nccl-tests PR #92 (2026-05-26): 2 nodes of 8 H100, NDR 400 Gb/s per GPU, 8 GiB all-reduce
     Curve("H100 2 nodes x8", "coreweave/nccl-tests#92", "h100-80gb", 16, ((8192, 440.58),)),
-    # coreweave/nccl-tests PR #48 (2025-04-21): 20 NVL72 racks, 1,440 GPUs, out-of-place busbw
+    # coreweave/nccl-tests README "Expected Performance" (commit bee97e7, NCCL 2.26.2): 2 NVL72 racks, 144 GPUs,
+    # out-of-place busbw
+    Curve("GB200 NVL72 x2 racks", "coreweave/nccl-tests README (NCCL 2.26.2)", "gb200-nvl72", 144,
+          ((512, 493.94), (1024, 596.10), (2048, 680.30), (4096, 743.09), (8192, 793.06), (16384, 810.41))),
+    # coreweave/nccl-tests PR #48 (2025-04-21; to 16 GiB in the README above): 20 NVL72 racks, 1,440 GPUs,
+    # out-of-place busbw
     Curve("GB200 NVL72 x20 racks", "coreweave/nccl-tests#48", "gb200-nvl72", 1440,
-          ((512, 150.95), (1024, 218.85), (2048, 286.52), (4096, 346.38))),
+          ((512, 150.95), (1024, 218.85), (2048, 286.52), (4096, 346.38), (8192, 381.48), (16384, 405.74))),
 )
 
 
@@ -91,9 +96,9 @@ if __name__ == "__main__":
     if "--plot" in sys.argv:
         from meshscale.plots import _pyplot, _save
         plt = _pyplot()
-        fig, axes = plt.subplots(2, 4, figsize=(16, 7))
+        fig, axes = plt.subplots(2, 5, figsize=(20, 7))
         for ax, c in zip(axes.flat, CURVES):
-            sizes = [2**i * M for i in range(14)]
+            sizes = [2**i * M for i in range(15)]
             rows = [(s, predicted(c, s / M)[0]) for s in sizes]
             ax.plot([s for s, _ in rows], [g for _, g in rows], "-", label="model")
             ax.plot([m * M for m, _ in c.points], [g for _, g in c.points], "x", label="nccl-tests")
