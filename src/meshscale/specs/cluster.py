@@ -422,10 +422,13 @@ def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, host,
 # (Bekman, ml-engineering, compute/accelerator/README.md and benchmarks/README.md). Training keeps the GPU at
 # its power limit, so the sustained figure (MSMF, after thermal soak) applies, not the boost burst (MAMF):
 # H200 = H100 silicon at 700 W, MSMF 702.9 of 989 TFLOP/s (0.711; MAMF 828); B200 MSMF 1426-1456 of 2250
-# (0.640; MAMF 1751). A100 (MAMF 271.2, 0.869; no MSMF there): Azure's cuBLASLt scan on ND A100 v4 after 10,000
-# warm-up launches (Azure/AI-benchmarking-guide Azure_Results/ND_A100_v4_results.md, fp16, the rate of bf16 on
-# A100), 256.5 TFLOP/s at 16384^3 (0.822; 253.7 at 8192^3, 250.8 at 6144x12288x12288), 0.946 of its MAMF; the
-# 400 W part holds its clock where the 700-1000 W ones fall to 0.81-0.85 of theirs.
+# (0.640; MAMF 1751). GB200 is rated 2.5 PFLOP/s, 11% over B200, but its MAMF is 1822 of 2500, 4% over B200's
+# (same table), so GB200 takes B200's efficiencies times 1822/1751 x 2.25/2.5 = 0.9365: 0.599, and 0.378 for
+# attention below; GB300 (not measured) takes GB200's, as B300 takes B200's. A100 (MAMF 271.2, 0.869; no MSMF
+# there): Azure's cuBLASLt scan on ND A100 v4 after 10,000 warm-up launches (Azure/AI-benchmarking-guide
+# Azure_Results/ND_A100_v4_results.md, fp16, the rate of bf16 on A100), 256.5 TFLOP/s at 16384^3 (0.822; 253.7
+# at 8192^3, 250.8 at 6144x12288x12288), 0.946 of its MAMF; the 400 W part holds its clock where the 700-1000 W
+# ones fall to 0.81-0.85 of theirs.
 # attention_efficiency: a fused attention kernel's forward + backward rate (backward counted as 2.5x the
 # forward's FLOPs, the papers' convention) at long causal sequences, head_dim 128, as training sustains it;
 # shorter sequences and context-parallel chunks run slower along the same scans (cost/kernels.py
@@ -435,7 +438,7 @@ def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, host,
 # forward 539 and backward ~467 TFLOP/s at 16k causal, 486 together (Shah et al. 2024, arXiv:2407.08608,
 # figs. 5-6, measured at a fixed 1830 MHz, the clock of the 989 TFLOP/s peak), times H100's sustained/burst
 # GEMM ratio 702.9/794.5 (MSMF/MAMF): 0.434. Blackwell (no scan before 2025 on record): Hopper's 0.491 of the
-# peak times B200's own 1441/1751: 0.404.
+# peak times B200's own 1441/1751: 0.404 (GB200 and GB300: 0.378, above).
 # Bus-bandwidth efficiencies are nccl-tests all_reduce busbw over the link rate on DGX systems:
 # A100 NVLink3 ~230 of 300 GB/s (0.78), H100 NVLink4 ~360-380 of 450 GB/s (0.80), HDR/NDR IB ~0.85;
 # NVLink5 ring 680 of 900 GB/s at 8 GiB on a GB200 tray (Azure/AI-benchmarking-guide ND_GB200_v6_results.md,
@@ -488,8 +491,8 @@ PRESETS: dict[str, ClusterSpec] = {
     # 186 GB HBM3e at 8 TB/s, NVLink5 900 GB/s one way. Across racks a ConnectX-7 400 Gb/s NIC (50 GB/s) per GPU:
     # "4x NVIDIA ConnectX-7 single port 400G OSFP NIC" per 4-GPU compute tray (DGX GB200 user guide, Hardware);
     # ConnectX-8's 800 Gb/s came with GB300.
-    "gb200-nvl72": _gpu("gb200-nvl72", "GB200", 2.5e15, 5e15, 80e12, 186 * GB, 8e12, 0.640,
-                        900 * GB, 72, 50 * GB, 6.0, 148, 0.404, nvlink_eff=0.76, gpu_arch="blackwell",
+    "gb200-nvl72": _gpu("gb200-nvl72", "GB200", 2.5e15, 5e15, 80e12, 186 * GB, 8e12, 0.599,
+                        900 * GB, 72, 50 * GB, 6.0, 148, 0.378, nvlink_eff=0.76, gpu_arch="blackwell",
                         nvls_bandwidth=840 * GB, host_cpu="arm", fp8_gemm_speedup=1.98),
     # NVIDIA Blackwell Ultra, from the datasheets (HGX B300: per GPU 2.25 PFLOP/s bf16 dense, 4.5 fp8 (the same
     # as B200; FP4 is what grew), 288 GB HBM3e at 8 TB/s, NVLink5 900 GB/s one way, ConnectX-8 800 Gb/s (100 GB/s)
@@ -498,8 +501,8 @@ PRESETS: dict[str, ClusterSpec] = {
     # the same NVLink switch system) stand in; no price or power on record.
     "b300": _gpu("b300", "B300-288GB", 2.25e15, 4.5e15, 75e12, 288 * GB, 8e12, 0.640, 900 * GB, 8, 100 * GB, 0.0,
                  160, 0.404, nvlink_eff=0.76, gpu_arch="blackwell", fp8_gemm_speedup=1.90),
-    "gb300-nvl72": _gpu("gb300-nvl72", "GB300", 2.5e15, 5e15, 80e12, 288 * GB, 8e12, 0.640, 900 * GB, 72, 100 * GB,
-                        0.0, 160, 0.404, nvlink_eff=0.76, gpu_arch="blackwell", nvls_bandwidth=840 * GB,
+    "gb300-nvl72": _gpu("gb300-nvl72", "GB300", 2.5e15, 5e15, 80e12, 288 * GB, 8e12, 0.599, 900 * GB, 72, 100 * GB,
+                        0.0, 160, 0.378, nvlink_eff=0.76, gpu_arch="blackwell", nvls_bandwidth=840 * GB,
                         host_cpu="arm", fp8_gemm_speedup=1.90),
     # AMD Instinct MI300X datasheet: 1307.4 TFLOP/s bf16 dense, 2614.9 fp8, 163.4 fp32 matrix, 192 GB HBM3 at
     # 5.3 TB/s, 304 CUs; 8 GPUs fully connected by Infinity Fabric, 7 links of 64 GB/s one way (448 GB/s);
