@@ -403,14 +403,17 @@ def _gpu(name, accel, bf16, fp8, fp32, hbm, hbm_bw, eff, nvlink, nvlink_size, ni
 
 
 def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, host, eff=0.90) -> ClusterSpec:
-    # ICI figure per torus axis with wraparound (two links, both directions), as the scaling book's W_ici;
-    # ICI hop latency ~1 us; DCN per chip (host NIC bandwidth / chips per host). Matmuls run on 128x128 MXUs
+    # ICI figure per torus axis with wraparound (two links, both directions), as the scaling book's W_ici.
+    # What an ICI collective reaches of it, and a hop's latency: the book's profiles on v5e (Part 3, "Sharded
+    # Matrices", worked problem on an AllGather over a 4-chip axis): 34 MB in 680 us where the link rate gives
+    # 560 (0.83 once its hops' latency is taken off), and 32 kB shards over 3 hops in ~8 us where bandwidth
+    # takes 2.1 (2 us a hop). DCN per chip (host NIC bandwidth / chips per host). Matmuls run on 128x128 MXUs
     # (Cloud TPU "performance guide": dimensions are padded to multiples of 128); large MXU-aligned matmuls run
     # near peak (scaling book Part 1 takes them at peak; we keep 10% for the vector-unit epilogue), and XLA
     # schedules tiles without GPU-style waves.
     # Software: MaxText shards with FSDP (zero=3: one reduce per layer, whatever the framework); for zero 0-2 XLA
     # combines all-reduces up to a threshold we have no published figure for: Megatron-Core's buckets stand in.
-    tiers = (Tier("ici", _prod(torus), ici_axis, 1e-6, 0.90), Tier("dcn", 0, dcn, 10e-6, 0.80))
+    tiers = (Tier("ici", _prod(torus), ici_axis, 2e-6, 0.83), Tier("dcn", 0, dcn, 10e-6, 0.80))
     return ClusterSpec(name=name, accelerator=accel, peak_flops_bf16=bf16, peak_flops_fp8=fp8,
                        peak_flops_fp32=bf16 / 2, hbm_bytes=hbm, hbm_bandwidth=hbm_bw, matmul_efficiency=eff,
                        tiers=tiers, torus=torus, default_devices=_prod(torus), price_per_device_hour=price,
