@@ -500,8 +500,9 @@ PRESETS: dict[str, ClusterSpec] = {
     # NVIDIA Blackwell Ultra, from the datasheets (HGX B300: per GPU 2.25 PFLOP/s bf16 dense, 4.5 fp8 (the same
     # as B200; FP4 is what grew), 288 GB HBM3e at 8 TB/s, NVLink5 900 GB/s one way, ConnectX-8 800 Gb/s (100 GB/s)
     # per GPU; GB300 NVL72: 72 GPUs, 2.5 PFLOP/s bf16 dense and 5 fp8 per GPU, 288 GB at 8 TB/s). Blackwell
-    # Ultra has 160 SMs. No measured GEMM, attention, NVLink or NVLS figures yet: B200's (GB200's NVLS ceiling,
-    # the same NVLink switch system) stand in; no price or power on record.
+    # Ultra has 160 SMs. B300's BF16 MAMF (1769) is within 1% of B200's, so B200's GEMM and attention fractions
+    # stand, and GB200's for GB300; no NVLink or NVLS figures yet: B200's (GB200's NVLS ceiling, the same NVLink
+    # switch system) stand in; no price or power on record.
     "b300": _gpu("b300", "B300-288GB", 2.25e15, 4.5e15, 75e12, 288 * GB, 8e12, 0.640, 900 * GB, 8, 100 * GB, 0.0,
                  160, 0.404, nvlink_eff=0.76, gpu_arch="blackwell", fp8_gemm_speedup=1.90),
     "gb300-nvl72": _gpu("gb300-nvl72", "GB300", 2.5e15, 5e15, 80e12, 288 * GB, 8e12, 0.599, 900 * GB, 72, 100 * GB,
