@@ -13,7 +13,7 @@ name). Nothing here is fitted: the figures are for reading, and for a note that 
   group's tokens each) against `gemm_seconds` of that shape over GROUPED_WGRAD_EFFICIENCY (this scan's own
   figures: the H200's recorded rows replay at 1 on average), as `gemm_pass_seconds` charges them.
 - Attention forward + backward (scaled_dot_product_attention, flash and cuDNN back ends), causal and not, by
-  sequence length, head_dim 128: against `attention_seconds`.
+  sequence length, head_dim 128: against `attention_seconds` (the flash rows as [software] attention_kernel fa2).
 - HBM: a 4 GiB copy and element-wise add (bytes read + written) against the rate the cost model charges
   memory traffic at, the preset's `hbm_bandwidth` x `hbm_efficiency` (the latter taken from this row's copy).
 - Host link: a 1 GiB copy from device to pinned host memory and back, what activation offload moves, against
@@ -126,6 +126,9 @@ def predicted_seconds(row: dict, cluster) -> float:
         m = shape["m"]
         return gemm_seconds(cluster, m, shape["n"], shape["k"], cluster.gemm_peak("bf16"), batch=shape["groups"]) / \
             grouped_gemm_efficiency(m)
+    # the flash back end is FlashAttention-2's kernel ([software] attention_kernel fa2), cuDNN's the platform's
+    kernel = "fa2" if kind == "attention flash" else "platform"
+    cluster = dataclasses.replace(cluster, software=dataclasses.replace(cluster.software, attention_kernel=kernel))
     return attention_seconds(cluster, attention_core_flops(shape), shape["seq"], cluster.peak_flops("bf16"),
                              shape["causal"])
 

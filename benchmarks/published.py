@@ -298,7 +298,10 @@ def nemo_runs():
     parameter all-gather (bf16 parameters), gradients reduced in bf16 (the scripts' grad_sync_dtype=bf16) but
     for Nemotron 8B/22B (fp32, the default), Transformer Engine's TP overlap where ub_tp_comm_overlap is set,
     no recomputation, vocabularies padded to a multiple of 128 x TP. Nemotron-340B's row matches no public
-    config of the time: we take NeMo 2.0's recipe (TP overlap, fp32 gradients, no recomputation)."""
+    config of the time: we take NeMo 2.0's recipe (TP overlap, fp32 gradients, no recomputation). Attention ran
+    in flash-attn's kernel (FlashAttention-2), not cuDNN's: the launcher's conf/config.yaml sets
+    NVTE_FUSED_ATTN=0 ("Disable cudnn FA until we've tested it more") from 2024-02-13 to 2024-08-29, but for
+    GPT3-175B, whose example script sets NVTE_FUSED_ATTN=1 (95c77b59, "Enable cuDNN FlashAtt only for 175B")."""
     def gpt3(name, layers, hidden, heads):  # NeMo GPTConfig: GeLU, biases, learned positions, tied, GPT-2 BPE
         return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, ffn=4 * hidden, vocab=50257,
                          seq=2048, mlp="gelu", tied_embeddings=True, learned_positions=True, biases=True)
@@ -333,9 +336,33 @@ def nemo_runs():
         model = replace(model, seq=seq, vocab=math.ceil(model.vocab / (128 * tp)) * 128 * tp)
         layout = (f"dp={gpus // (tp * pp * cp)},zero=1,tp={tp},pp={pp},cp={cp},mbs={mbs}"
                   + (",sp=true" if tp > 1 else "") + (f",schedule=interleaved,vpp={vp}" if vp > 1 else ""))
-        software = replace(MEGATRON_CORE, tp_comm_overlap=tp_overlap, grad_reduce_fp32=fp32_grads)
+        software = replace(MEGATRON_CORE, tp_comm_overlap=tp_overlap, grad_reduce_fp32=fp32_grads,
+                           attention_kernel="platform" if name == "GPT3-175B" else "fa2")
         yield Run("NeMo 24.07 perf summary", f"{name} fp8", model, "h100-80gb", layout, gpus, gbs,
                   gbs * seq / (per_gpu * gpus), "H100", software, precision="fp8")
+
+
+# NVIDIA/NeMo docs/source/performance/performance_long_sequence.md (8275bf6, 2024-10-21): LLAMA2-7B FP8
+# pre-training on DGX-H100 with context parallelism, NeMo 24.03.01, one GPU per 1k tokens of sequence:
+# (seq in k, TP, PP, DP, CP, TFLOP/s per GPU). TFLOP/s in Megatron's count (non-causal attention): the 4k row's
+# 768 sits beside the 24.07 summary's 16,847 tokens/s for the same model, 776 in that count (722 causal). The
+# NeMo-Framework-Launcher of the time (21657d24, 2024-04) ran Transformer Engine's flash-attn backend
+# (NVTE_FUSED_ATTN=0) and llama2_7b.yaml's micro-batch 1, no recomputation, no TP overlap. Not stated: the
+# global batch (the yaml's 2048 sequences; the rate hardly depends on it) and sequence parallelism (taken on).
+NEMO_LONG_SEQUENCE = [(4, 1, 1, 4, 1, 768), (8, 1, 2, 4, 1, 730), (16, 2, 1, 8, 1, 660), (32, 2, 1, 8, 2, 610),
+                      (64, 4, 1, 8, 2, 574), (128, 4, 1, 8, 4, 555), (256, 4, 1, 8, 8, 549), (512, 8, 1, 4, 16, 549),
+                      (1024, 8, 1, 4, 32, 536)]
+
+
+def nemo_long_sequence_runs():
+    base, batch = load_model("llama2-7b"), 2048
+    software = replace(MEGATRON_CORE, attention_kernel="fa2")
+    for k, tp, pp, dp, cp, tflops in NEMO_LONG_SEQUENCE:
+        model = replace(base, seq=k * 1024, vocab=math.ceil(base.vocab / (128 * tp)) * 128 * tp)
+        gpus = tp * pp * dp * cp
+        layout = f"dp={dp},zero=1,tp={tp},pp={pp},cp={cp},mbs=1" + (",sp=true" if tp > 1 else "")
+        yield Run("NeMo long-sequence perf", f"LLAMA2-7B {k}k fp8", model, "h100-80gb", layout, gpus, batch,
+                  megatron_core_flops(model, batch) / (gpus * tflops * 1e12), "H100", software, precision="fp8")
 
 
 # MosaicML llm-foundry scripts/train/benchmarking/README.md at 5e85bd62 (2024-01-06): MPT models trained with
@@ -426,6 +453,7 @@ def runs():
     yield from palm_runs()
     yield from bloom_runs()
     yield from nemo_runs()
+    yield from nemo_long_sequence_runs()
     yield from mosaic_runs()
 
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from meshscale.cost import predict
-from meshscale.cost.comm import sm_share
+from meshscale.cost.comm import group_link, sm_share
 from meshscale.cost.step import slowest_of
 from meshscale.errors import UserError
 from meshscale.specs.cluster import load_cluster
@@ -27,6 +27,23 @@ def test_nccl_channels_take_their_share_of_the_sms():
     assert sm_share(replace(H100, overlap_slowdown=0.05), "dp") == 0.05  # a measured figure wins
     deepep = replace(H100, software=replace(H100.software, moe_dispatcher="deepep"))
     assert sm_share(deepep, "ep") == pytest.approx(20 / 132)
+
+
+def test_a_send_recv_holds_the_blocks_of_its_p2p_channels():
+    """NCCL gives each peer of a communicator that reaches across the network 2 p2p channels, one thread block
+    each; a ring rank sends to one peer and receives from another: 4 of 132 SMs. Inside one NVLink domain every
+    peer gets the whole p2p channel count, 24 rounded up to 32."""
+    def p2p_share(devices, size, stride):
+        return sm_share(H100, "cp", group_link(H100, devices, size, stride), "send_recv")
+
+    assert p2p_share(64, 8, 8) == pytest.approx(4 / 132)  # one rank a node
+    assert p2p_share(8, 8, 1) == pytest.approx(32 / 132)  # one node
+    assert sm_share(H100, "cp", group_link(H100, 64, 8, 8), "all_reduce") == pytest.approx(24 / 132)
+    # a ring over the network slows the attention it hides behind by its own blocks' share
+    model = replace(MODEL, seq=131072)
+    layout = Layout.parse("dp=1,tp=8,sp=true,cp=8,mbs=1", 64)
+    cp = next(e for e in predict(model, H100, layout, 1).comm if e["axis"] == "cp")
+    assert cp["interference_s"] == pytest.approx((cp["time_s"] - cp["exposed_s"]) * 4 / 132)
 
 
 def test_hidden_collectives_slow_the_compute_they_hide_behind():

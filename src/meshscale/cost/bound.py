@@ -528,7 +528,7 @@ def context_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape,
                                                               fewest, shape.per_rank // mbs))
                       for mbs in shape.microbatch_sizes] for layout in layouts])
     return (np.maximum(0.0, ring - most * per_layer * slowest_device)
-            + np.minimum(ring, fewest * per_layer) * comm.sm_share(cluster, "cp"))
+            + np.minimum(ring, fewest * per_layer) * comm.sm_share(cluster, "cp", link, "send_recv"))
 
 
 def pipeline_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, layout: Layout) -> float:

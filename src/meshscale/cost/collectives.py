@@ -71,6 +71,17 @@ class Fabric:
         return self.ppn * self.nodes
 
 
+def p2p_blocks(fabric: Fabric) -> int:
+    """Thread blocks one rank's send/recv pair holds (one per channel; src/graph/paths.cc at v2.20.5-1,
+    ncclTopoGetNchannels and ncclTopoComputeP2pChannels): NCCL gives every peer of a communicator the fewest
+    channels any of its peers gets, 2 for a peer across the network (NCCL_NCHANNELS_PER_NET_PEER's default,
+    one NIC's worth), its whole p2p channel count (CHANNELS rounded up to a power of two) between NVLink
+    peers. A ring or pipeline rank sends to one peer and receives from another."""
+    channels = 1 << (CHANNELS[fabric.arch] - 1).bit_length()
+    per_peer = 2 if fabric.nodes > 1 else channels
+    return min(channels, 2 * per_peer)
+
+
 def _index(nodes: int) -> int:
     return min(nodes, 3) - 1
 

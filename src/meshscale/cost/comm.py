@@ -464,10 +464,11 @@ def deepep_seconds(nbytes: float, calls: int, n: int, link: Link, cluster: Clust
     return max(inside, outside) + latency
 
 
-def sm_share(cluster: ClusterSpec, axis: str) -> float:
+def sm_share(cluster: ClusterSpec, axis: str, link: Link | None = None, collective: str = "") -> float:
     """The share of compute throughput a collective of `axis` takes from the kernels running beside it: the SMs
     its kernels hold, one thread block per NCCL channel (collectives.CHANNELS: 24 on Ampere and Hopper, 18% of
-    an H100), DeepEP's 20 for MoE dispatch and combine. Measured: GEMMs beside NCCL collectives slow 18.9% on
+    an H100; a send/recv over `link` holds collectives.p2p_blocks, 4 once it crosses the network), DeepEP's 20
+    for MoE dispatch and combine. Measured: GEMMs beside NCCL collectives slow 18.9% on
     average (max 40%) on A100 and H100 (Agrawal et al. 2025, arXiv:2507.03114, "Characterizing
     Compute-Communication Overlap"); NVIDIA's forum case of a 132-tile GEMM beside a 24-block all-gather on
     H100 shows the mechanism, and benchmarks/kernel_scan.py's interference rows measure it on an H200: an 8192^3
@@ -478,8 +479,13 @@ def sm_share(cluster: ClusterSpec, axis: str) -> float:
         return cluster.overlap_slowdown
     if not (cluster.gpu_arch and cluster.compute_units):
         return 0.0
-    deepep = axis == "ep" and cluster.software.moe_dispatcher == "deepep"
-    return min(1.0, (DEEPEP_SMS if deepep else collectives.CHANNELS[cluster.gpu_arch]) / cluster.compute_units)
+    if axis == "ep" and cluster.software.moe_dispatcher == "deepep":
+        blocks = DEEPEP_SMS
+    elif collective == "send_recv" and link is not None and link.fabric is not None:
+        blocks = collectives.p2p_blocks(link.fabric)
+    else:
+        blocks = collectives.CHANNELS[cluster.gpu_arch]
+    return min(1.0, blocks / cluster.compute_units)
 
 
 def expert_dispatch_time(cluster: ClusterSpec, nbytes: float, calls: int, n: int, link: Link, experts: int = 0,
