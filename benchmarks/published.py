@@ -270,7 +270,8 @@ def mixtral_runs():
               megatron_core_flops(model, 256) / (64 * 438e12), "H100", MEGATRON_CORE)
 
 
-# Megatron-DeepSpeed: DeepSpeed's ZeRO-1 reduces the gradients (its default reduce_bucket_size).
+# Megatron-DeepSpeed: bf16 under DeepSpeed's BF16_Optimizer (ZeRO-0 in the config, partitioned like ZeRO-1;
+# cost/step.py bf16_optimizer), its fp32 gradients all-reduced in buffers of 5e8 elements.
 BLOOM_SOFTWARE = replace(MEGATRON_2021, framework="deepspeed", grad_reduce_fp32=True)
 
 

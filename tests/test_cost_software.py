@@ -13,7 +13,7 @@ from meshscale.cost.comm import grad_buckets
 from meshscale.cost.memory import params_on_rank
 from meshscale.errors import UserError
 from meshscale.cost.overhead import LINEAR_HOST
-from meshscale.cost.step import eager_forward_elements, elementwise_seconds
+from meshscale.cost.step import eager_forward_elements, elementwise_seconds, rank_passes
 from meshscale.plan.search import search
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout
@@ -299,3 +299,24 @@ def test_torch_fsdp_prepares_each_reduce_scatter_in_memory():
                                         (2, 1, fsdp1 | bf16, fsdp2 | bf16, 8, 2)):
         (slow, nbytes), (fast, _) = reduce(zero, m, **a), reduce(zero, m, **b)
         assert slow - fast == pytest.approx(moved * nbytes / width / A100.achieved_hbm_bandwidth)
+
+
+def test_deepspeeds_bf16_optimizer_copies_each_backward_to_fp32_and_all_reduces():
+    """DeepSpeed at ZeRO-1 with bf16 and fp32 gradient accumulation runs its BF16_Optimizer: after every
+    micro-batch's backward each gradient is copied and added into fp32 (18 bytes an element), and the fp32
+    gradients are all-reduced where ZeRO-1 reduce-scatters; in bf16 gradients it is DeepSpeed's ZeRO-1 as usual."""
+    layout = Layout.parse("dp=8,zero=1,pp=2,mbs=1", 16)
+
+    def run(**software):
+        return predict(MODEL, with_software(framework="deepspeed", **software), layout, 64)
+
+    bf16_opt, zero1 = run(), run(grad_reduce_fp32=False)
+    assert set(dp_bytes(bf16_opt)) == {"all_reduce", "all_gather"}
+    assert set(dp_bytes(zero1)) == {"reduce_scatter", "all_gather"}
+    assert dp_bytes(bf16_opt)["all_reduce"] == 2 * dp_bytes(zero1)["reduce_scatter"]  # fp32 against bf16
+    assert bf16_opt.step_time_s > zero1.step_time_s
+    for rank in range(2):
+        copies = (rank_passes(MODEL, with_software(framework="deepspeed"), layout, rank).backward
+                  - rank_passes(MODEL, with_software(framework="deepspeed", grad_reduce_fp32=False), layout,
+                                rank).backward)
+        assert copies == pytest.approx(18 * params_on_rank(MODEL, layout, rank) / A100.achieved_hbm_bandwidth)

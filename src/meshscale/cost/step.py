@@ -191,7 +191,8 @@ def _rank_ledger(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: i
     if layout.dp * layout.cp > 1:
         ops += _on("dp", comm.data_parallel_ops(layout.zero, params - experts, m, act_bytes, n_layers + 1,
                                                 root_params_on_rank(model, layout, rank), layout.pp > 1, grad_bytes,
-                                                update_bytes, buckets(params - experts)))
+                                                update_bytes, buckets(params - experts),
+                                                bf16_optimizer(sw, layout.zero, precision)))
         ops += _on("dp_replicate", comm.replica_ops(layout.zero, params - experts, m, n_layers + 1, layout.shard_size,
                                                     layout.replicas, layout.pp > 1, grad_bytes,
                                                     buckets(params - experts)))
@@ -332,6 +333,23 @@ def param_gather_bytes(sw, precision: str) -> int:
     return 4 if sw.param_gather_fp32 else b["compute"]
 
 
+# DeepSpeed's BF16_Optimizer (runtime/bf16_optimizer.py since #1801, 2022-04) adds every micro-batch's bf16
+# gradients into fp32 copies after the backward: lp.grad.to(fp32) reads 2 and writes 4 bytes, hp_grad.add_ reads
+# 4 + 4 and writes 4 (the 2022 code then drops the bf16 gradients; later versions zero them in place, a little more).
+BF16_OPTIMIZER_COPY_BYTES = 18
+
+
+def bf16_optimizer(sw, zero: int, precision: str) -> bool:
+    """Whether DeepSpeed's BF16_Optimizer takes the step: its engine picks it for a bf16 model with fp32
+    gradient accumulation at ZeRO-1 (engine.py _do_optimizer_sanity_check; BLOOM's 2022 runs configured ZeRO-0,
+    which it partitions alike). It copies each micro-batch's gradients to fp32 (BF16_OPTIMIZER_COPY_BYTES),
+    all-reduces them where ZeRO-1 reduce-scatters (pipe/engine.py _bf16_reduce_grads, the engine's
+    allreduce_gradients), updates its partition and all-gathers the bf16 parameters (update_lp_params)."""
+    b = PRECISIONS[precision]
+    return (sw.framework == "deepspeed" and zero == 1 and sw.grad_reduce_fp32 and b["compute"] == 2
+            and b["optimizer"] > ADAM_MOMENTS)
+
+
 def _hides(overlap: Overlap, sw, layout: Layout, m: int) -> Overlap:
     """A collective's overlap class (cost/comm.py) as it runs: NONE where the [software] switch is off."""
     if overlap == Overlap.WGRAD and not sw.tp_wgrad_overlap:
@@ -451,8 +469,12 @@ def rank_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: in
     """F, B, W of one micro-batch on pipeline rank `rank`: the sum over the chunks it holds (the passes the
     simulator runs one by one)."""
     kinds = layout_kinds(model, layout)  # chunk_passes of each, the kind looked up once
-    return sum((_kind_passes(model, cluster, layout, kinds[c], precision)
-                for c in rank_chunks(layout.pp, layout.stages, layout.v_shaped, rank)), Passes())
+    passes = sum((_kind_passes(model, cluster, layout, kinds[c], precision)
+                  for c in rank_chunks(layout.pp, layout.stages, layout.v_shaped, rank)), Passes())
+    if bf16_optimizer(cluster.software, layout.zero, precision):  # its fp32 copies, every backward
+        copy = BF16_OPTIMIZER_COPY_BYTES * params_on_rank(model, layout, rank) / cluster.achieved_hbm_bandwidth
+        passes = passes + Passes(backward=copy)
+    return passes
 
 
 def pipeline_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
