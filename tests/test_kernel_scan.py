@@ -1,6 +1,6 @@
 """The cost model's kernel terms against this workplace's recorded GPU scans (benchmarks/kernel_scan.py on an
-H200 and an H100, benchmarks/data/): GEMM, HBM, grouped weight-gradient, MoE permute and interference rows
-predicted again by today's model, pred/meas."""
+H200 and an H100, benchmarks/data/): GEMM, HBM, grouped weight-gradient, MoE permute, interference and
+FlashAttention-2 rows predicted again by today's model, pred/meas."""
 
 import importlib.util
 import json
@@ -90,3 +90,15 @@ def test_the_trainers_fused_adamw_costs_the_one_pass_the_model_charges():
     (_, fused), = scan_rows("optimizer fused")
     (_, foreach), = scan_rows("optimizer foreach")
     assert 0.9 < fused < 1.1 and foreach < 0.4
+
+
+def test_flash_attention_runs_at_the_rate_the_hopper_scans_sustained():
+    """FA2_H100 is the H100 scan's FlashAttention-2 rows (torch's flash back end): they replay at 1; the H200's,
+    the same silicon measured apart, within 0.95-1.12 of them at every length, causal or not."""
+    for path, low, high in ((ROOT / "benchmarks/data/kernel_scan_h100.json", 0.99, 1.01),
+                            (ROOT / "benchmarks/data/kernel_scan_h200.json", 0.95, 1.12)):
+        scan = json.loads(path.read_text())
+        cluster = load_cluster(scan["preset"])
+        flash = [kernel_scan.predicted_seconds(r, cluster) / r["measured_s"] for r in scan["rows"]
+                 if r["kind"] == "attention flash"]
+        assert len(flash) == 12 and all(low < ratio < high for ratio in flash), (path.name, flash)
