@@ -66,6 +66,9 @@ class Software:
     # The fused attention kernel: "platform", the presets' rate (cuDNN through Transformer Engine on Hopper and
     # Blackwell, FlashAttention-2 on Ampere); "fa2", FlashAttention-2 (flash-attn 2.x, torch's SDPA flash backend);
     # "fa-triton", the 2022 Triton FlashAttention (llm-foundry's attn_impl: triton). Rates: cost/kernels.py.
+    # What ran on Hopper: torch's SDPA tried FlashAttention-2 first until 2.11 (cuDNN last, opt-in after 2.5's
+    # bugs, pytorch#138522), cuDNN first from 2.11 (sdp_utils.cpp check_prefer_cudnn_attention, cuDNN >= 9.15);
+    # NeMo's launcher set NVTE_FUSED_ATTN=0 from 2024-02 to 2024-08, so Transformer Engine ran FlashAttention-2.
     attention_kernel: str = "platform"
     # The attention's q, k and v unpadded before a variable-length kernel and its output padded after
     # (flash-attn's bert_padding.unpad_input / pad_input around flash_attn_varlen_func, as llm-foundry's
