@@ -181,6 +181,21 @@ def test_zero_parameter_gather_travels_in_the_compute_dtype_or_in_fp32():
     assert [p.layout for p in fast.ranked] == [p.layout for p in full.ranked]
 
 
+def test_fp8_parameters_gather_one_byte_each_and_need_fp8():
+    """Megatron-Core's --fp8-param-gather: the distributed optimizer's all-gather moves FP8 parameters; the
+    gradients' reduce-scatter is untouched. Asked of bf16 training, or of a framework without it: one line."""
+    h100 = load_cluster("h100-80gb")
+    fp8_params = replace(h100, software=replace(h100.software, fp8_param_gather=True))
+    layout = Layout.parse("dp=16,zero=1,mbs=1", 16)
+    half, quarter = (dp_bytes(predict(MODEL, c, layout, 16, "fp8")) for c in (h100, fp8_params))
+    assert quarter["all_gather"] == pytest.approx(half["all_gather"] / 2) == pytest.approx(MODEL.param_count())
+    assert quarter["reduce_scatter"] == half["reduce_scatter"]
+    with pytest.raises(UserError, match="fp8_param_gather gathers FP8 parameters; it needs --precision fp8"):
+        predict(MODEL, fp8_params, layout, 16, "bf16")
+    with pytest.raises(UserError, match=r"fp8_param_gather is Megatron-Core's \(--fp8-param-gather\)"):
+        replace(h100, software=replace(h100.software, framework="torch", fp8_param_gather=True))
+
+
 # Nemotron-4 15B (arXiv:2402.16819 Table 1: 32 layers, h 6144, 48 heads, 8 KV heads, squared-ReLU MLP of
 # 24576, 256k vocab, seq 4096): the issue's 64-B200 DDP run.
 NEMOTRON = ModelSpec(name="nemotron-4-15b", layers=32, hidden=6144, heads=48, kv_heads=8, ffn=24576,

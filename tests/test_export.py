@@ -204,6 +204,22 @@ def test_megatron_fp8_with_layernorm_recompute_takes_a_recipe_that_allows_it():
     assert args["fp8_recipe"] == "tensorwise" and args["recompute_modules"] == ["layernorm"]
 
 
+@pytest.mark.skipif(not installed("megatron.core"), reason="megatron-core is not installed (pip install '.[test]')")
+def test_megatron_gathers_fp8_parameters_where_the_cost_model_charged_one_byte():
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    h100 = load_cluster("h100-80gb")
+    fp8_params = dataclasses.replace(h100, software=dataclasses.replace(h100.software, fp8_param_gather=True))
+    model, layout = load_model("llama3-8b"), Layout.parse("dp=8,zero=1,mbs=1")
+    args = parse_megatron(emit("megatron", model, fp8_params, layout, 64, "fp8", steps=10).config)
+    assert args["fp8_param_gather"] and args["fp8"] == "hybrid"
+    assert DistributedDataParallelConfig(fp8_param_gather=args["fp8_param_gather"]).fp8_param_gather
+    TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4, fp8=args["fp8"],
+                      fp8_param=args["fp8_param_gather"])
+    assert "fp8_param_gather" not in parse_megatron(emit("megatron", model, h100, layout, 64, "fp8", steps=10).config)
+
+
 def test_offload_reaches_each_framework_in_the_form_it_has():
     """Megatron-Core offloads fewer than all layers without recompute; DeepSpeed every layer's checkpoint under
     full recompute (cpu_checkpointing); each export keeps the form its framework has and drops the other."""

@@ -326,10 +326,13 @@ def grad_reduce_bytes(sw, precision: str) -> int:
 
 def param_gather_bytes(sw, precision: str) -> int:
     """Bytes per parameter ZeRO-1/2's all-gather of the updated parameters moves: fp32, or the compute dtype
-    ([software] param_gather_fp32); without a master, the parameters' own dtype."""
+    ([software] param_gather_fp32), or FP8 ([software] fp8_param_gather); without a master, the parameters' own
+    dtype."""
     b = PRECISIONS[precision]
     if b["optimizer"] <= ADAM_MOMENTS:
         return b["params"]
+    if sw.fp8_param_gather:
+        return 1
     return 4 if sw.param_gather_fp32 else b["compute"]
 
 

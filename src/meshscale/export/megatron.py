@@ -80,6 +80,8 @@ def arguments(job: Job) -> list[str]:
         args.append("--bf16")
     if job.precision == "fp8":
         args.append("--fp8-format hybrid")  # Transformer Engine's recipe: e4m3 forward, e5m2 gradients
+        if sw.fp8_param_gather and lay.zero >= 1:
+            args.append("--fp8-param-gather")
         if lay.recompute_modules & {"layernorm", "moe_act"}:  # TransformerConfig refuses them with delayed scaling
             args.append("--fp8-recipe tensorwise")
     args.append(f"--data-path {shlex.quote(job.data)}" if job.data else "--mock-data")

@@ -56,6 +56,11 @@ class Software:
     # autocast); false: in the compute dtype, as Megatron-Core's distributed optimizer gathers its bf16 model
     # parameters (core/distributed/param_and_grad_buffer.py) and DeepSpeed's stage 1/2 its 16-bit partitions.
     param_gather_fp32: bool = False
+    # FP8 parameters (Megatron-Core --fp8-param-gather, NeMo's fp8_params: Transformer Engine keeps the model's
+    # weights as FP8 tensors beside the fp32 master): ZeRO-1/2's all-gather of the updated parameters moves 1 byte
+    # a parameter, not 2; the few bf16 ones (embeddings, norms, biases) are counted at 1 too. Memory is left as
+    # is: on Hopper the FP8 weight keeps its transpose for the backward GEMMs, 2 bytes either way. Needs fp8.
+    fp8_param_gather: bool = False
     # Element-wise work (norms, RoPE, activations, residuals) in fused kernels (Megatron's fused norm and bias-
     # activation kernels, XLA, torch.compile); false: one kernel per operator, as eager PyTorch runs it.
     fused_elementwise: bool = True
@@ -274,6 +279,10 @@ class ClusterSpec:
             raise UserError(f"cluster {self.name}: [software] cuda_graphs is Megatron-Core's (--cuda-graph-impl) on a "
                             f"GPU cluster (host_linear_s > 0): true or false with framework = \"megatron-core\", "
                             f"got {sw.cuda_graphs!r} with {sw.framework}")
+        if sw.fp8_param_gather is not False and (sw.fp8_param_gather is not True or sw.framework != "megatron-core"):
+            raise UserError(f"cluster {self.name}: [software] fp8_param_gather is Megatron-Core's (--fp8-param-gather): "
+                            f"true or false with framework = \"megatron-core\", got {sw.fp8_param_gather!r} with "
+                            f"{sw.framework}")
         if sw.attention_kernel not in ATTENTION_KERNELS or (sw.attention_kernel != "platform" and
                                                             self.gpu_arch not in ("ampere", "hopper", "blackwell")):
             raise UserError(f"cluster {self.name}: [software] attention_kernel must be one of "
@@ -326,6 +335,9 @@ class ClusterSpec:
         if precision == "fp8" and not self.peak_flops_fp8:
             raise UserError(f"cluster {self.name}: no FP8 data (peak_flops_fp8 is 0: {self.accelerator} has no FP8 "
                             "matrix units on record); use --precision bf16, or a cluster file giving peak_flops_fp8")
+        if self.software.fp8_param_gather and precision != "fp8":
+            raise UserError(f"cluster {self.name}: [software] fp8_param_gather gathers FP8 parameters; it needs "
+                            f"--precision fp8, got {precision}: drop it or change the precision")
 
     def peak_flops(self, precision: str) -> float:
         peak = {"bf16": self.peak_flops_bf16, "fp8": self.peak_flops_fp8 or self.peak_flops_bf16,
