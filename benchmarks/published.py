@@ -290,6 +290,11 @@ def bloom_runs():
               nic=6.25e9)
 
 
+def gpt3(name, layers, hidden, heads):  # NeMo GPTConfig: GeLU, biases, learned positions, tied, GPT-2 BPE
+    return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, ffn=4 * hidden, vocab=50257,
+                     seq=2048, mlp="gelu", tied_embeddings=True, learned_positions=True, biases=True)
+
+
 def nemo_runs():
     """NVIDIA/NeMo docs/source/performance/performance_summary.md ("24.07 perf numbers", 2024-09-09): FP8
     pre-training on DGX-H100, NeMo 24.07 (Megatron-Core, Transformer Engine), tokens/s per GPU as published.
@@ -303,10 +308,6 @@ def nemo_runs():
     in flash-attn's kernel (FlashAttention-2), not cuDNN's: the launcher's conf/config.yaml sets
     NVTE_FUSED_ATTN=0 ("Disable cudnn FA until we've tested it more") from 2024-02-13 to 2024-08-29, but for
     GPT3-175B, whose example script sets NVTE_FUSED_ATTN=1 (95c77b59, "Enable cuDNN FlashAtt only for 175B")."""
-    def gpt3(name, layers, hidden, heads):  # NeMo GPTConfig: GeLU, biases, learned positions, tied, GPT-2 BPE
-        return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, ffn=4 * hidden, vocab=50257,
-                         seq=2048, mlp="gelu", tied_embeddings=True, learned_positions=True, biases=True)
-
     def nemotron(name, layers, hidden, heads, kv_heads, ffn):  # squared-ReLU MLP (two matrices), RoPE, 256k
         return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn,
                          vocab=256000, seq=4096, mlp="gelu")
@@ -341,6 +342,35 @@ def nemo_runs():
                            attention_kernel="platform" if name == "GPT3-175B" else "fa2")
         yield Run("NeMo 24.07 perf summary", f"{name} fp8", model, "h100-80gb", layout, gpus, gbs,
                   gbs * seq / (per_gpu * gpus), "H100", software, precision="fp8")
+
+
+# MLPerf Training GPT-3 175B (mlcommons/training_results_v4.0, 2024-06, and _v4.1, 2024-11; closed division):
+# NeMo / Megatron-Core with Transformer Engine's FP8 (hybrid), seq 2048, each submitter's
+# benchmarks/gpt3/.../config_*.sh: TP overlap, the distributed optimizer reducing bf16 gradients
+# (grad_sync_dtype), FP8 parameters (FP8_PARAMS), cuDNN attention (NVTE_FUSED_ATTN=1 on B200; Transformer
+# Engine prefers it on Hopper), per-layer CUDA graphs where LAYER_CUDA_GRAPH=1. Measured: the median of the
+# results' "train_step_timing in s" (NeMo's timer, steps only); where a log has none, a training block's
+# span over its steps (block_start to block_stop, evaluation outside). (system, hardware, preset, GPUs, GBS,
+# TP, PP, VPP, micro-batch, CUDA graphs, seconds)
+MLPERF_GPT3 = [
+    ("NVIDIA b200_n8_preview (v4.1)", "B200", "b200", 64, 2048, 4, 8, 6, 2, True, 36.23),
+    ("NVIDIA eos_n32 (v4.1)", "H100", "h100-80gb", 256, 2048, 4, 8, 6, 2, False, 18.37),
+    ("NVIDIA eos_n64 (v4.1)", "H100", "h100-80gb", 512, 2048, 4, 8, 6, 2, False, 9.50),
+    ("Oracle 1536xBM.GPU.H100.8 (v4.1)", "H100", "h100-80gb", 1536, 3072, 4, 8, 4, 2, False, 5.17),
+    ("Oracle 3072xBM.GPU.H100.8 (v4.1)", "H100", "h100-80gb", 3072, 3072, 4, 8, 4, 2, False, 3.05),
+    ("NVIDIA eos-dfw_n1344 (v4.0)", "H100", "h100-80gb", 10752, 2688, 4, 6, 8, 1, True, 0.921),
+    ("NVIDIA eos-dfw_n1452 (v4.1)", "H100", "h100-80gb", 11616, 2904, 4, 6, 8, 1, True, 0.921)]
+
+
+def mlperf_runs():
+    for system, hardware, cluster, gpus, gbs, tp, pp, vp, mbs, graphs, seconds in MLPERF_GPT3:
+        model = gpt3("gpt3-175b", 96, 12288, 96)
+        model = replace(model, vocab=math.ceil(model.vocab / (128 * tp)) * 128 * tp)
+        layout = f"dp={gpus // (tp * pp)},zero=1,tp={tp},sp=true,pp={pp},vpp={vp},schedule=interleaved,mbs={mbs}"
+        software = replace(MEGATRON_CORE, tp_comm_overlap=True, grad_reduce_fp32=False, fp8_param_gather=True,
+                           cuda_graphs=graphs)
+        yield Run("MLPerf Training GPT-3", f"{system} 175B fp8", model, cluster, layout, gpus, gbs, seconds,
+                  hardware, software, precision="fp8")
 
 
 # NVIDIA/NeMo docs/source/performance/performance_long_sequence.md (8275bf6, 2024-10-21): LLAMA2-7B FP8
@@ -455,6 +485,7 @@ def runs():
     yield from bloom_runs()
     yield from nemo_runs()
     yield from nemo_long_sequence_runs()
+    yield from mlperf_runs()
     yield from mosaic_runs()
 
 

@@ -29,6 +29,23 @@ def test_nccl_channels_take_their_share_of_the_sms():
     assert sm_share(deepep, "ep") == pytest.approx(20 / 132)
 
 
+def test_megatrons_tp_overlap_holds_the_sms_of_transformer_engines_userbuffers():
+    """--tp-comm-overlap runs TP's all-gathers and reduce-scatters on Transformer Engine's userbuffers: by its
+    default, half the all-gathers ring-exchange on 1 SM and the rest of the kernels hold 16. Torch's async TP
+    and TP without the overlap stay NCCL's 24 channels."""
+    overlap = replace(H100, software=replace(H100.software, tp_comm_overlap=True))
+    assert sm_share(overlap, "tp", None, "all_gather") == pytest.approx(8.5 / 132)
+    assert sm_share(overlap, "tp", None, "reduce_scatter") == pytest.approx(16 / 132)
+    assert sm_share(overlap, "dp", None, "reduce_scatter") == pytest.approx(24 / 132)
+    torch_tp = replace(overlap, software=replace(overlap.software, framework="torch"))
+    assert sm_share(torch_tp, "tp", None, "all_gather") == sm_share(H100, "tp", None, "all_gather") == \
+        pytest.approx(24 / 132)
+    layout = Layout.parse("dp=2,zero=1,tp=4,sp=true,mbs=1", 8)
+    ag = next(e for e in predict(MODEL, overlap, layout, 8).comm if e["axis"] == "tp" and
+              e["collective"] == "all_gather")
+    assert ag["interference_s"] == pytest.approx((ag["time_s"] - ag["exposed_s"]) * 8.5 / 132)
+
+
 def test_a_send_recv_holds_the_blocks_of_its_p2p_channels():
     """NCCL gives each peer of a communicator that reaches across the network 2 p2p channels, one thread block
     each; a ring rank sends to one peer and receives from another: 4 of 132 SMs. Inside one NVLink domain every

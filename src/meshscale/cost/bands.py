@@ -13,13 +13,14 @@ from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.model import ModelSpec
 
 # --- written by benchmarks/published.py --write-bands; do not edit by hand -----------------------------
-SOURCE = 'benchmarks/published.py --write-bands, 141 published runs up to 2024, 2026-11-29'
+SOURCE = 'benchmarks/published.py --write-bands, 148 published runs up to 2024, 2026-11-29'
 # "hardware kind precision": (runs, median |error|, p90 |error|, mean signed error)
 BANDS: dict[str, tuple[int, float, float, float]] = {
     'A100 dense bf16': (30, 0.0434, 0.0855, -0.0194),
+    'B200 dense fp8': (1, 0.0265, 0.0265, -0.0265),
     'H100 MoE bf16': (1, 0.0842, 0.0842, -0.0842),
     'H100 dense bf16': (40, 0.0415, 0.1399, -0.0367),
-    'H100 dense fp8': (22, 0.0432, 0.0674, 0.0395),
+    'H100 dense fp8': (28, 0.044, 0.0778, 0.0414),
     'H800 MoE fp8': (1, 0.0408, 0.0408, -0.0408),
     'TPU v4 dense bf16': (7, 0.056, 0.0688, -0.0529),
     'TPU v5e dense bf16': (24, 0.0654, 0.1474, -0.0517),

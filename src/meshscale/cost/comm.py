@@ -428,6 +428,12 @@ DEEPEP_RDMA = ((16, 43 / 50), (32, (44 + 47) / 2 / 50), (64, (46 + 45) / 2 / 50)
 # SMs are sufficient to fully utilize the bandwidths of IB and NVLink" (DeepEP's Buffer.num_sms default, 20);
 # NCCL's all-to-all one thread block per channel (collectives.CHANNELS).
 DEEPEP_SMS = 20
+# Megatron-Core's TP overlap (--tp-comm-overlap) runs on Transformer Engine's userbuffers, not NCCL. Its default
+# (transformer_engine/pytorch/module/base.py initialize_ub, get_default_config, 2024): ring-exchange all-gathers
+# (the forward's and those ahead of the row-parallel dgrads) hold 1 SM; the pipelined forward reduce-scatters and
+# the bulk backward all-gathers (the column-parallel wgrads' inputs) and reduce-scatters hold 16. Per layer, half
+# the all-gathers are each kind.
+USERBUFFER_SMS = {"all_gather": (1 + 16) / 2, "reduce_scatter": 16}
 
 
 def distinct_groups(experts: int, top_k: int, groups: int) -> float:
@@ -469,7 +475,7 @@ def sm_share(cluster: ClusterSpec, axis: str, link: Link | None = None, collecti
     """The share of compute throughput a collective of `axis` takes from the kernels running beside it: the SMs
     its kernels hold, one thread block per NCCL channel (collectives.CHANNELS: 24 on Ampere and Hopper, 18% of
     an H100; a send/recv over `link` holds collectives.p2p_blocks, 4 once it crosses the network), DeepEP's 20
-    for MoE dispatch and combine. Measured: GEMMs beside NCCL collectives slow 18.9% on
+    for MoE dispatch and combine, Transformer Engine's userbuffers for Megatron-Core's TP overlap. Measured: GEMMs beside NCCL collectives slow 18.9% on
     average (max 40%) on A100 and H100 (Agrawal et al. 2025, arXiv:2507.03114, "Characterizing
     Compute-Communication Overlap"); NVIDIA's forum case of a 132-tile GEMM beside a 24-block all-gather on
     H100 shows the mechanism, and benchmarks/kernel_scan.py's interference rows measure it on an H200: an 8192^3
@@ -480,13 +486,22 @@ def sm_share(cluster: ClusterSpec, axis: str, link: Link | None = None, collecti
         return cluster.overlap_slowdown
     if not (cluster.gpu_arch and cluster.compute_units):
         return 0.0
+    blocks: float
     if axis == "ep" and cluster.software.moe_dispatcher == "deepep":
         blocks = DEEPEP_SMS
+    elif axis == "tp" and collective in USERBUFFER_SMS and userbuffers(cluster.software):
+        blocks = USERBUFFER_SMS[collective]
     elif collective == "send_recv" and link is not None and link.fabric is not None:
         blocks = collectives.p2p_blocks(link.fabric)
     else:
         blocks = collectives.CHANNELS[cluster.gpu_arch]
     return min(1.0, blocks / cluster.compute_units)
+
+
+def userbuffers(sw) -> bool:
+    """Whether TP's all-gathers and reduce-scatters run on Transformer Engine's userbuffers (Megatron-Core's
+    --tp-comm-overlap) rather than NCCL."""
+    return sw.tp_comm_overlap and sw.framework == "megatron-core"
 
 
 def expert_dispatch_time(cluster: ClusterSpec, nbytes: float, calls: int, n: int, link: Link, experts: int = 0,
