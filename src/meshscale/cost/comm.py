@@ -475,13 +475,13 @@ def sm_share(cluster: ClusterSpec, axis: str, link: Link | None = None, collecti
     """The share of compute throughput a collective of `axis` takes from the kernels running beside it: the SMs
     its kernels hold, one thread block per NCCL channel (collectives.CHANNELS: 24 on Ampere and Hopper, 18% of
     an H100; a send/recv over `link` holds collectives.p2p_blocks, 4 once it crosses the network), DeepEP's 20
-    for MoE dispatch and combine, Transformer Engine's userbuffers for Megatron-Core's TP overlap. Measured: GEMMs beside NCCL collectives slow 18.9% on
-    average (max 40%) on A100 and H100 (Agrawal et al. 2025, arXiv:2507.03114, "Characterizing
-    Compute-Communication Overlap"); NVIDIA's forum case of a 132-tile GEMM beside a 24-block all-gather on
-    H100 shows the mechanism, and benchmarks/kernel_scan.py's interference rows measure it on an H200: an 8192^3
-    bf16 GEMM beside a copy holding 8 or 24 thread blocks slowed as their share of the 132 SMs predicts, within
-    1%. A measured `ClusterSpec.overlap_slowdown` wins; 0 off NVIDIA GPUs (TPU ICI collectives run on DMA
-    engines)."""
+    for MoE dispatch and combine, Transformer Engine's userbuffers for Megatron-Core's TP overlap (USERBUFFER_SMS).
+    Measured: GEMMs beside NCCL collectives slow 18.9% on average (max 40%) on A100 and H100 (Agrawal et al.
+    2025, arXiv:2507.03114, "Characterizing Compute-Communication Overlap"); NVIDIA's forum case of a 132-tile
+    GEMM beside a 24-block all-gather on H100 shows the mechanism, and benchmarks/kernel_scan.py's interference
+    rows measure it on an H200: an 8192^3 bf16 GEMM beside a copy holding 8 or 24 thread blocks slowed as their
+    share of the 132 SMs predicts, within 1%. A measured `ClusterSpec.overlap_slowdown` wins; 0 off NVIDIA GPUs
+    (TPU ICI collectives run on DMA engines)."""
     if cluster.overlap_slowdown is not None and axis != "ep":
         return cluster.overlap_slowdown
     if not (cluster.gpu_arch and cluster.compute_units):

@@ -280,9 +280,9 @@ class ClusterSpec:
                             f"GPU cluster (host_linear_s > 0): true or false with framework = \"megatron-core\", "
                             f"got {sw.cuda_graphs!r} with {sw.framework}")
         if sw.fp8_param_gather is not False and (sw.fp8_param_gather is not True or sw.framework != "megatron-core"):
-            raise UserError(f"cluster {self.name}: [software] fp8_param_gather is Megatron-Core's (--fp8-param-gather): "
-                            f"true or false with framework = \"megatron-core\", got {sw.fp8_param_gather!r} with "
-                            f"{sw.framework}")
+            raise UserError(f"cluster {self.name}: [software] fp8_param_gather is Megatron-Core's "
+                            f"(--fp8-param-gather): true or false with framework = \"megatron-core\", got "
+                            f"{sw.fp8_param_gather!r} with {sw.framework}")
         if sw.attention_kernel not in ATTENTION_KERNELS or (sw.attention_kernel != "platform" and
                                                             self.gpu_arch not in ("ampere", "hopper", "blackwell")):
             raise UserError(f"cluster {self.name}: [software] attention_kernel must be one of "
