@@ -290,6 +290,11 @@ def bloom_runs():
               nic=6.25e9)
 
 
+def nemo_vocab(vocab: int, tp: int) -> int:
+    """The vocabulary as NeMo pads it: to a multiple of 128 x TP (make_vocab_size_divisible_by)."""
+    return math.ceil(vocab / (128 * tp)) * 128 * tp
+
+
 def gpt3(name, layers, hidden, heads):  # NeMo GPTConfig: GeLU, biases, learned positions, tied, GPT-2 BPE
     return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, ffn=4 * hidden, vocab=50257,
                      seq=2048, mlp="gelu", tied_embeddings=True, learned_positions=True, biases=True)
@@ -335,7 +340,7 @@ def nemo_runs():
             ("LLAMA3-70B", 64, 128, 1, 8192, 4, 4, 2, 5, 1533, True, False)]
     for name, gpus, gbs, mbs, seq, tp, pp, cp, vp, per_gpu, tp_overlap, fp32_grads in rows:
         model = models[name]
-        model = replace(model, seq=seq, vocab=math.ceil(model.vocab / (128 * tp)) * 128 * tp)
+        model = replace(model, seq=seq, vocab=nemo_vocab(model.vocab, tp))
         layout = (f"dp={gpus // (tp * pp * cp)},zero=1,tp={tp},pp={pp},cp={cp},mbs={mbs}"
                   + (",sp=true" if tp > 1 else "") + (f",schedule=interleaved,vpp={vp}" if vp > 1 else ""))
         software = replace(MEGATRON_CORE, tp_comm_overlap=tp_overlap, grad_reduce_fp32=fp32_grads,
@@ -365,7 +370,7 @@ MLPERF_GPT3 = [
 def mlperf_runs():
     for system, hardware, cluster, gpus, gbs, tp, pp, vp, mbs, graphs, seconds in MLPERF_GPT3:
         model = gpt3("gpt3-175b", 96, 12288, 96)
-        model = replace(model, vocab=math.ceil(model.vocab / (128 * tp)) * 128 * tp)
+        model = replace(model, vocab=nemo_vocab(model.vocab, tp))
         layout = f"dp={gpus // (tp * pp)},zero=1,tp={tp},sp=true,pp={pp},vpp={vp},schedule=interleaved,mbs={mbs}"
         software = replace(MEGATRON_CORE, tp_comm_overlap=True, grad_reduce_fp32=False, fp8_param_gather=True,
                            cuda_graphs=graphs)
@@ -389,7 +394,7 @@ def nemo_long_sequence_runs():
     base, batch = load_model("llama2-7b"), 2048
     software = replace(MEGATRON_CORE, attention_kernel="fa2")
     for k, tp, pp, dp, cp, tflops in NEMO_LONG_SEQUENCE:
-        model = replace(base, seq=k * 1024, vocab=math.ceil(base.vocab / (128 * tp)) * 128 * tp)
+        model = replace(base, seq=k * 1024, vocab=nemo_vocab(base.vocab, tp))
         gpus = tp * pp * dp * cp
         layout = f"dp={dp},zero=1,tp={tp},pp={pp},cp={cp},mbs=1" + (",sp=true" if tp > 1 else "")
         yield Run("NeMo long-sequence perf", f"LLAMA2-7B {k}k fp8", model, "h100-80gb", layout, gpus, batch,
