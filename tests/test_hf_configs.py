@@ -1,4 +1,4 @@
-"""Hugging Face config.json files read per model_type: 24 published configs (their math fields, as on the
+"""Hugging Face config.json files read per model_type: 31 published configs (their math fields, as on the
 Hub) planned at the published parameter totals, and the refusals of what meshscale does not map."""
 
 import dataclasses
@@ -25,6 +25,15 @@ def qwen(kind, hidden, inter, layers, heads, kv, vocab, **kw):
             "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "use_sliding_window": False, "sliding_window": 131072,
             "max_window_layers": 28, "max_position_embeddings": 32768, "tie_word_embeddings": False, **kw}
 
+
+# DeepSeek-V2's fields beside its sizes (the Hub's config.json of DeepSeek-V2 and V2-Lite).
+DEEPSEEK_V2 = {"model_type": "deepseek_v2", "vocab_size": 102400, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+               "n_shared_experts": 2, "num_experts_per_tok": 6, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+               "qk_rope_head_dim": 64, "v_head_dim": 128, "norm_topk_prob": False, "scoring_func": "softmax",
+               "aux_loss_alpha": 0.001, "seq_aux": True, "hidden_act": "silu", "max_position_embeddings": 163840,
+               "rms_norm_eps": 1e-6, "rope_theta": 10000, "ep_size": 1, "pretraining_tp": 1, "attention_bias": False,
+               "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707,
+                                "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096, "type": "yarn"}}
 
 # (name, config.json's fields, the published total: the Hub's safetensors count or the paper's)
 CONFIGS = [
@@ -79,6 +88,28 @@ CONFIGS = [
                                       "type": "yarn"},
                      "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                                              "weight_block_size": [128, 128]}}, 671_000_000_000),
+    # DeepSeek-V2 (arXiv:2405.04434) and V2-Lite model pages: 236B and 15.7B total.
+    ("DeepSeek-V2", {**DEEPSEEK_V2, "hidden_size": 5120, "intermediate_size": 12288, "moe_intermediate_size": 1536,
+                     "n_routed_experts": 160, "num_attention_heads": 128, "num_key_value_heads": 128,
+                     "num_hidden_layers": 60, "q_lora_rank": 1536, "routed_scaling_factor": 16.0, "n_group": 8,
+                     "topk_group": 3, "topk_method": "group_limited_greedy"}, 236_000_000_000),
+    ("DeepSeek-V2-Lite", {**DEEPSEEK_V2, "hidden_size": 2048, "intermediate_size": 10944,
+                          "moe_intermediate_size": 1408, "n_routed_experts": 64, "num_attention_heads": 16,
+                          "num_key_value_heads": 16, "num_hidden_layers": 27, "q_lora_rank": None,
+                          "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1, "topk_method": "greedy"},
+     15_700_000_000),
+    # gpt-oss model card, Table 1: 116.83B total (as the Hub's config.json gives it, layer_types 18 x [sliding, full])
+    ("gpt-oss-120b", {"architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+                      "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880,
+                      "initial_context_length": 4096, "intermediate_size": 2880,
+                      "layer_types": ["sliding_attention", "full_attention"] * 18, "max_position_embeddings": 131072,
+                      "model_type": "gpt_oss", "num_attention_heads": 64, "num_experts_per_tok": 4,
+                      "num_hidden_layers": 36, "num_key_value_heads": 8, "num_local_experts": 128,
+                      "quantization_config": {"quant_method": "mxfp4"}, "rms_norm_eps": 1e-05,
+                      "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "rope_type": "yarn",
+                                       "original_max_position_embeddings": 4096, "truncate": False},
+                      "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
+                      "tie_word_embeddings": False, "vocab_size": 201088}, 116_830_000_000),
     ("gpt2", {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024, "n_ctx": 1024,
               "vocab_size": 50257, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
               "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1, "summary_type": "cls_index",
@@ -136,7 +167,7 @@ def by_name(name):
     return next(c for n, c, _ in CONFIGS if n == name)
 
 
-@pytest.mark.parametrize("preset, name", [("qwen3-235b-a22b", "Qwen3-235B-A22B")])
+@pytest.mark.parametrize("preset, name", [("qwen3-235b-a22b", "Qwen3-235B-A22B"), ("gpt-oss-120b", "gpt-oss-120b")])
 def test_a_preset_is_its_published_config(preset, name):
     """A preset written by hand reads as its Hugging Face config.json does, but for its name and the
     training sequence the preset chooses (the config gives the longest context)."""
@@ -165,6 +196,19 @@ def test_the_math_fields_are_read():
     v3 = from_hf_config(by_name("DeepSeek-V3"), "d")
     assert (v3.first_dense_layers, v3.kv_lora_rank, v3.shared_experts, v3.mtp_layers) == (3, 512, 1, 1)
     assert 36.5e9 < v3.active_param_count() < 37.7e9  # the report's 37B activated
+    v2 = from_hf_config(by_name("DeepSeek-V2"), "d")
+    assert (v2.q_lora_rank, v2.experts, v2.top_k, v2.norm_topk, v2.mtp_layers) == (1536, 160, 6, False, 0)
+    assert 20.5e9 < v2.active_param_count() < 22e9  # "21B activated"
+    oss = from_hf_config(by_name("gpt-oss-120b"), "g")
+    assert (oss.sliding_window, oss.full_attention_every, oss.attention_sinks, oss.qkv_bias) == (128, 2, True, True)
+    assert (oss.experts, oss.top_k, oss.expert_ffn, oss.head_dim, oss.kv_heads) == (128, 4, 2880, 64, 8)
+
+
+def test_models_the_runtime_does_not_build_are_planned_and_refused_by_the_trainer():
+    from meshscale.specs.model import trainer_lacks
+
+    assert "attention sinks" in trainer_lacks(load_model("gpt-oss-120b"))
+    assert "latent attention" in trainer_lacks(from_hf_config(by_name("DeepSeek-V2-Lite"), "d"))
 
 
 def test_transformers_5_rope_parameters_read_as_4x_rope_fields():
@@ -190,7 +234,8 @@ def test_the_planner_costs_the_counted_parameters():
 
 
 @pytest.mark.parametrize("change, needle", [
-    ({"model_type": "falcon"}, "model_type 'falcon' is not supported; meshscale reads deepseek_v3, gemma2"),
+    ({"model_type": "falcon"},
+     "model_type 'falcon' is not supported; meshscale reads deepseek_v2, deepseek_v3, gemma2"),
     ({"model_type": None}, "no model_type is not supported"),
     ({"hidden_size": "4096"}, "hidden_size must be an integer, got '4096'"),
     ({"rms_norm_eps": "1e-5"}, "rms_norm_eps must be a number"),
@@ -206,6 +251,11 @@ def test_the_planner_costs_the_counted_parameters():
     ({"model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
       "mlp_only_layers": [3]}, "mlp_only_layers=[3] is not supported"),
     ({"model_type": "mixtral", "num_local_experts": 8, "router_jitter_noise": 0.1}, "router_jitter_noise=0.1"),
+    ({**by_name("gpt-oss-120b"), "experts_per_token": 8}, "experts_per_token=8 is not supported (it differs"),
+    ({**by_name("gpt-oss-120b"), "layer_types": ["full_attention", "sliding_attention"] * 18},
+     "layer_types=[\"full_attention\""),
+    ({**by_name("gpt-oss-120b"), "attention_bias": False}, "attention_bias=false is not supported"),
+    ({**by_name("DeepSeek-V2"), "mlp_bias": True}, "mlp_bias=true is not supported"),
 ])
 def test_what_is_not_mapped_is_one_line_exit_2(tmp_path, change, needle):
     from test_cli_predict_plan import cli

@@ -5,7 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from meshscale.cost.flops import attention_core_flops, block_matmuls, op_recomputed_matmuls
+from meshscale.cost.flops import (attended_positions, attention_core_flops, attention_window, block_matmuls,
+                                  model_flops_per_step, op_recomputed_matmuls)
 from meshscale.cost.kernels import (Gemm, attention_core_seconds, attention_seconds, counted_seconds, fp8_cast_seconds,
                                     gemm_efficiency, gemm_pass_seconds, gemm_seconds, kernel_shape, layer_gemms,
                                     loss_seconds, microbatch_seconds, ring_merge_seconds)
@@ -122,6 +123,29 @@ def test_a_framework_may_run_another_attention_kernel_at_its_measured_rate():
     core = [attention_core_seconds(model, with_software(h100, attention_kernel=k), layout, model.seq, "bf16")
             for k in ("platform", "fa2")]
     assert core[1][0] > core[0][0] and core[1][1] > core[0][1]
+
+
+def test_a_sliding_window_attends_within_it_at_the_causal_rate_of_twice_its_length():
+    """GPT-OSS (like Gemma 2) attends within a window of 128 in every other layer: a query at position t sees
+    min(t+1, w) keys, fused kernels skip the blocks outside the window and run at the scans' causal rate for 2w;
+    unfused kernels compute every score. The model's FLOPs (MFU's numerator) count what is attended."""
+    assert attended_positions(10, 4) == sum(min(t + 1, 4) for t in range(10)) / 10
+    assert attended_positions(10) == attended_positions(10, 16) == sum(t + 1 for t in range(10)) / 10
+    assert attended_positions(10, 4, causal_skip=False) == 10
+    oss, h100 = load_model("gpt-oss-120b").with_seq(8192), CLUSTERS[1]
+    full = replace(oss, sliding_window=0, full_attention_every=0)
+    assert [attention_window(oss, i) for i in range(4)] == [128, 0, 128, 0]
+    windowed_flops = attention_core_flops(oss, oss.seq, layer=0)
+    assert windowed_flops < attention_core_flops(full, oss.seq) / 30
+    mean = (windowed_flops + attention_core_flops(full, oss.seq)) / 2
+    assert attention_core_flops(oss, oss.seq) == pytest.approx(mean)
+    windowed, dense = (sum(attention_core_seconds(m, h100, Layout(mbs=1), oss.seq, "bf16")) for m in (oss, full))
+    at_256 = attention_seconds(h100, oss.seq * windowed_flops, 256, h100.peak_flops_bf16)
+    assert windowed == pytest.approx(dense / 2 + at_256 / 2)
+    unfused = replace(h100, fused_attention=False)
+    assert attention_core_seconds(oss, unfused, Layout(mbs=1), oss.seq, "bf16") \
+        == attention_core_seconds(full, unfused, Layout(mbs=1), oss.seq, "bf16")
+    assert model_flops_per_step(oss, 1) < model_flops_per_step(full, 1)
 
 
 def test_ring_attention_merges_each_steps_output_through_memory():

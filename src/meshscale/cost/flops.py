@@ -15,13 +15,31 @@ def attention_projection_flops(model: ModelSpec) -> float:
     return 2.0 * model.attention_params()
 
 
-def attention_core_flops(model: ModelSpec, seq: int, causal_skip: bool = True) -> float:
-    """QK^T and AV per token, forward. With causal masking a token attends to (seq+1)/2 positions on
-    average, and fused kernels skip the masked blocks (Dao 2023, FlashAttention-2 sec. 3.1); unfused
-    kernels compute the full s x s scores (Narayanan et al. 2021 eq. 3 counts those)."""
+def attention_window(model: ModelSpec, layer: int) -> int:
+    """The positions layer `layer` attends to (0: all): the model's sliding window, except every
+    full_attention_every-th layer (Gemma 2 and GPT-OSS alternate, Gemma 3 has one full layer in 6)."""
+    every = model.full_attention_every
+    return 0 if every and (layer + 1) % every == 0 else model.sliding_window
+
+
+def attended_positions(seq: int, window: int = 0, causal_skip: bool = True) -> float:
+    """Keys a query attends to, on average over a sequence of `seq`. Causal: (seq+1)/2; with a window of w < seq,
+    min(t+1, w) at position t, so w - w(w-1)/(2 seq). Fused kernels skip the masked blocks (Dao 2023,
+    FlashAttention-2 sec. 3.1, the window likewise); unfused kernels compute the full s x s scores (Narayanan
+    et al. 2021 eq. 3 counts those)."""
+    if not causal_skip:
+        return seq
+    if window and window < seq:
+        return window - window * (window - 1) / (2 * seq)
+    return (seq + 1) / 2
+
+
+def attention_core_flops(model: ModelSpec, seq: int, causal_skip: bool = True, layer: int | None = None) -> float:
+    """QK^T and AV per token, forward, in layer `layer` (its window), or on average over the model's layers."""
     qk_dim = model.head_dim + (model.rope_head_dim if model.uses_mla else 0)
     v_dim = (model.v_head_dim or model.head_dim) if model.uses_mla else model.head_dim
-    attended = (seq + 1) / 2 if causal_skip else seq
+    layers = range(model.layers) if layer is None else (layer,)
+    attended = sum(attended_positions(seq, attention_window(model, i), causal_skip) for i in layers) / len(layers)
     return 2.0 * model.heads * (qk_dim + v_dim) * attended
 
 
@@ -33,7 +51,8 @@ def mlp_flops(model: ModelSpec, layer: int) -> float:
 
 
 def layer_flops(model: ModelSpec, layer: int, seq: int, causal_skip: bool = True) -> float:
-    return attention_projection_flops(model) + attention_core_flops(model, seq, causal_skip) + mlp_flops(model, layer)
+    return (attention_projection_flops(model) + attention_core_flops(model, seq, causal_skip, layer)
+            + mlp_flops(model, layer))
 
 
 def logits_flops(model: ModelSpec) -> float:
@@ -92,12 +111,14 @@ def recompute_flops_per_token(model: ModelSpec, recompute: str, layers: range) -
     if recompute == "op":
         return len(layers) * 2.0 * sum(i * o for i, o in op_recomputed_matmuls(model))
     modules = Layout(recompute=recompute).recompute_modules
-    core = attention_core_flops(model, model.seq) if "core_attn" in modules else 0.0
+    up = 0.0
     if "mla_up_proj" in modules:  # DeepSeek-V2 sec. 2.1.2: latent q and kv up to the heads
         v = model.v_head_dim or model.head_dim
-        core += 2.0 * model.heads * (model.q_lora_rank * (model.head_dim + model.rope_head_dim)
-                                     + model.kv_lora_rank * (model.head_dim + v))
-    return sum(core + _module_mlp_flops(model, i, modules) for i in layers)
+        up = 2.0 * model.heads * (model.q_lora_rank * (model.head_dim + model.rope_head_dim)
+                                  + model.kv_lora_rank * (model.head_dim + v))
+    return sum(up + _module_mlp_flops(model, i, modules)
+               + (attention_core_flops(model, model.seq, layer=i) if "core_attn" in modules else 0.0)
+               for i in layers)
 
 
 def _module_mlp_flops(model: ModelSpec, layer: int, modules: frozenset) -> float:

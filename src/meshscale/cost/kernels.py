@@ -529,27 +529,47 @@ def routing_bytes(model: ModelSpec, tokens: float, dtype_bytes: int) -> tuple[fl
 
 def attention_core_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float,
                            precision: str) -> tuple[float, float]:
-    """One layer's attention core, (forward, backward), for `tokens` queries on this rank (heads split by TP).
-    Fused: the flash kernel's throughput. Unfused (2021-22 Megatron-LM): batched QK^T and AV GEMMs per head,
-    forward and their two gradients each (the softmax is memory-bound work, see step.elementwise_seconds)."""
-    fused = cluster.fused_attention
+    """One layer's attention core, (forward, backward), for `tokens` queries on this rank (heads split by TP):
+    the mean over the model's layers, whose sliding windows may differ. Fused: the flash kernel's throughput.
+    Unfused (2021-22 Megatron-LM): batched QK^T and AV GEMMs per head, forward and their two gradients each,
+    every score computed, a window's masked ones too (the softmax is memory-bound work, see
+    step.elementwise_seconds)."""
     peak, dtype_bytes = cluster.bf16_work_peak(precision), PRECISIONS[precision]["compute"]
-    core = tokens * flops.attention_core_flops(model, model.seq, fused) / layout.tp
-    measured = nearest(cluster.attention_rates, (model.seq / layout.cp, model.head_dim))
-    if fused and measured and measured_precision(cluster, dtype_bytes):
+    if not cluster.fused_attention:
+        heads = max(1, round(model.heads / layout.tp)) * layout.mbs
+        s, d = model.seq / layout.cp, model.head_dim
+        f, b, w = gemm_pass_seconds(cluster, (Gemm(s, model.seq, d, heads), Gemm(s, d, model.seq, heads)), peak,
+                                    dtype_bytes)
+        return f, b + w
+    by_window: dict[int, list[int]] = {}
+    for i in range(model.layers):
+        by_window.setdefault(flops.attention_window(model, i), []).append(i)
+    f = b = 0.0
+    for layers in by_window.values():
+        lf, lb = _fused_core_seconds(model, cluster, layout, tokens, precision, layers[0])
+        f, b = f + lf * len(layers) / model.layers, b + lb * len(layers) / model.layers
+    return f, b
+
+
+def _fused_core_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tokens: float, precision: str,
+                        layer: int) -> tuple[float, float]:
+    """`attention_core_seconds` of layer `layer` with a fused kernel. Under a window w shorter than the sequence
+    each query block loops over about w/128 + 1 key blocks, as a causal kernel's do on average at length 2w: it
+    runs at the scans' causal rate there, on its own rank whatever the CP (the keys it needs are local but for
+    the window's reach into the previous chunk)."""
+    peak, dtype_bytes = cluster.bf16_work_peak(precision), PRECISIONS[precision]["compute"]
+    core = tokens * flops.attention_core_flops(model, model.seq, True, layer) / layout.tp
+    window = flops.attention_window(model, layer)
+    length, cp = (2 * window, 1) if window and 2 * window < model.seq else (model.seq, layout.cp)
+    measured = nearest(cluster.attention_rates, (length / cp, model.head_dim))
+    if measured and measured_precision(cluster, dtype_bytes):
         # calibrated: forward + backward measured as 3x the forward FLOPs
         total = 3 * core / measured
         return total / 3, total * 2 / 3
-    if fused:
-        total = attention_seconds(cluster, core, model.seq, peak, cp=layout.cp)
-        merge_f = merge_b = 0.0
-        if layout.cp > 1:
-            queries = tokens * model.heads * model.head_dim / layout.tp
-            keys = tokens * kv_heads_per_rank(model.kv_heads, layout.tp) * model.head_dim
-            merge_f, merge_b = ring_merge_seconds(cluster, queries, keys, layout.cp)
-        return total / 3.5 + merge_f, total * 2.5 / 3.5 + merge_b
-    heads = max(1, round(model.heads / layout.tp)) * layout.mbs
-    s, d = model.seq / layout.cp, model.head_dim
-    f, b, w = gemm_pass_seconds(cluster, (Gemm(s, model.seq, d, heads), Gemm(s, d, model.seq, heads)), peak,
-                                dtype_bytes)
-    return f, b + w
+    total = attention_seconds(cluster, core, length, peak, cp=cp)
+    merge_f = merge_b = 0.0
+    if cp > 1:
+        queries = tokens * model.heads * model.head_dim / layout.tp
+        keys = tokens * kv_heads_per_rank(model.kv_heads, layout.tp) * model.head_dim
+        merge_f, merge_b = ring_merge_seconds(cluster, queries, keys, cp)
+    return total / 3.5 + merge_f, total * 2.5 / 3.5 + merge_b

@@ -246,6 +246,32 @@ def _deepseek_v3(f: Fields) -> dict:
             "norm_topk": f.get("norm_topk_prob", bool, True), "mtp_layers": f.get("num_nextn_predict_layers", int, 0)}
 
 
+def _deepseek_v2(f: Fields) -> dict:
+    """DeepSeek-V2's config is V3's without the multi-token prediction and with softmax routing; planned only."""
+    f.only("mlp_bias", (False,), "DeepSeek-V2 publishes no biases")
+    return _deepseek_v3(f)
+
+
+def _gpt_oss(f: Fields) -> dict:
+    """Planned only (the runtime model has no attention sinks, no clamped SwiGLU and no biases on the output
+    projection, the experts and the router). What the planner costs: GQA attention with q, k, v biases, a window
+    in every other layer, MoE layers of num_local_experts SwiGLU experts; the sinks (a logit per head), the
+    clamp and the biases are element-wise work and 0.03% of the parameters, left out."""
+    kw = _decoder(f, eps_default=1e-5)
+    f.only("attention_bias", (True,), "GPT-OSS's attention carries biases")
+    top_k = f.get("num_experts_per_tok", int, ...)
+    if f.get("experts_per_token", int, top_k) != top_k:  # OpenAI's own name for it
+        f.refuse("experts_per_token", f"it differs from num_experts_per_tok ({top_k})")
+    for key, kind in (("swiglu_limit", float), ("swiglu_alpha", float), ("initial_context_length", int)):
+        f.get(key, kind)  # the clamp and its gain, and YaRN's original length (in the rope scaling too)
+    types = f.get("layer_types", list, [])
+    if types and types != ["sliding_attention", "full_attention"] * (kw["layers"] // 2):
+        f.refuse("layer_types", "meshscale reads GPT-OSS's alternation, sliding then full attention")
+    return {**kw, "qkv_bias": True, "sliding_window": f.get("sliding_window", int, ...), "full_attention_every": 2,
+            "attention_sinks": True, "experts": f.get("num_local_experts", int, ...), "top_k": top_k,
+            "norm_topk": True, "aux_loss_coef": f.get("router_aux_loss_coef", float, 0.001)}
+
+
 def _gpt2(f: Fields) -> dict:
     hidden = f.get("n_embd", int, ...)
     act = f.get("activation_function", str, "gelu_new")
@@ -300,8 +326,9 @@ def _gemma(f: Fields, version: int) -> dict:
 
 READERS = {
     "llama": _llama, "mistral": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
-    "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "deepseek_v3": _deepseek_v3, "phi3": _phi3, "gpt2": _gpt2,
-    "gpt_neox": _gpt_neox, "gemma2": lambda f: _gemma(f, 2), "gemma3_text": lambda f: _gemma(f, 3),
+    "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3,
+    "phi3": _phi3, "gpt2": _gpt2, "gpt_neox": _gpt_neox, "gpt_oss": _gpt_oss, "gemma2": lambda f: _gemma(f, 2),
+    "gemma3_text": lambda f: _gemma(f, 3),
 }
 # Multimodal wrappers whose text model sits in text_config without a model_type of its own.
 TEXT_CONFIG_TYPES = {"gemma3": "gemma3_text"}

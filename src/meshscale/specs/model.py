@@ -43,6 +43,7 @@ class ModelSpec:
     rotary_fraction: float = 1.0  # the share of each head's dimensions RoPE rotates (GPT-NeoX: 0.25)
     sliding_window: int = 0  # attend to the last n positions only; 0: to all
     full_attention_every: int = 0  # with a window, every n-th layer attends to all (Gemma 2: 2, Gemma 3: 6)
+    attention_sinks: bool = False  # GPT-OSS: a learned logit per head joins each softmax (no value, no cost)
     # Mixture of experts (experts == 0: dense).
     experts: int = 0
     top_k: int = 0
@@ -222,6 +223,14 @@ PRESETS: dict[str, ModelSpec] = {
     "qwen3-235b-a22b": _llama("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, 4096, head_dim=128,
                               experts=128, top_k=8, expert_ffn=1536, qk_norm=True, norm_eps=1e-6,
                               rope_theta=1e6, aux_loss_coef=0.001),
+    # OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card", Table 1, and its HF config.json: 36 layers, 128
+    # experts of 2880, top-4, GQA 64/8 heads of 64, a window of 128 in every other layer, trained at 4096 tokens
+    # (initial_context_length) before YaRN extended it (116.8B total, 5.1B active).
+    "gpt-oss-120b": _llama("gpt-oss-120b", 36, 2880, 64, 8, 2880, 201088, 4096, head_dim=64, experts=128, top_k=4,
+                           qkv_bias=True, sliding_window=128, full_attention_every=2, attention_sinks=True,
+                           rope_theta=150000.0, aux_loss_coef=0.9, rope_scaling=json.dumps(
+                               {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "rope_type": "yarn",
+                                "original_max_position_embeddings": 4096, "truncate": False}, sort_keys=True)),
     # DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", sec. 4.2 (671B total, 37B active).
     "deepseek-v3": _llama("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, 4096, head_dim=128,
                           experts=256, top_k=8, expert_ffn=2048, shared_experts=1, first_dense_layers=3,
@@ -250,6 +259,8 @@ def trainer_lacks(spec: ModelSpec) -> str | None:
         return "Gemma block (norms after attention and the MLP, (1 + w) norms, soft-capped logits)"
     if spec.mlp == "geglu":
         return "GeGLU MLP"
+    if spec.attention_sinks:
+        return "GPT-OSS block (attention sinks, clamped SwiGLU, biased experts)"
     kind = json.loads(spec.rope_scaling)["rope_type"] if spec.rope_scaling else None
     if kind and kind not in RUNTIME_ROPE_SCALINGS:
         return f"{kind} rope scaling (it applies {' and '.join(RUNTIME_ROPE_SCALINGS)})"
