@@ -443,3 +443,24 @@ def test_megatron_overlaps_pipeline_sends_as_the_cost_model_charged():
             cluster = dataclasses.replace(h100, software=dataclasses.replace(h100.software, pp_comm_overlap=overlap))
             args = parse_megatron(emit("megatron", model, cluster, layout, 256, "bf16", steps=10).config)
             assert args.get("overlap_p2p_comm", True) is (overlap or schedule != "interleaved")
+
+
+@pytest.mark.skipif(not installed("megatron.core"), reason="megatron-core is not installed (pip install '.[test]')")
+def test_megatron_builds_the_attention_the_cost_model_charged():
+    """GPT-OSS's window of 128 in every other layer and its learnable softmax sinks, q/k/v biases, Qwen3's
+    QK-norm and each model's rope base reach Megatron-LM's arguments as its TransformerConfig takes them."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    h100 = load_cluster("h100-80gb")
+    oss = parse_megatron(emit("megatron", load_model("gpt-oss-120b"), h100, Layout.parse("dp=64,zero=1,ep=64,mbs=1"),
+                              512, "bf16", steps=10).config)
+    window = tuple(int(x) for x in oss["window_size"].split(","))  # Megatron-LM's tuple_type
+    config = TransformerConfig(num_layers=36, hidden_size=2880, num_attention_heads=64, window_size=window,
+                               window_attn_skip_freq=oss["window_attn_skip_freq"], softmax_type=oss["softmax_type"],
+                               add_qkv_bias=oss["add_qkv_bias"], add_bias_linear=oss["add_bias_linear"])
+    assert (config.window_size, config.window_attn_skip_freq, config.softmax_type) == ((127, 0), 2, "learnable")
+    assert config.add_qkv_bias and not config.add_bias_linear and oss["rotary_base"] == 150000
+    qwen = parse_megatron(emit("megatron", load_model("qwen3-235b-a22b"), h100,
+                               Layout.parse("dp=8,zero=1,pp=16,cp=2,ep=8,mbs=1"), 1024, "bf16", steps=10).config)
+    assert qwen["qk_layernorm"] and qwen["rotary_base"] == 1000000 and isinstance(qwen["rotary_base"], int)
+    assert not {"window_size", "softmax_type", "add_qkv_bias"} & set(qwen)

@@ -102,9 +102,20 @@ def _model_arguments(model: ModelSpec, dispatcher: str) -> list[str]:
     if model.learned_positions:
         args += ["--position-embedding-type learned_absolute", "--normalization LayerNorm"]
     else:
-        args += ["--position-embedding-type rope", "--normalization RMSNorm"]
+        args += ["--position-embedding-type rope", f"--rotary-base {round(model.rope_theta)}",  # type=int
+                 "--normalization RMSNorm"]
     if not model.biases:
         args.append("--disable-bias-linear")
+    if model.qkv_bias:
+        args.append("--add-qkv-bias")
+    if model.qk_norm:
+        args.append("--qk-layernorm")
+    if model.sliding_window:  # Transformer Engine's (left, right): a query sees itself and w-1 keys before it
+        args.append(f"--window-size {model.sliding_window - 1},0")
+        if model.full_attention_every:
+            args.append(f"--window-attn-skip-freq {model.full_attention_every}")
+    if model.attention_sinks:
+        args.append("--softmax-type learnable")
     if not model.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     if model.is_moe:
