@@ -17,10 +17,11 @@ from meshscale.specs.model import ModelSpec
 
 GPU_ONLY = None  # MaxText runs on TPU slices and GPUs alike
 PRECISIONS: dict = {}  # each precision runs as asked
-# MaxText's own model configs of our presets (configs/models/*.yml)
+# MaxText's own model configs of our presets (src/maxtext/configs/models/*.yml at e591f30, base.yml's commit)
 MODEL_NAMES = {"llama2-7b": "llama2-7b", "llama2-13b": "llama2-13b", "llama2-70b": "llama2-70b",
                "llama3-8b": "llama3-8b", "llama3-70b": "llama3-70b", "llama3-405b": "llama3-405b",
-               "mixtral-8x7b": "mixtral-8x7b", "deepseek-v3": "deepseek3-671b", "gpt3-175b": "gpt3-175b"}
+               "mixtral-8x7b": "mixtral-8x7b", "deepseek-v3": "deepseek3-671b", "gpt3-175b": "gpt3-175b",
+               "qwen3-235b-a22b": "qwen3-235b-a22b", "gpt-oss-120b": "gpt-oss-120b"}
 # remat_policy: MaxText's policies from fastest (saves most) to slowest; 'minimal_with_context' keeps every
 # matmul output and the attention context, the nearest to recompute=none; 'minimal' (checkpoint_dots_with_no_
 # batch_dims) keeps the matmul outputs backward reads and reruns the attention, recompute=minimal
