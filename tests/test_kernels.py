@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from meshscale.cost.flops import (attended_positions, attention_core_flops, attention_window, block_matmuls,
+from meshscale.cost.flops import (attended_positions, attention_core_flops, block_matmuls,
                                   model_flops_per_step, op_recomputed_matmuls)
 from meshscale.cost.kernels import (Gemm, attention_core_seconds, attention_seconds, counted_seconds, fp8_cast_seconds,
                                     gemm_efficiency, gemm_pass_seconds, gemm_seconds, kernel_shape, layer_gemms,
@@ -134,7 +134,7 @@ def test_a_sliding_window_attends_within_it_at_the_causal_rate_of_twice_its_leng
     assert attended_positions(10, 4, causal_skip=False) == 10
     oss, h100 = load_model("gpt-oss-120b").with_seq(8192), CLUSTERS[1]
     full = replace(oss, sliding_window=0, full_attention_every=0)
-    assert [attention_window(oss, i) for i in range(4)] == [128, 0, 128, 0]
+    assert [oss.attention_window(i) for i in range(4)] == [128, 0, 128, 0]
     windowed_flops = attention_core_flops(oss, oss.seq, layer=0)
     assert windowed_flops < attention_core_flops(full, oss.seq) / 30
     mean = (windowed_flops + attention_core_flops(full, oss.seq)) / 2

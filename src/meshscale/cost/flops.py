@@ -15,13 +15,6 @@ def attention_projection_flops(model: ModelSpec) -> float:
     return 2.0 * model.attention_params()
 
 
-def attention_window(model: ModelSpec, layer: int) -> int:
-    """The positions layer `layer` attends to (0: all): the model's sliding window, except every
-    full_attention_every-th layer (Gemma 2 and GPT-OSS alternate, Gemma 3 has one full layer in 6)."""
-    every = model.full_attention_every
-    return 0 if every and (layer + 1) % every == 0 else model.sliding_window
-
-
 def attended_positions(seq: int, window: int = 0, causal_skip: bool = True) -> float:
     """Keys a query attends to, on average over a sequence of `seq`. Causal: (seq+1)/2; with a window of w < seq,
     min(t+1, w) at position t, so w - w(w-1)/(2 seq). Fused kernels skip the masked blocks (Dao 2023,
@@ -39,7 +32,7 @@ def attention_core_flops(model: ModelSpec, seq: int, causal_skip: bool = True, l
     qk_dim = model.head_dim + (model.rope_head_dim if model.uses_mla else 0)
     v_dim = (model.v_head_dim or model.head_dim) if model.uses_mla else model.head_dim
     layers = range(model.layers) if layer is None else (layer,)
-    attended = sum(attended_positions(seq, attention_window(model, i), causal_skip) for i in layers) / len(layers)
+    attended = sum(attended_positions(seq, model.attention_window(i), causal_skip) for i in layers) / len(layers)
     return 2.0 * model.heads * (qk_dim + v_dim) * attended
 
 

@@ -543,7 +543,7 @@ def attention_core_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layou
         return f, b + w
     by_window: dict[int, list[int]] = {}
     for i in range(model.layers):
-        by_window.setdefault(flops.attention_window(model, i), []).append(i)
+        by_window.setdefault(model.attention_window(i), []).append(i)
     f = b = 0.0
     for layers in by_window.values():
         lf, lb = _fused_core_seconds(model, cluster, layout, tokens, precision, layers[0])
@@ -559,7 +559,7 @@ def _fused_core_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, 
     the window's reach into the previous chunk)."""
     peak, dtype_bytes = cluster.bf16_work_peak(precision), PRECISIONS[precision]["compute"]
     core = tokens * flops.attention_core_flops(model, model.seq, True, layer) / layout.tp
-    window = flops.attention_window(model, layer)
+    window = model.attention_window(layer)
     length, cp = (2 * window, 1) if window and 2 * window < model.seq else (model.seq, layout.cp)
     measured = nearest(cluster.attention_rates, (length / cp, model.head_dim))
     if measured and measured_precision(cluster, dtype_bytes):

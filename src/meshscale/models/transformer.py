@@ -274,19 +274,12 @@ def _norm(spec: ModelSpec) -> nn.Module:
     return nn.LayerNorm(spec.hidden, eps=spec.norm_eps) if spec.biases else RMSNorm(spec.hidden, spec.norm_eps)
 
 
-def window_of(spec: ModelSpec, index: int) -> int:
-    """Layer `index`'s attention window (0: all positions): every layer's, or with full_attention_every = n
-    all but every n-th layer's."""
-    every = spec.full_attention_every
-    return 0 if every and (index + 1) % every == 0 else spec.sliding_window
-
-
 class Block(nn.Module):
     def __init__(self, spec: ModelSpec, index: int):
         super().__init__()
         self.parallel_residual = spec.parallel_residual
         self.attention_norm = _norm(spec)
-        self.attention = Attention(spec, window_of(spec, index))
+        self.attention = Attention(spec, spec.attention_window(index))
         self.ffn_norm = _norm(spec)
         self.feed_forward = MoE(spec) if spec.is_moe_layer(index) else FeedForward(spec)
 

@@ -113,6 +113,12 @@ class ModelSpec:
     def mlp_matrices(self) -> int:
         return 3 if self.gated_mlp else 2
 
+    def attention_window(self, i: int) -> int:
+        """Layer i's attention window (0: all positions): the sliding window, except every full_attention_every-th
+        layer (Gemma 2 and GPT-OSS alternate, Gemma 3 has one full layer in 6)."""
+        every = self.full_attention_every
+        return 0 if every and (i + 1) % every == 0 else self.sliding_window
+
     def is_moe_layer(self, i: int) -> bool:
         return self.is_moe and i >= self.first_dense_layers and (i - self.first_dense_layers) % self.moe_every == 0
 
