@@ -32,7 +32,8 @@ CURVES = (
            (128, 174.18), (256, 213.87), (512, 221.58), (1024, 228.10), (2048, 230.22), (4096, 230.48),
            (8192, 231.58))),
     # Azure ND_H100_v5_results.md: 8 H100 SXM on NVLink4 NVSwitch (the DGX H100 fabric), NVLS, in-place, NCCL 2.18.5,
-    # Intel Xeon 8480C host (its table's "33M" .. "536M" are 2^25 .. 2^29 bytes)
+    # Intel Xeon 8480C host (its table's "33M" .. "536M" are 2^25 .. 2^29 bytes). NVLS at every size, NCCL's pick
+    # from 1 MiB; its chunk cost (cost/collectives.py NVLS_CHUNK_OVERHEAD_S, the 3(n-1) fill) is read off this curve
     Curve("HGX H100 x8 (DGX H100 fabric)", "Azure ND H100 v5 results (NCCL 2.18.5)", "h100-80gb", 8,
           ((1, 43.70), (2, 81.93), (4, 128.73), (8, 172.13), (16, 234.45), (32, 295.53), (64, 361.78),
            (128, 400.61), (256, 423.38), (512, 438.46), (1024, 466.35), (2048, 472.36), (4096, 475.54),

@@ -19,18 +19,36 @@ MODELLED = [c for c in nccl_curves.CURVES if c.devices <= 72 or c.cluster != "gb
 
 @pytest.mark.parametrize("curve", MODELLED, ids=lambda c: c.name)
 def test_large_messages_within_15_percent_of_nccl_tests(curve):
-    """From 256 MiB up every curve we model holds within 15% (the issue's target is from 1 MiB: between 2 and
-    128 MiB the model is up to 52% fast on A100 and 22% on GB200; benchmarks/nccl_curves.py prints it)."""
+    """From 256 MiB up every curve we model holds within 15%; the NVLS curves of one NVLink domain hold from 1 MiB
+    (the issue's target; below 256 MiB the rings are up to 52% fast on A100 and 22% on a GB200 tray:
+    benchmarks/nccl_curves.py prints it)."""
+    nvls = curve.name in ("HGX H100 x8 (DGX H100 fabric)", "HGX H200 x8 (DGX H100 fabric)", "GB200 NVL72 x72")
     for mib, measured, busbw, err, option in nccl_curves.errors(curve):
-        if mib >= 256:
+        if mib >= 256 or nvls:
             assert abs(err) <= 0.15, (curve.name, mib, measured, busbw, option)
 
 
 def test_protocol_follows_message_size_as_nccls_tuner():
-    fabric = comm.group_link(load_cluster("h100-80gb"), 8, 8, 1).fabric
-    picks = [collectives.best("all_reduce", fabric, s)[1][:2] for s in (4096, 2**22, 2**26, 2**31)]
-    assert picks[0] == ("ring", "LL") and picks[-1] == ("nvls", "Simple")
-    assert len(set(picks)) >= 3  # LL, LL128 and a Simple algorithm in turn
+    """NCCL picks by its tuner's estimate: on A100 LL, LL128 and Simple in turn; on H100 LL, then NVLS from about
+    1 MiB (the tuner's constant 23 us), though NVLS's small chunks then make it slower than the tuner thinks."""
+    sizes = (4096, 2**22, 2**26, 2**31)
+    a100 = comm.group_link(load_cluster("a100-80gb"), 8, 8, 1).fabric
+    assert [collectives.best("all_reduce", a100, s)[1][1] for s in sizes] == ["LL", "LL128", "Simple", "Simple"]
+    h100 = comm.group_link(load_cluster("h100-80gb"), 8, 8, 1).fabric
+    picks = [collectives.best("all_reduce", h100, s)[1][:2] for s in sizes]
+    assert picks == [("ring", "LL")] + [("nvls", "Simple")] * 3
+    tuner = [o for o in collectives.options("all_reduce", h100) if o[0] == "nvls"][0]
+    assert collectives.best("all_reduce", h100, 2**22)[0] > tuner[2] + 2 * 7 / 8 * 2**22 / tuner[3]
+
+
+def test_nvls_chunks_follow_nccls_rules():
+    """computeCollChunkInfo: 16 KiB chunks under 2 chunks a channel-head pair, 32 under 8, 64 under 64, else 128;
+    smaller chunks run at a lower bandwidth."""
+    ops = 16 * 8
+    assert [collectives.nvls_chunk(s, ops) for s in (2**20, 2**23, 2**26, 2**30)] == [16384, 32768, 65536, 131072]
+    h100 = comm.group_link(load_cluster("h100-80gb"), 8, 8, 1).fabric
+    rate = [2**k / collectives.nvls_seconds(h100, 2**k) for k in (22, 25, 28, 33)]
+    assert rate == sorted(rate)
 
 
 def test_network_hops_cost_more_than_nvlink_hops():

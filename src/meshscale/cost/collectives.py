@@ -10,8 +10,9 @@ network's), protocol bandwidth ceilings (LL moves 8 data bytes in 16 and is capp
 LL128 120 in 128, per-channel caps), the tree's and NVLS's shapes. Departures, each from nccl-tests:
 - the bus bandwidth of a link is nccl-tests' measured ceiling (specs/cluster.py: bandwidth x efficiency),
   not NCCL's topology-search estimate, and NVLS's is its own measured ceiling (ClusterSpec.nvls_bandwidth);
-- NVLS's fixed cost: the tuner charges a constant 23 us, nccl-tests show it growing with the ranks (~75 us on
-  8 H200, ~550 us on 72 GB200), as the ring's Simple latency over the same ranks does: we charge that.
+- NVLS runs in chunks (`nvls_seconds`): NCCL picks it by the tuner's constant 23 us, but its time grows with the
+  chunk NCCL cuts the message into and with the ranks the pipeline fills over (~40 us on 8 H100 at 1 MiB,
+  ~550 us on 72 GB200 at 512 MiB).
 Where this misses the curves (benchmarks/nccl_curves.py) is stated there and in the README.
 
 Pure Python, no torch; used by cost/comm.py for GPU clusters (ClusterSpec.gpu_arch set).
@@ -46,6 +47,18 @@ TREE_CORRECTION = (
     (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
     (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9))
 NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0, "arm": 1.0}  # getNetOverhead: a network post per ring step
+# NVLS (src/transport/nvls.cc, NVLS_NCHANNELS_SM90 / _SM100; 16 on Hopper from v2.17) runs on its own channels, and
+# cuts each channel's share into chunks of at most 128 KiB, smaller for smaller messages (src/enqueue.cc,
+# computeCollChunkInfo's NVLS rules, the same from v2.18.5 to v2.25).
+NVLS_CHANNELS = {"hopper": 16, "blackwell": 32}
+NVLS_MAX_CHUNK = 128 * 1024
+NVLS_BASE_LATENCY_US = 23.0  # baseLat[NVLS][Simple]: what the tuner charges, and the kernel's fixed cost
+# Measured on Azure's 8 H100 (benchmarks/nccl_curves.py, NVLS from 1 MiB to 8 GiB): between its 16 KiB-chunk
+# sizes (1-4 MiB, 300 GB/s) and its 128 KiB ones (1-8 GiB, 480) the bandwidth follows a fixed cost of 0.37 us a
+# chunk on each channel (the 32 and 64 KiB sizes then read 383 and 443 against 385 and 450 measured), and the
+# fixed cost beyond 23 us is 3(n-1) chunk times: the reduce-scatter, reduction and broadcast stages of n-1 peers
+# each filling before the rate holds (21 chunks on 8 ranks; 72 GB200 ranks at 32-64 KiB chunks agree, 5%).
+NVLS_CHUNK_OVERHEAD_S = 0.37e-6
 # Channels NCCL opens for collectives on these systems (NCCL_DEBUG=INFO "coll channels" on DGX A100 / H100 /
 # B200 and GB200 trays); the per-channel caps above scale with them.
 CHANNELS = {"volta": 12, "ampere": 24, "hopper": 24, "blackwell": 32}
@@ -126,13 +139,13 @@ def options(collective: str, fabric: Fabric) -> tuple:
               "Simple": bw}[proto]
         out.append(("tree", proto, lat * 1e-6, bw * 1e9))
     if collective == "all_reduce" and f.nvls_busbw and f.ppn > 1:
-        # NVLS: multimem reduce and broadcast through the switch. The tuner charges it a constant 25 us;
-        # nccl-tests show its fixed cost growing with the ranks it synchronises (~75 us on 8 H200, ~550 us on
-        # 72 GB200: benchmarks/nccl_curves.py), which the ring's Simple latency over the same ranks matches.
-        lat = BASE_LATENCY_US["ring"][2] + 2 * (f.ppn - 1) * HOP_LATENCY_US[f.intra]["ring"][2]
+        # NVLS: multimem reduce and broadcast through the switch. One domain: the tuner's constant latency (what
+        # NCCL picks by; nvls_seconds says what it then takes).
         if f.nodes == 1:
-            out.append(("nvls", "Simple", lat * 1e-6, f.nvls_busbw * 1e9))
-        else:  # NVLS inside each domain, a tree between them (two domains: both trees' links, master's rule)
+            out.append(("nvls", "Simple", NVLS_BASE_LATENCY_US * 1e-6, f.nvls_busbw * 1e9))
+        else:  # NVLS inside each domain, a tree between them (two domains: both trees' links, master's rule);
+            # its fixed cost as the ring's Simple latency over the domain's ranks (~1 ms on 2 NVL72 racks)
+            lat = BASE_LATENCY_US["ring"][2] + 2 * (f.ppn - 1) * HOP_LATENCY_US[f.intra]["ring"][2]
             lat += 2 * _log2i(f.nodes) * HOP_LATENCY_US["net"]["nvls_tree"][2]
             net = (f.net_busbw or f.busbw) * f.ppn * (2 if f.nodes <= 2 else 1)
             bw = min(f.nvls_busbw, net, ch * NVLS_TREE_PER_CHANNEL[f.arch][i])
@@ -154,8 +167,15 @@ def wire_factor(collective: str, n: int) -> float:
 def option_seconds(collective: str, fabric: Fabric, nbytes: float, option: tuple) -> float:
     """One call of `nbytes` (the buffer the collective operates on) by one (algorithm, protocol)."""
     algo, proto, lat, bw = option
-    n = fabric.ranks
-    wire = wire_factor(collective, n) * nbytes
+    if algo == "nvls":
+        return nvls_seconds(fabric, nbytes)
+    return _tuner_seconds(collective, fabric, nbytes, option)
+
+
+def _tuner_seconds(collective: str, fabric: Fabric, nbytes: float, option: tuple) -> float:
+    """NCCL's own estimate of an option (ncclTopoGetAlgoTime): latency + bytes / bandwidth, trees corrected."""
+    algo, proto, lat, bw = option
+    wire = wire_factor(collective, fabric.ranks) * nbytes
     if algo == "tree":
         log = _log2i(int(nbytes) >> 6)
         if log < len(TREE_CORRECTION[0]):
@@ -167,8 +187,31 @@ def option_seconds(collective: str, fabric: Fabric, nbytes: float, option: tuple
 def best(collective: str, fabric: Fabric, nbytes: float, algorithms: tuple = ()) -> tuple[float, tuple]:
     """(seconds, (algorithm, protocol, ...)) of the option NCCL's tuner picks for one call, among
     `algorithms` if given (NCCL_ALGO)."""
-    return min((option_seconds(collective, fabric, nbytes, o), o) for o in options(collective, fabric)
-               if not algorithms or o[0] in algorithms)
+    pick = min((_tuner_seconds(collective, fabric, nbytes, o), o) for o in options(collective, fabric)
+               if not algorithms or o[0] in algorithms)[1]
+    return option_seconds(collective, fabric, nbytes, pick), pick
+
+
+def nvls_chunk(nbytes: float, concurrent: int) -> int:
+    """The chunk NCCL moves NVLS's data in: 128 KiB, halved to 64, 32 and 16 KiB for messages under 64, 8 and 2
+    chunks on each of the `concurrent` channel x head pairs (computeCollChunkInfo)."""
+    chunk = NVLS_MAX_CHUNK
+    for times, smaller in ((64, 65536), (8, 32768), (2, 16384)):
+        if nbytes < times * concurrent * chunk:
+            chunk = smaller
+    return chunk
+
+
+def nvls_seconds(fabric: Fabric, nbytes: float) -> float:
+    """One NVLS all-reduce inside one NVLink domain. The preset's `nvls_busbw` is nccl-tests' bus bandwidth at 8
+    GiB; each chunk a channel moves costs NVLS_CHUNK_OVERHEAD_S besides its bytes, so smaller chunks run slower,
+    and the pipeline fills over 3(n-1) chunks first. Every rank heads its share (nHeads = ranks)."""
+    n, channels = fabric.ranks, NVLS_CHANNELS[fabric.arch]
+    overhead = NVLS_CHUNK_OVERHEAD_S / channels  # seconds a bus byte pays for its chunk's fixed cost, x chunk
+    raw = 1 / (fabric.nvls_busbw * 1e9) - overhead / nvls_chunk(2**33, channels * n)  # seconds a bus byte
+    chunk = nvls_chunk(nbytes, channels * n)
+    fill = 3 * (n - 1) * chunk * channels * raw
+    return NVLS_BASE_LATENCY_US * 1e-6 + fill + wire_factor("all_reduce", n) * nbytes * (raw + overhead / chunk)
 
 
 @lru_cache(maxsize=8192)
