@@ -47,7 +47,7 @@ TREE_CORRECTION = (
     (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
     (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9))
 NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0, "arm": 1.0}  # getNetOverhead: a network post per ring step
-# NVLS (src/transport/nvls.cc, NVLS_NCHANNELS_SM90 / _SM100; 16 on Hopper from v2.17) runs on its own channels, and
+# NVLS (src/transport/nvls.cc, NVLS_NCHANNELS_SM90 / _SM100; NVLS_NCHANNELS 16 in v2.18) runs on its own channels, and
 # cuts each channel's share into chunks of at most 128 KiB, smaller for smaller messages (src/enqueue.cc,
 # computeCollChunkInfo's NVLS rules, the same from v2.18.5 to v2.25).
 NVLS_CHANNELS = {"hopper": 16, "blackwell": 32}
@@ -57,7 +57,7 @@ NVLS_BASE_LATENCY_US = 23.0  # baseLat[NVLS][Simple]: what the tuner charges, an
 # sizes (1-4 MiB, 300 GB/s) and its 128 KiB ones (1-8 GiB, 480) the bandwidth follows a fixed cost of 0.37 us a
 # chunk on each channel (the 32 and 64 KiB sizes then read 383 and 443 against 385 and 450 measured), and the
 # fixed cost beyond 23 us is 3(n-1) chunk times: the reduce-scatter, reduction and broadcast stages of n-1 peers
-# each filling before the rate holds (21 chunks on 8 ranks; 72 GB200 ranks at 32-64 KiB chunks agree, 5%).
+# each filling before the rate holds (21 chunks on 8 ranks; 72 GB200 ranks at 32-64 KiB chunks agree within 7%).
 NVLS_CHUNK_OVERHEAD_S = 0.37e-6
 # Channels NCCL opens for collectives on these systems (NCCL_DEBUG=INFO "coll channels" on DGX A100 / H100 /
 # B200 and GB200 trays); the per-channel caps above scale with them.
