@@ -166,8 +166,7 @@ def wire_factor(collective: str, n: int) -> float:
 
 def option_seconds(collective: str, fabric: Fabric, nbytes: float, option: tuple) -> float:
     """One call of `nbytes` (the buffer the collective operates on) by one (algorithm, protocol)."""
-    algo, proto, lat, bw = option
-    if algo == "nvls":
+    if option[0] == "nvls":
         return nvls_seconds(fabric, nbytes)
     return _tuner_seconds(collective, fabric, nbytes, option)
 
