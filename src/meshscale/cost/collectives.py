@@ -138,9 +138,10 @@ def options(collective: str, fabric: Fabric) -> tuple:
               "LL128": min(bw * (7 / 9 if f.nodes == 1 else 120 / 128), ch * TREE_LL128_PER_CHANNEL[f.arch][i]),
               "Simple": bw}[proto]
         out.append(("tree", proto, lat * 1e-6, bw * 1e9))
-    if collective == "all_reduce" and f.nvls_busbw and f.ppn > 1:
-        # NVLS: multimem reduce and broadcast through the switch. One domain: the tuner's constant latency (what
-        # NCCL picks by; nvls_seconds says what it then takes).
+    if collective == "all_reduce" and f.nvls_busbw and f.ppn > 2:
+        # NVLS: multimem reduce and broadcast through the switch, off for two GPUs or fewer (src/transport/nvls.cc,
+        # ncclNvlsInit). One domain: the tuner's constant latency (what NCCL picks by; nvls_seconds says what it
+        # then takes).
         if f.nodes == 1:
             out.append(("nvls", "Simple", NVLS_BASE_LATENCY_US * 1e-6, f.nvls_busbw * 1e9))
         else:  # NVLS inside each domain, a tree between them (two domains: both trees' links, master's rule);

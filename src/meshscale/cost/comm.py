@@ -370,13 +370,12 @@ def group_link(cluster: ClusterSpec, devices: int, size: int, stride: int) -> Li
 
 def _with_fabric(cluster: ClusterSpec, link: Link, ppn: int, nodes: int) -> Link:
     """The link with NCCL's view of its group (GPU clusters only): `ppn` ranks in each of `nodes` NVLink
-    domains, the link's bus bandwidth, NVLS where more than two of the group's ranks share an NVSwitch (NCCL
-    turns it off for two: src/transport/nvls.cc, ncclNvlsInit)."""
+    domains, the link's bus bandwidth, NVLS where the group has ranks sharing an NVSwitch."""
     if not cluster.gpu_arch:
         return link
     slow = cluster.tiers[-1]
     fabric = collectives.Fabric(cluster.gpu_arch, ppn, nodes, link.bandwidth / 1e9,
-                                cluster.nvls_bandwidth / 1e9 if ppn > 2 else 0.0,
+                                cluster.nvls_bandwidth / 1e9 if ppn > 1 else 0.0,
                                 slow.bandwidth * slow.efficiency / 1e9, host=cluster.host_cpu)
     return Link(link.tier, link.bandwidth, link.raw_bandwidth, link.latency, link.steps, fabric)
 
