@@ -65,6 +65,25 @@ def test_tensor_parallel_bytes_per_layer_korthikanti():
         2 * ((5 * TINY.layers + 2) * act + loss)
 
 
+def test_minimal_recompute_gathers_each_region_input_again_and_rebuilds_the_sum_between_regions():
+    """recompute=minimal keeps the weight matmuls' outputs, not their inputs: under SP each region's gathered
+    input is gathered again for its weight gradient, and a sequential layer's attention sum (the MLP norm reads
+    it) is reduced again; a parallel block has one region and no sum between regions."""
+    tokens = 2 * TINY.seq  # dp=1, mbs=2: two micro-batches of 2 sequences
+    act = tokens * TINY.hidden * 4
+
+    def tp(model, layout):
+        return entries(predict(model, CPU, Layout.parse(f"dp=1,tp=2,mbs=2,{layout}", 2), 4, "fp32"), "tp")
+
+    parallel = dataclasses.replace(TINY, parallel_residual=True)
+    for model, regions, sums in ((TINY, 2, 1), (parallel, 1, 0)):
+        none, minimal = tp(model, "sp=true,recompute=none"), tp(model, "sp=true,recompute=minimal")
+        assert minimal[("tp", "all_gather")] - none[("tp", "all_gather")] == 2 * regions * TINY.layers * act
+        assert minimal[("tp", "reduce_scatter")] - none[("tp", "reduce_scatter")] == 2 * sums * TINY.layers * act
+        plain = tp(model, "recompute=minimal")[("tp", "all_reduce")] - tp(model, "recompute=none")[("tp", "all_reduce")]
+        assert plain == 2 * sums * TINY.layers * act
+
+
 def test_megatron_recompute_modules_keep_their_inputs_and_run_their_forward_again():
     """recompute=layernorm+mlp (Megatron-Core's --recompute-modules): each module keeps only its input, and its
     forward GEMMs, FLOPs and (under SP) its TP gather and scatter run again in backward."""

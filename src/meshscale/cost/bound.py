@@ -496,7 +496,8 @@ def _tensor_parallel_floor(model: ModelSpec, cluster: ClusterSpec, devices: int,
     under SP with EP have the fewest TP collectives: a floor whichever of them are dense."""
     # SP's all-gathers and reduce-scatters take the bandwidth time of the all-reduces without SP; only the
     # unhidden ones count (the small all-reduces are left out: SP adds its norm gradients to them)
-    layout = Layout(dp=ep, tp=tp, sp=True, ep=ep, recompute=recompute)
+    # minimal is floored at none's count: its rebuilt collectives differ with SP (re-gathers only under it)
+    layout = Layout(dp=ep, tp=tp, sp=True, ep=ep, recompute="none" if recompute == "minimal" else recompute)
     sw = cluster.software
     hidden = {Overlap.GEMM: sw.tp_comm_overlap, Overlap.WGRAD: sw.tp_comm_overlap or sw.tp_wgrad_overlap}
     # a byte of an all-gather or reduce-scatter at no less than half an all-reduce's byte: NVLS all-reduces

@@ -183,6 +183,13 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
         layout.dispatch_split == layout.tp
     sp_moe = moe_layers if chunked else 0
     calls -= sp_moe * (2 + (layout.recompute == "full") + ("moe" in modules)) * m
+    # recompute=minimal keeps the weight matmuls' outputs (JAX's checkpoint_dots_with_no_batch_dims, MaxText's
+    # "minimal") and rebuilds the rest the backward reads: each region's input, gathered again under SP for its
+    # weight gradient, and in a two-region layer the sum the first region hands the second, whose norm reads it
+    # (reduce-scattered again under SP, all-reduced again without)
+    rebuilt = layout.recompute == "minimal"
+    regathers = (regions - sp_moe) * m if rebuilt and layout.sp else 0
+    resums = (n_layers - fused) * m if rebuilt else 0
     kv_calls = 2 * n_layers * m if layout.tp > model.kv_heads else 0
     small_calls = (3 if last else 0) * m + kv_calls
     small = (3 * m if last else 0) * tokens * 4 + kv_calls * model.hidden * model.head_dim * 4
@@ -197,7 +204,7 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     small, small_calls = small + summed_bytes, small_calls + summed_calls
     if not layout.sp:
         gathers = crossings * m
-        calls -= stopped
+        calls += resums - stopped
         return [CommOp("all_reduce", v * calls + small, calls + small_calls, Overlap.NONE)] + \
             ([CommOp("all_gather", v * gathers, gathers, Overlap.NONE)] if gathers else [])
     # the column-parallel layers' (QKV, gate/up, the head) input gradients, reduce-scattered in backward
@@ -205,8 +212,8 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     # a learned position table is added to the whole embedding, so it is all-reduced and then scattered (no
     # forward reduce-scatter; Megatron-Core's LanguageModelEmbedding reduce-scatters only without positions)
     positions = m if first and model.learned_positions else 0
-    scatters = calls - dgrad - positions - stopped
-    return [CommOp("all_gather", v * calls, calls, Overlap.GEMM),
+    scatters = calls - dgrad - positions - stopped + resums
+    return [CommOp("all_gather", v * (calls + regathers), calls + regathers, Overlap.GEMM),
             CommOp("reduce_scatter", v * scatters, scatters, Overlap.GEMM),
             CommOp("reduce_scatter", v * dgrad, dgrad, Overlap.WGRAD),
             CommOp("all_reduce", small + v * positions, small_calls + positions, Overlap.NONE)]
