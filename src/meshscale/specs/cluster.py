@@ -545,11 +545,13 @@ PRESETS: dict[str, ClusterSpec] = {
     "tpu-v6e": _tpu("tpu-v6e", "TPU v6e", 918e12, 1836e12, 32 * GiB, 1.64e12, 1.8e11, 3.125e9, (16, 16), 2.7, 32e9),
     # TPU v5p (Cloud TPU docs, scaling book Part 2): 4.59e14 bf16, 9.18e14 int8, 95 GiB HBM at 2.765 TB/s,
     # ICI 9e10 B/s bidirectional per link, so 1.8e11 per torus axis with wraparound (the book's W_ici);
-    # pods of up to 8960 chips, 16x16x16 = 4096 per slice here; DCN ~6.25e9 B/s per chip.
+    # pods of up to 8960 chips, 16x16x16 = 4096 per slice here; DCN 6.25e9 B/s per chip (Cloud TPU v5p docs:
+    # "data center network bandwidth per chip, 50 Gbps").
     "tpu-v5p": _tpu("tpu-v5p", "TPU v5p", 4.59e14, 9.18e14, 95 * GiB, 2.765e12, 1.8e11, 6.25e9,
                     (16, 16, 16), 4.2, 1.5e10),
     # TPU v5e: 1.97e14 bf16, 3.94e14 int8, 16 GiB HBM at 8.1e11 B/s, 2D torus 16x16, ICI 4.5e10 per link
-    # bidirectional (9e10 per axis with wraparound), DCN ~3.1e9 per chip.
+    # bidirectional (9e10 per axis with wraparound), DCN 3.125e9 per chip (Cloud TPU v5e docs: "data center
+    # network bandwidth per Pod, 6.4 Tbps" over its 256 chips).
     "tpu-v5e": _tpu("tpu-v5e", "TPU v5e", 1.97e14, 3.94e14, 16 * GiB, 8.1e11, 9e10, 3.125e9, (16, 16), 1.2, 1.5e10),
     # TPU v4: 2.75e14 bf16, 32 GiB HBM at 1.2e12 B/s, 3D torus up to 16x16x16 (4096), ICI 4.5e10 per link
     # bidirectional (9e10 per axis), DCN ~6.25e9 per chip.
