@@ -15,7 +15,7 @@ from meshscale.errors import UserError
 from meshscale.cost.overhead import LINEAR_HOST
 from meshscale.cost.step import eager_forward_elements, elementwise_seconds, rank_passes
 from meshscale.plan.search import search
-from meshscale.specs.cluster import load_cluster
+from meshscale.specs.cluster import FRAMEWORK_SWITCHES, load_cluster
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import ModelSpec, load_model
 
@@ -194,6 +194,20 @@ def test_fp8_parameters_gather_one_byte_each_and_need_fp8():
         predict(MODEL, fp8_params, layout, 16, "bf16")
     with pytest.raises(UserError, match=r"fp8_param_gather is Megatron-Core's \(--fp8-param-gather\)"):
         replace(h100, software=replace(h100.software, framework="torch", fp8_param_gather=True))
+
+
+@pytest.mark.parametrize("knob", sorted(FRAMEWORK_SWITCHES))
+def test_a_switch_a_framework_does_not_have_is_refused_in_one_line(knob):
+    """Each framework-specific [software] switch is accepted on with the frameworks that have it and refused,
+    naming itself, the frameworks it needs and the one given, with the others."""
+    frameworks, _ = FRAMEWORK_SWITCHES[knob]
+    for framework in ("megatron-core", "torch", "deepspeed"):
+        if framework in frameworks:
+            assert getattr(with_software(framework=framework, **{knob: True}).software, knob) is True
+            continue
+        with pytest.raises(UserError, match=rf"\[software\] {knob} is .*: true or false with framework = "
+                                            rf".*\"{frameworks[0]}\".*got True with {framework}$"):
+            with_software(framework=framework, **{knob: True})
 
 
 # Nemotron-4 15B (arXiv:2402.16819 Table 1: 32 layers, h 6144, 48 heads, 8 KV heads, squared-ReLU MLP of

@@ -143,18 +143,24 @@ def test_memory_snapshot_files_are_checked_before_the_start(tmp_path):
 
 
 @pytest.mark.parametrize("compile_blocks", [False, True])
-def test_a_runs_prediction_costs_our_runtime_whatever_the_cluster_files_software(compile_blocks):
-    """train --predict on a GPU preset (Megatron-Core's software): torch's framework and our gradient buckets,
-    element-wise operators fused only under --compile, ZeRO-1/2 gathers of the fp32 parameters; the rest of
-    the preset (its kernels, links, dispatcher) as the file says."""
+def test_a_runs_prediction_costs_our_runtime_whatever_the_cluster_files_software(compile_blocks, tmp_path):
+    """train --predict on a GPU preset with Megatron-Core's software and its switches on: torch's framework and
+    our gradient buckets, element-wise operators fused only under --compile, ZeRO-1/2 gathers of the fp32
+    parameters, none of Megatron-Core's switches (our runtime has none of them; left on they would be refused
+    with torch); the rest of the preset (its kernels, links, dispatcher) as the file says."""
     from meshscale.runtime.loop.config import TrainConfig
     from meshscale.runtime.measure.live import run_cluster
-    from meshscale.specs.cluster import load_cluster
+    from meshscale.specs.cluster import FRAMEWORK_SWITCHES, load_cluster
 
-    preset = load_cluster("h100-80gb")
+    switches = (*FRAMEWORK_SWITCHES, "cuda_graphs")
+    path = tmp_path / "megatron.toml"
+    path.write_text('base = "h100-80gb"\n[software]\n' + "".join(f"{k} = true\n" for k in switches))
+    preset = load_cluster(str(path))
     assert preset.software.fused_elementwise and not preset.software.param_gather_fp32
-    cluster = run_cluster(TrainConfig(model="tiny", cluster="h100-80gb", compile=compile_blocks, bucket_mb=1.0))
+    assert all(getattr(preset.software, k) for k in switches)
+    cluster = run_cluster(TrainConfig(model="tiny", cluster=str(path), compile=compile_blocks, bucket_mb=1.0))
     sw = cluster.software
     assert (sw.framework, sw.grad_bucket_params, sw.fused_elementwise, sw.param_gather_fp32) == \
         ("torch", 2**18, compile_blocks, True)
+    assert not any(getattr(sw, k) for k in switches)
     assert sw.moe_dispatcher == preset.software.moe_dispatcher and cluster.tiers == preset.tiers

@@ -131,6 +131,15 @@ ATTENTION_KERNELS = ("platform", "fa2", "fa-triton")
 # - deepspeed: ZeRO-1/2's reduce_bucket_size, 5e8 elements (deepspeed/runtime/zero/config.py).
 # (parameters per bucket, and per data-parallel rank: the bucket is the larger)
 FRAMEWORK_BUCKETS = {"megatron-core": (40e6, 1e6), "torch": (25 * 2**20 / 4, 0.0), "deepspeed": (5e8, 0.0)}
+# [software] switches only some frameworks have: (those frameworks, where the switch comes from). Megatron-
+# DeepSpeed trains with Megatron-LM's TP layers, so framework = "deepspeed" has their weight-gradient overlap.
+FRAMEWORK_SWITCHES = {
+    "fp8_param_gather": (("megatron-core",), "Megatron-Core's (--fp8-param-gather)"),
+    "moe_permute_fusion": (("megatron-core",), "Megatron-Core's (--moe-permute-fusion)"),
+    "ep_comm_overlap": (("megatron-core",), "Megatron-Core's (--overlap-moe-expert-parallel-comm)"),
+    "tp_comm_overlap": (("megatron-core", "torch"), "Megatron-Core's (--tp-comm-overlap) and torch's (async TP)"),
+    "tp_wgrad_overlap": (("megatron-core", "deepspeed"), "Megatron-LM's (its TP layers' backward)"),
+}
 
 
 @dataclass(frozen=True)
@@ -279,10 +288,12 @@ class ClusterSpec:
             raise UserError(f"cluster {self.name}: [software] cuda_graphs is Megatron-Core's (--cuda-graph-impl) on a "
                             f"GPU cluster (host_linear_s > 0): true or false with framework = \"megatron-core\", "
                             f"got {sw.cuda_graphs!r} with {sw.framework}")
-        if sw.fp8_param_gather is not False and (sw.fp8_param_gather is not True or sw.framework != "megatron-core"):
-            raise UserError(f"cluster {self.name}: [software] fp8_param_gather is Megatron-Core's "
-                            f"(--fp8-param-gather): true or false with framework = \"megatron-core\", got "
-                            f"{sw.fp8_param_gather!r} with {sw.framework}")
+        for knob, (frameworks, source) in FRAMEWORK_SWITCHES.items():
+            value = getattr(sw, knob)
+            if value is not False and (value is not True or sw.framework not in frameworks):
+                allowed = " or ".join(f'"{f}"' for f in frameworks)
+                raise UserError(f"cluster {self.name}: [software] {knob} is {source}: true or false with framework = "
+                                f"{allowed}, got {value!r} with {sw.framework}")
         if sw.attention_kernel not in ATTENTION_KERNELS or (sw.attention_kernel != "platform" and
                                                             self.gpu_arch not in ("ampere", "hopper", "blackwell")):
             raise UserError(f"cluster {self.name}: [software] attention_kernel must be one of "
@@ -297,11 +308,6 @@ class ClusterSpec:
         if sw.moe_dispatcher not in ("alltoall", "deepep") or (sw.moe_dispatcher == "deepep" and not self.gpu_arch):
             raise UserError(f"cluster {self.name}: [software] moe_dispatcher must be alltoall, or deepep on an "
                             f"NVIDIA cluster (gpu_arch set), got {sw.moe_dispatcher!r}")
-        if sw.moe_permute_fusion is not False and (sw.moe_permute_fusion is not True
-                                                   or sw.framework != "megatron-core"):
-            raise UserError(f"cluster {self.name}: [software] moe_permute_fusion is Megatron-Core's (--moe-permute-"
-                            f"fusion): true or false with framework = \"megatron-core\", got "
-                            f"{sw.moe_permute_fusion!r} with {sw.framework}")
         if not sw.moe_imbalance >= 1:
             raise UserError(f"cluster {self.name}: [software] moe_imbalance must be >= 1 (the busiest expert-parallel "
                             f"rank's tokens over the balanced share; 1: balanced), got {sw.moe_imbalance!r}")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from meshscale.cost import predict
 from meshscale.errors import UserError
-from meshscale.specs.cluster import load_cluster
+from meshscale.specs.cluster import FRAMEWORK_SWITCHES, load_cluster
 
 
 def run_cluster(cfg):
@@ -19,11 +19,12 @@ def run_cluster(cfg):
     framework the cluster file's [software] copies: the gradient buckets it cuts (torch DDP's bucket_cap_mb =
     --bucket-mb MiB of fp32 gradient, parallel/data_parallel.grad_buckets), its element-wise operators one
     kernel each unless --compile fuses them, and ZeRO-1/2 gathers of the fp32 parameters it keeps under
-    autocast."""
+    autocast; none of the other frameworks' switches (FRAMEWORK_SWITCHES, CUDA graphs) is something it does."""
     cluster = load_cluster(cfg.cluster)
     params = max(1, int(cfg.bucket_mb * 2**20) // 4)
+    others = dict.fromkeys((*FRAMEWORK_SWITCHES, "cuda_graphs"), False)
     return replace(cluster, software=replace(cluster.software, framework="torch", grad_bucket_params=params,
-                                             fused_elementwise=cfg.compile, param_gather_fp32=True))
+                                             fused_elementwise=cfg.compile, param_gather_fp32=True, **others))
 
 
 MEASURED = ("loss", "aux_loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "peak_memory_bytes")
