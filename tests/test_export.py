@@ -373,7 +373,6 @@ def test_cli_emit_prints_the_config_and_json_carries_it():
 def test_megatron_takes_cuda_graphs_where_the_cost_model_charges_them():
     """[software] cuda_graphs: a dropless MoE layer's attention and router captured (its dense layers' MLPs too),
     which Megatron-Core's TransformerConfig accepts; a layout it refuses them with gets none, and a note."""
-    from megatron.core.transformer.enums import CudaGraphScope
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     h100 = load_cluster("h100-80gb")

@@ -37,8 +37,6 @@ import torch.distributed as dist
 from meshscale.errors import UserError
 from meshscale.parallel.strategy import local_part
 
-ACTIONS = ("stop", "skip")
-
 
 class TrainingStopped(UserError):
     """The run stopped on an anomaly: reported like bad input, one line and exit code 2."""
