@@ -6,10 +6,6 @@ from rich.table import Table
 from meshscale.cost.bands import band_text
 
 
-def gb(x: float) -> str:
-    return f"{x / 1e9:,.2f} GB"
-
-
 def si_bytes(x: float) -> str:
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if x >= scale:
@@ -61,16 +57,16 @@ def print_prediction(pred, console: Console | None = None) -> None:
                       e["tier"], ms(e["time_s"]), ms(e["exposed_s"]), ms(e["interference_s"]))
         console.print(c)
     mem = pred.memory_per_device_bytes
-    m = Table(title=f"memory per device (HBM {gb(pred.hbm_bytes)})", title_justify="left")
+    m = Table(title=f"memory per device (HBM {si_bytes(pred.hbm_bytes)})", title_justify="left")
     m.add_column("kind"), m.add_column("bytes", justify="right")
     for k in ("params", "grads", "optimizer", "activations", "gathered"):
         if mem.get(k) or k != "gathered":  # gathered: ZeRO-3's unsharded units, FSDP layouts only
-            m.add_row(k, gb(mem[k]))
-    m.add_row("[bold]total[/]", f"[bold]{gb(mem['total'])}[/] "
+            m.add_row(k, si_bytes(mem[k]))
+    m.add_row("[bold]total[/]", f"[bold]{si_bytes(mem['total'])}[/] "
               + ("fits" if pred.fits else "[red]DOES NOT FIT[/]"))
     console.print(m)
-    console.print(f"checkpoint: {gb(pred.checkpoint_bytes_per_device)} per device, "
-                  f"{gb(pred.checkpoint_bytes_total)} in all (weights and optimizer states, each written once)")
+    console.print(f"checkpoint: {si_bytes(pred.checkpoint_bytes_per_device)} per device, "
+                  f"{si_bytes(pred.checkpoint_bytes_total)} in all (weights and optimizer states, each written once)")
     console.print(f"MFU {pred.mfu:.1%} (HFU {pred.hfu:.1%}), {pred.tokens_per_s:,.0f} tokens/s; model FLOPs "
                   f"{pred.model_flops_per_step:.3e} per step (6PT rule: {pred.six_pt_flops_per_step:.3e})")
     console.print(bound_sentence(pred))
@@ -81,7 +77,7 @@ def bound_sentence(pred) -> str:
     why = f"{pred.bound}-bound"
     comm_total = sum(e["time_s"] for e in pred.comm)
     if pred.bound == "memory":
-        why += f": needs {gb(pred.memory_per_device_bytes['total'])} per device, HBM holds {gb(pred.hbm_bytes)}"
+        why += f": needs {si_bytes(pred.memory_per_device_bytes['total'])} per device, HBM holds {si_bytes(pred.hbm_bytes)}"
     elif pred.bound == "communication":
         why += (f": {ms(pred.exposed_comm_s)} of collectives stay exposed (of {ms(comm_total)}) against "
                 f"{ms(pred.compute_s)} of compute")

@@ -8,7 +8,8 @@ from meshscale.specs.layout import Layout
 
 
 def gb(x: float) -> str:
-    return f"{x / 1e9:,.1f} GB"
+    """Bytes in GB, or in MB below a tenth of one (a small model's state would read 0.0 GB)."""
+    return f"{x / 1e9:,.1f} GB" if x >= 1e8 else f"{x / 1e6:,.1f} MB"
 
 
 def ms(x: float) -> str:
