@@ -55,6 +55,7 @@ def test_planning_side_never_imports_torch():
     (["--layout", "tp==8"], "layout"),
     (["--global-batch", "7"], "does not split"),
     (["--global-batch-tokens", "1000"], "multiple of the sequence length"),
+    (["--global-batch-tokens", "4X"], "is not a positive count"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle):
     base = {"--model": "llama2-7b", "--cluster": "h100-80gb", "--layout": "tp=8", "--global-batch": "32"}
@@ -66,6 +67,13 @@ def test_bad_input_is_one_line_exit_2(args, needle):
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], r.stderr
+
+
+def test_a_token_count_takes_a_binary_suffix():
+    """--global-batch-tokens 256K is 262,144 tokens (32 sequences of 8,192), as nccl-tests reads 1M as 2^20."""
+    args = ["predict", "--model", "llama3-8b", "--cluster", "h100-80gb", "--layout", "dp=8", "--json"]
+    plain, suffixed = (json.loads(cli(*args, "--global-batch-tokens", n).stdout) for n in ("262144", "256K"))
+    assert suffixed == plain and plain["global_batch"] == 32
 
 
 def test_plan_json_and_emit_torchrun():

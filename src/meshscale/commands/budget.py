@@ -5,6 +5,7 @@ import math
 
 from rich.table import Table
 
+from meshscale.commands.counts import binary_count
 from meshscale.commands.predict import add_restart_argument, json_line, model_at_seq
 from meshscale.commands.report import make_console
 from meshscale.cost.bands import band_text
@@ -23,7 +24,7 @@ def add_arguments(p):
     p.add_argument("--cluster", required=True, action="append", metavar="NAME[:PRICE[:MTBF]]",
                    help="a candidate: preset or ClusterSpec file, its $/device-hour (default: its list price) and "
                         f"MTBF in hours per device (default: Llama 3's {LLAMA3_MTBF_HOURS:,.0f}); repeat for more")
-    p.add_argument("--global-batch-tokens", required=True, type=int, help="tokens per optimizer step")
+    p.add_argument("--global-batch-tokens", required=True, type=binary_count, help="tokens per optimizer step")
     p.add_argument("--devices", help="device counts to try, 64,128,256 or 64..16384 (default: doubling from one "
                                      "node or 64-chip slice up to --max-devices)")
     p.add_argument("--max-devices", type=int, default=16384, help="largest count tried by default (16384)")

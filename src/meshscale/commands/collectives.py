@@ -1,12 +1,13 @@
 """`meshscale collectives`: the model's time and bus bandwidth of one collective over N devices, per message
 size, laid out as nccl-tests prints them, to hold against your own nccl-tests run."""
 
+import argparse
 import json
 
 from meshscale import SCHEMA_VERSION
+from meshscale.commands.counts import binary_count
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
-UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}  # nccl-tests' -b/-e sizes are binary
 DEFAULT_SIZES = ",".join(f"{2**i}M" for i in range(14))  # 1 MiB .. 8 GiB, doubling
 
 
@@ -24,15 +25,10 @@ def add_arguments(p):
 def parse_sizes(text: str) -> list[int]:
     from meshscale.errors import UserError
 
-    sizes = []
-    for item in text.split(","):
-        item = item.strip().upper().removesuffix("B")
-        unit = item[-1:] if item[-1:] in UNITS else ""
-        number = item[:-1] if unit else item
-        if not number.isdigit() or int(number) == 0:
-            raise UserError(f"--sizes: {item!r} is not a positive size; write e.g. 1M,64M,1G (bytes, or K/M/G)")
-        sizes.append(int(number) * UNITS[unit])
-    return sizes
+    try:  # nccl-tests' -b/-e sizes: bytes, K/M/G binary, a trailing B allowed
+        return [binary_count(item.strip().upper().removesuffix("B")) for item in text.split(",")]
+    except argparse.ArgumentTypeError as e:
+        raise UserError(f"--sizes: {e}") from None
 
 
 def curve(cluster, devices: int, collective: str, sizes: list[int]) -> list[dict]:

@@ -4,6 +4,7 @@ import json
 import sys
 
 from meshscale import SCHEMA_VERSION
+from meshscale.commands.counts import binary_count
 from meshscale.commands.report import print_prediction
 from meshscale.cost import predict
 from meshscale.cost.goodput import DEFAULT_CHECKPOINT_BANDWIDTH, LLAMA3_MTBF_HOURS, of_prediction
@@ -86,7 +87,7 @@ def goodput_line(good) -> str:
 def add_batch_arguments(p):
     batch = p.add_mutually_exclusive_group(required=True)
     batch.add_argument("--global-batch", type=int, help="global batch in sequences")
-    batch.add_argument("--global-batch-tokens", type=int, help="global batch in tokens (a multiple of --seq)")
+    batch.add_argument("--global-batch-tokens", type=binary_count, help="global batch in tokens, a multiple of --seq (4M: 4 x 2^20)")
     p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
 
 

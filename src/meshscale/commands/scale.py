@@ -1,5 +1,6 @@
 """`meshscale scale`: the best layout and its throughput, cost and energy across device counts."""
 
+from meshscale.commands.counts import binary_count
 from meshscale.commands.predict import add_goodput_arguments, json_line, model_at_seq
 from meshscale.commands.report import band_cell
 from meshscale.cost.bands import band_text
@@ -14,8 +15,8 @@ def add_arguments(p):
     p.add_argument("--cluster", required=True, help="preset name or JSON/TOML ClusterSpec")
     p.add_argument("--devices", required=True, help="increasing counts, 64,128,256, or a doubling range 64..16384")
     batch = p.add_mutually_exclusive_group(required=True)
-    batch.add_argument("--global-batch-tokens", type=int, help="strong scaling: the global batch held fixed")
-    batch.add_argument("--tokens-per-device", type=int, help="weak scaling: the tokens per device held fixed")
+    batch.add_argument("--global-batch-tokens", type=binary_count, help="strong scaling: the global batch held fixed")
+    batch.add_argument("--tokens-per-device", type=binary_count, help="weak scaling: the tokens per device held fixed")
     p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
     p.add_argument("--precision", default="bf16", help="bf16 (16 B/param), bf16-pure (8 B/param), fp8, fp32")
     p.add_argument("--json", action="store_true", help="print one JSON object")
