@@ -160,5 +160,8 @@ def test_new_generations_from_their_datasheets():
     assert mi300x.gpu_arch == "" and mi300x.tiers[0].name == "xgmi"  # RCCL: the alpha-beta model, not NCCL's tuner
     assert mi325x.peak_flops_bf16 == mi300x.peak_flops_bf16 and mi325x.hbm_bytes > mi300x.hbm_bytes
     assert v6e.torus == (16, 16) and v6e.peak_flops_bf16 == 918e12
+    # its measured GEMM ceiling (727.7 TFLOP/s of device time at 8192^3), not v5e's near-peak one
+    assert v6e.matmul_efficiency == pytest.approx(727.7 / 918, abs=0.005)
+    assert v6e.matmul_efficiency < load_cluster("tpu-v5e").matmul_efficiency
     h800, h100 = load_cluster("h800"), load_cluster("h100-80gb")  # H100 with NVLink at 200 GB/s one way
     assert h800.peak_flops_bf16 == h100.peak_flops_bf16 and h800.tiers[0].bandwidth == h100.tiers[0].bandwidth * 4 / 9

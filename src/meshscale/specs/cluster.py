@@ -547,8 +547,12 @@ PRESETS: dict[str, ClusterSpec] = {
                    50 * GB, 0.0, 304, 0.0, fast="xgmi", host_bandwidth=64 * GB),
     # TPU v6e (Trillium; Cloud TPU docs): 918 TFLOP/s bf16, 1836 int8, 32 GiB HBM at 1.64 TB/s, 2D torus 16x16
     # (256 chips a pod), ICI 9e10 B/s bidirectional per link (scaling book Part 2), 1.8e11 per axis; no DCN
-    # figure per chip published: v5e's; $2.70 per chip-hour on demand.
-    "tpu-v6e": _tpu("tpu-v6e", "TPU v6e", 918e12, 1836e12, 32 * GiB, 1.64e12, 1.8e11, 3.125e9, (16, 16), 2.7, 32e9),
+    # figure per chip published: v5e's; $2.70 per chip-hour on demand. Its matmuls do not run near peak as v5e's
+    # do: a bf16 8192^3 jax.lax.dot_general took 1,510.9 us of device time in a profiler trace, 727.7 TFLOP/s,
+    # 0.79 of peak (yangwhale/gpu-tpu-pedia tpu/v7_perf results_trace_test.csv, 2026-02-11; 0.75 timed from
+    # Python at 4096 x 8192 x 8192, findings.md), so 0.79 is its ceiling here, not v5e's 0.90.
+    "tpu-v6e": _tpu("tpu-v6e", "TPU v6e", 918e12, 1836e12, 32 * GiB, 1.64e12, 1.8e11, 3.125e9, (16, 16), 2.7, 32e9,
+                    eff=0.79),
     # TPU v5p (Cloud TPU docs, scaling book Part 2): 4.59e14 bf16, 9.18e14 int8, 95 GiB HBM at 2.765 TB/s,
     # ICI 9e10 B/s bidirectional per link, so 1.8e11 per torus axis with wraparound (the book's W_ici);
     # pods of up to 8960 chips, 16x16x16 = 4096 per slice here; DCN 6.25e9 B/s per chip (Cloud TPU v5p docs:
