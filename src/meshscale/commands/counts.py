@@ -9,7 +9,7 @@ UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 def binary_count(text: str) -> int:
     """'4M' -> 4,194,304, '512' -> 512: a positive integer, K/M/G binary (an argparse type)."""
     item = text.strip().upper()
-    unit = item[-1:] if item[-1:] in "KMG" else ""
+    unit = item[-1:] if item[-1:] in ("K", "M", "G") else ""
     number = item[:-1] if unit else item
     if not number.isdigit() or int(number) == 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive count; write e.g. 4194304 or 4M (K, M and G "

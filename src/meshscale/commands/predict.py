@@ -87,7 +87,8 @@ def goodput_line(good) -> str:
 def add_batch_arguments(p):
     batch = p.add_mutually_exclusive_group(required=True)
     batch.add_argument("--global-batch", type=int, help="global batch in sequences")
-    batch.add_argument("--global-batch-tokens", type=binary_count, help="global batch in tokens, a multiple of --seq (4M: 4 x 2^20)")
+    batch.add_argument("--global-batch-tokens", type=binary_count,
+                       help="global batch in tokens, a multiple of --seq (4M: 4 x 2^20)")
     p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
 
 

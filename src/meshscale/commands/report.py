@@ -4,13 +4,7 @@ from rich.console import Console
 from rich.table import Table
 
 from meshscale.cost.bands import band_text
-
-
-def si_bytes(x: float) -> str:
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if x >= scale:
-            return f"{x / scale:,.2f} {unit}"
-    return f"{x:,.0f} B"
+from meshscale.plan.explain import si_bytes
 
 
 def band_cell(band: dict) -> str:
@@ -53,20 +47,21 @@ def print_prediction(pred, console: Console | None = None) -> None:
         for col in ("axis", "collective", "bytes", "calls", "group", "tier", "time", "exposed", "slows compute"):
             c.add_column(col, justify="left" if col in ("axis", "collective", "tier") else "right")
         for e in pred.comm:
-            c.add_row(e["axis"], e["collective"], si_bytes(e["bytes"]), str(e["calls"]), str(e["group"]),
+            c.add_row(e["axis"], e["collective"], si_bytes(e["bytes"], 2), str(e["calls"]), str(e["group"]),
                       e["tier"], ms(e["time_s"]), ms(e["exposed_s"]), ms(e["interference_s"]))
         console.print(c)
     mem = pred.memory_per_device_bytes
-    m = Table(title=f"memory per device (HBM {si_bytes(pred.hbm_bytes)})", title_justify="left")
+    m = Table(title=f"memory per device (HBM {si_bytes(pred.hbm_bytes, 2)})", title_justify="left")
     m.add_column("kind"), m.add_column("bytes", justify="right")
     for k in ("params", "grads", "optimizer", "activations", "gathered"):
         if mem.get(k) or k != "gathered":  # gathered: ZeRO-3's unsharded units, FSDP layouts only
-            m.add_row(k, si_bytes(mem[k]))
-    m.add_row("[bold]total[/]", f"[bold]{si_bytes(mem['total'])}[/] "
+            m.add_row(k, si_bytes(mem[k], 2))
+    m.add_row("[bold]total[/]", f"[bold]{si_bytes(mem['total'], 2)}[/] "
               + ("fits" if pred.fits else "[red]DOES NOT FIT[/]"))
     console.print(m)
-    console.print(f"checkpoint: {si_bytes(pred.checkpoint_bytes_per_device)} per device, "
-                  f"{si_bytes(pred.checkpoint_bytes_total)} in all (weights and optimizer states, each written once)")
+    console.print(f"checkpoint: {si_bytes(pred.checkpoint_bytes_per_device, 2)} per device, "
+                  f"{si_bytes(pred.checkpoint_bytes_total, 2)} in all (weights and optimizer states, each written "
+                  "once)")
     console.print(f"MFU {pred.mfu:.1%} (HFU {pred.hfu:.1%}), {pred.tokens_per_s:,.0f} tokens/s; model FLOPs "
                   f"{pred.model_flops_per_step:.3e} per step (6PT rule: {pred.six_pt_flops_per_step:.3e})")
     console.print(bound_sentence(pred))
@@ -77,7 +72,8 @@ def bound_sentence(pred) -> str:
     why = f"{pred.bound}-bound"
     comm_total = sum(e["time_s"] for e in pred.comm)
     if pred.bound == "memory":
-        why += f": needs {si_bytes(pred.memory_per_device_bytes['total'])} per device, HBM holds {si_bytes(pred.hbm_bytes)}"
+        why += (f": needs {si_bytes(pred.memory_per_device_bytes['total'], 2)} per device, HBM holds "
+                f"{si_bytes(pred.hbm_bytes, 2)}")
     elif pred.bound == "communication":
         why += (f": {ms(pred.exposed_comm_s)} of collectives stay exposed (of {ms(comm_total)}) against "
                 f"{ms(pred.compute_s)} of compute")

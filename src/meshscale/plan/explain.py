@@ -7,9 +7,12 @@ from meshscale.plan.search import Plan, search_within
 from meshscale.specs.layout import Layout
 
 
-def gb(x: float) -> str:
-    """Bytes in GB, or in MB below a tenth of one (a small model's state would read 0.0 GB)."""
-    return f"{x / 1e9:,.1f} GB" if x >= 1e8 else f"{x / 1e6:,.1f} MB"
+def si_bytes(x: float, digits: int = 1) -> str:
+    """Bytes in the largest SI unit they reach (a small model's state in MB, not 0.0 GB)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if x >= scale:
+            return f"{x / scale:,.{digits}f} {unit}"
+    return f"{x:,.0f} B"
 
 
 def ms(x: float) -> str:
@@ -79,8 +82,8 @@ def _pure_dp(model, cluster, devices, batch, precision, capacity, per_device, he
     per_param = b["params"] + b["grads"] + b["optimizer"]
     state = model.param_count() * per_param
     if state > capacity:
-        return (f"Pure DP is rejected for memory: every replica holds params + grads + optimizer = {gb(state)} "
-                f"({per_param} B/param) against {gb(capacity)} usable HBM per device.")
+        return (f"Pure DP is rejected for memory: every replica holds params + grads + optimizer = {si_bytes(state)} "
+                f"({per_param} B/param) against {si_bytes(capacity)} usable HBM per device.")
     if batch % devices:
         return f"Pure DP cannot split {batch} sequences over {devices} devices (it needs dp to divide the batch)."
     # the best replicated layout (every device a whole copy, zero=0), with the plan's other fixed values
@@ -92,7 +95,7 @@ def _pure_dp(model, cluster, devices, batch, precision, capacity, per_device, he
     pred = found[0]
     crit = pred.regime.get("critical_tokens") or 0
     side = "below" if per_device < crit else "above"
-    return (f"Pure DP ({pred.layout}) fits ({gb(pred.memory_per_device_bytes['total'])}) with {per_device:,.0f} "
+    return (f"Pure DP ({pred.layout}) fits ({si_bytes(pred.memory_per_device_bytes['total'])}) with {per_device:,.0f} "
             f"tokens per device, {side} its critical batch {crit:,.0f} (C/W); predicted {ms(pred.step_time_s)}.")
 
 
@@ -112,7 +115,7 @@ def _pure_fsdp(model, cluster, devices, batch, precision, headroom, per_device, 
     verdict = ("communication-bound" if comm_total > p.compute_s else "compute-bound")
     batch_vs = f"{per_device:,.0f} tokens per device vs its critical batch C/W = {crit:,.0f}"
     if p.step_time_s > win.step_time_s:
-        return (f"Pure FSDP ({p.layout}) fits ({gb(p.memory_per_device_bytes['total'])}) but is {verdict}: its "
+        return (f"Pure FSDP ({p.layout}) fits ({si_bytes(p.memory_per_device_bytes['total'])}) but is {verdict}: its "
                 f"collectives take {ms(comm_total)} against {ms(p.compute_s)} of compute; {batch_vs}; predicted "
                 f"{ms(p.step_time_s)} vs the winner's {ms(win.step_time_s)}.")
     other = _best_other(model, cluster, devices, batch, precision, headroom, win, plan)
@@ -174,7 +177,7 @@ def _across_nodes(model, layout, win, batch, precision) -> str:
         full = p * (b["params"] + b["grads"] + b["optimizer"])
         mem = win.memory_per_device_bytes
         parts.append(f"ZeRO-{layout.zero} over dp*cp = {layout.dp * layout.cp} ranks cuts the model state from "
-                     f"{gb(full)} to {gb(mem['params'] + mem['grads'] + mem['optimizer'])} per device")
+                     f"{si_bytes(full)} to {si_bytes(mem['params'] + mem['grads'] + mem['optimizer'])} per device")
     if layout.cp > 1:
         parts.append(f"CP={layout.cp} splits each {model.seq}-token sequence so {batch} sequences cover "
                      f"{layout.dp * layout.cp} data-parallel ranks")
