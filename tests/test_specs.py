@@ -163,5 +163,6 @@ def test_new_generations_from_their_datasheets():
     # its measured GEMM ceiling (727.7 TFLOP/s of device time at 8192^3), not v5e's near-peak one
     assert v6e.matmul_efficiency == pytest.approx(727.7 / 918, abs=0.005)
     assert v6e.matmul_efficiency < load_cluster("tpu-v5e").matmul_efficiency
+    assert v6e.tiers[1].bandwidth == 4 * load_cluster("tpu-v5e").tiers[1].bandwidth  # DCN a chip: 12.5e9 B/s
     h800, h100 = load_cluster("h800"), load_cluster("h100-80gb")  # H100 with NVLink at 200 GB/s one way
     assert h800.peak_flops_bf16 == h100.peak_flops_bf16 and h800.tiers[0].bandwidth == h100.tiers[0].bandwidth * 4 / 9

@@ -546,12 +546,13 @@ PRESETS: dict[str, ClusterSpec] = {
     "mi325x": _gpu("mi325x", "MI325X-256GB", 1307.4e12, 2614.9e12, 163.4e12, 256 * GB, 6.0e12, 0.50, 448 * GB, 8,
                    50 * GB, 0.0, 304, 0.0, fast="xgmi", host_bandwidth=64 * GB),
     # TPU v6e (Trillium; Cloud TPU docs): 918 TFLOP/s bf16, 1836 int8, 32 GiB HBM at 1.64 TB/s, 2D torus 16x16
-    # (256 chips a pod), ICI 9e10 B/s bidirectional per link (scaling book Part 2), 1.8e11 per axis; no DCN
-    # figure per chip published: v5e's; $2.70 per chip-hour on demand. Its matmuls do not run near peak as v5e's
-    # do: a bf16 8192^3 jax.lax.dot_general took 1,510.9 us of device time in a profiler trace, 727.7 TFLOP/s,
-    # 0.79 of peak (yangwhale/gpu-tpu-pedia tpu/v7_perf results_trace_test.csv, 2026-02-11; 0.75 timed from
-    # Python at 4096 x 8192 x 8192, findings.md), so 0.79 is its ceiling here, not v5e's 0.90.
-    "tpu-v6e": _tpu("tpu-v6e", "TPU v6e", 918e12, 1836e12, 32 * GiB, 1.64e12, 1.8e11, 3.125e9, (16, 16), 2.7, 32e9,
+    # (256 chips a pod), ICI 9e10 B/s bidirectional per link (scaling book Part 2), 1.8e11 per axis; DCN 1.25e10
+    # B/s per chip and PCIe 3.2e10 (the same part: "12.5e9 for TPU v6e" against v5e's 3.125e9); $2.70 per
+    # chip-hour on demand. Its matmuls do not run near peak as v5e's do: a bf16 8192^3 jax.lax.dot_general took
+    # 1,510.9 us of device time in a profiler trace, 727.7 TFLOP/s, 0.79 of peak (yangwhale/gpu-tpu-pedia
+    # tpu/v7_perf results_trace_test.csv, 2026-02-11; 0.75 timed from Python at 4096 x 8192 x 8192, findings.md),
+    # so 0.79 is its ceiling here, not v5e's 0.90.
+    "tpu-v6e": _tpu("tpu-v6e", "TPU v6e", 918e12, 1836e12, 32 * GiB, 1.64e12, 1.8e11, 12.5e9, (16, 16), 2.7, 32e9,
                     eff=0.79),
     # TPU v5p (Cloud TPU docs, scaling book Part 2): 4.59e14 bf16, 9.18e14 int8, 95 GiB HBM at 2.765 TB/s,
     # ICI 9e10 B/s bidirectional per link, so 1.8e11 per torus axis with wraparound (the book's W_ici);
