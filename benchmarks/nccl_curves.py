@@ -59,13 +59,15 @@ CURVES = (
     # coreweave/nccl-tests PR #92 (2026-05-26): 2 nodes of 8 H100, NDR 400 Gb/s per GPU, 8 GiB all-reduce
     Curve("H100 2 nodes x8", "coreweave/nccl-tests#92", "h100-80gb", 16, ((8192, 440.58),)),
     # coreweave/nccl-tests README "Expected Performance" (commit bee97e7, NCCL 2.26.2): 2 NVL72 racks, 144 GPUs,
-    # out-of-place busbw
+    # out-of-place busbw; first posted in PR #43 (2025-02-20), whose slurm script set NCCL_NVLS_ENABLE=1
     Curve("GB200 NVL72 x2 racks", "coreweave/nccl-tests README (NCCL 2.26.2)", "gb200-nvl72", 144,
           ((512, 493.94), (1024, 596.10), (2048, 680.30), (4096, 743.09), (8192, 793.06), (16384, 810.41))),
     # coreweave/nccl-tests PR #48 (2025-04-21; to 16 GiB in the README above): 20 NVL72 racks, 1,440 GPUs,
-    # out-of-place busbw
-    Curve("GB200 NVL72 x20 racks", "coreweave/nccl-tests#48", "gb200-nvl72", 1440,
-          ((512, 150.95), (1024, 218.85), (2048, 286.52), (4096, 346.38), (8192, 381.48), (16384, 405.74))),
+    # out-of-place busbw, NCCL 2.26.2 with NVLS switched off (its slurm script: NCCL_NVLS_ENABLE=0, set a week
+    # before "per NV ask", commit a736384; NCCL_COLLNET_ENABLE=0), so NCCL chose between ring and tree
+    Curve("GB200 NVL72 x20 racks", "coreweave/nccl-tests#48 (NCCL 2.26.2, NVLS off)", "gb200-nvl72", 1440,
+          ((512, 150.95), (1024, 218.85), (2048, 286.52), (4096, 346.38), (8192, 381.48), (16384, 405.74)),
+          ("ring", "tree")),
 )
 
 
