@@ -34,6 +34,33 @@ def test_scaling_timeline_and_memory_plots(tmp_path, capsys):
         assert_picture(path)
 
 
+def test_a_planning_picture_never_replaces_a_file_and_needs_its_directory(tmp_path, capsys):
+    """predict, scale, simulate, collectives and budget check --plot (and simulate's --trace) before any work:
+    an existing file is kept unless --overwrite, a missing directory is one line, exit 2."""
+    existing = tmp_path / "mine.png"
+    existing.write_bytes(b"the user's own file")
+    base = ["--model", "llama2-7b", "--cluster", "h100-80gb"]
+    commands = [
+        ["predict", *base, "--devices", "8", "--layout", "dp=8", "--global-batch", "8"],
+        ["scale", *base, "--devices", "8..16", "--global-batch-tokens", "1M"],
+        ["simulate", *base, "--devices", "8", "--layout", "pp=2,dp=4", "--global-batch", "8"],
+        ["collectives", "--cluster", "h100-80gb", "--devices", "8"],
+        ["budget", *base, "--tokens", "1e11", "--deadline-days", "30", "--global-batch-tokens", "1M"],
+    ]
+    for command in commands:
+        for flag in ("--plot", "--trace") if command[0] == "simulate" else ("--plot",):
+            for path, message in ((existing, "already exists; choose a new name or pass --overwrite"),
+                                  (tmp_path / "no" / "x.png", "does not exist or is not a directory")):
+                with pytest.raises(SystemExit) as end:
+                    main([*command, flag, str(path)])
+                err = capsys.readouterr().err
+                assert end.value.code == 2 and message in err and err.count("\n") == 1, (command, flag, err)
+    assert existing.read_bytes() == b"the user's own file"
+    main([*commands[0], "--plot", str(existing), "--overwrite"])
+    capsys.readouterr()
+    assert_picture(str(existing))
+
+
 def test_train_plot(tmp_path):
     path = tmp_path / "train.png"
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")}

@@ -1,4 +1,4 @@
-"""`meshscale` command line: predict, plan, scale, simulate, train, calibrate, collectives, export, data.
+"""`meshscale` command line: plan, run and verify the training of large transformer models across many devices.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args) -> int`;
 they are imported lazily so `predict` and `plan` never import torch.

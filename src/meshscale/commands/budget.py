@@ -11,6 +11,7 @@ from meshscale.commands.report import make_console
 from meshscale.cost.bands import band_text
 from meshscale.cost.goodput import DEFAULT_CHECKPOINT_BANDWIDTH, LLAMA3_MTBF_HOURS, check_inputs, check_restart
 from meshscale.errors import UserError
+from meshscale.outputs import check_outputs
 from meshscale.plan.budget import Candidate, choose, options
 from meshscale.plan.scaling import parse_devices
 from meshscale.plots import budget_plot
@@ -34,6 +35,7 @@ def add_arguments(p):
                    help="bytes/s per device to storage (default: Llama 3's 2 TB/s over 16,384 GPUs)")
     add_restart_argument(p)
     p.add_argument("--plot", metavar="FILE.png", help="draw days against dollars with the Pareto front")
+    p.add_argument("--overwrite", action="store_true", help="allow replacing an existing --plot file")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -55,6 +57,7 @@ def candidate(text: str):
 
 
 def run(args) -> int:
+    check_outputs(args, "plot")  # before any work
     model = model_at_seq(args)
     candidates = [candidate(text) for text in args.cluster]
     check_restart(args.restart_seconds)

@@ -4,6 +4,7 @@
 from pathlib import Path
 
 from meshscale.errors import UserError
+from meshscale.outputs import check_new_file
 from meshscale.specs.cluster import load_cluster
 
 
@@ -20,10 +21,7 @@ def run(args) -> int:
         raise UserError(f"--nproc must be at least 1, got {args.nproc}")
     if out.suffix != ".toml":
         raise UserError(f"--out {out}: the ClusterSpec is written as TOML; use a name ending in .toml")
-    if not out.absolute().parent.is_dir():
-        raise UserError(f"--out {out}: directory {out.parent} does not exist")
-    if out.exists() and not args.overwrite:
-        raise UserError(f"--out {out} already exists; choose a new file or pass --overwrite")
+    check_new_file("--out", out, args.overwrite)
     from meshscale.runtime.measure.calibrate import launch  # imports torch
 
     launch(args.nproc, str(out), args.quick)

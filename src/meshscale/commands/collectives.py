@@ -6,6 +6,7 @@ import json
 
 from meshscale import SCHEMA_VERSION
 from meshscale.commands.counts import binary_count
+from meshscale.outputs import check_outputs
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 DEFAULT_SIZES = ",".join(f"{2**i}M" for i in range(14))  # 1 MiB .. 8 GiB, doubling
@@ -20,6 +21,7 @@ def add_arguments(p):
     p.add_argument("--json", action="store_true", help="print one JSON object: cluster, devices, collective and "
                    "rows of {collective, bytes, seconds, busbw_GBps}")
     p.add_argument("--plot", metavar="FILE.png", help="draw bus bandwidth against message size")
+    p.add_argument("--overwrite", action="store_true", help="allow replacing an existing --plot file")
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -45,6 +47,7 @@ def curve(cluster, devices: int, collective: str, sizes: list[int]) -> list[dict
 
 
 def run(args) -> int:
+    check_outputs(args, "plot")  # before any work
     from meshscale.errors import UserError
     from meshscale.specs.cluster import load_cluster
 

@@ -10,6 +10,7 @@ from meshscale.data import indexed
 from meshscale.data.sources import documents, input_files
 from meshscale.data.tokenizer import load_tokenizer, train_bpe
 from meshscale.errors import UserError
+from meshscale.outputs import check_new_file
 
 BATCH_CHARS = 1 << 20  # texts handed to the tokenizer together (it encodes a batch on every core)
 
@@ -47,16 +48,9 @@ def _files(args) -> list[Path]:
     return [f for path in args.inputs for f in input_files(path)]
 
 
-def _writable(path: Path, overwrite: bool, flag: str = "--out") -> None:
-    if not path.absolute().parent.is_dir():
-        raise UserError(f"{flag} {path}: directory {path.parent} does not exist")
-    if path.exists() and not overwrite:
-        raise UserError(f"{flag} {path} already exists; choose a new name or pass --overwrite")
-
-
 def train_tokenizer(args) -> int:
     out = Path(args.out)
-    _writable(out, args.overwrite)
+    check_new_file("--out", out, args.overwrite)
     files = _files(args)
     tokenizer = train_bpe((text for text, _ in documents(files, args.data_field)), args.vocab, args.eos)
     tokenizer.save(out)
@@ -69,7 +63,7 @@ def prepare(args) -> int:
     tokenizer = load_tokenizer(args.tokenizer, args.eos)
     bin_path, idx_path = indexed.paths(args.out)
     for f in (bin_path, idx_path):
-        _writable(f, args.overwrite)
+        check_new_file("--out", f, args.overwrite)
     files = _files(args)
     total = sum(f.stat().st_size for f in files)
     counts = {"documents": 0, "empty": 0, "tokens": 0}

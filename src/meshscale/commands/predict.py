@@ -10,6 +10,7 @@ from meshscale.cost import predict
 from meshscale.cost.goodput import DEFAULT_CHECKPOINT_BANDWIDTH, LLAMA3_MTBF_HOURS, of_prediction
 from meshscale.errors import UserError
 from meshscale.export import FRAMEWORKS, emit, summary
+from meshscale.outputs import check_outputs
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import is_hf_model, load_model
@@ -19,6 +20,7 @@ def add_arguments(p):
     add_step_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="FILE.png", help="draw the memory per device as a PNG")
+    p.add_argument("--overwrite", action="store_true", help="allow replacing an existing --plot file")
     add_emit_arguments(p)
     add_goodput_arguments(p)
 
@@ -126,6 +128,7 @@ def resolve_inputs(args):
 
 
 def run(args) -> int:
+    check_outputs(args, "plot")  # before any work
     model, cluster, devices, batch = resolve_inputs(args)
     layout = Layout.parse(args.layout, devices)
     pred = predict(model, cluster, layout, batch, args.precision)

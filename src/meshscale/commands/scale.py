@@ -5,6 +5,7 @@ from meshscale.commands.predict import add_goodput_arguments, json_line, model_a
 from meshscale.commands.report import band_cell
 from meshscale.cost.bands import band_text
 from meshscale.cost.goodput import check_inputs
+from meshscale.outputs import check_outputs
 from meshscale.plan.scaling import parse_devices, scale
 from meshscale.plots import scaling_plot
 from meshscale.specs.cluster import load_cluster
@@ -21,10 +22,12 @@ def add_arguments(p):
     p.add_argument("--precision", default="bf16", help="bf16 (16 B/param), bf16-pure (8 B/param), fp8, fp32")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="FILE.png", help="draw throughput and efficiency against devices")
+    p.add_argument("--overwrite", action="store_true", help="allow replacing an existing --plot file")
     add_goodput_arguments(p)
 
 
 def run(args) -> int:
+    check_outputs(args, "plot")  # before any work
     counts = parse_devices(args.devices)
     model = model_at_seq(args)
     cluster = load_cluster(args.cluster)

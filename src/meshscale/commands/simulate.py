@@ -7,6 +7,7 @@ from meshscale.commands.predict import (add_goodput_arguments, add_step_argument
 from meshscale.commands.report import make_console, ms
 from meshscale.cost import predict
 from meshscale.cost.goodput import goodput
+from meshscale.outputs import check_outputs
 from meshscale.plots import timeline_plot
 from meshscale.sim.measured import replay
 from meshscale.sim.step import parse_stragglers, simulate, write_trace
@@ -21,6 +22,7 @@ def add_arguments(p):
                         "longer, e.g. link:17:4 (repeatable)")
     p.add_argument("--trace", metavar="FILE.json", help="write the simulated step as Chrome-trace JSON (Perfetto)")
     p.add_argument("--plot", metavar="FILE.png", help="draw the simulated step's timeline as a PNG")
+    p.add_argument("--overwrite", action="store_true", help="allow replacing an existing --trace or --plot file")
     p.add_argument("--times-from", metavar="TRACE",
                    help="replay the F/B/W durations of a `meshscale train --trace` file and compare bubbles")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -28,6 +30,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    check_outputs(args, "trace", "plot")  # before any work
     model, cluster, devices, batch = resolve_inputs(args)
     layout = Layout.parse(args.layout, devices)
     if args.times_from:

@@ -1,6 +1,7 @@
 """Training configuration: defaults < TOML file < command-line flags, then every check that can be
 made before a process starts (so bad input costs one line and exit code 2, not a crashed job)."""
 
+import math
 import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -11,6 +12,7 @@ from meshscale.cost import predict
 from meshscale.data.indexed import is_indexed
 from meshscale.errors import UserError
 from meshscale.models import hf_weights
+from meshscale.outputs import check_directory
 from meshscale.parallel.precision import RECIPES, compile_refusal, fp8_refusal
 from meshscale.runtime.loop.data import check_tokens, load_tokens
 from meshscale.runtime.measure import live
@@ -109,9 +111,10 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
 
     if cfg.precision not in RECIPES:
         raise UserError(f"--precision must be one of {', '.join(RECIPES)}, got {cfg.precision!r}")
-    for key in ("steps", "global_batch", "nproc", "nnodes"):
+    for key in ("steps", "global_batch", "nproc", "nnodes", "log_every"):
         if getattr(cfg, key) < 1:
             raise UserError(f"--{key.replace('_', '-')} must be at least 1, got {getattr(cfg, key)}")
+    _check_optimizer(cfg)
     spec = _model(cfg)
     if cfg.seq:
         spec = spec.with_seq(cfg.seq)
@@ -131,15 +134,15 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
     if cfg.document_mask:
         _check_document_mask(cfg, layout)
     if cfg.metrics_out:
-        _check_output("--metrics-out", cfg.metrics_out)
+        check_directory("--metrics-out", cfg.metrics_out)
     if cfg.plot:
-        _check_output("--plot", cfg.plot)
+        check_directory("--plot", cfg.plot)
         if os.environ.get("RANK", "0") == "0" and Path(cfg.plot).exists() and not cfg.overwrite:
             raise UserError(f"--plot {cfg.plot} already exists; choose a new file or pass --overwrite")
     if cfg.trace:
         if layout.pp == 1:
             raise UserError("--trace records the pipeline's forward/backward runs; it needs a layout with pp > 1")
-        _check_output("--trace", cfg.trace)
+        check_directory("--trace", cfg.trace)
         if os.environ.get("RANK", "0") == "0" and Path(cfg.trace).exists() and not cfg.overwrite:
             raise UserError(f"--trace {cfg.trace} already exists; choose a new file or pass --overwrite")
     if cfg.predict:
@@ -174,16 +177,22 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
     return Resolved(cfg, spec, layout, verified)
 
 
-def _check_output(flag: str, path: str) -> None:
-    """A file the run will write: its directory exists and can take a new file (as root, permission bits do
-    not stop a write, but a read-only file system does: access(2) says so)."""
-    parent = Path(path).absolute().parent
-    if not parent.is_dir():
-        raise UserError(f"{flag} {path}: {parent} does not exist or is not a directory; choose a path in an "
-                        "existing directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"{flag} {path}: directory {parent} is not writable (permissions or a read-only file "
-                        "system); choose another place")
+def _check_optimizer(cfg: TrainConfig) -> None:
+    """The schedule, AdamW, clipping and bucket numbers, before torch's own ValueError would end a worker."""
+    if not (math.isfinite(cfg.lr) and cfg.lr > 0):
+        raise UserError(f"--lr must be a positive number, got {cfg.lr:g}")
+    if not (math.isfinite(cfg.min_lr) and 0 <= cfg.min_lr <= cfg.lr):
+        raise UserError(f"--min-lr must be between 0 and --lr ({cfg.lr:g}), the end of the cosine decay; "
+                        f"got {cfg.min_lr:g}")
+    for key in ("weight_decay", "clip"):
+        value = getattr(cfg, key)
+        if not (math.isfinite(value) and value >= 0):
+            raise UserError(f"--{key.replace('_', '-')} must be 0 (off) or positive, got {value:g}")
+    if not (math.isfinite(cfg.bucket_mb) and cfg.bucket_mb > 0):
+        raise UserError(f"--bucket-mb must be a positive size in MiB (torch DDP's default 25), got {cfg.bucket_mb:g}")
+    for key in ("warmup", "val_batches"):
+        if getattr(cfg, key) < 0:
+            raise UserError(f"--{key.replace('_', '-')} must be 0 or more, got {getattr(cfg, key)}")
 
 
 def _check_document_mask(cfg: TrainConfig, layout: Layout) -> None:
