@@ -70,6 +70,10 @@ def test_a_cluster_file_missing_fields_names_them_and_the_base_key(tmp_path):
     ('fp8_gemm_speedup = 0.5', "fp8_gemm_speedup must be >= 1"),
     ('[software]\nparam_gather_fp32 = "yes"', "param_gather_fp32 must be true or false"),
     ("bogus = 3", "unknown field"),
+    ('tiers = "nvlink"', "tiers must be a list or a table, got 'nvlink'"),
+    ("tiers = [1, 2]", "each entry of tiers must be a table of Tier fields, got 1"),
+    ("gemm_rates = [1]", "each entry of gemm_rates must be a row"),
+    ("software = 3", "software must be a table of Software fields, got 3"),
 ])
 def test_mistyped_fields_of_a_based_file_are_one_line(tmp_path, text, match):
     path = tmp_path / "c.toml"
@@ -130,6 +134,9 @@ def test_mistyped_model_and_train_files_are_one_line(tmp_path):
     model = tmp_path / "m.json"
     model.write_text(json.dumps({"name": "m", "layers": "2", "hidden": 64, "heads": 8, "ffn": 128, "vocab": 256}))
     with pytest.raises(UserError, match="layers must be an integer, got '2'"):
+        load_model(str(model))
+    model.write_text(json.dumps({"name": "m", "layers": 2, "hidden": 64, "heads": 3, "ffn": 128, "vocab": 256}))
+    with pytest.raises(UserError, match=r"hidden \(64\) must be a multiple of heads \(3\), or give head_dim"):
         load_model(str(model))
     train = tmp_path / "t.toml"
     train.write_text('[train]\nsteps = "5"\n')

@@ -67,6 +67,18 @@ def test_bad_input_is_one_line_before_any_process(args, message, tmp_path, monke
     assert out.out == "" and not metrics.exists()
 
 
+def test_a_vocabulary_smaller_than_the_default_bytes_is_refused(tmp_path, monkeypatch, capsys):
+    """The default text is read as bytes (ids to 255): a smaller embedding would fail inside a rank."""
+    from meshscale.cli import main
+
+    model = tmp_path / "m.toml"
+    model.write_text("layers = 2\nhidden = 64\nheads = 4\nffn = 128\nvocab = 100\nseq = 64\n")
+    with pytest.raises(SystemExit) as end:
+        main(["train", "--model", str(model), "--steps", "1"])
+    err = capsys.readouterr().err
+    assert end.value.code == 2 and "vocab 100 is smaller than the 256 byte values" in err and err.count("\n") == 1
+
+
 def test_a_path_of_the_wrong_type_in_the_toml_is_one_line(tmp_path):
     config = tmp_path / "train.toml"
     config.write_text("[train]\nsteps = 2\nmetrics_out = 3\n")

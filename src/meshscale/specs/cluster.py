@@ -225,6 +225,12 @@ class ClusterSpec:
     __hash__ = hash_once
 
     def __post_init__(self):
+        for key, kinds, what in (("tiers", (Tier, dict), "a table of Tier fields"),
+                                 *((k, (dict, list, tuple), "a row (a list or a table)")
+                                   for k in ("attention_rates", "gemm_rates", "collectives"))):
+            for row in getattr(self, key):
+                if not isinstance(row, kinds):
+                    raise UserError(f"cluster {self.name}: each entry of {key} must be {what}, got {row!r}")
         tiers = tuple(t if isinstance(t, Tier) else build(Tier, dict(t), f"cluster {self.name} tier")
                       for t in self.tiers)
         object.__setattr__(self, "tiers", tiers)

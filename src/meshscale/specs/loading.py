@@ -2,7 +2,7 @@
 
 import json
 import weakref
-from dataclasses import MISSING
+from dataclasses import MISSING, is_dataclass
 from pathlib import Path
 
 from meshscale.errors import UserError
@@ -41,8 +41,8 @@ def read_spec_file(name_or_path: str, presets: dict, kind: str) -> dict:
 
 # What a file may give for a field of each scalar type (TOML and JSON integers are floats too; a boolean is
 # neither, though Python counts it an int).
-_ACCEPTS = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}
-_WHAT = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+_ACCEPTS = {bool: (bool,), int: (int,), float: (int, float), str: (str,), tuple: (list, tuple, dict)}
+_WHAT = {bool: "true or false", int: "an integer", float: "a number", str: "a string", tuple: "a list or a table"}
 
 
 def build(cls, fields: dict, source: str, missing_hint: str = ""):
@@ -63,6 +63,10 @@ def build(cls, fields: dict, source: str, missing_hint: str = ""):
             if value is None:
                 continue
             kind = next(a for a in kind.__args__ if a is not type(None))
+        if is_dataclass(kind):  # a nested spec ([software]): its table, or one built already
+            if not isinstance(value, (dict, kind)):
+                raise UserError(f"{source}: {name} must be a table of {kind.__name__} fields, got {value!r}")
+            continue
         accepts = _ACCEPTS.get(kind)
         if accepts and (not isinstance(value, accepts) or (isinstance(value, bool) and bool not in accepts)):
             raise UserError(f"{source}: {name} must be {_WHAT[kind]}, got {value!r}")

@@ -71,6 +71,9 @@ class ModelSpec:
         if self.kv_heads == 0:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.head_dim == 0:
+            if self.heads > 0 and self.hidden % self.heads:
+                raise UserError(f"model {self.name}: hidden ({self.hidden}) must be a multiple of heads "
+                                f"({self.heads}), or give head_dim")
             object.__setattr__(self, "head_dim", self.hidden // max(self.heads, 1))
         if self.experts and self.expert_ffn == 0:
             object.__setattr__(self, "expert_ffn", self.ffn)

@@ -14,7 +14,7 @@ from meshscale.errors import UserError
 from meshscale.models import hf_weights
 from meshscale.outputs import check_directory
 from meshscale.parallel.precision import RECIPES, compile_refusal, fp8_refusal
-from meshscale.runtime.loop.data import check_tokens, load_tokens
+from meshscale.runtime.loop.data import BYTE_VOCAB, check_tokens, load_tokens
 from meshscale.runtime.measure import live
 from meshscale.runtime.resilience.checkpoint import check_dir, check_same_run, identity, read_manifest
 from meshscale.specs.cluster import load_cluster
@@ -131,6 +131,10 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
     check_against(layout, spec, cfg.global_batch)
     if cfg.data is not None:
         check_tokens(load_tokens(cfg.data), spec.vocab, spec.seq, f"--data {cfg.data}")
+    elif spec.vocab < BYTE_VOCAB:
+        raise UserError(f"model {spec.name}: vocab {spec.vocab} is smaller than the {BYTE_VOCAB} byte values of the "
+                        "default text (Python's standard library, read as bytes); give the model vocab >= "
+                        f"{BYTE_VOCAB}, or pass --data of tokens it can embed")
     if cfg.document_mask:
         _check_document_mask(cfg, layout)
     if cfg.metrics_out:

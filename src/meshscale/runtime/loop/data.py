@@ -28,6 +28,7 @@ from meshscale.parallel.context import cp_positions
 
 VAL_FRACTION = 0.05
 STDLIB_BYTES = 8 << 20  # enough real text for CPU runs, read in well under a second
+BYTE_VOCAB = 256  # text is read as bytes: its token ids run to 255
 
 
 def stdlib_files():
