@@ -63,7 +63,7 @@ def build(cls, fields: dict, source: str, missing_hint: str = ""):
             if value is None:
                 continue
             kind = next(a for a in kind.__args__ if a is not type(None))
-        if is_dataclass(kind):  # a nested spec ([software]): its table, or one built already
+        if isinstance(kind, type) and is_dataclass(kind):  # a nested spec ([software]): its table, or one built
             if not isinstance(value, (dict, kind)):
                 raise UserError(f"{source}: {name} must be a table of {kind.__name__} fields, got {value!r}")
             continue
