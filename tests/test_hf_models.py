@@ -188,7 +188,9 @@ def test_init_from_refusals_are_one_line(tmp_path):
     refused("not a directory", init_from=str(tmp_path / "nowhere"))
     config(case := "qwen3").save_pretrained(tmp_path / case)  # a config, no weights
     refused("no model.safetensors or model.safetensors.index.json", init_from=str(tmp_path / case))
-    save(config(case), tmp_path / case)
+    weights = config(case)
+    weights.vocab_size = 256  # the default text's bytes
+    save(weights, tmp_path / case)
     refused("--model tiny-gpt is not the model in --init-from", init_from=str(tmp_path / case), model="tiny-gpt")
     assert resolve(TrainConfig(global_batch=2, init_from=str(tmp_path / case), seq=32), 1).spec.qk_norm
     quantized = json.loads((tmp_path / case / "config.json").read_text())

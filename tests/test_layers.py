@@ -13,6 +13,7 @@ PLANNING = {"errors", "specs", "cost"}
 # each top-level module or package of meshscale -> what it may import from meshscale
 LAYERS = {
     "errors": set(),
+    "outputs": {"errors"},
     "specs": {"errors"},
     "cost": {"errors", "specs"},
     "plan": PLANNING,
@@ -23,9 +24,9 @@ LAYERS = {
     "models": {"errors", "specs"},
     "data": {"errors"},
     "parallel": PLANNING | {"models"},
-    "runtime": PLANNING | {"models", "parallel", "plots", "data"},
+    "runtime": PLANNING | {"models", "parallel", "plots", "data", "outputs"},
     "commands": PLANNING | {"plan", "sim", "plots", "export", "check", "models", "parallel", "runtime", "commands",
-                 "data"},
+                 "data", "outputs"},
     "demo": PLANNING | {"plan", "runtime", "commands"},
     "cli": {"errors", "commands"},
     "api": PLANNING | {"plan", "sim"},

@@ -183,8 +183,8 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
 
 def _check_optimizer(cfg: TrainConfig) -> None:
     """The schedule, AdamW, clipping and bucket numbers, before torch's own ValueError would end a worker."""
-    if not (math.isfinite(cfg.lr) and cfg.lr > 0):
-        raise UserError(f"--lr must be a positive number, got {cfg.lr:g}")
+    if not (math.isfinite(cfg.lr) and cfg.lr >= 0):  # 0 is a run that must leave the weights as they were
+        raise UserError(f"--lr must be 0 or a positive number, got {cfg.lr:g}")
     if not (math.isfinite(cfg.min_lr) and 0 <= cfg.min_lr <= cfg.lr):
         raise UserError(f"--min-lr must be between 0 and --lr ({cfg.lr:g}), the end of the cosine decay; "
                         f"got {cfg.min_lr:g}")
