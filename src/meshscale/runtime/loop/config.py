@@ -12,7 +12,7 @@ from meshscale.cost import predict
 from meshscale.data.indexed import is_indexed
 from meshscale.errors import UserError
 from meshscale.models import hf_weights
-from meshscale.outputs import check_directory
+from meshscale.outputs import check_directory, check_new_file
 from meshscale.parallel.precision import RECIPES, compile_refusal, fp8_refusal
 from meshscale.runtime.loop.data import BYTE_VOCAB, check_tokens, load_tokens
 from meshscale.runtime.measure import live
@@ -139,16 +139,14 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
         _check_document_mask(cfg, layout)
     if cfg.metrics_out:
         check_directory("--metrics-out", cfg.metrics_out)
+    # rank 0 writes the plot and the trace: under an outer torchrun only it checks they are new
+    replaceable = cfg.overwrite or os.environ.get("RANK", "0") != "0"
     if cfg.plot:
-        check_directory("--plot", cfg.plot)
-        if os.environ.get("RANK", "0") == "0" and Path(cfg.plot).exists() and not cfg.overwrite:
-            raise UserError(f"--plot {cfg.plot} already exists; choose a new file or pass --overwrite")
+        check_new_file("--plot", cfg.plot, replaceable)
     if cfg.trace:
         if layout.pp == 1:
             raise UserError("--trace records the pipeline's forward/backward runs; it needs a layout with pp > 1")
-        check_directory("--trace", cfg.trace)
-        if os.environ.get("RANK", "0") == "0" and Path(cfg.trace).exists() and not cfg.overwrite:
-            raise UserError(f"--trace {cfg.trace} already exists; choose a new file or pass --overwrite")
+        check_new_file("--trace", cfg.trace, replaceable)
     if cfg.predict:
         load_cluster(cfg.cluster)  # a bad --cluster file is one line now, not an error after training
     if cfg.timeout <= 0:
