@@ -1,6 +1,6 @@
-"""Published nccl-tests bus-bandwidth curves against cost/collectives.py (all_reduce_perf unless a curve names
-another collective; in-place or out-of-place busbw as published, float sum). Each curve names its source, NCCL
-version and system.
+"""Published nccl-tests (and rccl-tests) bus-bandwidth curves against cost/collectives.py (all_reduce_perf unless
+a curve names another collective; in-place or out-of-place busbw as published, float sum). Each curve names its
+source, NCCL version and system.
 Run: PYTHONPATH=src python benchmarks/nccl_curves.py [--plot docs/collectives.png]
 """
 
@@ -68,6 +68,14 @@ CURVES = (
     Curve("GB200 NVL72 x20 racks", "coreweave/nccl-tests#48 (NCCL 2.26.2, NVLS off)", "gb200-nvl72", 1440,
           ((512, 150.95), (1024, 218.85), (2048, 286.52), (4096, 346.38), (8192, 381.48), (16384, 405.74)),
           ("ring", "tree")),
+    # Azure's AI-benchmarking-guide, its AMD port (Azure_Results/ND_MI300X_v5_results.md, 2025-02): 8 MI300X on
+    # Infinity Fabric, RCCL 2.22.3, in-place busbw (its "33M" .. "536M" are 2^25 .. 2^29 bytes). RCCL has no
+    # tuner model here: the preset's alpha-beta link (72 us, 316.8 GB/s) is read off this curve, so it is held
+    # to its own shape, not to a second system
+    Curve("MI300X x8 (RCCL)", "Azure ND MI300X v5 results (RCCL 2.22.3)", "mi300x", 8,
+          ((1, 22.41), (2, 43.41), (4, 82.53), (8, 131.57), (16, 171.46), (32, 230.35), (64, 266.34),
+           (128, 290.81), (256, 302.80), (512, 308.89), (1024, 313.92), (2048, 315.06), (4096, 314.85),
+           (8192, 316.82))),
 )
 
 
@@ -75,9 +83,12 @@ def predicted(curve: Curve, mib: float) -> tuple[float, str]:
     """(bus bandwidth GB/s, algorithm/protocol) the model gives one call of `mib` MiB."""
     cluster = load_cluster(curve.cluster)
     link = comm.group_link(cluster, curve.devices, curve.devices, 1)
-    t, option = collectives.best(curve.collective, link.fabric, mib * M, curve.algorithms)
-    busbw = collectives.wire_factor(curve.collective, curve.devices) * mib * M / t / 1e9
-    return busbw, f"{option[0]}/{option[1]}"
+    if link.fabric is None:  # not NCCL: the link's alpha-beta model
+        t, name = comm.collective_time(curve.collective, mib * M, 1, curve.devices, link), "alpha-beta"
+    else:
+        t, option = collectives.best(curve.collective, link.fabric, mib * M, curve.algorithms)
+        name = f"{option[0]}/{option[1]}"
+    return collectives.wire_factor(curve.collective, curve.devices) * mib * M / t / 1e9, name
 
 
 def errors(curve: Curve) -> list[tuple]:

@@ -19,12 +19,13 @@ MODELLED = [c for c in nccl_curves.CURVES if c.devices <= 72 or c.cluster != "gb
 
 @pytest.mark.parametrize("curve", MODELLED, ids=lambda c: c.name)
 def test_large_messages_within_15_percent_of_nccl_tests(curve):
-    """From 256 MiB up every curve we model holds within 15%; the NVLS curves of one NVLink domain hold from 1 MiB
-    (the issue's target; below 256 MiB the rings are up to 52% fast on A100 and 22% on a GB200 tray:
-    benchmarks/nccl_curves.py prints it)."""
-    nvls = curve.name in ("HGX H100 x8 (DGX H100 fabric)", "HGX H200 x8 (DGX H100 fabric)", "GB200 NVL72 x72")
+    """From 256 MiB up every curve we model holds within 15%; the NVLS curves of one NVLink domain, and RCCL's on 8
+    MI300X (whose alpha-beta link is read off it), hold from 1 MiB (the issue's target; below 256 MiB the rings are
+    up to 52% fast on A100 and 22% on a GB200 tray: benchmarks/nccl_curves.py prints it)."""
+    from_1mib = curve.name in ("HGX H100 x8 (DGX H100 fabric)", "HGX H200 x8 (DGX H100 fabric)", "GB200 NVL72 x72",
+                               "MI300X x8 (RCCL)")
     for mib, measured, busbw, err, option in nccl_curves.errors(curve):
-        if mib >= 256 or nvls:
+        if mib >= 256 or from_1mib:
             assert abs(err) <= 0.15, (curve.name, mib, measured, busbw, option)
 
 

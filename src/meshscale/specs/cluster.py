@@ -397,7 +397,7 @@ MiB, GiB = 2**20, 2**30  # HBM stacks come in binary sizes: an "80 GB" GPU holds
 
 
 def _gpu(name, accel, bf16, fp8, fp32, hbm, hbm_bw, eff, nvlink, nvlink_size, nic, price, sms, attention,
-         nvlink_eff=0.80, nic_eff=0.85, fast="nvlink", **kw) -> ClusterSpec:
+         nvlink_eff=0.80, nic_eff=0.85, fast="nvlink", fast_latency=1.5e-6, **kw) -> ClusterSpec:
     # Latencies: NCCL ring step ~1-2 us inside NVLink, ~5 us across InfiniBand (nccl-tests small-message
     # all_reduce on DGX systems: ~10-20 us for 8 GPUs, ~30-60 us across nodes).
     # GEMM blocks: cuBLAS/CUTLASS bf16 kernels on Ampere and Hopper tile the output 128x256 and fill a
@@ -417,7 +417,7 @@ def _gpu(name, accel, bf16, fp8, fp32, hbm, hbm_bw, eff, nvlink, nvlink_size, ni
     # Host time of a torch.nn.Linear forward, bf16, CPU time per call beside its GPU kernel (NVIDIA/
     # TransformerEngine issue #2053, 2025-08, hidden 2048, 8192 tokens): 13.5 us on DGX H100's Xeon 8480C, 37.1
     # on GB200's Grace (33.2 on GH200's). AMD EPYC hosts: no figure, the Xeon's.
-    tiers = (Tier(fast, nvlink_size, nvlink, 1.5e-6, nvlink_eff), Tier("ib", 0, nic, 5e-6, nic_eff))
+    tiers = (Tier(fast, nvlink_size, nvlink, fast_latency, nvlink_eff), Tier("ib", 0, nic, 5e-6, nic_eff))
     kw.setdefault("host_linear_s", HOST_LINEAR_S[kw.get("host_cpu", "intel")])
     kw.setdefault("software", Software(framework="megatron-core"))
     kw.setdefault("device_spread", 0.01)
@@ -490,8 +490,10 @@ def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, host,
 # host_bandwidth, the datasheets' host link, one way: A100 SXM PCIe Gen4 64 GB/s (32), H100/H800/H200 SXM PCIe
 # Gen5 128 GB/s (64), MI300X/MI325X PCIe Gen5 x16 128 GB/s (64); TPUs, the scaling book's Part 2 ("PCIe
 # bandwidth is typically around 1.5e10 bytes / second per chip", 16 GB/s each way on v4, 32 GB/s on v6e); none
-# stated here for Blackwell (0). These are the links' rates: no copy micro-benchmark here says what a pinned
-# copy reaches of them.
+# stated here for Blackwell (0). Where a pinned copy was measured, its rate, the slower way: Azure's
+# AI-benchmarking-guide (nvbandwidth host to device / device to host) 51 / 52 GB/s on ND H100 v5, 52 / 52 on
+# ND H200 v5, and on ND MI300X v5 (TransferBench) 55 / 56. Its ND A100 v4 row, 26.3 / 6.3, reads as that VM's
+# and not the DGX A100's (a one-way gap of 4x no datasheet explains): A100 keeps the link's rate.
 PRESETS: dict[str, ClusterSpec] = {
     # NVIDIA A100 datasheet: 312 TFLOP/s bf16, 19.5 fp32 (156 TF32), no FP8, 80 GB HBM2e at 2.039 TB/s, 108 SMs
     # (nvidia-smi reports 81920 MiB);
@@ -504,7 +506,7 @@ PRESETS: dict[str, ClusterSpec] = {
     # DGX H100: NVLink4 900 GB/s bidirectional (450 one way), 8x ConnectX-7 NDR 400 Gb/s (50 GB/s per GPU).
     "h100-80gb": _gpu("h100-80gb", "H100-SXM5-80GB", 989e12, 1979e12, 67e12, 81559 * MiB, 3.35e12, 0.711,
                       450 * GB, 8, 50 * GB, 2.5, 132, 0.434, gpu_arch="hopper", nvls_bandwidth=480 * GB,
-                      host_bandwidth=64 * GB),
+                      host_bandwidth=51 * GB),
     # NVIDIA H800 SXM5 (datasheet): H100's compute and HBM with NVLink cut to 400 GB/s bidirectional (200 one
     # way); DeepSeek-AI 2024 (DeepSeek-V3 report sec. 3.1) and DeepEP's README describe its clusters: 8 GPUs on
     # NVSwitch, a ConnectX-7 400 Gb/s (50 GB/s) NIC per GPU, NVLink measured at ~160 GB/s (0.80, H100's
@@ -517,7 +519,7 @@ PRESETS: dict[str, ClusterSpec] = {
     # the one-wave GEMMs 6.2-13.0 us over their tiles and waves, median 8.1 us.
     "h200": _gpu("h200", "H200-SXM-141GB", 989e12, 1979e12, 67e12, 143771 * MiB, 4.8e12, 0.711,
                  450 * GB, 8, 50 * GB, 3.5, 132, 0.434, gpu_arch="hopper", nvls_bandwidth=480 * GB,
-                 fp8_gemm_speedup=1.83, hbm_efficiency=0.89, gemm_kernel_overhead_s=8.1e-6, host_bandwidth=64 * GB),
+                 fp8_gemm_speedup=1.83, hbm_efficiency=0.89, gemm_kernel_overhead_s=8.1e-6, host_bandwidth=52 * GB),
     # NVIDIA B200 (DGX B200 datasheet): 2.25 PFLOP/s bf16 dense, 4.5 fp8, 180 GB HBM3e at 8 TB/s (per GPU of
     # the 1440 GB system), 148 SMs, NVLink5 1.8 TB/s bidirectional (900 one way), 8x ConnectX-7 400 Gb/s.
     "b200": _gpu("b200", "B200-180GB", 2.25e15, 4.5e15, 75e12, 180 * GB, 8e12, 0.640,
@@ -544,13 +546,23 @@ PRESETS: dict[str, ClusterSpec] = {
     # 5.3 TB/s, 304 CUs; 8 GPUs fully connected by Infinity Fabric, 7 links of 64 GB/s one way (448 GB/s);
     # 400 Gb/s NIC per GPU. MI325X: the same compute die, 256 GB HBM3E at 6 TB/s. GEMM: MAMF 781.9 of 1300
     # (ml-engineering's MAMF table, ROCm 6.2; 0.601), sustained by the burst-to-sustained ratio measured on
-    # NVIDIA's 700-1000 W parts (0.83, H100 and B200 MSMF/MAMF; see matmul_efficiency above): 0.50.
-    # Collectives are RCCL's, not NCCL's tuner (gpu_arch unset: alpha-beta); no published RCCL bus bandwidth:
-    # NVLink's 0.80 fraction stands in.
+    # NVIDIA's 700-1000 W parts (0.83, H100 and B200 MSMF/MAMF; see matmul_efficiency above): 0.50. Measured on
+    # ND MI300X v5 (Azure's AI-benchmarking-guide, its AMD port, Azure_Results/ND_MI300X_v5_results.md, 2025-02,
+    # ROCm 6.2, RCCL 2.22.3): hipBLASLt FP8 after 10,000 warm-up launches, 1148.7-1159.5 TFLOP/s at
+    # 6144x12288x12288, where 0.50 x 1.75 (fp8_gemm_speedup) x 1307.4 gives 1144; a stream copy 4.11-4.15 TB/s
+    # of 5.3 (0.78); FlashAttention-2 (ROCm's, Dao's benchmark, head_dim 64, batch 2, seq 8192, as A100's figure
+    # above) 328.6 TFLOP/s forward + backward (0.251). Collectives are RCCL's, not NCCL's tuner (gpu_arch unset:
+    # alpha-beta). RCCL's all-reduce over the 8 GPUs costs 72 us, then moves bytes at 316.8 GB/s bus bandwidth
+    # (0.707 of the links; its 8 GiB figure): that fits its curve within 6.5% from 1 MiB to 8 GiB
+    # (benchmarks/nccl_curves.py). The alpha-beta all-reduce takes 2 log2(8) = 6 steps: 12 us a step. No RCCL
+    # all-gather or reduce-scatter curve is on record; they pay the same step, 7 of them. MI325X (not measured)
+    # takes MI300X's fractions.
     "mi300x": _gpu("mi300x", "MI300X-192GB", 1307.4e12, 2614.9e12, 163.4e12, 192 * GB, 5.3e12, 0.50, 448 * GB, 8,
-                   50 * GB, 0.0, 304, 0.0, fast="xgmi", host_bandwidth=64 * GB),
+                   50 * GB, 0.0, 304, 0.251, nvlink_eff=0.707, fast="xgmi", fast_latency=12e-6,
+                   hbm_efficiency=0.78, host_bandwidth=55 * GB),
     "mi325x": _gpu("mi325x", "MI325X-256GB", 1307.4e12, 2614.9e12, 163.4e12, 256 * GB, 6.0e12, 0.50, 448 * GB, 8,
-                   50 * GB, 0.0, 304, 0.0, fast="xgmi", host_bandwidth=64 * GB),
+                   50 * GB, 0.0, 304, 0.251, nvlink_eff=0.707, fast="xgmi", fast_latency=12e-6,
+                   hbm_efficiency=0.78, host_bandwidth=55 * GB),
     # TPU v6e (Trillium; Cloud TPU docs): 918 TFLOP/s bf16, 1836 int8, 32 GiB HBM at 1.64 TB/s, 2D torus 16x16
     # (256 chips a pod), ICI 9e10 B/s bidirectional per link (scaling book Part 2), 1.8e11 per axis; DCN 1.25e10
     # B/s per chip and PCIe 3.2e10 (the same part: "12.5e9 for TPU v6e" against v5e's 3.125e9); $2.70 per
