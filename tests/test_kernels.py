@@ -253,20 +253,20 @@ def test_fp8_runs_the_linear_layers_faster_and_keeps_attention_and_the_head_in_b
     assert 1.2 < bf16_step / fp8_step < bf16_gemm / fp8_gemm
 
 
-def test_blackwell_gains_more_from_fp8_than_hopper_as_its_own_scan_measured():
-    """Each generation's FP8-over-BF16 GEMM rate is its own MAMF ratio (specs/cluster.py): Blackwell's FP8 units
-    gain ~1.97x over its BF16, Hopper's ~1.77x; a large layer's GEMMs follow."""
+def test_fp8_gemms_run_at_each_gpus_own_soaked_fp8_scan():
+    """Where a soaked FP8 scan exists (Azure's cuBLASLt after 10,000 warm-up launches, 16384^3; specs/cluster.py)
+    a preset's best-shape FP8 GEMM runs at that rate; a large layer's GEMMs gain over BF16 less than that ratio
+    (tiles, the deeper k prologue) but most of it."""
+    for name, measured in (("h100-80gb", 1377.3e12), ("h200", 1366.3e12), ("gb200-nvl72", 2906.9e12)):
+        c = load_cluster(name)
+        assert c.gemm_peak("fp8") * c.matmul_efficiency == pytest.approx(measured, rel=0.002), name
     model, layout = load_model("llama2-7b"), Layout(mbs=1)
     gemms = layer_gemms(model, 0, layout, model.seq)
-
-    def gain(name):
+    for name in ("h100-80gb", "h800", "b200", "gb200-nvl72"):
         c = load_cluster(name)
-        return sum(gemm_pass_seconds(c, gemms, c.gemm_peak("bf16"), 2)) / sum(
+        gain = sum(gemm_pass_seconds(c, gemms, c.gemm_peak("bf16"), 2)) / sum(
             gemm_pass_seconds(c, gemms, c.gemm_peak("fp8"), 2, 1))
-
-    hopper, blackwell = gain("h100-80gb"), gain("b200")
-    assert 1.6 < hopper < 1.8 and 1.85 < blackwell <= 1.98
-    assert gain("gb200-nvl72") > gain("h200") > hopper
+        assert 1.6 < gain <= c.fp8_gemm_speedup, name
 
 
 def test_fp8_gemms_stage_twice_the_k_and_read_one_byte_operands():
