@@ -108,6 +108,9 @@ def say_stopped(line: str, rank0: bool = True) -> None:
         print(f"meshscale: {line}", file=sys.stderr, flush=True)
 
 
+PORT_RACE_TRIES = 3  # launches of one node's group when its store's port was taken before rank 0 bound it
+
+
 def launch_local(run: Resolved) -> int:
     """Start run.config.nproc local workers with torch.distributed's elastic launcher and wait for them: a c10d
     rendezvous on a free port on one node; with --nnodes N, node --node-rank's share of a static rendezvous at
@@ -156,9 +159,16 @@ def launch_local(run: Resolved) -> int:
                               max_restarts=cfg.max_restarts, monitor_interval=0.1,
                               logs_specs=DefaultLogsSpecs(log_dir=logs), **rdzv, **handled)
         try:
-            elastic_launch(config, sys.executable)("-m", "meshscale.runtime.loop.launch", spec_file)
-        except ChildFailedError as e:
-            raise UserError(first_failure(e)) from None
+            for attempt in range(1, PORT_RACE_TRIES + 1):
+                try:
+                    elastic_launch(config, sys.executable)("-m", "meshscale.runtime.loop.launch", spec_file)
+                    break
+                except ChildFailedError as e:
+                    why = first_failure(e)
+                    # One node: torch picks the group's store port free, then closes it until rank 0 listens;
+                    # another process can take it in between. No group formed, so nothing ran: start again.
+                    if not (cfg.nnodes == 1 and "EADDRINUSE" in why and attempt < PORT_RACE_TRIES):
+                        raise UserError(why) from None
         except SignalException as e:
             if read_status(status) is None:  # a second signal, or workers that could not save in time
                 name = launcher_signal() if e.sigval == FORWARDED else e.sigval.name
