@@ -429,6 +429,13 @@ def _gpu(name, accel, bf16, fp8, fp32, hbm, hbm_bw, eff, nvlink, nvlink_size, ni
                        gemm_tile=(128, 256), gemm_k_overhead=128, attention_efficiency=attention, **kw)
 
 
+def _mi300(name, accel, hbm, hbm_bw) -> ClusterSpec:
+    """AMD's MI300 die (MI300X, MI325X): one compute part, its HBM the difference; figures under PRESETS."""
+    return _gpu(name, accel, 1307.4e12, 2614.9e12, 163.4e12, hbm, hbm_bw, 0.50, 448 * GB, 8, 50 * GB, 0.0, 304,
+                0.251, nvlink_eff=0.707, fast="xgmi", fast_latency=12e-6, hbm_efficiency=0.78,
+                host_bandwidth=55 * GB)
+
+
 def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, host, eff=0.90) -> ClusterSpec:
     # ICI figure per torus axis with wraparound (two links, both directions), as the scaling book's W_ici.
     # What an ICI collective reaches of it, and a hop's latency: the book's profiles on v5e (Part 3, "Sharded
@@ -557,16 +564,12 @@ PRESETS: dict[str, ClusterSpec] = {
     # of 5.3 (0.78); FlashAttention-2 (ROCm's, Dao's benchmark, head_dim 64, batch 2, seq 8192, as A100's figure
     # above) 328.6 TFLOP/s forward + backward (0.251). Collectives are RCCL's, not NCCL's tuner (gpu_arch unset:
     # alpha-beta). RCCL's all-reduce over the 8 GPUs costs 72 us, then moves bytes at 316.8 GB/s bus bandwidth
-    # (0.707 of the links; its 8 GiB figure): that fits its curve within 6.5% from 1 MiB to 8 GiB
+    # (0.707 of the links; its 8 GiB figure): that fits its curve within 6.6% from 1 MiB to 8 GiB
     # (benchmarks/nccl_curves.py). The alpha-beta all-reduce takes 2 log2(8) = 6 steps: 12 us a step. No RCCL
     # all-gather or reduce-scatter curve is on record; they pay the same step, 7 of them. MI325X (not measured)
     # takes MI300X's fractions.
-    "mi300x": _gpu("mi300x", "MI300X-192GB", 1307.4e12, 2614.9e12, 163.4e12, 192 * GB, 5.3e12, 0.50, 448 * GB, 8,
-                   50 * GB, 0.0, 304, 0.251, nvlink_eff=0.707, fast="xgmi", fast_latency=12e-6,
-                   hbm_efficiency=0.78, host_bandwidth=55 * GB),
-    "mi325x": _gpu("mi325x", "MI325X-256GB", 1307.4e12, 2614.9e12, 163.4e12, 256 * GB, 6.0e12, 0.50, 448 * GB, 8,
-                   50 * GB, 0.0, 304, 0.251, nvlink_eff=0.707, fast="xgmi", fast_latency=12e-6,
-                   hbm_efficiency=0.78, host_bandwidth=55 * GB),
+    "mi300x": _mi300("mi300x", "MI300X-192GB", 192 * GB, 5.3e12),
+    "mi325x": _mi300("mi325x", "MI325X-256GB", 256 * GB, 6.0e12),
     # TPU v6e (Trillium; Cloud TPU docs): 918 TFLOP/s bf16, 1836 int8, 32 GiB HBM at 1.64 TB/s, 2D torus 16x16
     # (256 chips a pod), ICI 9e10 B/s bidirectional per link (scaling book Part 2), 1.8e11 per axis; DCN 1.25e10
     # B/s per chip and PCIe 3.2e10 (the same part: "12.5e9 for TPU v6e" against v5e's 3.125e9); $2.70 per

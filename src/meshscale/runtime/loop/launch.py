@@ -118,7 +118,8 @@ def launch_local(run: Resolved) -> int:
     --max-restarts R, when a worker fails the launcher stops them all and starts the group again, up to R
     times; each new group resumes from the newest checkpoint, and more than --max-no-progress-restarts
     restarts in a row from the same one end the run (runtime/resilience/restarts.py); each restart is
-    announced in one line naming the failure that caused it. Returns
+    announced in one line naming the failure that caused it. On one node, a group whose store port another
+    process took before rank 0 bound it (EADDRINUSE; nothing ran) is launched again, up to PORT_RACE_TRIES. Returns
     0, EXIT_PREEMPTED when a signal or --time-limit stopped the workers after they saved, or EXIT_GAVE_UP. A second
     signal ends the launcher at once (exit 128 + the signal's number), and its workers with it."""
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
