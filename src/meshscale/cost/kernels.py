@@ -124,6 +124,11 @@ ATTENTION_SHAPES = {
 FA2_H100 = ((512, 174.4, 107.8), (1024, 233.2, 162.4), (2048, 256.9, 222.8), (4096, 302.5, 264.3),
             (8192, 317.0, 286.9), (16384, 321.4, 306.7))
 FA_TRITON_A100 = ((512, 78, 50), (1024, 85, 61), (2048, 90, 68), (4096, 93, 74), (8192, 95, 78), (16384, 95, 80))
+# FlashAttention-2 has no Blackwell kernels and runs its Ampere ones there: Azure's AI-benchmarking-guide ran
+# flash-attention's benchmark_flash_attention.py (its first seq-8192 case: not causal, batch 2) on both and
+# measured 373.9 TFLOP/s on GB200 (Azure_Results/ND_GB200_v6_results.md) and 327.9 on H100 (ND_H100_v5): 1.140x,
+# where the presets' platform kernels (cuDNN) differ by 0.378 x 2500 / (0.434 x 989) = 2.202x.
+FA2_BLACKWELL = 1.140 / 2.202
 # Hopper's attention_efficiency is cuDNN's CUDNN_H100 rate (at the peak's 1830 MHz) times H100's sustained/burst
 # GEMM ratio, MSMF 702.9 / MAMF 794.5 (specs/cluster.py): a rate measured sustained is taken against that.
 HOPPER_SUSTAINED = 702.9 / 794.5
@@ -144,13 +149,14 @@ def _loglinear(rows: tuple, seq: float, extend_below: bool = False) -> tuple:
 
 def kernel_speed(arch: str, kernel: str, seq: float, causal: bool) -> float:
     """The [software] attention_kernel's rate over the platform's at `seq`: FlashAttention-2's sustained rate
-    over cuDNN's off Ampere (Blackwell takes Hopper's figures), times the Triton kernel's over FlashAttention-2's."""
+    over cuDNN's off Ampere (Blackwell: Hopper's, times FA2_BLACKWELL), times the Triton kernel's over
+    FlashAttention-2's."""
     speed, col = 1.0, 1 if causal else 0  # the tables' columns: (not causal, causal)
     if kernel == "fa-triton":
         speed *= _loglinear(FA_TRITON_A100, seq)[col] / _loglinear(FA2_A100, seq)[col]
     if kernel != "platform" and arch != "ampere":
         cudnn = _loglinear(ATTENTION_SHAPES["hopper"], seq)[col] * HOPPER_SUSTAINED
-        speed *= _loglinear(FA2_H100, seq)[col] / cudnn
+        speed *= _loglinear(FA2_H100, seq)[col] / cudnn * (FA2_BLACKWELL if arch == "blackwell" else 1.0)
     return speed
 
 

@@ -500,9 +500,10 @@ def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, host,
 # host_bandwidth, the datasheets' host link, one way: A100 SXM PCIe Gen4 64 GB/s (32), H100/H800/H200 SXM PCIe
 # Gen5 128 GB/s (64), MI300X/MI325X PCIe Gen5 x16 128 GB/s (64); TPUs, the scaling book's Part 2 ("PCIe
 # bandwidth is typically around 1.5e10 bytes / second per chip", 16 GB/s each way on v4, 32 GB/s on v6e); none
-# stated here for Blackwell (0). Where a pinned copy was measured, its rate, the slower way: Azure's
+# stated here for B200/B300 (0). Where a pinned copy was measured, its rate, the slower way: Azure's
 # AI-benchmarking-guide (nvbandwidth host to device / device to host) 51 / 52 GB/s on ND H100 v5, 52 / 52 on
-# ND H200 v5, and on ND MI300X v5 (TransferBench) 55 / 56. Its ND A100 v4 row, 26.3 / 6.3, reads as that VM's
+# ND H200 v5, 201 / 193 on ND GB200 v6 (Grace's NVLink-C2C; GB300, the same link, takes it), and on ND MI300X
+# v5 (TransferBench) 55 / 56. Its ND A100 v4 row, 26.3 / 6.3, reads as that VM's
 # and not the DGX A100's (a one-way gap of 4x no datasheet explains): A100 keeps the link's rate.
 PRESETS: dict[str, ClusterSpec] = {
     # NVIDIA A100 datasheet: 312 TFLOP/s bf16, 19.5 fp32 (156 TF32), no FP8, 80 GB HBM2e at 2.039 TB/s, 108 SMs
@@ -541,7 +542,7 @@ PRESETS: dict[str, ClusterSpec] = {
     # ConnectX-8's 800 Gb/s came with GB300.
     "gb200-nvl72": _gpu("gb200-nvl72", "GB200", 2.5e15, 5e15, 80e12, 186 * GB, 8e12, 0.599,
                         900 * GB, 72, 50 * GB, 6.0, 148, 0.378, nvlink_eff=0.76, gpu_arch="blackwell",
-                        nvls_bandwidth=840 * GB, host_cpu="arm", fp8_gemm_speedup=1.941),
+                        nvls_bandwidth=840 * GB, host_cpu="arm", fp8_gemm_speedup=1.941, host_bandwidth=193 * GB),
     # NVIDIA Blackwell Ultra, from the datasheets (HGX B300: per GPU 2.25 PFLOP/s bf16 dense, 4.5 fp8 (the same
     # as B200; FP4 is what grew), 288 GB HBM3e at 8 TB/s, NVLink5 900 GB/s one way, ConnectX-8 800 Gb/s (100 GB/s)
     # per GPU; GB300 NVL72: 72 GPUs, 2.5 PFLOP/s bf16 dense and 5 fp8 per GPU, 288 GB at 8 TB/s). Blackwell
@@ -552,7 +553,7 @@ PRESETS: dict[str, ClusterSpec] = {
                  160, 0.404, nvlink_eff=0.76, gpu_arch="blackwell", fp8_gemm_speedup=1.90),
     "gb300-nvl72": _gpu("gb300-nvl72", "GB300", 2.5e15, 5e15, 80e12, 288 * GB, 8e12, 0.599, 900 * GB, 72, 100 * GB,
                         0.0, 160, 0.378, nvlink_eff=0.76, gpu_arch="blackwell", nvls_bandwidth=840 * GB,
-                        host_cpu="arm", fp8_gemm_speedup=1.90),
+                        host_cpu="arm", fp8_gemm_speedup=1.90, host_bandwidth=193 * GB),
     # AMD Instinct MI300X datasheet: 1307.4 TFLOP/s bf16 dense, 2614.9 fp8, 163.4 fp32 matrix, 192 GB HBM3 at
     # 5.3 TB/s, 304 CUs; 8 GPUs fully connected by Infinity Fabric, 7 links of 64 GB/s one way (448 GB/s);
     # 400 Gb/s NIC per GPU. MI325X: the same compute die, 256 GB HBM3E at 6 TB/s. GEMM: MAMF 781.9 of 1300
