@@ -11,7 +11,7 @@ import pytest
 
 from meshscale.cost import predict
 from meshscale.cost import comm
-from meshscale.cost.comm import DEEPEP_NVLINK, DEEPEP_SMS, deepep_seconds, distinct_groups, group_link
+from meshscale.cost.comm import DEEPEP_NVLINK, DISPATCHERS, deepep_seconds, distinct_groups, group_link
 from meshscale.cost.kernels import Gemm, gemm_pass_seconds, gemm_seconds, layer_gemms, layer_passes, routing_seconds
 from meshscale.cost.memory import memory_per_device
 from meshscale.errors import UserError
@@ -133,7 +133,8 @@ def test_deepep_at_its_measured_fractions_of_each_tier():
 
 def test_dispatch_kernels_take_sms_from_the_compute_they_hide_behind():
     layout = Layout.parse("dp=8,ep=8,mbs=1", 8)
-    for dispatcher, sms in (("deepep", DEEPEP_SMS), ("alltoall", 24)):  # NCCL: one block per channel
+    # DeepEP's 20 SMs, Hybrid-EP's 16 (Megatron-Core's defaults), NCCL's one block per channel
+    for dispatcher, sms in (("deepep", 20), ("hybridep", 16), ("alltoall", 24)):
         cluster = with_software(moe_dispatcher=dispatcher, ep_comm_overlap=True)
         e = ep_entry(predict(MIXTRAL, cluster, layout, 64))  # 8 micro-batches: all but the first hide
         shown = e["time_s"] / 8
@@ -142,7 +143,7 @@ def test_dispatch_kernels_take_sms_from_the_compute_they_hide_behind():
 
 
 @pytest.mark.parametrize("software, needle", [({"moe_imbalance": 0.9}, "moe_imbalance must be >= 1"),
-                                              ({"moe_dispatcher": "hybridep"}, "moe_dispatcher must be"),
+                                              ({"moe_dispatcher": "pplx"}, "moe_dispatcher must be"),
                                               ])
 def test_bad_moe_knobs_are_one_line(tmp_path, software, needle):
     path = tmp_path / "c.json"
@@ -150,9 +151,10 @@ def test_bad_moe_knobs_are_one_line(tmp_path, software, needle):
     with pytest.raises(UserError, match=re.escape(needle)) as e:
         load_cluster(str(path))
     assert "\n" not in str(e.value)
-    path.write_text(json.dumps({"base": "tpu-v5p", "software": {"moe_dispatcher": "deepep"}}))
-    with pytest.raises(UserError, match="NVIDIA cluster"):
-        load_cluster(str(path))
+    for dispatcher in DISPATCHERS:
+        path.write_text(json.dumps({"base": "tpu-v5p", "software": {"moe_dispatcher": dispatcher}}))
+        with pytest.raises(UserError, match="NVIDIA cluster"):
+            load_cluster(str(path))
 
 
 def test_megatron_fsdp_gathers_a_layers_experts_in_one_collective():
@@ -198,6 +200,29 @@ def test_deepep_reproduces_its_readme_bandwidths_in_its_own_bytes():
     # on H100-class NVLink (450 GB/s nominal) DeepEP's intranode test measured 337 GB/s (H20, DeepEP issue #16)
     t = deepep_seconds(8 * row, 1, 8, group_link(H100, 8, 8, 1), H100, 256, 8)
     assert 320e9 < row * distinct_groups(256, 8, 8) / (t - deepep_seconds(0.0, 1, 8, inside, H100, 256, 8)) < 380e9
+
+
+def test_on_nvlink5_the_dispatch_kernels_set_the_rate_not_the_link():
+    """NVIDIA's Hybrid-EP benchmarks in DeepEP (Hybrid-EP_Implementation.md, DeepSeek-V3's setting, BF16, the mean
+    of dispatch and combine): DeepEP's normal kernels on 8 B200 at their 20 SMs ~391 GB/s of NVLink's 900 (348 and
+    302 at 16 SMs, 494 and 420 at 24); Hybrid-EP at 16 SMs on GB200 NVL72 544 GB/s at EP8, 444 at EP36; across
+    H100 nodes 53.9 GB/s at EP16 in DeepEP's logical bytes. On Hopper's 450 GB/s NVLink the link binds first."""
+    row = 4096 * 7168 * 2
+
+    def rate(cluster, dispatcher, n):  # the bytes the kernels' tests count over the slower tier's time
+        link = group_link(cluster, n, n, 1)
+        t = deepep_seconds(8 * row, 1, n, link, cluster, 256, 8, dispatcher)
+        nodes = n // link.fabric.ppn
+        moved = distinct_groups(256, 8, n) if nodes == 1 else distinct_groups(256, 8, nodes)
+        return row * moved / (t - deepep_seconds(0.0, 1, n, link, cluster, 256, 8, dispatcher))
+
+    b200, gb200 = load_cluster("b200"), load_cluster("gb200-nvl72")
+    assert rate(b200, "deepep", 8) == pytest.approx(391e9, rel=1e-3)
+    assert rate(gb200, "hybridep", 8) == pytest.approx(544e9, rel=1e-3)
+    assert rate(gb200, "hybridep", 72) == pytest.approx(444e9, rel=1e-3)
+    assert rate(H100, "hybridep", 8) == rate(H100, "deepep", 8) == pytest.approx(450e9 * DEEPEP_NVLINK)
+    assert rate(H100, "hybridep", 16) == pytest.approx(53.9e9, rel=1e-3)
+    assert rate(H100, "deepep", 16) == pytest.approx(43e9, rel=1e-3)
 
 
 def test_moe_layers_have_no_sp_gather_where_the_dispatcher_takes_the_sp_chunk():

@@ -412,15 +412,17 @@ def test_kernels_the_prediction_assumed_are_named_beside_the_config():
 
 @pytest.mark.skipif(not installed("megatron.core"), reason="megatron-core is not installed (pip install '.[test]')")
 def test_megatron_dispatches_tokens_as_the_cost_model_charged():
-    """[software] moe_dispatcher = "deepep" is Megatron-Core's flex dispatcher with DeepEP behind it, which its
-    TransformerConfig takes; alltoall stays NCCL's all-to-all. moe_permute_fusion is --moe-permute-fusion
-    (which TransformerConfig takes only beside Transformer Engine: its parser is the check here)."""
+    """[software] moe_dispatcher = "deepep" or "hybridep" is Megatron-Core's flex dispatcher with that backend
+    behind it, which its TransformerConfig takes; alltoall stays NCCL's all-to-all. moe_permute_fusion is
+    --moe-permute-fusion (which TransformerConfig takes only beside Transformer Engine: its parser is the check
+    here)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     h100, model = load_cluster("h100-80gb"), load_model("mixtral-8x7b")
     layout = Layout.parse("dp=4,zero=1,tp=2,sp=true,pp=8,ep=8,etp=1,mbs=1")
-    for dispatcher, kind, backend in (("alltoall", "alltoall", None), ("deepep", "flex", "deepep")):
-        fused = dispatcher == "deepep"
+    for dispatcher, kind, backend in (("alltoall", "alltoall", None), ("deepep", "flex", "deepep"),
+                                      ("hybridep", "flex", "hybridep")):
+        fused = dispatcher != "alltoall"
         cluster = dataclasses.replace(h100, software=dataclasses.replace(h100.software, moe_dispatcher=dispatcher,
                                                                          moe_permute_fusion=fused))
         args = parse_megatron(emit("megatron", model, cluster, layout, 256, "bf16", steps=10).config)

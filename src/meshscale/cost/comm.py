@@ -431,10 +431,38 @@ def _axes_spanned(dims: tuple, stride: int, size: int) -> tuple[float, int]:
 # 0.75; RDMA 0.86 at EP16, 0.91 at EP32, 0.91 at EP64 and beyond.
 DEEPEP_NVLINK = (153 + 158) / 2 / 200
 DEEPEP_RDMA = ((16, 43 / 50), (32, (44 + 47) / 2 / 50), (64, (46 + 45) / 2 / 50))
-# SMs the dispatch and combine kernels hold while they run: DeepSeek-V3 (arXiv:2412.19437 sec. 3.2.2) "only 20
-# SMs are sufficient to fully utilize the bandwidths of IB and NVLink" (DeepEP's Buffer.num_sms default, 20);
-# NCCL's all-to-all one thread block per channel (collectives.CHANNELS).
-DEEPEP_SMS = 20
+
+
+@dataclass(frozen=True)
+class Dispatcher:
+    """A [software] moe_dispatcher's kernels: the SMs they hold while they run, the NVLink rate they reach where
+    the link is not what bounds them, ((ranks in the NVLink domain, B/s), ...), and their RDMA rate as a fraction
+    of the rank's NIC, ((EP ranks, fraction), ...), both in DeepEP's bytes (above)."""
+    sms: int
+    nvlink: tuple
+    rdma: tuple
+
+
+# On NVLink5 (900 GB/s) the kernels, not the link, set the rate. NVIDIA's Hybrid-EP benchmarks in DeepEP
+# (Hybrid-EP_Implementation.md, 2025-09; DeepSeek-V3's setting, random uniform routing, torch API, BF16 dispatch
+# and combine, the mean of the two): DeepEP's normal kernels on 8 B200 at 16 / 24 SMs 348 / 494 and 302 / 420
+# GB/s, so 391 at their 20 (Megatron-Core's moe_deepep_num_sms; DeepSeek-V3 sec. 3.2.2 "only 20 SMs"; 8 GB200
+# on MNNVL agree, 403); Hybrid-EP at Megatron-Core's moe_hybridep_num_sms, 16, on GB200 NVL72 by ranks: EP8
+# 544, EP16 474, EP24 443, EP32 454, EP36 444 GB/s (8 B200: 533), and across H100 nodes (one 400 Gb/s NIC a
+# GPU) 53.9, 49.9, 43.9 GB/s at EP16, 32, 64 in the same logical bytes as DeepEP's RDMA figures. Neither has a
+# Hopper NVLink scan: there the link binds first (DEEPEP_NVLINK of it).
+DISPATCHERS = {
+    "deepep": Dispatcher(20, ((1, 391e9),), DEEPEP_RDMA),
+    "hybridep": Dispatcher(16, ((1, 544e9), (16, 474e9), (24, 443e9), (32, 454e9), (36, 444e9)),
+                           ((16, 53.9 / 50), (32, 49.9 / 50), (64, 43.9 / 50))),
+}
+
+
+def _by_size(rows: tuple, n: int) -> float:
+    """The value of the last row whose size `n` reaches (the first row's below them all)."""
+    return next((v for size, v in reversed(rows) if n >= size), rows[0][1])
+
+
 # Megatron-Core's TP overlap (--tp-comm-overlap) runs on Transformer Engine's userbuffers, not NCCL. Its default
 # (transformer_engine/pytorch/module/base.py initialize_ub, get_default_config, 2024): ring-exchange all-gathers
 # (the forward's and those ahead of the row-parallel dgrads) hold 1 SM; the pipelined forward reduce-scatters and
@@ -453,13 +481,15 @@ def distinct_groups(experts: int, top_k: int, groups: int) -> float:
 
 
 def deepep_seconds(nbytes: float, calls: int, n: int, link: Link, cluster: ClusterSpec, experts: int = 0,
-                   top_k: int = 0) -> float:
-    """Dispatch or combine by DeepEP of a rank's `nbytes` (top_k copies of each token it dispatches, the
-    contract's bytes; `experts` and `top_k` of the model): DeepEP sends a token once to each rank (NVLink) and
-    once to each node (RDMA) holding one of its experts (`distinct_groups`; top_k 0, unknown: every byte once
-    on NVLink, the other nodes' share on RDMA), at its measured fractions of the NVLink rate and of the rank's
-    own NIC, both at once (the slower sets the time), in DeepEP's own bytes (above); per call the latency of
-    NCCL's all-to-all over the same ranks."""
+                   top_k: int = 0, dispatcher: str = "deepep") -> float:
+    """Dispatch or combine of a rank's `nbytes` (top_k copies of each token it dispatches, the contract's bytes;
+    `experts` and `top_k` of the model) by DeepEP's kernels, its normal or its Hybrid-EP ones (`dispatcher`, a
+    DISPATCHERS key): they send a token once to each rank (NVLink) and once to each node (RDMA) holding one of
+    its experts (`distinct_groups`; top_k 0, unknown: every byte once on NVLink, the other nodes' share on
+    RDMA), NVLink at the slower of DEEPEP_NVLINK of the link and the kernels' own rate, RDMA at their measured
+    fraction of the rank's NIC, both at once (the slower sets the time), in DeepEP's own bytes (above); per call
+    the latency of NCCL's all-to-all over the same ranks."""
+    kernels = DISPATCHERS[dispatcher]
     fast, slow = cluster.tiers[0], cluster.tiers[-1]
     fabric = link.fabric
     ppn = fabric.ppn if fabric else n
@@ -469,11 +499,10 @@ def deepep_seconds(nbytes: float, calls: int, n: int, link: Link, cluster: Clust
         nvlink, rdma_bytes = row * distinct_groups(experts, top_k, n), row * distinct_groups(experts, top_k, nodes)
     else:
         nvlink, rdma_bytes = nbytes, (n - ppn) / n * nbytes
-    inside = nvlink / (fast.bandwidth * DEEPEP_NVLINK)
+    inside = nvlink / min(fast.bandwidth * DEEPEP_NVLINK, _by_size(kernels.nvlink, min(n, ppn)))
     outside = 0.0
     if nodes > 1:
-        rdma = next((f for size, f in reversed(DEEPEP_RDMA) if n >= size), DEEPEP_RDMA[0][1])
-        outside = rdma_bytes / (slow.bandwidth * rdma)
+        outside = rdma_bytes / (slow.bandwidth * _by_size(kernels.rdma, n))
     latency = collectives.all_to_all_seconds(fabric, 0.0, calls) if fabric else calls * link.steps * link.latency
     return max(inside, outside) + latency
 
@@ -482,7 +511,8 @@ def sm_share(cluster: ClusterSpec, axis: str, link: Link | None = None, collecti
     """The share of compute throughput a collective of `axis` takes from the kernels running beside it: the SMs
     its kernels hold, one thread block per NCCL channel (collectives.CHANNELS: 24 on Ampere and Hopper, 18% of
     an H100; a send/recv over `link` holds collectives.p2p_blocks, 4 once it crosses the network), DeepEP's 20
-    for MoE dispatch and combine, Transformer Engine's userbuffers for Megatron-Core's TP overlap (USERBUFFER_SMS).
+    or Hybrid-EP's 16 for MoE dispatch and combine (DISPATCHERS), Transformer Engine's userbuffers for
+    Megatron-Core's TP overlap (USERBUFFER_SMS).
     Measured: GEMMs beside NCCL collectives slow 18.9% on average (max 40%) on A100 and H100 (Agrawal et al.
     2025, arXiv:2507.03114, "Characterizing Compute-Communication Overlap"); NVIDIA's forum case of a 132-tile
     GEMM beside a 24-block all-gather on H100 shows the mechanism, and benchmarks/kernel_scan.py's interference
@@ -494,8 +524,8 @@ def sm_share(cluster: ClusterSpec, axis: str, link: Link | None = None, collecti
     if not (cluster.gpu_arch and cluster.compute_units):
         return 0.0
     blocks: float
-    if axis == "ep" and cluster.software.moe_dispatcher == "deepep":
-        blocks = DEEPEP_SMS
+    if axis == "ep" and cluster.software.moe_dispatcher in DISPATCHERS:
+        blocks = DISPATCHERS[cluster.software.moe_dispatcher].sms
     elif axis == "tp" and collective in USERBUFFER_SMS and userbuffers(cluster.software):
         blocks = USERBUFFER_SMS[collective]
     elif collective == "send_recv" and link is not None and link.fabric is not None:
@@ -517,8 +547,8 @@ def expert_dispatch_time(cluster: ClusterSpec, nbytes: float, calls: int, n: int
     receives and returns) by the [software] moe_dispatcher (DeepEP: the model's `experts` and `top_k` say how
     many ranks and nodes each token goes to, `deepep_seconds`)."""
     sw = cluster.software
-    if sw.moe_dispatcher == "deepep" and n > 1 and nbytes:
-        t = deepep_seconds(nbytes, calls, n, link, cluster, experts, top_k)
+    if sw.moe_dispatcher in DISPATCHERS and n > 1 and nbytes:
+        t = deepep_seconds(nbytes, calls, n, link, cluster, experts, top_k, sw.moe_dispatcher)
     else:
         t = collective_time("all_to_all", nbytes, calls, n, link)
     return t * sw.moe_imbalance

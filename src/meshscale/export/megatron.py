@@ -16,9 +16,11 @@ from meshscale.specs.layout import RECOMPUTE_MODULES, Layout, split_layers
 from meshscale.specs.model import ModelSpec
 
 GPU_ONLY = "Megatron-LM"  # named in the refusal of a TPU slice
-# [software] moe_dispatcher as Megatron-Core runs it: NCCL's all-to-all, or DeepEP's kernels behind the flex dispatcher
+# [software] moe_dispatcher as Megatron-Core runs it: NCCL's all-to-all, or DeepEP's or Hybrid-EP's kernels behind the
+# flex dispatcher
 DISPATCHERS = {"alltoall": "--moe-token-dispatcher-type alltoall",
-               "deepep": "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep"}
+               "deepep": "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep",
+               "hybridep": "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep"}
 PRECISIONS = {"bf16-pure": ("bf16", "Megatron-LM keeps fp32 main parameters under --bf16 (16 B/param)")}
 
 

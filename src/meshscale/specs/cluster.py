@@ -99,9 +99,10 @@ class Software:
     # captures a whole MoE layer only when it drops and pads, its CudaGraphScope.moe; the attn and moe_router
     # scopes take the rest).
     cuda_graphs: bool = False
-    # MoE token dispatch and combine: "alltoall", NCCL's all-to-all (Megatron-Core's alltoall dispatcher), or
-    # "deepep", DeepEP's NVLink/RDMA-forwarding kernels (Megatron-Core's flex dispatcher; cost/comm.py
-    # deepep_seconds); NVIDIA clusters only.
+    # MoE token dispatch and combine: "alltoall", NCCL's all-to-all (Megatron-Core's alltoall dispatcher);
+    # "deepep", DeepEP's NVLink/RDMA-forwarding kernels, or "hybridep", NVIDIA's Hybrid-EP ones in DeepEP (TMA
+    # copies on fewer SMs; Megatron-Core's flex dispatcher and its two backends; cost/comm.py deepep_seconds);
+    # these two on NVIDIA clusters only.
     moe_dispatcher: str = "alltoall"
     # Tokens the busiest expert-parallel rank receives over the balanced share (>= 1): its experts' GEMMs and its
     # dispatch and combine take that much longer, and the step waits for it. 1: balanced, as vendor benchmarks
@@ -311,9 +312,10 @@ class ClusterSpec:
         if not sw.metric_cross_entropies >= 0:
             raise UserError(f"cluster {self.name}: [software] metric_cross_entropies must be a whole number >= 0, "
                             f"got {sw.metric_cross_entropies!r}")
-        if sw.moe_dispatcher not in ("alltoall", "deepep") or (sw.moe_dispatcher == "deepep" and not self.gpu_arch):
-            raise UserError(f"cluster {self.name}: [software] moe_dispatcher must be alltoall, or deepep on an "
-                            f"NVIDIA cluster (gpu_arch set), got {sw.moe_dispatcher!r}")
+        if sw.moe_dispatcher not in ("alltoall", "deepep", "hybridep") or (sw.moe_dispatcher != "alltoall"
+                                                                          and not self.gpu_arch):
+            raise UserError(f"cluster {self.name}: [software] moe_dispatcher must be alltoall, or deepep or hybridep "
+                            f"on an NVIDIA cluster (gpu_arch set), got {sw.moe_dispatcher!r}")
         if not sw.moe_imbalance >= 1:
             raise UserError(f"cluster {self.name}: [software] moe_imbalance must be >= 1 (the busiest expert-parallel "
                             f"rank's tokens over the balanced share; 1: balanced), got {sw.moe_imbalance!r}")
