@@ -544,8 +544,8 @@ def userbuffers(sw) -> bool:
 def expert_dispatch_time(cluster: ClusterSpec, nbytes: float, calls: int, n: int, link: Link, experts: int = 0,
                          top_k: int = 0) -> float:
     """The EP all-to-alls of the busiest EP rank ([software] moe_imbalance times the mean rank's bytes, which it
-    receives and returns) by the [software] moe_dispatcher (DeepEP: the model's `experts` and `top_k` say how
-    many ranks and nodes each token goes to, `deepep_seconds`)."""
+    receives and returns) by the [software] moe_dispatcher (DeepEP's or Hybrid-EP's kernels: the model's
+    `experts` and `top_k` say how many ranks and nodes each token goes to, `deepep_seconds`)."""
     sw = cluster.software
     if sw.moe_dispatcher in DISPATCHERS and n > 1 and nbytes:
         t = deepep_seconds(nbytes, calls, n, link, cluster, experts, top_k, sw.moe_dispatcher)

@@ -312,8 +312,8 @@ class ClusterSpec:
         if not sw.metric_cross_entropies >= 0:
             raise UserError(f"cluster {self.name}: [software] metric_cross_entropies must be a whole number >= 0, "
                             f"got {sw.metric_cross_entropies!r}")
-        if sw.moe_dispatcher not in ("alltoall", "deepep", "hybridep") or (sw.moe_dispatcher != "alltoall"
-                                                                          and not self.gpu_arch):
+        deepep = sw.moe_dispatcher in ("deepep", "hybridep")  # DeepEP's kernels, NVIDIA's only
+        if not (sw.moe_dispatcher == "alltoall" or deepep and self.gpu_arch):
             raise UserError(f"cluster {self.name}: [software] moe_dispatcher must be alltoall, or deepep or hybridep "
                             f"on an NVIDIA cluster (gpu_arch set), got {sw.moe_dispatcher!r}")
         if not sw.moe_imbalance >= 1:
@@ -505,8 +505,8 @@ def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, host,
 # stated here for B200/B300 (0). Where a pinned copy was measured, its rate, the slower way: Azure's
 # AI-benchmarking-guide (nvbandwidth host to device / device to host) 51 / 52 GB/s on ND H100 v5, 52 / 52 on
 # ND H200 v5, 201 / 193 on ND GB200 v6 (Grace's NVLink-C2C; GB300, the same link, takes it), and on ND MI300X
-# v5 (TransferBench) 55 / 56. Its ND A100 v4 row, 26.3 / 6.3, reads as that VM's
-# and not the DGX A100's (a one-way gap of 4x no datasheet explains): A100 keeps the link's rate.
+# v5 (TransferBench) 55 / 56. Its ND A100 v4 row, 26.3 / 6.3, reads as that VM's and not the DGX A100's (a
+# one-way gap of 4x no datasheet explains): A100 keeps the link's rate.
 PRESETS: dict[str, ClusterSpec] = {
     # NVIDIA A100 datasheet: 312 TFLOP/s bf16, 19.5 fp32 (156 TF32), no FP8, 80 GB HBM2e at 2.039 TB/s, 108 SMs
     # (nvidia-smi reports 81920 MiB);
