@@ -144,6 +144,8 @@ def test_dispatch_kernels_take_sms_from_the_compute_they_hide_behind():
 
 @pytest.mark.parametrize("software, needle", [({"moe_imbalance": 0.9}, "moe_imbalance must be >= 1"),
                                               ({"moe_dispatcher": "pplx"}, "moe_dispatcher must be"),
+                                              ({"moe_dispatcher": "hybridep", "framework": "torch"},
+                                               'moe_dispatcher = "hybridep" is Megatron-Core\'s'),
                                               ])
 def test_bad_moe_knobs_are_one_line(tmp_path, software, needle):
     path = tmp_path / "c.json"

@@ -316,6 +316,10 @@ class ClusterSpec:
         if not (sw.moe_dispatcher == "alltoall" or deepep and self.gpu_arch):
             raise UserError(f"cluster {self.name}: [software] moe_dispatcher must be alltoall, or deepep or hybridep "
                             f"on an NVIDIA cluster (gpu_arch set), got {sw.moe_dispatcher!r}")
+        if sw.moe_dispatcher == "hybridep" and sw.framework != "megatron-core":
+            raise UserError(f"cluster {self.name}: [software] moe_dispatcher = \"hybridep\" is Megatron-Core's "
+                            f"(--moe-flex-dispatcher-backend hybridep): needs framework = \"megatron-core\", got "
+                            f"{sw.framework}")
         if not sw.moe_imbalance >= 1:
             raise UserError(f"cluster {self.name}: [software] moe_imbalance must be >= 1 (the busiest expert-parallel "
                             f"rank's tokens over the balanced share; 1: balanced), got {sw.moe_imbalance!r}")
