@@ -147,14 +147,16 @@ def test_a_runs_prediction_costs_our_runtime_whatever_the_cluster_files_software
     """train --predict on a GPU preset with Megatron-Core's software and its switches on: torch's framework and
     our gradient buckets, element-wise operators fused only under --compile, ZeRO-1/2 gathers of the fp32
     parameters, none of Megatron-Core's switches (our runtime has none of them; left on they would be refused
-    with torch); the rest of the preset (its kernels, links, dispatcher) as the file says."""
+    with torch), MoE tokens dispatched by torch's all-to-all as our runtime does; the rest of the preset (its
+    kernels, links) as the file says."""
     from meshscale.runtime.loop.config import TrainConfig
     from meshscale.runtime.measure.live import run_cluster
     from meshscale.specs.cluster import FRAMEWORK_SWITCHES, load_cluster
 
     switches = (*FRAMEWORK_SWITCHES, "cuda_graphs")
     path = tmp_path / "megatron.toml"
-    path.write_text('base = "h100-80gb"\n[software]\n' + "".join(f"{k} = true\n" for k in switches))
+    path.write_text('base = "h100-80gb"\n[software]\nmoe_dispatcher = "hybridep"\n'
+                    + "".join(f"{k} = true\n" for k in switches))
     preset = load_cluster(str(path))
     assert preset.software.fused_elementwise and not preset.software.param_gather_fp32
     assert all(getattr(preset.software, k) for k in switches)
@@ -163,4 +165,5 @@ def test_a_runs_prediction_costs_our_runtime_whatever_the_cluster_files_software
     assert (sw.framework, sw.grad_bucket_params, sw.fused_elementwise, sw.param_gather_fp32) == \
         ("torch", 2**18, compile_blocks, True)
     assert not any(getattr(sw, k) for k in switches)
-    assert sw.moe_dispatcher == preset.software.moe_dispatcher and cluster.tiers == preset.tiers
+    assert (preset.software.moe_dispatcher, sw.moe_dispatcher) == ("hybridep", "alltoall")
+    assert cluster.tiers == preset.tiers
