@@ -5,7 +5,7 @@ Run: PYTHONPATH=src python benchmarks/nccl_curves.py [--plot docs/collectives.pn
 """
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meshscale.cost import collectives, comm
 from meshscale.specs.cluster import load_cluster
@@ -22,6 +22,7 @@ class Curve:
     points: tuple  # (MiB, busbw GB/s)
     algorithms: tuple = ()  # NCCL_ALGO forced by the run ((): NCCL's choice)
     collective: str = "all_reduce"
+    domain: int = 0  # GPUs an NVLink partition holds, where the run used smaller ones than the preset's
 
 
 CURVES = (
@@ -68,6 +69,16 @@ CURVES = (
     Curve("GB200 NVL72 x20 racks", "coreweave/nccl-tests#48 (NCCL 2.26.2, NVLS off)", "gb200-nvl72", 1440,
           ((512, 150.95), (1024, 218.85), (2048, 286.52), (4096, 346.38), (8192, 381.48), (16384, 405.74)),
           ("ring", "tree")),
+    # NVIDIA/nccl#1801 (2025-08-06): GB200 NVL72 partitions of 4 and 8 GPUs on 3 racks (InfiniBand between them),
+    # NCCL 2.27.3 with NVLS off, all_reduce at 16 GiB, out-of-place busbw: ring (NCCL's pick) against tree (forced)
+    Curve("GB200 3 partitions x4, ring", "NVIDIA/nccl#1801 (NCCL 2.27.3, NVLS off)", "gb200-nvl72", 12,
+          ((16384, 196.72),), ("ring",), domain=4),
+    Curve("GB200 3 partitions x4, tree", "NVIDIA/nccl#1801 (NCCL 2.27.3, NVLS off)", "gb200-nvl72", 12,
+          ((16384, 234.43),), ("tree",), domain=4),
+    Curve("GB200 3 partitions x8, ring", "NVIDIA/nccl#1801 (NCCL 2.27.3, NVLS off)", "gb200-nvl72", 24,
+          ((16384, 393.66),), ("ring",), domain=8),
+    Curve("GB200 3 partitions x8, tree", "NVIDIA/nccl#1801 (NCCL 2.27.3, NVLS off)", "gb200-nvl72", 24,
+          ((16384, 485.68),), ("tree",), domain=8),
     # Azure's AI-benchmarking-guide, its AMD port (Azure_Results/ND_MI300X_v5_results.md, 2025-02): 8 MI300X on
     # Infinity Fabric, RCCL 2.22.3, in-place busbw (its "33M" .. "536M" are 2^25 .. 2^29 bytes). RCCL has no
     # tuner model here: the preset's alpha-beta link (72 us, 316.8 GB/s) is read off this curve, so it is held
@@ -82,6 +93,8 @@ CURVES = (
 def predicted(curve: Curve, mib: float) -> tuple[float, str]:
     """(bus bandwidth GB/s, algorithm/protocol) the model gives one call of `mib` MiB."""
     cluster = load_cluster(curve.cluster)
+    if curve.domain:
+        cluster = replace(cluster, tiers=(replace(cluster.tiers[0], size=curve.domain), *cluster.tiers[1:]))
     link = comm.group_link(cluster, curve.devices, curve.devices, 1)
     if link.fabric is None:  # not NCCL: the link's alpha-beta model
         t, name = comm.collective_time(curve.collective, mib * M, 1, curve.devices, link), "alpha-beta"
@@ -110,7 +123,7 @@ if __name__ == "__main__":
     if "--plot" in sys.argv:
         from meshscale.plots import _pyplot, _save
         plt = _pyplot()
-        fig, axes = plt.subplots(2, 5, figsize=(20, 7))
+        fig, axes = plt.subplots(3, 5, figsize=(20, 10.5))
         for ax, c in zip(axes.flat, CURVES):
             sizes = [2**i * M for i in range(15)]
             rows = [(s, predicted(c, s / M)[0]) for s in sizes]

@@ -3,6 +3,7 @@
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,24 @@ def test_network_hops_cost_more_than_nvlink_hops():
     t_out = collectives.seconds("all_gather", across, 8 * 1024, 1)
     assert (inside.ppn, inside.nodes, across.ppn, across.nodes) == (8, 1, 1, 8)
     assert t_out > 2 * t_in
+
+
+def test_a_tree_between_few_domains_sends_less_through_the_network_than_a_ring():
+    """NCCL's double binary tree: the busiest domain sends its whole buffer on 2 domains, 1.5x on 3, 2x from 4 on,
+    whatever the ranks inside, where a ring's ranks each send 2(n-1)/n of it. NCCL's tuner still costs a tree
+    at 0.92 of the ring's rate, so at 16 GiB it keeps the ring (NVIDIA/nccl#1801) though the tree runs faster."""
+    h100 = load_cluster("h100-80gb")
+    nodes = [comm.group_link(h100, 8 * k, 8 * k, 1).fabric for k in (2, 3, 4, 64)]
+    net = [collectives.tree_net_busbw(f) for f in nodes]
+    ring = [f.busbw for f in nodes]
+    assert [round(t / r, 2) for t, r in zip(net, ring)] == [1.88, 1.28, 0.97, 1.0]
+    gb200 = load_cluster("gb200-nvl72")
+    partitions = replace(gb200, tiers=(replace(gb200.tiers[0], size=4), gb200.tiers[1]))
+    three = comm.group_link(partitions, 12, 12, 1).fabric
+    t_ring, pick = collectives.best("all_reduce", three, 2**34, ("ring", "tree"))  # NVLS off
+    tree = [o for o in collectives.options("all_reduce", three) if o[:2] == ("tree", "Simple")][0]
+    assert pick[:2] == ("ring", "Simple") and tree[3] < three.busbw * 1e9 < tree[4]
+    assert collectives.option_seconds("all_reduce", three, 2**34, tree) < 0.85 * t_ring
 
 
 def test_many_small_calls_cost_more_than_one_large_call():

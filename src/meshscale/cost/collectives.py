@@ -76,6 +76,7 @@ class Fabric:
     busbw: float  # GB/s
     nvls_busbw: float = 0.0  # GB/s
     net_busbw: float = 0.0  # GB/s per rank through the network (all-to-all's outside share); 0: busbw
+    intra_busbw: float = 0.0  # GB/s of the NVLink domain, where `busbw` is the network's share; 0: busbw
     intra: str = "nvlink"
     host: str = "intel"
 
@@ -105,9 +106,10 @@ def _steps(collective: str, n: int) -> int:
 
 @lru_cache(maxsize=65536)
 def options(collective: str, fabric: Fabric) -> tuple:
-    """((algorithm, protocol, latency s, bus bandwidth B/s), ...) NCCL's tuner considers for `collective` on
-    `fabric` (ncclTopoTuneModel). Bus bandwidth as nccl-tests reports it: algorithm bandwidth x its
-    collective's factor (2(n-1)/n for all-reduce, (n-1)/n for all-gather / reduce-scatter)."""
+    """((algorithm, protocol, latency s, bus bandwidth B/s by the tuner, bus bandwidth B/s it runs at), ...) NCCL's
+    tuner considers for `collective` on `fabric` (ncclTopoTuneModel). Bus bandwidth as nccl-tests reports it:
+    algorithm bandwidth x its collective's factor (2(n-1)/n for all-reduce, (n-1)/n for all-gather /
+    reduce-scatter). The two bandwidths differ only for trees between domains."""
     f, n = fabric, fabric.ranks
     i, ch = _index(f.nodes), CHANNELS[f.arch]
     ll_cap = LL_MAX_BW[f.arch][i] if f.nodes == 1 else LL_MAX_BW_HOST["amd" if f.host == "amd" else "intel"][i]
@@ -127,31 +129,52 @@ def options(collective: str, fabric: Fabric) -> tuple:
               "Simple": f.busbw}[proto]
         if proto == "Simple" and collective == "all_reduce" and f.nodes > 1:
             lat *= 1.4 if f.arch != "volta" else 1.9  # "plateau effect of ring" (ncclTopoGetAlgoTime)
-        out.append(("ring", proto, lat * 1e-6, bw * 1e9))
+        out.append(("ring", proto, lat * 1e-6, bw * 1e9, bw * 1e9))
         if collective != "all_reduce":
             continue
         # tree (double binary tree between domains, a chain inside): up and down, 2 x (chain + log2 levels)
         lat = BASE_LATENCY_US["tree"][p] + 2 * ((f.ppn - 1) * HOP_LATENCY_US[f.intra]["tree"][p]
                                                 + _log2i(f.nodes) * HOP_LATENCY_US["net"]["tree"][p])
-        bw = min(f.busbw * .92, ch * TREE_PER_CHANNEL[f.arch][i])
-        bw = {"LL": min(bw / 3.8, ll_cap),
-              "LL128": min(bw * (7 / 9 if f.nodes == 1 else 120 / 128), ch * TREE_LL128_PER_CHANNEL[f.arch][i]),
-              "Simple": bw}[proto]
-        out.append(("tree", proto, lat * 1e-6, bw * 1e9))
+        # NCCL's tuner takes a tree to run at 0.92 of the NVLink (up to 2 domains) or the network (more) rate of
+        # its channels; what the network lets it reach depends on how many domains it spans (tree_net_busbw)
+        tuner = (f.intra_busbw if f.nodes <= 2 and f.intra_busbw else f.busbw) * .92
+        real = min((f.intra_busbw or f.busbw) * .92, tree_net_busbw(f)) if f.nodes > 1 else tuner
+        tuner, real = (_tree_protocol(proto, min(bw, ch * TREE_PER_CHANNEL[f.arch][i]), f, ll_cap) for bw in
+                       (tuner, real))
+        out.append(("tree", proto, lat * 1e-6, tuner * 1e9, real * 1e9))
     if collective == "all_reduce" and f.nvls_busbw and f.ppn > 2:
         # NVLS: multimem reduce and broadcast through the switch, off for two GPUs or fewer (src/transport/nvls.cc,
         # ncclNvlsInit). One domain: the tuner's constant latency (what NCCL picks by; nvls_seconds says what it
         # then takes).
         if f.nodes == 1:
-            out.append(("nvls", "Simple", NVLS_BASE_LATENCY_US * 1e-6, f.nvls_busbw * 1e9))
+            out.append(("nvls", "Simple", NVLS_BASE_LATENCY_US * 1e-6, f.nvls_busbw * 1e9, f.nvls_busbw * 1e9))
         else:  # NVLS inside each domain, a tree between them (two domains: both trees' links, master's rule);
             # its fixed cost as the ring's Simple latency over the domain's ranks (~1 ms on 2 NVL72 racks)
             lat = BASE_LATENCY_US["ring"][2] + 2 * (f.ppn - 1) * HOP_LATENCY_US[f.intra]["ring"][2]
             lat += 2 * _log2i(f.nodes) * HOP_LATENCY_US["net"]["nvls_tree"][2]
-            net = (f.net_busbw or f.busbw) * f.ppn * (2 if f.nodes <= 2 else 1)
-            bw = min(f.nvls_busbw, net, ch * NVLS_TREE_PER_CHANNEL[f.arch][i])
-            out.append(("nvls_tree", "Simple", lat * 1e-6, bw * 1e9))
+            bw = min(f.nvls_busbw, tree_net_busbw(f), ch * NVLS_TREE_PER_CHANNEL[f.arch][i])
+            out.append(("nvls_tree", "Simple", lat * 1e-6, bw * 1e9, bw * 1e9))
     return tuple(out)
+
+
+def _tree_protocol(proto: str, bw: float, f: Fabric, ll_cap: float) -> float:
+    """A tree's bus bandwidth (GB/s) in `proto`, from its Simple one."""
+    i, ch = _index(f.nodes), CHANNELS[f.arch]
+    return {"LL": min(bw / 3.8, ll_cap),
+            "LL128": min(bw * (7 / 9 if f.nodes == 1 else 120 / 128), ch * TREE_LL128_PER_CHANNEL[f.arch][i]),
+            "Simple": bw}[proto]
+
+
+def tree_net_busbw(fabric: Fabric) -> float:
+    """The bus bandwidth (GB/s) the network lets a tree all-reduce between NVLink domains reach. Each domain sends
+    through its ranks' NICs (ppn x net_busbw); of its all-reduce's A bytes, each of NCCL's two binary trees
+    carries half, and a domain sends a half to its parent and to each child (src/graph/trees.cc, ncclGetDtree):
+    the busiest domain sends A on 2 domains, 1.5 A on 3 (a chain each way), 2 A from 4 on (a parent and two
+    children in one tree, a parent in the other). Bus bandwidth is A x 2(n-1)/n: so 2 domains reach twice a
+    ring's, whose every rank sends 2(n-1)/n A whatever the domains (NVIDIA/nccl#812; on GB200 partitions of 4
+    and 8 GPUs on 3 racks, tree 234 and 486 GB/s against ring 197 and 394, NVIDIA/nccl#1801)."""
+    load = {2: 1.0, 3: 1.5}.get(fabric.nodes, 2.0)
+    return wire_factor("all_reduce", fabric.ranks) * fabric.ppn * (fabric.net_busbw or fabric.busbw) / load
 
 
 def _log2i(n: int) -> int:
@@ -169,19 +192,20 @@ def option_seconds(collective: str, fabric: Fabric, nbytes: float, option: tuple
     """One call of `nbytes` (the buffer the collective operates on) by one (algorithm, protocol)."""
     if option[0] == "nvls":
         return nvls_seconds(fabric, nbytes)
-    return _tuner_seconds(collective, fabric, nbytes, option)
+    return _tuner_seconds(collective, fabric, nbytes, option, option[4])
 
 
-def _tuner_seconds(collective: str, fabric: Fabric, nbytes: float, option: tuple) -> float:
-    """NCCL's own estimate of an option (ncclTopoGetAlgoTime): latency + bytes / bandwidth, trees corrected."""
-    algo, proto, lat, bw = option
+def _tuner_seconds(collective: str, fabric: Fabric, nbytes: float, option: tuple, bw: float = 0.0) -> float:
+    """NCCL's own estimate of an option (ncclTopoGetAlgoTime): latency + bytes / bandwidth, trees corrected; at
+    `bw` B/s rather than the tuner's if given."""
+    algo, proto, lat = option[:3]
+    bw = bw or option[3]
     wire = wire_factor(collective, fabric.ranks) * nbytes
     if algo == "tree":
         log = _log2i(int(nbytes) >> 6)
         if log < len(TREE_CORRECTION[0]):
             bw *= TREE_CORRECTION[PROTOCOLS.index(proto)][log]
-    t = lat + wire / bw
-    return t
+    return lat + wire / bw
 
 
 def best(collective: str, fabric: Fabric, nbytes: float, algorithms: tuple = ()) -> tuple[float, tuple]:
@@ -226,7 +250,7 @@ def seconds(collective: str, fabric: Fabric, nbytes: float, calls: int = 1) -> f
     if collective == "send_recv":
         return nbytes / (fabric.busbw * 1e9) + calls * _p2p_latency(fabric)
     if calls == 0:
-        return wire_factor(collective, fabric.ranks) * nbytes / max(o[3] for o in options(collective, fabric))
+        return wire_factor(collective, fabric.ranks) * nbytes / max(o[4] for o in options(collective, fabric))
     return calls * best(collective, fabric, nbytes / calls)[0]
 
 

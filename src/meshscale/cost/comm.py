@@ -381,9 +381,12 @@ def _with_fabric(cluster: ClusterSpec, link: Link, ppn: int, nodes: int) -> Link
     if not cluster.gpu_arch:
         return link
     slow = cluster.tiers[-1]
+    fast = cluster.tiers[0]
     fabric = collectives.Fabric(cluster.gpu_arch, ppn, nodes, link.bandwidth / 1e9,
                                 cluster.nvls_bandwidth / 1e9 if ppn > 1 else 0.0,
-                                slow.bandwidth * slow.efficiency / 1e9, host=cluster.host_cpu)
+                                slow.bandwidth * slow.efficiency / 1e9,
+                                fast.bandwidth * fast.efficiency / 1e9 if ppn > 1 and nodes > 1 else 0.0,
+                                host=cluster.host_cpu)
     return Link(link.tier, link.bandwidth, link.raw_bandwidth, link.latency, link.steps, fabric)
 
 
