@@ -473,6 +473,8 @@ def mosaic_runs():
             software = replace(COMPOSER, grad_reduce_fp32=mode != ["PURE"], grad_bucket_params=12 * model.hidden**2)
             if rows is MOSAIC_H100_LARGE and name in FA2_LARGE_SCALE:
                 software = replace(software, attention_kernel="fa2", attention_unpad=True)
+            if precision == "fp8":  # Composer's amp_fp8 is Transformer Engine's fp8_autocast with DelayedScaling
+                software = replace(software, fp8_scaling="delayed")
             assert batch == gpus * mbs * accum, name
             yield Run("llm-foundry benchmarks", f"MPT-{name} {gpus}x{hardware} {precision} mbs{mbs}", model,
                       cluster, layout, gpus, batch, batch * model.seq / tokens_per_s, hardware, software,

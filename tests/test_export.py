@@ -48,6 +48,7 @@ CASES = [
      "bf16"),
     ("deepseek-v3", "h100-80gb", "dp=64,zero=1,pp=16,ep=64,mbs=1,recompute=layernorm+mla_up_proj+moe_act", 1024,
      "bf16"),
+    ("llama3-8b", "b200", "dp=4,zero=1,tp=2,sp=true,mbs=1", 64, "mxfp8"),  # Blackwell's block-scaled FP8
 ]
 
 
@@ -100,6 +101,7 @@ def test_torchtitan_config_manager_loads_it(case, tmp_path):
         assert job.training.local_batch_size // par.pipeline_parallel_microbatch_size == out.prediction.microbatches
     assert job.activation_checkpoint.mode == {"none": "none", "full": "full", "op": "selective"}[lay.recompute]
     assert ("quantize.linear.float8" in job.model.converters) == (case[4] == "fp8")
+    assert ("quantize.linear.mx" in job.model.converters) == (case[4] == "mxfp8")
 
 
 # ---- Megatron-LM / Megatron-Core -----------------------------------------------------------------------
@@ -202,6 +204,28 @@ def test_megatron_fp8_with_layernorm_recompute_takes_a_recipe_that_allows_it():
                Layout.parse("dp=8,zero=1,mbs=1,recompute=layernorm"), 64, "fp8", steps=10)
     args = parse_megatron(out.config)
     assert args["fp8_recipe"] == "tensorwise" and args["recompute_modules"] == ["layernorm"]
+
+
+def test_each_fp8_recipe_reaches_each_framework_as_the_cost_model_charged_it():
+    """MXFP8 is Megatron-Core's mxfp8 recipe (e4m3 throughout), torchtitan's mx converter and MaxText's te_mxfp8,
+    and reads back as mxfp8; DeepSpeed's JSON has none (nearest bf16). Tensor-wise FP8 with current scaling is
+    Megatron-Core's tensorwise recipe, delayed scaling its default."""
+    from meshscale.export import read
+
+    model, b200, layout = load_model("llama3-8b"), load_cluster("b200"), Layout.parse("dp=8,zero=1,mbs=1")
+    out = {f: emit(f, model, b200, layout, 64, "mxfp8", steps=10) for f in ("megatron", "torchtitan", "maxtext",
+                                                                           "deepspeed")}
+    args = parse_megatron(out["megatron"].config)
+    assert (args["fp8"], args["fp8_recipe"], args["bf16"]) == ("e4m3", "mxfp8", True)
+    for framework in ("megatron", "torchtitan"):
+        assert read(framework, out[framework].config, 8).precision == "mxfp8"
+    assert 'converters = ["quantize.linear.mx"]' in out["torchtitan"].config
+    assert 'quantization: "te_mxfp8"' in out["maxtext"].config
+    assert any("no FP8 switch" in c for c in out["deepspeed"].changes)
+    current = dataclasses.replace(b200, software=dataclasses.replace(b200.software, fp8_scaling="current"))
+    assert parse_megatron(emit("megatron", model, current, layout, 64, "fp8", steps=10).config)["fp8_recipe"] == \
+        "tensorwise"
+    assert "fp8_recipe" not in parse_megatron(emit("megatron", model, b200, layout, 64, "fp8", steps=10).config)
 
 
 @pytest.mark.skipif(not installed("megatron.core"), reason="megatron-core is not installed (pip install '.[test]')")

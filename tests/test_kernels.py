@@ -7,10 +7,11 @@ import pytest
 
 from meshscale.cost.flops import (attended_positions, attention_core_flops, block_matmuls,
                                   model_flops_per_step, op_recomputed_matmuls)
-from meshscale.cost.kernels import (Gemm, attention_core_seconds, attention_seconds, counted_seconds, fp8_cast_seconds,
-                                    gemm_efficiency, gemm_pass_seconds, gemm_seconds, kernel_shape, layer_gemms,
-                                    loss_seconds, microbatch_seconds, ring_merge_seconds)
+from meshscale.cost.kernels import (Gemm, attention_core_seconds, attention_seconds, counted_seconds, fp8_cast_bytes,
+                                    fp8_cast_seconds, gemm_efficiency, gemm_pass_seconds, gemm_seconds, kernel_shape,
+                                    layer_gemms, loss_seconds, microbatch_seconds, ring_merge_seconds)
 from meshscale.cost.step import pipeline_passes
+from meshscale.errors import UserError
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import load_model
@@ -239,7 +240,7 @@ def test_fp8_runs_the_linear_layers_faster_and_keeps_attention_and_the_head_in_b
     bf16_gemm = sum(gemm_pass_seconds(h100, gemms, h100.gemm_peak("bf16"), 2))
     fp8_gemm = sum(gemm_pass_seconds(h100, gemms, h100.gemm_peak("fp8"), 2, 1))  # 1-byte operands
     assert 1.5 < bf16_gemm / fp8_gemm <= h100.fp8_gemm_speedup
-    cast_f, cast_b = fp8_cast_seconds(h100, gemms)
+    cast_f, cast_b = fp8_cast_seconds(h100, gemms, "fp8")
     # forward: each GEMM's input (h, q, h, ffn wide), backward: each output gradient, 4 bytes an element
     q, bandwidth = model.heads * model.head_dim, h100.achieved_hbm_bandwidth
     assert cast_f == pytest.approx(4 * tokens * (model.hidden + q + model.hidden + model.ffn) / bandwidth)
@@ -271,6 +272,43 @@ def test_fp8_gemms_run_at_each_gpus_own_soaked_fp8_scan():
         gain = sum(gemm_pass_seconds(c, gemms, c.gemm_peak("bf16"), 2)) / sum(
             gemm_pass_seconds(c, gemms, c.gemm_peak("fp8"), 2, 1))
         assert 1.6 < gain <= c.fp8_gemm_speedup, name
+
+
+def test_each_fp8_recipe_quantizes_with_its_own_traffic():
+    """Bytes a bf16 element's quantization moves: tensor-wise FP8 reads 2 and writes 1, plus the transpose where
+    FP8 GEMMs take only TN operands (Hopper, not Blackwell) and an amax read under current scaling; MXFP8 writes
+    both ways with a scale per 32, at its quantize kernel's share of the copy rate. torchao (framework torch)
+    scales from the current amax, Megatron-Core from the delayed history."""
+    h100, b200 = load_cluster("h100-80gb"), load_cluster("b200")
+
+    def scaled(cluster, how):
+        return replace(cluster, software=replace(cluster.software, fp8_scaling=how))
+
+    assert h100.fp8_scaling == "delayed"
+    assert replace(h100, software=replace(h100.software, framework="torch")).fp8_scaling == "current"
+    assert fp8_cast_bytes(h100, "fp8") == 4 and fp8_cast_bytes(h100, "fp8", False) == 3
+    assert fp8_cast_bytes(b200, "fp8") == 3  # Blackwell reads FP8 operands in any layout: no transpose
+    assert fp8_cast_bytes(scaled(h100, "current"), "fp8") == 6 and fp8_cast_bytes(scaled(b200, "current"), "fp8") == 5
+    assert fp8_cast_bytes(b200, "mxfp8") == pytest.approx((2 + 2 * 33 / 32) / 0.69)
+    assert fp8_cast_bytes(b200, "mxfp8", False) < fp8_cast_bytes(b200, "mxfp8")
+    with pytest.raises(UserError, match="fp8_scaling must be delayed or current"):
+        scaled(h100, "dynamic")
+
+
+def test_mxfp8_gemms_run_at_their_share_of_fp8_and_quantize_dearer():
+    """MXFP8 on Blackwell: the layers' GEMMs at mxfp8_gemm_share of the tensor-wise FP8 rate, their operands'
+    quantization dearer than delayed scaling's; the step lands between FP8's and BF16's, and the attention core
+    stays in bf16."""
+    b200 = load_cluster("b200")
+    assert b200.gemm_peak("mxfp8") == pytest.approx(b200.gemm_peak("fp8") * b200.mxfp8_gemm_share)
+    assert 0.9 < b200.mxfp8_gemm_share < 1
+    model, layout = load_model("llama3-8b"), Layout(mbs=1)
+    one = {p: microbatch_seconds(model, b200, layout, (0,), False, p) for p in ("bf16", "fp8", "mxfp8")}
+    assert one["fp8"].total < one["mxfp8"].total < one["bf16"].total
+    assert one["mxfp8"].attention == one["bf16"].attention
+    gemms = layer_gemms(model, 0, layout, model.seq)
+    fp8_cast, mx_cast = (sum(fp8_cast_seconds(b200, gemms, p)) for p in ("fp8", "mxfp8"))
+    assert mx_cast == pytest.approx(fp8_cast * fp8_cast_bytes(b200, "mxfp8") / 3)
 
 
 def test_fp8_gemms_stage_twice_the_k_and_read_one_byte_operands():

@@ -1,6 +1,7 @@
 """The precision recipes and --compile in one process: what a rank holds under each recipe against the cost
-model's bytes per parameter, float8 layers where fp8 is asked for (its refusal off-GPU: test_train_cli), and a
-compiled run against the eager one. (Parity of bf16 and bf16-pure across layouts: tests/test_train_matrix.py.)"""
+model's bytes per parameter, float8 layers where fp8 or mxfp8 is asked for (their refusal off-GPU:
+test_train_cli), and a compiled run against the eager one. (Parity of bf16 and bf16-pure across layouts:
+tests/test_train_matrix.py.)"""
 
 import pytest
 import torch
@@ -75,6 +76,27 @@ def test_fp8_swaps_the_eligible_linears_for_torchao_float8_ones():
     assert type(model.output) is torch.nn.Linear
     assert all(kind is Float8Linear for n, kind in linears.items() if n.startswith("layers."))
     assert sum(kind is Float8Linear for kind in linears.values()) == 7 * PRESETS["tiny"].layers
+
+
+def test_mxfp8_wraps_the_eligible_linears_weights_for_torchao_block_scaled_matmuls():
+    """The same for mxfp8: torchao's MXFP8 training op swaps each block linear's weight for its wrapper tensor (whose
+    matmuls quantize both operands in blocks of 32), names and modules unchanged; the output head stays bf16, and
+    so do linears whose widths are no multiple of 32 (tiny's 176-wide MLP)."""
+    from torchao.prototype.moe_training.tensor import MXFP8TrainingWeightWrapperTensor
+
+    from meshscale.models.transformer import meta_model
+    from meshscale.parallel.precision import apply_precision
+    from meshscale.specs.model import PRESETS
+
+    model = meta_model(PRESETS["tiny"], "cpu")
+    names = [n for n, _ in model.named_parameters()]
+    apply_precision(model, "mxfp8")
+    assert [n for n, _ in model.named_parameters()] == names
+    wrapped = {n for n, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and isinstance(m.weight, MXFP8TrainingWeightWrapperTensor)}
+    blocks = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n.startswith("layers.")}
+    assert wrapped == {n for n, m in blocks.items() if m.in_features % 32 == 0 and m.out_features % 32 == 0}
+    assert 0 < len(wrapped) < len(blocks) and "output" not in wrapped
 
 
 def test_compiled_blocks_train_as_the_eager_ones():

@@ -158,6 +158,11 @@ def test_fp8_asked_of_a_cluster_without_fp8_data_is_one_line():
             ask()
         assert "\n" not in str(e.value)
     assert predict(model, load_cluster("h100-80gb"), Layout.parse("dp=8", 8), 8, "fp8").precision == "fp8"
+    # MXFP8's block-scaled tensor cores came with Blackwell: Hopper has FP8 data but none for MXFP8
+    with pytest.raises(UserError, match="h100-80gb: no MXFP8 data") as e:
+        predict(model, load_cluster("h100-80gb"), Layout.parse("dp=8", 8), 8, "mxfp8")
+    assert "\n" not in str(e.value) and "--precision fp8" in str(e.value)
+    assert predict(model, load_cluster("b200"), Layout.parse("dp=8", 8), 8, "mxfp8").precision == "mxfp8"
 
 
 def test_new_generations_from_their_datasheets():

@@ -35,7 +35,7 @@ def _meshscale(*args, env=None, timeout=240, module=("-m", "meshscale")):
     (["--metrics-out", str(ROOT / "pyproject.toml" / "m.jsonl")], "pyproject.toml does not exist or is not a dir"),
     (["--nproc", "2", "--layout", "pp=2", "--plot", "p.png", "--trace", str(ROOT / "Makefile" / "t.json")],
      "Makefile does not exist or is not a directory"),
-    (["--precision", "fp16"], "one of bf16, bf16-pure, fp8, fp32"),
+    (["--precision", "fp16"], "one of bf16, bf16-pure, fp8, mxfp8, fp32"),
     (["--config", "/no/such.toml"], "file not found"),
     (["--nnodes", "2", "--nproc", "2"], "needs --master-addr"),
     (["--nnodes", "2", "--node-rank", "2", "--master-addr", "127.0.0.1"], "--node-rank must be in 0..1"),
@@ -51,6 +51,8 @@ def _meshscale(*args, env=None, timeout=240, module=("-m", "meshscale")):
     pytest.param(["--device", "cuda"], "--device cuda: this torch",
                  marks=pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here")),
     pytest.param(["--precision", "fp8"], "needs an NVIDIA GPU with float8 matrix units (compute capability 8.9+",
+                 marks=pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here")),
+    pytest.param(["--precision", "mxfp8"], "needs an NVIDIA GPU with block-scaled float8 tensor cores (Blackwell",
                  marks=pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here")),
 ])
 def test_bad_input_is_one_line_before_any_process(args, message, tmp_path, monkeypatch, capsys):

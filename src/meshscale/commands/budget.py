@@ -30,7 +30,7 @@ def add_arguments(p):
                                      "node or 64-chip slice up to --max-devices)")
     p.add_argument("--max-devices", type=int, default=16384, help="largest count tried by default (16384)")
     p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
-    p.add_argument("--precision", default="bf16", help="bf16, bf16-pure, fp8, fp32")
+    p.add_argument("--precision", default="bf16", help="bf16, bf16-pure, fp8, mxfp8, fp32")
     p.add_argument("--checkpoint-bandwidth", type=float, default=DEFAULT_CHECKPOINT_BANDWIDTH,
                    help="bytes/s per device to storage (default: Llama 3's 2 TB/s over 16,384 GPUs)")
     add_restart_argument(p)

@@ -21,7 +21,8 @@ def add_arguments(p):
     p.add_argument("--cluster", required=True, help="preset name or JSON/TOML ClusterSpec")
     p.add_argument("--devices", type=int, help="device count (default: the cluster preset's)")
     add_batch_arguments(p)
-    p.add_argument("--precision", default="bf16", help="bf16 (16 B/param), bf16-pure (8 B/param), fp8, fp32")
+    p.add_argument("--precision", default="bf16",
+                   help="bf16 (16 B/param), bf16-pure (8 B/param), fp8, mxfp8 (Blackwell), fp32")
     p.add_argument("--top", type=int, default=5, help="how many layouts to show")
     p.add_argument("--memory-headroom", type=float, default=0.1, help="fraction of HBM kept free (default 0.1)")
     p.add_argument("--objective", choices=("time", "cost"), default="time",

@@ -32,7 +32,8 @@ def add_step_arguments(p):
     p.add_argument("--devices", type=int, help="device count (default: the cluster preset's)")
     p.add_argument("--layout", required=True, help="e.g. tp=8,pp=4,dp=16,zero=1 (dp fills the rest)")
     add_batch_arguments(p)
-    p.add_argument("--precision", default="bf16", help="bf16 (16 B/param), bf16-pure (8 B/param), fp8, fp32")
+    p.add_argument("--precision", default="bf16",
+                   help="bf16 (16 B/param), bf16-pure (8 B/param), fp8, mxfp8 (Blackwell), fp32")
 
 
 def add_emit_arguments(p):

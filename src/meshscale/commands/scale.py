@@ -19,7 +19,8 @@ def add_arguments(p):
     batch.add_argument("--global-batch-tokens", type=binary_count, help="strong scaling: the global batch held fixed")
     batch.add_argument("--tokens-per-device", type=binary_count, help="weak scaling: the tokens per device held fixed")
     p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
-    p.add_argument("--precision", default="bf16", help="bf16 (16 B/param), bf16-pure (8 B/param), fp8, fp32")
+    p.add_argument("--precision", default="bf16",
+                   help="bf16 (16 B/param), bf16-pure (8 B/param), fp8, mxfp8 (Blackwell), fp32")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="FILE.png", help="draw throughput and efficiency against devices")
     p.add_argument("--overwrite", action="store_true", help="allow replacing an existing --plot file")

@@ -25,7 +25,7 @@ _HELP = {
     "seq": "sequence length (default: the model's)", "seed": "initialisation and data seed",
     "precision": "fp32; bf16 (bf16 compute, fp32 master weights and gradient reductions); bf16-pure (bf16 "
                  "weights, gradients and AdamW state); fp8 (bf16 + torchao float8 linears, GPUs of compute "
-                 "capability 8.9+)",
+                 "capability 8.9+); mxfp8 (bf16 + torchao block-scaled float8 linears, Blackwell GPUs)",
     "lr": "peak learning rate", "min_lr": "final learning rate of the cosine decay",
     "warmup": "linear warm-up steps", "weight_decay": "AdamW weight decay", "clip": "gradient-norm clip (0: off)",
     "bucket_mb": "gradient bucket size in MiB (DDP, ZeRO; default 25, torch DDP's)",

@@ -17,7 +17,7 @@ SOURCE = 'benchmarks/published.py --write-bands, 148 published runs up to 2024, 
 # "hardware kind precision": (runs, median |error|, p90 |error|, mean signed error)
 BANDS: dict[str, tuple[int, float, float, float]] = {
     'A100 dense bf16': (30, 0.0434, 0.0855, -0.0194),
-    'B200 dense fp8': (1, 0.0265, 0.0265, -0.0265),
+    'B200 dense fp8': (1, 0.0351, 0.0351, -0.0351),
     'H100 MoE bf16': (1, 0.0842, 0.0842, -0.0842),
     'H100 dense bf16': (40, 0.0415, 0.1399, -0.0367),
     'H100 dense fp8': (28, 0.0271, 0.0707, -0.0092),

@@ -20,7 +20,7 @@ from functools import lru_cache
 
 from meshscale.cost import flops
 from meshscale.cost.memory import PRECISIONS
-from meshscale.specs.cluster import ClusterSpec
+from meshscale.specs.cluster import ClusterSpec, is_fp8
 from meshscale.specs.layout import Layout, kv_heads_per_rank
 from meshscale.specs.model import ModelSpec
 
@@ -329,13 +329,34 @@ def grad_accumulator_bytes(cluster: ClusterSpec, precision: str) -> int:
     return 4 if cluster.software.grad_reduce_fp32 and PRECISIONS[precision]["optimizer"] > 8 else grads
 
 
-def fp8_cast_seconds(cluster: ClusterSpec, gemms: tuple) -> tuple[float, float]:
-    """(forward, backward) memory traffic of FP8 GEMMs' operands (Transformer Engine's cast-transpose kernels;
-    FP8 formats, Micikevicius et al. 2022, arXiv:2209.05433): in forward each GEMM's bf16 input is read and
-    written as FP8 and as its FP8 transpose for the weight gradient, in backward the output gradient likewise,
-    4 bytes an element. The weights' casts, once per step, are left out."""
-    f = sum(4.0 * g.batch * g.m * g.k for g in gemms) / cluster.achieved_hbm_bandwidth
-    b = sum(4.0 * g.batch * g.m * g.n for g in gemms) / cluster.achieved_hbm_bandwidth
+# Transformer Engine's MXFP8 quantize kernel moves its bytes at this share of the copy rate: in TE's GEMM benchmark
+# on B300 (docs/examples/gemm_profiling; specs/cluster.py mxfp8_gemm_share) a layer's twelve MXFP8 GEMMs took
+# 1.823 ms longer with their operands quantized in the call than beforehand, for 9.07 GB of quantization traffic
+# by fp8_cast_bytes: 4.97 TB/s where a copy reaches 7.2. benchmarks/fp8_recipes.py works it out.
+MX_QUANTIZE_EFFICIENCY = 0.69
+
+
+def fp8_cast_bytes(cluster: ClusterSpec, precision: str, both_ways: bool = True) -> float:
+    """Bytes one bf16 element's quantization moves, at the copy rate, for a GEMM operand another GEMM also reads
+    the other way round (`both_ways`: an input the weight gradient reads transposed, an output gradient the input
+    gradient and the weight gradient both read). Tensor-wise FP8 (Micikevicius et al. 2022, arXiv:2209.05433)
+    reads 2 bytes and writes 1; where FP8 GEMMs take only TN operands (cuBLAS on Hopper and Ada; Blackwell takes
+    every layout, Transformer Engine's is_non_tn_fp8_gemm_supported) it writes the transpose too, 1 more; current
+    scaling first reads the tensor for its amax, 2 more. MXFP8 (OCP MX spec v1.0) writes a row-wise and a column-
+    wise copy, each with an 8-bit scale per 32 elements, since a block's scale runs along the GEMM's k."""
+    if precision == "mxfp8":
+        return (2 + (1 + 1 / 32) * (2 if both_ways else 1)) / MX_QUANTIZE_EFFICIENCY
+    transpose = both_ways and cluster.gpu_arch != "blackwell"
+    return 3 + (1 if transpose else 0) + (2 if cluster.fp8_scaling == "current" else 0)
+
+
+def fp8_cast_seconds(cluster: ClusterSpec, gemms: tuple, precision: str) -> tuple[float, float]:
+    """(forward, backward) memory traffic of FP8 GEMMs' operands (Transformer Engine's quantize kernels): in
+    forward each GEMM's bf16 input, in backward its output gradient, both read both ways (`fp8_cast_bytes`).
+    The weights' casts, once per step, are left out."""
+    per_byte = fp8_cast_bytes(cluster, precision) / cluster.achieved_hbm_bandwidth
+    f = sum(g.batch * g.m * g.k for g in gemms) * per_byte
+    b = sum(g.batch * g.m * g.n for g in gemms) * per_byte
     return f, b
 
 
@@ -481,7 +502,7 @@ def mla_up_projections(model: ModelSpec, tp: int, tokens: float) -> tuple:
 def _gemm_types(cluster: ClusterSpec, precision: str) -> tuple[float, int, int]:
     """(peak, output bytes, operand bytes) of a layer's GEMMs: FP8 GEMMs read FP8 operands and write bf16."""
     dtype_bytes = PRECISIONS[precision]["compute"]
-    return cluster.gemm_peak(precision), dtype_bytes, 1 if precision == "fp8" else dtype_bytes
+    return cluster.gemm_peak(precision), dtype_bytes, 1 if is_fp8(precision) else dtype_bytes
 
 
 @lru_cache(maxsize=65536)
@@ -496,8 +517,8 @@ def _layer_kernels(model: ModelSpec, cluster: ClusterSpec, tp: int, cp: int, ep:
     gemms = layer_gemms(model, layer, layout, tokens, cluster.software.moe_imbalance)
     f, b, w = gemm_pass_seconds(cluster, gemms, peak, dtype_bytes, operand_bytes, grad_accumulator_bytes(cluster,
                                                                                                           precision))
-    if precision == "fp8":
-        cast_f, cast_b = fp8_cast_seconds(cluster, gemms)
+    if is_fp8(precision):
+        cast_f, cast_b = fp8_cast_seconds(cluster, gemms, precision)
         f, b = f + cast_f, b + cast_b
     if moe:  # routing's memory-bound kernels, forward and (their gradients) backward
         routing = routing_seconds(model, cluster, tokens, dtype_bytes)

@@ -78,14 +78,18 @@ def arguments(job: Job) -> list[str]:
         modules = [m for m in RECOMPUTE_MODULES if m in lay.recompute_modules]
         args += ["--recompute-granularity selective"] + ([f"--recompute-modules {' '.join(modules)}"]
                                                          if lay.recompute != "selective" else [])
-    if job.precision in ("bf16", "bf16-pure", "fp8"):
+    if job.precision in ("bf16", "bf16-pure", "fp8", "mxfp8"):
         args.append("--bf16")
+    if job.precision == "mxfp8":  # block-scaled: e4m3 throughout (TransformerConfig refuses hybrid with it)
+        args += ["--fp8-format e4m3", "--fp8-recipe mxfp8"]
     if job.precision == "fp8":
         args.append("--fp8-format hybrid")  # Transformer Engine's recipe: e4m3 forward, e5m2 gradients
-        if sw.fp8_param_gather and lay.zero >= 1:
-            args.append("--fp8-param-gather")
-        if lay.recompute_modules & {"layernorm", "moe_act"}:  # TransformerConfig refuses them with delayed scaling
+        # current scaling is Megatron-Core's tensorwise recipe; TransformerConfig refuses layernorm and moe_act
+        # recompute with delayed scaling
+        if job.cluster.fp8_scaling == "current" or lay.recompute_modules & {"layernorm", "moe_act"}:
             args.append("--fp8-recipe tensorwise")
+    if job.precision in ("fp8", "mxfp8") and sw.fp8_param_gather and lay.zero >= 1:
+        args.append("--fp8-param-gather")
     args.append(f"--data-path {shlex.quote(job.data)}" if job.data else "--mock-data")
     return args
 
@@ -260,7 +264,8 @@ def read(text: str, devices: int | None) -> Shape:
                     ep=number("expert_model_parallel_size", 1), mbs=number("micro_batch_size", 1),
                     etp=number("expert_tensor_parallel_size", 0) if number("expert_model_parallel_size", 1) > 1 else 0,
                     recompute={"full": "full", "selective": "selective"}.get(granularity, "none"))
-    precision = "fp8" if args.get("fp8_format") else "bf16" if args.get("bf16") or args.get("fp16") else "fp32"
+    precision = ("mxfp8" if args.get("fp8_recipe") == "mxfp8" else "fp8" if args.get("fp8_format") else
+                 "bf16" if args.get("bf16") or args.get("fp16") else "fp32")
     seq = number("seq_length", 2048)
     return Shape(layout, number("global_batch_size", layout.mbs * dp), precision, seq,
                  _model_of(args, seq) if layers else None)

@@ -18,6 +18,9 @@ from meshscale.specs.model import ModelSpec, load_model
 
 GPU_ONLY = "torchtitan"  # named in the refusal of a TPU slice
 PRECISIONS: dict = {}  # each precision runs as asked
+# torchao's linear layers each FP8 precision converts to (torchtitan's model converters; float8 is tensor-wise with
+# current scaling, mx block-scaled, its default recipe mxfp8_cublas)
+CONVERTERS = {"fp8": "quantize.linear.float8", "mxfp8": "quantize.linear.mx"}
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B",
              "zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
 # torchtitan's own model flavors of our presets (torchtitan/models/*/__init__.py)
@@ -97,7 +100,7 @@ def render(job: Job) -> str:
     sections = {
         "job": {"description": f"meshscale: {model.name} on {lay.devices} x {job.cluster.name}, {lay}"},
         "model": {"name": name, "flavor": flavor}
-        | ({"converters": ["quantize.linear.float8"]} if job.precision == "fp8" else {}),
+        | ({"converters": [CONVERTERS[job.precision]]} if job.precision in CONVERTERS else {}),
         "training": training,
         "parallelism": parallelism,
         "activation_checkpoint": recompute,
@@ -178,9 +181,10 @@ def read(text: str, devices: int | None) -> Shape:
                     etp=par.get("expert_tensor_parallel_degree", 1) if par.get("expert_parallel_degree", 1) > 1 else 0,
                     mbs=par.get("pipeline_parallel_microbatch_size", 1) if pp > 1 else local,
                     recompute=recompute)
-    precision = ("fp8" if any("float8" in c for c in job.get("model", {}).get("converters", [])) else
-                 "bf16-pure" if training.get("dtype") == "bfloat16" else
-                 "fp32" if training.get("mixed_precision_param") == "float32" else "bf16")
+    converters = job.get("model", {}).get("converters", [])
+    precision = next((p for p, c in CONVERTERS.items() if c in converters),
+                     "bf16-pure" if training.get("dtype") == "bfloat16" else
+                     "fp32" if training.get("mixed_precision_param") == "float32" else "bf16")
     batch = training.get("global_batch_size", -1)
     model = {v: k for k, v in FLAVORS.items()}.get((job.get("model", {}).get("name", "llama3"),
                                                     job.get("model", {}).get("flavor", "")))

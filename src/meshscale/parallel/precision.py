@@ -10,6 +10,9 @@ as parameter dtypes and the casts around the matrix multiplies:
   fp8        bf16's recipe with every eligible linear layer's matrix multiplies in float8 through torchao's
              Float8Linear (dynamic tensor-wise scales; Micikevicius et al. 2022, "FP8 Formats for Deep
              Learning"), on GPUs with float8 matrix units (compute capability 8.9 and newer).
+  mxfp8      the same with block-scaled float8 (OCP Microscaling MX v1.0: a power-of-two scale for every 32
+             elements) through torchao's MXFP8 training op, on GPUs with block-scaled tensor cores (Blackwell,
+             compute capability 10.0 and newer).
 
 --compile: torch.compile on each transformer block (one graph per block, as torchtitan does it: the
 collectives between blocks and around them, FSDP2's gathers, the pipeline's sends, stay outside the graphs).
@@ -23,7 +26,8 @@ from torch import nn
 from meshscale.cost.memory import PRECISIONS
 
 RECIPES = tuple(PRECISIONS)  # the names the planner and the cost model use
-FP8_CAPABILITY = (8, 9)  # Ada and Hopper: the first GPUs with float8 tensor cores (torch._scaled_mm)
+# compute capability of the first GPUs with float8 tensor cores (Ada, Hopper), with block-scaled ones (Blackwell)
+FP8_CAPABILITY = {"fp8": (8, 9), "mxfp8": (10, 0)}
 
 
 def autocast(precision: str, device: torch.device):
@@ -43,7 +47,7 @@ def fsdp_policy(precision: str):
 
     if precision == "bf16-pure":
         return MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None)
-    return MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision in ("bf16", "fp8") else None,
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision in ("bf16", "fp8", "mxfp8") else None,
                                 reduce_dtype=torch.float32)
 
 
@@ -59,32 +63,45 @@ def apply_precision(module: nn.Module, precision: str) -> None:
     if precision == "fp8":
         from torchao.float8 import convert_to_float8_training
 
-        convert_to_float8_training(module, module_filter_fn=fp8_eligible)
+        convert_to_float8_training(module, module_filter_fn=lambda m, name: fp8_eligible(m, name, 16))
+    elif precision == "mxfp8":
+        from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig
+        from torchao.quantization import quantize_
+
+        quantize_(module, MXFP8TrainingOpConfig(), filter_fn=lambda m, name: fp8_eligible(m, name, 32))
 
 
-def fp8_eligible(module: nn.Module, name: str) -> bool:
-    """torch._scaled_mm needs both dimensions to be multiples of 16; the output head stays in bf16 (its logits
-    feed the loss: torchtitan and torchao's recipes leave it out too)."""
+def fp8_eligible(module: nn.Module, name: str, multiple: int) -> bool:
+    """Whether a layer's matrix multiplies go to float8: torch._scaled_mm needs both dimensions to be multiples
+    of 16, MXFP8's scale blocks of 32; the output head stays in bf16 (its logits feed the loss: torchtitan and
+    torchao's recipes leave it out too)."""
     return (isinstance(module, nn.Linear) and name != "output"
-            and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+            and module.in_features % multiple == 0 and module.out_features % multiple == 0)
 
 
-def fp8_refusal(device_type: str, tp: int) -> str | None:
-    """Why --precision fp8 cannot run here, or None."""
+def fp8_refusal(precision: str, device_type: str, tp: int) -> str | None:
+    """Why --precision fp8 or mxfp8 cannot run here, or None."""
+    need = FP8_CAPABILITY[precision]
+    units = ("float8 matrix units (compute capability 8.9+: L4, L40S, H100, H200, B200)" if precision == "fp8"
+             else "block-scaled float8 tensor cores (Blackwell, compute capability 10.0+: B200, GB200, B300)")
     if device_type != "cuda":
-        return ("--precision fp8 needs an NVIDIA GPU with float8 matrix units (compute capability 8.9+: L4, "
-                "L40S, H100, H200, B200); this run is on the CPU: use --precision bf16")
+        return f"--precision {precision} needs an NVIDIA GPU with {units}; this run is on the CPU: use --precision bf16"
     major, minor = torch.cuda.get_device_capability(0)
-    if (major, minor) < FP8_CAPABILITY:
-        return (f"--precision fp8 needs compute capability 8.9 or newer; this GPU "
-                f"({torch.cuda.get_device_name(0)}) is {major}.{minor}: use --precision bf16")
+    if (major, minor) < need:
+        return (f"--precision {precision} needs compute capability {need[0]}.{need[1]} or newer; this GPU "
+                f"({torch.cuda.get_device_name(0)}) is {major}.{minor}: use --precision "
+                f"{'fp8' if precision == 'mxfp8' and (major, minor) >= FP8_CAPABILITY['fp8'] else 'bf16'}")
     if tp > 1:
-        return ("--precision fp8 runs with tp=1 (the tensor-parallel linear layers are meshscale's own, not "
-                "torchao's float8 ones): use --precision bf16 with tp, or fp8 with dp/zero/pp")
+        return (f"--precision {precision} runs with tp=1 (the tensor-parallel linear layers are meshscale's own, "
+                f"not torchao's float8 ones): use --precision bf16 with tp, or {precision} with dp/zero/pp")
     try:
-        import torchao.float8  # noqa: F401
+        if precision == "fp8":
+            import torchao.float8  # noqa: F401
+        else:
+            import torchao.prototype.moe_training.config  # noqa: F401
     except ImportError:
-        return "--precision fp8 trains through torchao's float8 linear layers: pip install 'meshscale[fp8]'"
+        return (f"--precision {precision} trains through torchao's float8 layers: pip install 'meshscale[fp8]' "
+                f"(torchao {'0.12' if precision == 'fp8' else '0.18'} or newer)")
     return None
 
 

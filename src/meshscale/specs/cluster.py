@@ -61,6 +61,11 @@ class Software:
     # a parameter, not 2; the few bf16 ones (embeddings, norms, biases) are counted at 1 too. Memory is left as
     # is: on Hopper the FP8 weight keeps its transpose for the backward GEMMs, 2 bytes either way. Needs fp8.
     fp8_param_gather: bool = False
+    # How tensor-wise FP8 finds each tensor's scale: "delayed", from an amax history the cast kernel updates as it
+    # goes (Transformer Engine's DelayedScaling, Megatron-Core's --fp8-recipe delayed); "current", from the
+    # tensor's own amax, one more read of it before the cast (TE's Float8CurrentScaling, torchao's Float8Linear
+    # that torchtitan runs). Unset: the framework's, FRAMEWORK_FP8_SCALING. MXFP8 scales each block of 32 itself.
+    fp8_scaling: str = ""
     # Element-wise work (norms, RoPE, activations, residuals) in fused kernels (Megatron's fused norm and bias-
     # activation kernels, XLA, torch.compile); false: one kernel per operator, as eager PyTorch runs it.
     fused_elementwise: bool = True
@@ -121,6 +126,10 @@ class Software:
 
 
 ATTENTION_KERNELS = ("platform", "fa2", "fa-triton")
+# Each framework's tensor-wise FP8 scaling: Megatron-Core's --fp8-recipe defaults to delayed (arguments.py), as
+# DeepSpeed's Transformer Engine layers do (TE's default recipe); torchao's float8 training scales dynamically,
+# from the tensor's current amax (torchao.float8 Float8LinearConfig, tensorwise).
+FRAMEWORK_FP8_SCALING = {"megatron-core": "delayed", "torch": "current", "deepspeed": "delayed"}
 
 # Each framework's default gradient bucket, in parameters, and where it is set:
 # - megatron-core: max(40M, 1M x data-parallel size) parameters (megatron/core/distributed/
@@ -141,6 +150,11 @@ FRAMEWORK_SWITCHES = {
     "tp_comm_overlap": (("megatron-core", "torch"), "Megatron-Core's (--tp-comm-overlap) and torch's (async TP)"),
     "tp_wgrad_overlap": (("megatron-core", "deepspeed"), "Megatron-LM's (its TP layers' backward)"),
 }
+
+
+def is_fp8(precision: str) -> bool:
+    """Whether the linear layers' GEMMs run in FP8: tensor-wise scaled (fp8) or block-scaled (mxfp8)."""
+    return precision in ("fp8", "mxfp8")
 
 
 @dataclass(frozen=True)
@@ -182,6 +196,9 @@ class ClusterSpec:
     # "Boosting Matrix Multiplication Speed and Flexibility with NVIDIA cuBLAS 12.9", 2025), never above the
     # fp8 peak (so 1x where there are no FP8 units); the fused attention kernel stays in bf16.
     fp8_gemm_speedup: float = 1.75
+    # MXFP8 (OCP microscaling: FP8 elements with a power-of-two scale for every 32) GEMMs on block-scaled tensor
+    # cores run at this share of the tensor-wise FP8 rate; 0: no MXFP8 units, and --precision mxfp8 is refused.
+    mxfp8_gemm_share: float = 0.0
     software: Software = Software()
     # Measured on the machine in hand by `meshscale calibrate` (runtime/measure/calibrate.py); presets leave them
     # empty. cost/kernels.py uses the rates, cost/overhead.py the operator and collective figures.
@@ -262,6 +279,9 @@ class ClusterSpec:
             raise UserError(f"cluster {self.name}: attention_efficiency must be in [0, 1] (0: matmul_efficiency)")
         if self.fp8_gemm_speedup < 1:
             raise UserError(f"cluster {self.name}: fp8_gemm_speedup must be >= 1 (FP8 GEMMs over bf16 ones)")
+        if not 0 <= self.mxfp8_gemm_share <= 1:
+            raise UserError(f"cluster {self.name}: mxfp8_gemm_share must be in [0, 1] (MXFP8 GEMMs' share of the "
+                            f"tensor-wise FP8 rate; 0: no MXFP8 units), got {self.mxfp8_gemm_share!r}")
         if len(self.gemm_tile) != 2 or min(self.gemm_tile) < 1 or self.compute_units < 0 or self.gemm_k_overhead < 0:
             raise UserError(f"cluster {self.name}: gemm_tile needs two positive sizes; compute_units and "
                             "gemm_k_overhead must be >= 0")
@@ -301,6 +321,9 @@ class ClusterSpec:
                 allowed = " or ".join(f'"{f}"' for f in frameworks)
                 raise UserError(f"cluster {self.name}: [software] {knob} is {source}: true or false with framework = "
                                 f"{allowed}, got {value!r} with {sw.framework}")
+        if sw.fp8_scaling not in ("", "delayed", "current"):
+            raise UserError(f"cluster {self.name}: [software] fp8_scaling must be delayed or current (leave it out "
+                            f"for {sw.framework}'s, {FRAMEWORK_FP8_SCALING[sw.framework]}), got {sw.fp8_scaling!r}")
         if sw.attention_kernel not in ATTENTION_KERNELS or (sw.attention_kernel != "platform" and
                                                             self.gpu_arch not in ("ampere", "hopper", "blackwell")):
             raise UserError(f"cluster {self.name}: [software] attention_kernel must be one of "
@@ -349,30 +372,41 @@ class ClusterSpec:
                             "bandwidth > 0")
 
     def check_precision(self, precision: str) -> None:
-        """FP8 asked of a cluster without FP8 data (no fp8 peak, as A100 has no FP8 tensor cores): one line."""
-        if precision == "fp8" and not self.peak_flops_fp8:
+        """FP8 asked of a cluster without FP8 data (no fp8 peak, as A100 has no FP8 tensor cores) or MXFP8 of
+        one without block-scaled units (before Blackwell): one line."""
+        if is_fp8(precision) and not self.peak_flops_fp8:
             raise UserError(f"cluster {self.name}: no FP8 data (peak_flops_fp8 is 0: {self.accelerator} has no FP8 "
                             "matrix units on record); use --precision bf16, or a cluster file giving peak_flops_fp8")
-        if self.software.fp8_param_gather and precision != "fp8":
+        if precision == "mxfp8" and not self.mxfp8_gemm_share:
+            raise UserError(f"cluster {self.name}: no MXFP8 data (mxfp8_gemm_share is 0: {self.accelerator} has no "
+                            "block-scaled FP8 matrix units on record; NVIDIA's came with Blackwell); use --precision "
+                            "fp8, or a cluster file giving mxfp8_gemm_share")
+        if self.software.fp8_param_gather and not is_fp8(precision):
             raise UserError(f"cluster {self.name}: [software] fp8_param_gather gathers FP8 parameters; it needs "
-                            f"--precision fp8, got {precision}: drop it or change the precision")
+                            f"--precision fp8 or mxfp8, got {precision}: drop it or change the precision")
 
     def peak_flops(self, precision: str) -> float:
         peak = {"bf16": self.peak_flops_bf16, "fp8": self.peak_flops_fp8 or self.peak_flops_bf16,
                 "fp32": self.peak_flops_fp32 or self.peak_flops_bf16 / 2}
-        return peak.get(precision, self.peak_flops_bf16)
+        return peak.get("fp8" if is_fp8(precision) else precision, self.peak_flops_bf16)
 
     def gemm_peak(self, precision: str) -> float:
         """The peak the linear layers' GEMMs run against (matmul_efficiency of it at best): FP8 GEMMs at the
-        measured speed-up over bf16 ones, within the fp8 peak."""
-        if precision == "fp8":
-            return min(self.peak_flops("fp8"), self.peak_flops_bf16 * self.fp8_gemm_speedup)
+        measured speed-up over bf16 ones, within the fp8 peak; MXFP8 ones at their share of that."""
+        if is_fp8(precision):
+            fp8 = min(self.peak_flops("fp8"), self.peak_flops_bf16 * self.fp8_gemm_speedup)
+            return fp8 * self.mxfp8_gemm_share if precision == "mxfp8" else fp8
         return self.peak_flops(precision)
 
     def bf16_work_peak(self, precision: str) -> float:
         """The peak of the work FP8 recipes keep in bf16: the attention core (Transformer Engine's fp8_dpa is
         off by default) and the output head (Megatron-Core's output layer is not a Transformer Engine module)."""
-        return self.peak_flops("bf16" if precision == "fp8" else precision)
+        return self.peak_flops("bf16" if is_fp8(precision) else precision)
+
+    @property
+    def fp8_scaling(self) -> str:
+        """Tensor-wise FP8's scaling, [software] fp8_scaling or the framework's."""
+        return self.software.fp8_scaling or FRAMEWORK_FP8_SCALING[self.software.framework]
 
     @property
     def achieved_hbm_bandwidth(self) -> float:
@@ -501,6 +535,12 @@ def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, host,
 # scan, the FP8 over the BF16 MAMF of the same scan (ml-engineering compute/accelerator/README.md, "Maximum
 # Achievable Matmul FLOPS comparison table"): B200 3432.5/1745.0 = 1.97, B300 3353.3/1769.0 = 1.90 (GB300:
 # B300's; not measured); MI300X the 1.75 default, which its own soaked hipBLASLt scan agrees with (below).
+# Transformer Engine's GEMM benchmark (NVIDIA/TransformerEngine docs/examples/gemm_profiling and
+# benchmarks/gemm/benchmark_gemm.py, 2026: a 4096-hidden layer's twelve GEMMs at 15,872 tokens, operands
+# quantized beforehand) agrees: tensor-wise FP8 over BF16 1.923 on B300 (13.102 / 6.812 ms; preset 1.90) and
+# 1.905 on H200 NVL (31.968 / 16.785; preset 1.943). mxfp8_gemm_share, from the same B300 run: MXFP8's twelve
+# GEMMs took 7.161 ms against tensor-wise FP8's 6.812, 0.951. B200, GB200 and GB300 (the same block-scaled
+# tensor cores) take B300's share; Hopper and older have none.
 # gpu_arch selects NCCL's tuner constants (cost/collectives.py); DGX A100's host is AMD EPYC 7742, DGX H100's
 # Intel Xeon 8480C, GB200's Grace (Arm).
 # host_bandwidth, the datasheets' host link, one way: A100 SXM PCIe Gen4 64 GB/s (32), H100/H800/H200 SXM PCIe
@@ -511,6 +551,7 @@ def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, host,
 # ND H200 v5, 201 / 193 on ND GB200 v6 (Grace's NVLink-C2C; GB300, the same link, takes it), and on ND MI300X
 # v5 (TransferBench) 55 / 56. Its ND A100 v4 row, 26.3 / 6.3, reads as that VM's and not the DGX A100's (a
 # one-way gap of 4x no datasheet explains): A100 keeps the link's rate.
+MXFP8_GEMM_SHARE = 6.812 / 7.161  # the B300 measurement above: MXFP8 GEMMs at 0.951 of tensor-wise FP8
 PRESETS: dict[str, ClusterSpec] = {
     # NVIDIA A100 datasheet: 312 TFLOP/s bf16, 19.5 fp32 (156 TF32), no FP8, 80 GB HBM2e at 2.039 TB/s, 108 SMs
     # (nvidia-smi reports 81920 MiB);
@@ -541,14 +582,16 @@ PRESETS: dict[str, ClusterSpec] = {
     # NVIDIA B200 (DGX B200 datasheet): 2.25 PFLOP/s bf16 dense, 4.5 fp8, 180 GB HBM3e at 8 TB/s (per GPU of
     # the 1440 GB system), 148 SMs, NVLink5 1.8 TB/s bidirectional (900 one way), 8x ConnectX-7 400 Gb/s.
     "b200": _gpu("b200", "B200-180GB", 2.25e15, 4.5e15, 75e12, 180 * GB, 8e12, 0.640,
-                 900 * GB, 8, 50 * GB, 5.0, 148, 0.404, nvlink_eff=0.76, gpu_arch="blackwell", fp8_gemm_speedup=1.97),
+                 900 * GB, 8, 50 * GB, 5.0, 148, 0.404, nvlink_eff=0.76, gpu_arch="blackwell", fp8_gemm_speedup=1.97,
+                 mxfp8_gemm_share=MXFP8_GEMM_SHARE),
     # GB200 NVL72 datasheet: 72 GPUs in one NVLink domain, 2.5 PFLOP/s bf16 dense, 5 fp8 per GPU,
     # 186 GB HBM3e at 8 TB/s, NVLink5 900 GB/s one way. Across racks a ConnectX-7 400 Gb/s NIC (50 GB/s) per GPU:
     # "4x NVIDIA ConnectX-7 single port 400G OSFP NIC" per 4-GPU compute tray (DGX GB200 user guide, Hardware);
     # ConnectX-8's 800 Gb/s came with GB300.
     "gb200-nvl72": _gpu("gb200-nvl72", "GB200", 2.5e15, 5e15, 80e12, 186 * GB, 8e12, 0.599,
                         900 * GB, 72, 50 * GB, 6.0, 148, 0.378, nvlink_eff=0.76, gpu_arch="blackwell",
-                        nvls_bandwidth=840 * GB, host_cpu="arm", fp8_gemm_speedup=1.941, host_bandwidth=193 * GB),
+                        nvls_bandwidth=840 * GB, host_cpu="arm", fp8_gemm_speedup=1.941, host_bandwidth=193 * GB,
+                        mxfp8_gemm_share=MXFP8_GEMM_SHARE),
     # NVIDIA Blackwell Ultra, from the datasheets (HGX B300: per GPU 2.25 PFLOP/s bf16 dense, 4.5 fp8 (the same
     # as B200; FP4 is what grew), 288 GB HBM3e at 8 TB/s, NVLink5 900 GB/s one way, ConnectX-8 800 Gb/s (100 GB/s)
     # per GPU; GB300 NVL72: 72 GPUs, 2.5 PFLOP/s bf16 dense and 5 fp8 per GPU, 288 GB at 8 TB/s). Blackwell
@@ -556,10 +599,12 @@ PRESETS: dict[str, ClusterSpec] = {
     # stand, and GB200's for GB300; no NVLink or NVLS figures yet: B200's (GB200's NVLS ceiling, the same NVLink
     # switch system) stand in; no price or power on record.
     "b300": _gpu("b300", "B300-288GB", 2.25e15, 4.5e15, 75e12, 288 * GB, 8e12, 0.640, 900 * GB, 8, 100 * GB, 0.0,
-                 160, 0.404, nvlink_eff=0.76, gpu_arch="blackwell", fp8_gemm_speedup=1.90),
+                 160, 0.404, nvlink_eff=0.76, gpu_arch="blackwell", fp8_gemm_speedup=1.90,
+                 mxfp8_gemm_share=MXFP8_GEMM_SHARE),
     "gb300-nvl72": _gpu("gb300-nvl72", "GB300", 2.5e15, 5e15, 80e12, 288 * GB, 8e12, 0.599, 900 * GB, 72, 100 * GB,
                         0.0, 160, 0.378, nvlink_eff=0.76, gpu_arch="blackwell", nvls_bandwidth=840 * GB,
-                        host_cpu="arm", fp8_gemm_speedup=1.90, host_bandwidth=193 * GB),
+                        host_cpu="arm", fp8_gemm_speedup=1.90, host_bandwidth=193 * GB,
+                        mxfp8_gemm_share=MXFP8_GEMM_SHARE),
     # AMD Instinct MI300X datasheet: 1307.4 TFLOP/s bf16 dense, 2614.9 fp8, 163.4 fp32 matrix, 192 GB HBM3 at
     # 5.3 TB/s, 304 CUs; 8 GPUs fully connected by Infinity Fabric, 7 links of 64 GB/s one way (448 GB/s);
     # 400 Gb/s NIC per GPU. MI325X: the same compute die, 256 GB HBM3E at 6 TB/s. GEMM: MAMF 781.9 of 1300

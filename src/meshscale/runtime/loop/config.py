@@ -167,7 +167,7 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
     if cfg.device == "cuda" and not torch.cuda.is_available():
         build = "has no CUDA" if torch.version.cuda is None else "sees no GPU"
         raise UserError(f"--device cuda: this torch ({torch.__version__}) {build}; use --device cpu (or auto)")
-    if cfg.precision == "fp8" and (why := fp8_refusal(_device_type(cfg), layout.tp)):
+    if cfg.precision in ("fp8", "mxfp8") and (why := fp8_refusal(cfg.precision, _device_type(cfg), layout.tp)):
         raise UserError(why)
     if cfg.compile and (why := compile_refusal(_device_type(cfg))):
         raise UserError(why)
