@@ -88,9 +88,9 @@ def fp8_refusal(precision: str, device_type: str, tp: int) -> str | None:
         return f"--precision {precision} needs an NVIDIA GPU with {units}; this run is on the CPU: use --precision bf16"
     major, minor = torch.cuda.get_device_capability(0)
     if (major, minor) < need:
+        instead = "fp8" if (major, minor) >= FP8_CAPABILITY["fp8"] else "bf16"  # a Hopper asked for mxfp8
         return (f"--precision {precision} needs compute capability {need[0]}.{need[1]} or newer; this GPU "
-                f"({torch.cuda.get_device_name(0)}) is {major}.{minor}: use --precision "
-                f"{'fp8' if precision == 'mxfp8' and (major, minor) >= FP8_CAPABILITY['fp8'] else 'bf16'}")
+                f"({torch.cuda.get_device_name(0)}) is {major}.{minor}: use --precision {instead}")
     if tp > 1:
         return (f"--precision {precision} runs with tp=1 (the tensor-parallel linear layers are meshscale's own, "
                 f"not torchao's float8 ones): use --precision bf16 with tp, or {precision} with dp/zero/pp")
