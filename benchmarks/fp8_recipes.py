@@ -46,8 +46,8 @@ def layer_ms(preset: str, recipe: str) -> tuple[float, float]:
     gemms = sum(gemm_seconds(cluster, m, n, k, peak, 2, 1, operand) for m, k, n in SHAPES)
     if precision == "bf16":
         return gemms * 1e3, gemms * 1e3
-    traffic = sum(m * k * fp8_cast_bytes(cluster, precision) + k * n * fp8_cast_bytes(cluster, precision, False)
-                  for m, k, n in SHAPES)
+    both, one = fp8_cast_bytes(cluster, precision), fp8_cast_bytes(cluster, precision, False)
+    traffic = sum(m * k * both + k * n * one for m, k, n in SHAPES)  # the input both ways, the weight one way
     return (gemms + traffic / cluster.achieved_hbm_bandwidth) * 1e3, gemms * 1e3
 
 

@@ -12,6 +12,7 @@ import math
 
 from meshscale.errors import UserError
 from meshscale.export import Job, change
+from meshscale.specs.cluster import is_fp8
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import ModelSpec
 
@@ -112,7 +113,7 @@ def render(job: Job) -> str:
     values |= {"remat_policy": REMAT[lay.recompute],
                "dtype": "float32" if job.precision == "fp32" else "bfloat16",
                "weight_dtype": "bfloat16" if job.precision == "bf16-pure" else "float32"}
-    if job.precision in ("fp8", "mxfp8"):  # MXFP8 (Blackwell only) through Transformer Engine's recipe
+    if is_fp8(job.precision):  # MXFP8 (Blackwell only) through Transformer Engine's recipe
         values["quantization"] = "fp8" if job.precision == "fp8" else "te_mxfp8"
     values |= {"dataset_type": "synthetic"} if not job.data else {"dataset_type": "hf", "hf_path": job.data}
     header = (f"# meshscale: {model.name}, {job.global_batch} x {model.seq} tokens a step on {lay.devices} x "

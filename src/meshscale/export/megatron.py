@@ -12,6 +12,7 @@ import shlex
 from meshscale.cost.comm import bucket_params
 from meshscale.errors import UserError
 from meshscale.export import Job, Shape, change
+from meshscale.specs.cluster import is_fp8
 from meshscale.specs.layout import RECOMPUTE_MODULES, Layout, split_layers
 from meshscale.specs.model import ModelSpec
 
@@ -88,7 +89,7 @@ def arguments(job: Job) -> list[str]:
         # recompute with delayed scaling
         if job.cluster.fp8_scaling == "current" or lay.recompute_modules & {"layernorm", "moe_act"}:
             args.append("--fp8-recipe tensorwise")
-    if job.precision in ("fp8", "mxfp8") and sw.fp8_param_gather and lay.zero >= 1:
+    if is_fp8(job.precision) and sw.fp8_param_gather and lay.zero >= 1:
         args.append("--fp8-param-gather")
     args.append(f"--data-path {shlex.quote(job.data)}" if job.data else "--mock-data")
     return args

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from meshscale.cost.memory import PRECISIONS
+from meshscale.specs.cluster import is_fp8
 
 RECIPES = tuple(PRECISIONS)  # the names the planner and the cost model use
 # compute capability of the first GPUs with float8 tensor cores (Ada, Hopper), with block-scaled ones (Blackwell)
@@ -47,7 +48,7 @@ def fsdp_policy(precision: str):
 
     if precision == "bf16-pure":
         return MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None)
-    return MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision in ("bf16", "fp8", "mxfp8") else None,
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" or is_fp8(precision) else None,
                                 reduce_dtype=torch.float32)
 
 

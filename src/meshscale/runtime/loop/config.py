@@ -17,7 +17,7 @@ from meshscale.parallel.precision import RECIPES, compile_refusal, fp8_refusal
 from meshscale.runtime.loop.data import BYTE_VOCAB, check_tokens, load_tokens
 from meshscale.runtime.measure import live
 from meshscale.runtime.resilience.checkpoint import check_dir, check_same_run, identity, read_manifest
-from meshscale.specs.cluster import load_cluster
+from meshscale.specs.cluster import is_fp8, load_cluster
 from meshscale.specs.layout import Layout, check_against, check_trainable
 from meshscale.specs.loading import build, read_mapping
 from meshscale.specs.model import ModelSpec, load_model
@@ -167,7 +167,7 @@ def resolve(cfg: TrainConfig, world: int) -> Resolved:
     if cfg.device == "cuda" and not torch.cuda.is_available():
         build = "has no CUDA" if torch.version.cuda is None else "sees no GPU"
         raise UserError(f"--device cuda: this torch ({torch.__version__}) {build}; use --device cpu (or auto)")
-    if cfg.precision in ("fp8", "mxfp8") and (why := fp8_refusal(cfg.precision, _device_type(cfg), layout.tp)):
+    if is_fp8(cfg.precision) and (why := fp8_refusal(cfg.precision, _device_type(cfg), layout.tp)):
         raise UserError(why)
     if cfg.compile and (why := compile_refusal(_device_type(cfg))):
         raise UserError(why)
