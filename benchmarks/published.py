@@ -231,6 +231,30 @@ def llama3_runs():
 
 
 def deepseek_runs():
+    yield from deepseek_v2_runs()
+    yield from deepseek_v3_runs()
+
+
+def deepseek_v2_runs():
+    """DeepSeek-AI 2024, "DeepSeek-V2" (arXiv:2405.04434): "during our practical training on the H800 cluster",
+    172.8K GPU hours a trillion tokens (sec. 3.2.3). Sec. 3.1.3 lays it out: 16-way zero-bubble pipeline
+    parallelism, 8-way expert parallelism (its routed experts on 8 devices, sec. 3.1.2), ZeRO-1 data
+    parallelism, no TP, "a portion of the operators" recomputed (which is not stated: DeepSeek-V3's RMSNorm and MLA
+    up-projections here), MLA on "an improved version of FlashAttention-2", its own kernels for the dispatch
+    (DeepEP's here, as for V3), routing and the experts' linears; seq 4096 and 9,216 sequences a step after the
+    first 225B tokens (sec. 3.1.2). BF16: the FP8 framework came with V3. Not stated either: the GPU count
+    (1,024: 144 micro-batches of 1 a step) and the micro-batch. Not modelled: each token sent to at most 3 of
+    the 8 devices (the model sends its 6 copies), token dropping, and the shared experts run beside the
+    dispatch. Like V3's, the figure is the run's average and bounds the step from above."""
+    model, batch, gpus = load_model("deepseek-v2"), 9216, 1024
+    tokens_per_s = gpus * 1e12 / (172.8e3 * 3600)
+    yield Run("DeepSeek-V2 sec. 3.2.3", "DeepSeek-V2 236B", model, "h800",
+              "dp=64,zero=1,pp=16,schedule=zb,ep=8,mbs=1,recompute=layernorm+mla_up_proj", gpus, batch,
+              batch * model.seq / tokens_per_s, "H800",
+              replace(MEGATRON_CORE, moe_dispatcher="deepep", moe_permute_fusion=True, attention_kernel="fa2"))
+
+
+def deepseek_v3_runs():
     """DeepSeek-AI 2024, "DeepSeek-V3 Technical Report" (arXiv:2412.19437): pre-training took 180K H800 GPU
     hours a trillion tokens (Table 1; 2,664K for 14.8T) on 2,048 H800 (sec. 3.1), 3.16M tokens a second. As
     sec. 3.2 lays it out: 16-way pipeline parallelism with DualPipe (its V-shaped, one-copy form here), 64-way

@@ -13,7 +13,7 @@ from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.model import ModelSpec
 
 # --- written by benchmarks/published.py --write-bands; do not edit by hand -----------------------------
-SOURCE = 'benchmarks/published.py --write-bands, 148 published runs up to 2024, 2026-11-29'
+SOURCE = 'benchmarks/published.py --write-bands, 149 published runs up to 2024, 2026-11-29'
 # "hardware kind precision": (runs, median |error|, p90 |error|, mean signed error)
 BANDS: dict[str, tuple[int, float, float, float]] = {
     'A100 dense bf16': (30, 0.0434, 0.0855, -0.0194),
@@ -21,6 +21,7 @@ BANDS: dict[str, tuple[int, float, float, float]] = {
     'H100 MoE bf16': (1, 0.0842, 0.0842, -0.0842),
     'H100 dense bf16': (40, 0.0415, 0.1399, -0.0367),
     'H100 dense fp8': (28, 0.0271, 0.0707, -0.0092),
+    'H800 MoE bf16': (1, 0.121, 0.121, -0.121),
     'H800 MoE fp8': (1, 0.0594, 0.0594, -0.0594),
     'TPU v4 dense bf16': (7, 0.056, 0.0688, -0.0529),
     'TPU v5e dense bf16': (24, 0.0654, 0.1474, -0.0517),

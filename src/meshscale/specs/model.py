@@ -240,6 +240,12 @@ PRESETS: dict[str, ModelSpec] = {
                            rope_theta=150000.0, aux_loss_coef=0.9, rope_scaling=json.dumps(
                                {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "rope_type": "yarn",
                                 "original_max_position_embeddings": 4096, "truncate": False}, sort_keys=True)),
+    # DeepSeek-AI 2024, "DeepSeek-V2" (arXiv:2405.04434), sec. 3.1.2, and its HF config.json (the first layer's
+    # dense FFN, 12288): MLA, every layer but the first MoE with 2 shared and 160 routed experts of 1536, top-6
+    # (236B total, 21B active).
+    "deepseek-v2": _llama("deepseek-v2", 60, 5120, 128, 128, 12288, 102400, 4096, head_dim=128, experts=160,
+                          top_k=6, expert_ffn=1536, shared_experts=2, first_dense_layers=1, q_lora_rank=1536,
+                          kv_lora_rank=512, rope_head_dim=64, v_head_dim=128),
     # DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", sec. 4.2 (671B total, 37B active).
     "deepseek-v3": _llama("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, 4096, head_dim=128,
                           experts=256, top_k=8, expert_ffn=2048, shared_experts=1, first_dense_layers=3,
