@@ -13,10 +13,8 @@ from meshscale.specs.layout import Layout
 from meshscale.specs.model import ModelSpec
 
 GPU_ONLY = "DeepSpeed"  # named in the refusal of a TPU slice
-PRECISIONS = {"fp8": ("bf16", "DeepSpeed's JSON has no FP8 switch (FP8 GEMMs live in Transformer Engine "
-                              "modules)"),
-              "mxfp8": ("bf16", "DeepSpeed's JSON has no FP8 switch (FP8 GEMMs live in Transformer Engine "
-                                "modules)"),
+NO_FP8 = ("bf16", "DeepSpeed's JSON has no FP8 switch (FP8 GEMMs live in Transformer Engine modules)")
+PRECISIONS = {"fp8": NO_FP8, "mxfp8": NO_FP8,
               "bf16-pure": ("bf16", "DeepSpeed's bf16 mode keeps fp32 master weights (16 B/param)")}
 
 

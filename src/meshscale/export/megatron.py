@@ -79,7 +79,7 @@ def arguments(job: Job) -> list[str]:
         modules = [m for m in RECOMPUTE_MODULES if m in lay.recompute_modules]
         args += ["--recompute-granularity selective"] + ([f"--recompute-modules {' '.join(modules)}"]
                                                          if lay.recompute != "selective" else [])
-    if job.precision in ("bf16", "bf16-pure", "fp8", "mxfp8"):
+    if job.precision in ("bf16", "bf16-pure") or is_fp8(job.precision):
         args.append("--bf16")
     if job.precision == "mxfp8":  # block-scaled: e4m3 throughout (TransformerConfig refuses hybrid with it)
         args += ["--fp8-format e4m3", "--fp8-recipe mxfp8"]
