@@ -118,3 +118,85 @@ def test_collectives_command_bad_input_is_one_line_exit_2(argv, words, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and words in err
+
+
+# An nccl-tests run as its binaries print it (rank lines, the test's name, out-of-place then in-place columns);
+# the figures are Azure's 8-H100 all-reduce (benchmarks/nccl_curves.py), the other columns made to agree.
+NCCL_LOG = """\
+# nccl-tests version 2.13.8 nccl-headers=21805 nccl-library=21805
+# Collective test starting: all_reduce_perf
+# nThread 1 nGpus 1 minBytes 4 maxBytes 8589934592 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1
+#
+# Using devices
+""" + "".join(f"#  Rank {r:2d} Group  0 Pid  {1100 + r} on node-1 device {r:2d} [0x{r}a] NVIDIA H100 80GB HBM3\n"
+              for r in range(8)) + """\
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+           4             1     float     sum      -1    12.10    0.00    0.00      0    12.05    0.00    0.00      0
+     1048576        262144     float     sum      -1    41.99   24.97   43.70    N/A    41.70   25.15   44.01    N/A
+    67108864      16777216     float     sum      -1    324.6  206.74  361.78      0    323.9  207.19  362.58      0
+  8589934592    2147483648     float     sum      -1    31393  273.63  478.87      0    31380  273.74  479.04      0
+# Out of bounds values : 0 OK
+# Avg bus bandwidth    : 294.79
+"""
+
+
+def test_collectives_command_beside_a_measured_run(tmp_path, capsys):
+    """--measured: the log's sizes, its ranks as --devices, its out-of-place bus bandwidth beside the model's and
+    the error (predicted / measured - 1); a line of zeros (a 4-byte size) is not a point."""
+    log = tmp_path / "nccl.log"
+    log.write_text(NCCL_LOG)
+    assert main(["collectives", "--cluster", "h100-80gb", "--measured", str(log), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["devices"] == 8 and out["collective"] == "all_reduce"
+    rows = out["rows"]
+    assert [(r["bytes"], r["measured_busbw_GBps"]) for r in rows] == [(2**20, 43.70), (2**26, 361.78),
+                                                                       (2**33, 478.87)]
+    alone = main(["collectives", "--cluster", "h100-80gb", "--devices", "8", "--sizes", "1M,64M,8G", "--json"])
+    model = json.loads(capsys.readouterr().out)["rows"]
+    assert alone == 0 and [r["busbw_GBps"] for r in rows] == [r["busbw_GBps"] for r in model]
+    for r in rows:
+        assert r["error"] == pytest.approx(r["busbw_GBps"] / r["measured_busbw_GBps"] - 1)
+    assert main(["collectives", "--cluster", "h100-80gb", "--measured", str(log)]) == 0
+    text = capsys.readouterr().out
+    worst = max(rows, key=lambda r: abs(r["error"]))
+    assert f"worst {worst['error']:+.1%} at {worst['bytes']:,} B" in text and "measured" in text
+
+
+def test_collectives_command_reads_an_older_nccl_tests_log(tmp_path, capsys):
+    """Releases before the root column and the test's name (NVIDIA/nccl-tests#100, 2021): 12 columns, and the
+    collective must be said; an alltoall_perf run's name maps to all_to_all."""
+    old = "\n".join(line.replace("     -1 ", " ") for line in NCCL_LOG.splitlines()
+                    if "Collective test starting" not in line)
+    log = tmp_path / "old.log"
+    log.write_text(old)
+    with pytest.raises(SystemExit) as e:
+        main(["collectives", "--cluster", "h100-80gb", "--measured", str(log)])
+    assert e.value.code == 2 and "--collective" in capsys.readouterr().err
+    assert main(["collectives", "--cluster", "h100-80gb", "--measured", str(log), "--collective", "all_reduce",
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["measured_busbw_GBps"] for r in rows] == [43.70, 361.78, 478.87]
+    log.write_text(NCCL_LOG.replace("all_reduce_perf", "alltoall_perf"))
+    assert main(["collectives", "--cluster", "h100-80gb", "--measured", str(log), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["collective"] == "all_to_all"
+
+
+@pytest.mark.parametrize("log, argv, words", [
+    (NCCL_LOG, ["--devices", "16"], "names 8 ranks"),
+    (NCCL_LOG, ["--collective", "all_gather"], "ran all_reduce"),
+    (NCCL_LOG, ["--sizes", "1M"], "--sizes"),
+    (NCCL_LOG.replace("all_reduce_perf", "broadcast_perf"), [], "broadcast_perf"),
+    (NCCL_LOG + NCCL_LOG, [], "2 nccl-tests runs"),
+    (NCCL_LOG.replace("Rank  1 ", "Rank  0 "), [], "MPI=1"),
+    ("# nThread 1 nGpus 8\nsegmentation fault\n", ["--collective", "all_reduce"], "no nccl-tests result lines"),
+    (None, [], "--measured")])
+def test_collectives_command_bad_measured_log_is_one_line_exit_2(tmp_path, capsys, log, argv, words):
+    path = tmp_path / "run.log"
+    if log is not None:
+        path.write_text(log)
+    with pytest.raises(SystemExit) as e:
+        main(["collectives", "--cluster", "h100-80gb", "--measured", str(path)] + argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err, err

@@ -9,6 +9,7 @@ import pytest
 from meshscale.cli import main
 from meshscale.errors import UserError
 from meshscale.runtime.loop.config import load_config, resolve
+from test_collectives import NCCL_LOG
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,16 +22,18 @@ def assert_picture(path, min_px=300):
     assert image[..., :3].std() > 0.05  # not blank: lines, bars and text on white
 
 
-def test_scaling_timeline_and_memory_plots(tmp_path, capsys):
-    scale, timeline, memory = (str(tmp_path / f) for f in ("s.png", "t.png", "m.png"))
+def test_scaling_timeline_memory_and_collective_plots(tmp_path, capsys):
+    scale, timeline, memory, curve = (str(tmp_path / f) for f in ("s.png", "t.png", "m.png", "c.png"))
+    (tmp_path / "nccl.log").write_text(NCCL_LOG)
     main(["scale", "--model", "llama2-7b", "--cluster", "h100-80gb", "--devices", "128..512",
           "--global-batch-tokens", "4194304", "--mtbf-hours", "50000", "--plot", scale])
     main(["simulate", "--model", "llama2-7b", "--cluster", "h100-80gb", "--devices", "64", "--layout",
           "dp=16,zero=1,pp=4,schedule=zb", "--global-batch", "64", "--straggler", "20:1.5", "--plot", timeline])
     main(["predict", "--model", "llama2-7b", "--cluster", "h100-80gb", "--devices", "64", "--layout", "fsdp=64",
           "--global-batch", "64", "--plot", memory])
+    main(["collectives", "--cluster", "h100-80gb", "--measured", str(tmp_path / "nccl.log"), "--plot", curve])
     capsys.readouterr()
-    for path in (scale, timeline, memory):
+    for path in (scale, timeline, memory, curve):
         assert_picture(path)
 
 

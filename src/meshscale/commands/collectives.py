@@ -1,8 +1,10 @@
 """`meshscale collectives`: the model's time and bus bandwidth of one collective over N devices, per message
-size, laid out as nccl-tests prints them, to hold against your own nccl-tests run."""
+size, laid out as nccl-tests prints them; with `--measured`, beside your own nccl-tests run and its error."""
 
 import argparse
 import json
+from pathlib import Path
+from statistics import median
 
 from meshscale import SCHEMA_VERSION
 from meshscale.commands.counts import binary_count
@@ -14,13 +16,17 @@ DEFAULT_SIZES = ",".join(f"{2**i}M" for i in range(14))  # 1 MiB .. 8 GiB, doubl
 
 def add_arguments(p):
     p.add_argument("--cluster", required=True, help="preset name or JSON/TOML ClusterSpec")
-    p.add_argument("--devices", required=True, type=int, help="ranks in the collective (one per device)")
-    p.add_argument("--collective", default="all_reduce", help=f"one of {', '.join(KINDS)} (default all_reduce)")
-    p.add_argument("--sizes", default=DEFAULT_SIZES, help="message sizes, e.g. 1M,64M,1G (K/M/G are binary; "
-                   "the buffer each rank passes, as nccl-tests' size column); default 1M..8G")
+    p.add_argument("--devices", type=int, help="ranks in the collective (one per device); with --measured, "
+                   "the ranks its log names by default")
+    p.add_argument("--collective", help=f"one of {', '.join(KINDS)} (default: --measured's, else all_reduce)")
+    p.add_argument("--sizes", help="message sizes, e.g. 1M,64M,1G (K/M/G are binary; the buffer each rank passes, "
+                   "as nccl-tests' size column); default 1M..8G, or --measured's")
+    p.add_argument("--measured", metavar="LOG", help="the saved output of one nccl-tests (or rccl-tests) run: "
+                   "each of its sizes printed beside its out-of-place bus bandwidth and the model's error")
     p.add_argument("--json", action="store_true", help="print one JSON object: cluster, devices, collective and "
-                   "rows of {collective, bytes, seconds, busbw_GBps}")
-    p.add_argument("--plot", metavar="FILE.png", help="draw bus bandwidth against message size")
+                   "rows of {collective, bytes, seconds, busbw_GBps} (with --measured also measured_busbw_GBps "
+                   "and error, predicted / measured - 1)")
+    p.add_argument("--plot", metavar="FILE.png", help="draw bus bandwidth against message size (and --measured's)")
     p.add_argument("--overwrite", action="store_true", help="allow replacing an existing --plot file")
 
 
@@ -51,23 +57,71 @@ def run(args) -> int:
     from meshscale.errors import UserError
     from meshscale.specs.cluster import load_cluster
 
-    if args.collective not in KINDS:
-        raise UserError(f"--collective {args.collective!r}: choose one of {', '.join(KINDS)}")
-    if args.devices < 2:
-        raise UserError(f"--devices {args.devices}: a collective needs at least 2 devices")
-    sizes = parse_sizes(args.sizes)
+    measured = _measured(args)
+    collective = args.collective or (measured.collective if measured else "all_reduce")
+    if collective is None:
+        raise UserError(f"--collective: {args.measured} does not name its test; give the collective it ran")
+    if collective not in KINDS:
+        raise UserError(f"--collective {collective!r}: choose one of {', '.join(KINDS)}")
+    devices = args.devices if args.devices is not None else measured.ranks if measured else None
+    if devices is None:
+        raise UserError("--devices: give the ranks in the collective" +
+                        (f" ({args.measured} names none)" if measured else ""))
+    if devices < 2:
+        raise UserError(f"--devices {devices}: a collective needs at least 2 devices")
+    sizes = [b for b, _ in measured.points] if measured else parse_sizes(args.sizes or DEFAULT_SIZES)
     cluster = load_cluster(args.cluster)
-    rows = curve(cluster, args.devices, args.collective, sizes)
+    rows = curve(cluster, devices, collective, sizes)
+    if measured:
+        for row, (_, busbw) in zip(rows, measured.points):
+            row.update(measured_busbw_GBps=busbw, error=row["busbw_GBps"] / busbw - 1)
     if args.plot:
         from meshscale.plots import collective_plot
-        collective_plot(rows, f"{args.collective} on {args.devices} x {cluster.name} (model)", args.plot)
+        collective_plot(rows, f"{collective} on {devices} x {cluster.name}", args.plot,
+                        measured.points if measured else ())
     if args.json:
-        print(json.dumps({"schema_version": SCHEMA_VERSION, "cluster": cluster.name, "devices": args.devices,
-                          "collective": args.collective, "rows": rows}))
+        print(json.dumps({"schema_version": SCHEMA_VERSION, "cluster": cluster.name, "devices": devices,
+                          "collective": collective, "rows": rows}))
         return 0
-    print(f"# {args.collective} over {args.devices} devices of {cluster.name} (predicted, nccl-tests columns)")
-    print(f"# {'size (B)':>14s} {'time (us)':>12s} {'algbw (GB/s)':>13s} {'busbw (GB/s)':>13s}")
+    _print(rows, collective, devices, cluster.name, args.measured)
+    return 0
+
+
+def _measured(args):
+    """The nccl-tests run --measured names, checked against what the other options say; None without it."""
+    from meshscale.check import nccl_tests
+    from meshscale.errors import UserError
+
+    if not args.measured:
+        return None
+    if args.sizes:
+        raise UserError("--sizes: the sizes come from --measured; give one or the other")
+    try:
+        text = Path(args.measured).read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise UserError(f"--measured {args.measured}: {e.strerror}") from None
+    run = nccl_tests.parse(text, args.measured)
+    if args.collective and run.collective and args.collective != run.collective:
+        raise UserError(f"--collective {args.collective}: {args.measured} ran {run.collective}")
+    if args.devices is not None and run.ranks and args.devices != run.ranks:
+        raise UserError(f"--devices {args.devices}: {args.measured} names {run.ranks} ranks")
+    return run
+
+
+def _print(rows: list[dict], collective: str, devices: int, cluster: str, log: str | None) -> None:
+    """nccl-tests' columns, and with a measured run (`log`) its bus bandwidth, the error and a summary from
+    1 MiB up."""
+    print(f"# {collective} over {devices} devices of {cluster} (predicted, nccl-tests columns"
+          + (f"; measured: {log}, out-of-place)" if log else ")"))
+    extra = f" {'measured':>13s} {'error':>8s}" if log else ""
+    print(f"# {'size (B)':>14s} {'time (us)':>12s} {'algbw (GB/s)':>13s} {'busbw (GB/s)':>13s}{extra}")
     for r in rows:
         algbw = r["bytes"] / r["seconds"] / 1e9 if r["seconds"] else 0.0
-        print(f"  {r['bytes']:14d} {r['seconds'] * 1e6:12.1f} {algbw:13.2f} {r['busbw_GBps']:13.2f}")
-    return 0
+        extra = f" {r['measured_busbw_GBps']:13.2f} {r['error']:+8.1%}" if log else ""
+        print(f"  {r['bytes']:14d} {r['seconds'] * 1e6:12.1f} {algbw:13.2f} {r['busbw_GBps']:13.2f}{extra}")
+    if log:
+        big = [r for r in rows if r["bytes"] >= 2**20] or rows
+        worst = max(big, key=lambda r: abs(r["error"]))
+        print(f"# {'from 1 MiB up' if big is not rows else 'all sizes'}: median |error| "
+              f"{median(abs(r['error']) for r in big):.1%}, worst {worst['error']:+.1%} at {worst['bytes']:,} B "
+              "(predicted / measured - 1)")
