@@ -119,3 +119,35 @@ def test_only_the_latest_restarts_from_one_step_count_as_no_progress():
     assert no_progress_restarts([0, 0, 0]) == 2  # no checkpoint is ever reached
     assert no_progress_restarts([2, 2, 4, 4, 4]) == 2
     assert no_progress_restarts([2, 2, 4]) == 0
+
+
+def test_an_error_file_is_whole_or_absent_when_its_writer_is_stopped_midway(tmp_path, monkeypatch, capsys):
+    """The agent reads every error file once it has stopped the workers; a worker stopped while it wrote its
+    file (here: the write raises partway) must leave none rather than one torchelastic cannot parse."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from meshscale.runtime.resilience import restarts
+
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+
+    def stopped(obj, f):
+        f.write('{"message": ')
+        f.flush()
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(restarts.json, "dump", stopped)
+        with pytest.raises(KeyboardInterrupt):
+            restarts.leave_error("rank 1 failed", 1.5)
+    assert not error_file.exists()
+    ProcessFailure(local_rank=1, pid=1, exitcode=-9, error_file=str(error_file))  # torch's reader: no file, no raise
+
+    restarts.leave_error("rank 1 failed", 1.5)
+    read = ProcessFailure(local_rank=1, pid=1, exitcode=1, error_file=str(error_file))
+    assert read.message == "rank 1 failed" and read.error_file_data["meshscale_t"] == 1.5
+    assert [p.name for p in tmp_path.iterdir()] == ["error.json"]
+
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE")
+    restarts.leave_error("no launcher", 2.0)
+    assert capsys.readouterr().err == "meshscale: error: no launcher\n"

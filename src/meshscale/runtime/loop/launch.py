@@ -12,7 +12,6 @@ finish their step and save (runtime/resilience/preemption.py).
 """
 
 import ctypes
-import json
 import logging
 import os
 import pickle
@@ -39,7 +38,7 @@ from meshscale.runtime.resilience.preemption import (
     leave_status,
     read_status,
 )
-from meshscale.runtime.resilience.restarts import EXIT_GAVE_UP, Failures, GaveUp, first_cause
+from meshscale.runtime.resilience.restarts import EXIT_GAVE_UP, Failures, GaveUp, first_cause, leave_error
 from meshscale.runtime.resilience.watchdog import Sections
 
 _LAUNCHER_ENV = "MESHSCALE_LAUNCHER_PID"
@@ -230,17 +229,13 @@ def _worker(spec_file: str) -> int:
         return 0
     except BaseException as e:  # noqa: BLE001 - every failure must reach the launcher, once
         message = str(e) if isinstance(e, UserError) else traceback.format_exc().rstrip()
-        error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-        if error_file:
+        raised = time.time()
+        if os.environ.get("TORCHELASTIC_ERROR_FILE"):
             # A rank whose peer was killed mid-collective raises at once; were its error there as fast, the
             # launcher could take it for the cause. A peer that died first is seen meanwhile, and this rank is
             # stopped before it writes anything (restarts.first_cause).
-            raised = time.time()
             time.sleep(_RAISED_EXIT_DELAY_S)
-            with open(error_file, "w") as f:
-                json.dump({"message": message, "timestamp": int(raised), "meshscale_t": raised}, f)
-        else:
-            print(f"meshscale: error: {message}", file=sys.stderr)
+        leave_error(message, raised)
         return 1
 
 

@@ -92,6 +92,21 @@ def first_cause(first: int, exitcode: int, errors: dict[int, dict], whole: bool 
     return failure_line(rank, 1, str(errors[rank]["message"]), whole)
 
 
+def leave_error(message: str, raised: float) -> None:
+    """Leave this worker's failure (`raised`: when, by time.time()) where first_cause reads it: torchelastic's
+    error file, else stderr. The file appears whole or not at all: once one worker fails, the agent stops the
+    others and then reads every error file there is, so a worker stopped between creating its file and
+    writing it would leave an empty one, which torchelastic fails to parse (a traceback instead of the line)."""
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not error_file:
+        print(f"meshscale: error: {message}", file=sys.stderr, flush=True)
+        return
+    partial = f"{error_file}.partial"
+    with open(partial, "w") as f:
+        json.dump({"message": message, "timestamp": int(raised), "meshscale_t": raised}, f)
+    os.replace(partial, error_file)
+
+
 class Failures(logging.Handler):
     """Says why the local launcher restarts its workers, in one line per restart. torchelastic's agent logs
     the first failed worker of a group (torch.distributed.elastic.multiprocessing.api, ERROR: "failed

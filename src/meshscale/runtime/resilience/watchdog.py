@@ -13,10 +13,11 @@ longest) as a backstop, so the watchdog's diagnosis is what the user sees.
 
 import json
 import os
-import sys
 import threading
 import time
 from collections import Counter
+
+from meshscale.runtime.resilience.restarts import leave_error
 
 PHASES = ("load", "start", "forward/backward", "gradient norm", "guards", "optimizer", "sdc check", "save",
           "evaluate")
@@ -114,12 +115,7 @@ class Watchdog:
     def _fail(self, message: str) -> None:
         """Report like a failing worker (the launcher shows the first one, once) and end this process: the
         main thread may be blocked in a collective that never returns."""
-        error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-        if error_file:
-            with open(error_file, "w") as f:
-                json.dump({"message": message, "timestamp": int(time.time()), "meshscale_t": time.time()}, f)
-        else:
-            print(f"meshscale: error: {message}", file=sys.stderr, flush=True)
+        leave_error(message, time.time())
         os._exit(1)
 
 
