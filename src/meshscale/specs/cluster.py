@@ -437,7 +437,7 @@ MiB, GiB = 2**20, 2**30  # HBM stacks come in binary sizes: an "80 GB" GPU holds
 
 
 def _gpu(name, accel, bf16, fp8, fp32, hbm, hbm_bw, eff, nvlink, nvlink_size, nic, price, sms, attention,
-         nvlink_eff=0.80, nic_eff=0.85, fast="nvlink", fast_latency=1.5e-6, **kw) -> ClusterSpec:
+         nvlink_eff=0.80, nic_eff=0.96, fast="nvlink", fast_latency=1.5e-6, **kw) -> ClusterSpec:
     # Latencies: NCCL ring step ~1-2 us inside NVLink, ~5 us across InfiniBand (nccl-tests small-message
     # all_reduce on DGX systems: ~10-20 us for 8 GPUs, ~30-60 us across nodes).
     # GEMM blocks: cuBLAS/CUTLASS bf16 kernels on Ampere and Hopper tile the output 128x256 and fill a
@@ -522,7 +522,10 @@ def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, host,
 # forward 1332, backward 1075 TFLOP/s, 1137 together, times 1441/1751: 0.416). Newer cuDNN runs faster there
 # (9.22 on GB200, 2026: 0.467 by the same reading), so the figure stands for the cuDNN of 2024-25 runs.
 # Bus-bandwidth efficiencies are nccl-tests all_reduce busbw over the link rate on DGX systems:
-# A100 NVLink3 ~230 of 300 GB/s (0.78), H100 NVLink4 ~360-380 of 450 GB/s (0.80), HDR/NDR IB ~0.85;
+# A100 NVLink3 ~230 of 300 GB/s (0.78), H100 NVLink4 ~360-380 of 450 GB/s (0.80). A NIC: 0.96 of its line rate,
+# as NCCL's team measures across nodes: DGX A100's 8 HDR NICs 192 of 200 GB/s of all-reduce busbw
+# (NVIDIA/nccl#812), 24 GB/s a HDR NIC (NVIDIA/nccl#412), 46-48 and 48-49 GB/s a ConnectX-7 at NDR
+# (NVIDIA/nccl-tests#290, #267); rings between GB200 partitions moved 49.2 (NVIDIA/nccl#1801, within 3% here);
 # NVLink5 ring 680 of 900 GB/s at 8 GiB on a GB200 tray (Azure/AI-benchmarking-guide ND_GB200_v6_results.md,
 # NCCL 2.25.1, NCCL_ALGO=Ring: 0.76, B200's too). NVLS (NVLink SHARP) all-reduce ceilings: 8 H100/H200 ~480
 # GB/s (NCCL's maintainer in NVIDIA/nccl-tests#212; Azure ND_H200_v5_results.md 8 GiB: 480), 72 GB200
