@@ -12,6 +12,7 @@ micro-benchmarks and datasheets (specs/cluster.py). Run: PYTHONPATH=src python b
 import datetime
 import math
 import os
+import re
 import statistics
 import sys
 from dataclasses import dataclass, replace
@@ -578,9 +579,34 @@ def summary(errors: list[float]) -> tuple[float, float, float, float]:
     return tuple(round(x, 4) for x in (statistics.median(a), p90, a[-1], statistics.mean(errors)))
 
 
+def data_parallel_series() -> list[list[tuple]]:
+    """Runs that differ only in their data-parallel size (the same source, model, cluster, software, precision,
+    per-device layout and batch: each device does the same work), as lists of (devices, measured s, predicted
+    s, name) by device count: what the step loses as replicas are added, measured and predicted."""
+    groups: dict = {}
+    for run, layout, pred, real, _ in rows():
+        per_device = re.sub(r"(^|,)(dp|shard)=\d+", "", run.layout)
+        key = (run.source, run.model, run.cluster, run.software, run.precision, per_device,
+               run.batch / layout.dp)
+        groups.setdefault(key, []).append((run.devices, real, pred, run.name))
+    return [sorted(g) for g in groups.values() if len({d for d, *_ in g}) > 1]
+
+
+def print_data_parallel_series() -> None:
+    print("step time per doubling of the data-parallel size, at the same work per device (first to last):")
+    for series in data_parallel_series():
+        (d0, m0, p0, name), (d1, m1, p1, _) = series[0], series[-1]
+        doublings = math.log2(d1 / d0)
+        print(f"{name:34s} {d0:5d} -> {d1:5d} devices  measured {(m1 / m0) ** (1 / doublings) - 1:+6.1%}  "
+              f"predicted {(p1 / p0) ** (1 / doublings) - 1:+6.1%}")
+
+
 if __name__ == "__main__":
     if "--write-bands" in sys.argv:
         write_bands(os.path.join(os.path.dirname(__file__), "..", "src", "meshscale", "cost", "bands.py"))
+        sys.exit(0)
+    if "--data-parallel" in sys.argv:
+        print_data_parallel_series()
         sys.exit(0)
     by_category: dict = {}
     for run, layout, pred, real, p in rows():
