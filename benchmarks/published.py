@@ -566,9 +566,20 @@ def write_bands(path: str) -> None:
     body = "".join(f"    {k!r}: {v!r},\n" for k, v in table.items())
     source = (f"benchmarks/published.py --write-bands, {sum(v[0] for v in table.values())} published runs "
               f"up to 2024, {datetime.date.today().isoformat()}")
+    growth = computed_replica_growth()
     open(path, "w").write(f"{head}SOURCE = {source!r}\n# \"hardware kind precision\": (runs, median |error|, "
                           f"p90 |error|, mean signed error)\nBANDS: dict[str, tuple[int, float, float, float]] = "
-                          f"{{\n{body}}}\n# --- end of written part{tail}")
+                          f"{{\n{body}}}\n# runs differing only in data-parallel size: (series, median step growth a "
+                          f"doubling, measured, predicted)\nREPLICA_GROWTH: tuple[int, float, float] = {growth!r}\n"
+                          f"# --- end of written part{tail}")
+
+
+def computed_replica_growth() -> tuple[int, float, float]:
+    """What cost/bands.py's REPLICA_GROWTH must hold: the data-parallel series, and the median over them of the
+    step's growth per doubling of the devices, measured and predicted, to 0.01%."""
+    growth = [per_doubling(series) for series in data_parallel_series()]
+    return (len(growth), round(statistics.median(m for m, _ in growth), 4),
+            round(statistics.median(p for _, p in growth), 4))
 
 
 def summary(errors: list[float]) -> tuple[float, float, float, float]:
@@ -592,13 +603,21 @@ def data_parallel_series() -> list[list[tuple]]:
     return [sorted(g) for g in groups.values() if len({d for d, *_ in g}) > 1]
 
 
+def per_doubling(series: list[tuple]) -> tuple[float, float]:
+    """A series' step growth per doubling of its devices, first run to last: (measured, predicted)."""
+    (d0, m0, p0, _), (d1, m1, p1, _) = series[0], series[-1]
+    doublings = math.log2(d1 / d0)
+    return (m1 / m0) ** (1 / doublings) - 1, (p1 / p0) ** (1 / doublings) - 1
+
+
 def print_data_parallel_series() -> None:
     print("step time per doubling of the data-parallel size, at the same work per device (first to last):")
     for series in data_parallel_series():
-        (d0, m0, p0, name), (d1, m1, p1, _) = series[0], series[-1]
-        doublings = math.log2(d1 / d0)
-        print(f"{name:34s} {d0:5d} -> {d1:5d} devices  measured {(m1 / m0) ** (1 / doublings) - 1:+6.1%}  "
-              f"predicted {(p1 / p0) ** (1 / doublings) - 1:+6.1%}")
+        measured, predicted = per_doubling(series)
+        (d0, *_, name), (d1, *_) = series[0], series[-1]
+        print(f"{name:34s} {d0:5d} -> {d1:5d} devices  measured {measured:+6.1%}  predicted {predicted:+6.1%}")
+    runs, measured, predicted = computed_replica_growth()
+    print(f"median of {runs} series: measured {measured:+.1%}, predicted {predicted:+.1%}")
 
 
 if __name__ == "__main__":

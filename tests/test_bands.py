@@ -4,7 +4,7 @@ model, and predict, plan and scale carry their category's band, in words and in 
 import json
 
 from meshscale.cost import predict
-from meshscale.cost.bands import BANDS, SOURCE, band, band_text, category
+from meshscale.cost.bands import BANDS, REPLICA_GROWTH, SOURCE, band, band_text, category
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import load_model
@@ -17,6 +17,7 @@ def test_stored_bands_equal_what_the_script_computes_now():
     `PYTHONPATH=src python benchmarks/published.py --write-bands` and commit the table with the change."""
     computed = load_published().computed_bands()
     assert computed == BANDS
+    assert load_published().computed_replica_growth() == REPLICA_GROWTH
     assert sum(runs for runs, *_ in BANDS.values()) == len(list(load_published().runs()))
     assert f"{sum(runs for runs, *_ in BANDS.values())} published runs" in SOURCE
 
@@ -67,5 +68,8 @@ def test_predict_plan_scale_print_and_emit_the_band():
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["band"]["category"] == "A100 dense bf16" and all(row["band"] == d["band"] for row in d["rows"])
+    series, measured, predicted = REPLICA_GROWTH
+    assert d["replica_growth"]["series"] == series and d["replica_growth"]["measured_per_doubling"] == measured
     r = cli("scale", *args[:4], "--devices", "8,16", "--global-batch-tokens", str(64 * 8192))
     assert "error band: A100 dense bf16" in r.stdout
+    assert f"in {series} published series" in r.stdout and f"{measured:+.1%} per doubling" in r.stdout

@@ -3,7 +3,7 @@
 from meshscale.commands.counts import binary_count
 from meshscale.commands.predict import add_goodput_arguments, json_line, model_at_seq
 from meshscale.commands.report import band_cell
-from meshscale.cost.bands import band_text
+from meshscale.cost.bands import band_text, replica_growth, replica_growth_text
 from meshscale.cost.goodput import check_inputs
 from meshscale.outputs import check_outputs
 from meshscale.plan.scaling import parse_devices, scale
@@ -41,7 +41,8 @@ def run(args) -> int:
     if args.plot:
         scaling_plot(rows, mode, f"{model.name} on {cluster.name}", args.plot)
     if args.json:
-        print(json_line({"mode": mode, "rows": [r.to_dict() for r in rows], "band": rows[0].band}))
+        print(json_line({"mode": mode, "rows": [r.to_dict() for r in rows], "band": rows[0].band,
+                         "replica_growth": replica_growth()}))
         return 0
     _print_table(rows, mode, model, cluster)
     return 0
@@ -76,6 +77,7 @@ def _print_table(rows, mode, model, cluster):
         t.add_row(*cells)
     console.print(t)
     console.print(f"error band: {band_text(rows[0].band)}")
+    console.print(replica_growth_text())
     for r in rows:
         if r.change:
             console.print(f"* at {r.devices:,} the winner changes: {r.change}")

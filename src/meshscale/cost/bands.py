@@ -1,6 +1,7 @@
 """Error bands: how far `predict` was from the measured step times of benchmarks/published.py's validation
 set, per category (hardware x dense/MoE x precision): the median and 90th percentile of |error| and the mean
-signed error (negative: predicted too fast). Every predict, plan and scale figure carries its category's band.
+signed error (negative: predicted too fast). Every predict, plan and scale figure carries its category's band;
+`scale` also says how the step grew, measured and predicted, where the set's runs differ only in data parallelism.
 
 The table is data computed by a script, never typed: `PYTHONPATH=src python benchmarks/published.py
 --write-bands` rewrites it from the current model, and tests/test_bands.py fails when it no longer equals what
@@ -27,6 +28,8 @@ BANDS: dict[str, tuple[int, float, float, float]] = {
     'TPU v5e dense bf16': (24, 0.0654, 0.1474, -0.0517),
     'TPU v5p dense bf16': (16, 0.1072, 0.1696, -0.0592),
 }
+# runs differing only in data-parallel size: (series, median step growth a doubling, measured, predicted)
+REPLICA_GROWTH: tuple[int, float, float] = (23, 0.0223, 0.0013)
 # --- end of written part ------------------------------------------------------------------------------
 
 
@@ -50,6 +53,22 @@ def band(cluster: ClusterSpec, model: ModelSpec, precision: str) -> dict:
     runs, median, p90, bias = BANDS.get(key, (0, None, None, None))
     return {"category": key, "runs": runs, "median_abs_error": median, "p90_abs_error": p90,
             "mean_signed_error": bias, "source": SOURCE}
+
+
+def replica_growth() -> dict:
+    """What the validation set says of adding data-parallel replicas at the same work per device: the series of
+    runs that differ only in their data-parallel size, and the median growth of their step per doubling of the
+    devices, measured and as `predict` gives it (`benchmarks/published.py --data-parallel`)."""
+    series, measured, predicted = REPLICA_GROWTH
+    return {"series": series, "measured_per_doubling": measured, "predicted_per_doubling": predicted,
+            "source": SOURCE}
+
+
+def replica_growth_text() -> str:
+    g = replica_growth()
+    return (f"adding replicas: in {g['series']} published series at the same work per device the step grew a median "
+            f"{g['measured_per_doubling']:+.1%} per doubling of the devices, where the model gives "
+            f"{g['predicted_per_doubling']:+.1%}: read the largest counts as optimistic")
 
 
 def band_text(b: dict) -> str:
