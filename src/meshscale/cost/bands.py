@@ -65,6 +65,7 @@ def replica_growth() -> dict:
 
 
 def replica_growth_text() -> str:
+    """One line for people, under `scale`'s table."""
     g = replica_growth()
     return (f"adding replicas: in {g['series']} published series at the same work per device the step grew a median "
             f"{g['measured_per_doubling']:+.1%} per doubling of the devices, where the model gives "
