@@ -574,10 +574,10 @@ def write_bands(path: str) -> None:
                           f"# --- end of written part{tail}")
 
 
-def computed_replica_growth() -> tuple[int, float, float]:
-    """What cost/bands.py's REPLICA_GROWTH must hold: the data-parallel series, and the median over them of the
-    step's growth per doubling of the devices, measured and predicted, to 0.01%."""
-    growth = [per_doubling(series) for series in data_parallel_series()]
+def computed_replica_growth(series: list | None = None) -> tuple[int, float, float]:
+    """What cost/bands.py's REPLICA_GROWTH must hold: the data-parallel series (`series`, else computed), and the
+    median over them of the step's growth per doubling of the devices, measured and predicted, to 0.01%."""
+    growth = [per_doubling(s) for s in (data_parallel_series() if series is None else series)]
     return (len(growth), round(statistics.median(m for m, _ in growth), 4),
             round(statistics.median(p for _, p in growth), 4))
 
@@ -612,11 +612,12 @@ def per_doubling(series: list[tuple]) -> tuple[float, float]:
 
 def print_data_parallel_series() -> None:
     print("step time per doubling of the data-parallel size, at the same work per device (first to last):")
-    for series in data_parallel_series():
+    every = data_parallel_series()
+    for series in every:
         measured, predicted = per_doubling(series)
         (d0, *_, name), (d1, *_) = series[0], series[-1]
         print(f"{name:34s} {d0:5d} -> {d1:5d} devices  measured {measured:+6.1%}  predicted {predicted:+6.1%}")
-    runs, measured, predicted = computed_replica_growth()
+    runs, measured, predicted = computed_replica_growth(every)
     print(f"median of {runs} series: measured {measured:+.1%}, predicted {predicted:+.1%}")
 
 
