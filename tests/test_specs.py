@@ -157,6 +157,10 @@ def test_fp8_asked_of_a_cluster_without_fp8_data_is_one_line():
         with pytest.raises(UserError, match="a100-80gb: no FP8 data") as e:
             ask()
         assert "\n" not in str(e.value)
+    # TPUs up to v6e list a bf16 and an Int8 peak, no FP8 one: their integer rate is not FP8's
+    for tpu in ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e"):
+        with pytest.raises(UserError, match=f"{tpu}: no FP8 data"):
+            predict(model, load_cluster(tpu), Layout.parse("dp=8", 8), 8, "fp8")
     assert predict(model, load_cluster("h100-80gb"), Layout.parse("dp=8", 8), 8, "fp8").precision == "fp8"
     # MXFP8's block-scaled tensor cores came with Blackwell: Hopper has FP8 data but none for MXFP8
     with pytest.raises(UserError, match="h100-80gb: no MXFP8 data") as e:
@@ -172,6 +176,7 @@ def test_new_generations_from_their_datasheets():
     assert mi300x.gpu_arch == "" and mi300x.tiers[0].name == "xgmi"  # RCCL: the alpha-beta model, not NCCL's tuner
     assert mi325x.peak_flops_bf16 == mi300x.peak_flops_bf16 and mi325x.hbm_bytes > mi300x.hbm_bytes
     assert v6e.torus == (16, 16) and v6e.peak_flops_bf16 == 918e12
+    assert v6e.gemm_tile == (256, 256) and load_cluster("tpu-v5p").gemm_tile == (128, 128)  # MXU widths
     # its measured GEMM ceiling (727.7 TFLOP/s of device time at 8192^3), not v5e's near-peak one
     assert v6e.matmul_efficiency == pytest.approx(727.7 / 918, abs=0.005)
     assert v6e.matmul_efficiency < load_cluster("tpu-v5e").matmul_efficiency

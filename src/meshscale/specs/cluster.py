@@ -476,24 +476,26 @@ def _mi300(name, accel, hbm, hbm_bw) -> ClusterSpec:
                 host_bandwidth=55 * GB)
 
 
-def _tpu(name, accel, bf16, fp8, hbm, hbm_bw, ici_axis, dcn, torus, price, host, eff=0.90) -> ClusterSpec:
+def _tpu(name, accel, bf16, hbm, hbm_bw, ici_axis, dcn, torus, price, host, eff=0.90, mxu=128) -> ClusterSpec:
     # ICI figure per torus axis with wraparound (two links, both directions), as the scaling book's W_ici.
     # What an ICI collective reaches of it, and a hop's latency: the book's profiles on v5e (Part 3, "Sharded
     # Matrices", worked problem on an AllGather over a 4-chip axis): 34 MB in 680 us where the link rate gives
     # 560 (0.83 once its hops' latency is taken off), and 32 kB shards over 3 hops in ~8 us where bandwidth
-    # takes 2.1 (2 us a hop). DCN per chip (host NIC bandwidth / chips per host). Matmuls run on 128x128 MXUs
-    # (Cloud TPU "performance guide": dimensions are padded to multiples of 128); large MXU-aligned matmuls run
-    # near peak (scaling book Part 1 takes them at peak; we keep 10% for the vector-unit epilogue), and XLA
-    # schedules tiles without GPU-style waves. Measured: XLA's bare bf16 jnp.matmul on v5e sustained 92.3% of
-    # peak at 8192^3 and 84.3% at 4096^3, Python dispatch included (JAX's Pallas TPU matmul guide,
-    # docs/pallas/tpu/matmul.ipynb outputs); training's matmuls carry fused epilogues that bare one has not.
+    # takes 2.1 (2 us a hop). DCN per chip (host NIC bandwidth / chips per host). Matmuls run on MXUs of 128x128
+    # up to v5p and 256x256 on v6e (Cloud TPU system architecture pages; "performance guide": dimensions are
+    # padded to multiples of the MXU's); large MXU-aligned matmuls run near peak (scaling book Part 1 takes
+    # them at peak; we keep 10% for the vector-unit epilogue), and XLA schedules tiles without GPU-style waves.
+    # Measured: XLA's bare bf16 jnp.matmul on v5e sustained 92.3% of peak at 8192^3 and 84.3% at 4096^3, Python
+    # dispatch included (JAX's Pallas TPU matmul guide, docs/pallas/tpu/matmul.ipynb outputs); training's
+    # matmuls carry fused epilogues that bare one has not.
     # Software: MaxText shards with FSDP (zero=3: one reduce per layer, whatever the framework); for zero 0-2 XLA
     # combines all-reduces up to a threshold we have no published figure for: Megatron-Core's buckets stand in.
+    # No FP8: the docs give these chips a bf16 peak and an Int8 one (integer MXU arithmetic), none for FP8.
     tiers = (Tier("ici", _prod(torus), ici_axis, 2e-6, 0.83), Tier("dcn", 0, dcn, 10e-6, 0.80))
-    return ClusterSpec(name=name, accelerator=accel, peak_flops_bf16=bf16, peak_flops_fp8=fp8,
+    return ClusterSpec(name=name, accelerator=accel, peak_flops_bf16=bf16, peak_flops_fp8=0.0,
                        peak_flops_fp32=bf16 / 2, hbm_bytes=hbm, hbm_bandwidth=hbm_bw, matmul_efficiency=eff,
                        tiers=tiers, torus=torus, default_devices=_prod(torus), price_per_device_hour=price,
-                       gemm_tile=(128, 128), software=Software(framework="megatron-core"), host_bandwidth=host)
+                       gemm_tile=(mxu, mxu), software=Software(framework="megatron-core"), host_bandwidth=host)
 
 
 # matmul_efficiency: the fraction of the dense peak the best-shaped bf16 GEMM sustains, the ceiling of the
@@ -632,21 +634,21 @@ PRESETS: dict[str, ClusterSpec] = {
     # 1,510.9 us of device time in a profiler trace, 727.7 TFLOP/s, 0.79 of peak (yangwhale/gpu-tpu-pedia
     # tpu/v7_perf results_trace_test.csv, 2026-02-11; 0.75 timed from Python at 4096 x 8192 x 8192, findings.md),
     # so 0.79 is its ceiling here, not v5e's 0.90.
-    "tpu-v6e": _tpu("tpu-v6e", "TPU v6e", 918e12, 1836e12, 32 * GiB, 1.64e12, 1.8e11, 12.5e9, (16, 16), 2.7, 32e9,
-                    eff=0.79),
+    "tpu-v6e": _tpu("tpu-v6e", "TPU v6e", 918e12, 32 * GiB, 1.64e12, 1.8e11, 12.5e9, (16, 16), 2.7, 32e9, eff=0.79,
+                    mxu=256),
     # TPU v5p (Cloud TPU docs, scaling book Part 2): 4.59e14 bf16, 9.18e14 int8, 95 GiB HBM at 2.765 TB/s,
     # ICI 9e10 B/s bidirectional per link, so 1.8e11 per torus axis with wraparound (the book's W_ici);
     # pods of up to 8960 chips, 16x16x16 = 4096 per slice here; DCN 6.25e9 B/s per chip (Cloud TPU v5p docs:
     # "data center network bandwidth per chip, 50 Gbps").
-    "tpu-v5p": _tpu("tpu-v5p", "TPU v5p", 4.59e14, 9.18e14, 95 * GiB, 2.765e12, 1.8e11, 6.25e9,
+    "tpu-v5p": _tpu("tpu-v5p", "TPU v5p", 4.59e14, 95 * GiB, 2.765e12, 1.8e11, 6.25e9,
                     (16, 16, 16), 4.2, 1.5e10),
     # TPU v5e: 1.97e14 bf16, 3.94e14 int8, 16 GiB HBM at 8.1e11 B/s, 2D torus 16x16, ICI 4.5e10 per link
     # bidirectional (9e10 per axis with wraparound), DCN 3.125e9 per chip (Cloud TPU v5e docs: "data center
     # network bandwidth per Pod, 6.4 Tbps" over its 256 chips).
-    "tpu-v5e": _tpu("tpu-v5e", "TPU v5e", 1.97e14, 3.94e14, 16 * GiB, 8.1e11, 9e10, 3.125e9, (16, 16), 1.2, 1.5e10),
+    "tpu-v5e": _tpu("tpu-v5e", "TPU v5e", 1.97e14, 16 * GiB, 8.1e11, 9e10, 3.125e9, (16, 16), 1.2, 1.5e10),
     # TPU v4: 2.75e14 bf16, 32 GiB HBM at 1.2e12 B/s, 3D torus up to 16x16x16 (4096), ICI 4.5e10 per link
     # bidirectional (9e10 per axis), DCN ~6.25e9 per chip.
-    "tpu-v4": _tpu("tpu-v4", "TPU v4", 2.75e14, 2.75e14, 32 * GiB, 1.2e12, 9e10, 6.25e9, (16, 16, 16), 3.2, 16e9),
+    "tpu-v4": _tpu("tpu-v4", "TPU v4", 2.75e14, 32 * GiB, 1.2e12, 9e10, 6.25e9, (16, 16, 16), 3.2, 16e9),
     # This machine: 2 AMD EPYC cores, 23 GB RAM, torch CPU kernels, gloo over loopback TCP, one core per rank.
     # fp32: measured 3.3-3.5e10 FLOP/s for single-thread torch GEMMs from 512x64x176 (tiny's shapes) to
     # 1024^3 (2026-11-23); bf16 has no native CPU GEMM here, rough 1e10. gloo all_reduce over loopback,
