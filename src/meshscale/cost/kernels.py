@@ -93,6 +93,13 @@ FA2_A100 = ((512, 151, 99), (1024, 173, 133), (2048, 187, 155), (4096, 196, 173)
 # the backward's causal/non-causal ratio as the forward's at the same length (the same masked diagonal blocks).
 CUDNN_H100 = ((512, 482, 315, 305), (1024, 574, 410, 408), (2048, 617, 484, 465), (4096, 609, 518, 499),
               (8192, 600, 529, 518), (16384, 595, 539, 516))
+# Head dimension 64, the same figures' other panels (the papers count FLOPs in proportion to the head dimension,
+# so the rates compare per FLOP): FlashAttention-2 on A100 (Dao 2023 fig. 4a and 4c; the legend hides 4a's 1k
+# label: 153 from the bar), and cuDNN on H100 (Shah et al. 2024 figs. 5a, 5b and 6a).
+FA2_A100_D64 = ((512, 132, 88), (1024, 153, 119), (2048, 162, 140), (4096, 171, 156), (8192, 175, 165),
+                (16384, 176, 171))
+CUDNN_H100_D64 = ((512, 335, 225, 266), (1024, 373, 288, 348), (2048, 395, 334, 395), (4096, 408, 363, 417),
+                  (8192, 412, 379, 432), (16384, 413, 388, 433))
 
 
 def _forward_backward(forward: float, backward: float) -> float:
@@ -100,12 +107,17 @@ def _forward_backward(forward: float, backward: float) -> float:
     return 3.5 / (1 / forward + 2.5 / backward)
 
 
+def _cudnn_rates(table: tuple) -> tuple:
+    """(seq, not causal, causal) forward + backward rates of a cuDNN table (seq, forward not causal, forward
+    causal, backward not causal); the causal backward at the forward's causal/non-causal ratio."""
+    return tuple((s, _forward_backward(fn, bn), _forward_backward(fc, bn * fc / fn)) for s, fn, fc, bn in table)
+
+
 # (seq, non-causal, causal) forward + backward rate, as a fraction of its long causal rate (the last row's),
 # by GPU architecture; newer GPUs without a published scan take Hopper's shape.
 ATTENTION_SHAPES = {
     "ampere": tuple((s, nc / FA2_A100[-1][2], c / FA2_A100[-1][2]) for s, nc, c in FA2_A100),
-    "hopper": tuple((s, _forward_backward(fn, bn), _forward_backward(fc, bn * fc / fn)) for s, fn, fc, bn
-                    in CUDNN_H100),
+    "hopper": _cudnn_rates(CUDNN_H100),
 }
 
 
@@ -127,6 +139,21 @@ ATTENTION_SHAPES = {
 FA2_H100 = ((512, 174.4, 107.8), (1024, 233.2, 162.4), (2048, 256.9, 222.8), (4096, 302.5, 264.3),
             (8192, 317.0, 286.9), (16384, 321.4, 306.7))
 FA_TRITON_A100 = ((512, 78, 50), (1024, 85, 61), (2048, 90, 68), (4096, 93, 74), (8192, 95, 78), (16384, 95, 80))
+FA_TRITON_A100_D64 = ((512, 90, 59), (1024, 102, 75), (2048, 98, 79), (4096, 98, 76), (8192, 100, 79),
+                      (16384, 100, 80))  # head dim 64: the same figure's panels a and c
+# FlashAttention-2 on H100 at head dims 64 and 128 (Dao 2023 fig. 7, assets/flash2_h100_fwd_bwd_benchmark.png): a
+# burst's rates, so only their ratio is taken, onto the sustained FA2_H100.
+FA2_H100_D64 = ((512, 215, 141), (1024, 254, 192), (2048, 274, 232), (4096, 288, 257), (8192, 294, 273),
+                (16384, 296, 284))
+FA2_H100_D128 = ((512, 248, 163), (1024, 294, 221), (2048, 320, 265), (4096, 326, 294), (8192, 335, 308),
+                 (16384, 338, 328))
+# Each kernel's (head dim 64, head dim 128) forward + backward rates, (seq, not causal, causal); Blackwell's
+# kernels take Hopper's ratio, as they take its shape.
+HEAD_DIM_TABLES = {("ampere", "platform"): (FA2_A100_D64, FA2_A100), ("ampere", "fa2"): (FA2_A100_D64, FA2_A100),
+                   ("hopper", "platform"): (_cudnn_rates(CUDNN_H100_D64), _cudnn_rates(CUDNN_H100)),
+                   ("hopper", "fa2"): (FA2_H100_D64, FA2_H100_D128),
+                   ("ampere", "fa-triton"): (FA_TRITON_A100_D64, FA_TRITON_A100),
+                   ("hopper", "fa-triton"): (FA_TRITON_A100_D64, FA_TRITON_A100)}
 # FlashAttention-2 has no Blackwell kernels and runs its Ampere ones there: Azure's AI-benchmarking-guide ran
 # flash-attention's benchmark_flash_attention.py (its first seq-8192 case: not causal, batch 2) on both and
 # measured 373.9 TFLOP/s on GB200 (Azure_Results/ND_GB200_v6_results.md) and 327.9 on H100 (ND_H100_v5): 1.140x,
@@ -163,21 +190,37 @@ def kernel_speed(arch: str, kernel: str, seq: float, causal: bool) -> float:
     return speed
 
 
-def attention_shape(arch: str, seq: float, causal: bool, kernel: str = "platform") -> float:
-    """A fused kernel's rate at sequence length `seq` over the platform kernel's rate at long causal sequences:
-    log-linear between the measured lengths, the 512-1k slope continued below 512 (per-tile prologues and
-    epilogues amortised over fewer key blocks; never below a tenth), flat above 16k; times `kernel_speed`."""
+def head_dim_speed(arch: str, kernel: str, seq: float, causal: bool, head_dim: int) -> float:
+    """The kernel's rate at `head_dim` over its rate at 128 at this length: the figures' own ratio at 64 (forward
+    + backward 0.79-0.85 for cuDNN on H100, 0.86-0.91 for FlashAttention-2: a tile's softmax and bookkeeping
+    are paid over half the FLOPs; 1.01-1.18 for the Triton kernel), geometric between 64 and 128, flat outside
+    them (no figure below 64, no backward one above 128)."""
+    if head_dim >= 128:
+        return 1.0
+    d64, d128 = HEAD_DIM_TABLES["ampere" if arch == "ampere" else "hopper", kernel]
+    col = 1 if causal else 0
+    ratio = _loglinear(d64, seq)[col] / _loglinear(d128, seq)[col]
+    return ratio ** min(1.0, math.log2(128 / head_dim))
+
+
+def attention_shape(arch: str, seq: float, causal: bool, kernel: str = "platform", head_dim: int = 128) -> float:
+    """A fused kernel's rate at sequence length `seq` over the platform kernel's rate at long causal sequences
+    of head dim 128: log-linear between the measured lengths, the 512-1k slope continued below 512 (per-tile
+    prologues and epilogues amortised over fewer key blocks; never below a tenth), flat above 16k; times
+    `kernel_speed` and `head_dim_speed`."""
     rows = ATTENTION_SHAPES.get(arch, ATTENTION_SHAPES["hopper"])
     top = rows[-1][2]
     rate = _loglinear(rows, seq, extend_below=True)[1 if causal else 0]
-    return kernel_speed(arch, kernel, seq, causal) * max(0.1 * top, rate) / top
+    speed = kernel_speed(arch, kernel, seq, causal) * head_dim_speed(arch, kernel, seq, causal, head_dim)
+    return speed * max(0.1 * top, rate) / top
 
 
 def attention_seconds(cluster: ClusterSpec, core_flops: float, seq: int, peak: float, causal: bool = True,
-                      cp: int = 1) -> float:
+                      cp: int = 1, head_dim: int = 128) -> float:
     """Forward + backward of a fused attention kernel doing `core_flops` of (useful) forward work over sequences
-    of `seq`, split over `cp` ranks. GPUs: `attention_efficiency` is the kernel's rate at long causal sequences;
-    shorter ones run slower as the published scans measure (`attention_shape`). Under context parallelism each
+    of `seq`, split over `cp` ranks. GPUs: `attention_efficiency` is the kernel's rate at long causal sequences
+    of head dim 128; shorter ones, and smaller heads, run slower as the published scans measure
+    (`attention_shape`). Under context parallelism each
     rank runs, ring step by ring step (Megatron-Core/Transformer Engine's load-balanced ring: two chunks of
     seq/2cp a rank), one causal kernel over its own 2 chunks (1/cp of the work) and cp-1 non-causal ones of
     2 chunks of queries by one of keys or the reverse (length taken as their geometric mean). Without a
@@ -190,10 +233,10 @@ def attention_seconds(cluster: ClusterSpec, core_flops: float, seq: int, peak: f
         return 3.5 * core_flops / (peak * eff * diagonal)
     arch, kernel = cluster.gpu_arch, cluster.software.attention_kernel
     if cp == 1:
-        return 3.5 * core_flops / (peak * eff * attention_shape(arch, seq, causal, kernel))
+        return 3.5 * core_flops / (peak * eff * attention_shape(arch, seq, causal, kernel, head_dim))
     chunk = seq / (2 * cp)
-    own = attention_shape(arch, 2 * chunk, causal, kernel)
-    ring = attention_shape(arch, chunk * math.sqrt(2), False, kernel)
+    own = attention_shape(arch, 2 * chunk, causal, kernel, head_dim)
+    ring = attention_shape(arch, chunk * math.sqrt(2), False, kernel, head_dim)
     return 3.5 * core_flops / (peak * eff) * (1 / cp / own + (cp - 1) / cp / ring)
 
 
@@ -596,7 +639,8 @@ def _fused_core_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, 
         # calibrated: forward + backward measured as 3x the forward FLOPs
         total = 3 * core / measured
         return total / 3, total * 2 / 3
-    total = attention_seconds(cluster, core, length, peak, cp=cp)
+    head_dim = model.head_dim + (model.rope_head_dim if model.uses_mla else 0)  # the query-key product's
+    total = attention_seconds(cluster, core, length, peak, cp=cp, head_dim=head_dim)
     merge_f = merge_b = 0.0
     if cp > 1:
         queries = tokens * model.heads * model.head_dim / layout.tp
