@@ -192,8 +192,8 @@ def kernel_speed(arch: str, kernel: str, seq: float, causal: bool) -> float:
 
 def head_dim_speed(arch: str, kernel: str, seq: float, causal: bool, head_dim: int) -> float:
     """The kernel's rate at `head_dim` over its rate at 128 at this length: the figures' own ratio at 64 (forward
-    + backward 0.79-0.85 for cuDNN on H100, 0.86-0.91 for FlashAttention-2: a tile's softmax and bookkeeping
-    are paid over half the FLOPs; 1.01-1.18 for the Triton kernel), geometric between 64 and 128, flat outside
+    + backward 0.79-0.86 for cuDNN on H100, 0.86-0.91 for FlashAttention-2: a tile's softmax and bookkeeping
+    are paid over half the FLOPs; 1.00-1.23 for the Triton kernel), geometric between 64 and 128, flat outside
     them (no figure below 64, no backward one above 128)."""
     if head_dim >= 128:
         return 1.0
