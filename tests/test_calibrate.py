@@ -127,18 +127,21 @@ def test_a_gpu_calibration_keeps_its_datasheet_for_what_it_did_not_measure(monke
     bf16 GEMMs cost the measured rates, FP8 ones the preset's model. Built from made-up rates (no GPU here)."""
     import torch
 
-    from meshscale.cost.kernels import gemm_seconds
+    from meshscale.cost.kernels import gemm_seconds, nearest
     from meshscale.runtime.measure import calibrate
 
     sweep = calibrate.SWEEPS["cuda"]
     assert sweep.precision == "bf16" and (8192, 8192, 8192) in sweep.gemms
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
     rank = {"gemm": [(m, n, k, 6e14) for m, n, k in sweep.gemms],
-            "attention": [(s, d, 4e14) for s, d in sweep.attention], "bandwidth": 4.3e12, "op_overhead": 1e-5}
+            "attention": [(s, d, 4e14 * d / 128) for s, d in sweep.attention], "bandwidth": 4.3e12,
+            "op_overhead": 1e-5}
     path = tmp_path / "gpu.toml"
     path.write_text(calibrate.to_toml(calibrate.cluster_fields([rank], torch.device("cuda", 0), 1, "test")))
     gpu, h200 = load_cluster(str(path)), load_cluster("h200")
     assert gpu.rates_precision == "bf16" and gpu.calibrated_ranks == 0
+    # heads of 64 (GPT-OSS's) read their own measured rate at each length, not 128's
+    assert [nearest(gpu.attention_rates, (s, 64)) for s in (1024, 4096, 8192)] == [2e14] * 3
     assert (gpu.peak_flops_bf16, gpu.peak_flops_fp32, gpu.matmul_efficiency) == (
         h200.peak_flops_bf16, h200.peak_flops_fp32, h200.matmul_efficiency)
     model, layout = load_model("llama3-8b"), Layout(dp=8)

@@ -44,11 +44,11 @@ SWEEPS = {
     "cpu": Sweep("fp32", ((512, 64, 176), (512, 176, 64), (2048, 256, 688), (2048, 688, 256), (2048, 256, 256),
                           (1024, 1024, 1024)), ((64, 8), (256, 32), (1024, 64)), 4096, 2**22),
     # a llama3-8b layer's GEMMs at 4,096 tokens (QKV, output, MLP up and down), the output at 1,024, and 8192^3,
-    # in bf16 (a GPU trains in bf16; its fp32 and FP8 keep the preset's figures); 1 GiB tensors (an H100's L2
-    # holds 50 MB)
+    # in bf16 (a GPU trains in bf16; its fp32 and FP8 keep the preset's figures); attention at head dims 128 and
+    # 64 (smaller heads run slower a FLOP, cost/kernels.py head_dim_speed); 1 GiB tensors (an H100's L2 holds 50 MB)
     "cuda": Sweep("bf16", ((4096, 6144, 4096), (4096, 4096, 4096), (4096, 14336, 4096), (4096, 4096, 14336),
-                           (1024, 4096, 4096), (8192, 8192, 8192)), ((1024, 128), (4096, 128), (8192, 128)), 32768,
-                  2**28),
+                           (1024, 4096, 4096), (8192, 8192, 8192)),
+                  ((1024, 128), (4096, 128), (8192, 128), (1024, 64), (4096, 64), (8192, 64)), 32768, 2**28),
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 MESSAGE_BYTES = (4 * 2**10, 64 * 2**10, 1 * 2**20, 8 * 2**20)
