@@ -220,12 +220,11 @@ def attention_seconds(cluster: ClusterSpec, core_flops: float, seq: int, peak: f
     """Forward + backward of a fused attention kernel doing `core_flops` of (useful) forward work over sequences
     of `seq`, split over `cp` ranks. GPUs: `attention_efficiency` is the kernel's rate at long causal sequences
     of head dim 128; shorter ones, and smaller heads, run slower as the published scans measure
-    (`attention_shape`). Under context parallelism each
-    rank runs, ring step by ring step (Megatron-Core/Transformer Engine's load-balanced ring: two chunks of
-    seq/2cp a rank), one causal kernel over its own 2 chunks (1/cp of the work) and cp-1 non-causal ones of
-    2 chunks of queries by one of keys or the reverse (length taken as their geometric mean). Without a
-    measured shape (TPUs): the matmul ceiling, with the causal diagonal blocks computed in full,
-    nb(nb+1)/2 blocks for nb^2/2 of useful work."""
+    (`attention_shape`). Under context parallelism each rank runs, ring step by ring step (Megatron-Core/
+    Transformer Engine's load-balanced ring: two chunks of seq/2cp a rank), one causal kernel over its own 2
+    chunks (1/cp of the work) and cp-1 non-causal ones of 2 chunks of queries by one of keys or the reverse
+    (length taken as their geometric mean). Without a measured shape (TPUs): the matmul ceiling, with the
+    causal diagonal blocks computed in full, nb(nb+1)/2 blocks for nb^2/2 of useful work."""
     eff = min(cluster.attention_efficiency or cluster.matmul_efficiency, cluster.matmul_efficiency)
     if not (cluster.attention_efficiency and cluster.compute_units):
         blocks = max(1.0, seq / cp / FLASH_BLOCK)
