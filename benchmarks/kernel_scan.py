@@ -8,12 +8,13 @@ name). Nothing here is fitted: the figures are for reading, and for a note that 
 - GEMM, bf16 and FP8 (torch._scaled_mm, per-tensor scales), over a llama3-8b/70b layer's shapes and squares:
   measured TFLOP/s against `gemm_seconds`.
 - Grouped GEMM (torch._grouped_mm, bf16) by tokens per expert, a rank's experts of Mixtral 8x7B at ep=1,
-  Qwen3-235B-A22B at ep=8 and DeepSeek-V3 at ep=32, both matrices: forward (tokens as M) against
-  `gemm_seconds(batch=groups)` times `grouped_gemm_efficiency`, and the weight gradient (tokens as K, one
+  Qwen3-235B-A22B at ep=8, DeepSeek-V3 at ep=32 and DeepSeek-V2 at ep=8, both matrices: forward (tokens as M)
+  against `gemm_seconds(batch=groups)` times `grouped_gemm_efficiency`, and the weight gradient (tokens as K, one
   group's tokens each) against `gemm_seconds` of that shape over GROUPED_WGRAD_EFFICIENCY (this scan's own
   figures: the H200's recorded rows replay at 1 on average), as `gemm_pass_seconds` charges them.
 - Attention forward + backward (scaled_dot_product_attention, flash and cuDNN back ends), causal and not, by
-  sequence length, head_dim 128: against `attention_seconds` (the flash rows as [software] attention_kernel fa2).
+  sequence length and head dims (query-key/value: 128, 64, MLA's 192/128, 192 and 256, a 4,096-wide layer's
+  heads): against `attention_seconds` (the flash rows as [software] attention_kernel fa2).
 - HBM: a 4 GiB copy and element-wise add (bytes read + written) against the rate the cost model charges
   memory traffic at, the preset's `hbm_bandwidth` x `hbm_efficiency` (the latter taken from this row's copy).
 - Host link: a 1 GiB copy from device to pinned host memory and back, what activation offload moves, against
@@ -71,9 +72,13 @@ GROUPED_TOKENS = (128, 256, 512, 1024, 2048, 4096)
 # (local experts, N, K) of each expert matrix's forward: gate and up fused (N = 2 ffn), then down
 GROUPED_SHAPES = ((8, 14336, 4096), (8, 4096, 14336),  # Mixtral 8x7B, ep=1
                   (16, 3072, 4096), (16, 4096, 1536),  # Qwen3-235B-A22B, ep=8
-                  (8, 4096, 7168), (8, 7168, 2048))  # DeepSeek-V3, ep=32
+                  (8, 4096, 7168), (8, 7168, 2048),  # DeepSeek-V3, ep=32
+                  (20, 3072, 5120), (20, 5120, 1536))  # DeepSeek-V2, ep=8 (its paper's layout)
 ATTENTION_SEQS = (512, 1024, 2048, 4096, 8192, 16384)
-ATTENTION_HEADS, HEAD_DIM, ATTENTION_TOKENS = 32, 128, 32768  # batch = tokens / seq
+# (query-key, value) head dims: Llama's 128, GPT-OSS's 64, DeepSeek's MLA (192, 128) and both at 192, Gemma's 256;
+# as many heads as a 4,096-wide layer holds
+ATTENTION_HEAD_DIMS = ((128, 128), (64, 64), (192, 128), (192, 192), (256, 256))
+ATTENTION_WIDTH, ATTENTION_TOKENS = 4096, 32768  # batch = tokens / seq
 ROUTING_MODELS, ROUTING_TOKENS = ("mixtral-8x7b", "qwen3-235b-a22b", "deepseek-v3"), (4096, 16384)
 # thread blocks the copy holds (24: NCCL's channels on Hopper); not all 132 SMs, where the GEMM would wait
 INTERFERENCE_BLOCKS = (8, 24, 66)
@@ -130,12 +135,14 @@ def predicted_seconds(row: dict, cluster) -> float:
     kernel = "fa2" if kind == "attention flash" else "platform"
     cluster = dataclasses.replace(cluster, software=dataclasses.replace(cluster.software, attention_kernel=kernel))
     return attention_seconds(cluster, attention_core_flops(shape), shape["seq"], cluster.peak_flops("bf16"),
-                             shape["causal"])
+                             shape["causal"], head_dim=shape["head_dim"], v_head_dim=shape.get("v_head_dim", 0))
 
 
 def attention_core_flops(shape: dict) -> float:
-    """Useful forward FLOPs of one attention call: 4 s^2 d per head, halved when causal (the papers' count)."""
-    return 4.0 * shape["batch"] * shape["heads"] * shape["seq"] ** 2 * shape["head_dim"] / (2 if shape["causal"] else 1)
+    """Useful forward FLOPs of one attention call: 2 s^2 (d_qk + d_v) per head (4 s^2 d, the papers' count, where
+    the two are equal), halved when causal, as cost/flops.py counts them."""
+    dims = shape["head_dim"] + shape.get("v_head_dim", shape["head_dim"])
+    return 2.0 * shape["batch"] * shape["heads"] * shape["seq"] ** 2 * dims / (2 if shape["causal"] else 1)
 
 
 def row_flops(row: dict) -> float:
@@ -193,25 +200,32 @@ def attention() -> list[dict]:
 
     rows = []
     for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION):
-        for seq in ATTENTION_SEQS:
-            batch = max(1, ATTENTION_TOKENS // seq)
-            q, k, v = (torch.randn(batch, ATTENTION_HEADS, seq, HEAD_DIM, device="cuda", dtype=torch.bfloat16,
-                                   requires_grad=True) for _ in range(3))
-            grad = torch.randn_like(q)
-            for causal in (False, True):
-                def step():
-                    with sdpa_kernel([backend]):
-                        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-                    out.backward(grad)
-                try:
-                    t = timed(step, repeat=4, batches=3)
-                except RuntimeError as e:
-                    print(f"attention {backend.name} seq {seq}: {str(e).splitlines()[0]}", file=sys.stderr)
-                    continue
-                rows.append({"kind": f"attention {backend.name.split('_')[0].lower()}",
-                             "shape": {"seq": seq, "batch": batch, "heads": ATTENTION_HEADS, "head_dim": HEAD_DIM,
-                                       "causal": causal}, "measured_s": t})
-            del q, k, v, grad
+        for head_dim, v_head_dim in ATTENTION_HEAD_DIMS:
+            for seq in ATTENTION_SEQS:
+                rows += _attention_rows(backend, sdpa_kernel, seq, head_dim, v_head_dim)
+    return rows
+
+
+def _attention_rows(backend, sdpa_kernel, seq: int, head_dim: int, v_head_dim: int) -> list[dict]:
+    batch, heads = max(1, ATTENTION_TOKENS // seq), ATTENTION_WIDTH // head_dim
+    q, k, v = (torch.randn(batch, heads, seq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for d in (head_dim, head_dim, v_head_dim))
+    grad = torch.randn_like(v)
+    rows = []
+    for causal in (False, True):
+        def step():
+            with sdpa_kernel([backend]):
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            out.backward(grad)
+        try:
+            t = timed(step, repeat=4, batches=3)
+        except RuntimeError as e:  # this back end has no kernel for the shape
+            print(f"attention {backend.name} seq {seq} head dims {head_dim}/{v_head_dim}: "
+                  f"{str(e).splitlines()[0]}", file=sys.stderr)
+            continue
+        rows.append({"kind": f"attention {backend.name.split('_')[0].lower()}",
+                     "shape": {"seq": seq, "batch": batch, "heads": heads, "head_dim": head_dim,
+                               "v_head_dim": v_head_dim, "causal": causal}, "measured_s": t})
     return rows
 
 
@@ -375,7 +389,9 @@ def describe(row: dict) -> str:
     if row["kind"].startswith(("hbm", "host")):
         return f"{s['bytes'] / 2**30:.0f} GiB moved"
     if row["kind"].startswith("attention"):
-        return f"seq {s['seq']} x{s['batch']} {'causal' if s['causal'] else 'full'}"
+        dims = f"{s['head_dim']}/{s['v_head_dim']}" if s.get("v_head_dim", s["head_dim"]) != s["head_dim"] \
+            else s["head_dim"]
+        return f"seq {s['seq']} d{dims} x{s['batch']} {'causal' if s['causal'] else 'full'}"
     return (f"{s['groups']}x" if "groups" in s else "") + f"{s['m']}x{s['n']}x{s['k']}"
 
 
@@ -414,11 +430,13 @@ def main() -> int:
     preset = args.cluster or next((c for key, c in PRESET_BY_NAME if key in name), "h100-80gb")
     torch.backends.cuda.matmul.allow_tf32 = True
     rows = hbm() + host_link() + gemms() + grouped() + attention() + moe_routing() + optimizer() + interference()
-    print(f"{name}, torch {torch.__version__}; cost model preset {preset}")
+    cudnn = torch.backends.cudnn.version()
+    print(f"{name}, torch {torch.__version__}, cuDNN {cudnn}; cost model preset {preset}")
     report(rows, load_cluster(preset))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"gpu": name, "torch": torch.__version__, "preset": preset, "rows": rows}, f, indent=1)
+            json.dump({"gpu": name, "torch": torch.__version__, "cudnn": cudnn, "preset": preset, "rows": rows}, f,
+                      indent=1)
     return 0
 
 

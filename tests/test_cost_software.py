@@ -349,3 +349,17 @@ def test_deepspeeds_bf16_optimizer_copies_each_backward_to_fp32_and_all_reduces(
                   - rank_passes(MODEL, with_software(framework="deepspeed", grad_reduce_fp32=False), layout,
                                 rank).backward)
         assert copies == pytest.approx(18 * params_on_rank(MODEL, layout, rank) / A100.achieved_hbm_bandwidth)
+
+
+def test_gradient_clipping_reads_the_gradients_and_torch_scales_them_too():
+    """The update pays clipping's norm, a read of every gradient in the dtype it accumulates in (fp32 here), and
+    under torch's clip_grad_norm_ the scale that follows whatever the norm (a read and a write): 2 gradient
+    passes more than Megatron-Core, which scales only over the limit; bf16 accumulation halves the bytes."""
+    layout = Layout.parse("dp=8,mbs=1", 8)
+    megatron = predict(MODEL, A100, layout, 8)
+    torch_ = predict(MODEL, with_software(framework="torch"), layout, 8)
+    grads = megatron.memory_per_device_bytes["grads"]  # bf16 on the device: 2 bytes an element
+    extra = (torch_.optimizer_s - megatron.optimizer_s) * A100.achieved_hbm_bandwidth
+    assert extra == pytest.approx(2 * grads / 2 * 4, rel=1e-6)
+    half = predict(MODEL, with_software(grad_reduce_fp32=False), layout, 8)
+    assert (megatron.optimizer_s - half.optimizer_s) * A100.achieved_hbm_bandwidth == pytest.approx(grads, rel=1e-6)

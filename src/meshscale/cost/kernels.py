@@ -147,13 +147,45 @@ FA2_H100_D64 = ((512, 215, 141), (1024, 254, 192), (2048, 274, 232), (4096, 288,
                 (16384, 296, 284))
 FA2_H100_D128 = ((512, 248, 163), (1024, 294, 221), (2048, 320, 265), (4096, 326, 294), (8192, 335, 308),
                  (16384, 338, 328))
-# Each kernel's (head dim 64, head dim 128) forward + backward rates, (seq, not causal, causal); Blackwell's
-# kernels take Hopper's ratio, as they take its shape.
-HEAD_DIM_TABLES = {("ampere", "platform"): (FA2_A100_D64, FA2_A100), ("ampere", "fa2"): (FA2_A100_D64, FA2_A100),
-                   ("hopper", "platform"): (_cudnn_rates(CUDNN_H100_D64), _cudnn_rates(CUDNN_H100)),
-                   ("hopper", "fa2"): (FA2_H100_D64, FA2_H100_D128),
-                   ("ampere", "fa-triton"): (FA_TRITON_A100_D64, FA_TRITON_A100),
-                   ("hopper", "fa-triton"): (FA_TRITON_A100_D64, FA_TRITON_A100)}
+# Larger heads on Hopper, as benchmarks/kernel_scan.py measured them on this workplace's H200 (2026-11-29,
+# benchmarks/data/kernel_scan_h200_2026-11-29.json: torch 2.11's SDPA, cuDNN 9.19 and the flash back end, 32k tokens
+# a call of a 4,096-wide layer's heads, forward + backward TFLOP/s counted as the papers do, 2 s^2 (d_qk + d_v) a
+# head forward): (seq, not causal, causal) at (query-key, value) head dims 128, DeepSeek's MLA (192, 128), 192 and
+# 256. Only each table's ratio to the same scan's 128 is taken (cuDNN 9.19 runs 128 faster than CUDNN_H100's).
+# FlashAttention-2 has no kernel for a value dim unlike the query's: frameworks pad the values to it.
+SCAN_CUDNN_H200 = {
+    (128, 128): ((512, 327.0, 194.9), (1024, 438.1, 301.7), (2048, 510.6, 399.3), (4096, 526.1, 464.1),
+                 (8192, 551.9, 500.7), (16384, 559.9, 531.2)),
+    (192, 128): ((512, 230.8, 178.6), (1024, 288.0, 274.9), (2048, 325.1, 370.5), (4096, 348.1, 410.1),
+                 (8192, 357.6, 452.3), (16384, 358.6, 485.3)),
+    (192, 192): ((512, 231.9, 158.9), (1024, 296.7, 231.7), (2048, 346.2, 292.7), (4096, 379.9, 339.3),
+                 (8192, 392.7, 365.4), (16384, 361.7, 363.5)),
+    (256, 256): ((512, 255.5, 174.6), (1024, 330.8, 256.2), (2048, 385.0, 335.1), (4096, 422.8, 399.0),
+                 (8192, 410.1, 411.7), (16384, 412.8, 422.1))}
+SCAN_FA2_H200 = {
+    (128, 128): ((512, 184.9, 117.4), (1024, 240.4, 176.0), (2048, 280.9, 231.2), (4096, 304.2, 270.6),
+                 (8192, 317.1, 297.2), (16384, 322.3, 314.0)),
+    (192, 192): ((512, 167.4, 114.6), (1024, 211.9, 163.3), (2048, 245.0, 209.4), (4096, 264.9, 243.7),
+                 (8192, 275.0, 267.0), (16384, 280.1, 277.2)),
+    (256, 256): ((512, 173.1, 115.4), (1024, 215.0, 163.5), (2048, 246.5, 207.4), (4096, 263.5, 237.6),
+                 (8192, 272.9, 257.2), (16384, 277.6, 268.0))}
+
+
+def _against_128(tables: dict) -> dict:
+    """A scan's tables by head dims as (that table, the same scan's 128 table): what `head_dim_speed` divides."""
+    return {dims: (rates, tables[128, 128]) for dims, rates in tables.items() if dims != (128, 128)}
+
+
+# Each kernel's measured (query-key, value) head dims: (their forward + backward rates, the same source's at 128),
+# (seq, not causal, causal). Blackwell's kernels take Hopper's, as they take its shape.
+HEAD_DIM_TABLES = {
+    ("ampere", "platform"): {(64, 64): (FA2_A100_D64, FA2_A100)},
+    ("ampere", "fa2"): {(64, 64): (FA2_A100_D64, FA2_A100)},
+    ("hopper", "platform"): {(64, 64): (_cudnn_rates(CUDNN_H100_D64), _cudnn_rates(CUDNN_H100)),
+                             **_against_128(SCAN_CUDNN_H200)},
+    ("hopper", "fa2"): {(64, 64): (FA2_H100_D64, FA2_H100_D128), **_against_128(SCAN_FA2_H200)},
+    ("ampere", "fa-triton"): {(64, 64): (FA_TRITON_A100_D64, FA_TRITON_A100)},
+    ("hopper", "fa-triton"): {(64, 64): (FA_TRITON_A100_D64, FA_TRITON_A100)}}
 # FlashAttention-2 has no Blackwell kernels and runs its Ampere ones there: Azure's AI-benchmarking-guide ran
 # flash-attention's benchmark_flash_attention.py (its first seq-8192 case: not causal, batch 2) on both and
 # measured 373.9 TFLOP/s on GB200 (Azure_Results/ND_GB200_v6_results.md) and 327.9 on H100 (ND_H100_v5): 1.140x,
@@ -190,20 +222,35 @@ def kernel_speed(arch: str, kernel: str, seq: float, causal: bool) -> float:
     return speed
 
 
-def head_dim_speed(arch: str, kernel: str, seq: float, causal: bool, head_dim: int) -> float:
-    """The kernel's rate at `head_dim` over its rate at 128 at this length: the figures' own ratio at 64 (forward
-    + backward 0.79-0.86 for cuDNN on H100, 0.86-0.91 for FlashAttention-2: a tile's softmax and bookkeeping
-    are paid over half the FLOPs; 1.00-1.23 for the Triton kernel), geometric between 64 and 128, flat outside
-    them (no figure below 64, no backward one above 128)."""
-    if head_dim >= 128:
-        return 1.0
-    d64, d128 = HEAD_DIM_TABLES["ampere" if arch == "ampere" else "hopper", kernel]
+def head_dim_speed(arch: str, kernel: str, seq: float, causal: bool, head_dim: int, v_head_dim: int = 0) -> float:
+    """The kernel's rate at (query-key) `head_dim` and `v_head_dim` (0: the same) over its rate at 128 at this
+    length, from its measured head dims (HEAD_DIM_TABLES): a measured pair's own ratio; otherwise geometric in the
+    head dim between the measured equal pairs on either side (128 at 1), flat beyond them. At 64, a tile's softmax
+    and bookkeeping are paid over half the FLOPs (cuDNN 0.79-0.86, FlashAttention-2 0.86-0.91; the Triton kernel
+    1.00-1.23); above 128 Hopper's run 0.65-0.98 as fast (cuDNN at 192 0.65-0.82, at 256 0.74-0.90, MLA's 192/128
+    0.88-0.93 causal and 0.64-0.71 not; FlashAttention-2 0.85-0.98). FlashAttention's kernels, without a value
+    dim of their own, pad the values to the query's: the useful share of their work."""
+    v_head_dim = v_head_dim or head_dim
+    tables = HEAD_DIM_TABLES.get(("ampere" if arch == "ampere" else "hopper", kernel), {})
     col = 1 if causal else 0
-    ratio = _loglinear(d64, seq)[col] / _loglinear(d128, seq)[col]
-    return ratio ** min(1.0, math.log2(128 / head_dim))
+
+    def ratio(dims: tuple) -> float:
+        measured, base = tables[dims]
+        return _loglinear(measured, seq)[col] / _loglinear(base, seq)[col]
+
+    if (head_dim, v_head_dim) in tables:
+        return ratio((head_dim, v_head_dim))
+    points = sorted([(128, 1.0)] + [(q, ratio((q, v))) for q, v in tables if q == v])
+    below = [p for p in points if p[0] <= head_dim] or points[:1]
+    above = [p for p in points if p[0] >= head_dim] or points[-1:]
+    (d0, r0), (d1, r1) = below[-1], above[0]
+    t = math.log(head_dim / d0) / math.log(d1 / d0) if d1 != d0 else 0.0
+    pads = v_head_dim < head_dim and (kernel != "platform" or arch == "ampere")
+    return r0 ** (1 - t) * r1 ** t * ((head_dim + v_head_dim) / (2 * head_dim) if pads else 1.0)
 
 
-def attention_shape(arch: str, seq: float, causal: bool, kernel: str = "platform", head_dim: int = 128) -> float:
+def attention_shape(arch: str, seq: float, causal: bool, kernel: str = "platform", head_dim: int = 128,
+                    v_head_dim: int = 0) -> float:
     """A fused kernel's rate at sequence length `seq` over the platform kernel's rate at long causal sequences
     of head dim 128: log-linear between the measured lengths, the 512-1k slope continued below 512 (per-tile
     prologues and epilogues amortised over fewer key blocks; never below a tenth), flat above 16k; times
@@ -211,12 +258,12 @@ def attention_shape(arch: str, seq: float, causal: bool, kernel: str = "platform
     rows = ATTENTION_SHAPES.get(arch, ATTENTION_SHAPES["hopper"])
     top = rows[-1][2]
     rate = _loglinear(rows, seq, extend_below=True)[1 if causal else 0]
-    speed = kernel_speed(arch, kernel, seq, causal) * head_dim_speed(arch, kernel, seq, causal, head_dim)
+    speed = kernel_speed(arch, kernel, seq, causal) * head_dim_speed(arch, kernel, seq, causal, head_dim, v_head_dim)
     return speed * max(0.1 * top, rate) / top
 
 
 def attention_seconds(cluster: ClusterSpec, core_flops: float, seq: int, peak: float, causal: bool = True,
-                      cp: int = 1, head_dim: int = 128) -> float:
+                      cp: int = 1, head_dim: int = 128, v_head_dim: int = 0) -> float:
     """Forward + backward of a fused attention kernel doing `core_flops` of (useful) forward work over sequences
     of `seq`, split over `cp` ranks. GPUs: `attention_efficiency` is the kernel's rate at long causal sequences
     of head dim 128; shorter ones, and smaller heads, run slower as the published scans measure
@@ -232,10 +279,10 @@ def attention_seconds(cluster: ClusterSpec, core_flops: float, seq: int, peak: f
         return 3.5 * core_flops / (peak * eff * diagonal)
     arch, kernel = cluster.gpu_arch, cluster.software.attention_kernel
     if cp == 1:
-        return 3.5 * core_flops / (peak * eff * attention_shape(arch, seq, causal, kernel, head_dim))
+        return 3.5 * core_flops / (peak * eff * attention_shape(arch, seq, causal, kernel, head_dim, v_head_dim))
     chunk = seq / (2 * cp)
-    own = attention_shape(arch, 2 * chunk, causal, kernel, head_dim)
-    ring = attention_shape(arch, chunk * math.sqrt(2), False, kernel, head_dim)
+    own = attention_shape(arch, 2 * chunk, causal, kernel, head_dim, v_head_dim)
+    ring = attention_shape(arch, chunk * math.sqrt(2), False, kernel, head_dim, v_head_dim)
     return 3.5 * core_flops / (peak * eff) * (1 / cp / own + (cp - 1) / cp / ring)
 
 
@@ -638,8 +685,10 @@ def _fused_core_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, 
         # calibrated: forward + backward measured as 3x the forward FLOPs
         total = 3 * core / measured
         return total / 3, total * 2 / 3
-    head_dim = model.head_dim + (model.rope_head_dim if model.uses_mla else 0)  # the query-key product's
-    total = attention_seconds(cluster, core, length, peak, cp=cp, head_dim=head_dim)
+    # the query-key product's head dim and the values' (MLA's differ)
+    mla = model.uses_mla
+    head_dim, v_head_dim = (model.head_dim + model.rope_head_dim, model.v_head_dim) if mla else (model.head_dim, 0)
+    total = attention_seconds(cluster, core, length, peak, cp=cp, head_dim=head_dim, v_head_dim=v_head_dim)
     merge_f = merge_b = 0.0
     if cp > 1:
         queries = tokens * model.heads * model.head_dim / layout.tp

@@ -12,8 +12,8 @@ from functools import lru_cache
 from meshscale.cost import bands, comm, critical, flops, overhead
 from meshscale.cost.comm import CommOp, Overlap
 from meshscale.cost.checkpoint import ADAM_MOMENTS, checkpoint_bytes
-from meshscale.cost.kernels import Passes, column_parallel_share, counted_seconds, kernel_shape
-from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, expert_params_on_rank,
+from meshscale.cost.kernels import Passes, column_parallel_share, counted_seconds, grad_accumulator_bytes, kernel_shape
+from meshscale.cost.memory import (PRECISIONS, Memory, activation_bytes_per_layer, expert_params_on_rank,
                                    memory_per_device, params_on_rank, root_params_on_rank)
 from meshscale.cost.pipeline import HEAD_IDLE_SCHEDULES, bubble_ratio
 from meshscale.errors import UserError
@@ -125,7 +125,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     critical_path += control_seconds(cluster, devices, layout)  # once per step, after the pipeline drains
     mem = memory_per_device(model, layout, global_batch, precision, cluster.fused_attention,
                             eager=not sw.fused_elementwise)
-    optimizer_s = 2 * (mem.params + mem.grads + mem.optimizer) / cluster.achieved_hbm_bandwidth  # read + write
+    optimizer_s = optimizer_traffic(cluster, mem, precision) / cluster.achieved_hbm_bandwidth
     optimizer_s += overhead.optimizer_seconds(cluster, layout, led.layers, led.rank in (0, head_rank(layout)))
     step = compute_s + critical_path + bubble_s + dp_exposed + optimizer_s
 
@@ -251,6 +251,17 @@ def _rank_ledger(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: i
         entries.append(CommEntry(ledger_axis, op.collective, op.bytes, t, exposed, link.tier, op.calls, size,
                                  overlap, hidden_by, shown, interference))
     return RankLedger(rank, n_layers, compute_s, critical_path, dp_exposed, entries)
+
+
+def optimizer_traffic(cluster: ClusterSpec, mem: Memory, precision: str) -> float:
+    """Bytes the update moves: one read and write of parameters, gradients and optimizer states, and gradient
+    clipping's reads of the gradients in the dtype they accumulate in. The norm reads every gradient; torch's
+    clip_grad_norm_ then scales them all by the clamped coefficient whatever it is (foreach mul, a read and a
+    write; no host sync to skip it), where Megatron-LM's clip_grad_by_total_norm_fp32 (and DeepSpeed's) scale
+    only when the norm is over the limit, which a run between spikes is not."""
+    clip = 3 if cluster.software.framework == "torch" else 1
+    grads = mem.grads / PRECISIONS[precision]["grads"] * grad_accumulator_bytes(cluster, precision)
+    return 2 * (mem.params + mem.grads + mem.optimizer) + clip * grads
 
 
 def _on(axis: str, ops: list[CommOp]) -> list[CommOp]:
