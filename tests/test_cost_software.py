@@ -363,3 +363,21 @@ def test_gradient_clipping_reads_the_gradients_and_torch_scales_them_too():
     assert extra == pytest.approx(2 * grads / 2 * 4, rel=1e-6)
     half = predict(MODEL, with_software(grad_reduce_fp32=False), layout, 8)
     assert (megatron.optimizer_s - half.optimizer_s) * A100.achieved_hbm_bandwidth == pytest.approx(grads, rel=1e-6)
+
+
+def test_autocast_casts_fp32_weights_every_micro_batch_but_fsdp2_gathers_bf16():
+    """[software] param_gather_fp32 (our runtime's fp32 parameters under autocast): each micro-batch's forward
+    casts every matrix weight to bf16 (4 + 2 bytes) and its backward the weight's gradient back (2 + 4); the
+    embedding table, only looked up, is not cast. FSDP2 (zero=3) gathers bf16 copies, and fp32 or bf16-pure
+    runs cast nothing."""
+    runtime = with_software(framework="torch", param_gather_fp32=True)
+    plain = with_software(framework="torch")
+    layout = Layout.parse("dp=8,mbs=1", 8)
+    ours, theirs = rank_passes(MODEL, runtime, layout, 0), rank_passes(MODEL, plain, layout, 0)
+    matrices = params_on_rank(MODEL, layout, 0) - MODEL.vocab * MODEL.hidden
+    cast = 6 * matrices / A100.achieved_hbm_bandwidth
+    assert ours.forward - theirs.forward == pytest.approx(cast)
+    assert ours.backward - theirs.backward == pytest.approx(cast)
+    for other, precision in (("dp=8,zero=3,mbs=1", "bf16"), ("dp=8,mbs=1", "fp32"), ("dp=8,mbs=1", "bf16-pure")):
+        layout = Layout.parse(other, 8)
+        assert rank_passes(MODEL, runtime, layout, 0, precision) == rank_passes(MODEL, plain, layout, 0, precision)

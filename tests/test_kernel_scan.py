@@ -1,6 +1,7 @@
-"""The cost model's kernel terms against this workplace's recorded GPU scans (benchmarks/kernel_scan.py on an
-H200 and an H100, benchmarks/data/): GEMM, HBM, grouped weight-gradient, MoE permute, interference and
-FlashAttention-2 rows predicted again by today's model, pred/meas."""
+"""The cost model's kernel terms against this workplace's recorded GPU scans (benchmarks/kernel_scan.py on two
+H200s and an H100, benchmarks/data/): GEMM, HBM, grouped weight-gradient, MoE permute, interference and
+attention rows (FlashAttention-2's at 128, both kernels' at other head dims) predicted again by today's model,
+pred/meas."""
 
 import importlib.util
 import json
