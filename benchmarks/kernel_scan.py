@@ -9,9 +9,9 @@ name). Nothing here is fitted: the figures are for reading, and for a note that 
   measured TFLOP/s against `gemm_seconds`.
 - Grouped GEMM (torch._grouped_mm, bf16) by tokens per expert, a rank's experts of Mixtral 8x7B at ep=1,
   Qwen3-235B-A22B at ep=8, DeepSeek-V3 at ep=32 and DeepSeek-V2 at ep=8, both matrices: forward (tokens as M)
-  against `gemm_seconds(batch=groups)` times `grouped_gemm_efficiency`, and the weight gradient (tokens as K, one
-  group's tokens each) against `gemm_seconds` of that shape over GROUPED_WGRAD_EFFICIENCY (this scan's own
-  figures: the H200's recorded rows replay at 1 on average), as `gemm_pass_seconds` charges them.
+  against `gemm_seconds(batch=groups)` over GROUPED_BF16_EFFICIENCY, and the weight gradient (tokens as K, one
+  group's tokens each) against `gemm_seconds` of that shape over GROUPED_WGRAD_EFFICIENCY (both tables are these
+  scans' own figures: the recorded rows replay at about 1), as `gemm_pass_seconds` charges them.
 - Attention forward + backward (scaled_dot_product_attention, flash and cuDNN back ends), causal and not, by
   sequence length and head dims (query-key/value: 128, 64, MLA's 192/128, 192 and 256, a 4,096-wide layer's
   heads): against `attention_seconds` (the flash rows as [software] attention_kernel fa2).
@@ -59,8 +59,8 @@ try:  # the interference rows' copy kernel; a scan without Triton leaves them ou
 except ImportError:
     triton = None
 
-from meshscale.cost.kernels import (GROUPED_WGRAD_EFFICIENCY, PERMUTE_EFFICIENCY, attention_seconds, gemm_seconds,
-                                    grouped_gemm_efficiency, routing_bytes)
+from meshscale.cost.kernels import (GROUPED_BF16_EFFICIENCY, GROUPED_WGRAD_EFFICIENCY, PERMUTE_EFFICIENCY,
+                                    attention_seconds, gemm_seconds, grouped_gemm_efficiency, routing_bytes)
 from meshscale.cost.overhead import ROUTER_HOST
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.model import load_model
@@ -130,7 +130,7 @@ def predicted_seconds(row: dict, cluster) -> float:
     if kind.startswith("grouped"):
         m = shape["m"]
         return gemm_seconds(cluster, m, shape["n"], shape["k"], cluster.gemm_peak("bf16"), batch=shape["groups"]) / \
-            grouped_gemm_efficiency(m)
+            grouped_gemm_efficiency(m, GROUPED_BF16_EFFICIENCY)
     # the flash back end is FlashAttention-2's kernel ([software] attention_kernel fa2), cuDNN's the platform's
     kernel = "fa2" if kind == "attention flash" else "platform"
     cluster = dataclasses.replace(cluster, software=dataclasses.replace(cluster.software, attention_kernel=kernel))

@@ -97,6 +97,20 @@ def test_grouped_weight_gradients_cost_what_the_scan_measured_by_tokens_per_expe
         assert 0.9 < statistics.median(ratios_) < 1.1 and all(0.75 < x < 1.25 for x in ratios_)
 
 
+@pytest.mark.parametrize("path", SCANS, ids=lambda p: p.stem)
+def test_grouped_forward_gemms_cost_what_the_scans_measured_by_tokens_per_expert(path):
+    """GROUPED_BF16_EFFICIENCY: none off by more than 25%, and on the H200s (six and eight matrices) the median
+    at every tokens-per-expert point within 10% (the H100's one matrix reads 1.17 at 128 tokens). DeepGEMM's FP8
+    table, which every grouped GEMM took before, had the H200s' medians at 1.19-1.20 at 256 tokens."""
+    by_tokens: dict = {}
+    for r, ratio in scan_rows(path, "grouped gemm bf16"):
+        by_tokens.setdefault(r["shape"]["m"], []).append(ratio)
+    assert len(by_tokens) == 6
+    for ratios_ in by_tokens.values():
+        assert all(0.75 < x < 1.25 for x in ratios_)
+        assert len(ratios_) == 1 or 0.9 < statistics.median(ratios_) < 1.1
+
+
 @pytest.mark.parametrize("path", H200_SCANS, ids=lambda p: p.stem)
 def test_the_trainers_fused_adamw_costs_the_one_pass_the_model_charges(path):
     """cost/step.py charges the update one read and write of fp32 parameters, gradients and moments: torch's

@@ -315,6 +315,10 @@ class Gemm:
 # dense ratio for the masked kernels (1,024 tokens in all) fell 1.088x and 1.132x for the two shapes (h100-80gb,
 # FP8): the table written before, 0.77, 0.86, 0.94, was multiplied by their mean, 1.11, and held at 1.
 GROUPED_GEMM_EFFICIENCY = ((256, 0.86), (512, 0.95), (1024, 1.0), (4096, 1.0))
+# DeepGEMM's kernels are FP8. A bf16 grouped GEMM's forward, by the same reading of benchmarks/kernel_scan.py's
+# torch._grouped_mm (CUTLASS) rows, the median over the expert matrices of all three recorded scans (one H100, two
+# H200s): 0.79 at 128 tokens a group (0.70-0.93), then a dense GEMM's throughput, 0.97-1.02 from 256 to 4,096.
+GROUPED_BF16_EFFICIENCY = ((128, 0.79), (256, 1.0), (4096, 1.0))
 # The weight gradient of a grouped GEMM, whose reduction dimension K is a group's tokens, against what
 # gemm_seconds charges that shape: benchmarks/kernel_scan.py on one H200 (torch._grouped_mm's CUTLASS kernels,
 # benchmarks/data/kernel_scan_h200.json), the mean over six expert matrices of Mixtral 8x7B, Qwen3-235B-A22B and
@@ -384,12 +388,14 @@ def gemm_pass_seconds(cluster: ClusterSpec, gemms: tuple, peak: float, dtype_byt
                       operand_bytes: int = 0, grad_bytes: int = 0) -> tuple[float, float, float]:
     """(forward, input gradient, weight gradient) of a list of forward GEMMs: dX = dY W^T is (m, k, n) and
     dW = X^T dY is (k, n, m) (Narayanan et al. 2021 sec. 5.1: backward is twice the forward). A grouped GEMM's
-    forward and input gradient (tokens as M) run at grouped_gemm_efficiency of its tokens per group; its weight
-    gradient (tokens as K) at GROUPED_WGRAD_EFFICIENCY's, and (`grad_bytes` > 0) no less than its memory
-    traffic when it accumulates into the weight's gradient in place, every micro-batch (`expert_wgrad_traffic`)."""
+    forward and input gradient (tokens as M) run at the grouped_gemm_efficiency of its tokens per group (FP8
+    operands: DeepGEMM's table, else GROUPED_BF16_EFFICIENCY); its weight gradient (tokens as K) at
+    GROUPED_WGRAD_EFFICIENCY's, and (`grad_bytes` > 0) no less than its memory traffic when it accumulates into
+    the weight's gradient in place, every micro-batch (`expert_wgrad_traffic`)."""
+    forward_table = GROUPED_GEMM_EFFICIENCY if (operand_bytes or dtype_bytes) == 1 else GROUPED_BF16_EFFICIENCY
     f = b = w = 0.0
     for g in gemms:
-        slow = 1.0 / grouped_gemm_efficiency(g.m) if g.grouped else 1.0
+        slow = 1.0 / grouped_gemm_efficiency(g.m, forward_table) if g.grouped else 1.0
         f += gemm_seconds(cluster, g.m, g.n, g.k, peak, dtype_bytes, g.batch, operand_bytes) * slow
         b += gemm_seconds(cluster, g.m, g.k, g.n, peak, dtype_bytes, g.batch, operand_bytes) * slow
         wgrad = gemm_seconds(cluster, g.k, g.n, g.m, peak, dtype_bytes, g.batch, operand_bytes)
