@@ -557,8 +557,29 @@ def computed_bands() -> dict[str, tuple]:
     return out
 
 
+def computed_coverage() -> tuple[dict[str, int], int]:
+    """What cost/bands.py's COVERAGE and CP_FEWEST_TOKENS must hold: how many runs used each mechanism
+    (`bands.mechanisms`), and the fewest tokens a context-parallel rank of any run held."""
+    counts: dict = {}
+    fewest = [run.model.seq // layout.cp for run in runs() if (layout := Layout.parse(run.layout, run.devices)).cp > 1]
+    for run in runs():
+        for m in bands.mechanisms(Layout.parse(run.layout, run.devices)):
+            counts[m] = counts.get(m, 0) + 1
+    return dict(sorted(counts.items())), min(fewest, default=0)
+
+
+def wrapped(table: dict) -> str:
+    """A dict's items as source lines of at most 120 characters, indented 4, an item never split."""
+    lines = [""]
+    for item in (f"{k!r}: {v!r}," for k, v in table.items()):
+        lines += [""] if len(lines[-1]) + len(item) > 115 else []
+        lines[-1] += f" {item}" if lines[-1] else item
+    return "\n".join("    " + line for line in lines)
+
+
 def write_bands(path: str) -> None:
-    """Rewrite the written part of cost/bands.py from the current model (its SOURCE and BANDS lines)."""
+    """Rewrite the written part of cost/bands.py from the current model (SOURCE, BANDS, REPLICA_GROWTH, COVERAGE
+    and CP_FEWEST_TOKENS)."""
     text = open(path).read()
     head, rest = text.split("SOURCE = ", 1)
     _, tail = rest.split("# --- end of written part", 1)
@@ -567,11 +588,14 @@ def write_bands(path: str) -> None:
     source = (f"benchmarks/published.py --write-bands, {sum(v[0] for v in table.values())} published runs "
               f"up to 2024, {datetime.date.today().isoformat()}")
     growth = computed_replica_growth()
+    coverage, fewest = computed_coverage()
     open(path, "w").write(f"{head}SOURCE = {source!r}\n# \"hardware kind precision\": (runs, median |error|, "
                           f"p90 |error|, mean signed error)\nBANDS: dict[str, tuple[int, float, float, float]] = "
                           f"{{\n{body}}}\n# runs differing only in data-parallel size: (series, median step growth a "
                           f"doubling, measured, predicted)\nREPLICA_GROWTH: tuple[int, float, float] = {growth!r}\n"
-                          f"# --- end of written part{tail}")
+                          f"# mechanisms the runs rest on (`mechanisms`): how many runs used each; the fewest tokens a "
+                          f"context-parallel rank held\nCOVERAGE: dict[str, int] = {{\n{wrapped(coverage)}\n}}\n"
+                          f"CP_FEWEST_TOKENS: int = {fewest!r}\n# --- end of written part{tail}")
 
 
 def computed_replica_growth(series: list | None = None) -> tuple[int, float, float]:

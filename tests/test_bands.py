@@ -4,7 +4,8 @@ model, and predict, plan and scale carry their category's band, in words and in 
 import json
 
 from meshscale.cost import predict
-from meshscale.cost.bands import BANDS, REPLICA_GROWTH, SOURCE, band, band_text, category
+from meshscale.cost.bands import (BANDS, COVERAGE, CP_FEWEST_TOKENS, REPLICA_GROWTH, SOURCE, band, band_text, category,
+                                  unvalidated, unvalidated_text)
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import load_model
@@ -18,6 +19,7 @@ def test_stored_bands_equal_what_the_script_computes_now():
     computed = load_published().computed_bands()
     assert computed == BANDS
     assert load_published().computed_replica_growth() == REPLICA_GROWTH
+    assert load_published().computed_coverage() == (COVERAGE, CP_FEWEST_TOKENS)
     assert sum(runs for runs, *_ in BANDS.values()) == len(list(load_published().runs()))
     assert f"{sum(runs for runs, *_ in BANDS.values())} published runs" in SOURCE
 
@@ -73,3 +75,22 @@ def test_predict_plan_scale_print_and_emit_the_band():
     r = cli("scale", *args[:4], "--devices", "8,16", "--global-batch-tokens", str(64 * 8192))
     assert "error band: A100 dense bf16" in r.stdout
     assert f"in {series} published series" in r.stdout and f"{measured:+.1%} per doubling" in r.stdout
+
+
+def test_a_layout_resting_on_what_no_validation_run_used_says_so():
+    """The band lists the layout's mechanisms no run of the set used (COVERAGE) and context-parallel chunks
+    shorter than any run's; a layout of the set's own mechanisms lists none, and prints nothing more."""
+    h100, model = load_cluster("h100-80gb"), load_model("llama3-70b")
+    seen = Layout.parse("dp=2,zero=1,tp=8,pp=4,vpp=2,schedule=interleaved,mbs=1,recompute=full", 64)
+    assert unvalidated(seen, 8192) == [] and unvalidated_text(band(h100, model, "bf16", seen)) == ""
+    assert CP_FEWEST_TOKENS == 4096 and "schedule=zbv" not in COVERAGE
+    assert unvalidated(Layout.parse("tp=8,pp=4,schedule=zbv,cp=2", 64), 8192) == ["schedule=zbv"]
+    assert unvalidated(Layout.parse("tp=8,cp=4", 64), 8192) == [
+        "cp=4 at 2,048 tokens a rank where the set's fewest is 4,096"]
+    assert unvalidated(Layout.parse("tp=8,pp=2,offload=2,recompute=mlp", 64), 8192) == ["offload", "recompute=mlp"]
+    pred = predict(model, h100, Layout.parse("tp=8,pp=4,schedule=zbv", 64), 64)
+    assert pred.band["unvalidated"] == ["schedule=zbv"] and "schedule=zbv" in unvalidated_text(pred.band)
+    r = cli("predict", "--model", "llama3-70b", "--cluster", "h100-80gb", "--devices", "64", "--global-batch", "64",
+            "--layout", "tp=8,pp=4,schedule=zbv", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["band"]["unvalidated"] == ["schedule=zbv"]

@@ -128,6 +128,34 @@ def test_pruning_keeps_the_exhaustive_ranking_with_experts():
     assert fast.evaluated < full.evaluated
 
 
+def test_the_fastest_layout_a_predicate_keeps_is_the_exhaustive_searchs():
+    """fastest_where walks the pool by bound and stops once the bound passes its best: the same layout as the
+    fastest kept one of every layout costed in full."""
+    model, cpu = load_model("tiny"), load_cluster("local-cpu")
+    plan = search(model, cpu, 8, 32, top=3)
+    full = search(model, cpu, 8, 32, top=3, prune=False).pool
+    for keep in (lambda layout: layout.pp > 1 and layout.schedule == "1f1b", lambda layout: layout.cp == 2):
+        kept = [(search_mod.rank_key(p, layout), p) for layout, p in full.costed.items()
+                if p is not None and keep(layout) and p.memory_per_device_bytes["total"] <= full.capacity]
+        assert kept and search_mod.fastest_where(plan, keep).layout == min(kept, key=lambda kp: kp[0])[1].layout
+    assert search_mod.fastest_where(plan, lambda layout: layout.tp > 8) is None
+
+
+def test_a_winner_outside_the_validation_set_names_the_fastest_layout_inside_it():
+    """llama3-8b on 16 TPU v5e wins with 2,048-token context-parallel chunks, shorter than any validation run's:
+    its band lists that, and the explanation names the fastest layout whose band lists nothing, no faster."""
+    model, v5e = load_model("llama3-8b"), load_cluster("tpu-v5e")
+    plan = search(model, v5e, 16, 16)
+    win = plan.ranked[0]
+    assert any(u.startswith("cp=") for u in win.band["unvalidated"])
+    line = next(x for x in explain(plan, model, v5e, 16, 16) if x.startswith("The winner rests on"))
+    alt = line.split("The fastest layout the set covers, ")[1].split(", is predicted")[0]
+    pred = predict(model, v5e, Layout.parse(alt, 16), 16)
+    assert not pred.band["unvalidated"] and pred.step_time_s >= win.step_time_s
+    fixed = search(model, v5e, 16, 16, fix=search_mod.parse_fix("cp=4"))  # every layout searched is outside
+    assert any("no layout that fits avoids it" in x for x in explain(fixed, model, v5e, 16, 16))
+
+
 def test_the_bound_holds_where_the_host_bounds_the_step():
     """On Grace a small MoE model's passes wait for the host that issues them; the bound takes the host's floor
     too (else it prunes nothing), and stays below every prediction."""

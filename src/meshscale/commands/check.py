@@ -9,7 +9,7 @@ from meshscale.check import check
 from meshscale.commands.predict import json_line
 from meshscale.commands.report import make_console
 from meshscale.cost import bands
-from meshscale.cost.bands import band_text
+from meshscale.cost.bands import band_text, unvalidated_text
 from meshscale.errors import UserError
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.model import load_model
@@ -59,6 +59,8 @@ def _print(result) -> None:
                       _verdict(r))
     console.print(table)
     console.print(f"error band: {band_text(pred.band)}; it covers step times (and the rates they set), not memory")
+    if pred.band.get("unvalidated"):
+        console.print(f"† {unvalidated_text(pred.band)}")
     terms = sorted(result.breakdown.items(), key=lambda kv: -kv[1])[:4]
     console.print(f"differs most: [bold]{result.worst.name}[/] ({result.worst.ratio:.2f}x); the predicted step is "
                   + ", ".join(f"{name} {t * 1e3:,.1f} ms" for name, t in terms if t > 0))

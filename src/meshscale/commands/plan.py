@@ -7,7 +7,7 @@ from rich.table import Table
 
 from meshscale.commands.predict import (add_batch_arguments, add_emit_arguments, add_goodput_arguments, goodput_line,
                                         goodput_of, json_line, print_emitted, resolve_inputs)
-from meshscale.commands.report import band_cell, make_console
+from meshscale.commands.report import band_cell, footnotes, make_console
 from meshscale.cost.bands import band_text
 from meshscale.errors import UserError
 from meshscale.export import emit
@@ -153,6 +153,8 @@ def _print_human(plan, lines, losers, cluster):
     console.print(t)
     if plan.ranked:
         console.print(f"error band: {band_text(plan.ranked[0].band)}")
+    for line in footnotes([(f"#{i}", p.band) for i, p in enumerate(plan.ranked, 1)]):
+        console.print(line)
     console.print("[bold]Why[/]")
     for line in lines:
         console.print(f"- {line}")

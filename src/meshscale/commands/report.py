@@ -3,15 +3,26 @@
 from rich.console import Console
 from rich.table import Table
 
-from meshscale.cost.bands import band_text
+from meshscale.cost.bands import band_text, unvalidated_text
 from meshscale.plan.explain import si_bytes
 
 
 def band_cell(band: dict) -> str:
-    """The band beside a figure: its category's median and p90 |error| on the validation set."""
+    """The band beside a figure: its category's median and p90 |error| on the validation set; a star where the
+    layout rests on what no run of the set used (a dagger, `footnotes`)."""
+    star = " †" if band.get("unvalidated") else ""
     if not band.get("runs"):
-        return "no band"
-    return f"±{band['median_abs_error']:.1%} (p90 ±{band['p90_abs_error']:.1%})"
+        return "no band" + star
+    return f"±{band['median_abs_error']:.1%} (p90 ±{band['p90_abs_error']:.1%}){star}"
+
+
+def footnotes(rows: list[tuple[str, dict]]) -> list[str]:
+    """The starred rows' footnotes, (label, band) each: one line per distinct set of unvalidated mechanisms."""
+    groups: dict = {}
+    for label, band in rows:
+        if band.get("unvalidated"):
+            groups.setdefault(tuple(band["unvalidated"]), []).append(label)
+    return [f"† {', '.join(labels)}: outside the validation set: {'; '.join(u)}" for u, labels in groups.items()]
 
 
 def ms(x: float) -> str:
@@ -41,6 +52,8 @@ def print_prediction(pred, console: Console | None = None) -> None:
     t.add_row("[bold]step[/]", f"[bold]{ms(pred.step_time_s)}[/]", band_cell(pred.band))
     console.print(t)
     console.print(f"error band: {band_text(pred.band)}")
+    if pred.band.get("unvalidated"):
+        console.print(f"† {unvalidated_text(pred.band)}")
     if pred.comm:
         c = Table(title="communication per device per step", title_justify="left")
         # slows compute: what the compute it hides behind loses to its kernels (cost/comm.py sm_share)

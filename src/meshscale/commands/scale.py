@@ -2,7 +2,7 @@
 
 from meshscale.commands.counts import binary_count
 from meshscale.commands.predict import add_goodput_arguments, json_line, model_at_seq
-from meshscale.commands.report import band_cell
+from meshscale.commands.report import band_cell, footnotes
 from meshscale.cost.bands import band_text, replica_growth, replica_growth_text
 from meshscale.cost.goodput import check_inputs
 from meshscale.outputs import check_outputs
@@ -77,6 +77,8 @@ def _print_table(rows, mode, model, cluster):
         t.add_row(*cells)
     console.print(t)
     console.print(f"error band: {band_text(rows[0].band)}")
+    for line in footnotes([(f"{r.devices:,}", r.band) for r in rows]):
+        console.print(line)
     console.print(replica_growth_text())
     for r in rows:
         if r.change:

@@ -2,6 +2,8 @@
 set, per category (hardware x dense/MoE x precision): the median and 90th percentile of |error| and the mean
 signed error (negative: predicted too fast). Every predict, plan and scale figure carries its category's band;
 `scale` also says how the step grew, measured and predicted, where the set's runs differ only in data parallelism.
+A band covers the mechanisms the set's runs used: a layout resting on one no run used (a zero-bubble V schedule,
+context-parallel chunks shorter than any run's) is predicted by terms the set never judged, and says so.
 
 The table is data computed by a script, never typed: `PYTHONPATH=src python benchmarks/published.py
 --write-bands` rewrites it from the current model, and tests/test_bands.py fails when it no longer equals what
@@ -11,6 +13,7 @@ the script computes (so it cannot go stale). Categories without runs have no ban
 import math
 
 from meshscale.specs.cluster import ClusterSpec
+from meshscale.specs.layout import RECOMPUTE, Layout
 from meshscale.specs.model import ModelSpec
 
 # --- written by benchmarks/published.py --write-bands; do not edit by hand -----------------------------
@@ -30,6 +33,14 @@ BANDS: dict[str, tuple[int, float, float, float]] = {
 }
 # runs differing only in data-parallel size: (series, median step growth a doubling, measured, predicted)
 REPLICA_GROWTH: tuple[int, float, float] = (23, 0.0223, 0.0013)
+# mechanisms the runs rest on (`mechanisms`): how many runs used each; the fewest tokens a context-parallel rank held
+COVERAGE: dict[str, int] = {
+    'cp': 8, 'ep': 3, 'recompute=full': 67, 'recompute=layernorm': 2, 'recompute=minimal': 10,
+    'recompute=mla_up_proj': 2, 'recompute=op': 1, 'recompute=selective': 4, 'schedule=1f1b': 2,
+    'schedule=dualpipev': 1, 'schedule=interleaved': 26, 'schedule=zb': 1, 'shard': 33, 'zero=1': 34, 'zero=2': 6,
+    'zero=3': 95,
+}
+CP_FEWEST_TOKENS: int = 4096
 # --- end of written part ------------------------------------------------------------------------------
 
 
@@ -46,13 +57,48 @@ def category(cluster: ClusterSpec, model: ModelSpec, precision: str) -> str:
     return f"{hardware} {kind} {'bf16' if precision.startswith('bf16') else precision}"
 
 
-def band(cluster: ClusterSpec, model: ModelSpec, precision: str) -> dict:
+def mechanisms(layout: Layout) -> tuple[str, ...]:
+    """What a layout's step rests on beyond data and tensor parallelism, in the layout's own words: its pipeline
+    schedule, ZeRO stage, hybrid sharding, context and expert parallelism (and expert TP), recompute (a module
+    list by module) and activation offload."""
+    out = [f"schedule={layout.schedule}"] if layout.pp > 1 else []
+    out += [f"zero={layout.zero}"] if layout.zero else []
+    out += [key for key, on in (("shard", layout.shard), ("cp", layout.cp > 1), ("ep", layout.ep > 1),
+                                ("etp", layout.etp), ("offload", layout.offload)) if on]
+    if layout.recompute in RECOMPUTE:
+        out += [f"recompute={layout.recompute}"] if layout.recompute != "none" else []
+    else:
+        out += [f"recompute={m}" for m in sorted(layout.recompute_modules)]
+    return tuple(out)
+
+
+def unvalidated(layout: Layout, seq: int) -> list[str]:
+    """The layout's mechanisms that no run of the validation set used, and context-parallel chunks shorter than
+    the shortest any run had (ring attention's steps then cost what no run measured)."""
+    out = [m for m in mechanisms(layout) if m not in COVERAGE]
+    if layout.cp > 1 and "cp" in COVERAGE and seq // layout.cp < CP_FEWEST_TOKENS:
+        tokens = seq // layout.cp
+        out.append(f"cp={layout.cp} at {tokens:,} tokens a rank where the set's fewest is {CP_FEWEST_TOKENS:,}")
+    return out
+
+
+def band(cluster: ClusterSpec, model: ModelSpec, precision: str, layout: Layout | None = None) -> dict:
     """The band a prediction carries: its category, and the runs, median, p90 and mean signed error that
-    category earned (runs 0 and None elsewhere where the validation set has none)."""
+    category earned (runs 0 and None elsewhere where the validation set has none); with `layout`, what of it
+    the set never used (`unvalidated`)."""
     key = category(cluster, model, precision)
     runs, median, p90, bias = BANDS.get(key, (0, None, None, None))
     return {"category": key, "runs": runs, "median_abs_error": median, "p90_abs_error": p90,
-            "mean_signed_error": bias, "source": SOURCE}
+            "mean_signed_error": bias, "unvalidated": unvalidated(layout, model.seq) if layout else [],
+            "source": SOURCE}
+
+
+def unvalidated_text(b: dict) -> str:
+    """One line for people where the layout rests on what the validation set never used, else ""."""
+    if not b.get("unvalidated"):
+        return ""
+    return (f"outside the validation set: {'; '.join(b['unvalidated'])}; no published run checks these terms, "
+            "so the band may not hold")
 
 
 def replica_growth() -> dict:

@@ -1,9 +1,9 @@
 """Why the winner won, in the seeds' terms: memory, critical batch sizes, the fast domain, the bubble."""
 
-from meshscale.cost import critical
+from meshscale.cost import bands, critical
 from meshscale.cost.comm import group_link
 from meshscale.cost.memory import PRECISIONS, params_on_rank
-from meshscale.plan.search import Plan, search_within
+from meshscale.plan.search import Plan, fastest_where, search_within
 from meshscale.specs.layout import Layout
 
 
@@ -42,6 +42,7 @@ def explain(plan: Plan, model, cluster, devices: int, global_batch: int, precisi
     lines += [f"Winner {win.layout}: {ms(win.step_time_s)} per step, MFU {win.mfu:.1%}, "
              f"{win.memory_per_device_bytes['total'] / 1e9:,.1f} of {cluster.hbm_bytes / 1e9:,.0f} GB per device; "
              f"{_dominant(win)}."]
+    lines.append(_covered(plan, model, win))
     lines.append(_pure_dp(model, cluster, devices, global_batch, precision, capacity, per_device, headroom, plan))
     lines.append(_pure_fsdp(model, cluster, devices, global_batch, precision, headroom, per_device, win, plan))
     lines.append(_why_tp(model, cluster, devices, global_batch, precision, headroom, layout, win, plan))
@@ -51,6 +52,22 @@ def explain(plan: Plan, model, cluster, devices: int, global_batch: int, precisi
         lines.append(f"Critical batch: {r['strategy']} is compute-bound above {r['critical_tokens']:,.0f} tokens per "
                      f"device; this batch gives {r['per_device_tokens']:,.0f} ({r['side']} side).")
     return [line for line in lines if line]
+
+
+def _covered(plan: Plan, model, win) -> str:
+    """Where the winner rests on mechanisms no validation run used, the fastest layout that rests on none."""
+    if not win.band.get("unvalidated"):
+        return ""
+    alt = fastest_where(plan, lambda layout: not bands.unvalidated(layout, model.seq))
+    head = f"The winner rests on what no run of the validation set used ({'; '.join(win.band['unvalidated'])})"
+    if alt is None:
+        return f"{head}, and no layout that fits avoids it: its prediction is unchecked there."
+    gap = alt.step_time_s / win.step_time_s - 1
+    median = win.band.get("median_abs_error")
+    advice = (f": inside the band's median error ({median:.1%}), so prefer it unless you have measured those terms"
+              if median and gap <= median else "")
+    return (f"{head}. The fastest layout the set covers, {alt.layout}, is predicted {gap:+.1%} slower "
+            f"({ms(alt.step_time_s)}){advice}.")
 
 
 def _fixed(plan: Plan) -> str:

@@ -253,11 +253,7 @@ def cost(pool: Pool, top: int, prune: bool, shapes: int = ALTERNATIVES) -> tuple
         if prune and len(best) >= top and len(by_shape) >= shapes:
             if pool.bounds[i] >= max(best[-1][1].step_time_s, shape_times[shapes - 1]):
                 break
-        layout = pool.layout(i)
-        if layout not in pool.costed:
-            pool.costed[layout] = (predict(pool.model, pool.cluster, layout, pool.global_batch, pool.precision)
-                                   if runnable(layout, pool.model, pool.global_batch) else None)
-        pred = pool.costed[layout]
+        layout, pred = _costed(pool, i)
         if pred is None:
             continue
         evaluated += 1
@@ -273,6 +269,34 @@ def cost(pool: Pool, top: int, prune: bool, shapes: int = ALTERNATIVES) -> tuple
             bisect.insort(shape_times, pred.step_time_s)
     alternatives = [p for _, p in sorted(by_shape.values(), key=itemgetter(0))[1:shapes]]
     return [p for _, p in best], alternatives, evaluated
+
+
+def _costed(pool: Pool, i: int) -> tuple[Layout, Prediction | None]:
+    """The pool's layout `i` and its prediction (None if not runnable), costed once per pool."""
+    layout = pool.layout(i)
+    if layout not in pool.costed:
+        pool.costed[layout] = (predict(pool.model, pool.cluster, layout, pool.global_batch, pool.precision)
+                               if runnable(layout, pool.model, pool.global_batch) else None)
+    return layout, pool.costed[layout]
+
+
+def fastest_where(plan: Plan, keep) -> Prediction | None:
+    """The fastest layout of the plan's pool that `keep(layout)` accepts (None if none fits): its layouts costed
+    cheapest bound first, until the next bound reaches the best time found."""
+    pool, best = plan.pool, None  # best: (rank_key, Prediction)
+    if pool is None:
+        return None
+    for i in np.argsort(pool.bounds, kind="stable"):
+        if best is not None and pool.bounds[i] >= best[1].step_time_s:
+            break
+        layout = pool.layout(i)
+        if not keep(layout):
+            continue
+        pred = _costed(pool, i)[1]
+        if pred is not None and pred.memory_per_device_bytes["total"] <= pool.capacity:
+            key = rank_key(pred, layout)
+            best = min(best, (key, pred), key=itemgetter(0)) if best else (key, pred)
+    return best[1] if best else None
 
 
 # --fix keys that change the choices a shape offers (bound.Shape), and so its bounds
