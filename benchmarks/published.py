@@ -561,10 +561,12 @@ def computed_coverage() -> tuple[dict[str, int], int]:
     """What cost/bands.py's COVERAGE and CP_FEWEST_TOKENS must hold: how many runs used each mechanism
     (`bands.mechanisms`), and the fewest tokens a context-parallel rank of any run held."""
     counts: dict = {}
-    fewest = [run.model.seq // layout.cp for run in runs() if (layout := Layout.parse(run.layout, run.devices)).cp > 1]
+    fewest = []
     for run in runs():
-        for m in bands.mechanisms(Layout.parse(run.layout, run.devices)):
+        layout = Layout.parse(run.layout, run.devices)
+        for m in bands.mechanisms(layout):
             counts[m] = counts.get(m, 0) + 1
+        fewest += [run.model.seq // layout.cp] if layout.cp > 1 else []
     return dict(sorted(counts.items())), min(fewest, default=0)
 
 

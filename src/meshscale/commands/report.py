@@ -8,16 +8,17 @@ from meshscale.plan.explain import si_bytes
 
 
 def band_cell(band: dict) -> str:
-    """The band beside a figure: its category's median and p90 |error| on the validation set; a star where the
-    layout rests on what no run of the set used (a dagger, `footnotes`)."""
-    star = " †" if band.get("unvalidated") else ""
+    """The band beside a figure: its category's median and p90 |error| on the validation set; a dagger where the
+    layout rests on what no run of the set used (`footnotes`)."""
+    dagger = " †" if band.get("unvalidated") else ""
     if not band.get("runs"):
-        return "no band" + star
-    return f"±{band['median_abs_error']:.1%} (p90 ±{band['p90_abs_error']:.1%}){star}"
+        return "no band" + dagger
+    return f"±{band['median_abs_error']:.1%} (p90 ±{band['p90_abs_error']:.1%}){dagger}"
 
 
 def footnotes(rows: list[tuple[str, dict]]) -> list[str]:
-    """The starred rows' footnotes, (label, band) each: one line per distinct set of unvalidated mechanisms."""
+    """The footnotes of the rows marked with a dagger, (label, band) each: a line per distinct set of the
+    mechanisms no validation run used."""
     groups: dict = {}
     for label, band in rows:
         if band.get("unvalidated"):

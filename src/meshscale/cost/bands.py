@@ -76,8 +76,8 @@ def unvalidated(layout: Layout, seq: int) -> list[str]:
     """The layout's mechanisms that no run of the validation set used, and context-parallel chunks shorter than
     the shortest any run had (ring attention's steps then cost what no run measured)."""
     out = [m for m in mechanisms(layout) if m not in COVERAGE]
-    if layout.cp > 1 and "cp" in COVERAGE and seq // layout.cp < CP_FEWEST_TOKENS:
-        tokens = seq // layout.cp
+    tokens = seq // layout.cp
+    if layout.cp > 1 and "cp" in COVERAGE and tokens < CP_FEWEST_TOKENS:
         out.append(f"cp={layout.cp} at {tokens:,} tokens a rank where the set's fewest is {CP_FEWEST_TOKENS:,}")
     return out
 
