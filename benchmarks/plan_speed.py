@@ -12,7 +12,7 @@ import sys
 import time
 
 start, cpu = time.perf_counter(), time.process_time()
-from meshscale.plan import search  # noqa: E402  (imports are part of the measured time)
+from meshscale.plan.search import search  # noqa: E402  (imports are part of the measured time)
 from meshscale.plan.explain import explain  # noqa: E402
 from meshscale.specs.cluster import load_cluster  # noqa: E402
 from meshscale.specs.model import load_model  # noqa: E402

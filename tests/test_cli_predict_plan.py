@@ -35,11 +35,13 @@ def test_predict_human_output_names_each_part():
         assert word in r.stdout
 
 
-def test_planning_side_never_imports_torch():
+def test_planning_side_never_imports_torch_and_predict_not_even_numpy():
+    # predict is the command people loop over; numpy (the search's) is 70 ms of a 200 ms run
     code = ("import sys; from meshscale.cli import main\n"
             "try: main(['predict','--model','tiny','--cluster','local-cpu','--layout','dp=2',"
             "'--global-batch','4','--json'])\n"
             "except SystemExit: pass\n"
+            "assert 'numpy' not in sys.modules, 'predict imported numpy'\n"
             "main(['plan','--model','tiny','--cluster','local-cpu','--devices','2','--global-batch','4','--json'])\n"
             "assert 'torch' not in sys.modules, 'torch was imported'")
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")}

@@ -11,7 +11,7 @@ from meshscale.cost.kernels import Passes
 from meshscale.cost.pipeline import bubble_ratio
 
 from meshscale.errors import UserError
-from meshscale.plan import search
+from meshscale.plan.search import search
 from meshscale.plan.explain import components, explain, rejected
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout

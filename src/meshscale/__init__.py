@@ -15,15 +15,17 @@ __version__ = "0.1.0"
 # renamed or removed, not when one is added.
 SCHEMA_VERSION = 1
 
-# Loading the API loads the planner package meshscale.plan first, so that the function bound below, not
-# the package, is what `meshscale.plan` names (a submodule binds its name on the parent when first loaded).
-from meshscale.api import (ClusterSpec, Layout, ModelSpec, Plan, Prediction, plan, predict, scale,  # noqa: E402
-                           simulate)
+# The planner package loads first (it imports nothing), so that the function bound below, not the package, is
+# what `meshscale.plan` names: a submodule binds its name on the parent when first loaded.
+import importlib  # noqa: E402
+
+importlib.import_module("meshscale.plan")
+from meshscale.api import ClusterSpec, Layout, ModelSpec, Prediction, plan, predict, scale, simulate  # noqa: E402
 
 
 def __getattr__(name: str) -> type:
-    """Row and Simulation: their modules (the scaling sweep, the simulator) load when first asked for, so
-    that `meshscale plan` and `predict` do without them."""
+    """Plan, Row and Simulation: their modules (the search, the scaling sweep, the simulator) load when first
+    asked for, so that `meshscale predict` does without them."""
     from meshscale import api
     if name in api._LAZY:
         return getattr(api, name)

@@ -4,7 +4,7 @@ from rich.console import Console
 from rich.table import Table
 
 from meshscale.cost.bands import band_text, unvalidated_text
-from meshscale.plan.explain import si_bytes
+from meshscale.units import si_bytes
 
 
 def band_cell(band: dict) -> str:

@@ -1,5 +1,3 @@
-"""The planner: search every hybrid layout for a model, cluster and batch, rank them, explain the winner."""
-
-from meshscale.plan.search import Plan, runnable, search
-
-__all__ = ["Plan", "runnable", "search"]
+"""The planner: search every hybrid layout for a model, cluster and batch (search.py), rank them, explain the
+winner (explain.py), sweep device counts (scaling.py) and budgets (budget.py). Nothing is imported here, so
+that `meshscale predict` loads none of it."""

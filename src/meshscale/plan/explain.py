@@ -5,14 +5,7 @@ from meshscale.cost.comm import group_link
 from meshscale.cost.memory import PRECISIONS, params_on_rank
 from meshscale.plan.search import Plan, fastest_where, search_within
 from meshscale.specs.layout import Layout
-
-
-def si_bytes(x: float, digits: int = 1) -> str:
-    """Bytes in the largest SI unit they reach (a small model's state in MB, not 0.0 GB)."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if x >= scale:
-            return f"{x / scale:,.{digits}f} {unit}"
-    return f"{x:,.0f} B"
+from meshscale.units import si_bytes
 
 
 def ms(x: float) -> str:
