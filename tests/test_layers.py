@@ -13,10 +13,11 @@ PLANNING = {"errors", "specs", "cost"}
 # each top-level module or package of meshscale -> what it may import from meshscale
 LAYERS = {
     "errors": set(),
+    "units": set(),
     "outputs": {"errors"},
     "specs": {"errors"},
     "cost": {"errors", "specs"},
-    "plan": PLANNING,
+    "plan": PLANNING | {"units"},
     "sim": PLANNING,
     "plots": PLANNING | {"plan", "sim"},
     "export": PLANNING | {"plan"},
@@ -26,7 +27,7 @@ LAYERS = {
     "parallel": PLANNING | {"models"},
     "runtime": PLANNING | {"models", "parallel", "plots", "data", "outputs"},
     "commands": PLANNING | {"plan", "sim", "plots", "export", "check", "models", "parallel", "runtime", "commands",
-                 "data", "outputs"},
+                 "data", "outputs", "units"},
     "demo": PLANNING | {"plan", "runtime", "commands"},
     "cli": {"errors", "commands"},
     "api": PLANNING | {"plan", "sim"},
