@@ -79,6 +79,28 @@ CURVES = (
           ((16384, 393.66),), ("ring",), domain=8),
     Curve("GB200 3 partitions x8, tree", "NVIDIA/nccl#1801 (NCCL 2.27.3, NVLS off)", "gb200-nvl72", 24,
           ((16384, 485.68),), ("tree",), domain=8),
+    # NVIDIA/nccl-tests#309 (2025-05): 4 Dell XE9680 of 8 H100, eight ConnectX-7 400 Gb/s InfiniBand NICs each, run in
+    # VMware VMs with their own topology file; NCCL 2.26.2, one MPI process per GPU, NCCL's own choice of algorithm,
+    # out-of-place busbw. NCCL's maintainers called its 366 GB/s "a good number" for 8 x 400G
+    Curve("H100 4 nodes x8 (VMs)", "NVIDIA/nccl-tests#309 (NCCL 2.26.2)", "h100-80gb", 32,
+          ((1, 24.73), (2, 21.24), (4, 53.77), (8, 74.78), (16, 125.23), (32, 172.92), (64, 224.53), (128, 262.48),
+           (256, 294.16), (512, 334.58), (1024, 358.14), (2048, 361.56), (4096, 363.54), (8192, 364.93))),
+    # The same thread, another cluster ("IB 400G", NICs per node not given): 8 nodes of 8 H100, no NCCL variable set
+    # (its 8 MiB row, 12.98 out-of-place against 51.38 in-place, is kept as posted)
+    Curve("H100 8 nodes x8", "NVIDIA/nccl-tests#309", "h100-80gb", 64,
+          ((1, 17.64), (2, 28.78), (4, 40.52), (8, 12.98), (16, 87.36), (32, 129.63), (64, 184.00), (128, 227.97),
+           (256, 270.31), (512, 300.51), (1024, 286.81), (2048, 319.03), (4096, 319.83), (8192, 320.70))),
+    # togethercomputer/together-nccl-tests benchmarks/H100/results/20260305_220043 (0492bed): one H100 server, NCCL
+    # 2.26.2, NVLS on and NCCL_ALGO unset, out-of-place busbw. One process drives all 8 GPUs (-g 8), launching each
+    # GPU's kernel in turn: every call takes ~40 us or more (flat from 1 to 8 MiB), which a process per GPU does not pay
+    Curve("H100 x8 all-gather", "together-nccl-tests H100 (NCCL 2.26.2)", "h100-80gb", 8,
+          ((1, 21.84), (2, 36.78), (4, 85.37), (8, 154.20), (16, 211.42), (32, 232.99), (64, 279.91), (128, 298.93),
+           (256, 317.84), (512, 333.92), (1024, 344.82), (2048, 350.11), (4096, 354.22), (8192, 358.21)),
+          collective="all_gather"),
+    Curve("H100 x8 reduce-scatter", "together-nccl-tests H100 (NCCL 2.26.2)", "h100-80gb", 8,
+          ((1, 21.01), (2, 43.15), (4, 81.65), (8, 146.72), (16, 201.77), (32, 245.77), (64, 285.72), (128, 307.19),
+           (256, 326.05), (512, 336.75), (1024, 345.27), (2048, 353.40), (4096, 356.79), (8192, 362.55)),
+          collective="reduce_scatter"),
     # Azure's AI-benchmarking-guide, its AMD port (Azure_Results/ND_MI300X_v5_results.md, 2025-02): 8 MI300X on
     # Infinity Fabric, RCCL 2.22.3, in-place busbw (its "33M" .. "536M" are 2^25 .. 2^29 bytes). RCCL has no
     # tuner model here: the preset's alpha-beta link (72 us, 316.8 GB/s) is read off this curve, so it is held
@@ -123,7 +145,7 @@ if __name__ == "__main__":
     if "--plot" in sys.argv:
         from meshscale.plots import _pyplot, _save
         plt = _pyplot()
-        fig, axes = plt.subplots(3, 5, figsize=(20, 10.5))
+        fig, axes = plt.subplots(4, 5, figsize=(20, 14))
         for ax, c in zip(axes.flat, CURVES):
             sizes = [2**i * M for i in range(15)]
             rows = [(s, predicted(c, s / M)[0]) for s in sizes]
