@@ -231,6 +231,30 @@ def llama3_runs():
                   "H100")
 
 
+# Jiang et al. 2024, "MegaScale" (arXiv:2402.15627v1, NSDI '24), Table 2: the 175B model's strong scaling under
+# Megatron-LM (commit 285068c8, 2023-01), the paper's baseline: (global batch, GPUs, iteration seconds).
+MEGASCALE_MEGATRON = [(768, 256, 40.0), (768, 512, 21.2), (768, 768, 15.2), (768, 1024, 11.9),
+                      (6144, 3072, 29.02), (6144, 6144, 14.78), (6144, 8192, 12.24), (6144, 12288, 8.57)]
+
+
+def megascale_runs():
+    """MegaScale's Megatron-LM baseline (Table 2 above). Table 1 and sec. 6: 96 layers, hidden 12288, 128 heads,
+    TP 8, PP 8 with the interleaved schedule of 6 chunks a rank, seq 2048, vocab 64,000, on "NVIDIA Ampere GPUs"
+    (A100 80GB here) with eight 200G NICs a server, a 1:1 three-tier Clos (sec. 3.6). The baseline is Megatron-LM's
+    standard block with its own kernels: FlashAttention-2 and fused LayerNorm/GeLU are MegaScale's additions (sec.
+    3.3), as are overlapped data-parallel and pipeline communication (sec. 3.2), so Megatron-LM of 2023-01 here
+    (MEGATRON_2022: gradients reduced after the backward, blocking stage sends). Not stated, taken: bf16 (fp32
+    gradient reduction, Megatron-LM's rule for bf16), the distributed optimizer, sequence parallelism, selective
+    recomputation, micro-batch 1. Not modelled: the per-GPU data loaders whose disk reads idle the GPUs at the start
+    of each step (sec. 3.4, which MegaScale removed)."""
+    model = replace(gpt("gpt-175b-megascale", 128, 12288, 96), vocab=64000)
+    software = replace(MEGATRON_2022, grad_reduce_fp32=True)
+    for batch, gpus, seconds in MEGASCALE_MEGATRON:
+        yield Run("MegaScale T2", f"Megatron-LM 175B {gpus}", model, "a100-80gb",
+                  f"dp={gpus // 64},zero=1,tp=8,sp=true,pp=8,vpp=6,schedule=interleaved,mbs=1,recompute=selective",
+                  gpus, batch, seconds, "A100", software, False)
+
+
 def deepseek_runs():
     yield from deepseek_v2_runs()
     yield from deepseek_v3_runs()
@@ -514,6 +538,7 @@ def runs():
     yield from mixtral_runs()
     yield from deepseek_runs()
     yield from palm_runs()
+    yield from megascale_runs()
     yield from bloom_runs()
     yield from nemo_runs()
     yield from nemo_long_sequence_runs()
