@@ -12,7 +12,7 @@ LL128 120 in 128, per-channel caps), the tree's and NVLS's shapes. Departures, e
   not NCCL's topology-search estimate, and NVLS's is its own measured ceiling (ClusterSpec.nvls_bandwidth);
 - NVLS runs in chunks (`nvls_seconds`): NCCL picks it by the tuner's constant 23 us, but its time grows with the
   chunk NCCL cuts the message into and with the ranks the pipeline fills over (~40 us on 8 H100 at 1 MiB,
-  ~550 us on 72 GB200 at 512 MiB).
+  ~550 us on 72 GB200 at 512 MiB); NVLS-tree between domains likewise, in NCCL 2.26's chunks (`nvls_tree_seconds`).
 Where this misses the curves (benchmarks/nccl_curves.py) is stated there and in the README.
 
 Pure Python, no torch; used by cost/comm.py for GPU clusters (ClusterSpec.gpu_arch set).
@@ -149,9 +149,8 @@ def options(collective: str, fabric: Fabric) -> tuple:
         if f.nodes == 1:
             out.append(("nvls", "Simple", NVLS_BASE_LATENCY_US * 1e-6, f.nvls_busbw * 1e9, f.nvls_busbw * 1e9))
         else:  # NVLS inside each domain, a tree between them (two domains: both trees' links, master's rule);
-            # its fixed cost as the ring's Simple latency over the domain's ranks (~1 ms on 2 NVL72 racks)
-            lat = BASE_LATENCY_US["ring"][2] + 2 * (f.ppn - 1) * HOP_LATENCY_US[f.intra]["ring"][2]
-            lat += 2 * _log2i(f.nodes) * HOP_LATENCY_US["net"]["nvls_tree"][2]
+            # the tuner's latency: 23 us for NVLink, 14 a tree level up and down (nvls_tree_seconds: what it takes)
+            lat = NVLS_BASE_LATENCY_US + 2 * _log2i(f.nodes) * HOP_LATENCY_US["net"]["nvls_tree"][2]
             bw = min(f.nvls_busbw, tree_net_busbw(f), ch * NVLS_TREE_PER_CHANNEL[f.arch][i])
             out.append(("nvls_tree", "Simple", lat * 1e-6, bw * 1e9, bw * 1e9))
     return tuple(out)
@@ -192,6 +191,8 @@ def option_seconds(collective: str, fabric: Fabric, nbytes: float, option: tuple
     """One call of `nbytes` (the buffer the collective operates on) by one (algorithm, protocol)."""
     if option[0] == "nvls":
         return nvls_seconds(fabric, nbytes)
+    if option[0] == "nvls_tree":
+        return nvls_tree_seconds(fabric, nbytes, option)
     return _tuner_seconds(collective, fabric, nbytes, option, option[4])
 
 
@@ -236,6 +237,30 @@ def nvls_seconds(fabric: Fabric, nbytes: float) -> float:
     chunk = nvls_chunk(nbytes, channels * n)
     fill = 3 * (n - 1) * chunk * channels * raw
     return NVLS_BASE_LATENCY_US * 1e-6 + fill + wire_factor("all_reduce", n) * nbytes * (raw + overhead / chunk)
+
+
+def nvls_tree_chunk(nbytes: float, fabric: Fabric) -> int:
+    """The chunk NCCL 2.26 moves NVLS-tree's data in (computeCollChunkInfo): NCCL_NVLS_CHUNKSIZE's 128 KiB, 64
+    KiB from 4 domains on, halved to 64 and 32 KiB for messages under 4 and 1 chunks on each channel x head pair
+    (a head is a rank with its own NIC: all of them here)."""
+    concurrent = NVLS_CHANNELS[fabric.arch] * fabric.ppn
+    chunk = NVLS_MAX_CHUNK if fabric.nodes < 4 else 65536
+    for times, smaller in ((4, 65536), (1, 32768)):
+        if nbytes < times * concurrent * chunk:
+            chunk = min(chunk, smaller)
+    return chunk
+
+
+def nvls_tree_seconds(fabric: Fabric, nbytes: float, option: tuple) -> float:
+    """One NVLS-tree all-reduce: NVLS reduces each chunk inside the domain, a tree carries it up and down between
+    domains, NVLS broadcasts it. Before the rate holds the pipeline fills: as one domain's NVLS (3(ppn-1) chunks
+    a channel, nvls_seconds) and over the tree's 2 log2(domains) network levels, each a round of every channel's
+    chunk through the rank's NIC. On 4 and 8 H100 nodes that is 212 and 284 us against ~250 and ~300 measured
+    (NVIDIA/nccl-tests#309, 32-256 MiB); on 2 NVL72 racks ~1.3 ms against 0.9-1.5 ms."""
+    channels, chunk = NVLS_CHANNELS[fabric.arch], nvls_tree_chunk(nbytes, fabric)
+    inside = 3 * (fabric.ppn - 1) * chunk * channels / (fabric.nvls_busbw * 1e9)
+    between = 2 * _log2i(fabric.nodes) * chunk * channels / ((fabric.net_busbw or fabric.busbw) * 1e9)
+    return option[2] + inside + between + wire_factor("all_reduce", fabric.ranks) * nbytes / option[4]
 
 
 @lru_cache(maxsize=8192)
