@@ -126,6 +126,18 @@ def test_collectives_command_json(capsys):
     assert rows[0]["busbw_GBps"] < rows[1]["busbw_GBps"] < rows[2]["busbw_GBps"]
     t = rows[2]["seconds"]
     assert rows[2]["busbw_GBps"] == pytest.approx(2 * 7 / 8 * 2**30 / t / 1e9)
+    assert [r["algorithm"] for r in rows] == ["nvls/Simple"] * 3
+
+
+def test_collectives_command_names_what_runs(capsys):
+    """Each size names NCCL's pick (to set beside NCCL_DEBUG=INFO or force with NCCL_ALGO): across 4 H100 nodes
+    the tree with LL128 for 1 MiB, NVLS-tree for 1 GiB; where the link is not NCCL's, the alpha-beta model."""
+    assert main(["collectives", "--cluster", "h100-80gb", "--devices", "32", "--sizes", "1M,1G"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].endswith("algorithm") and lines[2].endswith("tree/LL128")
+    assert lines[3].endswith("nvls_tree/Simple")
+    assert main(["collectives", "--cluster", "tpu-v5e", "--devices", "256", "--sizes", "1M", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"][0]["algorithm"] == "alpha-beta"
 
 
 @pytest.mark.parametrize("argv, words", [

@@ -24,8 +24,8 @@ def add_arguments(p):
     p.add_argument("--measured", metavar="LOG", help="the saved output of one nccl-tests (or rccl-tests) run: "
                    "each of its sizes printed beside its out-of-place bus bandwidth and the model's error")
     p.add_argument("--json", action="store_true", help="print one JSON object: cluster, devices, collective and "
-                   "rows of {collective, bytes, seconds, busbw_GBps} (with --measured also measured_busbw_GBps "
-                   "and error, predicted / measured - 1)")
+                   "rows of {collective, bytes, seconds, busbw_GBps, algorithm} (with --measured also "
+                   "measured_busbw_GBps and error, predicted / measured - 1)")
     p.add_argument("--plot", metavar="FILE.png", help="draw bus bandwidth against message size (and --measured's)")
     p.add_argument("--overwrite", action="store_true", help="allow replacing an existing --plot file")
 
@@ -40,7 +40,7 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def curve(cluster, devices: int, collective: str, sizes: list[int]) -> list[dict]:
-    """[{collective, bytes, seconds, busbw_GBps}] of one call per size over all `devices` ranks."""
+    """[{collective, bytes, seconds, busbw_GBps, algorithm}] of one call per size over all `devices` ranks."""
     from meshscale.cost import collectives, comm
 
     link = comm.group_link(cluster, devices, devices, 1)
@@ -48,8 +48,22 @@ def curve(cluster, devices: int, collective: str, sizes: list[int]) -> list[dict
     for size in sizes:
         t = comm.collective_time(collective, size, 1, devices, link)
         rows.append({"collective": collective, "bytes": size, "seconds": t,
-                     "busbw_GBps": collectives.wire_factor(collective, devices) * size / t / 1e9 if t else 0.0})
+                     "busbw_GBps": collectives.wire_factor(collective, devices) * size / t / 1e9 if t else 0.0,
+                     "algorithm": _algorithm(collective, size, link)})
     return rows
+
+
+def _algorithm(collective: str, size: int, link) -> str:
+    """What runs one call: NCCL's pick as NCCL_DEBUG=INFO names it (algorithm/protocol; all-to-all is grouped
+    send/recv), or the alpha-beta model where the link is not NCCL's."""
+    from meshscale.cost import collectives
+
+    if link.fabric is None:
+        return "alpha-beta"
+    if collective == "all_to_all":
+        return "p2p"
+    algorithm, protocol = collectives.best(collective, link.fabric, size)[1][:2]
+    return f"{algorithm}/{protocol}"
 
 
 def run(args) -> int:
@@ -114,11 +128,12 @@ def _print(rows: list[dict], collective: str, devices: int, cluster: str, log: s
     print(f"# {collective} over {devices} devices of {cluster} (predicted, nccl-tests columns"
           + (f"; measured: {log}, out-of-place)" if log else ")"))
     extra = f" {'measured':>13s} {'error':>8s}" if log else ""
-    print(f"# {'size (B)':>14s} {'time (us)':>12s} {'algbw (GB/s)':>13s} {'busbw (GB/s)':>13s}{extra}")
+    print(f"# {'size (B)':>14s} {'time (us)':>12s} {'algbw (GB/s)':>13s} {'busbw (GB/s)':>13s}{extra}  algorithm")
     for r in rows:
         algbw = r["bytes"] / r["seconds"] / 1e9 if r["seconds"] else 0.0
         extra = f" {r['measured_busbw_GBps']:13.2f} {r['error']:+8.1%}" if log else ""
-        print(f"  {r['bytes']:14d} {r['seconds'] * 1e6:12.1f} {algbw:13.2f} {r['busbw_GBps']:13.2f}{extra}")
+        print(f"  {r['bytes']:14d} {r['seconds'] * 1e6:12.1f} {algbw:13.2f} {r['busbw_GBps']:13.2f}{extra}  "
+              f"{r['algorithm']}")
     if log:
         big = [r for r in rows if r["bytes"] >= 2**20] or rows
         worst = max(big, key=lambda r: abs(r["error"]))
