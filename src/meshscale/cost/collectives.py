@@ -256,7 +256,7 @@ def nvls_tree_seconds(fabric: Fabric, nbytes: float, option: tuple) -> float:
     domains, NVLS broadcasts it. Before the rate holds the pipeline fills: as one domain's NVLS (3(ppn-1) chunks
     a channel, nvls_seconds) and over the tree's 2 log2(domains) network levels, each a round of every channel's
     chunk through the rank's NIC. On 4 and 8 H100 nodes that is 212 and 284 us against ~250 and ~300 measured
-    (NVIDIA/nccl-tests#309, 32-256 MiB); on 2 NVL72 racks ~1.3 ms against 0.9-1.5 ms."""
+    (NVIDIA/nccl-tests#309, 32-256 MiB); on 2 NVL72 racks 0.7-1.3 ms (64-128 KiB chunks) against 0.9-1.5 ms."""
     channels, chunk = NVLS_CHANNELS[fabric.arch], nvls_tree_chunk(nbytes, fabric)
     inside = 3 * (fabric.ppn - 1) * chunk * channels / (fabric.nvls_busbw * 1e9)
     between = 2 * _log2i(fabric.nodes) * chunk * channels / ((fabric.net_busbw or fabric.busbw) * 1e9)
