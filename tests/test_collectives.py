@@ -138,6 +138,8 @@ def test_collectives_command_names_what_runs(capsys):
     assert lines[3].endswith("nvls_tree/Simple")
     assert main(["collectives", "--cluster", "tpu-v5e", "--devices", "256", "--sizes", "1M", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["rows"][0]["algorithm"] == "alpha-beta"
+    assert main(["collectives", "--cluster", "h100-80gb", "--devices", "12", "--sizes", "1M", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"][0]["algorithm"] == "alpha-beta"  # as comm costs it
 
 
 @pytest.mark.parametrize("argv, words", [

@@ -49,16 +49,17 @@ def curve(cluster, devices: int, collective: str, sizes: list[int]) -> list[dict
         t = comm.collective_time(collective, size, 1, devices, link)
         rows.append({"collective": collective, "bytes": size, "seconds": t,
                      "busbw_GBps": collectives.wire_factor(collective, devices) * size / t / 1e9 if t else 0.0,
-                     "algorithm": _algorithm(collective, size, link)})
+                     "algorithm": _algorithm(collective, size, devices, link)})
     return rows
 
 
-def _algorithm(collective: str, size: int, link) -> str:
+def _algorithm(collective: str, size: int, devices: int, link) -> str:
     """What runs one call: NCCL's pick as NCCL_DEBUG=INFO names it (algorithm/protocol; all-to-all is grouped
-    send/recv), or the alpha-beta model where the link is not NCCL's."""
+    send/recv), or the alpha-beta model where comm.collective_time takes it (no NCCL fabric, or one whose ranks
+    are not the group's: 12 H100 fill no whole node)."""
     from meshscale.cost import collectives
 
-    if link.fabric is None:
+    if link.fabric is None or link.fabric.ranks != devices:
         return "alpha-beta"
     if collective == "all_to_all":
         return "p2p"
