@@ -12,7 +12,9 @@ LL128 120 in 128, per-channel caps), the tree's and NVLS's shapes. Departures, e
   not NCCL's topology-search estimate, and NVLS's is its own measured ceiling (ClusterSpec.nvls_bandwidth);
 - NVLS runs in chunks (`nvls_seconds`): NCCL picks it by the tuner's constant 23 us, but its time grows with the
   chunk NCCL cuts the message into and with the ranks the pipeline fills over (~40 us on 8 H100 at 1 MiB,
-  ~550 us on 72 GB200 at 512 MiB); NVLS-tree between domains likewise, in NCCL 2.26's chunks (`nvls_tree_seconds`).
+  ~550 us on 72 GB200 at 512 MiB); NVLS-tree between domains likewise, in NCCL 2.26's chunks (`nvls_tree_seconds`);
+- a tree's pipeline fills over its chain and levels, up and down, before its rate holds (`tree_seconds`): ~50 us on
+  4 H100 nodes at 1-4 MiB, 0.1-0.2 ms on 16-512 nodes at 16-32 MiB, ~9 ms on 20 NVL72 racks with NVLS off.
 Where this misses the curves (benchmarks/nccl_curves.py) is stated there and in the README.
 
 Pure Python, no torch; used by cost/comm.py for GPU clusters (ClusterSpec.gpu_arch set).
@@ -59,6 +61,12 @@ NVLS_BASE_LATENCY_US = 23.0  # baseLat[NVLS][Simple]: what the tuner charges, an
 # fixed cost beyond 23 us is 3(n-1) chunk times: the reduce-scatter, reduction and broadcast stages of n-1 peers
 # each filling before the rate holds (21 chunks on 8 ranks; 72 GB200 ranks at 32-64 KiB chunks agree within 7%).
 NVLS_CHUNK_OVERHEAD_S = 0.37e-6
+# The data a tree moves per step of its protocol's buffer (src/init.cc DEFAULT_*BUFFSIZE / NCCL_STEPS, 8 steps):
+# LL 64 KiB of which half is flags, LL128 614,400 B of which 15/16 is data, Simple 4 MiB / 8
+TREE_CHUNK = {"LL": 32768, "LL128": 576000, "Simple": 524288}
+# A channel's share below which NCCL runs a ring or tree on fewer channels (src/enqueue.cc topoGetAlgoInfo: its
+# threads x NCCL_*_THREAD_THRESHOLD, LL 512 x 8, LL128 640 x 8, Simple 512 x 64 bytes)
+CHANNEL_MIN_BYTES = {"LL": 4096, "LL128": 5120, "Simple": 32768}
 # Channels NCCL opens for collectives on these systems (NCCL_DEBUG=INFO "coll channels" on DGX A100 / H100 /
 # B200 and GB200 trays); the per-channel caps above scale with them.
 CHANNELS = {"volta": 12, "ampere": 24, "hopper": 24, "blackwell": 32}
@@ -193,6 +201,8 @@ def option_seconds(collective: str, fabric: Fabric, nbytes: float, option: tuple
         return nvls_seconds(fabric, nbytes)
     if option[0] == "nvls_tree":
         return nvls_tree_seconds(fabric, nbytes, option)
+    if option[0] == "tree":
+        return tree_seconds(fabric, nbytes, option)
     return _tuner_seconds(collective, fabric, nbytes, option, option[4])
 
 
@@ -261,6 +271,35 @@ def nvls_tree_seconds(fabric: Fabric, nbytes: float, option: tuple) -> float:
     inside = 3 * (fabric.ppn - 1) * chunk * channels / (fabric.nvls_busbw * 1e9)
     between = 2 * _log2i(fabric.nodes) * chunk * channels / ((fabric.net_busbw or fabric.busbw) * 1e9)
     return option[2] + inside + between + wire_factor("all_reduce", fabric.ranks) * nbytes / option[4]
+
+
+def tree_chunk(nbytes: float, fabric: Fabric, proto: str) -> int:
+    """The chunk NCCL 2.26 moves a tree's data in (computeCollChunkInfo): a step of the protocol's buffer
+    (TREE_CHUNK); LL128 halves it, down to 72,000 B, while the message holds fewer than (1 + log2 domains + ppn / 10)
+    x 64 / ppn chunks a channel, then down to 18,000 B while under a quarter of that."""
+    chunk, ppn = TREE_CHUNK[proto], fabric.ppn
+    if proto == "LL128":
+        steps, per_round = 1 + _log2i(fabric.nodes) + 0.1 * ppn, CHANNELS[fabric.arch]
+        for times, floor in ((64, 131072), (16, 32768)):
+            while nbytes // (per_round * chunk) < steps * times / ppn and chunk > floor:
+                chunk //= 2
+    return chunk
+
+
+def tree_seconds(fabric: Fabric, nbytes: float, option: tuple) -> float:
+    """One tree all-reduce. NCCL runs it split (runTreeSplit, src/device/all_reduce.h): on every channel some
+    threads reduce chunks up the domain's chain and the tree between domains while the others broadcast them
+    down, so the rate holds only once the first chunk has gone up (ppn - 1 + log2 domains hops) and down again.
+    A chunk crosses a hop at one direction's share of its channel: half the bus bandwidth over the channels, the
+    tree's between domains, the domain's where that is faster. On 20 NVL72 racks that fill is ~9 ms of 576,000 B
+    chunks up and down a 72-GPU chain (the tuner's latency: 0.26 ms)."""
+    channels = CHANNELS[fabric.arch]
+    running = max(1, min(channels, int(nbytes // CHANNEL_MIN_BYTES[option[1]])))
+    chunk = min(tree_chunk(nbytes, fabric, option[1]), nbytes / running)  # a small message is one chunk a channel
+    between = option[4] / (2 * channels)
+    inside = max(between, (fabric.intra_busbw or fabric.busbw) * 1e9 * .92 / (2 * channels))
+    fill = 2 * chunk * ((fabric.ppn - 1) / inside + _log2i(fabric.nodes) / between)
+    return _tuner_seconds("all_reduce", fabric, nbytes, option, option[4]) + fill
 
 
 @lru_cache(maxsize=8192)
