@@ -279,9 +279,9 @@ def tree_chunk(nbytes: float, fabric: Fabric, proto: str) -> int:
     x 64 / ppn chunks a channel, then down to 18,000 B while under a quarter of that."""
     chunk, ppn = TREE_CHUNK[proto], fabric.ppn
     if proto == "LL128":
-        steps, per_round = 1 + _log2i(fabric.nodes) + 0.1 * ppn, CHANNELS[fabric.arch]
+        steps, channels = 1 + _log2i(fabric.nodes) + 0.1 * ppn, CHANNELS[fabric.arch]
         for times, floor in ((64, 131072), (16, 32768)):
-            while nbytes // (per_round * chunk) < steps * times / ppn and chunk > floor:
+            while nbytes // (channels * chunk) < steps * times / ppn and chunk > floor:
                 chunk //= 2
     return chunk
 
@@ -297,7 +297,7 @@ def tree_seconds(fabric: Fabric, nbytes: float, option: tuple) -> float:
     running = max(1, min(channels, int(nbytes // CHANNEL_MIN_BYTES[option[1]])))
     chunk = min(tree_chunk(nbytes, fabric, option[1]), nbytes / running)  # a small message is one chunk a channel
     between = option[4] / (2 * channels)
-    inside = max(between, (fabric.intra_busbw or fabric.busbw) * 1e9 * .92 / (2 * channels))
+    inside = max(between, (fabric.intra_busbw or fabric.busbw) * 1e9 * .92 / (2 * channels))  # .92: as `options`
     fill = 2 * chunk * ((fabric.ppn - 1) / inside + _log2i(fabric.nodes) / between)
     return _tuner_seconds("all_reduce", fabric, nbytes, option, option[4]) + fill
 
