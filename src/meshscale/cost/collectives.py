@@ -146,7 +146,7 @@ def options(collective: str, fabric: Fabric) -> tuple:
         # NCCL's tuner takes a tree to run at 0.92 of the NVLink (up to 2 domains) or the network (more) rate of
         # its channels; what the network lets it reach depends on how many domains it spans (tree_net_busbw)
         tuner = (f.intra_busbw if f.nodes <= 2 and f.intra_busbw else f.busbw) * .92
-        real = min((f.intra_busbw or f.busbw) * .92, tree_net_busbw(f)) if f.nodes > 1 else tuner
+        real = min(_tree_domain_busbw(f), tree_net_busbw(f)) if f.nodes > 1 else tuner
         tuner, real = (_tree_protocol(proto, min(bw, ch * TREE_PER_CHANNEL[f.arch][i]), f, ll_cap) for bw in
                        (tuner, real))
         out.append(("tree", proto, lat * 1e-6, tuner * 1e9, real * 1e9))
@@ -170,6 +170,11 @@ def _tree_protocol(proto: str, bw: float, f: Fabric, ll_cap: float) -> float:
     return {"LL": min(bw / 3.8, ll_cap),
             "LL128": min(bw * (7 / 9 if f.nodes == 1 else 120 / 128), ch * TREE_LL128_PER_CHANNEL[f.arch][i]),
             "Simple": bw}[proto]
+
+
+def _tree_domain_busbw(fabric: Fabric) -> float:
+    """The bus bandwidth (GB/s) a tree reaches over the NVLink domain's links: 0.92 of them, as NCCL's tuner."""
+    return (fabric.intra_busbw or fabric.busbw) * .92
 
 
 def tree_net_busbw(fabric: Fabric) -> float:
@@ -297,7 +302,7 @@ def tree_seconds(fabric: Fabric, nbytes: float, option: tuple) -> float:
     running = max(1, min(channels, int(nbytes // CHANNEL_MIN_BYTES[option[1]])))
     chunk = min(tree_chunk(nbytes, fabric, option[1]), nbytes / running)  # a small message is one chunk a channel
     between = option[4] / (2 * channels)
-    inside = max(between, (fabric.intra_busbw or fabric.busbw) * 1e9 * .92 / (2 * channels))  # .92: as `options`
+    inside = max(between, _tree_domain_busbw(fabric) * 1e9 / (2 * channels))
     fill = 2 * chunk * ((fabric.ppn - 1) / inside + _log2i(fabric.nodes) / between)
     return _tuner_seconds("all_reduce", fabric, nbytes, option, option[4]) + fill
 
