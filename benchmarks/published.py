@@ -670,6 +670,36 @@ def print_data_parallel_series() -> None:
         print(f"{name:34s} {d0:5d} -> {d1:5d} devices  measured {measured:+6.1%}  predicted {predicted:+6.1%}")
     runs, measured, predicted = computed_replica_growth(every)
     print(f"median of {runs} series: measured {measured:+.1%}, predicted {predicted:+.1%}")
+    print_slice_costs()
+
+
+def slice_costs() -> list[tuple]:
+    """MaxText's multi-slice rows against their one-slice row: (name, slices, the step's measured growth per
+    layer, the model's DCN all-reduce of one layer in seconds and in bytes). Each layer reduces its gradients
+    across the slices over DCN once a step; whether the growth follows the bytes or the slice count says what
+    costs it (docs/accuracy.md, "What a slice costs")."""
+    single, out = {}, []
+    for run, _, _, real, p in rows():
+        if run.source != "MaxText README":
+            continue
+        name, shape = run.name.rsplit(" ", 1)
+        slices, chips = map(int, shape.split("x"))
+        if slices == 1:
+            single[name, chips] = real
+        elif (name, chips) in single:
+            dcn = [c for c in p.comm if c["tier"] == "dcn"]
+            calls = max(1, sum(c["calls"] for c in dcn))
+            out.append((run.name, slices, (real - single[name, chips]) / run.model.layers,
+                        sum(c["time_s"] for c in dcn) / calls, sum(c["bytes"] for c in dcn) / calls))
+    return out
+
+
+def print_slice_costs() -> None:
+    print("\nMaxText slices: measured step growth over one slice, per layer, beside the model's DCN all-reduce "
+          "per layer:")
+    for name, slices, grown, seconds, nbytes in slice_costs():
+        print(f"{name:22s} {slices:3d} slices  {grown * 1e3:6.1f} ms a layer  DCN all-reduce "
+              f"{seconds * 1e3:5.1f} ms a layer ({nbytes / 1e6:5.1f} MB)")
 
 
 if __name__ == "__main__":

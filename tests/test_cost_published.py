@@ -67,6 +67,23 @@ def test_data_parallel_series_hold_the_work_per_device_and_grow_only_in_replicas
         assert len(per_replica) == 1, s
 
 
+def test_a_slice_costs_by_the_slice_count_not_the_bytes():
+    """published.py --data-parallel's per-layer view of MaxText's v5e slices (docs/accuracy.md, "What a slice
+    costs"): at 16 and 32 slices the 16B and 64B tables grow alike a layer though the 64B one reduces twice the
+    bytes, the growth roughly doubles from 16 slices to 32, and it outgrows the model's DCN all-reduce, whose
+    bandwidth term saturates, threefold at 32 slices: a cost like a per-slice latency the model does not have."""
+    costs = {(name, slices): (grown, seconds, nbytes)
+             for name, slices, grown, seconds, nbytes in load_published().slice_costs()}
+    for slices in (16, 32):
+        small, _, small_bytes = costs[f"v5e 16B {slices}x256", slices]
+        large, _, large_bytes = costs[f"v5e 64B {slices}x256", slices]
+        assert large_bytes > 1.9 * small_bytes and abs(large / small - 1) < 0.15
+    for name in ("v5e 16B", "v5e 64B"):
+        grown16, _, _ = costs[f"{name} 16x256", 16]
+        grown32, allreduce32, _ = costs[f"{name} 32x256", 32]
+        assert 1.3 < grown32 / grown16 < 1.8 and grown32 > 3 * allreduce32
+
+
 def test_runs_that_ran_are_predicted_to_fit(rows):
     """Every GPU run fits its HBM. The TPU runs are not held to it: most of MaxText's 2023 rows are predicted
     over their HBM though they ran (XLA's buffer assignment is not our accounting; open)."""

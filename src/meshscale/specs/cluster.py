@@ -481,7 +481,10 @@ def _tpu(name, accel, bf16, hbm, hbm_bw, ici_axis, dcn, torus, price, host, eff=
     # What an ICI collective reaches of it, and a hop's latency: the book's profiles on v5e (Part 3, "Sharded
     # Matrices", worked problem on an AllGather over a 4-chip axis): 34 MB in 680 us where the link rate gives
     # 560 (0.83 once its hops' latency is taken off), and 32 kB shards over 3 hops in ~8 us where bandwidth
-    # takes 2.1 (2 us a hop). DCN per chip (host NIC bandwidth / chips per host). Matmuls run on MXUs of 128x128
+    # takes 2.1 (2 us a hop). DCN per chip (host NIC bandwidth / chips per host; the book's Part 2: "around 2.5e10
+    # bytes / second per host"); its hop latency (10 us) and efficiency (0.80) rest on no measurement, and
+    # MaxText's multi-slice runs grow ~1.2 ms a layer per slice whatever their bytes (docs/accuracy.md, "What a
+    # slice costs"): Megascale's transfers go through the hosts over TCP. Matmuls run on MXUs of 128x128
     # up to v5p and 256x256 on v6e (Cloud TPU system architecture pages; "performance guide": dimensions are
     # padded to multiples of the MXU's); large MXU-aligned matmuls run near peak (scaling book Part 1 takes
     # them at peak; we keep 10% for the vector-unit epilogue), and XLA schedules tiles without GPU-style waves.
