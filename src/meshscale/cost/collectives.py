@@ -275,7 +275,7 @@ def nvls_tree_seconds(fabric: Fabric, nbytes: float, option: tuple) -> float:
     channels, chunk = NVLS_CHANNELS[fabric.arch], nvls_tree_chunk(nbytes, fabric)
     inside = 3 * (fabric.ppn - 1) * chunk * channels / (fabric.nvls_busbw * 1e9)
     between = 2 * _log2i(fabric.nodes) * chunk * channels / ((fabric.net_busbw or fabric.busbw) * 1e9)
-    return option[2] + inside + between + wire_factor("all_reduce", fabric.ranks) * nbytes / option[4]
+    return _tuner_seconds("all_reduce", fabric, nbytes, option, option[4]) + inside + between
 
 
 def tree_chunk(nbytes: float, fabric: Fabric, proto: str) -> int:
