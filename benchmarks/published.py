@@ -6,9 +6,12 @@ device with the source's own FLOP count). Only publications up to 2024: vendor p
 (NeMo 25.x, Megatron-Bridge, Megatron-MoE-ModelZoo, torchtitan's 2025 pages) are kept out, for blind
 scoring (issue 18). Nothing here sets an efficiency factor: those come from
 micro-benchmarks and datasheets (specs/cluster.py). Run: PYTHONPATH=src python benchmarks/published.py
-(--write-bands: rewrite cost/bands.py's error bands from these runs, after any change to the model).
+(--run TEXT: the runs whose source or name holds TEXT, each broken down as `meshscale predict` does;
+--data-parallel: the runs that differ only in data-parallel size; --write-bands: rewrite cost/bands.py's error
+bands from these runs, after any change to the model).
 """
 
+import argparse
 import datetime
 import math
 import os
@@ -17,6 +20,7 @@ import statistics
 import sys
 from dataclasses import dataclass, replace
 
+from meshscale.commands.report import print_prediction
 from meshscale.cost import bands, predict
 from meshscale.cost.flops import model_flops_per_step
 from meshscale.specs.cluster import Software, load_cluster
@@ -546,9 +550,12 @@ def runs():
     yield from mosaic_runs()
 
 
-def rows():
-    """(run, layout, predicted seconds, measured seconds, prediction)."""
+def rows(only: str = ""):
+    """(run, layout, predicted seconds, measured seconds, prediction) of every run, or of those whose source or
+    name holds `only` (any case)."""
     for run in runs():
+        if only.lower() not in f"{run.source} {run.name}".lower():
+            continue
         cluster = replace(load_cluster(run.cluster), software=run.software, fused_attention=run.fused_attention)
         if run.nic:
             cluster = replace(cluster, tiers=(cluster.tiers[0], replace(cluster.tiers[-1], bandwidth=run.nic)))
@@ -702,13 +709,22 @@ def print_slice_costs() -> None:
               f"{seconds * 1e3:5.1f} ms a layer ({nbytes / 1e6:5.1f} MB)")
 
 
-if __name__ == "__main__":
-    if "--write-bands" in sys.argv:
-        write_bands(os.path.join(os.path.dirname(__file__), "..", "src", "meshscale", "cost", "bands.py"))
-        sys.exit(0)
-    if "--data-parallel" in sys.argv:
-        print_data_parallel_series()
-        sys.exit(0)
+def print_runs(text: str) -> int:
+    """--run TEXT: each run whose source or name holds TEXT, its measured step beside predict's breakdown of it
+    (where the model puts the time: which term to look at when a run misses). Exit status 2 if none matches."""
+    found = 0
+    for run, layout, pred, real, p in rows(text):
+        found += 1
+        print(f"\n{run.source}: {run.name}, {run.devices} x {run.cluster}, {layout}, {run.batch} sequences a step: "
+              f"measured {real:.3f} s, predicted {pred:.3f} s ({pred / real - 1:+.1%})")
+        print_prediction(p)
+    if not found:
+        print(f"published.py: no run's source or name holds {text!r}; run without --run to list them all",
+              file=sys.stderr)
+    return 0 if found else 2
+
+
+def print_table() -> None:
     by_category: dict = {}
     for run, layout, pred, real, p in rows():
         err = pred / real - 1
@@ -725,3 +741,21 @@ if __name__ == "__main__":
         print(f"| {key} | {len(errs)} | {med:.1%} | {p90:.1%} | {worst:.1%} | {bias:+.1%} |")
     med, p90, worst, bias = summary(everything)
     print(f"| all | {len(everything)} | {med:.1%} | {p90:.1%} | {worst:.1%} | {bias:+.1%} |")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="predicted step time against published measured runs")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--run", metavar="TEXT", help="break down the runs whose source or name holds TEXT")
+    mode.add_argument("--data-parallel", action="store_true",
+                      help="the runs that differ only in data-parallel size, and MaxText's slices a layer")
+    mode.add_argument("--write-bands", action="store_true", help="rewrite cost/bands.py from these runs")
+    args = parser.parse_args()
+    if args.write_bands:
+        write_bands(os.path.join(os.path.dirname(__file__), "..", "src", "meshscale", "cost", "bands.py"))
+    elif args.data_parallel:
+        print_data_parallel_series()
+    elif args.run is not None:
+        sys.exit(print_runs(args.run))
+    else:
+        print_table()

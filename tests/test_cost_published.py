@@ -90,3 +90,16 @@ def test_runs_that_ran_are_predicted_to_fit(rows):
     for run, layout, _, _, pred in rows:
         if run.hardware in ("A100", "H100"):
             assert pred.fits, (run.name, pred.memory_per_device_bytes)
+
+
+def test_run_breaks_down_only_the_runs_it_names(capsys):
+    """published.py --run TEXT: the runs whose source or name holds TEXT (any case), each measured beside
+    predict's tables; none matching is exit status 2 and one line on stderr."""
+    published = load_published()
+    assert published.print_runs("mpt-1b 512xh100") == 0
+    out = capsys.readouterr().out
+    assert out.count("measured") == 1 and "MPT-1b 512xH100 bf16 mbs12" in out
+    assert "exposed communication" in out and "reduce_scatter" in out and "memory per device" in out
+    assert published.print_runs("no such run") == 2
+    quiet = capsys.readouterr()
+    assert quiet.out == "" and quiet.err.count("\n") == 1 and "'no such run'" in quiet.err
