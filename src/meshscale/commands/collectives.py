@@ -55,15 +55,16 @@ def curve(cluster, devices: int, collective: str, sizes: list[int]) -> list[dict
 
 def _algorithm(collective: str, size: int, devices: int, link) -> str:
     """What runs one call: NCCL's pick as NCCL_DEBUG=INFO names it (algorithm/protocol; all-to-all is grouped
-    send/recv), or the alpha-beta model where comm.collective_time takes it (no NCCL fabric, or one whose ranks
-    are not the group's: 12 H100 fill no whole node)."""
-    from meshscale.cost import collectives
+    send/recv), or the alpha-beta model where comm.collective_time takes it (comm.nccl_fabric: 12 H100 fill no
+    whole node)."""
+    from meshscale.cost import collectives, comm
 
-    if link.fabric is None or link.fabric.ranks != devices:
+    fabric = comm.nccl_fabric(link, devices)
+    if fabric is None:
         return "alpha-beta"
     if collective == "all_to_all":
         return "p2p"
-    algorithm, protocol = collectives.best(collective, link.fabric, size)[1][:2]
+    algorithm, protocol = collectives.best(collective, fabric, size)[1][:2]
     return f"{algorithm}/{protocol}"
 
 

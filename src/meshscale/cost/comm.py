@@ -557,13 +557,20 @@ def expert_dispatch_time(cluster: ClusterSpec, nbytes: float, calls: int, n: int
     return t * sw.moe_imbalance
 
 
+def nccl_fabric(link: Link, n: int):
+    """The fabric NCCL's model (cost/collectives.py) costs a group of `n` on `link` over, or None where the
+    alpha-beta model does: no NCCL fabric, or one whose ranks are not the group's."""
+    return link.fabric if link.fabric is not None and link.fabric.ranks == n else None
+
+
 def collective_time(collective: str, nbytes: float, calls: int, n: int, link: Link) -> float:
     """Seconds of `calls` calls moving `nbytes` in all over a group of `n` on `link`; calls=0: bandwidth
     time alone (a lower bound whatever the calls, for the planner)."""
     if n <= 1 or nbytes == 0:
         return 0.0
-    if link.fabric is not None and link.fabric.ranks == n:
-        return collectives.seconds(collective, link.fabric, nbytes, calls)
+    fabric = nccl_fabric(link, n)
+    if fabric is not None:
+        return collectives.seconds(collective, fabric, nbytes, calls)
     bw, alpha = link.bandwidth, link.latency
     if collective == "all_reduce":
         steps = min(2 * link.steps, 2 * math.ceil(math.log2(n)))
