@@ -686,9 +686,7 @@ def slice_costs() -> list[tuple]:
     across the slices over DCN once a step; whether the growth follows the bytes or the slice count says what
     costs it (docs/accuracy.md, "What a slice costs")."""
     single, out = {}, []
-    for run, _, _, real, p in rows():
-        if run.source != "MaxText README":
-            continue
+    for run, _, _, real, p in rows("MaxText README"):
         name, shape = run.name.rsplit(" ", 1)
         slices, chips = map(int, shape.split("x"))
         if slices == 1:
