@@ -58,6 +58,19 @@ def test_interleaved_warm_up_counted_chunk_by_chunk():
     assert held_layer_microbatches(model, layout, m=4) <= 14 * (1 + 1 / 4)
 
 
+def test_rebuilt_layer_and_logits_never_coexist():
+    """Under full recompute the loss's backward frees its fp32 logits before the last layer is rebuilt, so the
+    peak holds every layer's input and the larger of the two, not their sum (a small vocabulary: the rebuilt
+    layer; a large one: the logits)."""
+    layout, seq = Layout(recompute="full"), 512
+    for vocab in (64, 1 << 20):
+        model = ModelSpec(name="x", layers=4, hidden=256, heads=4, ffn=1024, vocab=vocab, seq=seq)
+        inputs = 4 * activation_bytes_per_layer(model, layout, seq)
+        rebuilt = activation_bytes_per_layer(model, Layout(recompute="selective"), seq, fused_attention=True)
+        logits = 4 * seq * vocab
+        assert memory_per_device(model, layout, 1).activations == pytest.approx(inputs + max(rebuilt, logits))
+
+
 def test_llama3_405b_layout_that_ran_fits_in_80gb():
     """Dubey et al. 2024 sec. 3.3.2 / Table 4: TP8 x PP16 x DP64, interleaved, 8K sequences, no activation
     recomputation, on 80 GB H100s."""

@@ -328,11 +328,13 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
     per_layer = activation_bytes_per_layer(model, layout, tokens, fused_attention, eager) * scale
     # offloaded layers' activations wait in host memory (Layout.offload: pp=1, one micro-batch in flight)
     acts = per_layer * (held_layer_microbatches(model, layout, m) - layout.offload)
-    if layout.recompute in REBUILDS_LAYER:  # one layer is rebuilt at a time during backward
-        acts += rebuilt_layer_bytes(model, layout.tp, layout.sp, tokens, fused_attention, eager) * scale
     # fp32 logits for the loss where the first rank also holds the head (counted once: freed right away).
-    if head_rank(layout) == 0:
-        acts += 4 * tokens * model.vocab / layout.tp
+    logits = 4 * tokens * model.vocab / layout.tp if head_rank(layout) == 0 else 0.0
+    if layout.recompute in REBUILDS_LAYER:  # one layer is rebuilt at a time during backward, after the loss's
+        # backward has freed the logits: the two never coexist, the larger sets the peak
+        acts += max(rebuilt_layer_bytes(model, layout.tp, layout.sp, tokens, fused_attention, eager) * scale, logits)
+    else:
+        acts += logits
     return Memory(params=params, grads=grads, optimizer=optimizer, activations=acts, gathered=gathered)
 
 
