@@ -156,7 +156,7 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
                         shape.microbatch_sizes)[k_i, rows.mbs_index]
     logits = np.where(v_shaped | (pp == 1), 4 * model.vocab / tp, 0.0)  # the head on the first rank
     rebuilt = np.isin(r_i, REBUILT_MODES)  # one layer rebuilt at a time during backward, the logits freed by then
-    acts = (per_token[s_i, r_i] * held + np.where(rebuilt, np.maximum(rebuild[s_i], logits), logits)) * tokens
+    acts = (per_token[s_i, r_i] * held + np.maximum(np.where(rebuilt, rebuild[s_i], 0.0), logits)) * tokens
     return static + acts
 
 

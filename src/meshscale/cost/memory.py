@@ -330,11 +330,11 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
     acts = per_layer * (held_layer_microbatches(model, layout, m) - layout.offload)
     # fp32 logits for the loss where the first rank also holds the head (counted once: freed right away).
     logits = 4 * tokens * model.vocab / layout.tp if head_rank(layout) == 0 else 0.0
-    if layout.recompute in REBUILDS_LAYER:  # one layer is rebuilt at a time during backward, after the loss's
-        # backward has freed the logits: the two never coexist, the larger sets the peak
-        acts += max(rebuilt_layer_bytes(model, layout.tp, layout.sp, tokens, fused_attention, eager) * scale, logits)
-    else:
-        acts += logits
+    # one layer is rebuilt at a time during backward, after the loss's backward has freed the logits: the two
+    # never coexist, the larger sets the peak
+    rebuilt = (rebuilt_layer_bytes(model, layout.tp, layout.sp, tokens, fused_attention, eager) * scale
+               if layout.recompute in REBUILDS_LAYER else 0.0)
+    acts += max(rebuilt, logits)
     return Memory(params=params, grads=grads, optimizer=optimizer, activations=acts, gathered=gathered)
 
 
