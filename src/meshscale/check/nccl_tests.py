@@ -5,7 +5,8 @@ After a header of `#` lines, among them one per rank (`#  Rank  0 Group  0 Pid 6
 [0000:06:00] NVIDIA H100 80GB HBM3`) and, in newer releases, `# Collective test starting: alltoall_perf`,
 the run prints one line a message size, out-of-place figures then in-place ones:
          size     count   type  redop  root   time  algbw  busbw  #wrong   time  algbw  busbw  #wrong
-Older releases print no root column (NVIDIA/nccl-tests#100, 2021). We read the out-of-place bus bandwidth.
+Older releases print no root column (NVIDIA/nccl-tests#100, 2021). We read the out-of-place bus bandwidth, and
+from the header's `# nThread 1 nGpus 8 ...` how many GPUs each process drove (`-t` threads x `-g` GPUs a thread).
 """
 
 import re
@@ -15,6 +16,7 @@ from meshscale.errors import UserError
 
 _STARTING = re.compile(r"^#\s*Collective test starting:\s*(\S+?)_perf\b", re.M)
 _RANK = re.compile(r"^#\s*Rank\s+(\d+)\s", re.M)
+_THREADS_GPUS = re.compile(r"^#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)", re.M)
 # the binaries' names for the collectives the cost model has
 COLLECTIVES = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
                "alltoall": "all_to_all"}
@@ -25,6 +27,7 @@ class Run:
     collective: str | None  # ours (all_to_all for alltoall_perf); None where the log does not say
     ranks: int | None  # from its rank lines; None where it prints none
     points: tuple  # ((bytes, out-of-place busbw GB/s), ...) in the order printed
+    gpus_per_process: int = 1  # nThread x nGpus of its header (1 where it prints none)
 
 
 def parse(text: str, name: str) -> Run:
@@ -45,7 +48,9 @@ def parse(text: str, name: str) -> Run:
         raise UserError(f"{name}: no nccl-tests result lines (size, count, type, redop, time, algbw, busbw, ...) "
                         "found; give the stdout of an all_reduce_perf, all_gather_perf, reduce_scatter_perf or "
                         "alltoall_perf run")
-    return Run(COLLECTIVES[tests[0]] if tests else None, max(ranks) + 1 if ranks else None, points)
+    per_process = _THREADS_GPUS.search(text)
+    return Run(COLLECTIVES[tests[0]] if tests else None, max(ranks) + 1 if ranks else None, points,
+               int(per_process[1]) * int(per_process[2]) if per_process else 1)
 
 
 def _point(line: str) -> tuple[int, float] | None:

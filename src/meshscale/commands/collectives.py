@@ -25,7 +25,8 @@ def add_arguments(p):
                    "each of its sizes printed beside its out-of-place bus bandwidth and the model's error")
     p.add_argument("--json", action="store_true", help="print one JSON object: cluster, devices, collective and "
                    "rows of {collective, bytes, seconds, busbw_GBps, algorithm} (with --measured also "
-                   "measured_busbw_GBps and error, predicted / measured - 1)")
+                   "measured_busbw_GBps and error, predicted / measured - 1, and the log's "
+                   "measured_gpus_per_process)")
     p.add_argument("--plot", metavar="FILE.png", help="draw bus bandwidth against message size (and --measured's)")
     p.add_argument("--overwrite", action="store_true", help="allow replacing an existing --plot file")
 
@@ -96,11 +97,23 @@ def run(args) -> int:
         collective_plot(rows, f"{collective} on {devices} x {cluster.name}", args.plot,
                         measured.points if measured else ())
     if args.json:
-        print(json.dumps({"schema_version": SCHEMA_VERSION, "cluster": cluster.name, "devices": devices,
-                          "collective": collective, "rows": rows}))
+        out = {"schema_version": SCHEMA_VERSION, "cluster": cluster.name, "devices": devices,
+               "collective": collective, "rows": rows}
+        if measured:
+            out["measured_gpus_per_process"] = measured.gpus_per_process
+        print(json.dumps(out))
         return 0
     _print(rows, collective, devices, cluster.name, args.measured)
+    if measured and measured.gpus_per_process > 1:
+        print(_ONE_PROCESS.format(n=measured.gpus_per_process))
     return 0
+
+
+# One A100 server both ways (benchmarks/nccl_curves.py, "HGX A100 x8, a process per GPU"): -g 8 read 7-28% below a
+# process per GPU from 1 to 512 MiB, the same from 1 GiB.
+_ONE_PROCESS = ("# one process drove {n} GPUs (nccl-tests -t/-g): it launches each GPU's kernel in turn, which a "
+                "process per GPU, as training runs, does not pay; on one A100 server this read 7-28% below a process "
+                "per GPU from 1 to 512 MiB (rerun with mpirun or srun, -g 1, to compare like with like)")
 
 
 def _measured(args):
