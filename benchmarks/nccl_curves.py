@@ -59,11 +59,12 @@ CURVES = (
           ((1, 52.96), (2, 88.78), (4, 138.44), (8, 181.94), (16, 240.41), (32, 300.91), (64, 368.11),
            (128, 412.45), (256, 432.24), (512, 442.72), (1024, 467.58), (2048, 472.57), (4096, 477.41),
            (8192, 479.98)), gpus_per_process=8),
-    # Azure ND_GB200_v6_results.md: one GB200 tray, 4 GPUs on NVLink5, NCCL_ALGO=Ring, NCCL 2.25.1
+    # Azure ND_GB200_v6_results.md: one GB200 tray, 4 GPUs on NVLink5, NCCL_ALGO=Ring, NCCL 2.25.1; its script
+    # (Benchmarks/NVIDIA/NCCLBandwidth.py at 545c5c6) runs all_reduce_perf -g 4, one process for the 4 GPUs
     Curve("GB200 tray x4, ring", "Azure ND GB200 v6 results (NCCL 2.25.1)", "gb200-nvl72", 4,
           ((1, 80.48), (2, 110.43), (4, 146.27), (8, 253.46), (16, 331.09), (32, 422.62), (64, 550.73),
            (128, 574.19), (256, 593.53), (512, 618.74), (1024, 646.87), (2048, 666.63), (4096, 673.06),
-           (8192, 679.61)), ("ring",)),
+           (8192, 679.61)), ("ring",), gpus_per_process=4),
     # coreweave/nccl-tests PR #43 (2025-02-20): one full NVL72 rack, 72 GPUs, out-of-place busbw
     Curve("GB200 NVL72 x72", "coreweave/nccl-tests#43", "gb200-nvl72", 72,
           ((512, 586.06), (1024, 681.17), (2048, 757.78), (4096, 839.16), (8192, 834.57))),
