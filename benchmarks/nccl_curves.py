@@ -129,10 +129,11 @@ def predicted(curve: Curve, mib: float) -> tuple[float, str]:
     if curve.domain:
         cluster = replace(cluster, tiers=(replace(cluster.tiers[0], size=curve.domain), *cluster.tiers[1:]))
     link = comm.group_link(cluster, curve.devices, curve.devices, 1)
-    if link.fabric is None:  # not NCCL: the link's alpha-beta model
+    fabric = comm.nccl_fabric(link, curve.devices)
+    if fabric is None:  # not NCCL's model: the link's alpha-beta one
         t, name = comm.collective_time(curve.collective, mib * M, 1, curve.devices, link), "alpha-beta"
     else:
-        t, option = collectives.best(curve.collective, link.fabric, mib * M, curve.algorithms)
+        t, option = collectives.best(curve.collective, fabric, mib * M, curve.algorithms)
         name = f"{option[0]}/{option[1]}"
     return collectives.wire_factor(curve.collective, curve.devices) * mib * M / t / 1e9, name
 
