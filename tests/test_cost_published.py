@@ -71,7 +71,7 @@ def test_a_slice_costs_by_the_slice_count_not_the_bytes():
     """published.py --data-parallel's per-layer view of MaxText's v5e slices (docs/accuracy.md, "What a slice
     costs"): at 16 and 32 slices the 16B and 64B tables grow alike a layer though the 64B one reduces twice the
     bytes, the growth rises by a third to a half from 16 slices to 32, and it outgrows the model's DCN all-reduce, whose
-    bandwidth term saturates, threefold at 32 slices: a cost like a per-slice latency the model does not have."""
+    bandwidth term saturates, twofold at 32 slices: a cost like a per-slice latency the model does not have."""
     costs = {(name, slices): (grown, seconds, nbytes)
              for name, slices, grown, seconds, nbytes in load_published().slice_costs()}
     for slices in (16, 32):
@@ -81,7 +81,7 @@ def test_a_slice_costs_by_the_slice_count_not_the_bytes():
     for name in ("v5e 16B", "v5e 64B"):
         grown16, _, _ = costs[f"{name} 16x256", 16]
         grown32, allreduce32, _ = costs[f"{name} 32x256", 32]
-        assert 1.3 < grown32 / grown16 < 1.8 and grown32 > 3 * allreduce32
+        assert 1.3 < grown32 / grown16 < 1.8 and grown32 > 2 * allreduce32
 
 
 def test_runs_that_ran_are_predicted_to_fit(rows):

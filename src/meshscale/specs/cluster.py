@@ -482,9 +482,12 @@ def _tpu(name, accel, bf16, hbm, hbm_bw, ici_axis, dcn, torus, price, host, eff=
     # Matrices", worked problem on an AllGather over a 4-chip axis): 34 MB in 680 us where the link rate gives
     # 560 (0.83 once its hops' latency is taken off), and 32 kB shards over 3 hops in ~8 us where bandwidth
     # takes 2.1 (2 us a hop). DCN per chip (host NIC bandwidth / chips per host; the book's Part 2: "around 2.5e10
-    # bytes / second per host"); its hop latency (10 us) and efficiency (0.80) rest on no measurement, and
-    # MaxText's multi-slice runs grow ~1.2 ms a layer per slice whatever their bytes (docs/accuracy.md, "What a
-    # slice costs"): Megascale's transfers go through the hosts over TCP. Matmuls run on MXUs of 128x128
+    # bytes / second per host"). What a cross-slice all-reduce reaches of it: 198 of 400 Gb/s a host (0.495), 1 GiB
+    # a chip, 2 v6e slices of 4 chips on two 200 Gb/s NICs, libtpu 0.0.44 (a public measurement, 2026-08, public-
+    # code index document 65728546346: best of 10-15 runs after 200 warm-ups, 198.0 +- 6.0 over three; raw TCP
+    # reached 347.8 each way): MegaScale lowers psum to one host transfer and sums on the host CPU. Its hop latency
+    # (10 us) rests on no measurement, and MaxText's multi-slice runs grow ~1.2 ms a layer per slice whatever their
+    # bytes (docs/accuracy.md, "What a slice costs"). Matmuls run on MXUs of 128x128
     # up to v5p and 256x256 on v6e (Cloud TPU system architecture pages; "performance guide": dimensions are
     # padded to multiples of the MXU's); large MXU-aligned matmuls run near peak (scaling book Part 1 takes
     # them at peak; we keep 10% for the vector-unit epilogue), and XLA schedules tiles without GPU-style waves.
@@ -494,7 +497,7 @@ def _tpu(name, accel, bf16, hbm, hbm_bw, ici_axis, dcn, torus, price, host, eff=
     # Software: MaxText shards with FSDP (zero=3: one reduce per layer, whatever the framework); for zero 0-2 XLA
     # combines all-reduces up to a threshold we have no published figure for: Megatron-Core's buckets stand in.
     # No FP8: the docs give these chips a bf16 peak and an Int8 one (integer MXU arithmetic), none for FP8.
-    tiers = (Tier("ici", _prod(torus), ici_axis, 2e-6, 0.83), Tier("dcn", 0, dcn, 10e-6, 0.80))
+    tiers = (Tier("ici", _prod(torus), ici_axis, 2e-6, 0.83), Tier("dcn", 0, dcn, 10e-6, 0.495))
     return ClusterSpec(name=name, accelerator=accel, peak_flops_bf16=bf16, peak_flops_fp8=0.0,
                        peak_flops_fp32=bf16 / 2, hbm_bytes=hbm, hbm_bandwidth=hbm_bw, matmul_efficiency=eff,
                        tiers=tiers, torus=torus, default_devices=_prod(torus), price_per_device_hour=price,
