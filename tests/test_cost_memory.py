@@ -100,6 +100,10 @@ def test_optimizer_states_follow_zero_stages():
     root, block = 2 * model.vocab * model.hidden + model.hidden, model.layer_params(0)
     assert mem[3].params + mem[3].grads + mem[3].optimizer == pytest.approx(16 * p / 8, rel=1e-6)
     assert mem[3].gathered == pytest.approx(2 * (2 * root + 3 * block), rel=1e-6) and mem[1].gathered == 0
+    # a framework that does not hold the root (XLA, DeepSpeed) has two units in flight and one whole gradient at
+    # a time: here the root (untied: embedding and head) is the largest unit
+    unheld = memory_per_device(model, Layout(dp=8, zero=3), 8, root_held=False)
+    assert root > block and unheld.gathered == pytest.approx(2 * (2 * root + block), rel=1e-6)
     # inside a pipeline stage FSDP2 holds the stage's parameters and gradients whole until the last micro-batch
     layout = Layout(dp=4, zero=3, pp=2)
     piped, stage = memory_per_device(model, layout, 8), params_on_rank(model, layout, busiest_rank(model, layout))

@@ -85,11 +85,10 @@ def test_a_slice_costs_by_the_slice_count_not_the_bytes():
 
 
 def test_runs_that_ran_are_predicted_to_fit(rows):
-    """Every GPU run fits its HBM. The TPU runs are not held to it: most of MaxText's 2023 rows are predicted
-    over their HBM though they ran (XLA's buffer assignment is not our accounting; open)."""
-    for run, layout, _, _, pred in rows:
-        if run.hardware in ("A100", "H100"):
-            assert pred.fits, (run.name, pred.memory_per_device_bytes)
+    """Every run fits its HBM but MaxText's v4 52B pair, predicted over its 32 GiB though it ran (what XLA keeps
+    live around a layer's materialised attention is not our accounting; open)."""
+    over = {run.name for run, _, _, _, pred in rows if not pred.fits}
+    assert over == {"v4 52B 1x192", "v4 52B 2x192"}, over
 
 
 def test_run_breaks_down_only_the_runs_it_names(capsys):

@@ -195,6 +195,23 @@ def test_the_search_folds_expert_parallelism_over_tp():
     assert whole.ranked and {Layout.parse(p.layout).etp for p in whole.ranked} == {1}
 
 
+def test_the_bound_counts_zero3_units_as_predict_does_for_each_framework():
+    """ZeRO-3's gathered units in the bound's memory are predict's, whether the framework holds the root unit
+    gathered (torch) or not (the TPU presets' framework): the two differ, by at least the root."""
+    model, v5e = load_model("llama2-7b"), load_cluster("tpu-v5e")
+    totals = {}
+    for framework in ("torch", "megatron-core"):
+        cluster = replace(v5e, software=replace(v5e.software, framework=framework))
+        found = search(model, cluster, 16, 64, top=3, fix=search_mod.parse_fix("zero=3,tp=1,pp=1"), prune=False)
+        shape, rows = found.pool.scored[0]
+        memory = bound.memory_bytes(model, cluster, shape, rows, "bf16")
+        layout = search_mod._layout(shape, rows, 0)
+        assert memory[0] == pytest.approx(predict(model, cluster, layout, 64).memory_per_device_bytes["total"])
+        totals[framework] = memory[0]
+    root = 2 * 2 * model.vocab * model.hidden  # embedding and head, bf16, gathered with its gradient
+    assert totals["torch"] - totals["megatron-core"] >= root * 0.99
+
+
 def test_the_bound_holds_with_a_multi_token_prediction_module():
     """An MTP module (on the head's rank, a layer of the last chunk in the cut) in the bound as in predict:
     every bound below its prediction, and the bound's memory predict's, over pipelines, V schedules included."""

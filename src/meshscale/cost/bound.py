@@ -143,8 +143,9 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
     edp = tp * cp * dp // (ep * etp)  # the experts' replicas (Layout.edp)
     static = sum(b * (dense / np.where(z >= stage, shard, 1) + experts / np.where(z >= stage, edp, 1))
                  for b, stage in ((bytes_["params"], 3), (bytes_["grads"], 2), (bytes_["optimizer"] + copies, 1)))
-    if dp * cp > 1:  # FSDP2's unsharded units (memory.fsdp_gathered)
-        gathered = np.array([sum(fsdp_gathered(model, tp, ep, etp, pp, lay.stages, lay.v_shaped))
+    if dp * cp > 1:  # ZeRO-3's unsharded units (memory.fsdp_gathered)
+        root_held = cluster.software.holds_fsdp_root
+        gathered = np.array([sum(fsdp_gathered(model, tp, ep, etp, pp, lay.stages, lay.v_shaped, (), root_held))
                              for lay in place.layouts])[k_i]
         static = static + np.where(z == 3, gathered * bytes_["compute"], 0.0)
     scale = bytes_["compute"] / 2

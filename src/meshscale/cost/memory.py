@@ -33,7 +33,7 @@ class Memory:
     grads: float
     optimizer: float
     activations: float
-    gathered: float = 0.0  # ZeRO-3: FSDP2's unsharded units beside the shards (`fsdp_gathered`)
+    gathered: float = 0.0  # ZeRO-3: the unsharded units beside the shards (`fsdp_gathered`)
 
     @property
     def total(self) -> float:
@@ -106,15 +106,18 @@ def heaviest_rank(model: ModelSpec, tp: int, ep: int, etp: int, pp: int, chunks:
 
 @lru_cache(maxsize=4096)
 def fsdp_gathered(model: ModelSpec, tp: int, ep: int, etp: int, pp: int, chunks: int,
-                  v_shaped: bool, ends: tuple = ()) -> tuple[float, float]:
-    """(parameters, gradients), in parameters, that FSDP2 (parallel/fsdp.py: a unit per block, the root holding
+                  v_shaped: bool, ends: tuple = (), root_held: bool = True) -> tuple[float, float]:
+    """(parameters, gradients), in parameters, that ZeRO-3 (parallel/fsdp.py: a unit per block, the root holding
     embedding, final norm and head) holds unsharded beside the shards at the step's peak, on the pipeline rank
-    holding the most. The root is not resharded after forward (torch's fully_shard: "the root FSDP state has
-    its value specially set to False"), so its parameters stay gathered through backward, and its gradients
-    are whole until its reduce-scatter at backward's end; a block is gathered with the next one prefetched
-    (Zhao et al. 2023, "PyTorch FSDP", sec. 3.3: two units in flight), its gradient whole until reduce-scattered.
+    holding the most. A unit is gathered with the next one prefetched (Zhao et al. 2023, "PyTorch FSDP", sec.
+    3.3: two units in flight), its gradient whole until reduce-scattered. `root_held`: torch's FSDP does not
+    reshard the root after forward (fully_shard: "the root FSDP state has its value specially set to False";
+    FSDP1's _post_forward_reshard alike), so its parameters stay gathered through backward and its gradients
+    whole until its reduce-scatter at backward's end; other frameworks (XLA, which frees a buffer when its last
+    use is done; DeepSpeed's ZeRO-3, which repartitions each module after use) hold it only while it runs.
     Inside a pipeline stage FSDP2 defers backward's resharding and the reduce-scatter to the last micro-batch
-    (measured, cost/comm.py data_parallel_ops): the stage's parameters and gradients are whole then."""
+    (measured, cost/comm.py data_parallel_ops): the stage's parameters and gradients are whole then (taken for
+    every framework: no other was measured)."""
     rank = heaviest_rank(model, tp, ep, etp, pp, chunks, v_shaped, ends)
     if pp > 1:
         whole = params_per_rank(model, tp, ep, etp, pp, chunks, v_shaped, ends)[rank]
@@ -122,7 +125,9 @@ def fsdp_gathered(model: ModelSpec, tp: int, ep: int, etp: int, pp: int, chunks:
     per_layer = _layer_params_on_rank(model, tp, ep, etp)
     block = max(per_layer[i] for i in rank_layers(model.layers, pp, chunks, v_shaped, rank, model.mtp_layers, ends))
     root = _root_params(model, tp, pp, v_shaped, rank)
-    return root + 2 * block, root + block
+    if root_held:
+        return root + 2 * block, root + block
+    return max(root, block) + block, max(root, block)
 
 
 def _tp_replicated_params(model: ModelSpec, layer: int) -> float:
@@ -303,7 +308,7 @@ def held_layers(layers: int, pp: int, vpp: int, schedule: str, m: int, mtp: int 
 
 
 def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, precision: str = "bf16",
-                      fused_attention: bool = True, eager: bool = False) -> Memory:
+                      fused_attention: bool = True, eager: bool = False, root_held: bool = True) -> Memory:
     layout = layout.resolve_mbs(global_batch)
     m = layout.microbatches(global_batch)
     bytes_ = PRECISIONS[precision]
@@ -318,7 +323,7 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
     gathered = 0.0
     if layout.fsdp:  # the unsharded units beside the shards, in the compute dtype
         gathered = sum(fsdp_gathered(model, layout.tp, layout.ep, layout.expert_tp, layout.pp, layout.stages,
-                                     layout.v_shaped, layout_ends(layout)))
+                                     layout.v_shaped, layout_ends(layout), root_held))
         gathered *= bytes_["compute"]
     tokens = layout.mbs * model.seq / layout.cp
     scale = bytes_["compute"] / 2

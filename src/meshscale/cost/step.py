@@ -124,7 +124,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     bubble_s = ratio * (compute_s + critical_path)
     critical_path += control_seconds(cluster, devices, layout)  # once per step, after the pipeline drains
     mem = memory_per_device(model, layout, global_batch, precision, cluster.fused_attention,
-                            eager=not sw.fused_elementwise)
+                            eager=not sw.fused_elementwise, root_held=sw.holds_fsdp_root)
     optimizer_s = optimizer_traffic(cluster, mem, precision) / cluster.achieved_hbm_bandwidth
     optimizer_s += overhead.optimizer_seconds(cluster, layout, led.layers, led.rank in (0, head_rank(layout)))
     step = compute_s + critical_path + bubble_s + dp_exposed + optimizer_s

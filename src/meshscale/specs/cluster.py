@@ -124,6 +124,12 @@ class Software:
     # calibrations; --quick's three repeats scatter up to 1).
     overlap_efficiency: float = 1.0
 
+    @property
+    def holds_fsdp_root(self) -> bool:
+        """Whether ZeRO-3 keeps its root unit (embedding, final norm, head) gathered from forward to the end of
+        backward: torch's FSDP does (cost/memory.py fsdp_gathered)."""
+        return self.framework == "torch"
+
 
 ATTENTION_KERNELS = ("platform", "fa2", "fa-triton")
 # Each framework's tensor-wise FP8 scaling: Megatron-Core's --fp8-recipe defaults to delayed (arguments.py), as
