@@ -493,10 +493,10 @@ def _tpu(name, accel, bf16, hbm, hbm_bw, ici_axis, dcn, torus, price, host, eff=
     # code index document 65728546346: best of 10-15 runs after 200 warm-ups, 198.0 +- 6.0 over three; raw TCP
     # reached 347.8 each way): MegaScale lowers psum to one host transfer and sums on the host CPU. Its hop latency
     # (10 us) rests on no measurement, and MaxText's multi-slice runs grow ~1.2 ms a layer per slice whatever their
-    # bytes (docs/accuracy.md, "What a slice costs"). Matmuls run on MXUs of 128x128
-    # up to v5p and 256x256 on v6e (Cloud TPU system architecture pages; "performance guide": dimensions are
-    # padded to multiples of the MXU's); large MXU-aligned matmuls run near peak (scaling book Part 1 takes
-    # them at peak; we keep 10% for the vector-unit epilogue), and XLA schedules tiles without GPU-style waves.
+    # bytes (docs/accuracy.md, "What a slice costs"). Matmuls run on MXUs of 128x128 up to v5p and 256x256 on
+    # v6e (Cloud TPU system architecture pages; "performance guide": dimensions are padded to multiples of the
+    # MXU's); large MXU-aligned matmuls run near peak (scaling book Part 1 takes them at peak; we keep 10% for the
+    # vector-unit epilogue), and XLA schedules tiles without GPU-style waves.
     # Measured: XLA's bare bf16 jnp.matmul on v5e sustained 92.3% of peak at 8192^3 and 84.3% at 4096^3, Python
     # dispatch included (JAX's Pallas TPU matmul guide, docs/pallas/tpu/matmul.ipynb outputs); training's
     # matmuls carry fused epilogues that bare one has not.
