@@ -14,6 +14,7 @@ from meshscale.cost import overhead, predict
 from meshscale.cost.step import chunk_passes, host_bound
 from meshscale.cost.kernels import Passes
 from meshscale.errors import UserError
+from meshscale.plan.explain import components
 from meshscale.specs.cluster import HOST_LINEAR_S, load_cluster
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import load_model
@@ -127,9 +128,16 @@ def test_predict_says_how_long_the_device_waits_for_its_host():
     assert free.host_wait_s == 0.0 and waits.host_wait_s > 0.5 * waits.compute_s
     assert waits.host_wait_s == pytest.approx(waits.compute_s - free.compute_s)
     assert waits.to_dict()["host_wait_s"] == waits.host_wait_s
+    # the wait outlasts the kernels: the host bounds the step, and the plan's terms split it from the compute
+    assert (waits.bound, free.bound) == ("host", "compute")
+    terms = components(waits)
+    assert terms["host wait"] == waits.host_wait_s and terms["compute"] == pytest.approx(free.compute_s)
+    assert sum(terms.values()) == pytest.approx(waits.step_time_s, rel=1e-12)
     shown = io.StringIO()
     report.print_prediction(waits, Console(file=shown, width=200))
     assert "of which waiting on the host" in shown.getvalue()
+    assert "host-bound: the devices wait" in shown.getvalue()
+    assert "[software] cuda_graphs = true" in shown.getvalue()
     shown = io.StringIO()
     report.print_prediction(free, Console(file=shown, width=200))
-    assert "waiting on the host" not in shown.getvalue()
+    assert "waiting on the host" not in shown.getvalue() and "cuda_graphs" not in shown.getvalue()

@@ -6,6 +6,8 @@ from rich.table import Table
 from meshscale.cost.bands import band_text, unvalidated_text
 from meshscale.units import si_bytes
 
+HOST_NOTE = 0.05  # a wait on the host worth naming in the bound's sentence: 5% of the step
+
 
 def band_cell(band: dict) -> str:
     """The band beside a figure: its category's median and p90 |error| on the validation set; a dagger where the
@@ -78,7 +80,7 @@ def print_prediction(pred, console: Console | None = None) -> None:
                   "once)")
     console.print(f"MFU {pred.mfu:.1%} (HFU {pred.hfu:.1%}), {pred.tokens_per_s:,.0f} tokens/s; model FLOPs "
                   f"{pred.model_flops_per_step:.3e} per step (6PT rule: {pred.six_pt_flops_per_step:.3e})")
-    console.print(bound_sentence(pred))
+    console.print(bound_sentence(pred), markup=False)
 
 
 def bound_sentence(pred) -> str:
@@ -93,9 +95,15 @@ def bound_sentence(pred) -> str:
                 f"{ms(pred.compute_s)} of compute")
     elif pred.bound == "bubble":
         why += f": the pipeline idles {pred.bubble_fraction:.0%} of the step"
+    elif pred.bound == "host":
+        why += (f": the devices wait {ms(pred.host_wait_s)} on the host issuing {ms(pred.compute_s - pred.host_wait_s)}"
+                " of kernels")
     else:
         why += (f": compute {ms(pred.compute_s)}; collectives take {ms(comm_total)}, "
                 f"{ms(pred.exposed_comm_s)} of it exposed")
+    if pred.host_wait_s >= HOST_NOTE * pred.step_time_s:
+        why += (f"; the devices wait on their host {pred.host_wait_s / pred.step_time_s:.0%} of the step (its "
+                "launches, a MoE layer's token counts; [software] cuda_graphs = true captures the layers' launches)")
     if r.get("critical_tokens"):
         why += (f". {r['strategy']}: {r['per_device_tokens']:,.0f} tokens per device vs a critical batch of "
                 f"{r['critical_tokens']:,.0f} ({r['side']} side of the roofline)")

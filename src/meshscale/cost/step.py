@@ -133,9 +133,10 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     model_flops = flops.model_flops_per_step(model, n_tokens)
     hw_flops = model_flops + n_tokens * flops.recompute_flops_per_token(model, layout.recompute,
                                                                          range(model.layers))
-    # What bounds the step: the largest of compute, communication left exposed, and the bubble.
-    bound = max((("compute", compute_s), ("communication", critical_path + dp_exposed), ("bubble", bubble_s)),
-                key=lambda kv: kv[1])[0]
+    # What bounds the step: the largest of the devices' compute, their wait on the host issuing it, the
+    # communication left exposed, and the bubble.
+    bound = max((("compute", compute_s - host_wait_s), ("host", host_wait_s),
+                 ("communication", critical_path + dp_exposed), ("bubble", bubble_s)), key=lambda kv: kv[1])[0]
     fits = mem.total <= cluster.hbm_bytes
     ckpt_device, ckpt_total = checkpoint_bytes(model, layout, precision)
     return Prediction(

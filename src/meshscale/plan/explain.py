@@ -13,10 +13,12 @@ def ms(x: float) -> str:
 
 
 def components(pred) -> dict:
-    """The step's terms, summing to its time as predict adds them: compute, bubble, optimizer, each axis's
-    collective (what shows of it plus what it slows the compute it hides behind, its interference_s), and the
-    step's small control all-reduces (cost.step.control_seconds: the rest of the exposed communication)."""
-    parts = {"compute": pred.compute_s, "bubble": pred.bubble_s, "optimizer": pred.optimizer_s}
+    """The step's terms, summing to its time as predict adds them: the devices' compute, their wait on the host
+    issuing it (host wait), bubble, optimizer, each axis's collective (what shows of it plus what it slows the
+    compute it hides behind, its interference_s), and the step's small control all-reduces
+    (cost.step.control_seconds: the rest of the exposed communication)."""
+    parts = {"compute": pred.compute_s - pred.host_wait_s, "host wait": pred.host_wait_s, "bubble": pred.bubble_s,
+             "optimizer": pred.optimizer_s}
     for e in pred.comm:
         key = f"{e['axis']} {e['collective']}"
         parts[key] = parts.get(key, 0.0) + e["exposed_s"] + e["interference_s"]
