@@ -96,8 +96,7 @@ def bound_sentence(pred) -> str:
     elif pred.bound == "bubble":
         why += f": the pipeline idles {pred.bubble_fraction:.0%} of the step"
     elif pred.bound == "host":
-        why += (f": the devices wait {ms(pred.host_wait_s)} on the host issuing {ms(pred.compute_s - pred.host_wait_s)}"
-                " of kernels")
+        why += f": the devices wait {ms(pred.host_wait_s)} on the host issuing {ms(pred.kernels_s)} of kernels"
     else:
         why += (f": compute {ms(pred.compute_s)}; collectives take {ms(comm_total)}, "
                 f"{ms(pred.exposed_comm_s)} of it exposed")

@@ -67,13 +67,18 @@ class Prediction:
     hbm_bytes: float
     memory_per_device_bytes: dict
     comm: list = field(default_factory=list)
-    bound: str = "compute"  # compute | communication | bubble (and memory when it does not fit)
+    bound: str = "compute"  # compute | host | communication | bubble (and memory when it does not fit)
     regime: dict = field(default_factory=dict)
     checkpoint_bytes_per_device: float = 0.0  # what one checkpoint writes (cost/checkpoint.py)
     checkpoint_bytes_total: float = 0.0
     band: dict = field(default_factory=dict)  # the error its category earned on the validation set (cost/bands.py)
     comm_rank: int = 0  # the pipeline rank `comm` describes: the one the step waits for
     host_wait_s: float = 0.0  # of compute_s, the device waiting for the host that issues its kernels (GPUs)
+
+    @property
+    def kernels_s(self) -> float:
+        """Of compute_s, what the devices spend running their kernels (the rest waits on the host)."""
+        return self.compute_s - self.host_wait_s
 
     def to_dict(self) -> dict:
         return {**self.__dict__, "memory_per_device_bytes": dict(self.memory_per_device_bytes),

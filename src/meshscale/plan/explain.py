@@ -17,7 +17,7 @@ def components(pred) -> dict:
     issuing it (host wait), bubble, optimizer, each axis's collective (what shows of it plus what it slows the
     compute it hides behind, its interference_s), and the step's small control all-reduces
     (cost.step.control_seconds: the rest of the exposed communication)."""
-    parts = {"compute": pred.compute_s - pred.host_wait_s, "host wait": pred.host_wait_s, "bubble": pred.bubble_s,
+    parts = {"compute": pred.kernels_s, "host wait": pred.host_wait_s, "bubble": pred.bubble_s,
              "optimizer": pred.optimizer_s}
     for e in pred.comm:
         key = f"{e['axis']} {e['collective']}"
