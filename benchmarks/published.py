@@ -589,17 +589,18 @@ def computed_bands() -> dict[str, tuple]:
     return out
 
 
-def computed_coverage() -> tuple[dict[str, int], int]:
-    """What cost/bands.py's COVERAGE and CP_FEWEST_TOKENS must hold: how many runs used each mechanism
-    (`bands.mechanisms`), and the fewest tokens a context-parallel rank of any run held."""
+def computed_coverage() -> tuple[dict[str, int], int, float]:
+    """What cost/bands.py's COVERAGE, CP_FEWEST_TOKENS and HOST_WAIT_MOST must hold: how many runs used each
+    mechanism (`bands.mechanisms`), the fewest tokens a context-parallel rank of any run held, and the largest
+    share of its predicted step any run's devices waited on their host, to 0.01%."""
     counts: dict = {}
-    fewest = []
-    for run in runs():
-        layout = Layout.parse(run.layout, run.devices)
+    fewest, host = [], [0.0]
+    for run, layout, _, _, pred in rows():
         for m in bands.mechanisms(layout):
             counts[m] = counts.get(m, 0) + 1
         fewest += [run.model.seq // layout.cp] if layout.cp > 1 else []
-    return dict(sorted(counts.items())), min(fewest, default=0)
+        host.append(pred.host_wait_s / pred.step_time_s)
+    return dict(sorted(counts.items())), min(fewest, default=0), round(max(host), 4)
 
 
 def wrapped(table: dict) -> str:
@@ -612,8 +613,8 @@ def wrapped(table: dict) -> str:
 
 
 def write_bands(path: str) -> None:
-    """Rewrite the written part of cost/bands.py from the current model (SOURCE, BANDS, REPLICA_GROWTH, COVERAGE
-    and CP_FEWEST_TOKENS)."""
+    """Rewrite the written part of cost/bands.py from the current model (SOURCE, BANDS, REPLICA_GROWTH, COVERAGE,
+    CP_FEWEST_TOKENS and HOST_WAIT_MOST)."""
     text = open(path).read()
     head, rest = text.split("SOURCE = ", 1)
     _, tail = rest.split("# --- end of written part", 1)
@@ -622,14 +623,16 @@ def write_bands(path: str) -> None:
     source = (f"benchmarks/published.py --write-bands, {sum(v[0] for v in table.values())} published runs "
               f"up to 2024, {datetime.date.today().isoformat()}")
     growth = computed_replica_growth()
-    coverage, fewest = computed_coverage()
+    coverage, fewest, host = computed_coverage()
     open(path, "w").write(f"{head}SOURCE = {source!r}\n# \"hardware kind precision\": (runs, median |error|, "
                           f"p90 |error|, mean signed error)\nBANDS: dict[str, tuple[int, float, float, float]] = "
                           f"{{\n{body}}}\n# runs differing only in data-parallel size: (series, median step growth a "
                           f"doubling, measured, predicted)\nREPLICA_GROWTH: tuple[int, float, float] = {growth!r}\n"
                           f"# mechanisms the runs rest on (`mechanisms`): how many runs used each; the fewest tokens a "
                           f"context-parallel rank held\nCOVERAGE: dict[str, int] = {{\n{wrapped(coverage)}\n}}\n"
-                          f"CP_FEWEST_TOKENS: int = {fewest!r}\n# --- end of written part{tail}")
+                          f"CP_FEWEST_TOKENS: int = {fewest!r}\n# the largest share of its step any run's devices "
+                          f"waited on their host (cost/step.py host_wait_s)\nHOST_WAIT_MOST: float = {host!r}\n"
+                          f"# --- end of written part{tail}")
 
 
 def computed_replica_growth(series: list | None = None) -> tuple[int, float, float]:

@@ -4,8 +4,8 @@ model, and predict, plan and scale carry their category's band, in words and in 
 import json
 
 from meshscale.cost import predict
-from meshscale.cost.bands import (BANDS, COVERAGE, CP_FEWEST_TOKENS, REPLICA_GROWTH, SOURCE, band, band_text, category,
-                                  unvalidated, unvalidated_text)
+from meshscale.cost.bands import (BANDS, COVERAGE, CP_FEWEST_TOKENS, HOST_WAIT_MOST, REPLICA_GROWTH, SOURCE, band,
+                                  band_text, category, unvalidated, unvalidated_text)
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import load_model
@@ -19,7 +19,7 @@ def test_stored_bands_equal_what_the_script_computes_now():
     computed = load_published().computed_bands()
     assert computed == BANDS
     assert load_published().computed_replica_growth() == REPLICA_GROWTH
-    assert load_published().computed_coverage() == (COVERAGE, CP_FEWEST_TOKENS)
+    assert load_published().computed_coverage() == (COVERAGE, CP_FEWEST_TOKENS, HOST_WAIT_MOST)
     assert sum(runs for runs, *_ in BANDS.values()) == len(list(load_published().runs()))
     assert f"{sum(runs for runs, *_ in BANDS.values())} published runs" in SOURCE
 
@@ -94,3 +94,28 @@ def test_a_layout_resting_on_what_no_validation_run_used_says_so():
             "--layout", "tp=8,pp=4,schedule=zbv", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["band"]["unvalidated"] == ["schedule=zbv"]
+
+
+def test_a_step_spent_waiting_on_the_host_is_outside_the_validation_set():
+    """No run of the set waited on its host more than HOST_WAIT_MOST of its step: a prediction whose devices wait
+    longer (and at least HOST_WAIT_FLOOR) says its band may not hold; the same layout with the layers' launches
+    captured in CUDA graphs waits far less and says nothing of the host."""
+    from dataclasses import replace
+
+    from meshscale.cost.bands import HOST_WAIT_FLOOR
+
+    layout = Layout.parse("dp=4,zero=1,cp=2,mbs=1", 8)
+    assert HOST_WAIT_MOST < HOST_WAIT_FLOOR
+    assert unvalidated(layout, 8192, HOST_WAIT_FLOOR) == []
+    assert unvalidated(layout, 8192, 0.25) == [
+        f"the devices wait on their host 25% of the step, where no run of the set waited over {HOST_WAIT_MOST:.1%}"]
+    model, gb200 = load_model("llama3-8b"), load_cluster("gb200-nvl72")
+    eager = predict(model, gb200, layout, 128, "fp8")
+    share = eager.host_wait_s / eager.step_time_s
+    assert share > HOST_WAIT_FLOOR and eager.band["unvalidated"] == [
+        f"the devices wait on their host {share:.0%} of the step, where no run of the set waited over "
+        f"{HOST_WAIT_MOST:.1%}"]
+    graphs = replace(gb200, software=replace(gb200.software, cuda_graphs=True))
+    captured = predict(model, graphs, layout, 128, "fp8")
+    assert captured.host_wait_s < HOST_WAIT_FLOOR * captured.step_time_s and captured.band["unvalidated"] == []
+    assert predict(model, load_cluster("b200"), layout, 128, "fp8").band["unvalidated"] == []

@@ -138,6 +138,14 @@ def test_the_fastest_layout_a_predicate_keeps_is_the_exhaustive_searchs():
         kept = [(search_mod.rank_key(p, layout), p) for layout, p in full.costed.items()
                 if p is not None and keep(layout) and p.memory_per_device_bytes["total"] <= full.capacity]
         assert kept and search_mod.fastest_where(plan, keep).layout == min(kept, key=lambda kp: kp[0])[1].layout
+    # a predicate on the costed prediction too: the fastest dp=8 layout is dropped, the next one kept
+    fastest = search_mod.fastest_where(plan, lambda layout: layout.dp == 8)
+    kept = [(search_mod.rank_key(p, layout), p) for layout, p in full.costed.items()
+            if p is not None and layout.dp == 8 and p.memory_per_device_bytes["total"] <= full.capacity
+            and p.step_time_s > fastest.step_time_s]
+    second = search_mod.fastest_where(plan, lambda layout: layout.dp == 8,
+                                      lambda pred: pred.step_time_s > fastest.step_time_s)
+    assert kept and second.layout == min(kept, key=lambda kp: kp[0])[1].layout != fastest.layout
     assert search_mod.fastest_where(plan, lambda layout: layout.tp > 8) is None
 
 

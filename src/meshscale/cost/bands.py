@@ -3,7 +3,8 @@ set, per category (hardware x dense/MoE x precision): the median and 90th percen
 signed error (negative: predicted too fast). Every predict, plan and scale figure carries its category's band;
 `scale` also says how the step grew, measured and predicted, where the set's runs differ only in data parallelism.
 A band covers the mechanisms the set's runs used: a layout resting on one no run used (a zero-bubble V schedule,
-context-parallel chunks shorter than any run's) is predicted by terms the set never judged, and says so.
+context-parallel chunks shorter than any run's, a step spent largely waiting on the host) is predicted by terms the
+set never judged, and says so.
 
 The table is data computed by a script, never typed: `PYTHONPATH=src python benchmarks/published.py
 --write-bands` rewrites it from the current model, and tests/test_bands.py fails when it no longer equals what
@@ -41,12 +42,17 @@ COVERAGE: dict[str, int] = {
     'zero=3': 95,
 }
 CP_FEWEST_TOKENS: int = 4096
+# the largest share of its step any run's devices waited on their host (cost/step.py host_wait_s)
+HOST_WAIT_MOST: float = 0.0067
 # --- end of written part ------------------------------------------------------------------------------
 
 
 # Below this many runs a category's median and p90 are single errors, not a spread (issue 18 asks the bias
 # only of categories with >= 3 runs): the text says so.
 FEW_RUNS = 3
+# A host wait under this share of the step moves it less than most categories' median error: not flagged even
+# where it exceeds every run's
+HOST_WAIT_FLOOR = 0.05
 
 
 def category(cluster: ClusterSpec, model: ModelSpec, precision: str) -> str:
@@ -72,24 +78,30 @@ def mechanisms(layout: Layout) -> tuple[str, ...]:
     return tuple(out)
 
 
-def unvalidated(layout: Layout, seq: int) -> list[str]:
-    """The layout's mechanisms that no run of the validation set used, and context-parallel chunks shorter than
-    the shortest any run had (ring attention's steps then cost what no run measured)."""
+def unvalidated(layout: Layout, seq: int, host_share: float = 0.0) -> list[str]:
+    """The layout's mechanisms that no run of the validation set used, context-parallel chunks shorter than
+    the shortest any run had (ring attention's steps then cost what no run measured), and a wait on the host
+    (`host_share` of the step) longer than any run's: the host's per-call times then decide the step, and no
+    run checked them."""
     out = [m for m in mechanisms(layout) if m not in COVERAGE]
     tokens = seq // layout.cp
     if layout.cp > 1 and "cp" in COVERAGE and tokens < CP_FEWEST_TOKENS:
         out.append(f"cp={layout.cp} at {tokens:,} tokens a rank where the set's fewest is {CP_FEWEST_TOKENS:,}")
+    if host_share > max(HOST_WAIT_MOST, HOST_WAIT_FLOOR):
+        out.append(f"the devices wait on their host {host_share:.0%} of the step, where no run of the set waited "
+                   f"over {HOST_WAIT_MOST:.1%}")
     return out
 
 
-def band(cluster: ClusterSpec, model: ModelSpec, precision: str, layout: Layout | None = None) -> dict:
+def band(cluster: ClusterSpec, model: ModelSpec, precision: str, layout: Layout | None = None,
+         host_share: float = 0.0) -> dict:
     """The band a prediction carries: its category, and the runs, median, p90 and mean signed error that
-    category earned (runs 0 and None elsewhere where the validation set has none); with `layout`, what of it
-    the set never used (`unvalidated`)."""
+    category earned (runs 0 and None elsewhere where the validation set has none); with `layout` (and the share
+    of the step its devices wait on their host), what of it the set never used (`unvalidated`)."""
     key = category(cluster, model, precision)
     runs, median, p90, bias = BANDS.get(key, (0, None, None, None))
     return {"category": key, "runs": runs, "median_abs_error": median, "p90_abs_error": p90,
-            "mean_signed_error": bias, "unvalidated": unvalidated(layout, model.seq) if layout else [],
+            "mean_signed_error": bias, "unvalidated": unvalidated(layout, model.seq, host_share) if layout else [],
             "source": SOURCE}
 
 

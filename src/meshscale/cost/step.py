@@ -156,7 +156,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         memory_per_device_bytes=mem.to_dict(), comm=[dict(e.__dict__) for e in led.entries],
         bound=bound if fits else "memory", regime=regime(model, cluster, layout, n_tokens),
         checkpoint_bytes_per_device=ckpt_device, checkpoint_bytes_total=ckpt_total,
-        band=bands.band(cluster, model, precision, layout), comm_rank=led.rank)
+        band=bands.band(cluster, model, precision, layout, host_wait_s / step), comm_rank=led.rank)
 
 
 @dataclass

@@ -53,7 +53,8 @@ def _covered(plan: Plan, model, win) -> str:
     """Where the winner rests on mechanisms no validation run used, the fastest layout that rests on none."""
     if not win.band.get("unvalidated"):
         return ""
-    alt = fastest_where(plan, lambda layout: not bands.unvalidated(layout, model.seq))
+    alt = fastest_where(plan, lambda layout: not bands.unvalidated(layout, model.seq),
+                        lambda pred: not pred.band["unvalidated"])
     head = f"The winner rests on what no run of the validation set used ({'; '.join(win.band['unvalidated'])})"
     if alt is None:
         return f"{head}, and no layout that fits avoids it: its prediction is unchecked there."

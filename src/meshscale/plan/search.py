@@ -280,9 +280,10 @@ def _costed(pool: Pool, i: int) -> tuple[Layout, Prediction | None]:
     return layout, pool.costed[layout]
 
 
-def fastest_where(plan: Plan, keep) -> Prediction | None:
-    """The fastest layout of the plan's pool that `keep(layout)` accepts (None if none fits): its layouts costed
-    cheapest bound first, until the next bound reaches the best time found."""
+def fastest_where(plan: Plan, keep, keep_costed=None) -> Prediction | None:
+    """The fastest layout of the plan's pool that `keep(layout)` accepts, and `keep_costed(prediction)` where
+    given (None if none fits): its layouts costed cheapest bound first, until the next bound reaches the best
+    time found."""
     pool, best = plan.pool, None  # best: (rank_key, Prediction)
     if pool is None:
         return None
@@ -293,7 +294,9 @@ def fastest_where(plan: Plan, keep) -> Prediction | None:
         if not keep(layout):
             continue
         pred = _costed(pool, i)[1]
-        if pred is not None and pred.memory_per_device_bytes["total"] <= pool.capacity:
+        if pred is None or (keep_costed is not None and not keep_costed(pred)):
+            continue
+        if pred.memory_per_device_bytes["total"] <= pool.capacity:
             key = rank_key(pred, layout)
             best = min(best, (key, pred), key=itemgetter(0)) if best else (key, pred)
     return best[1] if best else None
