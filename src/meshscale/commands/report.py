@@ -3,10 +3,8 @@
 from rich.console import Console
 from rich.table import Table
 
-from meshscale.cost.bands import band_text, unvalidated_text
+from meshscale.cost.bands import HOST_WAIT_FLOOR, band_text, unvalidated_text
 from meshscale.units import si_bytes
-
-HOST_NOTE = 0.05  # a wait on the host worth naming in the bound's sentence: 5% of the step
 
 
 def band_cell(band: dict) -> str:
@@ -100,7 +98,7 @@ def bound_sentence(pred) -> str:
     else:
         why += (f": compute {ms(pred.compute_s)}; collectives take {ms(comm_total)}, "
                 f"{ms(pred.exposed_comm_s)} of it exposed")
-    if pred.host_wait_s >= HOST_NOTE * pred.step_time_s:
+    if pred.host_wait_s >= HOST_WAIT_FLOOR * pred.step_time_s:
         why += (f"; the devices wait on their host {pred.host_wait_s / pred.step_time_s:.0%} of the step (its "
                 "launches, a MoE layer's token counts; [software] cuda_graphs = true captures the layers' launches)")
     if r.get("critical_tokens"):

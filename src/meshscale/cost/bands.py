@@ -50,8 +50,8 @@ HOST_WAIT_MOST: float = 0.0067
 # Below this many runs a category's median and p90 are single errors, not a spread (issue 18 asks the bias
 # only of categories with >= 3 runs): the text says so.
 FEW_RUNS = 3
-# A host wait under this share of the step moves it less than most categories' median error: not flagged even
-# where it exceeds every run's
+# A host wait worth naming: from this share of the step predict's sentence names it, and one longer than every
+# run's is flagged only from here (less moves a step under most categories' median error)
 HOST_WAIT_FLOOR = 0.05
 
 
