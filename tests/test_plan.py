@@ -147,6 +147,10 @@ def test_the_fastest_layout_a_predicate_keeps_is_the_exhaustive_searchs():
                                       lambda pred: pred.step_time_s > fastest.step_time_s)
     assert kept and second.layout == min(kept, key=lambda kp: kp[0])[1].layout != fastest.layout
     assert search_mod.fastest_where(plan, lambda layout: layout.tp > 8) is None
+    # a ceiling on the step: the same layout where it is under it, none where the fastest kept is over it
+    dp8 = lambda layout: layout.dp == 8  # noqa: E731
+    assert search_mod.fastest_where(plan, dp8, slowest=fastest.step_time_s).layout == fastest.layout
+    assert search_mod.fastest_where(plan, dp8, slowest=fastest.step_time_s * 0.999) is None
 
 
 def test_a_winner_outside_the_validation_set_names_the_fastest_layout_inside_it():
@@ -179,6 +183,43 @@ def test_the_bound_holds_where_the_host_bounds_the_step():
     fast = search(model, gb200, 8, 32, top=3)
     assert [p.layout for p in fast.ranked] == [p.layout for p in full.ranked]
     assert fast.evaluated < full.evaluated / 4
+
+
+def test_the_bound_charges_the_expert_traffic_predict_shows():
+    """Mixtral on 16 H100 with EP: the bound's all-to-all floor is predict's exposed all-to-all where nothing hides
+    it, at most that where another micro-batch's compute may ([software] ep_comm_overlap, dualpipev) or expert TP
+    adds its gathers; its floor of
+    the experts' own gradient reduction, with no backward to hide behind, at most that traffic's time in predict;
+    and every bound stays below its prediction, DeepEP's dispatcher and a routing imbalance included."""
+    model = load_model("mixtral-8x7b")
+    for software in ({}, {"ep_comm_overlap": True}, {"moe_dispatcher": "deepep", "moe_imbalance": 1.3}):
+        cluster = replace(H100, software=replace(H100.software, **software))
+        reduced = []  # the experts' gradient floor, nothing hidden, and that traffic's time in predict
+        for fix in ("zero=3,ep=8,pp=1", "zero=2,ep=2,pp=1", "zero=1,ep=4,pp=2"):
+            full = search(model, cluster, 16, 64, top=3, fix=search_mod.parse_fix(fix), prune=False)
+            pool, hidden = full.pool, cluster.software.ep_comm_overlap
+            for shape, rows in pool.scored:
+                placed, m = bound.placements(model, shape), shape.per_rank / rows.mbs
+                floor = bound.expert_parallel_floor(model, cluster, shape, rows, placed.fewest_moe, 2, m)
+                edp = bound.expert_data_parallel_floor(cluster, shape, rows.zero, placed.fewest_experts[rows.schedule],
+                                                       m, np.zeros(len(rows)), "bf16")
+                for i in range(len(rows)):
+                    layout = search_mod._layout(shape, rows, i)
+                    pred = pool.costed.get(layout)
+                    if pred is None or layout.pp > 1:  # the ledger is one rank's; the floor the lightest's
+                        continue
+                    exposed = sum(e["exposed_s"] for e in pred.comm if e["axis"] in ("ep", "etp"))
+                    # expert TP's gathers count at their bandwidth time; the all-to-alls exactly where nothing hides
+                    exact = not (hidden or layout.schedule == "dualpipev" or any(e["axis"] == "etp" for e in pred.comm))
+                    assert floor[i] > 0 and (floor[i] == pytest.approx(exposed, rel=1e-9) if exact else
+                                             floor[i] <= exposed * (1 + 1e-9)), layout
+                    reduced.append((float(np.asarray(edp)[i] if np.ndim(edp) else edp),
+                                    sum(e["time_s"] for e in pred.comm if e["axis"] == "edp")))
+            costed = [(b, pool.costed.get(pool.layout(i))) for i, b in enumerate(pool.bounds)]
+            assert all(b <= p.step_time_s * (1 + 1e-9) for b, p in costed if p is not None), (software, fix)
+            fast = search(model, cluster, 16, 64, top=3, fix=search_mod.parse_fix(fix))
+            assert [p.layout for p in fast.ranked] == [p.layout for p in full.ranked]
+        assert any(f > 0 for f, _ in reduced) and all(f <= e * (1 + 1e-9) for f, e in reduced)
 
 
 def test_the_search_folds_expert_parallelism_over_tp():

@@ -8,8 +8,9 @@ cost/kernels.py, cost/comm.py, cost/pipeline.py, cost/step.py), so a change ther
 - step time: (compute of the slowest stage + the bandwidth part of the collectives on the critical path) x
   (1 + bubble ratio) + the ZeRO-1/2 parameter all-gather + the data-parallel traffic backward cannot hide,
   that traffic of the rank with the fewest parameters (predict's step waits for whichever rank takes
-  longest); latencies and per-kernel host overheads are dropped, and every term is at most predict's; or,
-  where more, the host time of the rank whose host takes longest to issue its micro-batches.
+  longest), and a MoE layout's expert traffic that shows on the rank with the fewest MoE layers; latencies
+  (but the CP ring's and the EP all-to-alls') and per-kernel host overheads are dropped, and every term is at
+  most predict's; or, where more, the host time of the rank whose host takes longest to issue its micro-batches.
 """
 
 from dataclasses import dataclass, fields
@@ -25,7 +26,7 @@ from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busie
                                    zero_copy_bytes)
 from meshscale.cost.pipeline import head_on_chain, schedule_bubble, v_tail
 from meshscale.cost.step import (chunk_kinds, elementwise_per_token, elementwise_scaled, grad_reduce_bytes,
-                                 param_gather_bytes, rank_kinds, slowest_of)
+                                 param_gather_bytes, rank_kinds, rank_moe_layers, slowest_of)
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import RECOMPUTE, REBUILDS_LAYER, Layout
 from meshscale.specs.model import ModelSpec
@@ -86,6 +87,8 @@ class Placements:
     fewest_root: np.ndarray
     fewest_blocks: np.ndarray
     ranks: tuple
+    fewest_moe: np.ndarray  # the fewest MoE layers any rank runs (its EP all-to-alls)
+    fewest_experts: np.ndarray  # the fewest routed expert parameters any rank holds under EP (0 without)
 
 
 def placements(model: ModelSpec, shape: "Shape") -> Placements:
@@ -105,10 +108,14 @@ def _placements(model: ModelSpec, tp: int, ep: int, etp: int, pp: int, schedules
     fewest_params = np.array([min(p for p, _, _ in each) for each in ranks])
     fewest_root = np.array([min(root for _, root, _ in each) for each in ranks])
     fewest_blocks = np.array([min(p - root for p, root, _ in each) for each in ranks])
-    for a in (params, experts, v_shaped, fewest_params, fewest_root, fewest_blocks):
+    fewest_moe = np.array([min(rank_moe_layers(model, lay, r) for r in range(pp)) for lay in layouts])
+    fewest_experts = np.array([min(expert_params_on_rank(model, lay, r) for r in range(pp)) if ep > 1 else 0.0
+                               for lay in layouts])
+    for a in (params, experts, v_shaped, fewest_params, fewest_root, fewest_blocks, fewest_moe, fewest_experts):
         a.flags.writeable = False
     counts = tuple(layer_counts(model.layers, pp, lay.stages, lay.v_shaped, model.mtp_layers) for lay in layouts)
-    return Placements(layouts, v_shaped, counts, params, experts, fewest_params, fewest_root, fewest_blocks, ranks)
+    return Placements(layouts, v_shaped, counts, params, experts, fewest_params, fewest_root, fewest_blocks, ranks,
+                      fewest_moe, fewest_experts)
 
 
 @dataclass
@@ -249,6 +256,7 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
                                                        cluster.software, precision) * p_k, ag * update * p_k)
     # what the bubble stretches (the critical path) and what it does not (the data-parallel traffic after it)
     on_path = compute + comm_floor[k_i, r_i] + cp_floor[r_i, rows.mbs_index] + sends
+    on_path = on_path + expert_parallel_floor(model, cluster, shape, rows, placed.fewest_moe, act_bytes, m)
     off_path = np.where((z == 1) | (z == 2), gather, 0.0)
     if dp * cp > 1:  # gradient reduction not hidden by backward (zero 0-2) or FSDP traffic beyond compute
         grads = rs * grad_reduce_bytes(cluster.software, precision) * p_k
@@ -272,6 +280,8 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
             calls = fewest + 1 if ep == 1 else 2
             hides = np.minimum(compute, cluster.software.overlap_efficiency * fsdp * (1 - 1 / calls))
             on_path = on_path + np.where(z == 3, comm.sm_share(cluster, "dp") * hides, 0.0)
+    off_path = off_path + expert_data_parallel_floor(cluster, shape, z, placed.fewest_experts[k_i], m,
+                                                     compute - forward, precision)
     # the slowest rank's micro-batches take no less than any rank's host needs to issue its own (step.host_bound),
     # less what a negative bubble takes off predict's step (DualPipeV's micro-batches overlapping)
     issued = m * host_floor(model, cluster, shape)[kernels.placement[k_i], r_i] * (1 + np.minimum(ratio, 0.0))
@@ -481,8 +491,8 @@ def bandwidth_seconds(cluster: ClusterSpec, devices: int, collective: str, nbyte
 def tensor_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, recompute: str,
                           fewest: int) -> float:
     """Bandwidth time of the TP traffic for the whole step on the lightest rank (`fewest` layers; with layers
-    not divisible by the chunks that is fewer than layers / pp). EP all-to-alls are left out: another
-    micro-batch's compute may hide them (dualpipev, ep_comm_overlap)."""
+    not divisible by the chunks that is fewer than layers / pp). EP all-to-alls have their own floor
+    (`expert_parallel_floor`)."""
     if shape.tp == 1:
         return 0.0
     return _tensor_parallel_floor(model, cluster, shape.devices, shape.tp, shape.ep,
@@ -531,6 +541,65 @@ def context_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape,
                       for mbs in shape.microbatch_sizes] for layout in layouts])
     return (np.maximum(0.0, ring - most * per_layer * slowest_device)
             + np.minimum(ring, fewest * per_layer) * comm.sm_share(cluster, "cp", link, "send_recv"))
+
+
+def expert_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Rows, fewest_moe: np.ndarray,
+                          act_bytes: int, m) -> np.ndarray | float:
+    """The expert-parallel traffic that shows on the path of the rank with the fewest MoE layers (`fewest_moe` per
+    schedule), as predict costs and exposes it (step._shown, exposed_seconds). The all-to-alls
+    (comm.expert_parallel_ops and expert_dispatch_time, latencies included): all of them, or where another
+    micro-batch's compute may hide them (dualpipev, [software] ep_comm_overlap) 1/m of them and the
+    1 - overlap_efficiency of the rest that cannot run beside compute. Expert TP's gathers and reduce-scatters
+    (comm.expert_tensor_parallel_ops, which nothing hides): their bandwidth time. A rank's bytes a step do not
+    depend on the micro-batch size."""
+    if shape.ep == 1 or not model.is_moe:
+        return 0.0
+    sw = cluster.software
+    split = np.where(np.array(shape.sps)[rows.sp] | (shape.expert_tp != shape.tp), shape.tp, 1)  # dispatch_split
+    reruns = np.array([Layout(recompute=r).reruns("moe") for r in RECOMPUTE_MODES])[rows.recompute]
+    dispatched = shape.per_rank * model.seq / shape.cp / split * model.top_k * model.hidden * act_bytes  # a layer
+    per_mb = fewest_moe[rows.schedule] * (4 + 2 * reruns)  # all-to-alls a micro-batch
+    per_byte, per_call = _dispatch_rates(model, cluster, shape.devices, shape.ep, shape.expert_tp)
+    e = sw.overlap_efficiency
+    hideable = sw.ep_comm_overlap | shape.schedule_is("dualpipev")[rows.schedule]
+    shown = np.where(hideable, (1 - e) + e / m, 1.0)
+    floor = (per_byte * dispatched * per_mb + per_call * m * per_mb) * shown
+    etp = shape.expert_tp
+    if etp > 1:
+        gathers = np.where(split > 1, etp * dispatched * fewest_moe[rows.schedule] * (2 + reruns), 0.0)
+        floor = floor + gathers * sum(bandwidth_seconds(cluster, shape.devices, c, 1.0, etp, 1)
+                                      for c in ("all_gather", "reduce_scatter"))
+    return floor
+
+
+def expert_data_parallel_floor(cluster: ClusterSpec, shape: Shape, z, experts, m, backward, precision: str):
+    """Bandwidth time of the routed experts' gradient reduction over their own replicas (edp ranks etp*ep apart,
+    step._axis_group) that the backward cannot hide, as the dense floor charges ZeRO-0-2 (comm.data_parallel_ops:
+    DDP's all-reduce and ZeRO-1's reduce-scatter behind the last micro-batch's backward, ZeRO-2's behind all of
+    them; ZeRO-1/2's parameter all-gather where nothing overlaps it); ZeRO-3's units are left out."""
+    edp = shape.tp * shape.cp * shape.dp // (shape.ep * shape.expert_tp)
+    if shape.ep == 1 or edp == 1:
+        return 0.0
+    sw = cluster.software
+
+    def per_byte(collective):
+        return bandwidth_seconds(cluster, shape.devices, collective, 1.0, edp, shape.expert_tp * shape.ep)
+
+    grads = grad_reduce_bytes(sw, precision) * experts
+    unhidden = np.select([z == 0, z == 1, z == 2], [per_byte("all_reduce") * grads - backward / m,
+                                                     per_byte("reduce_scatter") * grads - backward / m,
+                                                     per_byte("reduce_scatter") * grads * m - backward], 0.0)
+    gather = 0.0 if sw.param_gather_overlap else per_byte("all_gather") * param_gather_bytes(sw, precision) * experts
+    return np.maximum(unhidden, 0.0) + np.where((z == 1) | (z == 2), gather, 0.0)
+
+
+@lru_cache(maxsize=4096)
+def _dispatch_rates(model: ModelSpec, cluster: ClusterSpec, devices: int, ep: int, etp: int) -> tuple[float, float]:
+    """Seconds a byte and a call of the EP all-to-alls take (their time is linear in both), as predict costs
+    them: the group of ep ranks etp apart (step._axis_group), the [software] dispatcher and routing imbalance."""
+    link = overhead.measured_link(cluster, "all_to_all", comm.group_link(cluster, devices, ep, etp))
+    per_byte = comm.expert_dispatch_time(cluster, 1.0, 0, ep, link, model.experts, model.top_k)
+    return per_byte, comm.expert_dispatch_time(cluster, 1.0, 1, ep, link, model.experts, model.top_k) - per_byte
 
 
 def pipeline_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, layout: Layout) -> float:

@@ -179,11 +179,9 @@ def _rank_ledger(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: i
     attention_s = m * passes.attention
     gemm_s = compute_s - attention_s - m * elementwise
     params = params_on_rank(model, layout, rank)
-    owned = stage_layers(model, layout, rank)
     first, last = rank == 0, rank == head_rank(layout)
-    mtp = model.mtp_layers if last else 0  # each MTP module runs a layer like the last (kernels.mtp_passes)
-    n_layers = len(owned) + mtp
-    moe_layers = sum(model.is_moe_layer(i) for i in (*owned, *[model.layers - 1] * mtp)) if model.is_moe else 0
+    n_layers = len(stage_layers(model, layout, rank)) + (model.mtp_layers if last else 0)
+    moe_layers = rank_moe_layers(model, layout, rank)
     ops = []
     # Under EP the routed experts reduce over their own replicas (edp), the rest over dp*cp.
     experts = expert_params_on_rank(model, layout, rank) if layout.ep > 1 else 0.0
@@ -257,6 +255,15 @@ def _rank_ledger(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: i
         entries.append(CommEntry(ledger_axis, op.collective, op.bytes, t, exposed, link.tier, op.calls, size,
                                  overlap, hidden_by, shown, interference))
     return RankLedger(rank, n_layers, compute_s, critical_path, dp_exposed, entries)
+
+
+def rank_moe_layers(model: ModelSpec, layout: Layout, rank: int) -> int:
+    """The MoE layers pipeline rank `rank` runs, each MTP module's on the head's rank (a layer like the last,
+    kernels.mtp_passes)."""
+    if not model.is_moe:
+        return 0
+    mtp = model.mtp_layers if rank == head_rank(layout) else 0
+    return sum(model.is_moe_layer(i) for i in (*stage_layers(model, layout, rank), *[model.layers - 1] * mtp))
 
 
 def optimizer_traffic(cluster: ClusterSpec, mem: Memory, precision: str) -> float:

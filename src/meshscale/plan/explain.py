@@ -7,6 +7,10 @@ from meshscale.plan.search import Plan, fastest_where, search_within
 from meshscale.specs.layout import Layout
 from meshscale.units import si_bytes
 
+# The slowest a covered layout may be and still be named as the winner's alternative: past twice the winner's
+# step it is no alternative, and proving none exists could mean costing the whole pool.
+COVERED_WITHIN = 2.0
+
 
 def ms(x: float) -> str:
     return f"{x * 1e3:,.1f} ms"
@@ -54,10 +58,11 @@ def _covered(plan: Plan, model, win) -> str:
     if not win.band.get("unvalidated"):
         return ""
     alt = fastest_where(plan, lambda layout: not bands.unvalidated(layout, model.seq),
-                        lambda pred: not pred.band["unvalidated"])
+                        lambda pred: not pred.band["unvalidated"], COVERED_WITHIN * win.step_time_s)
     head = f"The winner rests on what no run of the validation set used ({'; '.join(win.band['unvalidated'])})"
     if alt is None:
-        return f"{head}, and no layout that fits avoids it: its prediction is unchecked there."
+        return (f"{head}, and no layout that fits avoids it at up to {COVERED_WITHIN:g}x the winner's step time: "
+                "its prediction is unchecked there.")
     gap = alt.step_time_s / win.step_time_s - 1
     median = win.band.get("median_abs_error")
     advice = (f": inside the band's median error ({median:.1%}), so prefer it unless you have measured those terms"

@@ -280,21 +280,21 @@ def _costed(pool: Pool, i: int) -> tuple[Layout, Prediction | None]:
     return layout, pool.costed[layout]
 
 
-def fastest_where(plan: Plan, keep, keep_costed=None) -> Prediction | None:
+def fastest_where(plan: Plan, keep, keep_costed=None, slowest: float = math.inf) -> Prediction | None:
     """The fastest layout of the plan's pool that `keep(layout)` accepts, and `keep_costed(prediction)` where
-    given (None if none fits): its layouts costed cheapest bound first, until the next bound reaches the best
-    time found."""
+    given, of those whose step takes at most `slowest` seconds (None if none fits): its layouts costed cheapest
+    bound first, until the next bound reaches the best time found (or `slowest`)."""
     pool, best = plan.pool, None  # best: (rank_key, Prediction)
     if pool is None:
         return None
     for i in np.argsort(pool.bounds, kind="stable"):
-        if best is not None and pool.bounds[i] >= best[1].step_time_s:
+        if (best is not None and pool.bounds[i] >= best[1].step_time_s) or pool.bounds[i] > slowest:
             break
         layout = pool.layout(i)
         if not keep(layout):
             continue
         pred = _costed(pool, i)[1]
-        if pred is None or (keep_costed is not None and not keep_costed(pred)):
+        if pred is None or (keep_costed is not None and not keep_costed(pred)) or pred.step_time_s > slowest:
             continue
         if pred.memory_per_device_bytes["total"] <= pool.capacity:
             key = rank_key(pred, layout)
