@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from meshscale.cli import main
+from meshscale.commands.counts import binary_count, decimal_amount
 from meshscale.cost import bands
 from meshscale.cost.goodput import of_prediction
 from meshscale.plan.budget import Candidate, choose, options
@@ -91,9 +92,24 @@ def test_cli_table_plot_json_and_bad_input(tmp_path, capsys):
     lo, hi = d["choice"]["days_range"]
     assert lo < d["choice"]["days"] < hi
     for bad, needle in (("h100-80gb:cheap", "must be numbers"), ("local-cpu", "no list price"),
-                        ("h100-80gb:2:0", "--mtbf-hours must be positive")):
+                        ("h100-80gb:inf", "the price must be a positive number"),
+                        ("h100-80gb:2:inf", "--mtbf-hours must be a positive number"),
+                        ("h100-80gb:2:0", "--mtbf-hours must be a positive number")):
         with pytest.raises(SystemExit) as stop:
             main(["budget", "--model", "llama2-7b", "--tokens", "1e9", "--deadline-days", "1", "--cluster", bad,
                   "--global-batch-tokens", str(BATCH_TOKENS), "--devices", "16"])
         err = capsys.readouterr().err.strip().splitlines()
         assert stop.value.code == 2 and len(err) == 1 and needle in err[0]
+    for tokens in ("inf", "0", "15Q"):  # a budget is a positive finite amount
+        with pytest.raises(SystemExit) as stop:
+            main(["budget", "--model", "llama2-7b", "--tokens", tokens, "--deadline-days", "1", "--cluster",
+                  "h100-80gb", "--global-batch-tokens", str(BATCH_TOKENS), "--devices", "16"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert stop.value.code == 2 and len(err) == 1 and "is not a positive amount" in err[0]
+
+
+def test_token_budgets_read_decimal_suffixes():
+    """15T is 15 x 10^12 tokens, as budgets are written; batch sizes stay binary (4M = 4 x 2^20)."""
+    assert decimal_amount("15T") == 15e12 and decimal_amount("300b") == decimal_amount("300G") == 3e11
+    assert decimal_amount("2e12") == 2e12 and decimal_amount(" 1.5M ") == 1.5e6
+    assert binary_count("4M") == 4 * 2**20

@@ -64,7 +64,7 @@ def test_bad_goodput_input_is_one_line_exit_2(flag, capsys):
         main(PREDICT + flag)
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "must be positive" in err
+    assert err.count("\n") == 0 and "is not a positive number" in err
 
 
 def test_lost_work_with_async_saves_matches_a_simulated_timeline():
@@ -107,9 +107,13 @@ def test_a_measured_restart_time_replaces_the_default(capsys):
 @pytest.mark.parametrize("command", [PREDICT + ["--mtbf-hours", "100"],
                                      ["budget", "--model", "llama2-7b", "--tokens", "1e9", "--deadline-days", "9",
                                       "--cluster", "h100-80gb", "--global-batch-tokens", "1048576"]])
-def test_a_negative_restart_time_is_one_line_exit_2(command, capsys):
-    with pytest.raises(SystemExit) as e:
-        main(command + ["--restart-seconds", "-5"])
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "--restart-seconds must be zero or more" in err
+def test_a_bad_restart_time_or_checkpoint_bandwidth_is_one_line_exit_2(command, capsys):
+    """Negative, infinite or not-a-number: refused before any work, whether --mtbf-hours uses them or not."""
+    bad = [("--restart-seconds", v, "is not zero or more seconds") for v in ("-5", "nan", "inf")]
+    bad += [("--checkpoint-bandwidth", v, "is not a positive number") for v in ("0", "nan", "inf")]
+    for flag, value, needle in bad:
+        with pytest.raises(SystemExit) as e:
+            main(command + [flag, value])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and flag in err and needle in err, err

@@ -1,6 +1,8 @@
 """`meshscale scale`: strong and weak scaling rows, the published trend, and bad device lists."""
 
+import io
 import json
+import sys
 
 import pytest
 
@@ -72,3 +74,25 @@ def test_bad_device_list_is_one_line_exit_2(devices, capsys):
               "--global-batch-tokens", "4194304"])
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().count("\n") == 0
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("command", [
+    ["scale", "--model", "tiny", "--cluster", "h100-80gb", "--devices", "8,16", "--global-batch-tokens", "256K"],
+    ["budget", "--model", "tiny", "--tokens", "1B", "--deadline-days", "9", "--cluster", "h100-80gb",
+     "--global-batch-tokens", "256K", "--devices", "8,16"]])
+def test_planning_many_counts_shows_progress_on_a_terminal_only(command, monkeypatch, capsys):
+    """scale and budget plan one layout search per device count: a terminal sees how far they are; a pipe or
+    a log sees nothing but the result."""
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(command + ["--json"]) == 0
+    assert "planning" in terminal.getvalue()
+    monkeypatch.undo()
+    assert main(command + ["--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and json.loads(out.splitlines()[-1])["schema_version"] == 1

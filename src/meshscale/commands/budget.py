@@ -5,14 +5,15 @@ import math
 
 from rich.table import Table
 
-from meshscale.commands.counts import binary_count
+from meshscale.commands.counts import binary_count, decimal_amount, positive_number
 from meshscale.commands.predict import add_restart_argument, json_line, model_at_seq
+from meshscale.commands.progress import progress
 from meshscale.commands.report import make_console
 from meshscale.cost.bands import band_text
 from meshscale.cost.goodput import DEFAULT_CHECKPOINT_BANDWIDTH, LLAMA3_MTBF_HOURS, check_inputs, check_restart
 from meshscale.errors import UserError
 from meshscale.outputs import check_outputs
-from meshscale.plan.budget import Candidate, choose, options
+from meshscale.plan.budget import Candidate, choose, options, pairs
 from meshscale.plan.scaling import parse_devices
 from meshscale.plots import budget_plot
 from meshscale.specs.cluster import load_cluster
@@ -20,8 +21,8 @@ from meshscale.specs.cluster import load_cluster
 
 def add_arguments(p):
     p.add_argument("--model", required=True, help="preset name, meshscale JSON/TOML, or HF config.json")
-    p.add_argument("--tokens", required=True, type=float, help="tokens to train on, e.g. 2e12")
-    p.add_argument("--deadline-days", required=True, type=float, help="wall-clock days the run may take")
+    p.add_argument("--tokens", required=True, type=decimal_amount, help="tokens to train on, e.g. 15T or 2e12")
+    p.add_argument("--deadline-days", required=True, type=positive_number, help="wall-clock days the run may take")
     p.add_argument("--cluster", required=True, action="append", metavar="NAME[:PRICE[:MTBF]]",
                    help="a candidate: preset or ClusterSpec file, its $/device-hour (default: its list price) and "
                         f"MTBF in hours per device (default: Llama 3's {LLAMA3_MTBF_HOURS:,.0f}); repeat for more")
@@ -31,7 +32,7 @@ def add_arguments(p):
     p.add_argument("--max-devices", type=int, default=16384, help="largest count tried by default (16384)")
     p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
     p.add_argument("--precision", default="bf16", help="bf16, bf16-pure, fp8, mxfp8, fp32")
-    p.add_argument("--checkpoint-bandwidth", type=float, default=DEFAULT_CHECKPOINT_BANDWIDTH,
+    p.add_argument("--checkpoint-bandwidth", type=positive_number, default=DEFAULT_CHECKPOINT_BANDWIDTH,
                    help="bytes/s per device to storage (default: Llama 3's 2 TB/s over 16,384 GPUs)")
     add_restart_argument(p)
     p.add_argument("--plot", metavar="FILE.png", help="draw days against dollars with the Pareto front")
@@ -50,6 +51,8 @@ def candidate(text: str):
     cluster = load_cluster(name)
     price = numbers[0] if numbers else cluster.price_per_device_hour
     mtbf = numbers[1] if len(numbers) > 1 else LLAMA3_MTBF_HOURS
+    if numbers and not 0 < price < math.inf:
+        raise UserError(f"--cluster {text!r}: the price must be a positive number of dollars per device-hour")
     if not price > 0:
         raise UserError(f"--cluster {text!r}: {cluster.name} has no list price; give one as {name}:PRICE")
     check_inputs(mtbf, 1.0)
@@ -67,8 +70,9 @@ def run(args) -> int:
     if args.global_batch_tokens <= 0 or args.global_batch_tokens % model.seq:
         raise UserError(f"--global-batch-tokens {args.global_batch_tokens} must be a positive multiple of the "
                         f"sequence length {model.seq}")
-    opts = options(model, candidates, args.tokens, args.global_batch_tokens, args.deadline_days, counts,
-                   args.max_devices, args.precision, args.checkpoint_bandwidth, args.restart_seconds)
+    with progress(len(pairs(candidates, counts, args.max_devices)), "planning") as planned:
+        opts = options(model, candidates, args.tokens, args.global_batch_tokens, args.deadline_days, counts,
+                       args.max_devices, args.precision, args.checkpoint_bandwidth, args.restart_seconds, planned)
     best = choose(opts)
     if args.plot:
         budget_plot(opts, args.deadline_days, f"{model.name}, {args.tokens:.3g} tokens", args.plot)

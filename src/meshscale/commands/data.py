@@ -1,11 +1,11 @@
 """`meshscale data`: train a byte-level BPE tokenizer on local text, tokenize text/JSONL/Parquet into
 Megatron's indexed .bin/.idx format (the format `meshscale train --data PREFIX` reads), and inspect one."""
 
-import sys
 from pathlib import Path
 
 import numpy as np
 
+from meshscale.commands.progress import progress
 from meshscale.data import indexed
 from meshscale.data.sources import documents, input_files
 from meshscale.data.tokenizer import load_tokenizer, train_bpe
@@ -75,7 +75,8 @@ def prepare(args) -> int:
         counts["documents"] += len(batch)
         batch.clear()
 
-    with _progress(total) as advance, indexed.IndexedWriter(args.out, tokenizer.vocab) as writer:
+    with (progress(total, "tokenizing", in_bytes=True) as advance,
+          indexed.IndexedWriter(args.out, tokenizer.vocab) as writer):
         batch, chars = [], 0
         for text, at in documents(files, args.data_field):
             if not text:
@@ -97,29 +98,6 @@ def prepare(args) -> int:
           f"({writer.dtype.name}, each document ending in {tokenizer.eos!r} = id {tokenizer.eos_id}; "
           f"vocabulary {tokenizer.vocab}){empty}")
     return 0
-
-
-class _progress:
-    """A byte-count progress bar on stderr while `prepare` reads its inputs (none when stderr is not a terminal)."""
-
-    def __init__(self, total: int):
-        self.total, self.bar = total, None
-
-    def __enter__(self):
-        if not sys.stderr.isatty():
-            return lambda at: None
-        from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self.bar = Progress(TextColumn("tokenizing"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-                            console=Console(stderr=True))
-        task = self.bar.add_task("", total=self.total)
-        self.bar.start()
-        return lambda at: self.bar.update(task, completed=at)
-
-    def __exit__(self, *exc):
-        if self.bar:
-            self.bar.stop()
 
 
 def inspect(args) -> int:

@@ -4,7 +4,7 @@ import json
 import sys
 
 from meshscale import SCHEMA_VERSION
-from meshscale.commands.counts import binary_count
+from meshscale.commands.counts import binary_count, positive_number, seconds
 from meshscale.commands.report import print_prediction
 from meshscale.cost import predict
 from meshscale.cost.goodput import DEFAULT_CHECKPOINT_BANDWIDTH, LLAMA3_MTBF_HOURS, of_prediction
@@ -61,15 +61,15 @@ def json_line(obj: dict) -> str:
 
 
 def add_goodput_arguments(p):
-    p.add_argument("--mtbf-hours", type=float, help="mean time between failures per device, hours, for goodput "
-                   f"(Llama 3's 16K-GPU run: {LLAMA3_MTBF_HOURS:,.0f})")
-    p.add_argument("--checkpoint-bandwidth", type=float, default=DEFAULT_CHECKPOINT_BANDWIDTH,
+    p.add_argument("--mtbf-hours", type=positive_number, help="mean time between failures per device, hours, for "
+                   f"goodput (Llama 3's 16K-GPU run: {LLAMA3_MTBF_HOURS:,.0f})")
+    p.add_argument("--checkpoint-bandwidth", type=positive_number, default=DEFAULT_CHECKPOINT_BANDWIDTH,
                    help="bytes/s per device to storage (default: Llama 3's 2 TB/s over 16,384 GPUs)")
     add_restart_argument(p)
 
 
 def add_restart_argument(p):
-    p.add_argument("--restart-seconds", type=float, help="seconds from a failure to training again, the load "
+    p.add_argument("--restart-seconds", type=seconds, help="seconds from a failure to training again, the load "
                    "included, e.g. what a soak measured (default: 5 minutes to relaunch plus the load)")
 
 

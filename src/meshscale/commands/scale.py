@@ -2,6 +2,7 @@
 
 from meshscale.commands.counts import binary_count
 from meshscale.commands.predict import add_goodput_arguments, json_line, model_at_seq
+from meshscale.commands.progress import progress
 from meshscale.commands.report import band_cell, footnotes
 from meshscale.cost.bands import band_text, replica_growth, replica_growth_text
 from meshscale.cost.goodput import check_inputs
@@ -35,9 +36,10 @@ def run(args) -> int:
     if args.mtbf_hours is not None:
         check_inputs(args.mtbf_hours, args.checkpoint_bandwidth, args.restart_seconds)
     mode = "strong" if args.global_batch_tokens is not None else "weak"
-    rows = scale(model, cluster, counts, args.global_batch_tokens, args.tokens_per_device, args.precision,
-                 mtbf_hours=args.mtbf_hours, checkpoint_bandwidth=args.checkpoint_bandwidth,
-                 restart_s=args.restart_seconds)
+    with progress(len(counts), "planning") as planned:
+        rows = scale(model, cluster, counts, args.global_batch_tokens, args.tokens_per_device, args.precision,
+                     mtbf_hours=args.mtbf_hours, checkpoint_bandwidth=args.checkpoint_bandwidth,
+                     restart_s=args.restart_seconds, planned=planned)
     if args.plot:
         scaling_plot(rows, mode, f"{model.name} on {cluster.name}", args.plot)
     if args.json:

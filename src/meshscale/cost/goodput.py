@@ -60,10 +60,10 @@ class Goodput:
 
 
 def check_inputs(mtbf_hours: float, bandwidth: float, restart_s: float | None = None) -> None:
-    if not mtbf_hours > 0:
-        raise UserError(f"--mtbf-hours must be positive, got {mtbf_hours}")
-    if not bandwidth > 0:
-        raise UserError(f"--checkpoint-bandwidth must be positive bytes/s per device, got {bandwidth}")
+    if not 0 < mtbf_hours < math.inf:
+        raise UserError(f"--mtbf-hours must be a positive number of hours, got {mtbf_hours}")
+    if not 0 < bandwidth < math.inf:
+        raise UserError(f"--checkpoint-bandwidth must be a positive number of bytes/s per device, got {bandwidth}")
     check_restart(restart_s)
 
 

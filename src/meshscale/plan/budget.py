@@ -77,32 +77,39 @@ def default_counts(cluster: ClusterSpec, max_devices: int) -> list[int]:
     return out
 
 
+def pairs(candidates: list[Candidate], counts: list[int] | None, max_devices: int) -> list[tuple[Candidate, int]]:
+    """Every (candidate, device count) `options` plans: `counts`, else doubling from each cluster's fast domain."""
+    return [(cand, n) for cand in candidates for n in counts or default_counts(cand.cluster, max_devices)]
+
+
 def options(model: ModelSpec, candidates: list[Candidate], tokens: float, global_batch_tokens: int,
             deadline_days: float, counts: list[int] | None = None, max_devices: int = 16384,
             precision: str = "bf16", checkpoint_bandwidth: float = DEFAULT_CHECKPOINT_BANDWIDTH,
-            restart_s: float | None = None) -> list[Option]:
+            restart_s: float | None = None, planned=None) -> list[Option]:
     """Every (cluster, device count) whose best layout fits, with its days, dollars, energy and ETTR; the
-    Pareto front of days against dollars marked."""
-    if not tokens > 0 or not deadline_days > 0:
-        raise UserError(f"--tokens and --deadline-days must be positive, got {tokens:g} and {deadline_days:g}")
+    Pareto front of days against dollars marked. `planned(done, label)` is told as each pair is planned."""
+    if not 0 < tokens < math.inf or not deadline_days > 0:
+        raise UserError(f"--tokens and --deadline-days must be positive numbers, got {tokens:g} and "
+                        f"{deadline_days:g}")
     steps = math.ceil(tokens / global_batch_tokens)
     out = []
-    for cand in candidates:
-        for n in counts or default_counts(cand.cluster, max_devices):
-            batch = batch_at(model, n, global_batch_tokens, None)
-            plan = search(model, cand.cluster, n, batch, precision, top=1)
-            if not plan.ranked:
-                continue
-            win = plan.ranked[0]
-            ettr = of_prediction(win, cand.mtbf_hours, checkpoint_bandwidth, restart_s).ettr
-            if ettr <= 0:
-                continue  # fails faster than it can checkpoint: never finishes
-            days = steps * win.step_time_s / ettr / 86400
-            joules = joules_per_token(cand.cluster, win)
-            out.append(Option(cand.cluster.name, n, win.layout, win.step_time_s, steps, ettr, days,
-                              n * cand.price_per_device_hour * days * 24,
-                              joules * tokens / ettr / 3.6e9 if joules else None, days <= deadline_days,
-                              win.band, deadline_days))
+    for done, (cand, n) in enumerate(pairs(candidates, counts, max_devices)):
+        if planned:
+            planned(done, f"{n:,} x {cand.cluster.name}")
+        batch = batch_at(model, n, global_batch_tokens, None)
+        plan = search(model, cand.cluster, n, batch, precision, top=1)
+        if not plan.ranked:
+            continue
+        win = plan.ranked[0]
+        ettr = of_prediction(win, cand.mtbf_hours, checkpoint_bandwidth, restart_s).ettr
+        if ettr <= 0:
+            continue  # fails faster than it can checkpoint: never finishes
+        days = steps * win.step_time_s / ettr / 86400
+        joules = joules_per_token(cand.cluster, win)
+        out.append(Option(cand.cluster.name, n, win.layout, win.step_time_s, steps, ettr, days,
+                          n * cand.price_per_device_hour * days * 24,
+                          joules * tokens / ettr / 3.6e9 if joules else None, days <= deadline_days,
+                          win.band, deadline_days))
     if not out:
         raise UserError(f"no candidate fits {model.name} with {global_batch_tokens:,} tokens a step at any device "
                         "count tried; add larger counts or clusters")

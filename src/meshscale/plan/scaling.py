@@ -88,11 +88,14 @@ def joules_per_token(cluster: ClusterSpec, pred) -> float | None:
 def scale(model: ModelSpec, cluster: ClusterSpec, counts: list[int], global_batch_tokens: int | None = None,
           tokens_per_device: int | None = None, precision: str = "bf16", top: int = 1,
           mtbf_hours: float | None = None, checkpoint_bandwidth: float = DEFAULT_CHECKPOINT_BANDWIDTH,
-          restart_s: float | None = None) -> list[Row]:
-    """One row per device count, in increasing order."""
+          restart_s: float | None = None, planned=None) -> list[Row]:
+    """One row per device count, in increasing order; `planned(done, label)` is told as each count is
+    planned."""
     rows: list[Row] = []
     winners: list = []
-    for n in counts:
+    for done, n in enumerate(counts):
+        if planned:
+            planned(done, f"{n:,} devices")
         batch = batch_at(model, n, global_batch_tokens, tokens_per_device)
         plan = search(model, cluster, n, batch, precision, top=top)
         if not plan.ranked:
