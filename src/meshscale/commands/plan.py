@@ -7,6 +7,7 @@ from rich.table import Table
 
 from meshscale.commands.predict import (add_batch_arguments, add_emit_arguments, add_goodput_arguments, goodput_line,
                                         goodput_of, json_line, print_emitted, resolve_inputs)
+from meshscale.commands.progress import progress
 from meshscale.commands.report import band_cell, footnotes, make_console
 from meshscale.cost.bands import band_text
 from meshscale.errors import UserError
@@ -46,8 +47,9 @@ def run(args) -> int:
         if not cluster.price_per_device_hour:
             raise UserError(f"cluster {cluster.name} has no price_per_device_hour; use --objective time")
         counts += [devices // k for k in (2, 4, 8) if devices % k == 0]
-    plans = [(n, search(model, cluster, n, batch, args.precision, top=args.top, headroom=args.memory_headroom,
-                        cross_tp=args.allow_cross_tp, fix=fix)) for n in counts]
+    with progress(None, f"searching the layouts of {devices:,} devices"):
+        plans = [(n, search(model, cluster, n, batch, args.precision, top=args.top, headroom=args.memory_headroom,
+                            cross_tp=args.allow_cross_tp, fix=fix)) for n in counts]
     plan = plans[0][1]
     if args.objective == "cost":
         plan = _merge_by_cost(plans, cluster, args.top)
@@ -76,8 +78,9 @@ def run(args) -> int:
     if args.json:
         print(json_line(extra))
         return 0
-    _print_human(plan, explain(plan, model, cluster, win_devices, batch, args.precision, args.memory_headroom),
-                 rejected(plan), cluster)
+    with progress(None, "explaining the choice"):
+        why = explain(plan, model, cluster, win_devices, batch, args.precision, args.memory_headroom)
+    _print_human(plan, why, rejected(plan), cluster)
     if good:
         print(goodput_line(good))
     return 0

@@ -6,9 +6,10 @@ import sys
 
 class progress:
     """`with progress(total, "planning") as advance:` then `advance(done, label)` after each piece; with
-    `in_bytes`, a byte count and the time left (tokenizing), else a count of steps (plans)."""
+    `in_bytes`, a byte count and the time left (tokenizing), else a count of steps (plans); with no total, the
+    time so far (one search)."""
 
-    def __init__(self, total: int, what: str, in_bytes: bool = False):
+    def __init__(self, total: int | None, what: str, in_bytes: bool = False):
         self.total, self.what, self.in_bytes, self.bar = total, what, in_bytes, None
 
     def __enter__(self):
@@ -18,8 +19,8 @@ class progress:
         from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
                                    TimeElapsedColumn, TimeRemainingColumn)
 
-        columns = (DownloadColumn(), TimeRemainingColumn()) if self.in_bytes else \
-            (MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"))
+        columns = (DownloadColumn(), TimeRemainingColumn()) if self.in_bytes else (TimeElapsedColumn(),) \
+            if self.total is None else (MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"))
         self.bar = Progress(TextColumn(self.what), BarColumn(), *columns, console=Console(stderr=True),
                             transient=not self.in_bytes)
         task = self.bar.add_task("", total=self.total)
