@@ -1,5 +1,5 @@
-"""A progress bar on stderr while a command works through a known amount (none when stderr is not a terminal,
-so piped output and logs stay clean)."""
+"""A progress bar on stderr while a command works, through a known amount or for as long as one search takes
+(none when stderr is not a terminal, so piped output and logs stay clean)."""
 
 import sys
 
@@ -19,8 +19,12 @@ class progress:
         from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
                                    TimeElapsedColumn, TimeRemainingColumn)
 
-        columns = (DownloadColumn(), TimeRemainingColumn()) if self.in_bytes else (TimeElapsedColumn(),) \
-            if self.total is None else (MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"))
+        if self.in_bytes:
+            columns: tuple = (DownloadColumn(), TimeRemainingColumn())
+        elif self.total is None:
+            columns = (TimeElapsedColumn(),)
+        else:
+            columns = (MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"))
         self.bar = Progress(TextColumn(self.what), BarColumn(), *columns, console=Console(stderr=True),
                             transient=not self.in_bytes)
         task = self.bar.add_task("", total=self.total)
