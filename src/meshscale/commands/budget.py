@@ -10,7 +10,7 @@ from meshscale.commands.predict import add_restart_argument, json_line, model_at
 from meshscale.commands.progress import progress
 from meshscale.commands.report import make_console
 from meshscale.cost.bands import band_text
-from meshscale.cost.goodput import DEFAULT_CHECKPOINT_BANDWIDTH, LLAMA3_MTBF_HOURS, check_inputs, check_restart
+from meshscale.cost.goodput import DEFAULT_CHECKPOINT_BANDWIDTH, LLAMA3_MTBF_HOURS, check_inputs
 from meshscale.errors import UserError
 from meshscale.outputs import check_outputs
 from meshscale.plan.budget import Candidate, choose, options, pairs
@@ -63,7 +63,6 @@ def run(args) -> int:
     check_outputs(args, "plot")  # before any work
     model = model_at_seq(args)
     candidates = [candidate(text) for text in args.cluster]
-    check_restart(args.restart_seconds)
     counts = parse_devices(args.devices) if args.devices else None
     if args.max_devices <= 0:
         raise UserError(f"--max-devices must be positive, got {args.max_devices}")

@@ -5,7 +5,6 @@ from meshscale.commands.predict import add_goodput_arguments, json_line, model_a
 from meshscale.commands.progress import progress
 from meshscale.commands.report import band_cell, footnotes
 from meshscale.cost.bands import band_text, replica_growth, replica_growth_text
-from meshscale.cost.goodput import check_inputs
 from meshscale.outputs import check_outputs
 from meshscale.plan.scaling import parse_devices, scale
 from meshscale.plots import scaling_plot
@@ -33,8 +32,6 @@ def run(args) -> int:
     counts = parse_devices(args.devices)
     model = model_at_seq(args)
     cluster = load_cluster(args.cluster)
-    if args.mtbf_hours is not None:
-        check_inputs(args.mtbf_hours, args.checkpoint_bandwidth, args.restart_seconds)
     mode = "strong" if args.global_batch_tokens is not None else "weak"
     with progress(len(counts), "planning") as planned:
         rows = scale(model, cluster, counts, args.global_batch_tokens, args.tokens_per_device, args.precision,

@@ -69,6 +69,11 @@ class Shape:
         """Per schedule: whether it is one of `names`."""
         return np.array([n in names for n, _ in self.schedules])
 
+    def layout(self, **choices) -> Layout:
+        """The Layout of this shape's tp, cp, dp, ep and etp with `choices` (the rest at their defaults): what
+        Layout derives from them (edp, dispatch_split) is read from it, not written again."""
+        return Layout(dp=self.dp, tp=self.tp, cp=self.cp, ep=self.ep, etp=self.etp, **choices)
+
 
 @dataclass(frozen=True)
 class Placements:
@@ -530,8 +535,7 @@ def context_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape,
     the batched GEMMs of unfused attention are not, and get no CP term."""
     if shape.cp == 1 or not cluster.fused_attention:
         return np.zeros((len(RECOMPUTE_MODES), len(shape.microbatch_sizes)))
-    layouts = [Layout(dp=shape.dp, tp=shape.tp, cp=shape.cp, ep=shape.ep, etp=shape.etp, recompute=r, mbs=1)
-               for r in RECOMPUTE_MODES]
+    layouts = [shape.layout(recompute=r, mbs=1) for r in RECOMPUTE_MODES]
     f, b = attention_core_seconds(model, cluster, layouts[0], model.seq / shape.cp, precision)  # any recompute
     per_layer = shape.per_rank * np.array([[f + b + (f if r != "none" else 0.0)] for r in RECOMPUTE_MODES])
     link = overhead.measured_link(cluster, "send_recv", comm.group_link(cluster, shape.devices, shape.cp, shape.tp))
@@ -555,7 +559,7 @@ def expert_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, 
     if shape.ep == 1 or not model.is_moe:
         return 0.0
     sw = cluster.software
-    split = np.where(np.array(shape.sps)[rows.sp] | (shape.expert_tp != shape.tp), shape.tp, 1)  # dispatch_split
+    split = np.array([shape.layout(sp=sp).dispatch_split for sp in shape.sps])[rows.sp]
     reruns = np.array([Layout(recompute=r).reruns("moe") for r in RECOMPUTE_MODES])[rows.recompute]
     dispatched = shape.per_rank * model.seq / shape.cp / split * model.top_k * model.hidden * act_bytes  # a layer
     per_mb = fewest_moe[rows.schedule] * (4 + 2 * reruns)  # all-to-alls a micro-batch
@@ -577,7 +581,7 @@ def expert_data_parallel_floor(cluster: ClusterSpec, shape: Shape, z, experts, m
     step._axis_group) that the backward cannot hide, as the dense floor charges ZeRO-0-2 (comm.data_parallel_ops:
     DDP's all-reduce and ZeRO-1's reduce-scatter behind the last micro-batch's backward, ZeRO-2's behind all of
     them; ZeRO-1/2's parameter all-gather where nothing overlaps it); ZeRO-3's units are left out."""
-    edp = shape.tp * shape.cp * shape.dp // (shape.ep * shape.expert_tp)
+    edp = shape.layout().edp
     if shape.ep == 1 or edp == 1:
         return 0.0
     sw = cluster.software
