@@ -11,7 +11,7 @@ from meshscale.cli import main
 from meshscale.cost import predict
 from meshscale.cost.kernels import Passes
 from meshscale.cost.pipeline import bubble_ratio
-from meshscale.cost.step import chunk_passes, pipeline_passes
+from meshscale.cost.step import chunk_passes, distinct_rank_passes, pipeline_passes
 from meshscale.runtime.measure.trace import chrome_trace
 from meshscale.sim import engine
 from meshscale.sim.measured import gaps, read_trace, replay
@@ -289,6 +289,18 @@ def test_uneven_gpipe_is_the_flow_shop_makespan():
     span = m * slowest.total * (1 + bubble_ratio(Layout(pp=pp, schedule="gpipe"), m, slowest, others))
     assert max(p.end for p in run.passes) == pytest.approx(m * slowest.total + sum(r.total for r in ranks[:3]))
     assert max(p.end for p in run.passes) == pytest.approx(span)
+
+
+def test_one_micro_batch_of_gpipe_takes_every_ranks_passes_end_to_end():
+    """With one micro-batch GPipe runs every rank's passes one after another, so no step is shorter than their
+    sum, here where the rank whose compute and traffic lead the step (rank 1) is not the one whose passes are
+    slowest (the head's, rank 15; Grace's host stretches them all). The bubble is counted over the latter."""
+    model = replace(MODELS["deepseek-v2"], seq=2048)
+    layout = Layout.parse("dp=8,zero=2,pp=16,schedule=gpipe,mbs=16", 128)
+    pred = predict(model, CLUSTERS["gb200-nvl72"], layout, 128)
+    ranks = distinct_rank_passes(model, CLUSTERS["gb200-nvl72"], layout.resolve_mbs(128))
+    assert pred.microbatches == 1 and pred.comm_rank != max(ranks, key=lambda r: r[2].total)[0]
+    assert pred.step_time_s >= sum(n * p.total for _, n, p in ranks)
 
 
 @pytest.mark.parametrize("schedule", ["zb", "zbv", "dualpipev"])

@@ -126,7 +126,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     host_wait_s = m * next(p for r, _, p in ranks if r == led.rank).host
 
     ratio = bubble_ratio(layout, m, passes, others, _head_ends(model, cluster, layout, precision, passes))
-    bubble_s = ratio * (compute_s + critical_path)
+    # the ratio is over the slowest rank's compute, which the rank whose traffic leads the step may not have
+    bubble_s = ratio * (m * passes.total + critical_path)
     critical_path += control_seconds(cluster, devices, layout)  # once per step, after the pipeline drains
     mem = memory_per_device(model, layout, global_batch, precision, cluster.fused_attention,
                             eager=not sw.fused_elementwise, root_held=sw.holds_fsdp_root)
