@@ -10,7 +10,9 @@ cost/kernels.py, cost/comm.py, cost/pipeline.py, cost/step.py), so a change ther
   that traffic of the rank with the fewest parameters (predict's step waits for whichever rank takes
   longest), and a MoE layout's expert traffic that shows on the rank with the fewest MoE layers; latencies
   (but the CP ring's and the EP all-to-alls') and per-kernel host overheads are dropped, and every term is at
-  most predict's; or, where more, the host time of the rank whose host takes longest to issue its micro-batches.
+  most predict's; or, where more, the same with each rank's micro-batch lasting at least what its host takes to
+  issue it (`host_wait_floor`). A host slower than its device stretches the passes, and so the compute that ring
+  attention and a rank's lead hide traffic behind (`stretch_ceiling`): those floors take the longest stretch.
 """
 
 from dataclasses import dataclass, fields
@@ -26,9 +28,9 @@ from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busie
                                    zero_copy_bytes)
 from meshscale.cost.pipeline import head_on_chain, schedule_bubble, v_tail
 from meshscale.cost.step import (chunk_kinds, elementwise_per_token, elementwise_scaled, grad_reduce_bytes,
-                                 param_gather_bytes, rank_kinds, rank_moe_layers, slowest_of)
+                                 param_gather_bytes, rank_kinds, rank_moe_layers, slowest_of, unpad_waits)
 from meshscale.specs.cluster import ClusterSpec
-from meshscale.specs.layout import RECOMPUTE, REBUILDS_LAYER, Layout
+from meshscale.specs.layout import RECOMPUTE, REBUILDS_LAYER, ZERO_BUBBLE_SCHEDULES, Layout
 from meshscale.specs.model import ModelSpec
 from meshscale.specs.placement import layer_counts, rank_chunks, sends_per_rank
 
@@ -234,7 +236,8 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     owned = placed.owned
     fewest, most = min(map(min, owned)), max(map(max, owned))
     args = (model, cluster, shape, act_bytes)
-    cp_floor = context_parallel_floor(*args, fewest, most, precision, slowest_device)  # per recompute x mbs
+    stretch = stretch_ceiling(model, cluster, shape, precision, slowest_device)  # per mbs x recompute
+    cp_floor = context_parallel_floor(*args, fewest, most, precision, slowest_device * stretch.T)  # recompute x mbs
     tp_floor = {n: np.array([tensor_parallel_floor(*args, r, n) for r in RECOMPUTE_MODES])
                 for n in {min(o) for o in owned}}
     comm_floor = np.array([tp_floor[min(o)] for o in owned])  # per schedule x recompute
@@ -252,17 +255,22 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     update = param_gather_bytes(cluster.software, precision)
     gather = ag * update * p_k if not cluster.software.param_gather_overlap else 0.0
     ratio = bubble_floor(shape, rows, kernels, elementwise, m, slowest, others, placed.v_shaped)
-    sends = np.maximum(send_floor[k_i] - m * kernels.lead, 0.0)  # what the slowest rank's lead leaves
+    # what the slowest rank's lead leaves, its passes stretched by their hosts at most `stretch` (the others' not)
+    lead = kernels.lead + (stretch[rows.mbs_index, r_i] - 1) * kernels.slowest.total
+    sends = np.maximum(send_floor[k_i] - m * lead, 0.0)
     if dp * cp > 1:  # what the hidden ZeRO-0-2 traffic takes from the compute it hides behind
         buckets = np.array([min(comm.grad_buckets(cluster.software, p, dp * cp, r == 0, chunks)
                                 for r, (p, _, chunks) in enumerate(each)) for each in placed.ranks])[k_i]
         sends = sends + data_parallel_interference(cluster, z, m, buckets, compute - forward, forward,
                                                    np.where(z == 0, ar, rs) * grad_reduce_bytes(
                                                        cluster.software, precision) * p_k, ag * update * p_k)
-    # what the bubble stretches (the critical path) and what it does not (the data-parallel traffic after it)
-    on_path = compute + comm_floor[k_i, r_i] + cp_floor[r_i, rows.mbs_index] + sends
+    # what the bubble stretches (the critical path beside compute; none of it shrinks where hosts stretch the
+    # passes) and what it does not (the data-parallel traffic after it)
+    on_path = comm_floor[k_i, r_i] + cp_floor[r_i, rows.mbs_index] + sends
     on_path = on_path + expert_parallel_floor(model, cluster, shape, rows, placed.fewest_moe, act_bytes, m)
     off_path = np.where((z == 1) | (z == 2), gather, 0.0)
+    busy, bubble = host_wait_floor(model, cluster, shape, rows, kernels, elementwise, m)
+    fsdp_floor = np.zeros_like(m)
     if dp * cp > 1:  # gradient reduction not hidden by backward (zero 0-2) or FSDP traffic beyond compute
         grads = rs * grad_reduce_bytes(cluster.software, precision) * p_k
         backward = compute - forward
@@ -277,20 +285,40 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
         unhidden = np.select([z == 0, z == 1, z == 2], [ar_grads - backward / m, grads - backward / m,
                                                          m * grads - backward], fsdp - compute)
         off_path = off_path + np.maximum(unhidden, 0.0)
+        fsdp_floor = np.where(z == 3, fsdp, 0.0)
         if cluster.software.fsdp_prefetch:
             # FSDP's collectives hide at least min(compute, efficiency x (1 - 1/calls) of their time), one call
             # of each showing (step._shown), and slow that compute by their SM share: predict's interference, on
             # the critical path. Each makes a call per unit at least, the layers of the lightest rank and the
             # root (comm.data_parallel_ops); the experts' own units under EP may be as few as two.
             calls = fewest + 1 if ep == 1 else 2
-            hides = np.minimum(compute, cluster.software.overlap_efficiency * fsdp * (1 - 1 / calls))
+            window = np.maximum(compute, busy)  # where hosts stretch the passes, predict's longer
+            hides = np.minimum(window, cluster.software.overlap_efficiency * fsdp * (1 - 1 / calls))
             on_path = on_path + np.where(z == 3, comm.sm_share(cluster, "dp") * hides, 0.0)
     off_path = off_path + expert_data_parallel_floor(cluster, shape, z, placed.fewest_experts[k_i], m,
                                                      compute - forward, precision)
-    # the slowest rank's micro-batches take no less than any rank's host needs to issue its own (step.host_bound),
-    # less what a negative bubble takes off predict's step (DualPipeV's micro-batches overlapping)
-    issued = m * host_floor(model, cluster, shape)[kernels.placement[k_i], r_i] * (1 + np.minimum(ratio, 0.0))
-    return np.maximum(on_path * (1 + ratio) + off_path, issued)
+    # or, where hosts may be slower than their devices: their floor of compute (or the FSDP traffic that hides
+    # behind it, if longer) and bubble, the critical path beside it, and ZeRO-1/2's gather; less what a negative
+    # bubble takes off predict's step (DualPipeV's micro-batches overlapping)
+    shrink = 1 + np.minimum(ratio, 0.0)
+    hosts = (np.maximum(busy, fsdp_floor) + on_path) * shrink + bubble + np.where((z == 1) | (z == 2), gather, 0.0)
+    return np.maximum((compute + on_path) * (1 + ratio) + off_path, hosts)
+
+
+def host_wait_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Rows, kernels: "PipelinePasses",
+                    elementwise, m) -> tuple[np.ndarray, np.ndarray]:
+    """Compute and bubble where hosts may be slower than their devices: a rank's micro-batch lasts at least
+    x_r = max(its device's F + B + W, its host's issue time) (step.host_bound), so the slowest rank's
+    micro-batches take m x max x_r. Where the bubble rests on the other ranks' totals alone (GPipe, 1F1B,
+    interleaved: pipeline.schedule_bubble's (p-1)/(v m) of their mean, so (sum of all totals - the slowest's)
+    / v), it is at least (sum x_r - max x_r) / v, since a sum less its largest term grows with every term;
+    elsewhere it is left out."""
+    host = host_seconds(model, cluster, shape)[kernels.placement[rows.schedule], rows.recompute]
+    x = np.where(kernels.count > 0, np.maximum(kernels.totals + elementwise[:, None], host), 0.0)
+    most, total = x.max(1), (kernels.count * x).sum(1)
+    even = ~np.isin(np.array([name for name, _ in shape.schedules]), ZERO_BUBBLE_SCHEDULES)[rows.schedule]
+    vpp = np.array([v for _, v in shape.schedules])[rows.schedule]
+    return m * most, np.where(even, (total - most) / vpp, 0.0)
 
 
 def data_parallel_interference(cluster: ClusterSpec, z, m, buckets, backward, forward, grads, gather):
@@ -373,6 +401,8 @@ class PipelinePasses:
     first: Passes  # the first chunk's
     last: Passes  # the last chunk's (rank 0's under a V)
     placement: np.ndarray  # per schedule of the shape
+    totals: np.ndarray  # per distinct rank (the last axis), its F + B + W
+    count: np.ndarray  # (placement, distinct rank): how many ranks are alike (0: padding)
 
     def at(self, schedule, mbs, recompute) -> "PipelinePasses":
         # one flat index for the 14 arrays over (placement, mbs, recompute): np.take of it is several times
@@ -381,12 +411,15 @@ class PipelinePasses:
 
         def pick(p: Passes) -> Passes:
             return Passes(np.take(p.forward, index), np.take(p.backward, index), np.take(p.weight, index))
+        totals = self.totals.reshape(-1, self.totals.shape[-1])[index]
         return PipelinePasses(pick(self.slowest), pick(self.others), np.take(self.lead, index),
-                              np.take(self.head_slowest, index), pick(self.first), pick(self.last), self.placement)
+                              np.take(self.head_slowest, index), pick(self.first), pick(self.last), self.placement,
+                              totals, self.count[self.placement[schedule]])
 
     def scaled(self, factor: float) -> "PipelinePasses":
         return PipelinePasses(self.slowest * factor, self.others * factor, self.lead * factor, self.head_slowest,
-                              self.first * factor, self.last * factor, self.placement)
+                              self.first * factor, self.last * factor, self.placement, self.totals * factor,
+                              self.count)
 
 
 def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, precision: str) -> PipelinePasses:
@@ -401,16 +434,17 @@ def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape,
     totals = np.where(count[:, :, None, None] > 0, per_rank.sum(-1), -np.inf)  # padding is never the slowest
     top = totals.argmax(1)[:, None]
     slow = np.take_along_axis(per_rank, top[..., None], 1)[:, 0]
+    by_rank = np.moveaxis(np.where(count[:, :, None, None] > 0, totals, 0.0), 1, -1)  # (placement, mbs, recompute, n)
     if pp == 1:
         none = np.zeros_like(slow)
         return PipelinePasses(_passes(slow), _passes(slow), none[..., 0], top[:, 0] < 0, _passes(none),
-                              _passes(none), placement)
+                              _passes(none), placement, by_rank, count)
     mean = (np.einsum("qn,qnjrp->qjrp", count, per_rank) - slow) / (pp - 1)
     next_slowest = np.where(np.arange(count.shape[1])[None, :, None, None] == top, -np.inf, totals).max(1)
     alike = count[np.arange(len(count))[:, None, None], top[:, 0]]  # how many ranks are like the slowest
     lead = np.where(alike > 1, 0.0, totals.max(1) - next_slowest)
     first, last = (_passes(np.einsum("qi,jrip->qjrp", end, unit)) for end in (first_end, last_end))
-    return PipelinePasses(_passes(slow), _passes(mean), lead, top[:, 0] == 0, first, last, placement)
+    return PipelinePasses(_passes(slow), _passes(mean), lead, top[:, 0] == 0, first, last, placement, by_rank, count)
 
 
 def _placement_keys(model: ModelSpec, shape: Shape) -> tuple[tuple, np.ndarray]:
@@ -422,20 +456,26 @@ def _placement_keys(model: ModelSpec, shape: Shape) -> tuple[tuple, np.ndarray]:
     return tuple(keys), placement
 
 
-def host_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> np.ndarray:
-    """Per (placement, recompute), the most host time any pipeline rank needs to issue one micro-batch (its
-    layers' and head's, cost/overhead.py framework_seconds): predict's slowest rank takes at least that."""
-    return _host_floor(model, cluster, shape.pp, _placement_keys(model, shape)[0])
+def host_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> np.ndarray:
+    """Per (placement, recompute, distinct rank as PipelinePasses counts them), the host time the rank needs to
+    issue one micro-batch: its layers' and head's (cost/overhead.py framework_seconds)."""
+    return _host_seconds(model, cluster, shape.pp, _placement_keys(model, shape)[0])
 
 
 @lru_cache(maxsize=4096)
-def _host_floor(model: ModelSpec, cluster: ClusterSpec, pp: int, placements: tuple) -> np.ndarray:
-    kinds, count, _, _ = _placement_kinds(model, pp, placements)
-    columns = _unit_columns(model)
-    unit = np.array([[sum(overhead.framework_seconds(model, cluster, Layout(recompute=r), *kind))
-                      for kind in ((1, 0, False), (0, 1, False), (0, 0, True))] for r in RECOMPUTE_MODES])
-    per_rank = np.einsum("qni,ri->qnr", kinds, unit[:, columns])  # (placement, distinct rank, recompute)
-    out = np.where(count[:, :, None] > 0, per_rank, 0.0).max(1)
+def _host_seconds(model: ModelSpec, cluster: ClusterSpec, pp: int, placements: tuple) -> np.ndarray:
+    kinds, _, _, _ = _placement_kinds(model, pp, placements)
+    out = np.einsum("qni,ri->qrn", kinds, _unit_host(model, cluster).sum(-1))
+    out.flags.writeable = False
+    return out
+
+
+@lru_cache(maxsize=256)
+def _unit_host(model: ModelSpec, cluster: ClusterSpec) -> np.ndarray:
+    """Host time to issue one micro-batch through a dense layer, a MoE layer and the head (those the model
+    has), (recompute, unit, forward/backward) (read only)."""
+    out = np.array([[overhead.framework_seconds(model, cluster, Layout(recompute=r), *UNITS[c])
+                     for c in _unit_columns(model)] for r in RECOMPUTE_MODES])
     out.flags.writeable = False
     return out
 
@@ -460,10 +500,45 @@ def _placement_kinds(model: ModelSpec, pp: int, placements: tuple) -> tuple:
     return kinds[..., :-1], kinds[..., -1], *ends
 
 
+UNITS = ((1, 0, False), (0, 1, False), (0, 0, True))  # (dense layers, MoE layers, head) of each unit
+
+
 @lru_cache(maxsize=256)
 def _unit_columns(model: ModelSpec) -> list[int]:
     """Which of (a dense layer, a MoE layer, the head) the model has."""
     return [c for c, present in enumerate((model.dense_layers > 0, model.is_moe, True)) if present]
+
+
+def stretch_ceiling(model: ModelSpec, cluster: ClusterSpec, shape: Shape, precision: str,
+                    slowest_device: float) -> np.ndarray:
+    """Per (micro-batch size, recompute), the most step.host_bound may stretch a pass whose host is slower than
+    its device (1: never): what bounds the compute that ring attention and a rank's lead hide traffic behind.
+    A chunk's stretch is max(1, its host's time over its device's), forward and backward alike, or apart where
+    it waits on the device (MoE dispatch, unpadding) max(1, h_f / F) + the waits' calls / F and the same of
+    B + W; a chunk being a sum of units (layers, the head), each ratio of sums is at most the largest ratio of
+    a unit's (the mediant inequality)."""
+    return _stretch_ceiling(model, cluster, shape.tp, shape.cp, shape.ep, shape.etp, shape.microbatch_sizes,
+                            precision, slowest_device)
+
+
+@lru_cache(maxsize=4096)
+def _stretch_ceiling(model, cluster, tp, cp, ep, etp, microbatch_sizes, precision, slowest_device) -> np.ndarray:
+    host = _unit_host(model, cluster)  # (recompute, unit, forward/backward)
+    unpad = unpad_waits(cluster, 1)
+    # the waits' calls a unit makes (step._kind_passes): forward, and backward where its recompute reruns them
+    waits = np.array([[(moe + unpad * (dense + moe), (moe if Layout(recompute=r).reruns("moe") else 0)
+                        + (unpad * (dense + moe) if Layout(recompute=r).reruns("core_attn") else 0))
+                       for dense, moe, _ in (UNITS[c] for c in _unit_columns(model))] for r in RECOMPUTE_MODES])
+    waits = waits * overhead.LINEAR_HOST * cluster.host_linear_s
+    out = np.ones((len(microbatch_sizes), len(RECOMPUTE_MODES)))
+    for j, mbs in enumerate(microbatch_sizes):
+        unit = slowest_device * _unit_passes(model, cluster, tp, cp, ep, etp, mbs, precision)  # (recompute, unit, 3)
+        device = np.stack([unit[..., 0], unit[..., 1] + unit[..., 2]], -1)
+        uniform = host.sum(-1) / device.sum(-1)
+        apart = np.maximum(1.0, (host / device).max(1)) + (waits / device).max(1)  # (recompute, forward/backward)
+        out[j] = np.maximum(np.maximum(1.0, uniform.max(1)), np.where(waits.any(), apart.max(1), 1.0))
+    out.flags.writeable = False
+    return out
 
 
 @lru_cache(maxsize=4096)
@@ -526,10 +601,11 @@ def _tensor_parallel_floor(model: ModelSpec, cluster: ClusterSpec, devices: int,
 
 
 def context_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, fewest: int,
-                           most: int, precision: str, slowest_device: float) -> np.ndarray:
+                           most: int, precision: str, slowest_device) -> np.ndarray:
     """Per recompute mode and micro-batch size of the shape, the CP ring time the attention cannot hide: the
     ring of the rank with the `fewest` layers, latencies included, as predict costs it (the same ops and link),
-    against the attention of the `most` at the slowest device's pace; plus what the part it hides at least
+    against the attention of the `most` at the slowest device's pace (per recompute and mbs where its host may
+    stretch it: `stretch_ceiling`); plus what the part it hides at least
     (against the `fewest` layers' attention) takes from that attention's SMs (predict's interference_s,
     comm.sm_share). A fused kernel's time is linear in the tokens, so its step total does not depend on mbs;
     the batched GEMMs of unfused attention are not, and get no CP term."""
