@@ -58,6 +58,7 @@ def test_planning_side_never_imports_torch_and_predict_not_even_numpy():
     (["--global-batch", "7"], "does not split"),
     (["--global-batch-tokens", "1000"], "multiple of the sequence length"),
     (["--global-batch-tokens", "4X"], "is not a positive count"),
+    (["--steps", "-1"], "is not a positive whole number"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle):
     base = {"--model": "llama2-7b", "--cluster": "h100-80gb", "--layout": "tp=8", "--global-batch": "32"}

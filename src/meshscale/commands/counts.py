@@ -31,6 +31,13 @@ def decimal_amount(text: str) -> float:
                     "a positive amount; write e.g. 15T, 300B or 2e12 (K, M, B or G, and T are decimal: 1T = 10^12)")
 
 
+def whole_number(text: str) -> int:
+    """A positive integer without a suffix: optimizer steps (an argparse type)."""
+    if not text.strip().isdigit() or int(text) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
+
+
 def positive_number(text: str) -> float:
     """A positive finite number: bytes/s, hours, days (an argparse type)."""
     return _checked(_float(text), lambda v: v > 0, text, "a positive number")

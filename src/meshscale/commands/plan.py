@@ -109,8 +109,6 @@ def emit_torchrun(args, model, cluster, winner, batch: int, fix: dict, plan=None
     if cluster.torus:
         raise UserError(f"--emit torchrun: meshscale train runs on torch.distributed (GPUs or CPUs); {cluster.name} "
                         "is a TPU slice, use --emit maxtext")
-    if args.steps <= 0:
-        raise UserError(f"--steps must be positive, got {args.steps}")
     reason = trainer_refusal(Layout.parse(winner.layout), model)
     if reason is None:
         return torchrun_command(args, cluster, winner.devices, winner.layout, batch)

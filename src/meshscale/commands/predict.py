@@ -4,7 +4,7 @@ import json
 import sys
 
 from meshscale import SCHEMA_VERSION
-from meshscale.commands.counts import binary_count, positive_number, seconds
+from meshscale.commands.counts import binary_count, positive_number, seconds, whole_number
 from meshscale.commands.report import print_prediction
 from meshscale.cost import predict
 from meshscale.cost.goodput import DEFAULT_CHECKPOINT_BANDWIDTH, LLAMA3_MTBF_HOURS, of_prediction
@@ -40,7 +40,8 @@ def add_emit_arguments(p):
     p.add_argument("--emit", choices=("torchrun",) + FRAMEWORKS,
                    help="print the layout as a command (torchrun: meshscale train) or as that framework's config "
                         "(torchtitan TOML, Megatron-LM arguments, DeepSpeed JSON, MaxText YAML)")
-    p.add_argument("--steps", type=int, default=1000, help="optimizer steps the emitted job runs (default 1000)")
+    p.add_argument("--steps", type=whole_number, default=1000,
+                   help="optimizer steps the emitted job runs (default 1000)")
     p.add_argument("--data", help="training data path the emitted job reads (default: the framework's own "
                                   "synthetic or test data)")
 
