@@ -303,6 +303,26 @@ def test_one_micro_batch_of_gpipe_takes_every_ranks_passes_end_to_end():
     assert pred.step_time_s >= sum(n * p.total for _, n, p in ranks)
 
 
+def test_a_lighter_rank_waits_out_the_slowest_ranks_span_before_its_traffic_shows():
+    """llama3-70b in FP8 on 1,024 GB200, GPipe over 32 ranks: rank 0 holds two of the 80 layers and the
+    embedding, the head's rank two and the head. Rank 0's passes are the lightest, and its ZeRO-2 reduce-scatters
+    of the embedding's gradients lead the step's traffic: they show once its passes have waited out the head
+    rank's span and the others' fill and drain (GPipe's flow shop), not after rank 0's own compute (the step was
+    620 ms, under the passes alone)."""
+    model, gb200 = replace(MODELS["llama3-70b"], seq=512), CLUSTERS["gb200-nvl72"]
+    layout = Layout.parse("dp=8,zero=2,pp=32,schedule=gpipe,cp=4,mbs=16", 1024)
+    pred = predict(model, gb200, layout, 1024, "fp8")
+    ranks = distinct_rank_passes(model, gb200, layout.resolve_mbs(1024), "fp8")
+    slowest = max(p.total for _, _, p in ranks)
+    assert pred.comm_rank == 0 and next(p.total for r, _, p in ranks if r == 0) < 0.7 * slowest
+    passes = pred.microbatches * slowest + sum(n * p.total for _, n, p in ranks) - slowest
+    shown = sum(e["exposed_s"] for e in pred.comm if e["axis"] == "dp")
+    assert pred.compute_s == pytest.approx(pred.microbatches * slowest)
+    assert pred.step_time_s >= passes + shown
+    sim = simulate(model, gb200, layout, 1024, "fp8")
+    assert sim.step_time_s == pytest.approx(pred.step_time_s, rel=0.02)
+
+
 @pytest.mark.parametrize("schedule", ["zb", "zbv", "dualpipev"])
 def test_a_slow_head_rank_idles_as_head_idle_says(schedule):
     """The rank holding the head (the last rank; rank 0 under a V) slower than the others: bubble_ratio's

@@ -114,20 +114,26 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     tokens = layout.mbs * model.seq / layout.cp  # per device per micro-batch, before TP
     sw = cluster.software
 
-    # Compute and communication on each kind of pipeline rank: the step waits for the rank whose passes and
-    # the collectives on their path (its layers' TP, CP and EP, its gradients' reduction) take longest.
+    # Compute and communication on each kind of pipeline rank: the step waits for the slowest rank's passes and
+    # for the rank whose collectives (its layers' TP, CP and EP, its gradients' reduction) show longest beyond them.
     ranks = distinct_rank_passes(model, cluster, layout, precision)
     passes, others, lead = _slowest_and_others(ranks, layout.pp)
     elementwise = elementwise_seconds(model, cluster, layout, tokens, act_bytes)
     ledgers = [_rank_ledger(model, cluster, layout, r, p, m, lead, elementwise, tokens, act_bytes, precision)
                for r, _, p in ranks]
-    led = max(ledgers, key=lambda g: g.compute_s + g.critical_s + g.dp_exposed_s)
-    compute_s, critical_path, dp_exposed = led.compute_s, led.critical_s, led.dp_exposed_s
-    host_wait_s = m * next(p for r, _, p in ranks if r == led.rank).host
+    # Every rank's passes last the slowest rank's span (the pipeline runs at its pace): a lighter rank's
+    # collectives on their path hide in the idle that leaves it, and its data-parallel traffic shows after.
+    compute_s = m * passes.total
+    slow = next(g for g in ledgers if g.compute_s == compute_s)
+
+    def shown(g: RankLedger) -> float:  # what a rank's collectives on its path add to the span
+        return max(g.critical_s - (compute_s - g.compute_s), 0.0)
+    led = max(ledgers, key=lambda g: shown(g) + g.dp_exposed_s)
+    critical_path, dp_exposed = shown(led), led.dp_exposed_s
+    host_wait_s = m * next(p for r, _, p in ranks if r == slow.rank).host
 
     ratio = bubble_ratio(layout, m, passes, others, _head_ends(model, cluster, layout, precision, passes))
-    # the ratio is over the slowest rank's compute, which the rank whose traffic leads the step may not have
-    bubble_s = ratio * (m * passes.total + critical_path)
+    bubble_s = ratio * (compute_s + slow.critical_s)
     critical_path += control_seconds(cluster, devices, layout)  # once per step, after the pipeline drains
     mem = memory_per_device(model, layout, global_batch, precision, cluster.fused_attention,
                             eager=not sw.fused_elementwise, root_held=sw.holds_fsdp_root)
