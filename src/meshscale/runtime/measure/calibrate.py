@@ -133,19 +133,26 @@ def op_overhead(device, repeat: int) -> float:
 def fsdp_overhead(device, repeat: int) -> tuple[float, float]:
     """Host seconds FSDP2 adds beyond its collectives: per unit for one forward + backward, and per parameter
     tensor for one AdamW update of sharded (DTensor) parameters. Measured with `fully_shard` on a one-rank
-    mesh, so nothing travels: eight Linear(32, 32) units against the same stack unsharded."""
+    mesh, so nothing travels: eight Linear(32, 32) units against the same stack unsharded, the two timed in
+    turn, so that load coming and going on a shared host falls on both alike."""
     alone = [dist.new_group([r]) for r in range(dist.get_world_size())][dist.get_rank()]  # every rank makes each
     try:
-        (plain_pass, plain_opt), (sharded_pass, sharded_opt) = (_units_timed(device, repeat, group)
-                                                                for group in (None, alone))
+        (plain_pass, plain_opt), (sharded_pass, sharded_opt) = (_units(device, group) for group in (None, alone))
+        passes, updates = (_paired(device, repeat, plain, sharded)
+                           for plain, sharded in ((plain_pass, sharded_pass), (plain_opt, sharded_opt)))
     finally:
         dist.destroy_process_group(alone)
-    return max(0.0, sharded_pass - plain_pass) / 8, max(0.0, sharded_opt - plain_opt) / 16
+    return max(0.0, passes) / 8, max(0.0, updates) / 16
 
 
-def _units_timed(device, repeat: int, group) -> tuple[float, float]:
-    """(forward + backward, optimizer step) seconds of eight Linear(32, 32) units, sharded over `group`'s
-    one-rank mesh when given."""
+def _paired(device, repeat: int, a, b) -> float:
+    """The median over `repeat` turns of b's seconds less a's, each timed right after the other."""
+    return statistics.median(_timed(b, device, 1) - _timed(a, device, 1) for _ in range(repeat))
+
+
+def _units(device, group):
+    """(forward + backward, optimizer step) of eight Linear(32, 32) units, sharded over `group`'s one-rank mesh
+    when given."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
@@ -157,7 +164,7 @@ def _units_timed(device, repeat: int, group) -> tuple[float, float]:
         for unit in units:
             fully_shard(unit, mesh=mesh)
     optimizer = build_optimizer(list(units.parameters()), 1e-3, 0.1)
-    return _timed(lambda: units(x).sum().backward(), device, repeat), _timed(optimizer.step, device, repeat)
+    return lambda: units(x).sum().backward(), optimizer.step
 
 
 def collective_times(device, repeat: int, sizes=MESSAGE_BYTES) -> dict:
