@@ -72,7 +72,8 @@ class Prediction:
     checkpoint_bytes_per_device: float = 0.0  # what one checkpoint writes (cost/checkpoint.py)
     checkpoint_bytes_total: float = 0.0
     band: dict = field(default_factory=dict)  # the error its category earned on the validation set (cost/bands.py)
-    comm_rank: int = 0  # the pipeline rank `comm` describes: the one the step waits for
+    comm_rank: int = 0  # the pipeline rank `comm` describes: the one whose traffic shows longest (compute_s is
+    # the slowest rank's passes, which every rank's last)
     host_wait_s: float = 0.0  # of compute_s, the device waiting for the host that issues its kernels (GPUs)
 
     @property
