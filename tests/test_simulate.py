@@ -293,8 +293,8 @@ def test_uneven_gpipe_is_the_flow_shop_makespan():
 
 def test_one_micro_batch_of_gpipe_takes_every_ranks_passes_end_to_end():
     """With one micro-batch GPipe runs every rank's passes one after another, so no step is shorter than their
-    sum, here where the rank whose compute and traffic lead the step (rank 1) is not the one whose passes are
-    slowest (the head's, rank 15; Grace's host stretches them all). The bubble is counted over the latter."""
+    sum, here where the rank whose traffic shows longest (rank 1) is not the one whose passes are slowest (the
+    head's, rank 15; Grace's host stretches them all). The step runs at the latter's pace."""
     model = replace(MODELS["deepseek-v2"], seq=2048)
     layout = Layout.parse("dp=8,zero=2,pp=16,schedule=gpipe,mbs=16", 128)
     pred = predict(model, CLUSTERS["gb200-nvl72"], layout, 128)
