@@ -316,7 +316,7 @@ def host_wait_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     host = host_seconds(model, cluster, shape)[kernels.placement[rows.schedule], rows.recompute]
     x = np.where(kernels.count > 0, np.maximum(kernels.totals + elementwise[:, None], host), 0.0)
     most, total = x.max(1), (kernels.count * x).sum(1)
-    even = ~np.isin(np.array([name for name, _ in shape.schedules]), ZERO_BUBBLE_SCHEDULES)[rows.schedule]
+    even = ~shape.schedule_is(*ZERO_BUBBLE_SCHEDULES)[rows.schedule]
     vpp = np.array([v for _, v in shape.schedules])[rows.schedule]
     return m * most, np.where(even, (total - most) / vpp, 0.0)
 

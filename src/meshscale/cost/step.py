@@ -125,13 +125,13 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     # Every rank's passes last the slowest rank's span (the pipeline runs at its pace): a lighter rank's
     # collectives on their path hide in the idle that leaves it, and its data-parallel traffic shows after.
     compute_s = m * passes.total
-    slow = next(g for g in ledgers if g.compute_s == compute_s)
+    slow = next(g for g, (_, _, p) in zip(ledgers, ranks) if p is passes)
 
     def shown(g: RankLedger) -> float:  # what a rank's collectives on its path add to the span
         return max(g.critical_s - (compute_s - g.compute_s), 0.0)
     led = max(ledgers, key=lambda g: shown(g) + g.dp_exposed_s)
     critical_path, dp_exposed = shown(led), led.dp_exposed_s
-    host_wait_s = m * next(p for r, _, p in ranks if r == slow.rank).host
+    host_wait_s = m * passes.host
 
     ratio = bubble_ratio(layout, m, passes, others, _head_ends(model, cluster, layout, precision, passes))
     bubble_s = ratio * (compute_s + slow.critical_s)
