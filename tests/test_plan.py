@@ -8,7 +8,7 @@ import pytest
 
 from meshscale.cost import bound, predict
 from meshscale.cost.kernels import Passes
-from meshscale.cost.pipeline import bubble_ratio
+from meshscale.cost.pipeline import schedule_bubble
 
 from meshscale.errors import UserError
 from meshscale.plan.search import search
@@ -206,7 +206,7 @@ def test_the_host_floor_carries_the_bubble_and_the_traffic_a_stretched_pass_cann
     ratios = _bounds_over_predictions(dense, gb200, 32, 128, "pp=8,dp=4,mbs=1,recompute=none")
     even = {lay: r for lay, (r, pred) in ratios.items() if lay.schedule in ("gpipe", "1f1b", "interleaved")}
     assert all(pred.host_wait_s > 0.5 * pred.step_time_s for _, pred in ratios.values())  # the premise
-    assert len(even) >= 10 and all(0.95 < r <= 1 + 1e-9 for r in even.values())
+    assert len(even) >= 10 and all(0.93 < r <= 1 + 1e-9 for r in even.values())
     assert all(r <= 1 + 1e-9 for r, _ in ratios.values())
     moe = replace(load_model("deepseek-v2"), seq=2048)
     ratios = _bounds_over_predictions(moe, gb200, 128, 128, "dp=1,zero=3,tp=2,cp=64,mbs=32,recompute=full,pp=1")
@@ -347,7 +347,7 @@ def test_step_components_add_up_to_the_step():
 
 
 def test_vectorised_bubble_is_the_closed_form():
-    """The bound's array form of `pipeline.bubble_ratio` equals the scalar one, at equal and unequal F, B, W."""
+    """The bound's array form of `pipeline.schedule_bubble` equals the scalar one, at equal and unequal F, B, W."""
     scheds = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4), ("zb", 1), ("zbv", 2),
               ("dualpipev", 2)]
     for pp in (1, 2, 4, 8):
@@ -356,7 +356,7 @@ def test_vectorised_bubble_is_the_closed_form():
         for fbw in ((1.0, 1.0, 1.0), (1.0, 1.5, 0.7), (0.3, 0.5, 0.2)):
             f, b, w = (np.full_like(m, x) for x in fbw)
             got = bound.schedule_bubbles(scheds, k_i, pp, m, f, b, w)
-            want = [bubble_ratio(Layout(pp=pp, vpp=vv if pp > 1 else 1, schedule=n), int(mm), Passes(*fbw))
+            want = [schedule_bubble(n, pp, vv if pp > 1 else 1, int(mm), *fbw)
                     for (n, vv), mm in zip((scheds[k] for k in k_i), m)]
             assert got == pytest.approx(want)
 
@@ -384,3 +384,15 @@ def test_the_planner_searches_minimal_recompute_for_dense_models_only():
     pool = search(moe, H100, 64, 256, top=3).pool
     modes = {bound.RECOMPUTE_MODES[r] for _, rows in pool.scored for r in rows.recompute}
     assert "minimal" not in modes and {"none", "full"} <= modes
+
+
+def test_the_bound_stays_below_the_longest_path_where_an_early_rank_is_the_slowest():
+    """llama2-70b on 512 GB200 over 64 pipeline ranks: 80 layers leave 16 ranks two layers and 48 one, and under
+    1F1B the slowest is rank 1, whose fill and drain cross one rank where the closed form's cross 63. The bound
+    charged that form and sat up to 16% over predict's longest path; it charges the last rank's
+    (`bound.last_rank_floor`), exact where ranks are even."""
+    model, gb200 = load_model("llama2-70b"), load_cluster("gb200-nvl72")
+    ratios = _bounds_over_predictions(model, gb200, 512, 512, "pp=64,schedule=1f1b")
+    assert len(ratios) >= 10 and all(r <= 1 + 1e-9 for r, _ in ratios.values())
+    deep = [r for r, pred in ratios.values() if pred.bubble_s > 0.2 * pred.step_time_s]
+    assert len(deep) >= 10 and max(deep) > 0.8  # it still carries much of the bubble

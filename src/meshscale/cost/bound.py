@@ -309,16 +309,18 @@ def host_wait_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
                     elementwise, m) -> tuple[np.ndarray, np.ndarray]:
     """Compute and bubble where hosts may be slower than their devices: a rank's micro-batch lasts at least
     x_r = max(its device's F + B + W, its host's issue time) (step.host_bound), so the slowest rank's
-    micro-batches take m x max x_r. Where the bubble rests on the other ranks' totals alone (GPipe, 1F1B,
-    interleaved: pipeline.schedule_bubble's (p-1)/(v m) of their mean, so (sum of all totals - the slowest's)
-    / v), it is at least (sum x_r - max x_r) / v, since a sum less its largest term grows with every term;
-    elsewhere it is left out."""
-    host = host_seconds(model, cluster, shape)[kernels.placement[rows.schedule], rows.recompute]
+    micro-batches take m x max x_r. Under GPipe, 1F1B and interleaved the step is at least `last_rank_floor` with
+    the lightest chunks lasting max(device, host) (PipelinePasses.fill); the bubble, what that floor adds to
+    m x max x_r. Elsewhere it is left out."""
+    at = kernels.placement[rows.schedule], rows.recompute
+    host, fill_host = (h[at] for h in host_seconds(model, cluster, shape))
     x = np.where(kernels.count > 0, np.maximum(kernels.totals + elementwise[:, None], host), 0.0)
-    most, total = x.max(1), (kernels.count * x).sum(1)
+    x_fill = np.maximum(kernels.fill.total + elementwise, fill_host)
     even = ~shape.schedule_is(*ZERO_BUBBLE_SCHEDULES)[rows.schedule]
     vpp = np.array([v for _, v in shape.schedules])[rows.schedule]
-    return m * most, np.where(even, (total - most) / vpp, 0.0)
+    last = np.take_along_axis(x, kernels.head[:, None], 1)[:, 0]
+    most = m * x.max(1)
+    return most, np.where(even, np.maximum(last_rank_floor(shape.pp, vpp, m, last, x_fill / vpp) - most, 0.0), 0.0)
 
 
 def data_parallel_interference(cluster: ClusterSpec, z, m, buckets, backward, forward, grads, gather):
@@ -352,12 +354,32 @@ def _with_elementwise(kernels: Passes, elementwise) -> Passes:
 
 def bubble_floor(shape: Shape, rows: Rows, kernels: "PipelinePasses", elementwise, m, slowest: Passes,
                  others: Passes, v_shaped: np.ndarray):
-    """Predict's bubble ratio (pipeline.bubble_ratio) of each row, or less: the even bubble of the other ranks'
-    passes; where rank 0 holds the head and is the slowest under a V, the later of the others' span and its
-    own cool-down (ZB-V's warm-up left out); ZB-H1: the others' span, below predict's whichever rank is the
-    slowest. `v_shaped`: per schedule, Layout.v_shaped."""
+    """At most predict's bubble ratio (pipeline.bubble_ratio, the longest path through torch's order), over the
+    slowest rank's passes. GPipe, 1F1B, interleaved: `last_rank_floor`. The zero-bubble schedules:
+    `zero_bubble_floor` of the other ranks' mean passes, or of the lightest chunk's (PipelinePasses.fill) where
+    fewer than 2p-1 micro-batches leave ZB-V's warm-up open (there the forms are short of exact).
+    `v_shaped`: per schedule, Layout.v_shaped."""
     pp, k_i = shape.pp, rows.schedule
-    total, total_o = slowest.total, others.total
+    args = shape, rows, kernels, elementwise, m, slowest.total, v_shaped
+    ratio = zero_bubble_floor(*args, others)
+    fill = _with_elementwise(kernels.fill, elementwise)
+    ratio = np.where(m < 2 * pp - 1, np.minimum(ratio, zero_bubble_floor(*args, fill)), ratio)
+    even = ~shape.schedule_is(*ZERO_BUBBLE_SCHEDULES)[k_i]
+    vpp = np.array([v for _, v in shape.schedules])[k_i]
+    last = np.take_along_axis(kernels.totals, kernels.head[:, None], 1)[:, 0] + elementwise
+    chunk = (kernels.fill.total + elementwise) / vpp
+    return np.where(even, np.maximum(last_rank_floor(pp, vpp, m, last, chunk) / (m * slowest.total) - 1, 0.0),
+                    ratio)
+
+
+def zero_bubble_floor(shape: Shape, rows: Rows, kernels: "PipelinePasses", elementwise, m, total, v_shaped,
+                      others: Passes):
+    """cost/pipeline.py's forms with `others` as the other ranks' passes, over `total`, the slowest rank's: their
+    even bubble; where rank 0 holds the head and is the slowest under a V, the later of the others' span and its
+    own cool-down (ZB-V's warm-up left out); ZB-H1: the others' span. These approximate the longest path from
+    below where ranks differ (tests check them over whole searches)."""
+    pp, k_i = shape.pp, rows.schedule
+    total_o = others.total
     ratio = schedule_bubbles(shape.schedules, k_i, pp, m, others.forward, others.backward, others.weight)
     ratio = ratio * total_o / total
     v_first = v_shaped[k_i] & kernels.head_slowest
@@ -373,6 +395,15 @@ def bubble_floor(shape: Shape, rows: Rows, kernels: "PipelinePasses", elementwis
                         (pp - 1) * (others.backward - others.weight) / 2)
         ratio = np.where(v_first, np.maximum(tail / (m * total), beyond), ratio)
     return np.where(shape.schedule_is("zb")[k_i], beyond, ratio)
+
+
+def last_rank_floor(pp: int, vpp, m, last, chunk):
+    """A step no pipeline of these chunks undercuts under GPipe, 1F1B and interleaved 1F1B, which run full
+    backwards, their slowest rank wherever it sits: the last rank starts once micro-batch 0's forward has crossed
+    the p-1 chunks before it, works m times its passes (`last`), and its last pass, the last micro-batch's
+    backward of its first chunk, is followed by that backward down the same p-1 chunks (each at least `chunk`, the
+    lightest). Exact for even ranks, (p-1)/(v m)."""
+    return m * last + (pp - 1) * chunk
 
 
 def schedule_bubbles(schedules, k_i, pp: int, m, f, b, w) -> np.ndarray:
@@ -396,6 +427,7 @@ class PipelinePasses:
     per row."""
     slowest: Passes  # the slowest pipeline rank's
     others: Passes  # their mean over the other ranks
+    fill: Passes  # a rank of v chunks, each the lightest
     lead: np.ndarray  # how much longer the slowest rank's micro-batch takes than the next slowest's
     head_slowest: np.ndarray  # rank 0 is the slowest
     first: Passes  # the first chunk's
@@ -403,6 +435,7 @@ class PipelinePasses:
     placement: np.ndarray  # per schedule of the shape
     totals: np.ndarray  # per distinct rank (the last axis), its F + B + W
     count: np.ndarray  # (placement, distinct rank): how many ranks are alike (0: padding)
+    head: np.ndarray  # per placement, the distinct rank holding the head (the last rank but under a V)
 
     def at(self, schedule, mbs, recompute) -> "PipelinePasses":
         # one flat index for the 14 arrays over (placement, mbs, recompute): np.take of it is several times
@@ -412,14 +445,14 @@ class PipelinePasses:
         def pick(p: Passes) -> Passes:
             return Passes(np.take(p.forward, index), np.take(p.backward, index), np.take(p.weight, index))
         totals = self.totals.reshape(-1, self.totals.shape[-1])[index]
-        return PipelinePasses(pick(self.slowest), pick(self.others), np.take(self.lead, index),
+        return PipelinePasses(pick(self.slowest), pick(self.others), pick(self.fill), np.take(self.lead, index),
                               np.take(self.head_slowest, index), pick(self.first), pick(self.last), self.placement,
-                              totals, self.count[self.placement[schedule]])
+                              totals, self.count[self.placement[schedule]], self.head[self.placement[schedule]])
 
     def scaled(self, factor: float) -> "PipelinePasses":
-        return PipelinePasses(self.slowest * factor, self.others * factor, self.lead * factor, self.head_slowest,
-                              self.first * factor, self.last * factor, self.placement, self.totals * factor,
-                              self.count)
+        return PipelinePasses(self.slowest * factor, self.others * factor, self.fill * factor, self.lead * factor,
+                              self.head_slowest, self.first * factor, self.last * factor, self.placement,
+                              self.totals * factor, self.count, self.head)
 
 
 def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, precision: str) -> PipelinePasses:
@@ -429,22 +462,28 @@ def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape,
     unit = np.stack([_unit_passes(model, cluster, shape.tp, shape.cp, shape.ep, shape.etp, mbs, precision)
                      for mbs in shape.microbatch_sizes])  # (mbs, recompute, kind, F/B/W)
     keys, placement = _placement_keys(model, shape)
-    kinds, count, first_end, last_end = _placement_kinds(model, pp, keys)
+    kinds, count, first_end, last_end, _, chunks = _placement_kinds(model, pp, keys)
     per_rank = np.einsum("qni,jrip->qnjrp", kinds, unit)  # (placement, distinct rank, mbs, recompute, F/B/W)
     totals = np.where(count[:, :, None, None] > 0, per_rank.sum(-1), -np.inf)  # padding is never the slowest
     top = totals.argmax(1)[:, None]
     slow = np.take_along_axis(per_rank, top[..., None], 1)[:, 0]
     by_rank = np.moveaxis(np.where(count[:, :, None, None] > 0, totals, 0.0), 1, -1)  # (placement, mbs, recompute, n)
+    head = kinds[..., -1].argmax(1)  # the head's column comes last (_unit_columns)
     if pp == 1:
         none = np.zeros_like(slow)
-        return PipelinePasses(_passes(slow), _passes(slow), none[..., 0], top[:, 0] < 0, _passes(none),
-                              _passes(none), placement, by_rank, count)
+        return PipelinePasses(_passes(slow), _passes(slow), _passes(slow), none[..., 0], top[:, 0] < 0, _passes(none),
+                              _passes(none), placement, by_rank, count, head)
     mean = (np.einsum("qn,qnjrp->qjrp", count, per_rank) - slow) / (pp - 1)
     next_slowest = np.where(np.arange(count.shape[1])[None, :, None, None] == top, -np.inf, totals).max(1)
     alike = count[np.arange(len(count))[:, None, None], top[:, 0]]  # how many ranks are like the slowest
     lead = np.where(alike > 1, 0.0, totals.max(1) - next_slowest)
     first, last = (_passes(np.einsum("qi,jrip->qjrp", end, unit)) for end in (first_end, last_end))
-    return PipelinePasses(_passes(slow), _passes(mean), lead, top[:, 0] == 0, first, last, placement, by_rank, count)
+    per_chunk = np.einsum("qci,jrip->qcjrp", chunks, unit)  # (placement, chunk, mbs, recompute, F/B/W)
+    lightest = np.where(chunks.sum(-1)[:, :, None, None] >= 0, per_chunk.sum(-1), np.inf).argmin(1)
+    v = np.array([c for c, _ in keys]) / pp
+    fill = _passes(np.take_along_axis(per_chunk, lightest[:, None, ..., None], 1)[:, 0] * v[:, None, None, None])
+    return PipelinePasses(_passes(slow), _passes(mean), fill, lead, top[:, 0] == 0, first, last, placement, by_rank,
+                          count, head)
 
 
 def _placement_keys(model: ModelSpec, shape: Shape) -> tuple[tuple, np.ndarray]:
@@ -456,17 +495,20 @@ def _placement_keys(model: ModelSpec, shape: Shape) -> tuple[tuple, np.ndarray]:
     return tuple(keys), placement
 
 
-def host_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> np.ndarray:
+def host_seconds(model: ModelSpec, cluster: ClusterSpec, shape: Shape) -> tuple[np.ndarray, np.ndarray]:
     """Per (placement, recompute, distinct rank as PipelinePasses counts them), the host time the rank needs to
-    issue one micro-batch: its layers' and head's (cost/overhead.py framework_seconds)."""
+    issue one micro-batch: its layers' and head's (cost/overhead.py framework_seconds); and per (placement,
+    recompute) the fill rank's (PipelinePasses.fill)."""
     return _host_seconds(model, cluster, shape.pp, _placement_keys(model, shape)[0])
 
 
 @lru_cache(maxsize=4096)
-def _host_seconds(model: ModelSpec, cluster: ClusterSpec, pp: int, placements: tuple) -> np.ndarray:
-    kinds, _, _, _ = _placement_kinds(model, pp, placements)
-    out = np.einsum("qni,ri->qrn", kinds, _unit_host(model, cluster).sum(-1))
-    out.flags.writeable = False
+def _host_seconds(model: ModelSpec, cluster: ClusterSpec, pp: int, placements: tuple) -> tuple:
+    kinds, _, _, _, fill, _ = _placement_kinds(model, pp, placements)
+    unit = _unit_host(model, cluster).sum(-1)
+    out = np.einsum("qni,ri->qrn", kinds, unit), np.einsum("qi,ri->qr", fill, unit)
+    for a in out:
+        a.flags.writeable = False
     return out
 
 
@@ -489,7 +531,8 @@ def _passes(a: np.ndarray) -> Passes:
 def _placement_kinds(model: ModelSpec, pp: int, placements: tuple) -> tuple:
     """Of each placement ((chunks, V-shaped), ...), per distinct rank the (dense layers, MoE layers, head) it
     holds (those the model has) and how many ranks are alike (step.rank_kinds), padded with ranks alike to
-    none; and the same of its first and last chunks."""
+    none; the same of its first and last chunks; of a rank of chunks/pp chunks each holding of every kind the
+    fewest any chunk holds (a host time no rank undercuts); and of every chunk, padded with -1s."""
     columns = _unit_columns(model)
     per_placement = [np.array(rank_kinds(model, pp, chunks, v_shaped), dtype=float) for chunks, v_shaped in placements]
     kinds = np.zeros((len(placements), max(map(len, per_placement)), len(columns) + 1))
@@ -497,7 +540,12 @@ def _placement_kinds(model: ModelSpec, pp: int, placements: tuple) -> tuple:
         kinds[q, :len(k)] = k[:, columns + [-1]]
     ends = [np.array([chunk_kinds(model, chunks)[c] for chunks, _ in placements], dtype=float)[:, columns]
             for c in (0, -1)]
-    return kinds[..., :-1], kinds[..., -1], *ends
+    each = [np.array(chunk_kinds(model, chunks), dtype=float)[:, columns] for chunks, _ in placements]
+    fill = np.array([k.min(0) * len(k) / pp for k in each])
+    chunks = np.full((len(placements), max(map(len, each)), len(columns)), -1.0)
+    for q, k in enumerate(each):
+        chunks[q, :len(k)] = k
+    return kinds[..., :-1], kinds[..., -1], *ends, fill, chunks
 
 
 UNITS = ((1, 0, False), (0, 1, False), (0, 0, True))  # (dense layers, MoE layers, head) of each unit

@@ -2,7 +2,7 @@
 
 With F, B, W the times of a micro-batch's forward, input-gradient and weight-gradient passes on a rank
 (T = F + B + W; a full backward is B + W), p ranks, m micro-batches and v chunks per rank, for the orders
-torch.distributed.pipelining runs (sim/schedule.py rebuilds them; tests/test_simulate.py checks them against
+torch.distributed.pipelining runs (cost/schedule.py rebuilds them; tests/test_simulate.py checks them against
 torch's and these forms against the simulated idle time, for equal and unequal F, B, W):
   GPipe, 1F1B  (p-1)/m                    Huang et al. 2019; Narayanan et al. 2021 eq. 1
   interleaved  (p-1)/(v*m)                Narayanan et al. 2021 sec. 2.2.2
@@ -21,26 +21,22 @@ The ZB-V and DualPipeV forms are derived from torch's orders by walking their cr
 where W <= F <= B, which the kernels (cost/kernels.py) give every model above the toy presets: F and B carry
 the attention that W lacks, and B the element-wise backward and any recomputation.
 
-Uneven ranks (the output head, layers not divisible by the chunks, dense layers before MoE ones): the step
-runs at the pace of the slowest rank s, and the bubble is the chain of the *other* ranks' passes that lead
-in and out of it. For GPipe that is the flow-shop makespan of m identical jobs, sum over stages of one
-micro-batch's F+B plus (m-1) times the slowest stage's (PipeDream, Narayanan et al. 2019 sec. 3.1: the
-slowest stage sets the throughput), i.e. m*T_s plus (p-1) times the others' mean T. `bubble_ratio` applies
-each form above to the other ranks' mean F, B, W (so it is unchanged when the ranks are even), over the
-slowest rank's compute. When the slowest rank holds the head (the last rank; rank 0, which holds both ends,
-under the V schedules), the step of ZB-H1, ZB-V and DualPipeV is the later of the others' span (their work
-and bubble; under ZB-V with rank 0's last chunk on their chain, `head_on_chain`) and the slowest rank's work
-plus its own idle (`head_idle`): ZB-H1's warm-up and cool-down, ZB-V's warm-up (left open by fewer than 2p-1
-micro-batches) and the tail of its cool-down (`v_tail`), DualPipeV's (p-1)(B-W)/2.
-While the slowest rank is ahead of the next slowest by a margin (its lead), the others deliver its inputs
-early and the stage-boundary sends hide behind it, but for those on the path of the first micro-batch's
-forward and the last one's backward (cost/step.py). Against the simulator's replay of torch's orders
-(benchmarks/sim_vs_predict.py: llama2-7b, llama3-8b, llama2-70b at tp=8, pp 2-8, m = p..8p) the median gap
-is 0.01-0.05% per schedule; GPipe and 1F1B within 0.8% of the step, interleaved within 1.1%, ZB-H1 within
-0.5%, ZB-V and DualPipeV within 1.0%.
+Uneven ranks (the output head, layers not divisible by the chunks, dense layers before MoE ones): predict
+takes the longest path through torch's order with each chunk's own passes (`makespan`, `bubble_ratio`), the
+time sim/engine.py replays, over the busiest rank's passes. The forms above approximated it from the other
+ranks' mean passes, and missed most where chunks differ within a rank: under DualPipeV, DeepSeek-V3's rank 0
+holds a light first chunk and a heavy last one (the head and the MTP module) and idles at both ends, 1.0 s of a
+6.2 s step on 2,048 H200 where the forms gave 0.26 s; interleaved chunks of 1 and 2 layers, up to 20% of
+the step. The planner's bound (cost/bound.py) keeps the forms for the zero-bubble schedules, and for the others
+a path no order of these chunks undercuts.
 """
 
-from meshscale.specs.layout import V_SCHEDULES, Layout
+from array import array
+from functools import lru_cache
+
+from meshscale.cost.schedule import rank_orders
+from meshscale.specs.layout import Layout
+from meshscale.specs.placement import stage_owner
 
 
 def schedule_bubble(schedule: str, p: int, v: int, m, f=1.0, b=1.0, w=1.0, maximum=max, minimum=min):
@@ -61,56 +57,107 @@ def schedule_bubble(schedule: str, p: int, v: int, m, f=1.0, b=1.0, w=1.0, maxim
     return (p - 1) / m
 
 
-def bubble_ratio(layout: Layout, m: int, slowest=None, others=None, ends=None) -> float:
-    """Bubble over the slowest rank's ideal compute; `slowest` and `others` (cost.kernels.Passes: the slowest
-    rank's, the other ranks' mean) give F, B, W, else they are taken equal (and `others` defaults to
-    `slowest`): the even bubble of the other ranks' passes (see the module docstring). `ends`: the passes of
-    the first and last chunks where the slowest rank holds the last one (`head_idle`)."""
-    if slowest is None:
+def bubble_ratio(layout: Layout, m: int, chunks=None) -> float:
+    """Bubble over the busiest rank's ideal compute: of torch's order with each chunk's passes `chunks`
+    (`makespan`; cost.kernels.Passes, one per stage), else the even form above with F = B = W."""
+    if chunks is None or layout.pp == 1:
         return schedule_bubble(layout.schedule, layout.pp, layout.vpp, m)
-    others = others or slowest
-    ratio = schedule_bubble(layout.schedule, layout.pp, layout.vpp, m, others.forward, others.backward,
-                            others.weight) * others.total / slowest.total
-    if ends is None or layout.schedule not in HEAD_IDLE_SCHEDULES:
-        return ratio
-    # the others' span (their work and bubble) against the slowest rank's work and idle: whichever ends later
-    span = ratio + (others.total + head_on_chain(layout.schedule, others, ends[1]) / m) / slowest.total - 1
-    return max(head_idle(layout.schedule, layout.pp, m, others, *ends) / (m * slowest.total), span)
+    work = [0.0] * layout.pp
+    for stage, c in enumerate(chunks):
+        work[stage_owner(stage, layout.pp, layout.v_shaped)] += c.total
+    return makespan(layout.schedule, layout.pp, layout.vpp, m, chunks) / (m * max(work)) - 1
 
 
 def head_on_chain(schedule: str, others, last):
     """ZB-V: the others' chain of input gradients starts with a micro-batch's forward and input gradient on
     the last chunk, rank 0's: what they take beyond an other rank's chunk (half its passes) lengthens their
-    span (exact against the simulator at m = p, where that span sets the step). Works on arrays."""
+    span (where rank 0 is the slowest; cost/bound.py). Works on arrays."""
     if schedule != "zbv":
         return 0.0
     return last.forward + last.backward - (others.forward + others.backward) / 2
-
-
-HEAD_IDLE_SCHEDULES = ("zb",) + V_SCHEDULES
-
-
-def head_idle(schedule: str, p: int, m, others, first, last, maximum=max):
-    """The idle of the slowest rank when it holds the last chunk (the head: the last rank, rank 0 under a V),
-    derived from torch's orders as the forms above. ZB-H1: the others' p-1 forwards before its first, and at
-    the end the input gradients going down the other p-1 ranks beyond what its p weight gradients (and one of
-    theirs) cover; exact against the simulator. ZB-V: rank 0 runs its m first-chunk forwards, then waits while
-    micro-batch 0's forward crosses the other 2p-2 chunks (a warm-up that more than 2p-1 micro-batches fill),
-    and idles at the end (`v_tail`). DualPipeV: (p-1)(B-W)/2 of the others' passes, whatever m. Against the
-    simulator with a heavy head on rank 0: within 0.6% from m >= p (ZB-V) and m >= 2p (DualPipeV) where chunk
-    0 costs what the other ranks' chunks cost, up to 5% where it does not. Arrays take maximum=np.maximum."""
-    if schedule == "zb":
-        return (p - 1) * others.forward + maximum(0.0, (p - 1) * others.backward - p * last.weight + others.weight)
-    if schedule == "dualpipev":
-        return (p - 1) * (others.backward - others.weight) / 2
-    warmup = maximum(0.0, (p - 1) * others.forward - (m - 1) * first.forward)
-    return warmup + v_tail(p, others, first, last, maximum)
 
 
 def v_tail(p: int, others, first, last, maximum=max) -> float:
     """Rank 0's idle at the end of torch's ZB-V when it is the slowest rank: after its last micro-batch's
     input gradient on the last chunk, the gradient travels down the other 2p-2 chunks (the other ranks'
     input gradients) while rank 0 runs that chunk's weight gradient and p-1 pairs of input and weight
-    gradients of its first chunk (the order's cool-down; sim/schedule.py). At even ranks it is below the
+    gradients of its first chunk (the order's cool-down; cost/schedule.py). At even ranks it is below the
     closed form above, which then stands. Arrays take maximum=np.maximum (the planner's bound)."""
     return maximum(0.0, (p - 1) * others.backward - last.weight - (p - 1) * (first.backward + first.weight))
+
+
+KINDS = ("F", "B", "I", "W")  # a chunk's weights: forward, full backward, input gradient, weight gradient
+STEADY = 8  # micro-batches per rank after which the pipeline's steady state holds (`makespan`)
+
+
+@lru_cache(maxsize=128)
+def _order_graph(schedule: str, p: int, v: int, m: int) -> tuple[array, array, array, array]:
+    """torch's orders (cost/schedule.py) as a graph in topological order, four arrays over the passes: its
+    weight's index (stage * 4 + KINDS index) and the passes it waits for (the one before it on its rank, those
+    making its inputs as cost/schedule.py `inputs` says; -1 for none)."""
+    orders = rank_orders(schedule, p, v, m)
+    size = p * v * m  # outputs: activations at [stage * m + mb], input gradients after them, weight gradients
+    made = [-1] * (2 * size)  # the pass making each, -1 until it is placed (weight gradients feed nothing)
+    graph, n = (array("i"), array("i"), array("i"), array("i")), 0
+    at, previous = [0] * p, [-1] * p
+    total = sum(len(o) for o in orders)
+    while n < total:
+        before = n
+        for r, order in enumerate(orders):
+            for stage, kind, mb in order[at[r]:]:
+                at_stage = stage * m + mb
+                if kind == "F":
+                    a, b = (made[at_stage - m] if stage else n), n
+                elif kind == "W":
+                    a, b = made[size + at_stage], n
+                else:  # I or B: this stage's forward, the next stage's input gradient (none from the last)
+                    a = made[at_stage]
+                    b = made[size + at_stage + m] if at_stage + m < size else n
+                if a < 0 or b < 0:
+                    break
+                for column, x in zip(graph, (stage * 4 + KINDS.index(kind), previous[r], -1 if a == n else a,
+                                             -1 if b == n else b)):
+                    column.append(x)
+                previous[r] = n
+                if kind != "W":
+                    made[at_stage + (size if kind != "F" else 0)] = n
+                n += 1
+                at[r] += 1
+        if n == before:
+            raise ValueError(f"{schedule} with pp={p}, vpp={v}, {m} micro-batches deadlocks: an order waits on a "
+                             "pass that never runs")
+    return graph
+
+
+def makespan(schedule: str, p: int, v: int, m: int, chunks) -> float:
+    """How long torch's order of `schedule` takes with each chunk's passes `chunks` (per stage, an object with
+    .forward, .backward, .weight: cost.kernels.Passes), sends free: the longest path through its passes, each
+    starting when its rank is free and its inputs are made (what sim/engine.py replays event by event). Exact
+    where the forms above approximate: uneven chunks, under the interleaved and V schedules above all. Beyond
+    2 x STEADY micro-batches per rank the pipeline is in its steady state, every p more micro-batches adding
+    what the p before them did, so the path is taken at m less a multiple of p and extended: against the engine
+    with chunks up to 10x apart, exact but for the interleaved schedule (within 0.5%; tests/test_simulate.py)."""
+    if m > 2 * STEADY * p:  # the steady state: each p further micro-batches add what the last p added
+        steady = m - p * ((m - STEADY * p) // p)
+        at, beyond = makespan(schedule, p, v, steady, chunks), makespan(schedule, p, v, steady + p, chunks)
+        return at + (beyond - at) * (m - steady) / p
+    return _longest_path(schedule, p, v, m, tuple(t for c in chunks for t in (c.forward, c.backward + c.weight,
+                                                                           c.backward, c.weight)))
+
+
+@lru_cache(maxsize=4096)
+def _longest_path(schedule: str, p: int, v: int, m: int, weights: tuple) -> float:
+    """`makespan` over `_order_graph`, per pass its weight (layouts that differ in their data-parallel traffic
+    alone ask again)."""
+    graph = _order_graph(schedule, p, v, m)
+    end = [0.0] * (len(graph[0]) + 1)  # end[-1] = 0.0: "waits for nothing"
+    i = 0
+    for k, a, b, c in zip(*graph):  # the hottest loop of a search: max() and enumerate() cost twice this
+        t = end[a]
+        if end[b] > t:
+            t = end[b]
+        if end[c] > t:
+            t = end[c]
+        end[i] = weights[k] + t
+        i += 1
+    return max(end)

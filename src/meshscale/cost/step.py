@@ -15,7 +15,7 @@ from meshscale.cost.checkpoint import ADAM_MOMENTS, checkpoint_bytes
 from meshscale.cost.kernels import Passes, column_parallel_share, counted_seconds, grad_accumulator_bytes, kernel_shape
 from meshscale.cost.memory import (PRECISIONS, Memory, activation_bytes_per_layer, expert_params_on_rank,
                                    memory_per_device, params_on_rank, root_params_on_rank)
-from meshscale.cost.pipeline import HEAD_IDLE_SCHEDULES, bubble_ratio
+from meshscale.cost.pipeline import bubble_ratio
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import REBUILDS_LAYER, Layout, check_against, kv_heads_per_rank, split_layers
@@ -133,7 +133,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     critical_path, dp_exposed = shown(led), led.dp_exposed_s
     host_wait_s = m * passes.host
 
-    ratio = bubble_ratio(layout, m, passes, others, _head_ends(model, cluster, layout, precision, passes))
+    ratio = bubble_ratio(layout, m, [chunk_passes(model, cluster, layout, c, precision) for c in range(layout.stages)])
     bubble_s = ratio * (compute_s + slow.critical_s)
     critical_path += control_seconds(cluster, devices, layout)  # once per step, after the pipeline drains
     mem = memory_per_device(model, layout, global_batch, precision, cluster.fused_attention,
@@ -588,16 +588,6 @@ def _chain_crossings(layout: Layout) -> int:
     """Stage-boundary sends on the path of the first micro-batch's forward and the last one's backward, which
     nothing hides: every chunk boundary (the V's turn stays on rank p-1)."""
     return 2 * (layout.stages - 1 - (1 if layout.v_shaped else 0))
-
-
-def _head_ends(model: ModelSpec, cluster: ClusterSpec, layout: Layout, precision: str, slowest: Passes):
-    """The passes of the first and last chunks where the rank holding the last chunk (the head: rank 0 under a
-    V, else the last rank) is the slowest; else None."""
-    head = head_rank(layout)
-    if layout.schedule not in HEAD_IDLE_SCHEDULES or rank_passes(model, cluster, layout, head, precision).total < \
-            slowest.total:
-        return None
-    return tuple(chunk_passes(model, cluster, layout, c, precision) for c in (0, layout.stages - 1))
 
 
 def layout_kinds(model: ModelSpec, layout: Layout) -> tuple:

@@ -11,6 +11,8 @@ for unit u-1 is done and unit u-1 has started computing; a unit computes once it
 
 from dataclasses import dataclass, field
 
+from meshscale.cost.schedule import inputs, output
+
 
 @dataclass
 class Event:
@@ -113,17 +115,3 @@ def run(orders: tuple, owner, seconds, send, fsdp_share=None, replica: int = 0, 
         if not progressed:
             raise RuntimeError("pipeline schedule deadlocked: an order waits on a pass that never runs")
     return out
-
-
-def output(stage: int, kind: str, mb: int) -> tuple:
-    """What a pass makes ready: "F" its activations, "G" the input gradient (from I or a full B), "W"."""
-    return ("F" if kind == "F" else "G" if kind in "BI" else "W", stage, mb)
-
-
-def inputs(stage: int, kind: str, mb: int, last: int) -> tuple:
-    """The outputs a pass needs (see the module docstring); `last` is the last chunk's index."""
-    if kind == "F":
-        return (("F", stage - 1, mb),) if stage > 0 else ()
-    if kind == "W":
-        return (("G", stage, mb),)
-    return (("F", stage, mb),) + ((("G", stage + 1, mb),) if stage < last else ())

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from meshscale.errors import UserError
 from meshscale.sim import engine
-from meshscale.sim.schedule import rank_orders
+from meshscale.cost.schedule import inputs, output, rank_orders
 from meshscale.specs.layout import Layout
 from meshscale.specs.placement import stage_owner
 
@@ -43,7 +43,7 @@ def gap_samples(events: list[dict], owner) -> dict:
     """Per pipeline rank, the trace's gaps of each kind: {rank: {kind: [seconds]}}; owner(stage) -> the pipeline
     rank holding it. A "delivered" gap is its receiving rank's."""
     last = max(e["stage"] for e in events)
-    made = {engine.output(e["stage"], e["kind"], e["mb"]): e["end"] for e in events}
+    made = {output(e["stage"], e["kind"], e["mb"]): e["end"] for e in events}
     out: dict = {}
     for rank in sorted({e["rank"] for e in events}):
         kinds: dict = out.setdefault(rank, {k: [] for k in KINDS})
@@ -73,8 +73,8 @@ def gaps(events: list[dict], owner) -> Gaps:
 
 
 def from_others(stage: int, kind: str, mb: int, rank: int, owner, last: int) -> list:
-    """The inputs of a pass (engine.inputs; a traced "B" is an input-gradient pass) that another rank makes."""
-    return [d for d in engine.inputs(stage, kind, mb, last) if owner(d[1]) != rank]
+    """The inputs of a pass (cost.schedule.inputs; a traced "B" is an input-gradient pass) that another rank makes."""
+    return [d for d in inputs(stage, kind, mb, last) if owner(d[1]) != rank]
 
 
 @dataclass

@@ -10,7 +10,7 @@ Every duration comes from cost/: each pass's compute from `chunk_passes` (what `
     backward (all micro-batches' backwards for ZeRO-2) begins and ends at least one bucket after it;
   - then the optimizer update, then ZeRO-1/2's parameter all-gather ("forward": beside the next forward).
   Traffic whose [software] overlap switch is off ("none" on dp) runs whole after the last backward.
-Pass orders are the runtime's schedules (sim/schedule.py).
+Pass orders are the runtime's schedules (cost/schedule.py).
 
 Symmetry: under the cost model every DP/CP replica and every TP rank of a pipeline stage does the same
 work at the same time, so one representative per pipeline rank is simulated: pp ranks, not all devices
@@ -37,7 +37,7 @@ from meshscale.cost.overhead import shared_cores
 from meshscale.cost.step import chunk_passes, control_seconds, exposed_seconds, rank_passes
 from meshscale.errors import UserError
 from meshscale.sim import engine
-from meshscale.sim.schedule import rank_orders
+from meshscale.cost.schedule import inputs, output, rank_orders
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import Layout, check_against, split_layers
 from meshscale.specs.model import ModelSpec
@@ -298,7 +298,7 @@ def critical_path(run: engine.PipelineRun) -> list[tuple[int, int]]:
     last_on_rank: dict = {}
     last_stage = max(q.stage for q in run.passes)
     for p in run.passes:
-        by_key[engine.output(p.stage, p.kind, p.mb)] = p
+        by_key[output(p.stage, p.kind, p.mb)] = p
         previous[id(p)] = last_on_rank.get(p.rank)
         last_on_rank[p.rank] = p
     p = max(run.passes, key=lambda q: q.end)
@@ -309,7 +309,7 @@ def critical_path(run: engine.PipelineRun) -> list[tuple[int, int]]:
         else:
             path.append([p.rank, 1])
         if p.wait_on is not None:
-            p = max((by_key[d] for d in engine.inputs(p.stage, p.kind, p.mb, last_stage)), key=lambda q: q.end)
+            p = max((by_key[d] for d in inputs(p.stage, p.kind, p.mb, last_stage)), key=lambda q: q.end)
         else:
             p = previous[id(p)]
     return [tuple(x) for x in path]

@@ -151,3 +151,19 @@ def _dualpipev(schedule, pp, vpp, m, rank):
     for _ in range(rank + 1):
         pending_weight()
     return out
+
+
+def output(stage: int, kind: str, mb: int) -> tuple:
+    """What a pass makes ready: "F" its activations, "G" the input gradient (from I or a full B), "W"."""
+    return ("F" if kind == "F" else "G" if kind in "BI" else "W", stage, mb)
+
+
+def inputs(stage: int, kind: str, mb: int, last: int) -> tuple:
+    """The outputs a pass needs: a forward of chunk s the forward of s-1 (same micro-batch), an input gradient
+    (I, or a full B) the forward of s and the input gradient of s+1, a weight gradient W the I of its chunk;
+    `last` is the last chunk's index."""
+    if kind == "F":
+        return (("F", stage - 1, mb),) if stage > 0 else ()
+    if kind == "W":
+        return (("G", stage, mb),)
+    return (("F", stage, mb),) + ((("G", stage + 1, mb),) if stage < last else ())
