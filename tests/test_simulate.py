@@ -14,7 +14,7 @@ from meshscale.cost.kernels import Passes
 from meshscale.cost.pipeline import STEADY, bubble_ratio, makespan, schedule_bubble
 from meshscale.cost.step import chunk_passes, distinct_rank_passes, pipeline_passes
 from meshscale.runtime.measure.trace import chrome_trace
-from meshscale.cost.schedule import rank_orders
+from meshscale.cost.schedule import pass_seconds, rank_orders
 from meshscale.sim import engine
 from meshscale.sim.measured import gaps, read_trace, replay
 from meshscale.sim.step import simulate
@@ -334,8 +334,6 @@ def test_the_longest_path_is_the_engines_for_uneven_chunks(schedule, vpp):
     rank; beyond, where it extends the path at m less a multiple of p by what the last p micro-batches add, exact
     but for the interleaved schedule, whose queues can still be settling there (within 0.5%)."""
     rng = random.Random(f"{schedule}{vpp}")
-    per = {"F": lambda c: c.forward, "B": lambda c: c.backward + c.weight, "I": lambda c: c.backward,
-           "W": lambda c: c.weight}
     for pp in (2, 3, 5):
         for _ in range(3):
             chunks = []
@@ -347,7 +345,7 @@ def test_the_longest_path_is_the_engines_for_uneven_chunks(schedule, vpp):
                     continue
                 run = engine.run(rank_orders(schedule, pp, vpp, m), lambda s: stage_owner(s, pp, vpp == 2 and
                                                                                           schedule != "interleaved"),
-                                 lambda r, s, k, mb: (per[k](chunks[s]), 0.0), lambda a, b: 0.0)
+                                 lambda r, s, k, mb: (pass_seconds(chunks[s], k), 0.0), lambda a, b: 0.0)
                 rel = 1e-12 if m <= 2 * STEADY * pp or schedule != "interleaved" else 5e-3
                 assert makespan(schedule, pp, vpp, m, chunks) == pytest.approx(max(p.end for p in run.passes),
                                                                                rel=rel), (pp, m)
@@ -365,9 +363,7 @@ def test_dualpipev_charges_what_rank_0_idles_between_its_light_and_heavy_chunks(
     lay = layout.resolve_mbs(4096)
     chunks = [chunk_passes(model, h200, lay, c) for c in range(lay.stages)]
     run = engine.run(rank_orders("dualpipev", 16, 2, 32), lambda s: stage_owner(s, 16, True),
-                     lambda r, s, k, mb: ({"F": chunks[s].forward, "B": chunks[s].backward + chunks[s].weight,
-                                           "I": chunks[s].backward, "W": chunks[s].weight}[k], 0.0),
-                     lambda a, b: 0.0)
+                     lambda r, s, k, mb: (pass_seconds(chunks[s], k), 0.0), lambda a, b: 0.0)
     idle = max(p.end for p in run.passes) - sum(p.compute for p in run.passes if p.rank == 0)
     assert idle > 0.15 * pred.compute_s
     assert pred.bubble_s >= idle and pred.bubble_s > 0.15 * pred.compute_s

@@ -362,8 +362,10 @@ def bubble_floor(shape: Shape, rows: Rows, kernels: "PipelinePasses", elementwis
     pp, k_i = shape.pp, rows.schedule
     args = shape, rows, kernels, elementwise, m, slowest.total, v_shaped
     ratio = zero_bubble_floor(*args, others)
-    fill = _with_elementwise(kernels.fill, elementwise)
-    ratio = np.where(m < 2 * pp - 1, np.minimum(ratio, zero_bubble_floor(*args, fill)), ratio)
+    short = m < 2 * pp - 1
+    if short.any():
+        fill = _with_elementwise(kernels.fill, elementwise)
+        ratio = np.where(short, np.minimum(ratio, zero_bubble_floor(*args, fill)), ratio)
     even = ~shape.schedule_is(*ZERO_BUBBLE_SCHEDULES)[k_i]
     vpp = np.array([v for _, v in shape.schedules])[k_i]
     last = np.take_along_axis(kernels.totals, kernels.head[:, None], 1)[:, 0] + elementwise

@@ -34,7 +34,7 @@ a path no order of these chunks undercuts.
 from array import array
 from functools import lru_cache
 
-from meshscale.cost.schedule import rank_orders
+from meshscale.cost.schedule import KINDS, pass_seconds, rank_orders
 from meshscale.specs.layout import Layout
 from meshscale.specs.placement import stage_owner
 
@@ -86,7 +86,6 @@ def v_tail(p: int, others, first, last, maximum=max) -> float:
     return maximum(0.0, (p - 1) * others.backward - last.weight - (p - 1) * (first.backward + first.weight))
 
 
-KINDS = ("F", "B", "I", "W")  # a chunk's weights: forward, full backward, input gradient, weight gradient
 STEADY = 8  # micro-batches per rank after which the pipeline's steady state holds (`makespan`)
 
 
@@ -141,8 +140,7 @@ def makespan(schedule: str, p: int, v: int, m: int, chunks) -> float:
         steady = m - p * ((m - STEADY * p) // p)
         at, beyond = makespan(schedule, p, v, steady, chunks), makespan(schedule, p, v, steady + p, chunks)
         return at + (beyond - at) * (m - steady) / p
-    return _longest_path(schedule, p, v, m, tuple(t for c in chunks for t in (c.forward, c.backward + c.weight,
-                                                                           c.backward, c.weight)))
+    return _longest_path(schedule, p, v, m, tuple(pass_seconds(c, kind) for c in chunks for kind in KINDS))
 
 
 @lru_cache(maxsize=4096)

@@ -153,6 +153,16 @@ def _dualpipev(schedule, pp, vpp, m, rank):
     return out
 
 
+KINDS = ("F", "B", "I", "W")
+
+
+def pass_seconds(passes, kind: str) -> float:
+    """How long a pass of `kind` takes on a chunk whose micro-batch's passes are `passes` (cost.kernels.Passes):
+    a full backward B runs the input and the weight gradient together."""
+    return {"F": passes.forward, "B": passes.backward + passes.weight, "I": passes.backward,
+            "W": passes.weight}[kind]
+
+
 def output(stage: int, kind: str, mb: int) -> tuple:
     """What a pass makes ready: "F" its activations, "G" the input gradient (from I or a full B), "W"."""
     return ("F" if kind == "F" else "G" if kind in "BI" else "W", stage, mb)

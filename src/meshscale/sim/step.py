@@ -37,7 +37,7 @@ from meshscale.cost.overhead import shared_cores
 from meshscale.cost.step import chunk_passes, control_seconds, exposed_seconds, rank_passes
 from meshscale.errors import UserError
 from meshscale.sim import engine
-from meshscale.cost.schedule import inputs, output, rank_orders
+from meshscale.cost.schedule import inputs, output, pass_seconds, rank_orders
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import Layout, check_against, split_layers
 from meshscale.specs.model import ModelSpec
@@ -166,8 +166,6 @@ def _durations(model, cluster, layout, precision, pred, ring):
     fsdp = sum(e["time_s"] for e in pred.comm if e["axis"] in DATA_AXES and e["overlap"] == Overlap.FSDP)
     units = [len(r) for r in split_layers(model.layers, layout.stages, model.mtp_layers, layout.pp,
                                           layout.first, layout.last)]
-    per_pass = {"F": lambda c: c.forward, "B": lambda c: c.backward + c.weight, "I": lambda c: c.backward,
-                "W": lambda c: c.weight}
 
     def exposed(factor: float) -> float:  # the inline collectives at `factor` times their time (predict's rule)
         return sum(exposed_seconds(factor * e["time_s"], e["hidden_by_s"], factor * e["shown_s"], efficiency)
@@ -184,7 +182,7 @@ def _durations(model, cluster, layout, precision, pred, ring):
                   + inline_slowing * links.get(r, 1.0) + dp_slowing for r in range(layout.pp)}
 
         def seconds(rank, stage, kind, mb):
-            compute = per_pass[kind](chunk[stage])
+            compute = pass_seconds(chunk[stage], kind)
             return compute * slow.get(rank, 1.0), serial[rank] * compute / pred.compute_s
         return seconds
 
