@@ -11,7 +11,7 @@ import pytest
 from meshscale.cli import main
 from meshscale.cost import predict
 from meshscale.cost.kernels import Passes
-from meshscale.cost.pipeline import STEADY, bubble_ratio, makespan, schedule_bubble
+from meshscale.cost.pipeline import bubble_ratio, makespan, schedule_bubble, steady
 from meshscale.cost.step import chunk_passes, distinct_rank_passes, pipeline_passes
 from meshscale.runtime.measure.trace import chrome_trace
 from meshscale.cost.schedule import pass_seconds, rank_orders
@@ -330,23 +330,24 @@ def test_a_lighter_rank_waits_out_the_slowest_ranks_span_before_its_traffic_show
 @pytest.mark.parametrize("schedule,vpp", SHAPES)
 def test_the_longest_path_is_the_engines_for_uneven_chunks(schedule, vpp):
     """pipeline.makespan, which predict's bubble is, against the engine replaying torch's order with every chunk
-    different (F from 0.3 to 3, B and W up to twice and 1.5 times it): exact up to 2 x STEADY micro-batches per
+    different (F from 0.3 to 3, B and W up to twice and 1.5 times it): exact up to 2 x `steady` micro-batches per
     rank; beyond, where it extends the path at m less a multiple of p by what the last p micro-batches add, exact
     but for the interleaved schedule, whose queues can still be settling there (within 0.5%)."""
     rng = random.Random(f"{schedule}{vpp}")
+    n = steady(schedule)
     for pp in (2, 3, 5):
         for _ in range(3):
             chunks = []
             for _ in range(pp * vpp):
                 f = rng.uniform(0.3, 3.0)
                 chunks.append(Passes(f, f * rng.uniform(0.8, 2.0), f * rng.uniform(0.1, 1.5)))
-            for m in (2 * pp, 5 * pp, 2 * STEADY * pp + pp, 3 * STEADY * pp + 2 * pp + 1):
+            for m in (2 * pp, 5 * pp, 2 * n * pp + pp, 3 * n * pp + 2 * pp + 1):
                 if not _valid(schedule, pp, m):
                     continue
                 run = engine.run(rank_orders(schedule, pp, vpp, m), lambda s: stage_owner(s, pp, vpp == 2 and
                                                                                           schedule != "interleaved"),
                                  lambda r, s, k, mb: (pass_seconds(chunks[s], k), 0.0), lambda a, b: 0.0)
-                rel = 1e-12 if m <= 2 * STEADY * pp or schedule != "interleaved" else 5e-3
+                rel = 1e-12 if m <= 2 * n * pp or schedule != "interleaved" else 5e-3
                 assert makespan(schedule, pp, vpp, m, chunks) == pytest.approx(max(p.end for p in run.passes),
                                                                                rel=rel), (pp, m)
 

@@ -86,7 +86,12 @@ def v_tail(p: int, others, first, last, maximum=max) -> float:
     return maximum(0.0, (p - 1) * others.backward - last.weight - (p - 1) * (first.backward + first.weight))
 
 
-STEADY = 8  # micro-batches per rank after which the pipeline's steady state holds (`makespan`)
+def steady(schedule: str) -> int:
+    """Micro-batches per rank after which each p more add what the p before them did (`makespan`), the least
+    that keeps the extension exact against the engine for chunks 30x apart (tests/test_simulate.py): GPipe and
+    1F1B are flow shops of identical jobs, linear in m once each rank's warm-up is past; the interleaved queues
+    settle within 4 rounds and the zero-bubble ones, whose W passes fill in around the others, within 8."""
+    return {"gpipe": 2, "1f1b": 2, "interleaved": 4}.get(schedule, 8)
 
 
 @lru_cache(maxsize=128)
@@ -133,13 +138,15 @@ def makespan(schedule: str, p: int, v: int, m: int, chunks) -> float:
     .forward, .backward, .weight: cost.kernels.Passes), sends free: the longest path through its passes, each
     starting when its rank is free and its inputs are made (what sim/engine.py replays event by event). Exact
     where the forms above approximate: uneven chunks, under the interleaved and V schedules above all. Beyond
-    2 x STEADY micro-batches per rank the pipeline is in its steady state, every p more micro-batches adding
-    what the p before them did, so the path is taken at m less a multiple of p and extended: against the engine
-    with chunks up to 10x apart, exact but for the interleaved schedule (within 0.5%; tests/test_simulate.py)."""
-    if m > 2 * STEADY * p:  # the steady state: each p further micro-batches add what the last p added
-        steady = m - p * ((m - STEADY * p) // p)
-        at, beyond = makespan(schedule, p, v, steady, chunks), makespan(schedule, p, v, steady + p, chunks)
-        return at + (beyond - at) * (m - steady) / p
+    2 x `steady(schedule)` micro-batches per rank the pipeline is in its steady state, every p more micro-batches
+    adding what the p before them did, so the path is taken at m less a multiple of p and extended: against the
+    engine with chunks up to 10x apart, exact but for the interleaved schedule (within 0.5%;
+    tests/test_simulate.py)."""
+    s = steady(schedule)
+    if m > 2 * s * p:  # the steady state: each p further micro-batches add what the last p added
+        ref = m - p * ((m - s * p) // p)
+        at, beyond = makespan(schedule, p, v, ref, chunks), makespan(schedule, p, v, ref + p, chunks)
+        return at + (beyond - at) * (m - ref) / p
     return _longest_path(schedule, p, v, m, tuple(pass_seconds(c, kind) for c in chunks for kind in KINDS))
 
 
