@@ -386,13 +386,16 @@ def test_the_planner_searches_minimal_recompute_for_dense_models_only():
     assert "minimal" not in modes and {"none", "full"} <= modes
 
 
-def test_the_bound_stays_below_the_longest_path_where_an_early_rank_is_the_slowest():
+def test_the_bound_follows_the_longest_path_where_ranks_are_uneven():
     """llama2-70b on 512 GB200 over 64 pipeline ranks: 80 layers leave 16 ranks two layers and 48 one, and under
     1F1B the slowest is rank 1, whose fill and drain cross one rank where the closed form's cross 63. The bound
-    charged that form and sat up to 16% over predict's longest path; it charges the last rank's
-    (`bound.last_rank_floor`), exact where ranks are even."""
+    charged that form and sat up to 16% over predict's longest path. It charges each rank's own path
+    (`bound.path_floor`: the chunks before it, its passes, and under full backwards the chain back down), never
+    above predict and, where the bubble is deep, a median 89% of it under 1F1B (81% with the last rank's path
+    alone) and 86% under ZB-H1 over 32 ranks (73% with the forms alone), so the search costs fewer in full."""
     model, gb200 = load_model("llama2-70b"), load_cluster("gb200-nvl72")
-    ratios = _bounds_over_predictions(model, gb200, 512, 512, "pp=64,schedule=1f1b")
-    assert len(ratios) >= 10 and all(r <= 1 + 1e-9 for r, _ in ratios.values())
-    deep = [r for r, pred in ratios.values() if pred.bubble_s > 0.2 * pred.step_time_s]
-    assert len(deep) >= 10 and max(deep) > 0.8  # it still carries much of the bubble
+    for fix, tight in (("pp=64,schedule=1f1b", 0.86), ("pp=32,schedule=zb", 0.83)):
+        ratios = _bounds_over_predictions(model, gb200, 512, 512, fix)
+        assert len(ratios) >= 10 and all(r <= 1 + 1e-9 for r, _ in ratios.values())
+        deep = [r for r, pred in ratios.values() if pred.bubble_s > 0.2 * pred.step_time_s]
+        assert len(deep) >= 10 and np.median(deep) > tight, fix

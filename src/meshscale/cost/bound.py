@@ -32,7 +32,7 @@ from meshscale.cost.step import (chunk_kinds, elementwise_per_token, elementwise
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import RECOMPUTE, REBUILDS_LAYER, ZERO_BUBBLE_SCHEDULES, Layout
 from meshscale.specs.model import ModelSpec
-from meshscale.specs.placement import layer_counts, rank_chunks, sends_per_rank
+from meshscale.specs.placement import layer_counts, rank_chunks, sends_per_rank, stage_owner
 
 # The recompute modes the planner searches (op is torchtitan's policy for predict and train, with its own rules)
 RECOMPUTE_MODES = tuple(r for r in RECOMPUTE if r != "op")
@@ -355,10 +355,10 @@ def _with_elementwise(kernels: Passes, elementwise) -> Passes:
 def bubble_floor(shape: Shape, rows: Rows, kernels: "PipelinePasses", elementwise, m, slowest: Passes,
                  others: Passes, v_shaped: np.ndarray):
     """At most predict's bubble ratio (pipeline.bubble_ratio, the longest path through torch's order), over the
-    slowest rank's passes. GPipe, 1F1B, interleaved: `last_rank_floor`. The zero-bubble schedules:
-    `zero_bubble_floor` of the other ranks' mean passes, or of the lightest chunk's (PipelinePasses.fill) where
-    fewer than 2p-1 micro-batches leave ZB-V's warm-up open (there the forms are short of exact).
-    `v_shaped`: per schedule, Layout.v_shaped."""
+    slowest rank's passes. GPipe, 1F1B, interleaved: `path_floor`. The zero-bubble schedules: the larger of
+    `path_floor` without the backward chain and `zero_bubble_floor` of the other ranks' mean passes, or of the
+    lightest chunk's (PipelinePasses.fill) where fewer than 2p-1 micro-batches leave ZB-V's warm-up open (there
+    the forms are short of exact). `v_shaped`: per schedule, Layout.v_shaped."""
     pp, k_i = shape.pp, rows.schedule
     args = shape, rows, kernels, elementwise, m, slowest.total, v_shaped
     ratio = zero_bubble_floor(*args, others)
@@ -368,10 +368,21 @@ def bubble_floor(shape: Shape, rows: Rows, kernels: "PipelinePasses", elementwis
         ratio = np.where(short, np.minimum(ratio, zero_bubble_floor(*args, fill)), ratio)
     even = ~shape.schedule_is(*ZERO_BUBBLE_SCHEDULES)[k_i]
     vpp = np.array([v for _, v in shape.schedules])[k_i]
-    last = np.take_along_axis(kernels.totals, kernels.head[:, None], 1)[:, 0] + elementwise
-    chunk = (kernels.fill.total + elementwise) / vpp
-    return np.where(even, np.maximum(last_rank_floor(pp, vpp, m, last, chunk) / (m * slowest.total) - 1, 0.0),
-                    ratio)
+    path = path_floor(kernels, elementwise, vpp, m, even) / (m * slowest.total) - 1
+    return np.maximum(np.where(even, path, np.maximum(ratio, path)), 0.0)
+
+
+def path_floor(kernels: "PipelinePasses", elementwise, vpp, m, backward_chain):
+    """A step no pipeline of these chunks undercuts, whatever the order: each rank r starts once micro-batch 0's
+    forward has crossed the r chunks before its first (chunk r), then works m times its passes; under GPipe,
+    1F1B and interleaved (`backward_chain`), which run full backwards, its last pass (a backward) is followed by
+    that micro-batch's backward down the chunks before the one it ran, at least the same r. The latest rank's
+    floor; exact for even ranks, (p-1)/(v m). Element-wise work is alike on every rank, 1/v of it per chunk."""
+    r = np.arange(kernels.ranks.shape[-1])
+    before = kernels.before_forward + np.where(backward_chain[:, None], kernels.before_backward, 0.0)
+    share = np.where(backward_chain, 1.0, 1 / 3)  # without the chain, the forward's third
+    ends = before + r * (share * elementwise / vpp)[:, None] + m[:, None] * (kernels.ranks + elementwise[:, None])
+    return ends.max(1)
 
 
 def zero_bubble_floor(shape: Shape, rows: Rows, kernels: "PipelinePasses", elementwise, m, total, v_shaped,
@@ -438,6 +449,11 @@ class PipelinePasses:
     totals: np.ndarray  # per distinct rank (the last axis), its F + B + W
     count: np.ndarray  # (placement, distinct rank): how many ranks are alike (0: padding)
     head: np.ndarray  # per placement, the distinct rank holding the head (the last rank but under a V)
+    # per pipeline rank (the last axis, in order): its F + B + W, and the F and the B + W of the chunks before its
+    # first (`path_floor`)
+    ranks: np.ndarray
+    before_forward: np.ndarray
+    before_backward: np.ndarray
 
     def at(self, schedule, mbs, recompute) -> "PipelinePasses":
         # one flat index for the 14 arrays over (placement, mbs, recompute): np.take of it is several times
@@ -446,15 +462,20 @@ class PipelinePasses:
 
         def pick(p: Passes) -> Passes:
             return Passes(np.take(p.forward, index), np.take(p.backward, index), np.take(p.weight, index))
-        totals = self.totals.reshape(-1, self.totals.shape[-1])[index]
+
+        def per_rank(a: np.ndarray) -> np.ndarray:
+            return a.reshape(-1, a.shape[-1])[index]
         return PipelinePasses(pick(self.slowest), pick(self.others), pick(self.fill), np.take(self.lead, index),
                               np.take(self.head_slowest, index), pick(self.first), pick(self.last), self.placement,
-                              totals, self.count[self.placement[schedule]], self.head[self.placement[schedule]])
+                              per_rank(self.totals), self.count[self.placement[schedule]],
+                              self.head[self.placement[schedule]], per_rank(self.ranks),
+                              per_rank(self.before_forward), per_rank(self.before_backward))
 
     def scaled(self, factor: float) -> "PipelinePasses":
         return PipelinePasses(self.slowest * factor, self.others * factor, self.fill * factor, self.lead * factor,
                               self.head_slowest, self.first * factor, self.last * factor, self.placement,
-                              self.totals * factor, self.count, self.head)
+                              self.totals * factor, self.count, self.head, self.ranks * factor,
+                              self.before_forward * factor, self.before_backward * factor)
 
 
 def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, precision: str) -> PipelinePasses:
@@ -474,18 +495,24 @@ def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape,
     if pp == 1:
         none = np.zeros_like(slow)
         return PipelinePasses(_passes(slow), _passes(slow), _passes(slow), none[..., 0], top[:, 0] < 0, _passes(none),
-                              _passes(none), placement, by_rank, count, head)
+                              _passes(none), placement, by_rank, count, head, by_rank, none[..., :1], none[..., :1])
     mean = (np.einsum("qn,qnjrp->qjrp", count, per_rank) - slow) / (pp - 1)
     next_slowest = np.where(np.arange(count.shape[1])[None, :, None, None] == top, -np.inf, totals).max(1)
     alike = count[np.arange(len(count))[:, None, None], top[:, 0]]  # how many ranks are like the slowest
     lead = np.where(alike > 1, 0.0, totals.max(1) - next_slowest)
     first, last = (_passes(np.einsum("qi,jrip->qjrp", end, unit)) for end in (first_end, last_end))
     per_chunk = np.einsum("qci,jrip->qcjrp", chunks, unit)  # (placement, chunk, mbs, recompute, F/B/W)
-    lightest = np.where(chunks.sum(-1)[:, :, None, None] >= 0, per_chunk.sum(-1), np.inf).argmin(1)
+    real = chunks.sum(-1)[:, :, None, None] >= 0  # not padding
+    lightest = np.where(real, per_chunk.sum(-1), np.inf).argmin(1)
     v = np.array([c for c, _ in keys]) / pp
     fill = _passes(np.take_along_axis(per_chunk, lightest[:, None, ..., None], 1)[:, 0] * v[:, None, None, None])
+    # rank r's first chunk is chunk r, plain or V: the chunks before it are the first r
+    before = np.moveaxis(np.cumsum(per_chunk[:, :pp], 1) - per_chunk[:, :pp], 1, -2)  # (q, mbs, recompute, r, FBW)
+    owner = np.array([[[stage_owner(c, pp, v_shaped) == r for c in range(chunks.shape[1])] for r in range(pp)]
+                      for _, v_shaped in keys])  # (placement, rank, chunk)
+    ranks = np.einsum("qrc,qcjk->qjkr", owner, np.where(real, per_chunk.sum(-1), 0.0))
     return PipelinePasses(_passes(slow), _passes(mean), fill, lead, top[:, 0] == 0, first, last, placement, by_rank,
-                          count, head)
+                          count, head, ranks, before[..., 0], before[..., 1] + before[..., 2])
 
 
 def _placement_keys(model: ModelSpec, shape: Shape) -> tuple[tuple, np.ndarray]:
