@@ -508,11 +508,19 @@ def pipeline_kernel_passes(model: ModelSpec, cluster: ClusterSpec, shape: Shape,
     fill = _passes(np.take_along_axis(per_chunk, lightest[:, None, ..., None], 1)[:, 0] * v[:, None, None, None])
     # rank r's first chunk is chunk r, plain or V: the chunks before it are the first r
     before = np.moveaxis(np.cumsum(per_chunk[:, :pp], 1) - per_chunk[:, :pp], 1, -2)  # (q, mbs, recompute, r, FBW)
-    owner = np.array([[[stage_owner(c, pp, v_shaped) == r for c in range(chunks.shape[1])] for r in range(pp)]
-                      for _, v_shaped in keys])  # (placement, rank, chunk)
-    ranks = np.einsum("qrc,qcjk->qjkr", owner, np.where(real, per_chunk.sum(-1), 0.0))
+    ranks = np.einsum("qrc,qcjk->qjkr", _owners(pp, keys, chunks.shape[1]), np.where(real, per_chunk.sum(-1), 0.0))
     return PipelinePasses(_passes(slow), _passes(mean), fill, lead, top[:, 0] == 0, first, last, placement, by_rank,
                           count, head, ranks, before[..., 0], before[..., 1] + before[..., 2])
+
+
+@lru_cache(maxsize=1024)
+def _owners(pp: int, keys: tuple, width: int) -> np.ndarray:
+    """(placement, rank, chunk): whether the rank holds the chunk, for `width` chunks (a placement's beyond its
+    own count are padding)."""
+    owner = np.array([[[stage_owner(c, pp, v_shaped) == r for c in range(width)] for r in range(pp)]
+                      for _, v_shaped in keys])
+    owner.flags.writeable = False
+    return owner
 
 
 def _placement_keys(model: ModelSpec, shape: Shape) -> tuple[tuple, np.ndarray]:
