@@ -103,12 +103,18 @@ def _order_graph(schedule: str, p: int, v: int, m: int) -> tuple[array, array, a
     size = p * v * m  # outputs: activations at [stage * m + mb], input gradients after them, weight gradients
     made = [-1] * (2 * size)  # the pass making each, -1 until it is placed (weight gradients feed nothing)
     graph, n = (array("i"), array("i"), array("i"), array("i")), 0
-    at, previous = [0] * p, [-1] * p
+    weight, after, first, second = (column.append for column in graph)
+    kind_index = {k: i for i, k in enumerate(KINDS)}
+    previous = [-1] * p
+    queues = [iter(order) for order in orders]
+    heads = [next(queue, None) for queue in queues]  # each rank's next pass, None once it has run them all
     total = sum(len(o) for o in orders)
     while n < total:
         before = n
-        for r, order in enumerate(orders):
-            for stage, kind, mb in order[at[r]:]:
+        for r, queue in enumerate(queues):
+            head = heads[r]
+            while head is not None:
+                stage, kind, mb = head
                 at_stage = stage * m + mb
                 if kind == "F":
                     a, b = (made[at_stage - m] if stage else n), n
@@ -119,14 +125,16 @@ def _order_graph(schedule: str, p: int, v: int, m: int) -> tuple[array, array, a
                     b = made[size + at_stage + m] if at_stage + m < size else n
                 if a < 0 or b < 0:
                     break
-                for column, x in zip(graph, (stage * 4 + KINDS.index(kind), previous[r], -1 if a == n else a,
-                                             -1 if b == n else b)):
-                    column.append(x)
+                weight(stage * 4 + kind_index[kind])
+                after(previous[r])
+                first(-1 if a == n else a)
+                second(-1 if b == n else b)
                 previous[r] = n
                 if kind != "W":
                     made[at_stage + (size if kind != "F" else 0)] = n
                 n += 1
-                at[r] += 1
+                head = next(queue, None)
+            heads[r] = head
         if n == before:
             raise ValueError(f"{schedule} with pp={p}, vpp={v}, {m} micro-batches deadlocks: an order waits on a "
                              "pass that never runs")
