@@ -376,8 +376,8 @@ def path_floor(kernels: "PipelinePasses", elementwise, vpp, m, backward_chain):
     """A step no pipeline of these chunks undercuts, whatever the order: each rank r starts once micro-batch 0's
     forward has crossed the r chunks before its first (chunk r), then works m times its passes; under GPipe,
     1F1B and interleaved (`backward_chain`), which run full backwards, its last pass (a backward) is followed by
-    that micro-batch's backward down the chunks before the one it ran, at least the same r. The latest rank's
-    floor; exact for even ranks, (p-1)/(v m). Element-wise work is alike on every rank, 1/v of it per chunk."""
+    that micro-batch's backward down the chunks before the one it ran, at least the same r. The latest of the
+    ranks' floors; exact for even ranks, (p-1)/(v m). Element-wise work is alike on every rank, 1/v a chunk."""
     r = np.arange(kernels.ranks.shape[-1])
     before = kernels.before_forward + np.where(backward_chain[:, None], kernels.before_backward, 0.0)
     share = np.where(backward_chain, 1.0, 1 / 3)  # without the chain, the forward's third
