@@ -118,7 +118,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     # Compute and communication on each kind of pipeline rank: the step waits for the slowest rank's passes and
     # for the rank whose collectives (its layers' TP, CP and EP, its gradients' reduction) show longest beyond them.
     ranks = distinct_rank_passes(model, cluster, layout, precision)
-    passes, others, lead = _slowest_and_others(ranks, layout.pp)
+    passes, _, lead = _slowest_and_others(ranks, layout.pp)
     elementwise = elementwise_seconds(model, cluster, layout, tokens, act_bytes)
     ledgers = [_rank_ledger(model, cluster, layout, r, p, m, lead, elementwise, tokens, act_bytes, precision)
                for r, _, p in ranks]
