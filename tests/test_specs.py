@@ -51,6 +51,9 @@ def test_bad_fields(tmp_path):
     path.write_text(json.dumps({"name": "x", "peak_flops_bf16": 1, "bogus": 3}))
     with pytest.raises(UserError, match="unknown field"):
         load_cluster(str(path))
+    path.write_text(json.dumps({"extends": "h100-80gb"}))  # the key a preset is based on is listed too
+    with pytest.raises(UserError, match=r"unknown field\(s\) extends; known: .*, base, "):
+        load_cluster(str(path))
     with pytest.raises(UserError, match="matmul_efficiency"):
         ClusterSpec(name="x", accelerator="x", peak_flops_bf16=1, peak_flops_fp8=0, peak_flops_fp32=0,
                     hbm_bytes=1, hbm_bandwidth=1, matmul_efficiency=1.5, tiers=(Tier("a", 0, 1, 0, 1),))

@@ -705,7 +705,7 @@ def load_cluster(name_or_path: str) -> ClusterSpec:
             data["software"] = {**asdict(preset.software), **data["software"]}
         data = {**{name: getattr(preset, name) for name in ClusterSpec.__dataclass_fields__}, **data}
     hint = "" if base else f'; give them, or start from a preset: base = "h100-80gb" (any of {", ".join(PRESETS)})'
-    return build(ClusterSpec, data, name_or_path, hint)
+    return build(ClusterSpec, data, name_or_path, hint, also_known=("base",))
 
 
 __all__ = ["ClusterSpec", "Software", "Tier", "PRESETS", "load_cluster"]

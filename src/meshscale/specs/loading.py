@@ -45,14 +45,15 @@ _ACCEPTS = {bool: (bool,), int: (int,), float: (int, float), str: (str,), tuple:
 _WHAT = {bool: "true or false", int: "an integer", float: "a number", str: "a string", tuple: "a list or a table"}
 
 
-def build(cls, fields: dict, source: str, missing_hint: str = ""):
-    """Construct dataclass `cls` from `fields`, naming unknown keys, missing required ones (then
-    `missing_hint`, what else the file could do) and mistyped values instead of raising TypeError (or failing
-    later, in a comparison)."""
+def build(cls, fields: dict, source: str, missing_hint: str = "", also_known: tuple = ()):
+    """Construct dataclass `cls` from `fields`, naming unknown keys (beside the fields, `also_known`: keys the
+    caller read itself), missing required ones (then `missing_hint`, what else the file could do) and mistyped
+    values instead of raising TypeError (or failing later, in a comparison)."""
     known = set(cls.__dataclass_fields__)
     unknown = sorted(set(fields) - known)
     if unknown:
-        raise UserError(f"{source}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        listed = ", ".join(sorted(known | set(also_known)))
+        raise UserError(f"{source}: unknown field(s) {', '.join(unknown)}; known: {listed}")
     missing = [name for name, f in cls.__dataclass_fields__.items()
                if f.default is MISSING and f.default_factory is MISSING and name not in fields]
     if missing:
