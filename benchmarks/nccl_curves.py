@@ -1,6 +1,6 @@
 """Published nccl-tests (and rccl-tests) bus-bandwidth curves against cost/collectives.py (all_reduce_perf unless
-a curve names another collective; in-place or out-of-place busbw as published, float sum). Each curve names its
-source, NCCL version and system.
+a curve names another collective; in-place or out-of-place busbw as published, float sum), and series of one
+message size across node counts (SCALING). Each names its source, NCCL version and system.
 Run: PYTHONPATH=src python benchmarks/nccl_curves.py [--plot docs/collectives.png]
 """
 
@@ -123,6 +123,61 @@ CURVES = (
 )
 
 
+@dataclass(frozen=True)
+class Scaling:
+    """One message size's bus bandwidth as the nodes grow: (GPUs, busbw GB/s) at `mib` MiB."""
+    name: str
+    source: str
+    cluster: str
+    mib: int
+    points: tuple
+    algorithms: tuple = ()
+    collective: str = "all_reduce"
+    gpus_per_process: int = 1
+
+    def at(self, gpus: int, busbw: float) -> Curve:
+        return Curve(self.name, self.source, self.cluster, gpus, ((self.mib, busbw),), self.algorithms,
+                     self.collective, gpus_per_process=self.gpus_per_process)
+
+
+# Two B200 clusters of 8-GPU nodes, eight 400 Gb/s InfiniBand NICs a node in use, SHARP (CollNet) aside
+# (togethercomputer/together-nccl-tests baselines/, 2026; busbw at the largest size each swept):
+# - flapping-airplanes (2026-05-11_nccl_collective_scaling_report.md, 0492bed; 64 nodes from the 2026-05-12 report):
+#   NCCL 2.28.9, one process for 8 GPUs (-g 8), 32 GiB. "NVLS" is NVLS on one node and NVLS-tree across them.
+# - use3a-ss, DGX Cloud (2026-05-02_nccl_collective_scaling_report.md, its re-run table): NCCL 2.29.7, a process
+#   per GPU, 16 GiB. Its rings lose 15% from 2 to 46 nodes where the other cluster's hold 388-390 GB/s to 32: the
+#   same parts, another fabric.
+# Both measure NCCL's tree (NCCL_ALGO=Tree) at 556, 335-339, then 191-196 GB/s from 4 nodes: about half of what
+# the model's double binary tree through every NIC gives (cost/collectives.py tree_net_busbw), where the three GB200
+# partitions of CURVES reach it. NCCL's tuner (graph channels 8 x its per-channel tree caps 70, 42.8, 24) agrees
+# with these and not with GB200's.
+SCALING = (
+    Scaling("B200 nodes, NCCL's pick with NVLS", "together-nccl-tests flapping-airplanes (NCCL 2.28.9)", "b200",
+            32768, ((8, 844.89), (16, 723.44), (32, 389.13), (64, 390.08), (128, 390.74), (256, 389.46),
+                    (496, 362.46)), ("nvls", "nvls_tree"), gpus_per_process=8),
+    Scaling("B200 nodes, ring", "together-nccl-tests flapping-airplanes (NCCL 2.28.9)", "b200", 32768,
+            ((8, 686.12), (16, 388.20), (32, 388.94), (64, 390.34), (128, 389.54), (256, 389.01), (496, 356.17),
+             (512, 389.81)), ("ring",), gpus_per_process=8),
+    Scaling("B200 nodes, tree", "together-nccl-tests flapping-airplanes (NCCL 2.28.9)", "b200", 32768,
+            ((8, 556.54), (16, 338.77), (32, 191.70), (64, 194.18), (128, 195.54), (256, 195.29), (496, 195.73)),
+            ("tree",), gpus_per_process=8),
+    Scaling("B200 nodes, all-gather", "together-nccl-tests flapping-airplanes (NCCL 2.28.9)", "b200", 32768,
+            ((8, 674.63), (16, 370.22), (32, 377.85), (64, 381.43), (128, 382.75), (256, 376.77), (496, 348.55)),
+            collective="all_gather", gpus_per_process=8),
+    Scaling("B200 DGX Cloud, NCCL's pick with NVLS", "together-nccl-tests use3a-ss (NCCL 2.29.7)", "b200", 16384,
+            ((8, 840.8), (16, 717.2), (32, 334.7), (64, 306.8), (128, 306.4), (256, 305.2), (368, 291.4)),
+            ("nvls", "nvls_tree")),
+    Scaling("B200 DGX Cloud, ring", "together-nccl-tests use3a-ss (NCCL 2.29.7)", "b200", 16384,
+            ((8, 679.0), (16, 344.7), (32, 334.8), (64, 322.6), (128, 306.3), (256, 304.4), (368, 291.4)),
+            ("ring",)),
+    Scaling("B200 DGX Cloud, tree", "together-nccl-tests use3a-ss (NCCL 2.29.7)", "b200", 16384,
+            ((16, 335.2), (32, 190.7), (64, 192.6), (128, 193.4), (256, 193.5), (368, 193.2)), ("tree",)),
+    Scaling("B200 DGX Cloud, all-gather", "together-nccl-tests use3a-ss (NCCL 2.29.7)", "b200", 16384,
+            ((8, 673.6), (16, 342.9), (32, 323.9), (64, 311.5), (128, 304.9), (256, 302.3), (368, 293.3)),
+            collective="all_gather"),
+)
+
+
 def predicted(curve: Curve, mib: float) -> tuple[float, str]:
     """(bus bandwidth GB/s, algorithm/protocol) the model gives one call of `mib` MiB."""
     cluster = load_cluster(curve.cluster)
@@ -147,18 +202,30 @@ def errors(curve: Curve) -> list[tuple]:
     return out
 
 
+def scaling_errors(series: Scaling) -> list[tuple]:
+    """[(GPUs, measured GB/s, predicted GB/s, error, algorithm/protocol)] of a series."""
+    return [(gpus, *errors(series.at(gpus, busbw))[0][1:]) for gpus, busbw in series.points]
+
+
+def report(c: Curve | Scaling, held: str, rows: list[tuple], unit: str) -> None:
+    """Print one curve or series: its header (what was held, its worst error) and a line per point."""
+    worst = max(abs(e) for *_, e, _ in rows)
+    launch = f", one process for {c.gpus_per_process} GPUs" if c.gpus_per_process > 1 else ""
+    print(f"\n{c.name} ({c.collective}, {held}{launch}, {c.source}): worst {worst:.0%}")
+    for x, measured, busbw, err, option in rows:
+        print(f"  {x:6d} {unit} measured {measured:7.1f}  model {busbw:7.1f} GB/s  {err:+6.1%}  {option}")
+
+
 if __name__ == "__main__":
     for curve in CURVES:
-        rows = errors(curve)
-        worst = max(abs(e) for *_, e, _ in rows)
-        launch = f", one process for {curve.gpus_per_process} GPUs" if curve.gpus_per_process > 1 else ""
-        print(f"\n{curve.name} ({curve.collective}, {curve.devices} GPUs{launch}, {curve.source}): worst {worst:.0%}")
-        for mib, measured, busbw, err, option in rows:
-            print(f"  {mib:6d} MiB  measured {measured:7.1f}  model {busbw:7.1f} GB/s  {err:+6.1%}  {option}")
+        report(curve, f"{curve.devices} GPUs", errors(curve), "MiB ")
+    for series in SCALING:
+        report(series, f"{series.mib} MiB", scaling_errors(series), "GPUs")
     if "--plot" in sys.argv:
         from meshscale.plots import _pyplot, _save
         plt = _pyplot()
-        fig, axes = plt.subplots(4, 5, figsize=(20, 14))
+        panels = len(CURVES) + len(SCALING)
+        fig, axes = plt.subplots(-(-panels // 5), 5, figsize=(20, 3.5 * -(-panels // 5)))
         for ax, c in zip(axes.flat, CURVES):
             sizes = [2**i * M for i in range(15)]
             rows = [(s, predicted(c, s / M)[0]) for s in sizes]
@@ -166,6 +233,12 @@ if __name__ == "__main__":
             ax.plot([m * M for m, _ in c.points], [g for _, g in c.points], "x", label="nccl-tests")
             ax.set_xscale("log", base=2), ax.set_title(f"{c.name} ({c.devices})", fontsize=9)
             ax.set_xlabel("bytes"), ax.set_ylabel("busbw GB/s"), ax.legend(fontsize=7)
-        for ax in axes.flat[len(CURVES):]:
+        for ax, series in zip(axes.flat[len(CURVES):], SCALING):
+            rows = scaling_errors(series)
+            ax.plot([g for g, *_ in rows], [p for _, _, p, *_ in rows], "-", label="model")
+            ax.plot([g for g, *_ in rows], [m for _, m, *_ in rows], "x", label="nccl-tests")
+            ax.set_xscale("log", base=2), ax.set_title(f"{series.name} ({series.mib // 1024} GiB)", fontsize=9)
+            ax.set_xlabel("GPUs"), ax.set_ylabel("busbw GB/s"), ax.legend(fontsize=7)
+        for ax in axes.flat[panels:]:
             ax.axis("off")
         _save(fig, sys.argv[sys.argv.index("--plot") + 1])

@@ -543,7 +543,8 @@ def _tpu(name, accel, bf16, hbm, hbm_bw, ici_axis, dcn, torus, price, host, eff=
 # NVLink5 ring 680 of 900 GB/s at 8 GiB on a GB200 tray (Azure/AI-benchmarking-guide ND_GB200_v6_results.md,
 # NCCL 2.25.1, NCCL_ALGO=Ring: 0.76, B200's too). NVLS (NVLink SHARP) all-reduce ceilings: 8 H100/H200 ~480
 # GB/s (NCCL's maintainer in NVIDIA/nccl-tests#212; Azure ND_H200_v5_results.md 8 GiB: 480), 72 GB200
-# 835-847 GB/s at 4-8 GiB (coreweave/nccl-tests#43); B200 has no published NVLS figure: none charged.
+# 835-847 GB/s at 4-8 GiB (coreweave/nccl-tests#43); 8 B200 840.6-844.9 at 16-32 GiB on two clusters
+# (togethercomputer/together-nccl-tests baselines/use3a-ss and flapping-airplanes, NCCL 2.29.7 and 2.28.9).
 # fp8_gemm_speedup per generation: the sustained FP8 GEMM rate over the preset's sustained BF16 one, where a
 # soaked FP8 scan exists: Azure's AI-benchmarking-guide, cuBLASLt FP8 after 10,000 warm-up launches, 16384^3
 # (the shape of A100's figure): H100 1377.3 TFLOP/s over 0.711 x 989 = 703.2, 1.959 (H800: the same silicon);
@@ -600,7 +601,7 @@ PRESETS: dict[str, ClusterSpec] = {
     # the 1440 GB system), 148 SMs, NVLink5 1.8 TB/s bidirectional (900 one way), 8x ConnectX-7 400 Gb/s.
     "b200": _gpu("b200", "B200-180GB", 2.25e15, 4.5e15, 75e12, 180 * GB, 8e12, 0.640,
                  900 * GB, 8, 50 * GB, 5.0, 148, 0.404, nvlink_eff=0.76, gpu_arch="blackwell", fp8_gemm_speedup=1.97,
-                 mxfp8_gemm_share=MXFP8_GEMM_SHARE),
+                 nvls_bandwidth=840 * GB, mxfp8_gemm_share=MXFP8_GEMM_SHARE),
     # GB200 NVL72 datasheet: 72 GPUs in one NVLink domain, 2.5 PFLOP/s bf16 dense, 5 fp8 per GPU,
     # 186 GB HBM3e at 8 TB/s, NVLink5 900 GB/s one way. Across racks a ConnectX-7 400 Gb/s NIC (50 GB/s) per GPU:
     # "4x NVIDIA ConnectX-7 single port 400G OSFP NIC" per 4-GPU compute tray (DGX GB200 user guide, Hardware);
@@ -613,10 +614,10 @@ PRESETS: dict[str, ClusterSpec] = {
     # as B200; FP4 is what grew), 288 GB HBM3e at 8 TB/s, NVLink5 900 GB/s one way, ConnectX-8 800 Gb/s (100 GB/s)
     # per GPU; GB300 NVL72: 72 GPUs, 2.5 PFLOP/s bf16 dense and 5 fp8 per GPU, 288 GB at 8 TB/s). Blackwell
     # Ultra has 160 SMs. B300's BF16 MAMF (1769) is within 1% of B200's, so B200's GEMM and attention fractions
-    # stand, and GB200's for GB300; no NVLink or NVLS figures yet: B200's (GB200's NVLS ceiling, the same NVLink
-    # switch system) stand in; no price or power on record.
+    # stand, and GB200's for GB300; no NVLink or NVLS figures yet: B200's and GB200's (the same NVLink switch
+    # system) stand in; no price or power on record.
     "b300": _gpu("b300", "B300-288GB", 2.25e15, 4.5e15, 75e12, 288 * GB, 8e12, 0.640, 900 * GB, 8, 100 * GB, 0.0,
-                 160, 0.404, nvlink_eff=0.76, gpu_arch="blackwell", fp8_gemm_speedup=1.90,
+                 160, 0.404, nvlink_eff=0.76, gpu_arch="blackwell", fp8_gemm_speedup=1.90, nvls_bandwidth=840 * GB,
                  mxfp8_gemm_share=MXFP8_GEMM_SHARE),
     "gb300-nvl72": _gpu("gb300-nvl72", "GB300", 2.5e15, 5e15, 80e12, 288 * GB, 8e12, 0.599, 900 * GB, 72, 100 * GB,
                         0.0, 160, 0.378, nvlink_eff=0.76, gpu_arch="blackwell", nvls_bandwidth=840 * GB,
