@@ -142,7 +142,7 @@ class Scaling:
 
 # Two B200 clusters of 8-GPU nodes, eight 400 Gb/s InfiniBand NICs a node in use, SHARP (CollNet) aside
 # (togethercomputer/together-nccl-tests baselines/, 2026; busbw at the largest size each swept):
-# - flapping-airplanes (2026-05-11_nccl_collective_scaling_report.md, 0492bed; 64 nodes from the 2026-05-12 report):
+# - flapping-airplanes (2026-05-11_nccl_collective_scaling_report.md, 62 nodes; 64 from the 2026-05-12 report):
 #   NCCL 2.28.9, one process for 8 GPUs (-g 8), 32 GiB. "NVLS" is NVLS on one node and NVLS-tree across them.
 # - use3a-ss, DGX Cloud (2026-05-02_nccl_collective_scaling_report.md, its re-run table): NCCL 2.29.7, a process
 #   per GPU, 16 GiB. Its rings lose 15% from 2 to 46 nodes where the other cluster's hold 388-390 GB/s to 32: the
@@ -154,16 +154,16 @@ class Scaling:
 SCALING = (
     Scaling("B200 nodes, NCCL's pick with NVLS", "together-nccl-tests flapping-airplanes (NCCL 2.28.9)", "b200",
             32768, ((8, 844.89), (16, 723.44), (32, 389.13), (64, 390.08), (128, 390.74), (256, 389.46),
-                    (496, 362.46)), ("nvls", "nvls_tree"), gpus_per_process=8),
+                    (496, 362.46), (512, 389.72)), ("nvls", "nvls_tree"), gpus_per_process=8),
     Scaling("B200 nodes, ring", "together-nccl-tests flapping-airplanes (NCCL 2.28.9)", "b200", 32768,
             ((8, 686.12), (16, 388.20), (32, 388.94), (64, 390.34), (128, 389.54), (256, 389.01), (496, 356.17),
              (512, 389.81)), ("ring",), gpus_per_process=8),
     Scaling("B200 nodes, tree", "together-nccl-tests flapping-airplanes (NCCL 2.28.9)", "b200", 32768,
-            ((8, 556.54), (16, 338.77), (32, 191.70), (64, 194.18), (128, 195.54), (256, 195.29), (496, 195.73)),
-            ("tree",), gpus_per_process=8),
+            ((8, 556.54), (16, 338.77), (32, 191.70), (64, 194.18), (128, 195.54), (256, 195.29), (496, 195.73),
+             (512, 195.90)), ("tree",), gpus_per_process=8),
     Scaling("B200 nodes, all-gather", "together-nccl-tests flapping-airplanes (NCCL 2.28.9)", "b200", 32768,
-            ((8, 674.63), (16, 370.22), (32, 377.85), (64, 381.43), (128, 382.75), (256, 376.77), (496, 348.55)),
-            collective="all_gather", gpus_per_process=8),
+            ((8, 674.63), (16, 370.22), (32, 377.85), (64, 381.43), (128, 382.75), (256, 376.77), (496, 348.55),
+             (512, 380.15)), collective="all_gather", gpus_per_process=8),
     Scaling("B200 DGX Cloud, NCCL's pick with NVLS", "together-nccl-tests use3a-ss (NCCL 2.29.7)", "b200", 16384,
             ((8, 840.8), (16, 717.2), (32, 334.7), (64, 306.8), (128, 306.4), (256, 305.2), (368, 291.4)),
             ("nvls", "nvls_tree")),
