@@ -104,6 +104,11 @@ CURVES = (
     # togethercomputer/together-nccl-tests benchmarks/H100/results/20260305_220043 (0492bed): one H100 server, NCCL
     # 2.26.2, NVLS on and NCCL_ALGO unset, out-of-place busbw. One process drives all 8 GPUs (-g 8), launching each
     # GPU's kernel in turn: every call takes ~40 us or more (flat from 1 to 8 MiB), which a process per GPU does not pay
+    # The same run's all_reduce_perf with NCCL_ALGO=Ring (all_reduce_ring.out): the launch floor holds to 256 KiB
+    Curve("H100 x8 all-reduce, ring", "together-nccl-tests H100 (NCCL 2.26.2)", "h100-80gb", 8,
+          ((1, 39.44), (2, 87.26), (4, 138.26), (8, 182.39), (16, 231.88), (32, 274.45), (64, 318.55), (128, 334.33),
+           (256, 347.64), (512, 355.65), (1024, 360.07), (2048, 363.84), (4096, 366.72), (8192, 368.09)), ("ring",),
+          gpus_per_process=8),
     Curve("H100 x8 all-gather", "together-nccl-tests H100 (NCCL 2.26.2)", "h100-80gb", 8,
           ((1, 21.84), (2, 36.78), (4, 85.37), (8, 154.20), (16, 211.42), (32, 232.99), (64, 279.91), (128, 298.93),
            (256, 317.84), (512, 333.92), (1024, 344.82), (2048, 350.11), (4096, 354.22), (8192, 358.21)),
