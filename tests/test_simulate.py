@@ -12,9 +12,9 @@ from meshscale.cli import main
 from meshscale.cost import predict
 from meshscale.cost.kernels import Passes
 from meshscale.cost.pipeline import bubble_ratio, makespan, schedule_bubble, steady
+from meshscale.cost.schedule import pass_seconds, rank_orders
 from meshscale.cost.step import chunk_passes, distinct_rank_passes, pipeline_passes
 from meshscale.runtime.measure.trace import chrome_trace
-from meshscale.cost.schedule import pass_seconds, rank_orders
 from meshscale.sim import engine
 from meshscale.sim.measured import gaps, read_trace, replay
 from meshscale.sim.step import simulate

@@ -71,6 +71,10 @@ class Shape:
         """Per schedule: whether it is one of `names`."""
         return np.array([n in names for n, _ in self.schedules])
 
+    def vpps(self) -> np.ndarray:
+        """Per schedule: its chunks per rank."""
+        return np.array([v for _, v in self.schedules])
+
     def layout(self, **choices) -> Layout:
         """The Layout of this shape's tp, cp, dp, ep and etp with `choices` (the rest at their defaults): what
         Layout derives from them (edp, dispatch_split) is read from it, not written again."""
@@ -317,7 +321,7 @@ def host_wait_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     x = np.where(kernels.count > 0, np.maximum(kernels.totals + elementwise[:, None], host), 0.0)
     x_fill = np.maximum(kernels.fill.total + elementwise, fill_host)
     even = ~shape.schedule_is(*ZERO_BUBBLE_SCHEDULES)[rows.schedule]
-    vpp = np.array([v for _, v in shape.schedules])[rows.schedule]
+    vpp = shape.vpps()[rows.schedule]
     last = np.take_along_axis(x, kernels.head[:, None], 1)[:, 0]
     most = m * x.max(1)
     return most, np.where(even, np.maximum(last_rank_floor(shape.pp, vpp, m, last, x_fill / vpp) - most, 0.0), 0.0)
@@ -367,7 +371,7 @@ def bubble_floor(shape: Shape, rows: Rows, kernels: "PipelinePasses", elementwis
         fill = _with_elementwise(kernels.fill, elementwise)
         ratio = np.where(short, np.minimum(ratio, zero_bubble_floor(*args, fill)), ratio)
     even = ~shape.schedule_is(*ZERO_BUBBLE_SCHEDULES)[k_i]
-    vpp = np.array([v for _, v in shape.schedules])[k_i]
+    vpp = shape.vpps()[k_i]
     path = path_floor(kernels, elementwise, vpp, m, even) / (m * slowest.total) - 1
     return np.maximum(np.where(even, path, np.maximum(ratio, path)), 0.0)
 

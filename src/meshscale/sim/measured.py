@@ -21,9 +21,9 @@ import json
 import statistics
 from dataclasses import dataclass, replace
 
+from meshscale.cost.schedule import inputs, output, rank_orders
 from meshscale.errors import UserError
 from meshscale.sim import engine
-from meshscale.cost.schedule import inputs, output, rank_orders
 from meshscale.specs.layout import Layout
 from meshscale.specs.placement import stage_owner
 

@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from meshscale.cost import predict
 from meshscale.cost.comm import Overlap
 from meshscale.cost.overhead import shared_cores
+from meshscale.cost.schedule import inputs, output, pass_seconds, rank_orders
 from meshscale.cost.step import chunk_passes, control_seconds, exposed_seconds, rank_passes
 from meshscale.errors import UserError
 from meshscale.sim import engine
-from meshscale.cost.schedule import inputs, output, pass_seconds, rank_orders
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import Layout, check_against, split_layers
 from meshscale.specs.model import ModelSpec
