@@ -4,6 +4,7 @@ message size across node counts (SCALING). Each names its source, NCCL version a
 Run: PYTHONPATH=src python benchmarks/nccl_curves.py [--plot docs/collectives.png]
 """
 
+import re
 import sys
 from dataclasses import dataclass, replace
 
@@ -153,9 +154,10 @@ class Scaling:
 #   per GPU, 16 GiB. Its rings lose 15% from 2 to 46 nodes where the other cluster's hold 388-390 GB/s to 32: the
 #   same parts, another fabric.
 # Both measure NCCL's tree (NCCL_ALGO=Tree) at 556, 335-339, then 191-196 GB/s from 4 nodes: about half of what
-# the model's double binary tree through every NIC gives (cost/collectives.py tree_net_busbw), where the three GB200
-# partitions of CURVES reach it. NCCL's tuner (graph channels 8 x its per-channel tree caps 70, 42.8, 24) agrees
-# with these and not with GB200's.
+# a double binary tree through every NIC reaches (cost/collectives.py tree_net_busbw), and NCCL's tuner's cap on
+# these releases: its search's 8 channels, one a NIC, x 2.28's Blackwell tree rates 70, 42.8, 24 GB/s
+# (collectives.search_channels). The three GB200 partitions of CURVES ran 2.27.3, whose rates were 2.8x higher
+# from 4 nodes, and reach their NICs' rate. Each curve is costed at the NCCL release its source names.
 SCALING = (
     Scaling("B200 nodes, NCCL's pick with NVLS", "together-nccl-tests flapping-airplanes (NCCL 2.28.9)", "b200",
             32768, ((8, 844.89), (16, 723.44), (32, 389.13), (64, 390.08), (128, 390.74), (256, 389.46),
@@ -186,6 +188,9 @@ SCALING = (
 def predicted(curve: Curve, mib: float) -> tuple[float, str]:
     """(bus bandwidth GB/s, algorithm/protocol) the model gives one call of `mib` MiB."""
     cluster = load_cluster(curve.cluster)
+    release = re.search(r"NCCL (\d+\.\d+)", curve.source)  # the run's NCCL (Blackwell's tuner rows moved in 2.28)
+    if release:
+        cluster = replace(cluster, software=replace(cluster.software, nccl=release.group(1)))
     if curve.domain:
         cluster = replace(cluster, tiers=(replace(cluster.tiers[0], size=curve.domain), *cluster.tiers[1:]))
     link = comm.group_link(cluster, curve.devices, curve.devices, 1)

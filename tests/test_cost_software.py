@@ -258,6 +258,8 @@ def test_megatron_buckets_once_without_overlap_and_off_the_first_stage():
                                               ({"metric_cross_entropies": 1.5}, "metric_cross_entropies must be"),
                                               ({"low_precision_norm": "yes"}, "low_precision_norm must be"),
                                               ({"attention_unpad": 1}, "attention_unpad must be"),
+                                              ({"nccl": "2.x"}, 'nccl must be an NCCL release as "major.minor"'),
+                                              ({"nccl": 2.27}, "nccl must be"),
                                               ({"bucket_cap_mb": 25}, "unknown field(s) bucket_cap_mb")])
 def test_bad_bucket_knobs_are_one_line(tmp_path, software, needle):
     path = tmp_path / "c.json"

@@ -6,7 +6,9 @@ After a header of `#` lines, among them one per rank (`#  Rank  0 Group  0 Pid 6
 the run prints one line a message size, out-of-place figures then in-place ones:
          size     count   type  redop  root   time  algbw  busbw  #wrong   time  algbw  busbw  #wrong
 Older releases print no root column (NVIDIA/nccl-tests#100, 2021). We read the out-of-place bus bandwidth, and
-from the header's `# nThread 1 nGpus 8 ...` how many GPUs each process drove (`-t` threads x `-g` GPUs a thread).
+from the header's `# nThread 1 nGpus 8 ...` how many GPUs each process drove (`-t` threads x `-g` GPUs a thread)
+and, where newer releases print it (`# nccl-tests version 2.17.9 nccl-headers=22602 nccl-library=22602`), the
+NCCL release it ran (NCCL_VERSION_CODE: major x 10000 + minor x 100 + patch).
 """
 
 import re
@@ -17,6 +19,7 @@ from meshscale.errors import UserError
 _STARTING = re.compile(r"^#\s*Collective test starting:\s*(\S+?)_perf\b", re.M)
 _RANK = re.compile(r"^#\s*Rank\s+(\d+)\s", re.M)
 _THREADS_GPUS = re.compile(r"^#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)", re.M)
+_LIBRARY = re.compile(r"\bnccl-library=(\d{5,})\b")
 # the binaries' names for the collectives the cost model has
 COLLECTIVES = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
                "alltoall": "all_to_all"}
@@ -28,6 +31,7 @@ class Run:
     ranks: int | None  # from its rank lines; None where it prints none
     points: tuple  # ((bytes, out-of-place busbw GB/s), ...) in the order printed
     gpus_per_process: int = 1  # nThread x nGpus of its header (1 where it prints none)
+    nccl: str = ""  # the NCCL release it ran, "major.minor" ("" where the header does not say)
 
 
 def parse(text: str, name: str) -> Run:
@@ -49,8 +53,10 @@ def parse(text: str, name: str) -> Run:
                         "found; give the stdout of an all_reduce_perf, all_gather_perf, reduce_scatter_perf or "
                         "alltoall_perf run")
     per_process = _THREADS_GPUS.search(text)
+    library = _LIBRARY.search(text)
     return Run(COLLECTIVES[tests[0]] if tests else None, max(ranks) + 1 if ranks else None, points,
-               int(per_process[1]) * int(per_process[2]) if per_process else 1)
+               int(per_process[1]) * int(per_process[2]) if per_process else 1,
+               f"{int(library[1]) // 10000}.{int(library[1]) // 100 % 100}" if library else "")
 
 
 def _point(line: str) -> tuple[int, float] | None:

@@ -3,6 +3,7 @@ size, laid out as nccl-tests prints them; with `--measured`, beside your own ncc
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from statistics import median
 
@@ -26,7 +27,7 @@ def add_arguments(p):
     p.add_argument("--json", action="store_true", help="print one JSON object: cluster, devices, collective and "
                    "rows of {collective, bytes, seconds, busbw_GBps, algorithm} (with --measured also "
                    "measured_busbw_GBps and error, predicted / measured - 1, and the log's "
-                   "measured_gpus_per_process)")
+                   "measured_gpus_per_process and measured_nccl, the release it ran, which the model then takes)")
     p.add_argument("--plot", metavar="FILE.png", help="draw bus bandwidth against message size (and --measured's)")
     p.add_argument("--overwrite", action="store_true", help="allow replacing an existing --plot file")
 
@@ -88,6 +89,8 @@ def run(args) -> int:
         raise UserError(f"--devices {devices}: a collective needs at least 2 devices")
     sizes = [b for b, _ in measured.points] if measured else parse_sizes(args.sizes or DEFAULT_SIZES)
     cluster = load_cluster(args.cluster)
+    if measured and measured.nccl:  # model the release the run used (Blackwell's tuner rows moved in 2.28)
+        cluster = replace(cluster, software=replace(cluster.software, nccl=measured.nccl))
     rows = curve(cluster, devices, collective, sizes)
     if measured:
         for row, (_, busbw) in zip(rows, measured.points):
@@ -100,7 +103,7 @@ def run(args) -> int:
         out = {"schema_version": SCHEMA_VERSION, "cluster": cluster.name, "devices": devices,
                "collective": collective, "rows": rows}
         if measured:
-            out["measured_gpus_per_process"] = measured.gpus_per_process
+            out.update(measured_gpus_per_process=measured.gpus_per_process, measured_nccl=measured.nccl)
         print(json.dumps(out))
         return 0
     _print(rows, collective, devices, cluster.name, args.measured)

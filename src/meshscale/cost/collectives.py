@@ -4,17 +4,19 @@
 NCCL picks, per call, the (algorithm, protocol) its tuner predicts fastest, time = latency + bytes /
 bandwidth (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel and ncclTopoGetAlgoTime). We take the same
 structure and constants, those of NCCL 2.20.5 (v2.20.5-1, the release of the DGX H100 measurements below;
-Blackwell's rows from master 5067397c, 2026): a base latency per algorithm and protocol, a latency per hop
-that depends on what the hop crosses (an NVLink hop is not a network hop; inter-domain ring steps pay the
-network's), protocol bandwidth ceilings (LL moves 8 data bytes in 16 and is capped per GPU generation,
-LL128 120 in 128, per-channel caps), the tree's and NVLS's shapes. Departures, each from nccl-tests:
+Blackwell's rows from master 5067397c, 2026, before 2.28 v2.27.7's): a base latency per algorithm and protocol,
+a latency per hop that depends on what the hop crosses (an NVLink hop is not a network hop; inter-domain ring
+steps pay the network's), protocol bandwidth ceilings (LL moves 8 data bytes in 16 and is capped per GPU
+generation, LL128 120 in 128, per-channel caps), the tree's and NVLS's shapes. Departures, each from nccl-tests:
 - the bus bandwidth of a link is nccl-tests' measured ceiling (specs/cluster.py: bandwidth x efficiency),
   not NCCL's topology-search estimate, and NVLS's is its own measured ceiling (ClusterSpec.nvls_bandwidth);
 - NVLS runs in chunks (`nvls_seconds`): NCCL picks it by the tuner's constant 23 us, but its time grows with the
   chunk NCCL cuts the message into and with the ranks the pipeline fills over (~40 us on 8 H100 at 1 MiB,
   ~550 us on 72 GB200 at 512 MiB); NVLS-tree between domains likewise, in NCCL 2.26's chunks (`nvls_tree_seconds`);
 - a tree's pipeline fills over its chain and levels, up and down, before its rate holds (`tree_seconds`): ~50 us on
-  4 H100 nodes at 1-4 MiB, 0.1-0.2 ms on 16-512 nodes at 16-32 MiB, ~9 ms on 20 NVL72 racks with NVLS off.
+  4 H100 nodes at 1-4 MiB, 0.1-0.2 ms on 16-512 nodes at 16-32 MiB, ~9 ms on 20 NVL72 racks with NVLS off;
+- NCCL's tree is as fast as its tuner's cap between nodes: its search's channels (one a NIC) x the per-channel
+  rate, as two B200 clusters measure it; Blackwell's rates are the release's ([software] nccl: 2.28 lowered them).
 Where this misses the curves (benchmarks/nccl_curves.py) is stated there and in the README.
 
 Pure Python, no torch; used by cost/comm.py for GPU clusters (ClusterSpec.gpu_arch set).
@@ -43,6 +45,11 @@ TREE_LL128_PER_CHANNEL = {"volta": (20.0,) * 3, "ampere": (20.0,) * 3, "hopper":
 TREE_PER_CHANNEL = {"volta": (26.5, 18.5, 10.0), "ampere": (24.0, 23.6, 17.8), "hopper": (38.7, 41.4, 36.0),
                     "blackwell": (70.0, 42.8, 24.0)}
 NVLS_TREE_PER_CHANNEL = {"hopper": (0.0, 57.7, 45.5), "blackwell": (0.0, 96.0, 80.0)}
+# Blackwell's rows before NCCL 2.28 (v2.27.7 tuning.cc: twice Hopper's). 2.28.3 lowered them to those above as it
+# cut Blackwell's thread blocks a collective from 32 to 16 (its release notes: "Decreased max CTA count from 32 to
+# 16 on Blackwell ... may cause some perf drop"); two B200 clusters on 2.28.9 and 2.29.7 run NCCL's tree at the
+# new rows (benchmarks/nccl_curves.py SCALING), GB200 partitions on 2.27.3 above them (CURVES).
+BLACKWELL_BEFORE_2_28 = {"ring_ll128": (73.4,) * 3, "tree_ll128": (73.4, 73.4, 58.0), "tree": (77.4, 82.8, 72.0)}
 # Trees' measured shortfall at medium sizes, by log2(bytes / 64) (treeCorrectionFactor)
 TREE_CORRECTION = (
     (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
@@ -68,7 +75,7 @@ TREE_CHUNK = {"LL": 32768, "LL128": 576000, "Simple": 524288}
 # threads x NCCL_*_THREAD_THRESHOLD, LL 512 x 8, LL128 640 x 8, Simple 512 x 64 bytes)
 CHANNEL_MIN_BYTES = {"LL": 4096, "LL128": 5120, "Simple": 32768}
 # Channels NCCL opens for collectives on these systems (NCCL_DEBUG=INFO "coll channels" on DGX A100 / H100 /
-# B200 and GB200 trays); the per-channel caps above scale with them.
+# B200 and GB200 trays): inside one NVLink domain the per-channel caps above scale with them (search_channels).
 CHANNELS = {"volta": 12, "ampere": 24, "hopper": 24, "blackwell": 32}
 
 
@@ -87,10 +94,43 @@ class Fabric:
     intra_busbw: float = 0.0  # GB/s of the NVLink domain, where `busbw` is the network's share; 0: busbw
     intra: str = "nvlink"
     host: str = "intel"
+    nccl: tuple = (2, 29)  # the NCCL release, (major, minor): Blackwell's tuner rows changed in 2.28
 
     @property
     def ranks(self) -> int:
         return self.ppn * self.nodes
+
+
+def per_channel(fabric: Fabric, algorithm: str) -> tuple:
+    """NCCL's per-channel bandwidth caps (GB/s; 1, 2, more domains) of "ring_ll128", "tree_ll128" or "tree" for
+    the fabric's GPUs and NCCL release."""
+    if fabric.arch == "blackwell" and fabric.nccl < (2, 28):
+        return BLACKWELL_BEFORE_2_28[algorithm]
+    return {"ring_ll128": RING_LL128_PER_CHANNEL, "tree_ll128": TREE_LL128_PER_CHANNEL,
+            "tree": TREE_PER_CHANNEL}[algorithm][fabric.arch]
+
+
+def search_channels(fabric: Fabric) -> int:
+    """The channels NCCL's topology search gives a ring or tree, which its tuner multiplies by the per-channel
+    caps (ncclTopoTuneModel: graphs[a]->nChannels x perChMax*Bw). Inside one domain, CHANNELS. Between domains one
+    a NIC (a NIC a GPU on these systems), doubled (src/graph/search.cc ncclTopoDupChannels) unless the GPUs are
+    newer than Ampere, a channel runs under 50 GB/s (400 Gb/s NICs: the search's 48) and there are more than 4;
+    at most 32 (MAXCHANNELS / 2). So 8 between HGX H100 or B200 nodes, where NCCL's tree runs at 8 x its 2.28
+    Blackwell caps: 342 and 192 GB/s against 335-339 and 191-196 measured on two and more B200 nodes (and 8 x
+    70 = 560 against 556 on one, where NCCL_DEBUG's 32 channels leave the model's tree at 622)."""
+    if fabric.nodes == 1:
+        return CHANNELS[fabric.arch]
+    undoubled = fabric.arch not in ("volta", "ampere") and (fabric.net_busbw or fabric.busbw) < 50 and fabric.ppn > 4
+    return min(32, fabric.ppn if undoubled else 2 * fabric.ppn)
+
+
+def run_channels(fabric: Fabric) -> int:
+    """The channels a ring or tree runs on: the search's, doubled between domains from Hopper on while under 16
+    (src/graph/connect.cc: "Use 4 compute channels per search channel to reach peak BW"), so 16 on HGX nodes."""
+    channels = search_channels(fabric)
+    if fabric.nodes > 1 and fabric.arch in ("hopper", "blackwell") and channels < 16:
+        return 2 * channels
+    return channels
 
 
 def p2p_blocks(fabric: Fabric) -> int:
@@ -119,7 +159,7 @@ def options(collective: str, fabric: Fabric) -> tuple:
     algorithm bandwidth x its collective's factor (2(n-1)/n for all-reduce, (n-1)/n for all-gather /
     reduce-scatter). The two bandwidths differ only for trees between domains."""
     f, n = fabric, fabric.ranks
-    i, ch = _index(f.nodes), CHANNELS[f.arch]
+    i, ch = _index(f.nodes), search_channels(f)
     ll_cap = LL_MAX_BW[f.arch][i] if f.nodes == 1 else LL_MAX_BW_HOST["amd" if f.host == "amd" else "intel"][i]
     nsteps = _steps(collective, n)
     inter_steps = 0 if f.nodes == 1 else 2 * f.nodes if collective == "all_reduce" else f.nodes - 1
@@ -133,7 +173,7 @@ def options(collective: str, fabric: Fabric) -> tuple:
         lat = BASE_LATENCY_US["ring"][p] + (nsteps - inter_steps) * intra + inter_steps * inter
         ll = .25 if (f.nodes > 1 or collective == "all_reduce") else 1 / 3
         bw = {"LL": min(ll_cap, f.busbw * ll),
-              "LL128": min(f.busbw * (.7 if f.ppn < 2 else .92), ch * RING_LL128_PER_CHANNEL[f.arch][i]),
+              "LL128": min(f.busbw * (.7 if f.ppn < 2 else .92), ch * per_channel(f, "ring_ll128")[i]),
               "Simple": f.busbw}[proto]
         if proto == "Simple" and collective == "all_reduce" and f.nodes > 1:
             lat *= 1.4 if f.arch != "volta" else 1.9  # "plateau effect of ring" (ncclTopoGetAlgoTime)
@@ -147,7 +187,7 @@ def options(collective: str, fabric: Fabric) -> tuple:
         # its channels; what the network lets it reach depends on how many domains it spans (tree_net_busbw)
         tuner = (f.intra_busbw if f.nodes <= 2 and f.intra_busbw else f.busbw) * .92
         real = min(_tree_domain_busbw(f), tree_net_busbw(f)) if f.nodes > 1 else tuner
-        tuner, real = (_tree_protocol(proto, min(bw, ch * TREE_PER_CHANNEL[f.arch][i]), f, ll_cap) for bw in
+        tuner, real = (_tree_protocol(proto, min(bw, ch * per_channel(f, "tree")[i]), f, ll_cap) for bw in
                        (tuner, real))
         out.append(("tree", proto, lat * 1e-6, tuner * 1e9, real * 1e9))
     if collective == "all_reduce" and f.nvls_busbw and f.ppn > 2:
@@ -159,16 +199,16 @@ def options(collective: str, fabric: Fabric) -> tuple:
         else:  # NVLS inside each domain, a tree between them (two domains: both trees' links, master's rule);
             # the tuner's latency: 23 us for NVLink, 14 a tree level up and down (nvls_tree_seconds: what it takes)
             lat = NVLS_BASE_LATENCY_US + 2 * _log2i(f.nodes) * HOP_LATENCY_US["net"]["nvls_tree"][2]
-            bw = min(f.nvls_busbw, tree_net_busbw(f), ch * NVLS_TREE_PER_CHANNEL[f.arch][i])
+            bw = min(f.nvls_busbw, tree_net_busbw(f), CHANNELS[f.arch] * NVLS_TREE_PER_CHANNEL[f.arch][i])
             out.append(("nvls_tree", "Simple", lat * 1e-6, bw * 1e9, bw * 1e9))
     return tuple(out)
 
 
 def _tree_protocol(proto: str, bw: float, f: Fabric, ll_cap: float) -> float:
     """A tree's bus bandwidth (GB/s) in `proto`, from its Simple one."""
-    i, ch = _index(f.nodes), CHANNELS[f.arch]
+    i, ch = _index(f.nodes), search_channels(f)
     return {"LL": min(bw / 3.8, ll_cap),
-            "LL128": min(bw * (7 / 9 if f.nodes == 1 else 120 / 128), ch * TREE_LL128_PER_CHANNEL[f.arch][i]),
+            "LL128": min(bw * (7 / 9 if f.nodes == 1 else 120 / 128), ch * per_channel(f, "tree_ll128")[i]),
             "Simple": bw}[proto]
 
 
@@ -284,7 +324,7 @@ def tree_chunk(nbytes: float, fabric: Fabric, proto: str) -> int:
     x 64 / ppn chunks a channel, then down to 18,000 B while under a quarter of that."""
     chunk, ppn = TREE_CHUNK[proto], fabric.ppn
     if proto == "LL128":
-        steps, channels = 1 + _log2i(fabric.nodes) + 0.1 * ppn, CHANNELS[fabric.arch]
+        steps, channels = 1 + _log2i(fabric.nodes) + 0.1 * ppn, run_channels(fabric)
         for times, floor in ((64, 131072), (16, 32768)):
             while nbytes // (channels * chunk) < steps * times / ppn and chunk > floor:
                 chunk //= 2
@@ -298,7 +338,7 @@ def tree_seconds(fabric: Fabric, nbytes: float, option: tuple) -> float:
     A chunk crosses a hop at one direction's share of its channel: half the bus bandwidth over the channels, the
     tree's between domains, the domain's where that is faster. On 20 NVL72 racks that fill is ~9 ms of 576,000 B
     chunks up and down a 72-GPU chain (the tuner's latency: 0.26 ms)."""
-    channels = CHANNELS[fabric.arch]
+    channels = run_channels(fabric)
     running = max(1, min(channels, int(nbytes // CHANNEL_MIN_BYTES[option[1]])))
     chunk = min(tree_chunk(nbytes, fabric, option[1]), nbytes / running)  # a small message is one chunk a channel
     between = option[4] / (2 * channels)

@@ -386,7 +386,7 @@ def _with_fabric(cluster: ClusterSpec, link: Link, ppn: int, nodes: int) -> Link
                                 cluster.nvls_bandwidth / 1e9 if ppn > 1 else 0.0,
                                 slow.bandwidth * slow.efficiency / 1e9,
                                 fast.bandwidth * fast.efficiency / 1e9 if ppn > 1 and nodes > 1 else 0.0,
-                                host=cluster.host_cpu)
+                                host=cluster.host_cpu, nccl=cluster.software.nccl_release)
     return Link(link.tier, link.bandwidth, link.raw_bandwidth, link.latency, link.steps, fabric)
 
 

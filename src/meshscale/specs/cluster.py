@@ -6,6 +6,7 @@ Every achievable-efficiency factor is a named field with the public figure it co
 to one training run.
 """
 
+import re
 from dataclasses import asdict, dataclass, replace
 
 from meshscale.errors import UserError
@@ -95,6 +96,9 @@ class Software:
     # The framework whose defaults fill what is left unset (`grad_buckets`): megatron-core, torch (DDP, FSDP2)
     # or deepspeed.
     framework: str = "megatron-core"
+    # The NCCL release the collectives run on, "major.minor": NCCL's tuner rows for Blackwell changed in 2.28
+    # (cost/collectives.py per_channel); the other GPUs' rows are the same from 2.18 on.
+    nccl: str = "2.29"
     # Parameters per gradient bucket of DDP and ZeRO-1/2 (one reduce launch each; ZeRO-3 reduces one wrapped
     # unit at a time whatever this says, as FSDP2 does). Unset: the framework's default, FRAMEWORK_BUCKETS.
     grad_bucket_params: int | None = None
@@ -123,6 +127,12 @@ class Software:
     # calibrate measures it where collectives and compute share the cores (gloo on this CPU: 0-0.6 in full
     # calibrations; --quick's three repeats scatter up to 1).
     overlap_efficiency: float = 1.0
+
+    @property
+    def nccl_release(self) -> tuple[int, int]:
+        """`nccl` as (major, minor)."""
+        major, minor = self.nccl.split(".")
+        return int(major), int(minor)
 
     @property
     def holds_fsdp_root(self) -> bool:
@@ -349,6 +359,9 @@ class ClusterSpec:
             raise UserError(f"cluster {self.name}: [software] moe_dispatcher = \"hybridep\" is Megatron-Core's "
                             f"(--moe-flex-dispatcher-backend hybridep): needs framework = \"megatron-core\", got "
                             f"{sw.framework}")
+        if not re.fullmatch(r"\d+\.\d+", str(sw.nccl)):
+            raise UserError(f"cluster {self.name}: [software] nccl must be an NCCL release as \"major.minor\" (e.g. "
+                            f"\"2.27\"), got {sw.nccl!r}")
         if not sw.moe_imbalance >= 1:
             raise UserError(f"cluster {self.name}: [software] moe_imbalance must be >= 1 (the busiest expert-parallel "
                             f"rank's tokens over the balanced share; 1: balanced), got {sw.moe_imbalance!r}")
