@@ -57,7 +57,7 @@ def test_a_tree_between_nodes_runs_on_one_channel_a_nic_at_nccls_per_channel_cap
     16 channels of uncapped NIC traffic). Before 2.28 the caps were twice Hopper's, which three GB200 partitions on
     2.27.3 never reach: their trees stay at their NICs' rate."""
     b200 = load_cluster("b200")
-    fabrics = [comm.group_link(b200, 8 * k, 8 * k, 1).fabric for k in (2, 4)]
+    fabrics = [replace(comm.group_link(b200, 8 * k, 8 * k, 1).fabric, nccl=(2, 28)) for k in (2, 4)]
     assert [collectives.search_channels(f) for f in fabrics] == [8, 8]
     assert [collectives.run_channels(f) for f in fabrics] == [16, 16]
     simple = [[o for o in collectives.options("all_reduce", f) if o[:2] == ("tree", "Simple")][0] for f in fabrics]

@@ -94,7 +94,7 @@ class Fabric:
     intra_busbw: float = 0.0  # GB/s of the NVLink domain, where `busbw` is the network's share; 0: busbw
     intra: str = "nvlink"
     host: str = "intel"
-    nccl: tuple = (2, 29)  # the NCCL release, (major, minor): Blackwell's tuner rows changed in 2.28
+    nccl: tuple = (2, 27)  # the NCCL release, (major, minor): Blackwell's tuner rows changed in 2.28
 
     @property
     def ranks(self) -> int:

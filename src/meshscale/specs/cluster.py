@@ -97,8 +97,10 @@ class Software:
     # or deepspeed.
     framework: str = "megatron-core"
     # The NCCL release the collectives run on, "major.minor": NCCL's tuner rows for Blackwell changed in 2.28
-    # (cost/collectives.py per_channel); the other GPUs' rows are the same from 2.18 on.
-    nccl: str = "2.29"
+    # (cost/collectives.py per_channel); the other GPUs' rows are the same from 2.18 on. The default is the last
+    # release before that change, which the published runs used and whose 32 thread blocks a Blackwell collective
+    # holds (collectives.CHANNELS, comm.sm_share) the presets count.
+    nccl: str = "2.27"
     # Parameters per gradient bucket of DDP and ZeRO-1/2 (one reduce launch each; ZeRO-3 reduces one wrapped
     # unit at a time whatever this says, as FSDP2 does). Unset: the framework's default, FRAMEWORK_BUCKETS.
     grad_bucket_params: int | None = None
