@@ -27,6 +27,10 @@ def test_nccl_channels_take_their_share_of_the_sms():
     assert sm_share(replace(H100, overlap_slowdown=0.05), "dp") == 0.05  # a measured figure wins
     deepep = replace(H100, software=replace(H100.software, moe_dispatcher="deepep"))
     assert sm_share(deepep, "ep") == pytest.approx(20 / 132)
+    b200 = load_cluster("b200")  # NCCL 2.28 cut Blackwell's collectives from 32 thread blocks to 16
+    assert sm_share(b200, "dp") == pytest.approx(32 / 148)
+    assert sm_share(replace(b200, software=replace(b200.software, nccl="2.28")), "dp") == pytest.approx(16 / 148)
+    assert sm_share(replace(H100, software=replace(H100.software, nccl="2.28")), "dp") == pytest.approx(24 / 132)
 
 
 def test_megatrons_tp_overlap_holds_the_sms_of_transformer_engines_userbuffers():

@@ -79,6 +79,12 @@ CHANNEL_MIN_BYTES = {"LL": 4096, "LL128": 5120, "Simple": 32768}
 CHANNELS = {"volta": 12, "ampere": 24, "hopper": 24, "blackwell": 32}
 
 
+def collective_blocks(arch: str, release: tuple) -> int:
+    """Thread blocks a ring or tree collective holds, one a channel: CHANNELS, and 16 on Blackwell from NCCL 2.28
+    (its release notes: "Decreased max CTA count from 32 to 16 on Blackwell. SM overhead is decreased by 50%")."""
+    return 16 if arch == "blackwell" and release >= (2, 28) else CHANNELS[arch]
+
+
 @dataclass(frozen=True)
 class Fabric:
     """What NCCL's tuner needs to know about the ranks of one group: its GPU generation and host CPU, the ranks

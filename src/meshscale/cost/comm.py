@@ -512,10 +512,10 @@ def deepep_seconds(nbytes: float, calls: int, n: int, link: Link, cluster: Clust
 
 def sm_share(cluster: ClusterSpec, axis: str, link: Link | None = None, collective: str = "") -> float:
     """The share of compute throughput a collective of `axis` takes from the kernels running beside it: the SMs
-    its kernels hold, one thread block per NCCL channel (collectives.CHANNELS: 24 on Ampere and Hopper, 18% of
-    an H100; a send/recv over `link` holds collectives.p2p_blocks, 4 once it crosses the network), DeepEP's 20
-    or Hybrid-EP's 16 for MoE dispatch and combine (DISPATCHERS), Transformer Engine's userbuffers for
-    Megatron-Core's TP overlap (USERBUFFER_SMS).
+    its kernels hold, one thread block per NCCL channel (collectives.collective_blocks: 24 on Ampere and Hopper,
+    18% of an H100, 32 on Blackwell, 16 from NCCL 2.28; a send/recv over `link` holds collectives.p2p_blocks, 4
+    once it crosses the network), DeepEP's 20 or Hybrid-EP's 16 for MoE dispatch and combine (DISPATCHERS),
+    Transformer Engine's userbuffers for Megatron-Core's TP overlap (USERBUFFER_SMS).
     Measured: GEMMs beside NCCL collectives slow 18.9% on average (max 40%) on A100 and H100 (Agrawal et al.
     2025, arXiv:2507.03114, "Characterizing Compute-Communication Overlap"); NVIDIA's forum case of a 132-tile
     GEMM beside a 24-block all-gather on H100 shows the mechanism, and benchmarks/kernel_scan.py's interference
@@ -534,7 +534,7 @@ def sm_share(cluster: ClusterSpec, axis: str, link: Link | None = None, collecti
     elif collective == "send_recv" and link is not None and link.fabric is not None:
         blocks = collectives.p2p_blocks(link.fabric)
     else:
-        blocks = collectives.CHANNELS[cluster.gpu_arch]
+        blocks = collectives.collective_blocks(cluster.gpu_arch, cluster.software.nccl_release)
     return min(1.0, blocks / cluster.compute_units)
 
 
