@@ -111,6 +111,10 @@ def test_nvls_tree_fills_its_pipeline_before_the_rate_holds():
     assert t - option[2] - 2 * 31 / 32 * 2**28 / option[4] > 100e-6
     curve = next(c for c in nccl_curves.CURVES if c.name == "H100 4 nodes x8 (VMs)")
     assert all(abs(err) <= 0.10 for mib, *_, err, _ in nccl_curves.errors(curve) if mib >= 32)
+    # its rate: the NVLS graph's 8 channels (a GPU each) x NCCL's per-channel NVLS-tree rate, 45.5 GB/s
+    four = comm.group_link(load_cluster("h100-80gb"), 32, 32, 1).fabric
+    assert [o[4] for o in collectives.options("all_reduce", four) if o[0] == "nvls_tree"] == [8 * 45.5e9]
+    assert all(abs(err) <= 0.02 for mib, *_, err, _ in nccl_curves.errors(curve) if mib >= 2048)
 
 
 def test_a_tree_fills_its_pipeline_up_and_down_before_the_rate_holds():

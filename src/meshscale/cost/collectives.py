@@ -44,6 +44,9 @@ TREE_LL128_PER_CHANNEL = {"volta": (20.0,) * 3, "ampere": (20.0,) * 3, "hopper":
                           "blackwell": (55.6, 31.67, 20.0)}
 TREE_PER_CHANNEL = {"volta": (26.5, 18.5, 10.0), "ampere": (24.0, 23.6, 17.8), "hopper": (38.7, 41.4, 36.0),
                     "blackwell": (70.0, 42.8, 24.0)}
+# NVLS-tree's (in the tuner from 2.28) multiply the NVLS graph's channels, one a GPU of the domain up to 32
+# (search.cc: maxChannels = min(NCCL_MAX_NVLS_ARITY, GPUs)): 8 x 45.5 = 364 GB/s between 4 H100 nodes on 2.26.2
+# measure 365 (NVIDIA/nccl-tests#309), 8 x 57.7 = 462 on two 441.
 NVLS_TREE_PER_CHANNEL = {"hopper": (0.0, 57.7, 45.5), "blackwell": (0.0, 96.0, 80.0)}
 # Blackwell's rows before NCCL 2.28 (v2.27.7 tuning.cc: twice Hopper's). 2.28.3 lowered them to those above as it
 # cut Blackwell's thread blocks a collective from 32 to 16 (its release notes: "Decreased max CTA count from 32 to
@@ -61,6 +64,7 @@ NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0, "arm": 1.0}  # getNetOverhead: a ne
 # computeCollChunkInfo's NVLS rules, the same from v2.18.5 to v2.25).
 NVLS_CHANNELS = {"hopper": 16, "blackwell": 32}
 NVLS_MAX_CHUNK = 128 * 1024
+NVLS_ARITY = 32  # NCCL_MAX_NVLS_ARITY (src/include/device.h): GPUs an NVLS graph's channels start from
 NVLS_BASE_LATENCY_US = 23.0  # baseLat[NVLS][Simple]: what the tuner charges, and the kernel's fixed cost
 # Measured on Azure's 8 H100 (benchmarks/nccl_curves.py, NVLS from 1 MiB to 8 GiB): between its 16 KiB-chunk
 # sizes (1-4 MiB, 300 GB/s) and its 128 KiB ones (1-8 GiB, 480) the bandwidth follows a fixed cost of 0.37 us a
@@ -205,7 +209,7 @@ def options(collective: str, fabric: Fabric) -> tuple:
         else:  # NVLS inside each domain, a tree between them (two domains: both trees' links, master's rule);
             # the tuner's latency: 23 us for NVLink, 14 a tree level up and down (nvls_tree_seconds: what it takes)
             lat = NVLS_BASE_LATENCY_US + 2 * _log2i(f.nodes) * HOP_LATENCY_US["net"]["nvls_tree"][2]
-            bw = min(f.nvls_busbw, tree_net_busbw(f), CHANNELS[f.arch] * NVLS_TREE_PER_CHANNEL[f.arch][i])
+            bw = min(f.nvls_busbw, tree_net_busbw(f), min(f.ppn, NVLS_ARITY) * NVLS_TREE_PER_CHANNEL[f.arch][i])
             out.append(("nvls_tree", "Simple", lat * 1e-6, bw * 1e9, bw * 1e9))
     return tuple(out)
 
