@@ -44,9 +44,9 @@ TREE_LL128_PER_CHANNEL = {"volta": (20.0,) * 3, "ampere": (20.0,) * 3, "hopper":
                           "blackwell": (55.6, 31.67, 20.0)}
 TREE_PER_CHANNEL = {"volta": (26.5, 18.5, 10.0), "ampere": (24.0, 23.6, 17.8), "hopper": (38.7, 41.4, 36.0),
                     "blackwell": (70.0, 42.8, 24.0)}
-# NVLS-tree's (in the tuner from 2.28) multiply the NVLS graph's channels, one a GPU of the domain up to 32
-# (search.cc: maxChannels = min(NCCL_MAX_NVLS_ARITY, GPUs)): 8 x 45.5 = 364 GB/s between 4 H100 nodes on 2.26.2
-# measure 365 (NVIDIA/nccl-tests#309), 8 x 57.7 = 462 on two 441.
+# NVLS-tree's per-channel rates (in the tuner from 2.28) multiply the NVLS graph's channels, one a GPU of the
+# domain up to 32 (search.cc: maxChannels = min(NCCL_MAX_NVLS_ARITY, GPUs)): 8 x 45.5 = 364 GB/s, where 4 H100
+# nodes on 2.26.2 measure 365 (NVIDIA/nccl-tests#309); 8 x 57.7 = 462 on two, which measure 441.
 NVLS_TREE_PER_CHANNEL = {"hopper": (0.0, 57.7, 45.5), "blackwell": (0.0, 96.0, 80.0)}
 # Blackwell's rows before NCCL 2.28 (v2.27.7 tuning.cc: twice Hopper's). 2.28.3 lowered them to those above as it
 # cut Blackwell's thread blocks a collective from 32 to 16 (its release notes: "Decreased max CTA count from 32 to

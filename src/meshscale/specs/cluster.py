@@ -96,8 +96,8 @@ class Software:
     # The framework whose defaults fill what is left unset (`grad_buckets`): megatron-core, torch (DDP, FSDP2)
     # or deepspeed.
     framework: str = "megatron-core"
-    # The NCCL release the collectives run on, "major.minor": NCCL's tuner rows for Blackwell changed in 2.28
-    # (cost/collectives.py per_channel); the other GPUs' rows are the same from 2.18 on. The default is the last
+    # The NCCL release the collectives run on, "major.minor": NCCL's per-channel tuner rows for Blackwell changed in
+    # 2.28 (cost/collectives.py per_channel); the other GPUs' are the same from 2.18 on. The default is the last
     # release before that change, which the published runs used and whose 32 thread blocks a Blackwell collective
     # holds (collectives.CHANNELS, comm.sm_share) the presets count.
     nccl: str = "2.27"
