@@ -61,6 +61,23 @@ def test_megatron_log_and_arguments():
     assert any(line.startswith(("-    --", "+    --")) for line in result.diff)  # in Megatron-LM's own terms
 
 
+def test_the_logs_nccl_release_is_the_one_predicted():
+    """NCCL's banner (NCCL_DEBUG=INFO) names the job's release, which the prediction takes: from 2.28 a Blackwell
+    collective holds 16 thread blocks, not 32, so compute beside the data-parallel collectives loses less of the
+    GPU; on H100 the release changes nothing. A log without the banner keeps the cluster's release."""
+    log, config = files("megatron_llama2_7b", ".sh")
+    banner = "node-1:12:12 [0] NCCL INFO NCCL version {}+cuda12.8\n"
+    plain = check(log, config, load_cluster("b200"), devices=16)
+    older = check(banner.format("2.27.3") + log, config, load_cluster("b200"), devices=16)
+    newer = check(banner.format("2.28.9") + log, config, load_cluster("b200"), devices=16)
+    assert (plain.nccl, older.nccl, newer.nccl) == ("", "2.27", "2.28")
+    assert older.prediction.step_time_s == plain.prediction.step_time_s
+    assert newer.prediction.step_time_s < plain.prediction.step_time_s
+    assert newer.to_dict()["nccl"] == "2.28" and plain.to_dict()["nccl"] is None
+    h100 = [check(banner.format(v) + log, config, load_cluster("h100-80gb"), devices=16) for v in ("2.21.5", "2.29.7")]
+    assert h100[0].prediction.step_time_s == h100[1].prediction.step_time_s
+
+
 def _rows_carry_the_band(result):
     """Step time and the rates it sets carry the prediction's band; memory, which it does not cover, none."""
     band = result.prediction.band

@@ -4,9 +4,9 @@ framework's own terms (the prediction scaled by what the log measured)."""
 
 import difflib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from meshscale.check.logs import Measured, detect, read_log
+from meshscale.check.logs import Measured, detect, nccl_release, read_log
 from meshscale.cost import bands
 from meshscale.cost import Prediction, predict
 from meshscale.errors import UserError
@@ -61,9 +61,11 @@ class Check:
     proposal: Prediction | None = None
     expected_step_s: float | None = None  # the proposal's prediction times measured/predicted of this job
     diff: list[str] = field(default_factory=list)
+    nccl: str = ""  # the NCCL release the log names, which the prediction takes ("": none named)
 
     def to_dict(self) -> dict:
         return {"framework": self.framework, "layout": self.prediction.layout, "steps_read": self.measured.steps,
+                "nccl": self.nccl or None,
                 "rows": [r.to_dict() for r in self.rows], "worst": self.worst.name,
                 "predicted_terms_s": self.breakdown,
                 "proposal": self.proposal.to_dict() if self.proposal else None,
@@ -80,6 +82,9 @@ def check(log_text: str, config_text: str, cluster: ClusterSpec, devices: int | 
     if model.seq != shape.seq:
         model = model.with_seq(shape.seq)
     layout = shape.layout
+    release = nccl_release(log_text)
+    if release:  # the job's own NCCL (Blackwell's tuner rows and thread blocks moved in 2.28)
+        cluster = replace(cluster, software=replace(cluster.software, nccl=release))
     pred = predict(model, cluster, layout, shape.global_batch, shape.precision)
     measured = read_log(log_text, framework, shape.global_batch * model.seq, layout.devices)
     band = pred.band  # measured on step times: it carries to the rates of that step, not to memory
@@ -93,7 +98,7 @@ def check(log_text: str, config_text: str, cluster: ClusterSpec, devices: int | 
     # step time and memory are what the log measures apart; tokens/s is the step time's inverse and TFLOP/s
     # counts FLOPs by each framework's own formula, so they are shown beside them but not ranked
     worst = max((r for r in rows if r.name in ("step time", "memory per device")), key=lambda r: abs(math.log(r.ratio)))
-    out = Check(framework, pred, measured, rows, worst, components(pred))
+    out = Check(framework, pred, measured, rows, worst, components(pred), nccl=release)
     best = best_expressible(framework, model, cluster, layout.devices, shape.global_batch, shape.precision, {})
     if best is not None and best.step_time_s < BETTER * pred.step_time_s:
         out.proposal = best

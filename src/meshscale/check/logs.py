@@ -8,6 +8,7 @@ Megatron-LM (training/training.py, training_log), one line every --log-interval 
      iteration (ms): 1234.5 | throughput per GPU (TFLOP/s/GPU): 345.6 | learning rate: ... |
      global batch size: 512 | ...
 and, from report_memory, `[Rank 0] (after 10 iterations) memory (MB) | allocated: ... | max allocated: 61234.56 | ...`.
+Either, under NCCL_DEBUG=INFO (or VERSION), carries NCCL's banner: `NCCL INFO NCCL version 2.21.5+cuda12.4`.
 """
 
 import re
@@ -22,6 +23,7 @@ _TITAN = re.compile(r"step:\s*(\d+)\s+loss:.*?memory:\s*([\d.]+)GiB.*?tps:\s*([\
 _MEGATRON = re.compile(r"iteration\s+(\d+)/\s*\d+\s*\|.*?elapsed time per iteration \(ms\):\s*([\d.]+)")
 _MEGATRON_TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*([\d.]+)")
 _MEGATRON_MEMORY = re.compile(r"memory \(MB\).*?max allocated:\s*([\d.]+)")
+_NCCL = re.compile(r"\bNCCL version (\d+)\.(\d+)\.\d+")
 GiB, MiB = 2**30, 2**20
 
 
@@ -43,6 +45,12 @@ def detect(text: str) -> str:
         return "megatron"
     raise UserError("the log has no torchtitan step lines ('step: N  loss: ...  tps: ...') nor Megatron-LM "
                     "ones ('iteration N/M | ... elapsed time per iteration (ms): ...'); pass the training log")
+
+
+def nccl_release(text: str) -> str:
+    """The NCCL release ("major.minor") the log's banner names, "" where it prints none."""
+    found = _NCCL.search(text)
+    return f"{found[1]}.{found[2]}" if found else ""
 
 
 def read_log(text: str, framework: str, tokens_per_step: int, devices: int) -> Measured:

@@ -50,7 +50,8 @@ def _print(result) -> None:
     pred = result.prediction
     console.print(f"{result.framework} job: {pred.model} on {pred.devices} x {pred.cluster}, layout "
                   f"[bold]{pred.layout}[/], {pred.global_batch} x {pred.seq} tokens a step; "
-                  f"{result.measured.steps} step lines read")
+                  f"{result.measured.steps} step lines read" +
+                  (f"; NCCL {result.nccl}, as the log names it" if result.nccl else ""))
     table = Table(title="measured vs predicted", title_justify="left")
     for col in ("", "measured", "predicted", "band (p90)", "measured / predicted", "in band"):
         table.add_column(col, justify="right" if col else "left")
