@@ -292,9 +292,11 @@ def test_collectives_command_models_the_nccl_release_the_log_ran(tmp_path, capsy
         log.write_text(NCCL_LOG.split("#  Rank")[0].replace("21805", code) + rows + line)
         assert main(["collectives", "--cluster", "b200", "--measured", str(log), "--json"]) == 0
         out = json.loads(capsys.readouterr().out)
-        assert out["measured_nccl"] == release and out["devices"] == 32
+        assert out["measured_nccl"] == out["nccl"] == release and out["devices"] == 32
         gbps[release] = out["rows"][0]["busbw_GBps"]
     assert gbps["2.27"] > 1.5 * gbps["2.28"]
+    assert main(["collectives", "--cluster", "b200", "--measured", str(log)]) == 0
+    assert "of b200, NCCL 2.27 (predicted" in capsys.readouterr().out
 
 
 def test_collectives_command_reads_an_older_nccl_tests_log(tmp_path, capsys):
