@@ -226,11 +226,18 @@ def report(c: Curve | Scaling, held: str, rows: list[tuple], unit: str) -> None:
         print(f"  {x:6d} {unit} measured {measured:7.1f}  model {busbw:7.1f} GB/s  {err:+6.1%}  {option}")
 
 
+def within(limit: float = 0.15) -> tuple[int, int]:
+    """(points within `limit`, points) over every curve's sizes from 1 MiB and every series: the issue's target."""
+    rows = [r for c in CURVES for r in errors(c) if r[0] >= 1] + [r for s in SCALING for r in scaling_errors(s)]
+    return sum(abs(r[3]) <= limit for r in rows), len(rows)
+
+
 if __name__ == "__main__":
     for curve in CURVES:
         report(curve, f"{curve.devices} GPUs", errors(curve), "MiB ")
     for series in SCALING:
         report(series, f"{series.mib} MiB", scaling_errors(series), "GPUs")
+    print("\n{} of {} points within 15% (every curve from 1 MiB, every series)".format(*within()))
     if "--plot" in sys.argv:
         from meshscale.plots import _pyplot, _save
         plt = _pyplot()

@@ -73,6 +73,8 @@ def test_a_tree_between_nodes_runs_on_one_channel_a_nic_at_nccls_per_channel_cap
     by_curve = {c.name: nccl_curves.errors(c) for c in nccl_curves.CURVES}
     for name in ("GB200 3 partitions x4, tree", "GB200 3 partitions x8, tree"):
         assert all(abs(err) <= 0.01 for *_, err, _ in by_curve[name])
+    ok, points = nccl_curves.within(0.15)  # 177 of 241 before trees ran at these caps
+    assert ok / points >= 0.8, (ok, points)
 
 
 def test_protocol_follows_message_size_as_nccls_tuner():
