@@ -14,7 +14,6 @@ GEMMs run slower than the 700 W SXM the h200 preset is; the ratios and the quant
 Run: PYTHONPATH=src python benchmarks/fp8_recipes.py
 """
 
-from dataclasses import replace
 
 from meshscale.cost.kernels import fp8_cast_bytes, gemm_seconds
 from meshscale.specs.cluster import load_cluster
@@ -41,7 +40,7 @@ def layer_ms(preset: str, recipe: str) -> tuple[float, float]:
     cluster = load_cluster(preset)
     precision = {"bf16": "bf16", "mxfp8": "mxfp8"}.get(recipe, "fp8")
     if precision == "fp8":
-        cluster = replace(cluster, software=replace(cluster.software, fp8_scaling=recipe))
+        cluster = cluster.with_software(fp8_scaling=recipe)
     peak, operand = cluster.gemm_peak(precision), 2 if precision == "bf16" else 1
     gemms = sum(gemm_seconds(cluster, m, n, k, peak, 2, 1, operand) for m, k, n in SHAPES)
     if precision == "bf16":

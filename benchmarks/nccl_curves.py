@@ -190,7 +190,7 @@ def predicted(curve: Curve, mib: float) -> tuple[float, str]:
     cluster = load_cluster(curve.cluster)
     release = re.search(r"NCCL (\d+\.\d+)", curve.source)  # the run's NCCL (Blackwell's tuner rows moved in 2.28)
     if release:
-        cluster = replace(cluster, software=replace(cluster.software, nccl=release.group(1)))
+        cluster = cluster.with_software(nccl=release.group(1))
     if curve.domain:
         cluster = replace(cluster, tiers=(replace(cluster.tiers[0], size=curve.domain), *cluster.tiers[1:]))
     link = comm.group_link(cluster, curve.devices, curve.devices, 1)

@@ -4,7 +4,7 @@ framework's own terms (the prediction scaled by what the log measured)."""
 
 import difflib
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from meshscale.check.logs import Measured, detect, nccl_release, read_log
 from meshscale.cost import bands
@@ -84,7 +84,7 @@ def check(log_text: str, config_text: str, cluster: ClusterSpec, devices: int | 
     layout = shape.layout
     release = nccl_release(log_text)
     if release:  # the job's own NCCL (Blackwell's tuner rows and thread blocks moved in 2.28)
-        cluster = replace(cluster, software=replace(cluster.software, nccl=release))
+        cluster = cluster.with_software(nccl=release)
     pred = predict(model, cluster, layout, shape.global_batch, shape.precision)
     measured = read_log(log_text, framework, shape.global_batch * model.seq, layout.devices)
     band = pred.band  # measured on step times: it carries to the rates of that step, not to memory

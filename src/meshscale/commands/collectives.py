@@ -3,7 +3,6 @@ size, laid out as nccl-tests prints them; with `--measured`, beside your own ncc
 
 import argparse
 import json
-from dataclasses import replace
 from pathlib import Path
 from statistics import median
 
@@ -91,7 +90,7 @@ def run(args) -> int:
     sizes = [b for b, _ in measured.points] if measured else parse_sizes(args.sizes or DEFAULT_SIZES)
     cluster = load_cluster(args.cluster)
     if measured and measured.nccl:  # model the release the run used (Blackwell's tuner rows moved in 2.28)
-        cluster = replace(cluster, software=replace(cluster.software, nccl=measured.nccl))
+        cluster = cluster.with_software(nccl=measured.nccl)
     rows = curve(cluster, devices, collective, sizes)
     if measured:
         for row, (_, busbw) in zip(rows, measured.points):

@@ -81,6 +81,7 @@ CHANNEL_MIN_BYTES = {"LL": 4096, "LL128": 5120, "Simple": 32768}
 # Channels NCCL opens for collectives on these systems (NCCL_DEBUG=INFO "coll channels" on DGX A100 / H100 /
 # B200 and GB200 trays): inside one NVLink domain the per-channel caps above scale with them (search_channels).
 CHANNELS = {"volta": 12, "ampere": 24, "hopper": 24, "blackwell": 32}
+FROM_HOPPER = ("hopper", "blackwell")  # compute capability 9.0 on: NCCL's `ccMin > 80` and `minCompCap >= 90`
 
 
 def collective_blocks(arch: str, release: tuple) -> int:
@@ -130,7 +131,7 @@ def search_channels(fabric: Fabric) -> int:
     70 = 560 against 556 on one, where NCCL_DEBUG's 32 channels leave the model's tree at 622)."""
     if fabric.nodes == 1:
         return CHANNELS[fabric.arch]
-    undoubled = fabric.arch not in ("volta", "ampere") and (fabric.net_busbw or fabric.busbw) < 50 and fabric.ppn > 4
+    undoubled = fabric.arch in FROM_HOPPER and (fabric.net_busbw or fabric.busbw) < 50 and fabric.ppn > 4
     return min(32, fabric.ppn if undoubled else 2 * fabric.ppn)
 
 
@@ -138,7 +139,7 @@ def run_channels(fabric: Fabric) -> int:
     """The channels a ring or tree runs on: the search's, doubled between domains from Hopper on while under 16
     (src/graph/connect.cc: "Use 4 compute channels per search channel to reach peak BW"), so 16 on HGX nodes."""
     channels = search_channels(fabric)
-    if fabric.nodes > 1 and fabric.arch in ("hopper", "blackwell") and channels < 16:
+    if fabric.nodes > 1 and fabric.arch in FROM_HOPPER and channels < 16:
         return 2 * channels
     return channels
 

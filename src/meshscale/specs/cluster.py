@@ -392,6 +392,10 @@ class ClusterSpec:
             raise UserError(f"cluster {self.name}: each of collectives needs collective, latency >= 0, "
                             "bandwidth > 0")
 
+    def with_software(self, **changes) -> "ClusterSpec":
+        """This cluster with these [software] fields changed (a run's own NCCL release, the runtime's switches)."""
+        return replace(self, software=replace(self.software, **changes))
+
     def check_precision(self, precision: str) -> None:
         """FP8 asked of a cluster without FP8 data (no fp8 peak, as A100 has no FP8 tensor cores) or MXFP8 of
         one without block-scaled units (before Blackwell): one line."""

@@ -6,7 +6,6 @@ steps (--memory-snapshot STEPS). Rank 0 writes the metrics; every rank its trace
 
 import os
 from contextlib import contextmanager, nullcontext
-from dataclasses import replace
 from pathlib import Path
 
 from meshscale.cost import predict
@@ -25,9 +24,8 @@ def run_cluster(cfg):
     cluster = load_cluster(cfg.cluster)
     params = max(1, int(cfg.bucket_mb * 2**20) // 4)
     others = dict.fromkeys((*FRAMEWORK_SWITCHES, "cuda_graphs"), False)
-    return replace(cluster, software=replace(cluster.software, framework="torch", grad_bucket_params=params,
-                                             fused_elementwise=cfg.compile, param_gather_fp32=True,
-                                             moe_dispatcher="alltoall", fp8_scaling="current", **others))
+    return cluster.with_software(framework="torch", grad_bucket_params=params, fused_elementwise=cfg.compile,
+                                 param_gather_fp32=True, moe_dispatcher="alltoall", fp8_scaling="current", **others)
 
 
 MEASURED = ("loss", "aux_loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "peak_memory_bytes")
