@@ -242,18 +242,21 @@ def test_operator_counts_match_the_runtime_model():
     assert (o2 - o1) == overhead.TENSORS_PER_LAYER * overhead.OPTIMIZER_OPS_PER_TENSOR
 
 
-@pytest.mark.parametrize("name", ["tiny", "tiny-gpt"])
+@pytest.mark.parametrize("name", ["tiny", "tiny-gpt", "tiny+relu2"])
 @pytest.mark.parametrize("mode", ["none", "selective"])
 def test_eager_activation_count_matches_what_autograd_saves(name, mode):
     """cost/memory.py's eager count: the bytes autograd keeps for backward in one block of models/transformer.py
-    (fp32), found with saved-tensor hooks, each storage once, parameters and RoPE tables left out."""
+    (fp32), found with saved-tensor hooks, each storage once, parameters and RoPE tables left out. tiny+relu2:
+    Nemotron-4's block (squared ReLU, LayerNorm without biases elsewhere)."""
     import torch
 
     from meshscale.cost.memory import eager_saved_elements
     from meshscale.parallel.recompute import apply_recompute
     from meshscale.models.transformer import build_model
 
-    spec = load_model(name)
+    spec = load_model(name.removesuffix("+relu2"))
+    if name.endswith("+relu2"):
+        spec = replace(spec, mlp="relu2", norm="layernorm")
     model = build_model(spec, 0, "cpu")
     apply_recompute(model, mode)
     skip = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}

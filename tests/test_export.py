@@ -489,3 +489,25 @@ def test_megatron_builds_the_attention_the_cost_model_charged():
                                Layout.parse("dp=8,zero=1,pp=16,cp=2,ep=8,mbs=1"), 1024, "bf16", steps=10).config)
     assert qwen["qk_layernorm"] and qwen["rotary_base"] == 1000000 and isinstance(qwen["rotary_base"], int)
     assert not {"window_size", "softmax_type", "add_qkv_bias"} & set(qwen)
+
+
+def test_megatron_builds_nemotrons_block_and_reads_it_back():
+    """Nemotron-4's squared ReLU, LayerNorm without linear biases and half-rotated heads are Megatron-LM's
+    --squared-relu, --normalization LayerNorm, --disable-bias-linear and --rotary-percent; `check` reads the
+    same arguments back as the model the cost model planned. GPT-NeoX's LayerNorm (RoPE, biases) stays LayerNorm."""
+    from meshscale.export import megatron
+
+    h100, layout = load_cluster("h100-80gb"), Layout.parse("dp=8,zero=1,tp=4,sp=true,pp=2,mbs=1")
+    model = load_model("nemotron-4-15b")
+    text = emit("megatron", model, h100, layout, 256, "bf16", steps=10).config
+    args = parse_megatron(text)
+    assert args["squared_relu"] and args["normalization"] == "LayerNorm" and not args["add_bias_linear"]
+    assert args["rotary_percent"] == 0.5 and "swiglu" not in args
+    back = megatron.read(text, 64).model
+    same = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "mlp", "biases", "rotary_fraction",
+            "tied_embeddings", "learned_positions")
+    assert all(getattr(back, k) == getattr(model, k) for k in same) and back.layer_norm
+    assert back.param_count() == model.param_count()
+    neox = dataclasses.replace(load_model("tiny-gpt"), learned_positions=False, rotary_fraction=0.25)
+    assert parse_megatron(emit("megatron", neox, h100, Layout.parse("dp=8"), 64, "bf16", steps=10).config)[
+        "normalization"] == "LayerNorm"

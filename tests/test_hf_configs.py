@@ -1,4 +1,4 @@
-"""Hugging Face config.json files read per model_type: 31 published configs (their math fields, as on the
+"""Hugging Face config.json files read per model_type: 33 published configs (their math fields, as on the
 Hub) planned at the published parameter totals, and the refusals of what meshscale does not map."""
 
 import dataclasses
@@ -110,6 +110,18 @@ CONFIGS = [
                                        "original_max_position_embeddings": 4096, "truncate": False},
                       "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
                       "tie_word_embeddings": False, "vocab_size": 201088}, 116_830_000_000),
+    # Nemotron-4 15B and 340B reports (arXiv:2402.16819 sec. 2, arXiv:2406.11704 sec. 2.2): 3.2B embedding +
+    # 12.5B other parameters, and 9.4B + 331.6B (transformers' NemotronConfig defaults are the 15B's shape)
+    ("Nemotron-4-15B", {"model_type": "nemotron", "hidden_size": 6144, "intermediate_size": 24576,
+                        "num_hidden_layers": 32, "num_attention_heads": 48, "num_key_value_heads": 8,
+                        "head_dim": 128, "vocab_size": 256000, "hidden_act": "relu2", "norm_eps": 1e-5,
+                        "max_position_embeddings": 4096, "tie_word_embeddings": False, "attention_bias": False,
+                        "mlp_bias": False, "rope_parameters": {"rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                                                              "rope_type": "default"}}, 15_700_000_000),
+    ("Nemotron-4-340B", {"model_type": "nemotron", "hidden_size": 18432, "intermediate_size": 73728,
+                         "num_hidden_layers": 96, "num_attention_heads": 96, "num_key_value_heads": 8,
+                         "vocab_size": 256000, "hidden_act": "relu2", "norm_eps": 1e-5, "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.5, "max_position_embeddings": 4096}, 341_000_000_000),
     ("gpt2", {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024, "n_ctx": 1024,
               "vocab_size": 50257, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
               "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1, "summary_type": "cls_index",
@@ -167,7 +179,9 @@ def by_name(name):
     return next(c for n, c, _ in CONFIGS if n == name)
 
 
-@pytest.mark.parametrize("preset, name", [("qwen3-235b-a22b", "Qwen3-235B-A22B"), ("gpt-oss-120b", "gpt-oss-120b")])
+@pytest.mark.parametrize("preset, name", [("qwen3-235b-a22b", "Qwen3-235B-A22B"), ("qwen3-30b-a3b", "Qwen3-30B-A3B"),
+                                          ("gpt-oss-120b", "gpt-oss-120b"), ("nemotron-4-15b", "Nemotron-4-15B"),
+                                          ("nemotron-4-340b", "Nemotron-4-340B")])
 def test_a_preset_is_its_published_config(preset, name):
     """A preset written by hand reads as its Hugging Face config.json does, but for its name and the
     training sequence the preset chooses (the config gives the longest context)."""
@@ -202,6 +216,9 @@ def test_the_math_fields_are_read():
     oss = from_hf_config(by_name("gpt-oss-120b"), "g")
     assert (oss.sliding_window, oss.full_attention_every, oss.attention_sinks, oss.qkv_bias) == (128, 2, True, True)
     assert (oss.experts, oss.top_k, oss.expert_ffn, oss.head_dim, oss.kv_heads) == (128, 4, 2880, 64, 8)
+    nemotron = from_hf_config(by_name("Nemotron-4-340B"), "n")
+    assert (nemotron.mlp, nemotron.norm, nemotron.layer_norm, nemotron.biases) == ("relu2", "layernorm", True, False)
+    assert (nemotron.rotary_fraction, nemotron.head_dim, nemotron.tied_embeddings) == (0.5, 192, False)
 
 
 def test_models_the_runtime_does_not_build_are_planned_and_refused_by_the_trainer():
@@ -256,6 +273,8 @@ def test_the_planner_costs_the_counted_parameters():
      "layer_types=[\"full_attention\""),
     ({**by_name("gpt-oss-120b"), "attention_bias": False}, "attention_bias=false is not supported"),
     ({**by_name("DeepSeek-V2"), "mlp_bias": True}, "mlp_bias=true is not supported"),
+    ({**by_name("Nemotron-4-15B"), "hidden_act": "gelu"}, "hidden_act=\"gelu\" is not supported (Nemotron's MLP"),
+    ({**by_name("Nemotron-4-15B"), "mlp_bias": True}, "mlp_bias=true is not supported"),
 ])
 def test_what_is_not_mapped_is_one_line_exit_2(tmp_path, change, needle):
     from test_cli_predict_plan import cli

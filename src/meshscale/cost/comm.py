@@ -196,8 +196,8 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     # TP-replicated weights whose gradient each rank holds only part of, (count, elements): the routers, the
     # qk-norms (each rank's heads), the norms' weights (LayerNorm: and biases) under SP (each rank's tokens) or in
     # a parallel block (its heads and columns), and under SP the GPT-style biases after the reduce-scatter
-    norms = (2 * n_layers + last) * (2 if model.biases else 1) + 2 * n_layers * model.biases if layout.sp else \
-        2 * fused * (2 if model.biases else 1)
+    norms = (2 * n_layers + last) * (2 if model.layer_norm else 1) + 2 * n_layers * model.biases if layout.sp else \
+        2 * fused * (2 if model.layer_norm else 1)
     weights = ((moe_layers, model.experts * model.hidden), (2 * n_layers * model.qk_norm, model.head_dim),
                (norms, model.hidden))
     summed_calls, summed_bytes = replicated_gradient_sums(weights, m, framework)

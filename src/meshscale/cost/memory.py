@@ -64,7 +64,7 @@ def _root_params(model: ModelSpec, tp: int, pp: int, v_shaped: bool, rank: int) 
     if rank == 0:
         total += table + (model.seq * model.hidden if model.learned_positions else 0)
     if rank == (0 if v_shaped else pp - 1):  # final norm, and the output head (a second copy of a tied table under PP)
-        final_norm = model.hidden * (2 if model.biases else 1)  # LayerNorm has a bias
+        final_norm = model.hidden * (2 if model.layer_norm else 1)  # LayerNorm has a bias
         total += final_norm + (table if not model.tied_embeddings or pp > 1 else 0)
     return total
 
@@ -261,7 +261,7 @@ def eager_saved_elements(model: ModelSpec, tp: int, sp: bool, selective: bool) -
     q = model.heads * model.head_dim / tp
     kv = kv_heads_per_rank(model.kv_heads, tp) * model.head_dim
     width = ((model.top_k + model.shared_experts) * model.expert_ffn if model.is_moe else model.ffn) / tp
-    norm = (model.hidden + 2 if model.biases else 2 * model.hidden + 1) / (tp if sp else 1) + model.hidden
+    norm = (model.hidden + 2 if model.layer_norm else 2 * model.hidden + 1) / (tp if sp else 1) + model.hidden
     attention = q + 2 * kv + q if selective else 4 * q + model.heads / tp
     return 2 * norm + attention + (4 if model.gated_mlp else 2) * width
 

@@ -701,18 +701,20 @@ def eager_forward_elements(model: ModelSpec, tp: int, sp: bool, low_precision_no
     block in eager mode: per RMSNorm, x.float() 3, pow 4, mean 2, x * rsqrt 4, type_as 3, * weight 2 (18 per
     hidden element); RoPE in complex fp32 on its rotated share of q and k, .float() 3, multiply 4, type_as 3
     (10 per element; none with learned positions); grouped K, V expanded to the query heads (repeat_kv); the
-    attention output made contiguous 2; SwiGLU's silu 2 and product 3 per ffn element (GeLU 2); two residual
-    adds 3 each. A GPT-style block's nn.LayerNorm runs in fp32 under autocast (its autocast-to-float32 list):
+    attention output made contiguous 2; SwiGLU's silu 2 and product 3 per ffn element (GeLU 2, a squared ReLU's
+    relu and square 4: Megatron-Core's squared_relu is two operators); two residual adds 3 each. A LayerNorm
+    (GPT-style blocks, Nemotron-4) runs in fp32 under autocast (its autocast-to-float32 list):
     the input cast 3, layer_norm 4, the next linear's cast back 3 (10 per hidden element); a low-precision norm
     reads and writes the 2-byte activations once (2)."""
     q = model.heads * model.head_dim / tp
     kv = kv_heads_per_rank(model.kv_heads, tp) * model.head_dim
     width = ((model.top_k + model.shared_experts) * model.expert_ffn if model.is_moe else model.ffn) / tp
-    norm = 2 if low_precision_norm else 10 if model.biases else 18
+    norm = 2 if low_precision_norm else 10 if model.layer_norm else 18
     hidden = (2 * norm + 2 * 3) * model.hidden / (tp if sp else 1)
     rope = 0.0 if model.learned_positions else 10 * model.rotary_fraction * (q + kv)
     repeat = 2 * (kv + q) if kv < q else 0.0
-    return hidden + rope + repeat + 2 * q + (5 if model.gated_mlp else 2) * width
+    activation = 5 if model.gated_mlp else 4 if model.mlp == "relu2" else 2
+    return hidden + rope + repeat + 2 * q + activation * width
 
 
 def _time(cluster, devices, layout, axis, collective, nbytes, calls, group=None) -> float:

@@ -150,4 +150,7 @@ def notes(job: Job) -> list[str]:
     if job.model.name not in MODEL_NAMES and (job.model.biases or job.model.learned_positions or job.model.uses_mla):
         out.append(f"MaxText: {job.model.name}'s biases, learned positions or MLA need a decoder_block of their "
                    "own; the config gives its shapes only")
+    if job.model.mlp == "relu2" or job.model.norm == "layernorm":
+        out.append(f"MaxText: {job.model.name}'s squared ReLU or LayerNorm (Nemotron-4's) is no flax.linen "
+                   "activation and no decoder_block of MaxText's; the config gives its shapes only")
     return out

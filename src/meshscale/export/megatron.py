@@ -104,13 +104,15 @@ def _model_arguments(model: ModelSpec, dispatcher: str) -> list[str]:
         args.append(f"--kv-channels {model.head_dim}")
     if model.kv_heads != model.heads:
         args += ["--group-query-attention", f"--num-query-groups {model.kv_heads}"]
-    if model.mlp == "swiglu":
-        args.append("--swiglu")
+    if model.mlp in ("swiglu", "relu2"):
+        args.append("--swiglu" if model.mlp == "swiglu" else "--squared-relu")
+    args.append("--normalization " + ("LayerNorm" if model.layer_norm else "RMSNorm"))
     if model.learned_positions:
-        args += ["--position-embedding-type learned_absolute", "--normalization LayerNorm"]
+        args.append("--position-embedding-type learned_absolute")
     else:
-        args += ["--position-embedding-type rope", f"--rotary-base {round(model.rope_theta)}",  # type=int
-                 "--normalization RMSNorm"]
+        args += ["--position-embedding-type rope", f"--rotary-base {round(model.rope_theta)}"]  # type=int
+        if model.rotary_fraction < 1:
+            args.append(f"--rotary-percent {model.rotary_fraction}")
     if not model.biases:
         args.append("--disable-bias-linear")
     if model.qkv_bias:
@@ -276,7 +278,8 @@ def _model_of(args: dict, seq: int) -> ModelSpec:
     """The model Megatron-LM's network-size arguments spell out (its defaults where one is left out)."""
     number = lambda key, default=0: int(args[key]) if key in args else default  # noqa: E731
     hidden, heads = number("hidden_size"), number("num_attention_heads")
-    swiglu = bool(args.get("swiglu"))
+    swiglu, biases = bool(args.get("swiglu")), not args.get("disable_bias_linear")
+    layer_norm = args.get("normalization", "LayerNorm") == "LayerNorm"
     moe_freq = args.get("moe_layer_freq", "1")
     pattern = [int(x) for x in moe_freq.strip("[]").split(",")] if moe_freq.startswith("[") else None
     return ModelSpec(
@@ -284,10 +287,12 @@ def _model_of(args: dict, seq: int) -> ModelSpec:
         ffn=number("ffn_hidden_size", 4 * hidden if not swiglu else int(8 * hidden / 3)),
         vocab=number("vocab_size", 50257), seq=seq,
         kv_heads=number("num_query_groups", heads) if args.get("group_query_attention") else heads,
-        head_dim=number("kv_channels"), mlp="swiglu" if swiglu else "gelu",
+        head_dim=number("kv_channels"), mlp="swiglu" if swiglu else "relu2" if args.get("squared_relu") else "gelu",
+        norm="" if layer_norm == biases else "layernorm" if layer_norm else "rmsnorm",
+        rotary_fraction=float(args.get("rotary_percent", 1.0)),
         tied_embeddings=not args.get("untie_embeddings_and_output_weights"),
         learned_positions=args.get("position_embedding_type", "learned_absolute") == "learned_absolute",
-        biases=not args.get("disable_bias_linear"), experts=number("num_experts"),
+        biases=biases, experts=number("num_experts"),
         top_k=number("moe_router_topk", 2) if args.get("num_experts") else 0,
         expert_ffn=number("moe_ffn_hidden_size"),
         shared_experts=number("moe_shared_expert_intermediate_size") // max(number("moe_ffn_hidden_size"), 1),

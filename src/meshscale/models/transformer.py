@@ -1,7 +1,8 @@
 """A decoder built from a ModelSpec: LLaMA-style (RMSNorm, RoPE, grouped-query attention, SwiGLU), GPT-style
 (LayerNorm, biases, learned positions, GeLU, tied embeddings), and mixture-of-experts layers (`MoE`), with
 what the Hugging Face model types add (specs/hf.py): rope theta and scaling, partial rotary, q/k/v biases,
-qk-norm, sliding-window attention, GPT-NeoX's parallel residual, Qwen2-MoE's gated shared expert.
+qk-norm, sliding-window attention, GPT-NeoX's parallel residual, Qwen2-MoE's gated shared expert, Nemotron-4's
+squared ReLU and LayerNorm without biases elsewhere.
 
 The model knows nothing of parallelism. Parallel wrappers are applied after construction:
   * TP shards the Linear layers in place; attention infers its local head count from the weights.
@@ -124,7 +125,7 @@ class Attention(nn.Module):
 
 class FeedForward(nn.Module):
     """SwiGLU (gate w1, up w3, down w2) or, for mlp="gelu" / "gelu-erf", GPT's GeLU MLP (up w1, down w2) with
-    the tanh approximation (GPT-2) or the exact GeLU (GPT-NeoX)."""
+    the tanh approximation (GPT-2) or the exact GeLU (GPT-NeoX); "relu2": Nemotron-4's squared ReLU (up, down)."""
 
     def __init__(self, spec: ModelSpec, width: int | None = None):
         super().__init__()
@@ -133,8 +134,11 @@ class FeedForward(nn.Module):
         self.w3 = nn.Linear(spec.hidden, width, bias=spec.biases) if spec.gated_mlp else None
         self.w2 = nn.Linear(width, spec.hidden, bias=spec.biases)
         self.approximate = "none" if spec.mlp == "gelu-erf" else "tanh"
+        self.squared_relu = spec.mlp == "relu2"
 
     def forward(self, x):
+        if self.squared_relu:
+            return self.w2(F.relu(self.w1(x)).square())
         if self.w3 is None:
             return self.w2(F.gelu(self.w1(x), approximate=self.approximate))
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
@@ -270,8 +274,8 @@ def moe_layers(module: nn.Module) -> list:
 
 
 def _norm(spec: ModelSpec) -> nn.Module:
-    # GPT-style models (biases) use LayerNorm with its bias; LLaMA-style RMSNorm.
-    return nn.LayerNorm(spec.hidden, eps=spec.norm_eps) if spec.biases else RMSNorm(spec.hidden, spec.norm_eps)
+    # GPT-style models and Nemotron-4 use LayerNorm with its bias; LLaMA-style RMSNorm.
+    return nn.LayerNorm(spec.hidden, eps=spec.norm_eps) if spec.layer_norm else RMSNorm(spec.hidden, spec.norm_eps)
 
 
 class Block(nn.Module):

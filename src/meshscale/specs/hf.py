@@ -118,16 +118,21 @@ def _gated(f: Fields, key: str, default: str = "silu") -> str:
     return gated[act]
 
 
-def _decoder(f: Fields, eps_default: float = 1e-6, tied_default: bool = False, act: str = "silu") -> dict:
-    """The fields of a Llama-shaped decoder that every such model_type has."""
+def _shape(f: Fields) -> dict:
+    """The sizes every Llama-shaped model_type gives under the same names."""
     heads = f.get("num_attention_heads", int, ...)
     return dict(
         layers=f.get("num_hidden_layers", int, ...), hidden=f.get("hidden_size", int, ...), heads=heads,
         kv_heads=f.get("num_key_value_heads", int, heads), ffn=f.get("intermediate_size", int, ...),
         vocab=f.get("vocab_size", int, ...), seq=f.get("max_position_embeddings", int, 4096),
-        head_dim=f.get("head_dim", int, 0), norm_eps=f.get("rms_norm_eps", float, eps_default),
-        tied_embeddings=f.get("tie_word_embeddings", bool, tied_default),
-        mlp=_gated(f, "hidden_act", act), **_rope(f))
+        head_dim=f.get("head_dim", int, 0))
+
+
+def _decoder(f: Fields, eps_default: float = 1e-6, tied_default: bool = False, act: str = "silu") -> dict:
+    """The fields of a Llama-shaped decoder that every such model_type has."""
+    return dict(**_shape(f), norm_eps=f.get("rms_norm_eps", float, eps_default),
+                tied_embeddings=f.get("tie_word_embeddings", bool, tied_default),
+                mlp=_gated(f, "hidden_act", act), **_rope(f))
 
 
 def _no_sliding(f: Fields):
@@ -272,6 +277,18 @@ def _gpt_oss(f: Fields) -> dict:
             "norm_topk": True, "aux_loss_coef": f.get("router_aux_loss_coef", float, 0.001)}
 
 
+def _nemotron(f: Fields) -> dict:
+    """NVIDIA's Nemotron-4 (NemotronForCausalLM): an MLP of up and down projections around a squared ReLU, and
+    LayerNorm1P, a LayerNorm whose gain is stored as w for 1 + w (the same function, so planned and trained as a
+    LayerNorm; its checkpoints are not read), with no biases on the linear layers and RoPE on part of each head."""
+    if f.get("hidden_act", str, "relu2") != "relu2":
+        f.refuse("hidden_act", "Nemotron's MLP is the squared ReLU (relu2)")
+    f.only("attention_bias", (False,), "Nemotron-4 publishes no biases")
+    f.only("mlp_bias", (False,), "Nemotron-4 publishes no biases")
+    return {**_shape(f), "norm_eps": f.get("norm_eps", float, 1e-5), "mlp": "relu2", "norm": "layernorm",
+            "tied_embeddings": f.get("tie_word_embeddings", bool, False), **_rope(f)}
+
+
 def _gpt2(f: Fields) -> dict:
     hidden = f.get("n_embd", int, ...)
     act = f.get("activation_function", str, "gelu_new")
@@ -327,7 +344,8 @@ def _gemma(f: Fields, version: int) -> dict:
 READERS = {
     "llama": _llama, "mistral": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
     "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3,
-    "phi3": _phi3, "gpt2": _gpt2, "gpt_neox": _gpt_neox, "gpt_oss": _gpt_oss, "gemma2": lambda f: _gemma(f, 2),
+    "phi3": _phi3, "gpt2": _gpt2, "gpt_neox": _gpt_neox, "gpt_oss": _gpt_oss, "nemotron": _nemotron,
+    "gemma2": lambda f: _gemma(f, 2),
     "gemma3_text": lambda f: _gemma(f, 3),
 }
 # Multimodal wrappers whose text model sits in text_config without a model_type of its own.

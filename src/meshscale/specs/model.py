@@ -12,7 +12,8 @@ from meshscale.errors import UserError
 from meshscale.specs.loading import build, hash_once, read_spec_file
 
 
-MLPS = ("swiglu", "geglu", "gelu", "gelu-erf")
+MLPS = ("swiglu", "geglu", "gelu", "gelu-erf", "relu2")
+NORMS = ("", "layernorm", "rmsnorm")
 GATED_MLPS = ("swiglu", "geglu")  # gate, up and down matrices; the others have up and down
 
 
@@ -28,8 +29,12 @@ class ModelSpec:
     kv_heads: int = 0  # 0 means heads (multi-head attention); fewer means grouped-query attention
     head_dim: int = 0  # 0 means hidden // heads
     # "swiglu"/"geglu": 3 matrices (gate, up, down) with SiLU / tanh-GeLU gates (Llama / Gemma);
-    # "gelu"/"gelu-erf": 2 (up, down) with the tanh / exact GeLU (GPT-2 / GPT-NeoX)
+    # "gelu"/"gelu-erf": 2 (up, down) with the tanh / exact GeLU (GPT-2 / GPT-NeoX); "relu2": 2 with the squared
+    # ReLU (So et al. 2021, "Primer", sec. 3; Nemotron-4)
     mlp: str = "swiglu"
+    # "layernorm" (mean and variance, a gain and a bias) or "rmsnorm" (a gain); "": LayerNorm where the linear
+    # layers carry biases (GPT-style), RMSNorm where they do not (LLaMA-style). Nemotron-4: LayerNorm, no biases.
+    norm: str = ""
     tied_embeddings: bool = False
     learned_positions: bool = False  # GPT-style absolute position table (seq x hidden) instead of RoPE
     biases: bool = False  # GPT-style biases on every linear layer (and LayerNorm, not RMSNorm)
@@ -88,6 +93,9 @@ class ModelSpec:
                             f"got {self.mtp_layers}")
         if self.mlp not in MLPS:
             raise UserError(f"model {self.name}: mlp must be one of {', '.join(MLPS)}, got {self.mlp!r}")
+        if self.norm not in NORMS:
+            raise UserError(f"model {self.name}: norm must be layernorm or rmsnorm (or left out: LayerNorm with "
+                            f"biases, RMSNorm without), got {self.norm!r}")
         if self.heads % self.kv_heads:
             raise UserError(f"model {self.name}: heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
         if self.experts:
@@ -107,6 +115,11 @@ class ModelSpec:
     @property
     def uses_mla(self) -> bool:
         return self.kv_lora_rank > 0
+
+    @property
+    def layer_norm(self) -> bool:
+        """Whether the norms are LayerNorms (with a bias each), not RMSNorms."""
+        return self.norm == "layernorm" or (not self.norm and self.biases)
 
     @property
     def gated_mlp(self) -> bool:
@@ -163,14 +176,14 @@ class ModelSpec:
 
     def norm_params(self) -> int:
         # two norms per layer, four with sandwich norms; LayerNorm has a bias too; qk-norm: one head_dim each
-        per_norm = self.hidden * (2 if self.biases else 1)
+        per_norm = self.hidden * (2 if self.layer_norm else 1)
         return per_norm * (4 if self.sandwich_norms else 2) + (2 * self.head_dim if self.qk_norm else 0)
 
     def embedding_params(self) -> int:
         table = self.vocab * self.hidden
         pos = self.seq * self.hidden if self.learned_positions else 0
         head = 0 if self.tied_embeddings else self.vocab * self.hidden
-        final_norm = self.hidden * (2 if self.biases else 1)
+        final_norm = self.hidden * (2 if self.layer_norm else 1)
         return table + pos + head + final_norm
 
     def layer_params(self, i: int) -> int:
@@ -225,6 +238,15 @@ PRESETS: dict[str, ModelSpec] = {
     # Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1.
     "gpt3-175b": ModelSpec(name="gpt3-175b", layers=96, hidden=12288, heads=96, ffn=49152, vocab=50257,
                            seq=2048, mlp="gelu", tied_embeddings=True, learned_positions=True, biases=True),
+    # Parmar et al. 2024, "Nemotron-4 15B Technical Report" (arXiv:2402.16819), sec. 2 and Table 1, and NVIDIA
+    # 2024, "Nemotron-4 340B Technical Report" (arXiv:2406.11704), sec. 2.2 and Table 1: squared-ReLU MLP of 4x
+    # hidden, no biases, untied embeddings, GQA with 8 KV heads, RoPE; LayerNorm (Nemotron-4-340B-Base's
+    # model_config.yaml: normalization layernorm1p, rotary_percentage 0.5, which the 15B shares).
+    "nemotron-4-15b": ModelSpec(name="nemotron-4-15b", layers=32, hidden=6144, heads=48, kv_heads=8, ffn=24576,
+                                vocab=256000, seq=4096, mlp="relu2", norm="layernorm", rotary_fraction=0.5),
+    "nemotron-4-340b": ModelSpec(name="nemotron-4-340b", layers=96, hidden=18432, heads=96, kv_heads=8,
+                                 ffn=73728, vocab=256000, seq=4096, mlp="relu2", norm="layernorm",
+                                 rotary_fraction=0.5),
     # Jiang et al. 2024, "Mixtral of Experts", Table 1.
     "mixtral-8x7b": _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 4096, experts=8, top_k=2),
     # Qwen Team 2025, "Qwen3 Technical Report", Table 2, and its HF config.json: every layer MoE (128 experts of
@@ -232,6 +254,10 @@ PRESETS: dict[str, ModelSpec] = {
     "qwen3-235b-a22b": _llama("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, 4096, head_dim=128,
                               experts=128, top_k=8, expert_ffn=1536, qk_norm=True, norm_eps=1e-6,
                               rope_theta=1e6, aux_loss_coef=0.001),
+    # The same report's Table 2 and Qwen3-30B-A3B's HF config.json: 48 layers of 128 experts of 768, top-8, GQA 32/4
+    # heads of 128 (30.5B total, 3.3B active).
+    "qwen3-30b-a3b": _llama("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, 4096, head_dim=128, experts=128, top_k=8,
+                            expert_ffn=768, qk_norm=True, norm_eps=1e-6, rope_theta=1e6, aux_loss_coef=0.001),
     # OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card", Table 1, and its HF config.json: 36 layers, 128
     # experts of 2880, top-4, GQA 64/8 heads of 64, a window of 128 in every other layer, trained at 4096 tokens
     # (initial_context_length) before YaRN extended it (116.8B total, 5.1B active).
