@@ -511,3 +511,17 @@ def test_megatron_builds_nemotrons_block_and_reads_it_back():
     neox = dataclasses.replace(load_model("tiny-gpt"), learned_positions=False, rotary_fraction=0.25)
     assert parse_megatron(emit("megatron", neox, h100, Layout.parse("dp=8"), 64, "bf16", steps=10).config)[
         "normalization"] == "LayerNorm"
+
+
+def test_llama4s_chunked_attention_is_no_window_of_megatron_or_maxtext():
+    """Megatron-LM's --window-size is a sliding window; Llama 4's chunks are not one, so the arguments leave
+    the window out and say so, as the MaxText config does."""
+    scout, h100 = load_model("llama4-scout-17b-16e"), load_cluster("h100-80gb")
+    out = emit("megatron", scout, h100, Layout.parse("dp=16,zero=1,tp=4,sp=true,pp=2,ep=16,mbs=1"), 256, "bf16",
+               steps=10)
+    assert "window_size" not in parse_megatron(out.config)
+    assert any("no chunked attention" in n and "8192" in n for n in out.notes)
+    v5p = load_cluster("tpu-v5p")
+    notes = emit("maxtext", scout, v5p, Layout.parse("dp=1024,zero=3,ep=16,mbs=1", 1024), 1024, "bf16",
+                 steps=10).notes
+    assert any("chunked attention" in n for n in notes)

@@ -1,4 +1,4 @@
-"""Hugging Face config.json files read per model_type: 33 published configs (their math fields, as on the
+"""Hugging Face config.json files read per model_type: 34 published configs (their math fields, as on the
 Hub) planned at the published parameter totals, and the refusals of what meshscale does not map."""
 
 import dataclasses
@@ -34,6 +34,21 @@ DEEPSEEK_V2 = {"model_type": "deepseek_v2", "vocab_size": 102400, "first_k_dense
                "rms_norm_eps": 1e-6, "rope_theta": 10000, "ep_size": 1, "pretraining_tp": 1, "attention_bias": False,
                "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707,
                                 "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096, "type": "yarn"}}
+
+# Llama 4's text_config fields beside its experts (the Hub's Llama-4-Scout-17B-16E and Maverick-17B-128E)
+LLAMA4 = {"model_type": "llama4_text", "attention_bias": False, "attention_chunk_size": 8192, "attn_scale": 0.1,
+          "attn_temperature_tuning": 4, "floor_scale": 8192, "for_llm_compressor": False, "head_dim": 128,
+          "hidden_act": "silu", "hidden_size": 5120, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+          "num_attention_heads": 40, "num_experts_per_tok": 1, "num_hidden_layers": 48, "num_key_value_heads": 8,
+          "no_rope_layers": [0 if (i + 1) % 4 == 0 else 1 for i in range(48)], "rms_norm_eps": 1e-5,
+          "rope_theta": 500000.0, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0, "use_qk_norm": True,
+          "vocab_size": 202048, "eos_token_id": [200001, 200007, 200008]}
+
+# Llama 4 Scout's (its card's 109B total holds the vision tower; the 17B active are the language model's)
+SCOUT = {"model_type": "llama4", "vision_config": {"model_type": "llama4_vision_model"}, "text_config": {
+    **LLAMA4, "num_local_experts": 16, "interleave_moe_layer_step": 1, "max_position_embeddings": 10485760,
+    "moe_layers": list(range(48)), "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                                    "original_max_position_embeddings": 8192, "rope_type": "llama3"}}}
 
 # (name, config.json's fields, the published total: the Hub's safetensors count or the paper's)
 CONFIGS = [
@@ -88,6 +103,10 @@ CONFIGS = [
                                       "type": "yarn"},
                      "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                                              "weight_block_size": [128, 128]}}, 671_000_000_000),
+    # Llama 4 Maverick's text model (the Hub's text_config; its model card: 400B total, 17B active)
+    ("Llama-4-Maverick-17B-128E", {**LLAMA4, "num_local_experts": 128, "interleave_moe_layer_step": 2,
+                                   "max_position_embeddings": 1048576, "moe_layers": list(range(1, 48, 2)),
+                                   "use_qk_norm": False}, 400_000_000_000),
     # DeepSeek-V2 (arXiv:2405.04434) and V2-Lite model pages: 236B and 15.7B total.
     ("DeepSeek-V2", {**DEEPSEEK_V2, "hidden_size": 5120, "intermediate_size": 12288, "moe_intermediate_size": 1536,
                      "n_routed_experts": 160, "num_attention_heads": 128, "num_key_value_heads": 128,
@@ -181,12 +200,14 @@ def by_name(name):
 
 @pytest.mark.parametrize("preset, name", [("qwen3-235b-a22b", "Qwen3-235B-A22B"), ("qwen3-30b-a3b", "Qwen3-30B-A3B"),
                                           ("gpt-oss-120b", "gpt-oss-120b"), ("nemotron-4-15b", "Nemotron-4-15B"),
-                                          ("nemotron-4-340b", "Nemotron-4-340B")])
+                                          ("nemotron-4-340b", "Nemotron-4-340B"),
+                                          ("llama4-scout-17b-16e", "Llama-4-Scout-17B-16E"),
+                                          ("llama4-maverick-17b-128e", "Llama-4-Maverick-17B-128E")])
 def test_a_preset_is_its_published_config(preset, name):
     """A preset written by hand reads as its Hugging Face config.json does, but for its name and the
     training sequence the preset chooses (the config gives the longest context)."""
-    read = from_hf_config(by_name(name), preset)
-    assert dataclasses.replace(read, seq=4096) == load_model(preset)
+    read = from_hf_config(SCOUT if name == "Llama-4-Scout-17B-16E" else by_name(name), preset)
+    assert dataclasses.replace(read, seq=load_model(preset).seq) == load_model(preset)
 
 
 def test_the_math_fields_are_read():
@@ -216,6 +237,11 @@ def test_the_math_fields_are_read():
     oss = from_hf_config(by_name("gpt-oss-120b"), "g")
     assert (oss.sliding_window, oss.full_attention_every, oss.attention_sinks, oss.qkv_bias) == (128, 2, True, True)
     assert (oss.experts, oss.top_k, oss.expert_ffn, oss.head_dim, oss.kv_heads) == (128, 4, 2880, 64, 8)
+    scout, maverick = from_hf_config(SCOUT, "s"), from_hf_config(by_name("Llama-4-Maverick-17B-128E"), "m")
+    assert (scout.moe_layers, maverick.moe_layers, maverick.first_dense_layers, maverick.ffn) == (48, 24, 1, 16384)
+    assert (scout.experts, scout.top_k, scout.shared_experts, scout.expert_ffn) == (16, 1, 1, 8192)
+    assert (scout.sliding_window, scout.full_attention_every, scout.chunked_attention) == (8192, 4, True)
+    assert all(16.9e9 < m.active_param_count() < 17.5e9 for m in (scout, maverick))  # "17B active"
     nemotron = from_hf_config(by_name("Nemotron-4-340B"), "n")
     assert (nemotron.mlp, nemotron.norm, nemotron.layer_norm, nemotron.biases) == ("relu2", "layernorm", True, False)
     assert (nemotron.rotary_fraction, nemotron.head_dim, nemotron.tied_embeddings) == (0.5, 192, False)
@@ -226,6 +252,8 @@ def test_models_the_runtime_does_not_build_are_planned_and_refused_by_the_traine
 
     assert "attention sinks" in trainer_lacks(load_model("gpt-oss-120b"))
     assert "latent attention" in trainer_lacks(from_hf_config(by_name("DeepSeek-V2-Lite"), "d"))
+    assert "chunked attention" in trainer_lacks(from_hf_config(SCOUT, "s"))
+    assert trainer_lacks(load_model("nemotron-4-15b")) is None
 
 
 def test_transformers_5_rope_parameters_read_as_4x_rope_fields():
@@ -275,6 +303,8 @@ def test_the_planner_costs_the_counted_parameters():
     ({**by_name("DeepSeek-V2"), "mlp_bias": True}, "mlp_bias=true is not supported"),
     ({**by_name("Nemotron-4-15B"), "hidden_act": "gelu"}, "hidden_act=\"gelu\" is not supported (Nemotron's MLP"),
     ({**by_name("Nemotron-4-15B"), "mlp_bias": True}, "mlp_bias=true is not supported"),
+    ({**by_name("Llama-4-Maverick-17B-128E"), "moe_layers": [0, 2]}, "moe_layers=[0, 2] is not supported"),
+    ({**by_name("Llama-4-Maverick-17B-128E"), "no_rope_layers": [1] * 48}, "no_rope_layers=[1, 1"),
 ])
 def test_what_is_not_mapped_is_one_line_exit_2(tmp_path, change, needle):
     from test_cli_predict_plan import cli

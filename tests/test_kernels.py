@@ -198,6 +198,27 @@ def test_a_sliding_window_attends_within_it_at_the_causal_rate_of_twice_its_leng
     assert model_flops_per_step(oss, 1) < model_flops_per_step(full, 1)
 
 
+def test_chunked_attention_attends_within_its_chunk_at_the_causal_rate_of_the_chunk():
+    """Llama 4 attends within aligned chunks of 8192 in 3 layers of 4: a query at position t sees (t mod C) + 1
+    keys, half a sliding window's reach, and each chunk is a causal kernel of length C; at the chunk's length or
+    shorter it is full causal attention."""
+    assert attended_positions(10, 4, chunked=True) == sum(t % 4 + 1 for t in range(10)) / 10
+    assert attended_positions(8, 8, chunked=True) == attended_positions(8)
+    scout, h100 = load_model("llama4-scout-17b-16e").with_seq(32768), CLUSTERS[1]
+    assert [scout.attention_window(i) for i in range(4)] == [8192, 8192, 8192, 0]
+    chunk = replace(scout, seq=8192, sliding_window=0, full_attention_every=0, chunked_attention=False)
+    full = replace(scout, sliding_window=0, full_attention_every=0, chunked_attention=False)
+    window = replace(scout, chunked_attention=False)
+    assert attention_core_flops(scout, scout.seq, layer=0) == attention_core_flops(chunk, chunk.seq)
+    assert attention_core_flops(scout, scout.seq, layer=0) < attention_core_flops(window, scout.seq, layer=0)
+    layout = Layout(mbs=1)
+    chunked, dense = (sum(attention_core_seconds(m, h100, layout, m.seq, "bf16")) for m in (scout, full))
+    one_chunk = sum(attention_core_seconds(chunk, h100, layout, chunk.seq, "bf16"))
+    assert chunked == pytest.approx(3 / 4 * 4 * one_chunk + dense / 4)
+    assert load_model("llama4-scout-17b-16e").seq == 8192 and sum(attention_core_seconds(
+        load_model("llama4-scout-17b-16e"), h100, layout, 8192, "bf16")) == pytest.approx(one_chunk)
+
+
 def test_ring_attention_merges_each_steps_output_through_memory():
     """Transformer Engine's ring adds every step's output into an fp32 one and accumulates dq, dk, dv in fp32:
     memory traffic that grows with the ring's steps, beside the attention's FLOPs."""

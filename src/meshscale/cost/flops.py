@@ -15,13 +15,17 @@ def attention_projection_flops(model: ModelSpec) -> float:
     return 2.0 * model.attention_params()
 
 
-def attended_positions(seq: int, window: int = 0, causal_skip: bool = True) -> float:
+def attended_positions(seq: int, window: int = 0, causal_skip: bool = True, chunked: bool = False) -> float:
     """Keys a query attends to, on average over a sequence of `seq`. Causal: (seq+1)/2; with a window of w < seq,
-    min(t+1, w) at position t, so w - w(w-1)/(2 seq). Fused kernels skip the masked blocks (Dao 2023,
-    FlashAttention-2 sec. 3.1, the window likewise); unfused kernels compute the full s x s scores (Narayanan
-    et al. 2021 eq. 3 counts those)."""
+    min(t+1, w) at position t, so w - w(w-1)/(2 seq); in chunks of w (Llama 4), (t mod w) + 1, each whole chunk
+    w(w+1)/2 and the rest r(r+1)/2. Fused kernels skip the masked blocks (Dao 2023, FlashAttention-2 sec. 3.1,
+    the window likewise); unfused kernels compute the full s x s scores (Narayanan et al. 2021 eq. 3 counts
+    those)."""
     if not causal_skip:
         return seq
+    if window and window < seq and chunked:
+        rest = seq % window
+        return ((seq - rest) * (window + 1) / 2 + rest * (rest + 1) / 2) / seq
     if window and window < seq:
         return window - window * (window - 1) / (2 * seq)
     return (seq + 1) / 2
@@ -32,7 +36,8 @@ def attention_core_flops(model: ModelSpec, seq: int, causal_skip: bool = True, l
     qk_dim = model.head_dim + (model.rope_head_dim if model.uses_mla else 0)
     v_dim = (model.v_head_dim or model.head_dim) if model.uses_mla else model.head_dim
     layers = range(model.layers) if layer is None else (layer,)
-    attended = sum(attended_positions(seq, model.attention_window(i), causal_skip) for i in layers) / len(layers)
+    attended = sum(attended_positions(seq, model.attention_window(i), causal_skip, model.chunked_attention)
+                   for i in layers) / len(layers)
     return 2.0 * model.heads * (qk_dim + v_dim) * attended
 
 

@@ -681,11 +681,12 @@ def _fused_core_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, 
     """`attention_core_seconds` of layer `layer` with a fused kernel. Under a window w shorter than the sequence
     each query block loops over about w/128 + 1 key blocks, as a causal kernel's do on average at length 2w: it
     runs at the scans' causal rate there, on its own rank whatever the CP (the keys it needs are local but for
-    the window's reach into the previous chunk)."""
+    the window's reach into the previous chunk). Chunks of w (Llama 4) are causal kernels of length w."""
     peak, dtype_bytes = cluster.bf16_work_peak(precision), PRECISIONS[precision]["compute"]
     core = tokens * flops.attention_core_flops(model, model.seq, True, layer) / layout.tp
     window = model.attention_window(layer)
-    length, cp = (2 * window, 1) if window and 2 * window < model.seq else (model.seq, layout.cp)
+    span = window if model.chunked_attention else 2 * window
+    length, cp = (span, 1) if window and span < model.seq else (model.seq, layout.cp)
     measured = nearest(cluster.attention_rates, (length / cp, model.head_dim))
     if measured and measured_precision(cluster, dtype_bytes):
         # calibrated: forward + backward measured as 3x the forward FLOPs

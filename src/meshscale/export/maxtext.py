@@ -153,4 +153,7 @@ def notes(job: Job) -> list[str]:
     if job.model.mlp == "relu2" or job.model.norm == "layernorm":
         out.append(f"MaxText: {job.model.name}'s squared ReLU or LayerNorm (Nemotron-4's) is no flax.linen "
                    "activation and no decoder_block of MaxText's; the config gives its shapes only")
+    if job.model.chunked_attention:
+        out.append(f"MaxText: {job.model.name}'s chunked attention (Llama 4's) needs a decoder_block of its own; "
+                   "the config gives its shapes only")
     return out

@@ -119,7 +119,7 @@ def _model_arguments(model: ModelSpec, dispatcher: str) -> list[str]:
         args.append("--add-qkv-bias")
     if model.qk_norm:
         args.append("--qk-layernorm")
-    if model.sliding_window:  # Transformer Engine's (left, right): a query sees itself and w-1 keys before it
+    if model.sliding_window and not model.chunked_attention:  # Transformer Engine's (left, right): itself, w-1 before
         args.append(f"--window-size {model.sliding_window - 1},0")
         if model.full_attention_every:
             args.append(f"--window-attn-skip-freq {model.full_attention_every}")
@@ -217,8 +217,12 @@ def _graphs_refused(lay: Layout) -> str:
 
 def notes(job: Job) -> list[str]:
     why = job.cluster.software.cuda_graphs and _graphs_refused(job.layout)
-    return [f"[software] cuda_graphs is left out: Megatron-Core refuses per-layer CUDA graphs {why}; the "
-            f"prediction assumed their shorter host time"] if why else []
+    out = [f"[software] cuda_graphs is left out: Megatron-Core refuses per-layer CUDA graphs {why}; the "
+           f"prediction assumed their shorter host time"] if why else []
+    if job.model.chunked_attention:
+        out.append(f"Megatron-LM has no chunked attention: these arguments give {job.model.name} full attention in "
+                   f"every layer, where the prediction attends within chunks of {job.model.sliding_window}")
+    return out
 
 
 def parse_arguments(text: str) -> dict:

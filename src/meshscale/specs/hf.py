@@ -289,6 +289,36 @@ def _nemotron(f: Fields) -> dict:
             "tied_embeddings": f.get("tie_word_embeddings", bool, False), **_rope(f)}
 
 
+def _llama4(f: Fields) -> dict:
+    """Planned only (the runtime model has no chunked attention). Llama 4's text model: every
+    interleave_moe_layer_step-th layer MoE (num_local_experts SwiGLU experts of intermediate_size, top-1, and one
+    shared expert as wide), the others dense of intermediate_size_mlp; chunked attention of attention_chunk_size
+    in the layers layer_types calls chunked, full attention every no_rope_layer_interval-th (those without RoPE).
+    Element-wise and left out: the weightless L2 norm of q and k (use_qk_norm), the queries' temperature tuning,
+    the rotation the full layers skip."""
+    kw = _decoder(f, eps_default=1e-5)
+    f.only("attention_bias", (False,), "Llama 4 publishes no biases")
+    f.only("router_jitter_noise", (0, 0.0), "the router takes no noise")
+    step, layers = f.get("interleave_moe_layer_step", int, 1), kw["layers"]
+    if step < 1 or f.get("moe_layers", list, list(range(step - 1, layers, step))) != list(range(step - 1, layers, step)):
+        f.refuse("moe_layers", f"meshscale reads Llama 4's MoE layers as every interleave_moe_layer_step-th ({step})")
+    every, chunk = f.get("no_rope_layer_interval", int, 4), f.get("attention_chunk_size", int, 0)
+    expected = ["full_attention" if (i + 1) % every == 0 or not chunk else "chunked_attention" for i in range(layers)]
+    if f.get("layer_types", list, expected) != expected:
+        f.refuse("layer_types", f"meshscale reads Llama 4's chunked layers with every {every}th attending to all")
+    if f.get("no_rope_layers", list, [int(t != "full_attention") for t in expected]) != [
+            int(t != "full_attention") for t in expected]:
+        f.refuse("no_rope_layers", "meshscale reads RoPE in the chunked layers and none in the full ones")
+    f.get("use_qk_norm", bool), f.get("for_llm_compressor", bool)  # the second: a quantization tool's hint
+    f.get("floor_scale", float), f.get("attn_scale", float)
+    f.read.add("attn_temperature_tuning")  # true, or a number in the first published configs: a query scale
+    window = {"sliding_window": chunk, "full_attention_every": every, "chunked_attention": True} if chunk else {}
+    return {**kw, "ffn": f.get("intermediate_size_mlp", int, kw["ffn"]), "expert_ffn": kw["ffn"],
+            "experts": f.get("num_local_experts", int, ...), "top_k": f.get("num_experts_per_tok", int, 1),
+            "shared_experts": 1, "first_dense_layers": step - 1, "moe_every": step, "norm_topk": False,
+            "aux_loss_coef": f.get("router_aux_loss_coef", float, 0.001), **window}
+
+
 def _gpt2(f: Fields) -> dict:
     hidden = f.get("n_embd", int, ...)
     act = f.get("activation_function", str, "gelu_new")
@@ -345,11 +375,12 @@ READERS = {
     "llama": _llama, "mistral": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
     "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3,
     "phi3": _phi3, "gpt2": _gpt2, "gpt_neox": _gpt_neox, "gpt_oss": _gpt_oss, "nemotron": _nemotron,
+    "llama4_text": _llama4,
     "gemma2": lambda f: _gemma(f, 2),
     "gemma3_text": lambda f: _gemma(f, 3),
 }
 # Multimodal wrappers whose text model sits in text_config without a model_type of its own.
-TEXT_CONFIG_TYPES = {"gemma3": "gemma3_text"}
+TEXT_CONFIG_TYPES = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
 
 
 def is_hf_config(data: dict) -> bool:

@@ -48,6 +48,9 @@ class ModelSpec:
     rotary_fraction: float = 1.0  # the share of each head's dimensions RoPE rotates (GPT-NeoX: 0.25)
     sliding_window: int = 0  # attend to the last n positions only; 0: to all
     full_attention_every: int = 0  # with a window, every n-th layer attends to all (Gemma 2: 2, Gemma 3: 6)
+    # Llama 4's chunked attention: a query attends to the earlier positions of its own aligned block of
+    # sliding_window positions, not to the last sliding_window ones
+    chunked_attention: bool = False
     attention_sinks: bool = False  # GPT-OSS: a learned logit per head joins each softmax (no value, no cost)
     # Mixture of experts (experts == 0: dense).
     experts: int = 0
@@ -93,6 +96,8 @@ class ModelSpec:
                             f"got {self.mtp_layers}")
         if self.mlp not in MLPS:
             raise UserError(f"model {self.name}: mlp must be one of {', '.join(MLPS)}, got {self.mlp!r}")
+        if self.chunked_attention and not self.sliding_window:
+            raise UserError(f"model {self.name}: chunked_attention needs sliding_window, the chunk's length")
         if self.norm not in NORMS:
             raise UserError(f"model {self.name}: norm must be layernorm or rmsnorm (or left out: LayerNorm with "
                             f"biases, RMSNorm without), got {self.norm!r}")
@@ -266,6 +271,23 @@ PRESETS: dict[str, ModelSpec] = {
                            rope_theta=150000.0, aux_loss_coef=0.9, rope_scaling=json.dumps(
                                {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "rope_type": "yarn",
                                 "original_max_position_embeddings": 4096, "truncate": False}, sort_keys=True)),
+    # Meta 2025, Llama 4 Scout and Maverick, their HF config.json text_config: 48 layers, GQA 40/8 heads of 128,
+    # top-1 routed experts of 8192 beside one shared expert as wide, in every layer (Scout, 16 experts) or every
+    # other (Maverick, 128 experts; dense layers of 16384); chunked attention of 8192 but in every 4th layer
+    # (107.8B and 400.7B parameters in the language model, 17.2B active). Trained at 8192 here: the chunk
+    # (Meta states no pre-training length).
+    "llama4-scout-17b-16e": _llama("llama4-scout-17b-16e", 48, 5120, 40, 8, 16384, 202048, 8192, head_dim=128,
+                                   experts=16, top_k=1, expert_ffn=8192, shared_experts=1, norm_topk=False,
+                                   rope_theta=500000.0, sliding_window=8192, full_attention_every=4,
+                                   chunked_attention=True, aux_loss_coef=0.001, rope_scaling=json.dumps(
+                                       {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                        "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+                                       sort_keys=True)),
+    "llama4-maverick-17b-128e": _llama("llama4-maverick-17b-128e", 48, 5120, 40, 8, 16384, 202048, 8192,
+                                       head_dim=128, experts=128, top_k=1, expert_ffn=8192, shared_experts=1,
+                                       first_dense_layers=1, moe_every=2, norm_topk=False, rope_theta=500000.0,
+                                       sliding_window=8192, full_attention_every=4, chunked_attention=True,
+                                       aux_loss_coef=0.001),
     # DeepSeek-AI 2024, "DeepSeek-V2" (arXiv:2405.04434), sec. 3.1.2, and its HF config.json (the first layer's
     # dense FFN, 12288): MLA, every layer but the first MoE with 2 shared and 160 routed experts of 1536, top-6
     # (236B total, 21B active).
@@ -302,6 +324,8 @@ def trainer_lacks(spec: ModelSpec) -> str | None:
         return "GeGLU MLP"
     if spec.attention_sinks:
         return "GPT-OSS block (attention sinks, clamped SwiGLU, biased experts)"
+    if spec.chunked_attention:
+        return "Llama 4 block (chunked attention, layers without RoPE, the router's weight on the experts' input)"
     kind = json.loads(spec.rope_scaling)["rope_type"] if spec.rope_scaling else None
     if kind and kind not in RUNTIME_ROPE_SCALINGS:
         return f"{kind} rope scaling (it applies {' and '.join(RUNTIME_ROPE_SCALINGS)})"
