@@ -11,7 +11,7 @@ LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_fre
 
 
 NAMES = ("llama", "llama-linear-tied", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3",
-         "gpt2", "gpt_neox", "gpt_neox-sequential")
+         "gpt2", "gpt_neox", "gpt_neox-sequential", "nemotron")
 
 
 def config(name: str):
@@ -37,6 +37,8 @@ def config(name: str):
                              eos_token_id=0, layer_norm_epsilon=1e-4),
         "gpt_neox": t.GPTNeoXConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                                     vocab_size=128, max_position_embeddings=64, bos_token_id=0, eos_token_id=0),
+        "nemotron": t.NemotronConfig(**{k: v for k, v in SMALL.items() if k != "rms_norm_eps"}, norm_eps=1e-4,
+                                     partial_rotary_factor=0.5, bos_token_id=0, eos_token_id=0),
         "gpt_neox-sequential": t.GPTNeoXConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                                num_attention_heads=4, vocab_size=128, max_position_embeddings=64,
                                                use_parallel_residual=False, hidden_act="gelu_new",

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hf_cases import NAMES, config, make, save, tokens
+from hf_cases import NAMES, config, save, tokens
 from meshscale.models.hf_weights import load
 from meshscale.models.transformer import Transformer, full_shapes
 from meshscale.specs.model import load_model
@@ -199,32 +199,21 @@ def test_init_from_refusals_are_one_line(tmp_path):
     refused("quantized weights \\(fp8\\) are not read", init_from=str(tmp_path / case))
 
 
-def test_nemotron_runtime_model_is_transformers():
-    """A Nemotron config (squared ReLU, LayerNorm1P, no biases, half the head rotated) builds a runtime model whose
-    logits equal transformers' NemotronForCausalLM given its weights, the 1P norms' stored w as our gain 1 + w
-    (meshscale does not read Nemotron checkpoints; this checks the math the planner and trainer share)."""
-    import transformers
 
-    from meshscale.specs.model import from_hf_config
+def test_nemotron_norms_read_and_write_back_as_stored(saved):
+    """Nemotron's LayerNorm1P stores a gain g as g - 1: loaded, our LayerNorm holds g; assembled for export, every
+    tensor is the checkpoint's own again, and the config written reads back as the same model."""
+    from meshscale.models.hf_weights import assemble
+    from meshscale.specs.hf import to_hf_config
 
-    cfg = transformers.NemotronConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, vocab_size=128, max_position_embeddings=64,
-                                      partial_rotary_factor=0.5)
-    theirs = make(cfg)
-    spec = from_hf_config(cfg.to_dict(), "nemotron")
-    assert spec.param_count() == sum(p.numel() for p in theirs.parameters())
-    names = {"embed_tokens": "tok_embeddings", "input_layernorm": "attention_norm", "self_attn": "attention",
-             "post_attention_layernorm": "ffn_norm", "mlp.up_proj": "feed_forward.w1",
-             "mlp.down_proj": "feed_forward.w2", "lm_head": "output"}
-    weights = {}
-    for name, p in theirs.state_dict().items():
-        ours = name.removeprefix("model.")
-        for hf, mine in names.items():
-            ours = ours.replace(hf, mine)
-        ours = ours.replace("attention.q_proj", "attention.wq").replace("attention.k_proj", "attention.wk")
-        ours = ours.replace("attention.v_proj", "attention.wv").replace("attention.o_proj", "attention.wo")
-        weights[ours] = p + 1 if "norm" in name and name.endswith("weight") else p
-    model = Transformer(spec).eval()
-    model.load_state_dict(weights)
-    with torch.no_grad():
-        assert (model(tokens()) - theirs(tokens()).logits).abs().max().item() < 1e-5
+    path, _, _ = saved["nemotron"]
+    spec = load_model(str(path))
+    model = Transformer(spec)
+    load(model, path, spec, full_shapes(spec))
+    original = _tensors(path)
+    assert torch.equal(model.norm.weight, original["model.norm.weight"] + 1)
+    back = assemble("nemotron", spec, dict(model.state_dict()))
+    assert sorted(back) == sorted(original)
+    assert all(torch.allclose(back[k], original[k], atol=1e-6) for k in original)
+    config = to_hf_config(spec)
+    assert (config["model_type"], config["hidden_act"], config["partial_rotary_factor"]) == ("nemotron", "relu2", 0.5)

@@ -141,6 +141,13 @@ def test_mistyped_model_and_train_files_are_one_line(tmp_path):
     model.write_text(json.dumps({"name": "m", "layers": 2, "hidden": 64, "heads": 3, "ffn": 128, "vocab": 256}))
     with pytest.raises(UserError, match=r"hidden \(64\) must be a multiple of heads \(3\), or give head_dim"):
         load_model(str(model))
+    shape = {"name": "m", "layers": 2, "hidden": 64, "heads": 8, "ffn": 128, "vocab": 256}
+    for extra, match in (({"norm": "ln"}, "norm must be layernorm or rmsnorm .*got 'ln'"),
+                         ({"mlp": "relu"}, "mlp must be one of swiglu, geglu, gelu, gelu-erf, relu2, got 'relu'"),
+                         ({"chunked_attention": True}, "chunked_attention needs sliding_window")):
+        model.write_text(json.dumps({**shape, **extra}))
+        with pytest.raises(UserError, match=match):
+            load_model(str(model))
     train = tmp_path / "t.toml"
     train.write_text('[train]\nsteps = "5"\n')
     with pytest.raises(UserError, match="steps must be an integer"):

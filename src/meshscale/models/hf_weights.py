@@ -22,11 +22,13 @@ from meshscale.specs.model import ModelSpec
 class Part:
     """Row i of the meshscale parameter is row index[i] of Hugging Face tensor `key` (column index[i], with
     the remaining dimension transposed, when `transposed`), a tensor of `rows` such rows (None: at least as
-    many as the index reaches; a position table may be longer than the run's sequence)."""
+    many as the index reaches; a position table may be longer than the run's sequence), plus `offset`
+    (Nemotron's LayerNorm1P stores a gain g as g - 1)."""
     key: str
     index: range | tuple
     rows: int | None
     transposed: bool = False
+    offset: float = 0.0
 
 
 # ---- names --------------------------------------------------------------------------------------------
@@ -79,12 +81,20 @@ _NEOX = [
                                    r"attention\.w[qkv]": "attention.query_key_value",
                                    r"attention\.wo": "attention.dense", r"feed_forward\.w1": "mlp.dense_h_to_4h",
                                    r"feed_forward\.w2": "mlp.dense_4h_to_h"})
+_NEMOTRON = [
+    (r"tok_embeddings\.weight", "model.embed_tokens.weight"),
+    (r"output\.weight", "lm_head.weight"),
+    (r"norm\.(weight|bias)", r"model.norm.\1"),
+    (r"layers\.(\d+)\.attention\.w([qkvo])\.weight", r"model.layers.\1.self_attn.\2_proj.weight"),
+] + _per_layer("model.layers", {r"attention_norm": "input_layernorm", r"ffn_norm": "post_attention_layernorm",
+                                r"feed_forward\.w1": "mlp.up_proj", r"feed_forward\.w2": "mlp.down_proj"})
 _PHI3 = [
     (r"layers\.(\d+)\.attention\.w[qkv]\.weight", r"model.layers.\1.self_attn.qkv_proj.weight"),
     (r"layers\.(\d+)\.feed_forward\.w[13]\.weight", r"model.layers.\1.mlp.gate_up_proj.weight"),
 ] + _LLAMA
 NAMES = {"llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA, "qwen3": _LLAMA, "qwen2_moe": _LLAMA,
-         "qwen3_moe": _LLAMA, "mixtral": _MIXTRAL, "phi3": _PHI3, "gpt2": _GPT2, "gpt_neox": _NEOX}
+         "qwen3_moe": _LLAMA, "mixtral": _MIXTRAL, "phi3": _PHI3, "gpt2": _GPT2, "gpt_neox": _NEOX,
+         "nemotron": _NEMOTRON}
 
 
 def _hf_name(model_type: str, name: str) -> str:
@@ -120,7 +130,8 @@ def parts(model_type: str, spec: ModelSpec, shapes: dict) -> dict:
         else:
             name_hf = _hf_name(model_type, name)
         transposed = model_type == "gpt2" and re.search(r"\.w[qkvo12]\.weight$", name) is not None  # Conv1D
-        out[name] = Part(name_hf, *_rows(model_type, spec, name, shape[0]), transposed)
+        offset = 1.0 if model_type == "nemotron" and re.search(r"norm\.weight$", name) else 0.0
+        out[name] = Part(name_hf, *_rows(model_type, spec, name, shape[0]), transposed, offset)
     return out
 
 
@@ -212,7 +223,7 @@ def load(module: torch.nn.Module, root: str | Path, spec: ModelSpec, full_shapes
     for name, p in module.named_parameters():
         full = full_shapes[name]
         value = tensors.read(mapping[name], full, region_of(tuple(p.shape), full, tp_rank, tp))
-        p.copy_(value.to(p.dtype))
+        p.copy_(value.to(p.dtype) + mapping[name].offset)
 
 
 # ---- writing ------------------------------------------------------------------------------------------
@@ -223,7 +234,7 @@ def assemble(model_type: str, spec: ModelSpec, tensors: dict) -> dict:
     for name, part in parts(model_type, spec, {n: tuple(t.shape) for n, t in tensors.items()}).items():
         if name == "output.weight" and spec.tied_embeddings:
             continue
-        t = tensors[name]
+        t = tensors[name] - part.offset
         rows = part.rows or t.shape[0]
         if part.key not in out:
             out[part.key] = t.new_empty((t.shape[1], rows) if part.transposed else (rows, *t.shape[1:]))

@@ -279,8 +279,9 @@ def _gpt_oss(f: Fields) -> dict:
 
 def _nemotron(f: Fields) -> dict:
     """NVIDIA's Nemotron-4 (NemotronForCausalLM): an MLP of up and down projections around a squared ReLU, and
-    LayerNorm1P, a LayerNorm whose gain is stored as w for 1 + w (the same function, so planned and trained as a
-    LayerNorm; its checkpoints are not read), with no biases on the linear layers and RoPE on part of each head."""
+    LayerNorm1P, a LayerNorm whose gain g is stored as g - 1 (the same function, so planned and trained as a
+    LayerNorm; models/hf_weights.py adds the 1 back), with no biases on the linear layers and RoPE on part of each
+    head."""
     if f.get("hidden_act", str, "relu2") != "relu2":
         f.refuse("hidden_act", "Nemotron's MLP is the squared ReLU (relu2)")
     f.only("attention_bias", (False,), "Nemotron-4 publishes no biases")
@@ -412,7 +413,7 @@ def model_fields(data: dict, source: str) -> dict:
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
                  "qwen2": "Qwen2ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM", "phi3": "Phi3ForCausalLM", "gpt2": "GPT2LMHeadModel",
-                 "gpt_neox": "GPTNeoXForCausalLM"}
+                 "gpt_neox": "GPTNeoXForCausalLM", "nemotron": "NemotronForCausalLM"}
 
 
 def hf_type(spec) -> str:
@@ -421,6 +422,8 @@ def hf_type(spec) -> str:
         return "gpt2"
     if spec.biases:
         return "gpt_neox"
+    if spec.mlp == "relu2":
+        return "nemotron"
     if spec.is_moe:
         return "qwen3_moe" if spec.qk_norm else "qwen2_moe" if spec.qkv_bias else "mixtral"
     if spec.qk_norm or spec.qkv_bias:
@@ -443,6 +446,9 @@ def to_hf_config(spec) -> dict:
     if kind == "gpt_neox":
         config.update(hidden_act="gelu" if spec.mlp == "gelu-erf" else "gelu_new", layer_norm_eps=spec.norm_eps,
                       rotary_pct=spec.rotary_fraction, use_parallel_residual=spec.parallel_residual)
+    elif kind == "nemotron":
+        config.update(num_key_value_heads=spec.kv_heads, head_dim=spec.head_dim, norm_eps=spec.norm_eps,
+                      hidden_act="relu2", partial_rotary_factor=spec.rotary_fraction)
     elif kind != "gpt2":
         config.update(num_key_value_heads=spec.kv_heads, head_dim=spec.head_dim, rms_norm_eps=spec.norm_eps,
                       hidden_act="silu")
