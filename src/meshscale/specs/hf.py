@@ -301,17 +301,19 @@ def _llama4(f: Fields) -> dict:
     f.only("attention_bias", (False,), "Llama 4 publishes no biases")
     f.only("router_jitter_noise", (0, 0.0), "the router takes no noise")
     step, layers = f.get("interleave_moe_layer_step", int, 1), kw["layers"]
-    if step < 1 or f.get("moe_layers", list, list(range(step - 1, layers, step))) != list(range(step - 1, layers, step)):
+    moe = list(range(step - 1, layers, step))
+    if step < 1 or f.get("moe_layers", list, moe) != moe:
         f.refuse("moe_layers", f"meshscale reads Llama 4's MoE layers as every interleave_moe_layer_step-th ({step})")
     every, chunk = f.get("no_rope_layer_interval", int, 4), f.get("attention_chunk_size", int, 0)
-    expected = ["full_attention" if (i + 1) % every == 0 or not chunk else "chunked_attention" for i in range(layers)]
-    if f.get("layer_types", list, expected) != expected:
+    rope = [0 if (i + 1) % every == 0 else 1 for i in range(layers)]
+    if f.get("no_rope_layers", list, rope) != rope:
+        f.refuse("no_rope_layers", f"meshscale reads Llama 4's layers without RoPE as every {every}th")
+    kinds = ["chunked_attention" if chunk and r else "full_attention" for r in rope]
+    if f.get("layer_types", list, kinds) != kinds:
         f.refuse("layer_types", f"meshscale reads Llama 4's chunked layers with every {every}th attending to all")
-    if f.get("no_rope_layers", list, [int(t != "full_attention") for t in expected]) != [
-            int(t != "full_attention") for t in expected]:
-        f.refuse("no_rope_layers", "meshscale reads RoPE in the chunked layers and none in the full ones")
-    f.get("use_qk_norm", bool), f.get("for_llm_compressor", bool)  # the second: a quantization tool's hint
-    f.get("floor_scale", float), f.get("attn_scale", float)
+    for key, kind in (("use_qk_norm", bool), ("for_llm_compressor", bool), ("floor_scale", float),
+                      ("attn_scale", float)):  # the q/k norm and query scales are element-wise; a quantizer's hint
+        f.get(key, kind)
     f.read.add("attn_temperature_tuning")  # true, or a number in the first published configs: a query scale
     window = {"sliding_window": chunk, "full_attention_every": every, "chunked_attention": True} if chunk else {}
     return {**kw, "ffn": f.get("intermediate_size_mlp", int, kw["ffn"]), "expert_ffn": kw["ffn"],
