@@ -37,7 +37,7 @@ class ModelSpec:
     norm: str = ""
     tied_embeddings: bool = False
     learned_positions: bool = False  # GPT-style absolute position table (seq x hidden) instead of RoPE
-    biases: bool = False  # GPT-style biases on every linear layer (and LayerNorm, not RMSNorm)
+    biases: bool = False  # GPT-style biases on every linear layer (and LayerNorm, unless `norm` says otherwise)
     qkv_bias: bool = False  # biases on q, k and v alone (Qwen2)
     qk_norm: bool = False  # RMSNorm over each head's q and k before RoPE (Qwen3, Gemma 3)
     norm_eps: float = 1e-5
