@@ -366,16 +366,16 @@ def nemo_runs():
     in flash-attn's kernel (FlashAttention-2), not cuDNN's: the launcher's conf/config.yaml sets
     NVTE_FUSED_ATTN=0 ("Disable cudnn FA until we've tested it more") from 2024-02-13 to 2024-08-29, but for
     GPT3-175B, whose example script sets NVTE_FUSED_ATTN=1 (95c77b59, "Enable cuDNN FlashAtt only for 175B")."""
-    def nemotron(name, layers, hidden, heads, kv_heads, ffn):  # squared-ReLU MLP (two matrices), RoPE, 256k
-        return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn,
-                         vocab=256000, seq=4096, mlp="gelu")
+    def nemotron(name, layers, hidden, heads, kv_heads, ffn):  # Nemotron-4's block (the nemotron-4-340b preset's)
+        return replace(load_model("nemotron-4-340b"), name=name, layers=layers, hidden=hidden, heads=heads,
+                       kv_heads=kv_heads or heads, head_dim=hidden // heads, ffn=ffn)
 
     models = {"GPT3-5B": gpt3("gpt3-5b", 24, 4096, 32),
               "GPT3-20B": gpt3("gpt3-20b", 44, 6144, 48),
               "GPT3-175B": gpt3("gpt3-175b", 96, 12288, 96),
               "Nemotron-8B": nemotron("nemotron-8b", 32, 4096, 32, 0, 16384),
               "Nemotron-22B": nemotron("nemotron-22b", 40, 6144, 48, 0, 24576),
-              "Nemotron-340B": nemotron("nemotron-340b", 96, 18432, 96, 8, 73728),
+              "Nemotron-340B": load_model("nemotron-4-340b"),
               **{name.upper(): load_model(name) for name in ("llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b",
                                                              "llama3-70b")}}
     # (model, GPUs, GBS, MBS, seq, TP, PP, CP, VP, tokens/s per GPU, TP overlap, fp32 gradients)
@@ -510,7 +510,7 @@ def mpt(name: str) -> ModelSpec:
     embeddings, vocab 50368, LayerNorm, seq 2048."""
     hidden, heads, layers = MPT_SIZES[name]
     return ModelSpec(name=f"mpt-{name}", layers=layers, hidden=hidden, heads=heads, ffn=4 * hidden, vocab=50368,
-                     seq=2048, mlp="gelu", tied_embeddings=True, learned_positions=True)
+                     seq=2048, mlp="gelu", norm="layernorm", tied_embeddings=True, learned_positions=True)
 
 
 def mosaic_runs():
