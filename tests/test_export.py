@@ -525,3 +525,23 @@ def test_llama4s_chunked_attention_is_no_window_of_megatron_or_maxtext():
     notes = emit("maxtext", scout, v5p, Layout.parse("dp=1024,zero=3,ep=16,mbs=1", 1024), 1024, "bf16",
                  steps=10).notes
     assert any("chunked attention" in n for n in notes)
+
+
+def test_each_torchtitan_flavor_named_has_the_presets_shape():
+    """FLAVORS names torchtitan's own model flavors; the installed torchtitan's flavor tables (read as source:
+    importing torchtitan needs triton) give each the preset's layers, width, heads and experts."""
+    import ast
+
+    from meshscale.export.torchtitan import FLAVORS
+
+    root = Path(importlib.util.find_spec("torchtitan").submodule_search_locations[0]) / "models"
+    fields = {"n_layers": "layers", "dim": "hidden", "n_heads": "heads", "n_kv_heads": "kv_heads",
+              "num_experts": "experts", "top_k": "top_k"}
+    for preset, (name, flavor) in FLAVORS.items():
+        tables = [node.value for node in ast.walk(ast.parse((root / name / "__init__.py").read_text()))
+                  if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)]
+        call = next(v for t in tables for k, v in zip(t.keys, t.values) if getattr(k, "value", None) == flavor)
+        given = {kw.arg: kw.value.value for c in ast.walk(call) if isinstance(c, ast.Call) for kw in c.keywords
+                 if isinstance(kw.value, ast.Constant) and kw.arg in fields}
+        model = load_model(preset)
+        assert given and all(getattr(model, fields[k]) == v for k, v in given.items()), (preset, given)
