@@ -534,7 +534,9 @@ def test_each_torchtitan_flavor_named_has_the_presets_shape():
 
     from meshscale.export.torchtitan import FLAVORS
 
-    root = Path(importlib.util.find_spec("torchtitan").submodule_search_locations[0]) / "models"
+    from importlib.metadata import distribution
+
+    root = Path(distribution("torchtitan").locate_file("torchtitan/models"))  # other tests stub the module
     fields = {"n_layers": "layers", "dim": "hidden", "n_heads": "heads", "n_kv_heads": "kv_heads",
               "num_experts": "experts", "top_k": "top_k"}
     for preset, (name, flavor) in FLAVORS.items():
