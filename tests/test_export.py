@@ -434,6 +434,18 @@ def test_kernels_the_prediction_assumed_are_named_beside_the_config():
     assert "attention_kernel = 'fa2', attention_unpad = True, metric_cross_entropies = 2" in notes[0]
 
 
+def test_attention_without_a_causal_mask_is_a_note_in_every_framework():
+    """Every framework's decoder masks causally: a model with causal = false gets its config and a note saying the
+    run does about half the attention work predicted."""
+    h100, layout = load_cluster("h100-80gb"), Layout.parse("dp=8,zero=3,mbs=1")
+    model = dataclasses.replace(load_model("llama3-8b"), causal=False)
+    for framework in ("torchtitan", "megatron"):
+        notes = emit(framework, model, h100, layout, 64, "bf16", steps=10).notes
+        assert any(n.startswith(f"{framework}'s decoder masks") and "causal = false" in n for n in notes)
+    assert not any("causal" in n for n in emit("megatron", load_model("llama3-8b"), h100, layout, 64, "bf16",
+                                              steps=10).notes)
+
+
 @pytest.mark.skipif(not installed("megatron.core"), reason="megatron-core is not installed (pip install '.[test]')")
 def test_megatron_dispatches_tokens_as_the_cost_model_charged():
     """[software] moe_dispatcher = "deepep" or "hybridep" is Megatron-Core's flex dispatcher with that backend

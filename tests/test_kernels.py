@@ -14,7 +14,7 @@ from meshscale.cost.step import pipeline_passes
 from meshscale.errors import UserError
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout
-from meshscale.specs.model import load_model
+from meshscale.specs.model import load_model, trainer_lacks
 
 CLUSTERS = [load_cluster(n) for n in ("a100-80gb", "h100-80gb", "tpu-v5p", "tpu-v5e")]
 
@@ -217,6 +217,26 @@ def test_chunked_attention_attends_within_its_chunk_at_the_causal_rate_of_the_ch
     assert chunked == pytest.approx(3 / 4 * 4 * one_chunk + dense / 4)
     assert load_model("llama4-scout-17b-16e").seq == 8192 and sum(attention_core_seconds(
         load_model("llama4-scout-17b-16e"), h100, layout, 8192, "bf16")) == pytest.approx(one_chunk)
+
+
+def test_attention_without_a_causal_mask_does_every_block():
+    """causal = false (an encoder's attention; MaxText's flash kernel of October 2023): a query attends to all seq
+    keys, not (seq + 1) / 2, and the kernel skips no block. On a TPU (no measured shape) the causal kernel computes
+    its diagonal blocks in full, so the full one takes 2 seq / (seq + 1) x nb / (nb + 1) as long; on a GPU it runs at
+    the scans' non-causal rate, which is faster per FLOP; under CP every ring step is a full block."""
+    causal = load_model("llama3-8b").with_seq(2048)
+    full = replace(causal, causal=False)
+    assert attention_core_flops(full, 2048) == attention_core_flops(causal, 2048) * 2 * 2048 / 2049
+    assert attention_core_flops(full, 2048, causal_skip=False) == attention_core_flops(causal, 2048, False)
+    v5p, h100, layout = CLUSTERS[2], CLUSTERS[1], Layout(mbs=1)
+    tpu = [sum(attention_core_seconds(m, v5p, layout, 2048, "bf16")) for m in (causal, full)]
+    blocks = 2048 / 128
+    assert tpu[1] == pytest.approx(tpu[0] * 2 * 2048 / 2049 * blocks / (blocks + 1))
+    gpu = [sum(attention_core_seconds(m, h100, layout, 2048, "bf16")) for m in (causal, full)]
+    assert tpu[1] / tpu[0] > gpu[1] / gpu[0] > 1.5
+    ring = [sum(attention_core_seconds(m, h100, Layout(mbs=1, cp=4), 512, "bf16")) for m in (causal, full)]
+    assert ring[1] > 1.3 * ring[0]
+    assert "causal = false" in trainer_lacks(full) and trainer_lacks(causal) is None
 
 
 def test_ring_attention_merges_each_steps_output_through_memory():

@@ -144,7 +144,8 @@ def test_mistyped_model_and_train_files_are_one_line(tmp_path):
     shape = {"name": "m", "layers": 2, "hidden": 64, "heads": 8, "ffn": 128, "vocab": 256}
     for extra, match in (({"norm": "ln"}, "norm must be layernorm or rmsnorm .*got 'ln'"),
                          ({"mlp": "relu"}, "mlp must be one of swiglu, geglu, gelu, gelu-erf, relu2, got 'relu'"),
-                         ({"chunked_attention": True}, "chunked_attention needs sliding_window")):
+                         ({"chunked_attention": True}, "chunked_attention needs sliding_window"),
+                         ({"causal": False, "sliding_window": 16}, "sliding_window looks back only")):
         model.write_text(json.dumps({**shape, **extra}))
         with pytest.raises(UserError, match=match):
             load_model(str(model))

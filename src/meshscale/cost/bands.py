@@ -29,7 +29,7 @@ BANDS: dict[str, tuple[int, float, float, float]] = {
     'H800 MoE bf16': (1, 0.0245, 0.0245, -0.0245),
     'H800 MoE fp8': (1, 0.0243, 0.0243, -0.0243),
     'TPU v4 dense bf16': (7, 0.0558, 0.0685, -0.0527),
-    'TPU v5e dense bf16': (24, 0.0656, 0.1468, -0.0512),
+    'TPU v5e dense bf16': (24, 0.0554, 0.1331, -0.0334),
     'TPU v5p dense bf16': (16, 0.1071, 0.1697, -0.0589),
 }
 # runs differing only in data-parallel size: (series, median step growth a doubling, measured, predicted)

@@ -32,11 +32,13 @@ def attended_positions(seq: int, window: int = 0, causal_skip: bool = True, chun
 
 
 def attention_core_flops(model: ModelSpec, seq: int, causal_skip: bool = True, layer: int | None = None) -> float:
-    """QK^T and AV per token, forward, in layer `layer` (its window), or on average over the model's layers."""
+    """QK^T and AV per token, forward, in layer `layer` (its window), or on average over the model's layers; a
+    model that is not causal attends to every position."""
     qk_dim = model.head_dim + (model.rope_head_dim if model.uses_mla else 0)
     v_dim = (model.v_head_dim or model.head_dim) if model.uses_mla else model.head_dim
     layers = range(model.layers) if layer is None else (layer,)
-    attended = sum(attended_positions(seq, model.attention_window(i), causal_skip, model.chunked_attention)
+    skip = causal_skip and model.causal
+    attended = sum(attended_positions(seq, model.attention_window(i), skip, model.chunked_attention)
                    for i in layers) / len(layers)
     return 2.0 * model.heads * (qk_dim + v_dim) * attended
 

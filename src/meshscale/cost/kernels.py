@@ -270,7 +270,7 @@ def attention_seconds(cluster: ClusterSpec, core_flops: float, seq: int, peak: f
     (`attention_shape`). Under context parallelism each rank runs, ring step by ring step (Megatron-Core/
     Transformer Engine's load-balanced ring: two chunks of seq/2cp a rank), one causal kernel over its own 2
     chunks (1/cp of the work) and cp-1 non-causal ones of 2 chunks of queries by one of keys or the reverse
-    (length taken as their geometric mean). Without a measured shape (TPUs): the matmul ceiling, with the
+    (length taken as their geometric mean); without a causal mask, cp non-causal ones of 2 chunks by 2. Without a measured shape (TPUs): the matmul ceiling, with the
     causal diagonal blocks computed in full, nb(nb+1)/2 blocks for nb^2/2 of useful work."""
     eff = min(cluster.attention_efficiency or cluster.matmul_efficiency, cluster.matmul_efficiency)
     if not (cluster.attention_efficiency and cluster.compute_units):
@@ -282,7 +282,7 @@ def attention_seconds(cluster: ClusterSpec, core_flops: float, seq: int, peak: f
         return 3.5 * core_flops / (peak * eff * attention_shape(arch, seq, causal, kernel, head_dim, v_head_dim))
     chunk = seq / (2 * cp)
     own = attention_shape(arch, 2 * chunk, causal, kernel, head_dim, v_head_dim)
-    ring = attention_shape(arch, chunk * math.sqrt(2), False, kernel, head_dim, v_head_dim)
+    ring = attention_shape(arch, chunk * (math.sqrt(2) if causal else 2), False, kernel, head_dim, v_head_dim)
     return 3.5 * core_flops / (peak * eff) * (1 / cp / own + (cp - 1) / cp / ring)
 
 
@@ -695,7 +695,7 @@ def _fused_core_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, 
     # the query-key product's head dim and the values' (MLA's differ)
     mla = model.uses_mla
     head_dim, v_head_dim = (model.head_dim + model.rope_head_dim, model.v_head_dim) if mla else (model.head_dim, 0)
-    total = attention_seconds(cluster, core, length, peak, cp=cp, head_dim=head_dim, v_head_dim=v_head_dim)
+    total = attention_seconds(cluster, core, length, peak, model.causal, cp, head_dim, v_head_dim)
     merge_f = merge_b = 0.0
     if cp > 1:
         queries = tokens * model.heads * model.head_dim / layout.tp

@@ -107,7 +107,16 @@ def emit(framework: str, model: ModelSpec, cluster: ClusterSpec, layout: Layout,
     chosen = Layout.parse(best.layout).resolve_mbs(global_batch)
     job = Job(model, cluster, chosen, global_batch, runs_in, steps, data)
     return Emitted(framework, asked.layout, best.layout, changes, module.render(job), best,
-                   asked.step_time_s if changes else None, module.notes(job) + kernel_notes(cluster))
+                   asked.step_time_s if changes else None, module.notes(job) + model_notes(model, framework)
+                   + kernel_notes(cluster))
+
+
+def model_notes(model: ModelSpec, framework: str) -> list[str]:
+    """What of the model the emitted config cannot carry, whatever the framework."""
+    if model.causal:
+        return []
+    return [f"{framework}'s decoder masks attention causally, where {model.name} attends to every position "
+            "(causal = false): the run does about half the attention work the prediction counts"]
 
 
 # [software] kernel choices: no emitted config picks a stack's kernels

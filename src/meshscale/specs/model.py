@@ -51,6 +51,9 @@ class ModelSpec:
     # Llama 4's chunked attention: a query attends to the earlier positions of its own aligned block of
     # sliding_window positions, not to the last sliding_window ones
     chunked_attention: bool = False
+    # False: every query attends to every position of its sequence (an encoder's attention; MaxText's flash
+    # kernel ran so in October 2023, layers.py at 5ebcd67f: causal = False), so no block is skipped
+    causal: bool = True
     attention_sinks: bool = False  # GPT-OSS: a learned logit per head joins each softmax (no value, no cost)
     # Mixture of experts (experts == 0: dense).
     experts: int = 0
@@ -98,6 +101,8 @@ class ModelSpec:
             raise UserError(f"model {self.name}: mlp must be one of {', '.join(MLPS)}, got {self.mlp!r}")
         if self.chunked_attention and not self.sliding_window:
             raise UserError(f"model {self.name}: chunked_attention needs sliding_window, the chunk's length")
+        if not self.causal and self.sliding_window:
+            raise UserError(f"model {self.name}: a sliding_window looks back only; with causal = false give none")
         if self.norm not in NORMS:
             raise UserError(f"model {self.name}: norm must be layernorm or rmsnorm (or left out: LayerNorm with "
                             f"biases, RMSNorm without), got {self.norm!r}")
@@ -326,6 +331,8 @@ def trainer_lacks(spec: ModelSpec) -> str | None:
         return "GPT-OSS block (attention sinks, clamped SwiGLU, biased experts)"
     if spec.chunked_attention:
         return "Llama 4 block (chunked attention, layers without RoPE, the router's weight on the experts' input)"
+    if not spec.causal:
+        return "attention without a causal mask (causal = false; it trains next-token prediction)"
     kind = json.loads(spec.rope_scaling)["rope_type"] if spec.rope_scaling else None
     if kind and kind not in RUNTIME_ROPE_SCALINGS:
         return f"{kind} rope scaling (it applies {' and '.join(RUNTIME_ROPE_SCALINGS)})"
