@@ -215,13 +215,14 @@ def palm_runs():
     pod, the pods data-parallel over DCN), 46.2% MFU (Table 3; 57.8% HFU, so some activations were
     rematerialized: recompute=full here) at 2048 sequences per step, converted with PaLM's own count (Appendix
     B: 6N + 12LHQT per token, N = 540.35B). Parallel attention + MLP (sec. 2, "Parallel Layers"): one TP
-    region a layer."""
+    region a layer. Attention as einsums around a materialised softmax, every score computed: PaLM predates
+    FlashAttention (Dao et al., May 2022), and TPU flash kernels came with Pallas in 2023."""
     model = ModelSpec(name="palm-540b", layers=118, hidden=18432, heads=48, kv_heads=1, head_dim=256, ffn=73728,
                       vocab=256000, seq=2048, tied_embeddings=True, parallel_residual=True)
     batch, chips = 2048, 6144
     flops = batch * model.seq * (6 * 540.35e9 + 12 * model.layers * model.heads * model.head_dim * model.seq)
     yield Run("PaLM T3", "PaLM 540B", model, "tpu-v4", "dp=512,zero=3,shard=256,tp=12,mbs=1,recompute=full",
-              chips, batch, flops / (chips * 275e12 * 0.462), "TPU v4")
+              chips, batch, flops / (chips * 275e12 * 0.462), "TPU v4", fused_attention=False)
 
 
 def llama3_runs():

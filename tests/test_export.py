@@ -366,8 +366,8 @@ def test_what_a_framework_cannot_express_is_said_and_the_nearest_emitted_with_it
     # what each expresses exactly comes back unchanged
     for framework in FRAMEWORKS:
         same = Layout.parse({"deepspeed": "dp=8,zero=2,tp=8,recompute=full",
-                             "maxtext": "dp=8,zero=3,tp=8,recompute=full"}.get(framework,
-                                                                                "dp=8,zero=3,tp=8,sp=true,recompute=full"))
+                             "maxtext": "dp=8,zero=3,tp=8,recompute=full"}.get(
+            framework, "dp=8,zero=3,tp=8,sp=true,recompute=full"))
         assert adapted(framework, same, model) == (same, [])
 
 

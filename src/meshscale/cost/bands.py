@@ -28,12 +28,12 @@ BANDS: dict[str, tuple[int, float, float, float]] = {
     'H100 dense fp8': (28, 0.0233, 0.0622, -0.0089),
     'H800 MoE bf16': (1, 0.0245, 0.0245, -0.0245),
     'H800 MoE fp8': (1, 0.0243, 0.0243, -0.0243),
-    'TPU v4 dense bf16': (7, 0.0558, 0.0685, -0.0527),
+    'TPU v4 dense bf16': (7, 0.0495, 0.0685, -0.0516),
     'TPU v5e dense bf16': (24, 0.0554, 0.1331, -0.0334),
-    'TPU v5p dense bf16': (16, 0.1071, 0.1697, -0.0589),
+    'TPU v5p dense bf16': (16, 0.1045, 0.1713, -0.0564),
 }
 # runs differing only in data-parallel size: (series, median step growth a doubling, measured, predicted)
-REPLICA_GROWTH: tuple[int, float, float] = (25, 0.022, 0.0022)
+REPLICA_GROWTH: tuple[int, float, float] = (25, 0.022, 0.0021)
 # mechanisms the runs rest on (`mechanisms`): how many runs used each; the fewest tokens a context-parallel rank held
 COVERAGE: dict[str, int] = {
     'cp': 8, 'ep': 3, 'recompute=full': 67, 'recompute=layernorm': 2, 'recompute=minimal': 10,

@@ -25,6 +25,9 @@ from meshscale.specs.layout import Layout, kv_heads_per_rank
 from meshscale.specs.model import ModelSpec
 
 FLASH_BLOCK = 128  # query/key block of FlashAttention-2/3 kernels (Dao 2023, sec. 3.1)
+# The blocks TPU flash kernels skip above the diagonal: MaxText's Pallas flash BlockSizes (layers/attentions.py at
+# 76bd53b0, 2023-12: block_q = block_k_major = 512) and its splash kernel's (configs/base.yml: sa_block_* 512)
+TPU_FLASH_BLOCK = 512
 
 
 @lru_cache(maxsize=65536)
@@ -270,11 +273,12 @@ def attention_seconds(cluster: ClusterSpec, core_flops: float, seq: int, peak: f
     (`attention_shape`). Under context parallelism each rank runs, ring step by ring step (Megatron-Core/
     Transformer Engine's load-balanced ring: two chunks of seq/2cp a rank), one causal kernel over its own 2
     chunks (1/cp of the work) and cp-1 non-causal ones of 2 chunks of queries by one of keys or the reverse
-    (length taken as their geometric mean); without a causal mask, cp non-causal ones of 2 chunks by 2. Without a measured shape (TPUs): the matmul ceiling, with the
-    causal diagonal blocks computed in full, nb(nb+1)/2 blocks for nb^2/2 of useful work."""
+    (length taken as their geometric mean); without a causal mask, cp non-causal ones of 2 chunks by 2. Without a
+    measured shape (TPUs): the matmul ceiling, with the causal diagonal blocks computed in full, nb(nb+1)/2 blocks
+    for nb^2/2 of useful work (blocks of 512 on TPUs, 128 elsewhere)."""
     eff = min(cluster.attention_efficiency or cluster.matmul_efficiency, cluster.matmul_efficiency)
     if not (cluster.attention_efficiency and cluster.compute_units):
-        blocks = max(1.0, seq / cp / FLASH_BLOCK)
+        blocks = max(1.0, seq / cp / (TPU_FLASH_BLOCK if cluster.torus else FLASH_BLOCK))
         diagonal = blocks / (blocks + 1) if causal else 1.0
         return 3.5 * core_flops / (peak * eff * diagonal)
     arch, kernel = cluster.gpu_arch, cluster.software.attention_kernel

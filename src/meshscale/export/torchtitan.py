@@ -27,9 +27,9 @@ SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B",
 # Llama 4's "_irope" flavors attend in chunks of 8192 with every 4th layer whole and unrotated, as the presets do)
 FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3-405b": ("llama3", "405B"),
            "deepseek-v2": ("deepseek_v3", "236B"), "deepseek-v3": ("deepseek_v3", "671B"),
-           "qwen3-30b-a3b": ("qwen3", "30B-A3B"),
-           "qwen3-235b-a22b": ("qwen3", "235B-A22B"), "gpt-oss-120b": ("gpt_oss", "120b"),
-           "llama4-scout-17b-16e": ("llama4", "17bx16e_irope"), "llama4-maverick-17b-128e": ("llama4", "17bx128e_irope")}
+           "qwen3-30b-a3b": ("qwen3", "30B-A3B"), "qwen3-235b-a22b": ("qwen3", "235B-A22B"),
+           "gpt-oss-120b": ("gpt_oss", "120b"), "llama4-scout-17b-16e": ("llama4", "17bx16e_irope"),
+           "llama4-maverick-17b-128e": ("llama4", "17bx128e_irope")}
 
 
 def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
