@@ -192,9 +192,10 @@ def maxtext_runs():
     commit that published it (`maxtext`); the multi-slice rows are data-parallel over DCN (`shard` = a slice's
     FSDP group). A row's name is "<model> <slices>x<chips a slice>". The v5e configs set enable_flash_attention,
     and MaxText ran its Pallas flash kernel with causal = False then (layers.py at 5ebcd67f; causal = True came in
-    November, 3dbc0576 on main): every query attended to every key, as the 12 s^2 of its count says."""
+    November, 3dbc0576 on main): every query attended to every key, as the 12 s^2 of its count says, and without
+    the q/k LayerNorms its einsum path applies."""
     for scale, tp, pdb, remat, by_slices in MAXTEXT_V5E:
-        model = replace(maxtext(scale), causal=False)
+        model = replace(maxtext(scale), causal=False, qk_norm=False)
         for slices, tflops in zip((1, 2, 4, 8, 16, 32), by_slices):
             yield maxtext_run(f"v5e {scale}B", model, "tpu-v5e", 256, slices, tp, pdb, remat, tflops, 12)
     for scale, tp, pdb, remat, rows in MAXTEXT_V5P:
