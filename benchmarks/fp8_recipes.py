@@ -14,7 +14,6 @@ GEMMs run slower than the 700 W SXM the h200 preset is; the ratios and the quant
 Run: PYTHONPATH=src python benchmarks/fp8_recipes.py
 """
 
-
 from meshscale.cost.kernels import fp8_cast_bytes, gemm_seconds
 from meshscale.specs.cluster import load_cluster
 

@@ -133,7 +133,7 @@ def predicted_seconds(row: dict, cluster) -> float:
             grouped_gemm_efficiency(m, GROUPED_BF16_EFFICIENCY)
     # the flash back end is FlashAttention-2's kernel ([software] attention_kernel fa2), cuDNN's the platform's
     kernel = "fa2" if kind == "attention flash" else "platform"
-    cluster = dataclasses.replace(cluster, software=dataclasses.replace(cluster.software, attention_kernel=kernel))
+    cluster = cluster.with_software(attention_kernel=kernel)
     return attention_seconds(cluster, attention_core_flops(shape), shape["seq"], cluster.peak_flops("bf16"),
                              shape["causal"], head_dim=shape["head_dim"], v_head_dim=shape.get("v_head_dim", 0))
 

@@ -100,8 +100,6 @@ def test_a_step_spent_waiting_on_the_host_is_outside_the_validation_set():
     """No run of the set waited on its host more than HOST_WAIT_MOST of its step: a prediction whose devices wait
     longer (and at least HOST_WAIT_FLOOR) says its band may not hold; the same layout with the layers' launches
     captured in CUDA graphs waits far less and says nothing of the host."""
-    from dataclasses import replace
-
     from meshscale.cost.bands import HOST_WAIT_FLOOR
 
     layout = Layout.parse("dp=4,zero=1,cp=2,mbs=1", 8)
@@ -115,7 +113,7 @@ def test_a_step_spent_waiting_on_the_host_is_outside_the_validation_set():
     assert share > HOST_WAIT_FLOOR and eager.band["unvalidated"] == [
         f"the devices wait on their host {share:.0%} of the step, where no run of the set waited over "
         f"{HOST_WAIT_MOST:.1%}"]
-    graphs = replace(gb200, software=replace(gb200.software, cuda_graphs=True))
+    graphs = gb200.with_software(cuda_graphs=True)
     captured = predict(model, graphs, layout, 128, "fp8")
     assert captured.host_wait_s < HOST_WAIT_FLOOR * captured.step_time_s and captured.band["unvalidated"] == []
     assert predict(model, load_cluster("b200"), layout, 128, "fp8").band["unvalidated"] == []

@@ -95,7 +95,7 @@ def test_simulate_agrees_with_predict_on_the_calibrated_machine(calibrated):
     from meshscale.sim.step import simulate
 
     cluster, tiny = load_cluster(str(calibrated)), load_model("tiny")
-    serial = replace(cluster, software=replace(cluster.software, overlap_efficiency=0.0))
+    serial = cluster.with_software(overlap_efficiency=0.0)
     for text, devices, spec in (("dp=2", 2, cluster), ("dp=2,zero=1", 2, cluster), ("dp=2,zero=3", 2, serial),
                                 ("tp=2", 2, cluster), ("dp=2,tp=2", 4, cluster)):
         layout = Layout.parse(text, devices)
@@ -171,7 +171,7 @@ def test_train_predict_ends_the_metrics_with_one_summary(calibrated, tmp_path):
     summary = rows[-1]
     # costed with the buckets the run cut (--bucket-mb 0.25: 65,536 fp32 gradients), not the file's [software]
     cluster = load_cluster(str(calibrated))
-    run = replace(cluster, software=replace(cluster.software, framework="torch", grad_bucket_params=2**16))
+    run = cluster.with_software(framework="torch", grad_bucket_params=2**16)
     expected = predict(load_model("tiny"), run, Layout(dp=2, zero=1), 8, "fp32")
     assert expected.step_time_s != predict(load_model("tiny"), cluster, Layout(dp=2, zero=1), 8, "fp32").step_time_s
     assert summary["predicted_step_time_s"] == pytest.approx(expected.step_time_s)

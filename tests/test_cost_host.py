@@ -97,7 +97,7 @@ def test_a_negative_host_call_time_is_refused_naming_the_field():
 
 
 def test_cuda_graphs_leave_the_host_a_launch_and_a_moe_layers_eager_dispatch():
-    graphs = replace(GB200, software=replace(GB200.software, cuda_graphs=True))
+    graphs = GB200.with_software(cuda_graphs=True)
     plain = Layout.parse("dp=8,mbs=1", 8)
     f, b = overhead.framework_seconds(LLAMA, graphs, plain, 4, 0, False)
     assert f == b == pytest.approx(4 * overhead.LINEAR_HOST * GB200.host_linear_s)  # one graph a layer each way
@@ -114,7 +114,7 @@ def test_cuda_graphs_leave_the_host_a_launch_and_a_moe_layers_eager_dispatch():
                                            ({"cuda_graphs": "yes"}, "got 'yes'")])
 def test_cuda_graphs_are_megatron_cores_and_a_bool(software, why):
     with pytest.raises(UserError, match=f"cuda_graphs is Megatron-Core's.*{why}"):
-        replace(GB200, software=replace(GB200.software, **software))
+        GB200.with_software(**software)
 
 
 def test_a_calibrated_machine_takes_no_cuda_graphs():

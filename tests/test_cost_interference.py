@@ -25,23 +25,23 @@ def test_nccl_channels_take_their_share_of_the_sms():
     assert sm_share(A100, "tp") == pytest.approx(24 / 108)
     assert sm_share(V5P, "dp") == 0.0  # ICI collectives run on DMA engines
     assert sm_share(replace(H100, overlap_slowdown=0.05), "dp") == 0.05  # a measured figure wins
-    deepep = replace(H100, software=replace(H100.software, moe_dispatcher="deepep"))
+    deepep = H100.with_software(moe_dispatcher="deepep")
     assert sm_share(deepep, "ep") == pytest.approx(20 / 132)
     b200 = load_cluster("b200")  # NCCL 2.28 cut Blackwell's collectives from 32 thread blocks to 16
     assert sm_share(b200, "dp") == pytest.approx(32 / 148)
-    assert sm_share(replace(b200, software=replace(b200.software, nccl="2.28")), "dp") == pytest.approx(16 / 148)
-    assert sm_share(replace(H100, software=replace(H100.software, nccl="2.28")), "dp") == pytest.approx(24 / 132)
+    assert sm_share(b200.with_software(nccl="2.28"), "dp") == pytest.approx(16 / 148)
+    assert sm_share(H100.with_software(nccl="2.28"), "dp") == pytest.approx(24 / 132)
 
 
 def test_megatrons_tp_overlap_holds_the_sms_of_transformer_engines_userbuffers():
     """--tp-comm-overlap runs TP's all-gathers and reduce-scatters on Transformer Engine's userbuffers: by its
     default, half the all-gathers ring-exchange on 1 SM and the rest of the kernels hold 16. Torch's async TP
     and TP without the overlap stay NCCL's 24 channels."""
-    overlap = replace(H100, software=replace(H100.software, tp_comm_overlap=True))
+    overlap = H100.with_software(tp_comm_overlap=True)
     assert sm_share(overlap, "tp", None, "all_gather") == pytest.approx(8.5 / 132)
     assert sm_share(overlap, "tp", None, "reduce_scatter") == pytest.approx(16 / 132)
     assert sm_share(overlap, "dp", None, "reduce_scatter") == pytest.approx(24 / 132)
-    torch_tp = replace(overlap, software=replace(overlap.software, framework="torch"))
+    torch_tp = overlap.with_software(framework="torch")
     assert sm_share(torch_tp, "tp", None, "all_gather") == sm_share(H100, "tp", None, "all_gather") == \
         pytest.approx(24 / 132)
     layout = Layout.parse("dp=2,zero=1,tp=4,sp=true,mbs=1", 8)

@@ -52,7 +52,7 @@ def test_tensor_parallel_bytes_per_layer_korthikanti():
     # SP: the replicated norm weights' gradients (2 per layer and the final norm) are summed over TP, every
     # micro-batch by our runtime, once a step (coalesced, after the last) by Megatron-Core
     assert sp[("tp", "all_reduce")] == 2 * (loss + (2 * TINY.layers + 1) * TINY.hidden * 4)
-    megatron = dataclasses.replace(CPU, software=dataclasses.replace(CPU.software, framework="megatron-core"))
+    megatron = CPU.with_software(framework="megatron-core")
     sp_once = predict(TINY, megatron, Layout(dp=1, tp=2, sp=True, mbs=2), batch, "fp32").to_dict()["comm"]
     summed = next(e for e in sp_once if e["axis"] == "tp" and e["collective"] == "all_reduce")
     assert summed["bytes"] == 2 * loss + (2 * TINY.layers + 1) * TINY.hidden * 4 and summed["calls"] == 2 * 3 + 1

@@ -25,7 +25,7 @@ QWEN3 = load_model("qwen3-235b-a22b")
 
 
 def with_software(cluster=H100, **software):
-    return replace(cluster, software=replace(cluster.software, **software))
+    return cluster.with_software(**software)
 
 
 def ep_entry(pred) -> dict:

@@ -15,7 +15,7 @@ MODEL = load_model("llama3-8b")
 
 
 def run(layout: str, devices: int, batch: int, **software):
-    cluster = replace(H100, software=replace(H100.software, **software))
+    cluster = H100.with_software(**software)
     pred = predict(MODEL, cluster, Layout.parse(layout, devices), batch)
     return pred, {(e["axis"], e["collective"]): e for e in pred.comm}
 
@@ -101,7 +101,7 @@ def test_moe_all_to_all_hides_behind_another_micro_batch():
     layout = Layout.parse("dp=8,ep=8,pp=2,mbs=1", 16)
     ops = {}
     for overlap in (False, True):
-        cluster = replace(H100, software=replace(H100.software, ep_comm_overlap=overlap))
+        cluster = H100.with_software(ep_comm_overlap=overlap)
         ops[overlap] = next(e for e in predict(mixtral, cluster, layout, 64).comm if e["axis"] == "ep")
     assert ops[False]["exposed_s"] == ops[False]["time_s"]
     assert ops[True]["exposed_s"] < ops[True]["time_s"]

@@ -24,7 +24,7 @@ MODEL = load_model("llama3-8b")
 
 
 def with_software(**software):
-    return replace(A100, software=replace(A100.software, **software))
+    return A100.with_software(**software)
 
 
 def dp_bytes(pred) -> dict:
@@ -159,7 +159,7 @@ def test_control_all_reduces_cost_latency_only():
     torch_cpu = load_cluster("local-cpu")
     one = control_seconds(torch_cpu, 4, Layout(dp=4))
     assert control_seconds(torch_cpu, 4, Layout(dp=2, tp=2)) == one  # one exchange, whatever the groups
-    megatron_cpu = replace(torch_cpu, software=replace(torch_cpu.software, framework="megatron-core"))
+    megatron_cpu = torch_cpu.with_software(framework="megatron-core")
     assert control_seconds(megatron_cpu, 4, Layout(dp=2, tp=2)) > 1.5 * one  # tp, dp and world groups
 
 
@@ -185,7 +185,7 @@ def test_fp8_parameters_gather_one_byte_each_and_need_fp8():
     """Megatron-Core's --fp8-param-gather: the distributed optimizer's all-gather moves FP8 parameters; the
     gradients' reduce-scatter is untouched. Asked of bf16 training, or of a framework without it: one line."""
     h100 = load_cluster("h100-80gb")
-    fp8_params = replace(h100, software=replace(h100.software, fp8_param_gather=True))
+    fp8_params = h100.with_software(fp8_param_gather=True)
     layout = Layout.parse("dp=16,zero=1,mbs=1", 16)
     half, quarter = (dp_bytes(predict(MODEL, c, layout, 16, "fp8")) for c in (h100, fp8_params))
     assert quarter["all_gather"] == pytest.approx(half["all_gather"] / 2) == pytest.approx(MODEL.param_count())
@@ -193,7 +193,7 @@ def test_fp8_parameters_gather_one_byte_each_and_need_fp8():
     with pytest.raises(UserError, match="fp8_param_gather gathers FP8 parameters; it needs --precision fp8"):
         predict(MODEL, fp8_params, layout, 16, "bf16")
     with pytest.raises(UserError, match=r"fp8_param_gather is Megatron-Core's \(--fp8-param-gather\)"):
-        replace(h100, software=replace(h100.software, framework="torch", fp8_param_gather=True))
+        h100.with_software(framework="torch", fp8_param_gather=True)
 
 
 @pytest.mark.parametrize("knob", sorted(FRAMEWORK_SWITCHES))
@@ -226,14 +226,14 @@ def test_gradient_buckets_follow_the_framework():
     layout = Layout.parse("dp=64,mbs=1", 64)
     params = params_on_rank(NEMOTRON, layout, 0)
     megatron = predict(NEMOTRON, b200, layout, 256)
-    torch = predict(NEMOTRON, replace(b200, software=replace(b200.software, framework="torch")), layout, 256)
+    torch = predict(NEMOTRON, b200.with_software(framework="torch"), layout, 256)
     assert dp_calls(megatron) == math.ceil(params / 64e6)  # max(40M, 1M x 64) parameters a bucket
     assert dp_calls(torch) == math.ceil(params / (25 * 2**20 / 4))  # DDP's 25 MiB of fp32 gradient
     assert dp_calls(torch) > 2000 and dp_calls(megatron) < 250
     assert megatron.step_time_s < torch.step_time_s
     small = predict(NEMOTRON, b200, Layout.parse("dp=8,mbs=1", 8), 32)
     assert dp_calls(small) == math.ceil(params / 40e6)  # the 40M floor below dp=40
-    deepspeed = predict(NEMOTRON, replace(b200, software=replace(b200.software, framework="deepspeed")),
+    deepspeed = predict(NEMOTRON, b200.with_software(framework="deepspeed"),
                         Layout.parse("dp=64,zero=1,mbs=1", 64), 256)
     assert dp_calls(deepspeed) == math.ceil(params / 5e8)  # reduce_bucket_size
 

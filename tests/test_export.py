@@ -222,7 +222,7 @@ def test_each_fp8_recipe_reaches_each_framework_as_the_cost_model_charged_it():
     assert 'converters = ["quantize.linear.mx"]' in out["torchtitan"].config
     assert 'quantization: "te_mxfp8"' in out["maxtext"].config
     assert any("no FP8 switch" in c for c in out["deepspeed"].changes)
-    current = dataclasses.replace(b200, software=dataclasses.replace(b200.software, fp8_scaling="current"))
+    current = b200.with_software(fp8_scaling="current")
     assert parse_megatron(emit("megatron", model, current, layout, 64, "fp8", steps=10).config)["fp8_recipe"] == \
         "tensorwise"
     assert "fp8_recipe" not in parse_megatron(emit("megatron", model, b200, layout, 64, "fp8", steps=10).config)
@@ -234,7 +234,7 @@ def test_megatron_gathers_fp8_parameters_where_the_cost_model_charged_one_byte()
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     h100 = load_cluster("h100-80gb")
-    fp8_params = dataclasses.replace(h100, software=dataclasses.replace(h100.software, fp8_param_gather=True))
+    fp8_params = h100.with_software(fp8_param_gather=True)
     model, layout = load_model("llama3-8b"), Layout.parse("dp=8,zero=1,mbs=1")
     args = parse_megatron(emit("megatron", model, fp8_params, layout, 64, "fp8", steps=10).config)
     assert args["fp8_param_gather"] and args["fp8"] == "hybrid"
@@ -400,7 +400,7 @@ def test_megatron_takes_cuda_graphs_where_the_cost_model_charges_them():
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     h100 = load_cluster("h100-80gb")
-    graphs = dataclasses.replace(h100, software=dataclasses.replace(h100.software, cuda_graphs=True))
+    graphs = h100.with_software(cuda_graphs=True)
     mixtral = "dp=4,zero=1,tp=2,sp=true,pp=8,ep=8,etp=1,mbs=1"
     deepseek = "dp=64,zero=1,pp=16,ep=64,mbs=1,recompute=layernorm+mla_up_proj+moe_act"
     for name, layout, scopes in (("mixtral-8x7b", mixtral, {"attn", "moe_router"}),
@@ -427,8 +427,7 @@ def test_kernels_the_prediction_assumed_are_named_beside_the_config():
     """The emitted configs do not pick attention, norm or loss kernels: a [software] choice of them is a note."""
     h100, model, layout = load_cluster("h100-80gb"), load_model("llama3-8b"), Layout.parse("dp=8,zero=3,mbs=1")
     assert not emit("torchtitan", model, h100, layout, 64, "bf16", steps=10).notes
-    stack = dataclasses.replace(h100, software=dataclasses.replace(h100.software, attention_kernel="fa2",
-                                                                   attention_unpad=True, metric_cross_entropies=2))
+    stack = h100.with_software(attention_kernel="fa2", attention_unpad=True, metric_cross_entropies=2)
     notes = emit("torchtitan", model, stack, layout, 64, "bf16", steps=10).notes
     assert len(notes) == 1
     assert "attention_kernel = 'fa2', attention_unpad = True, metric_cross_entropies = 2" in notes[0]
@@ -459,8 +458,7 @@ def test_megatron_dispatches_tokens_as_the_cost_model_charged():
     for dispatcher, kind, backend in (("alltoall", "alltoall", None), ("deepep", "flex", "deepep"),
                                       ("hybridep", "flex", "hybridep")):
         fused = dispatcher != "alltoall"
-        cluster = dataclasses.replace(h100, software=dataclasses.replace(h100.software, moe_dispatcher=dispatcher,
-                                                                         moe_permute_fusion=fused))
+        cluster = h100.with_software(moe_dispatcher=dispatcher, moe_permute_fusion=fused)
         args = parse_megatron(emit("megatron", model, cluster, layout, 256, "bf16", steps=10).config)
         assert (args["moe_token_dispatcher_type"], args.get("moe_flex_dispatcher_backend")) == (kind, backend)
         assert args.get("moe_permute_fusion", False) is fused
@@ -477,7 +475,7 @@ def test_megatron_overlaps_pipeline_sends_as_the_cost_model_charged():
     for schedule, vpp in (("interleaved", ",vpp=2"), ("1f1b", "")):
         layout = Layout.parse(f"dp=4,zero=1,tp=2,pp=4{vpp},schedule={schedule},mbs=1")
         for overlap in (True, False):
-            cluster = dataclasses.replace(h100, software=dataclasses.replace(h100.software, pp_comm_overlap=overlap))
+            cluster = h100.with_software(pp_comm_overlap=overlap)
             args = parse_megatron(emit("megatron", model, cluster, layout, 256, "bf16", steps=10).config)
             assert args.get("overlap_p2p_comm", True) is (overlap or schedule != "interleaved")
 

@@ -137,7 +137,7 @@ def test_larger_heads_run_at_our_h200_scans_rate_for_their_head_dims():
 
 
 def with_software(cluster, **software):
-    return replace(cluster, software=replace(cluster.software, **software))
+    return cluster.with_software(**software)
 
 
 def test_a_framework_may_run_another_attention_kernel_at_its_measured_rate():
@@ -368,10 +368,10 @@ def test_each_fp8_recipe_quantizes_with_its_own_traffic():
     h100, b200 = load_cluster("h100-80gb"), load_cluster("b200")
 
     def scaled(cluster, how):
-        return replace(cluster, software=replace(cluster.software, fp8_scaling=how))
+        return cluster.with_software(fp8_scaling=how)
 
     assert h100.fp8_scaling == "delayed"
-    assert replace(h100, software=replace(h100.software, framework="torch")).fp8_scaling == "current"
+    assert h100.with_software(framework="torch").fp8_scaling == "current"
     assert fp8_cast_bytes(h100, "fp8") == 4 and fp8_cast_bytes(h100, "fp8", False) == 3
     assert fp8_cast_bytes(b200, "fp8") == 3  # Blackwell reads FP8 operands in any layout: no transpose
     assert fp8_cast_bytes(scaled(h100, "current"), "fp8") == 6 and fp8_cast_bytes(scaled(b200, "current"), "fp8") == 5

@@ -223,7 +223,7 @@ def test_the_bound_charges_the_expert_traffic_predict_shows():
     and every bound stays below its prediction, DeepEP's dispatcher and a routing imbalance included."""
     model = load_model("mixtral-8x7b")
     for software in ({}, {"ep_comm_overlap": True}, {"moe_dispatcher": "deepep", "moe_imbalance": 1.3}):
-        cluster = replace(H100, software=replace(H100.software, **software))
+        cluster = H100.with_software(**software)
         reduced = []  # the experts' gradient floor, nothing hidden, and that traffic's time in predict
         for fix in ("zero=3,ep=8,pp=1", "zero=2,ep=2,pp=1", "zero=1,ep=4,pp=2"):
             full = search(model, cluster, 16, 64, top=3, fix=search_mod.parse_fix(fix), prune=False)
@@ -280,7 +280,7 @@ def test_the_bound_counts_zero3_units_as_predict_does_for_each_framework():
     model, v5e = load_model("llama2-7b"), load_cluster("tpu-v5e")
     totals = {}
     for framework in ("torch", "megatron-core"):
-        cluster = replace(v5e, software=replace(v5e.software, framework=framework))
+        cluster = v5e.with_software(framework=framework)
         found = search(model, cluster, 16, 64, top=3, fix=search_mod.parse_fix("zero=3,tp=1,pp=1"), prune=False)
         shape, rows = found.pool.scored[0]
         memory = bound.memory_bytes(model, cluster, shape, rows, "bf16")
@@ -365,7 +365,7 @@ def test_when_plain_dp_wins_pure_fsdp_is_still_described_as_fsdp():
     """Without FSDP prefetch its gathers show, so plain DP wins; the pure-FSDP line must still name a zero=3
     layout (the comparison fixes zero=3, not just tp=pp=1)."""
     model, cpu = load_model("tiny"), load_cluster("local-cpu")
-    cluster = replace(cpu, software=replace(cpu.software, fsdp_prefetch=False))
+    cluster = cpu.with_software(fsdp_prefetch=False)
     plan = search(model, cluster, 2, 16, "fp32")
     assert Layout.parse(plan.ranked[0].layout, 2).zero != 3
     line = next(line for line in explain(plan, model, cluster, 2, 16, "fp32") if line.startswith("Pure FSDP"))

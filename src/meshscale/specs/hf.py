@@ -378,9 +378,7 @@ READERS = {
     "llama": _llama, "mistral": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
     "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3,
     "phi3": _phi3, "gpt2": _gpt2, "gpt_neox": _gpt_neox, "gpt_oss": _gpt_oss, "nemotron": _nemotron,
-    "llama4_text": _llama4,
-    "gemma2": lambda f: _gemma(f, 2),
-    "gemma3_text": lambda f: _gemma(f, 3),
+    "llama4_text": _llama4, "gemma2": lambda f: _gemma(f, 2), "gemma3_text": lambda f: _gemma(f, 3),
 }
 # Multimodal wrappers whose text model sits in text_config without a model_type of its own.
 TEXT_CONFIG_TYPES = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
