@@ -44,6 +44,9 @@ class Run:
     nic: float = 0.0  # scale-out bytes/s per GPU where the site differs from the preset's (0: the preset's)
     torus: tuple = ()  # TPU: the ICI slice the run was given, where smaller than the preset's (DCN between them)
     precision: str = "bf16"
+    # The measured span also holds an evaluation of as many sequences as the step trains, in forward passes of
+    # `eval_batch` sequences (0: none), predicted as their forward passes (Prediction.forward_s)
+    eval_batch: int = 0
 
     @property
     def moe(self) -> bool:
@@ -173,7 +176,7 @@ MAXTEXT_V4 = [("22B", (48, 6144, 24, 24576), 16, 128, (156, 152, 149, 146)),
               ("52B", (32, 12288, 32, 49152), 10, 384, (154, 162))]
 # Slice shapes (Cloud TPU docs: v4 and v5p slices are 4x4x4 cubes, the longest axis last; v5e-256 is 16x16)
 SLICES = {64: (4, 4, 4), 128: (4, 4, 8), 192: (4, 4, 12), 256: (4, 8, 8), 512: (8, 8, 8), 1024: (8, 8, 16),
-          2048: (8, 16, 16)}
+          2048: (8, 16, 16), 4096: (16, 16, 16), 6144: (16, 16, 24)}
 
 
 def maxtext_run(name, model, cluster, slice_chips, slices, tp, pdb, remat, tflops, attention, flash=True) -> Run:
@@ -438,6 +441,41 @@ def mlperf_runs():
                   hardware, software, precision="fp8")
 
 
+# Google's MLPerf Training v4.1 GPT-3 175B (mlcommons/training_results_v4.1, 2024-11, closed division):
+# MaxText's mlperf/4.1 branch (benchmarks/gpt3/implementations/maxtext: maxtext_fork and the cloud-tpu-*/*.sh
+# that launch it). Its gpt3-175b config: 96 layers of 12288, 96 heads, GeLU MLP of 49152, biases, LayerNorm,
+# learned positions, logits off the embedding, vocab 50304, seq 2048; causal splash attention (attention=flash),
+# quantization=int8 (AQT: int8 forward and input-gradient GEMMs, weight gradients in bf16). v5p: ici_data x
+# ici_fsdp x ici_tensor on one slice, LIBTPU_INIT_ARGS with --xla_tpu_decompose_all_gather_einsum (XLA's
+# collective matmul: the TP collectives in steps behind the einsums they feed, [software] tp_comm_overlap).
+# Trillium: FSDP over each v6e-256 slice, the slices data-parallel over DCN, enable_tff_quant (the attention output
+# projection and the MLP quantize their forward only: [software] int8_forward_only). Measured: the median over
+# the three results of each block's median span (block_start to block_stop) over its steps. A block ends with an
+# evaluation of 24,567 sequences (mllog_utils.early_stop_check logs block_stop after it), as many as the block
+# trains (50,331,648 tokens), at eval_per_device_batch_size 1 (`eval_batch`: one sequence a chip).
+# (system, preset, chips, slices, GBS, tp, ici data-parallel replicas, remat, seconds a step)
+MLPERF_MAXTEXT = [("v5p-8192", "tpu-v5p", 4096, 1, 4096, 8, 16, "minimal", 37.0615 / 6),
+                  ("v5p-12288", "tpu-v5p", 6144, 1, 6144, 8, 16, "minimal", 23.965 / 4),
+                  ("trillium-512", "tpu-v6e", 512, 2, 1536, 1, 1, "full", 253.7885 / 16),
+                  ("trillium-1024", "tpu-v6e", 1024, 4, 2048, 1, 1, "full", 128.81 / 12),
+                  ("trillium-2048", "tpu-v6e", 2048, 8, 4096, 1, 1, "full", 64.488 / 6),
+                  ("trillium-3072", "tpu-v6e", 3072, 12, 6144, 1, 1, "full", 43.145 / 4)]
+
+
+def mlperf_maxtext_runs():
+    model = replace(gpt3("gpt3-175b", 96, 12288, 96), vocab=50304)
+    for system, cluster, chips, slices, gbs, tp, replicas, remat, seconds in MLPERF_MAXTEXT:
+        fsdp = chips // (slices * replicas * tp)
+        layout = (f"dp={chips // tp},zero=3,shard={fsdp},tp={tp}" + (",sp=true" if tp > 1 else "")
+                  + f",mbs={gbs // (chips // tp)},recompute={remat}")
+        v5p = cluster == "tpu-v5p"
+        software = Software(framework="megatron-core", tp_comm_overlap=v5p,
+                            int8_forward_only="" if v5p else "attention_out+mlp")
+        yield Run("MLPerf Training GPT-3", f"Google {system} (v4.1) 175B int8", model, cluster, layout, chips, gbs,
+                  seconds, "TPU " + cluster[4:], software, torus=SLICES[chips] if v5p else (), precision="int8",
+                  eval_batch=chips)
+
+
 # NVIDIA/NeMo docs/source/performance/performance_long_sequence.md (8275bf6, 2024-10-21): LLAMA2-7B FP8
 # pre-training on DGX-H100 with context parallelism, NeMo 24.03.01, one GPU per 1k tokens of sequence:
 # (seq in k, TP, PP, DP, CP, TFLOP/s per GPU). TFLOP/s in Megatron's count (non-causal attention): the 4k row's
@@ -554,6 +592,7 @@ def runs():
     yield from nemo_runs()
     yield from nemo_long_sequence_runs()
     yield from mlperf_runs()
+    yield from mlperf_maxtext_runs()
     yield from mosaic_runs()
 
 
@@ -572,7 +611,19 @@ def rows(only: str = ""):
         assert run.hardware in pred_category(cluster, run), (run.hardware, run.cluster)
         layout = Layout.parse(run.layout, run.devices)
         pred = predict(run.model, cluster, layout, run.batch, run.precision)
-        yield run, layout, pred.step_time_s, run.seconds, pred
+        yield run, layout, pred.step_time_s + evaluation_seconds(run, cluster, layout), run.seconds, pred
+
+
+def evaluation_seconds(run: Run, cluster, layout: Layout) -> float:
+    """The evaluation inside a run's measured span: run.batch sequences in forward passes of run.eval_batch, each
+    at the layout's shape with the micro-batch that batch gives, as long as its forward kernels or, where longer,
+    ZeRO-3's forward all-gathers behind them (half of a step's: cost/comm.py gathers every unit again backward)."""
+    if not run.eval_batch:
+        return 0.0
+    shape = replace(layout, mbs=run.eval_batch // (layout.devices // layout.tp))
+    pred = predict(run.model, cluster, shape, run.eval_batch, run.precision)
+    gathers = sum(e["time_s"] for e in pred.comm if e["axis"] == "dp" and e["collective"] == "all_gather") / 2
+    return run.batch / run.eval_batch * max(pred.forward_s, gathers if shape.zero == 3 else 0.0)
 
 
 def pred_category(cluster, run) -> str:

@@ -228,6 +228,21 @@ def test_each_fp8_recipe_reaches_each_framework_as_the_cost_model_charged_it():
     assert "fp8_recipe" not in parse_megatron(emit("megatron", model, b200, layout, 64, "fp8", steps=10).config)
 
 
+def test_int8_reaches_maxtext_as_aqt_and_the_gpu_frameworks_as_bf16():
+    """--precision int8 is MaxText's quantization=int8 on a TPU slice; on a GPU cluster given int8 data, the GPU
+    frameworks have no int8 training and write the nearest, bf16."""
+    model, layout = load_model("llama3-8b"), Layout.parse("dp=64,zero=3,mbs=1,recompute=full")
+    out = emit("maxtext", model, load_cluster("tpu-v5p"), layout, 64, "int8", steps=10)
+    assert 'quantization: "int8"' in out.config and not out.changes
+    tff = load_cluster("tpu-v5p").with_software(int8_forward_only="attention_out+mlp")
+    assert any("attention_out+mlp in the forward only" in n for n in
+               emit("maxtext", model, tff, layout, 64, "int8", steps=10).notes)
+    h100 = dataclasses.replace(load_cluster("h100-80gb"), peak_flops_int8=1979e12)
+    for framework in ("megatron", "torchtitan", "deepspeed"):
+        got = emit(framework, model, h100, Layout.parse("dp=8,zero=1,mbs=1"), 64, "int8", steps=10)
+        assert any("no int8 training" in c and "precision=bf16" in c for c in got.changes), framework
+
+
 @pytest.mark.skipif(not installed("megatron.core"), reason="megatron-core is not installed (pip install '.[test]')")
 def test_megatron_gathers_fp8_parameters_where_the_cost_model_charged_one_byte():
     from megatron.core.distributed import DistributedDataParallelConfig

@@ -180,6 +180,28 @@ def test_fp8_asked_of_a_cluster_without_fp8_data_is_one_line():
     assert predict(model, load_cluster("b200"), Layout.parse("dp=8", 8), 8, "mxfp8").precision == "mxfp8"
 
 
+def test_int8_asked_of_a_cluster_without_int8_data_is_one_line(tmp_path):
+    """Int8 training (AQT) is planned where a datasheet gives an int8 peak (the TPUs); [software]
+    int8_forward_only names layer parts and needs --precision int8."""
+    from meshscale.cost import predict
+    from meshscale.specs.model import load_model
+
+    model, layout = load_model("llama3-8b"), Layout.parse("dp=8", 8)
+    with pytest.raises(UserError, match="h100-80gb: no int8 data") as e:
+        predict(model, load_cluster("h100-80gb"), layout, 8, "int8")
+    assert "\n" not in str(e.value) and "--precision bf16" in str(e.value)
+    v5p = load_cluster("tpu-v5p")
+    assert predict(model, v5p, layout, 8, "int8").precision == "int8"
+    with pytest.raises(UserError, match="int8_forward_only must name layer parts joined by \\+"):
+        v5p.with_software(int8_forward_only="mlp+attn")
+    with pytest.raises(UserError, match="int8_forward_only says which parts AQT quantizes; it needs --precision int8"):
+        predict(model, v5p.with_software(int8_forward_only="mlp"), layout, 8, "bf16")
+    bad = tmp_path / "c.toml"
+    bad.write_text('base = "tpu-v5e"\nint8_gemm_speedup = -1\n')
+    with pytest.raises(UserError, match="int8_gemm_speedup .* must be >= 0"):
+        load_cluster(str(bad))
+
+
 def test_new_generations_from_their_datasheets():
     b300, gb300, mi300x, mi325x, v6e = (load_cluster(n) for n in ("b300", "gb300-nvl72", "mi300x", "mi325x", "tpu-v6e"))
     assert b300.peak_flops_fp8 == 2 * b300.peak_flops_bf16 and b300.hbm_bytes == 288e9

@@ -50,6 +50,7 @@ def _meshscale(*args, env=None, timeout=240, module=("-m", "meshscale")):
     (["--log-every", "0"], "--log-every must be at least 1"),
     pytest.param(["--device", "cuda"], "--device cuda: this torch",
                  marks=pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here")),
+    (["--precision", "int8"], "--precision int8 is AQT's int8 training, which MaxText runs on TPUs"),
     pytest.param(["--precision", "fp8"], "needs an NVIDIA GPU with float8 matrix units (compute capability 8.9+",
                  marks=pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here")),
     pytest.param(["--precision", "mxfp8"], "needs an NVIDIA GPU with block-scaled float8 tensor cores (Blackwell",

@@ -20,7 +20,7 @@ from functools import lru_cache
 
 from meshscale.cost import flops
 from meshscale.cost.memory import PRECISIONS
-from meshscale.specs.cluster import ClusterSpec, is_fp8
+from meshscale.specs.cluster import ClusterSpec, is_fp8, is_quantized
 from meshscale.specs.layout import Layout, kv_heads_per_rank
 from meshscale.specs.model import ModelSpec
 
@@ -354,25 +354,26 @@ def layer_gemms(model: ModelSpec, layer: int, layout: Layout, tokens: float, imb
 
 
 def layer_gemm_parts(model: ModelSpec, layer: int, layout: Layout, tokens: float, imbalance: float = 1.0) -> dict:
-    """`layer_gemms` by the module that runs them: attention (its projections), mlp (a dense layer's), and a
-    MoE layer's router, experts and shared_experts."""
+    """`layer_gemms` by the part that runs them (specs.cluster.INT8_PARTS): attention (the q, k and v projections;
+    MLA's all), attention_out (the output projection), mlp (a dense layer's), and a MoE layer's router, experts and
+    shared_experts."""
     t, h = layout.tp, model.hidden
-    attn: tuple
-    if model.uses_mla:  # low-rank projections: one GEMM of the same FLOPs
-        attn = (Gemm(tokens, model.attention_params() / h / t, h),)
+    attn: dict
+    if model.uses_mla:  # low-rank projections, the output's included: one GEMM of the same FLOPs
+        attn = {"attention": (Gemm(tokens, model.attention_params() / h / t, h),)}
     else:
         q = model.heads * model.head_dim
         kv = kv_heads_per_rank(model.kv_heads, t) * model.head_dim  # a whole copy when tp > kv_heads
-        attn = (Gemm(tokens, q / t + 2 * kv, h), Gemm(tokens, h, q / t))
+        attn = {"attention": (Gemm(tokens, q / t + 2 * kv, h),), "attention_out": (Gemm(tokens, h, q / t),)}
     up = model.mlp_matrices - 1  # gate + up, or up alone
     if not model.is_moe_layer(layer):
-        return {"attention": attn, "mlp": (Gemm(tokens, up * model.ffn / t, h), Gemm(tokens, h, model.ffn / t))}
+        return {**attn, "mlp": (Gemm(tokens, up * model.ffn / t, h), Gemm(tokens, h, model.ffn / t))}
     local = max(1, model.experts // layout.ep)
     routed = (tokens * model.top_k * layout.ep * layout.expert_tp / (t * model.experts)
               * (imbalance if layout.ep > 1 else 1.0))
     e, f = model.expert_ffn / layout.expert_tp, model.expert_ffn / t * model.shared_experts
     shared = (Gemm(tokens, up * f, h), Gemm(tokens, h, f)) if model.shared_experts else ()
-    return {"attention": attn, "router": (Gemm(tokens, model.experts, h),),
+    return {**attn, "router": (Gemm(tokens, model.experts, h),),
             "experts": (Gemm(routed, up * e, h, local, True), Gemm(routed, h, e, local, True)),
             "shared_experts": shared}
 
@@ -389,24 +390,27 @@ def column_parallel_share(model: ModelSpec, layout: Layout) -> float:
 
 
 def gemm_pass_seconds(cluster: ClusterSpec, gemms: tuple, peak: float, dtype_bytes: int,
-                      operand_bytes: int = 0, grad_bytes: int = 0) -> tuple[float, float, float]:
+                      operand_bytes: int = 0, grad_bytes: int = 0,
+                      wgrad_peak: float = 0.0) -> tuple[float, float, float]:
     """(forward, input gradient, weight gradient) of a list of forward GEMMs: dX = dY W^T is (m, k, n) and
     dW = X^T dY is (k, n, m) (Narayanan et al. 2021 sec. 5.1: backward is twice the forward). A grouped GEMM's
     forward and input gradient (tokens as M) run at the grouped_gemm_efficiency of its tokens per group (FP8
     operands: DeepGEMM's table, else GROUPED_BF16_EFFICIENCY); its weight gradient (tokens as K) at
     GROUPED_WGRAD_EFFICIENCY's, and (`grad_bytes` > 0) no less than its memory traffic when it accumulates into
-    the weight's gradient in place, every micro-batch (`expert_wgrad_traffic`)."""
+    the weight's gradient in place, every micro-batch (`expert_wgrad_traffic`). A `wgrad_peak` runs the weight
+    gradient against that peak on `dtype_bytes` operands (int8 recipes keep it in bf16)."""
     forward_table = GROUPED_GEMM_EFFICIENCY if (operand_bytes or dtype_bytes) == 1 else GROUPED_BF16_EFFICIENCY
+    w_peak, w_operands = (wgrad_peak, dtype_bytes) if wgrad_peak else (peak, operand_bytes)
     f = b = w = 0.0
     for g in gemms:
         slow = 1.0 / grouped_gemm_efficiency(g.m, forward_table) if g.grouped else 1.0
         f += gemm_seconds(cluster, g.m, g.n, g.k, peak, dtype_bytes, g.batch, operand_bytes) * slow
         b += gemm_seconds(cluster, g.m, g.k, g.n, peak, dtype_bytes, g.batch, operand_bytes) * slow
-        wgrad = gemm_seconds(cluster, g.k, g.n, g.m, peak, dtype_bytes, g.batch, operand_bytes)
+        wgrad = gemm_seconds(cluster, g.k, g.n, g.m, w_peak, dtype_bytes, g.batch, w_operands)
         if g.grouped:
             wgrad /= grouped_gemm_efficiency(g.m, GROUPED_WGRAD_EFFICIENCY)
         if g.grouped and grad_bytes:
-            wgrad = max(wgrad, expert_wgrad_traffic(cluster, g, operand_bytes or dtype_bytes, grad_bytes))
+            wgrad = max(wgrad, expert_wgrad_traffic(cluster, g, w_operands or dtype_bytes, grad_bytes))
         w += wgrad
     return f, b, w
 
@@ -531,8 +535,7 @@ def mtp_passes(model: ModelSpec, cluster: ClusterSpec, shape: Layout, precision:
     if not model.mtp_layers:
         return Passes()
     tokens = shape.mbs * model.seq / shape.cp
-    projection = gemm_pass_seconds(cluster, (Gemm(tokens, model.hidden / shape.tp, 2 * model.hidden),),
-                                   *_gemm_types(cluster, precision))
+    projection = linear_pass_seconds(cluster, (Gemm(tokens, model.hidden / shape.tp, 2 * model.hidden),), precision)
     module = (layer_passes(model, cluster, shape, model.is_moe_layer(model.layers - 1), precision)
               + head_passes(model, cluster, shape.tp, shape.cp, shape.mbs, precision) + Passes(*projection))
     return module * model.mtp_layers
@@ -565,8 +568,8 @@ def layer_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, moe: bo
     if layout.recompute == "full":
         b += f
     elif layout.recompute == "op":  # a dense block at tp=1 (specs.layout.check_against)
-        b += gemm_pass_seconds(cluster, tuple(Gemm(tokens, o, i) for i, o in flops.op_recomputed_matmuls(model)),
-                               *_gemm_types(cluster, precision))[0]
+        b += linear_pass_seconds(cluster, tuple(Gemm(tokens, o, i) for i, o in flops.op_recomputed_matmuls(model)),
+                                 precision)[0]
     elif layout.recompute_modules - {"core_attn"}:
         b += _module_gemms_forward(model, cluster, layout, tokens, moe, precision)
     rerun_core = core_f if layout.reruns("core_attn") else 0.0
@@ -584,7 +587,7 @@ def _module_gemms_forward(model: ModelSpec, cluster: ClusterSpec, layout: Layout
     gemms = tuple(g for name in sorted(names) for g in parts.get(name, ()))
     if "mla_up_proj" in layout.recompute_modules:
         gemms += mla_up_projections(model, layout.tp, tokens)
-    return gemm_pass_seconds(cluster, gemms, *_gemm_types(cluster, precision))[0] if gemms else 0.0
+    return linear_pass_seconds(cluster, gemms, precision)[0] if gemms else 0.0
 
 
 def _sample_layer(model: ModelSpec, moe: bool) -> int:
@@ -601,10 +604,36 @@ def mla_up_projections(model: ModelSpec, tp: int, tokens: float) -> tuple:
             if model.q_lora_rank else (kv,))
 
 
-def _gemm_types(cluster: ClusterSpec, precision: str) -> tuple[float, int, int]:
-    """(peak, output bytes, operand bytes) of a layer's GEMMs: FP8 GEMMs read FP8 operands and write bf16."""
+def linear_pass_seconds(cluster: ClusterSpec, gemms: tuple, precision: str, grad_bytes: int = 0,
+                        int8_input_grad: bool = True) -> tuple[float, float, float]:
+    """`gemm_pass_seconds` of a layer's linear GEMMs under `precision`: FP8 GEMMs read FP8 operands and write
+    bf16; int8 ones (AQT's int8 config) run the forward and (`int8_input_grad`) the input gradient on int8
+    operands, with their quantization (`int8_quantize_seconds`), and the weight gradient in bf16."""
     dtype_bytes = PRECISIONS[precision]["compute"]
-    return cluster.gemm_peak(precision), dtype_bytes, 1 if is_fp8(precision) else dtype_bytes
+    operand_bytes = 1 if is_quantized(precision) else dtype_bytes
+    bf16_peak = cluster.bf16_work_peak(precision)
+    wgrad_peak = bf16_peak if precision == "int8" else 0.0
+    f, b, w = gemm_pass_seconds(cluster, gemms, cluster.gemm_peak(precision), dtype_bytes, operand_bytes,
+                                grad_bytes, wgrad_peak)
+    if precision != "int8":
+        return f, b, w
+    quantize_f, quantize_b = int8_quantize_seconds(cluster, gemms)
+    if not int8_input_grad:
+        b, quantize_b = gemm_pass_seconds(cluster, gemms, bf16_peak, dtype_bytes)[1], 0.0
+    return f + quantize_f, b + quantize_b, w
+
+
+def int8_quantize_seconds(cluster: ClusterSpec, gemms: tuple) -> tuple[float, float]:
+    """(forward, input gradient) memory traffic of AQT's int8 dot_generals (google/aqt, aqt/jax/v2; MaxText's
+    quantization=int8 config: config_v3 with fwd_bits = dlhs_bits = 8, drhs in bf16). Each dot quantizes both
+    its operands as it runs, per channel along the contraction: the forward X (m x k) and W (k x n), the input
+    gradient dY (m x n) and W again along n. Calibration (AbsMaxCalibration) reads each operand once, 2 bytes
+    an element; XLA fuses the scale, round and cast into the dot's operand fetch (conv input fusion), which then
+    reads bf16, 1 byte more than the int8 operand `gemm_seconds` counts: 3 bytes an element."""
+    per_byte = 3 / cluster.achieved_hbm_bandwidth
+    f = sum(g.batch * (g.m * g.k + g.k * g.n) for g in gemms) * per_byte
+    b = sum(g.batch * (g.m * g.n + g.k * g.n) for g in gemms) * per_byte
+    return f, b
 
 
 @lru_cache(maxsize=65536)
@@ -615,15 +644,21 @@ def _layer_kernels(model: ModelSpec, cluster: ClusterSpec, tp: int, cp: int, ep:
     layout = Layout(tp=tp, cp=cp, ep=ep, etp=etp, dp=ep, mbs=mbs)
     tokens = layout.mbs * model.seq / layout.cp
     layer = _sample_layer(model, moe)
-    peak, dtype_bytes, operand_bytes = _gemm_types(cluster, precision)
-    gemms = layer_gemms(model, layer, layout, tokens, cluster.software.moe_imbalance)
-    f, b, w = gemm_pass_seconds(cluster, gemms, peak, dtype_bytes, operand_bytes, grad_accumulator_bytes(cluster,
-                                                                                                          precision))
+    parts = layer_gemm_parts(model, layer, layout, tokens, cluster.software.moe_imbalance)
+    gemms = sum(parts.values(), ())
+    grad_bytes = grad_accumulator_bytes(cluster, precision)
+    forward_only = set(cluster.software.int8_forward_only.split("+"))
+    f, b, w = 0.0, 0.0, 0.0
+    for input_grad in (True, False):
+        chosen = tuple(g for name, part in parts.items() if (name not in forward_only) == input_grad for g in part)
+        if chosen:
+            passes = linear_pass_seconds(cluster, chosen, precision, grad_bytes, input_grad)
+            f, b, w = f + passes[0], b + passes[1], w + passes[2]
     if is_fp8(precision):
         cast_f, cast_b = fp8_cast_seconds(cluster, gemms, precision)
         f, b = f + cast_f, b + cast_b
     if moe:  # routing's memory-bound kernels, forward and (their gradients) backward
-        routing = routing_seconds(model, cluster, tokens, dtype_bytes)
+        routing = routing_seconds(model, cluster, tokens, PRECISIONS[precision]["compute"])
         f, b = f + routing, b + routing
     return (f, b, w, *attention_core_seconds(model, cluster, layout, tokens, precision))
 

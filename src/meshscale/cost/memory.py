@@ -23,6 +23,7 @@ PRECISIONS = {
     "bf16-pure": dict(params=2, grads=2, optimizer=4, compute=2),
     "fp8": dict(params=2, grads=2, optimizer=12, compute=2),  # fp8 GEMMs, bf16 weights kept (TE recipe)
     "mxfp8": dict(params=2, grads=2, optimizer=12, compute=2),  # block-scaled fp8 GEMMs, the same weights
+    "int8": dict(params=2, grads=2, optimizer=12, compute=2),  # AQT's int8 GEMMs (cost/kernels.py), bf16's state
     "fp32": dict(params=4, grads=4, optimizer=8, compute=4),  # no separate master copy
 }
 

@@ -75,6 +75,7 @@ class Prediction:
     comm_rank: int = 0  # the pipeline rank `comm` describes: the one whose traffic shows longest (compute_s is
     # the slowest rank's passes, which every rank's last)
     host_wait_s: float = 0.0  # of compute_s, the device waiting for the host that issues its kernels (GPUs)
+    forward_s: float = 0.0  # of compute_s, the forward passes: what evaluating the same batch computes
 
     @property
     def kernels_s(self) -> float:
@@ -155,7 +156,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     return Prediction(
         model=model.name, cluster=cluster.name, layout=str(layout), devices=devices, global_batch=global_batch,
         seq=model.seq, precision=precision, microbatches=m, step_time_s=step, compute_s=compute_s,
-        host_wait_s=host_wait_s,
+        host_wait_s=host_wait_s, forward_s=m * passes.forward,
         bubble_s=bubble_s, exposed_comm_s=critical_path + dp_exposed, optimizer_s=optimizer_s,
         mfu=model_flops / (step * devices * peak), hfu=hw_flops / (step * devices * peak),
         tokens_per_s=n_tokens / step, model_flops_per_step=model_flops,

@@ -15,6 +15,7 @@ from meshscale.specs.model import ModelSpec
 GPU_ONLY = "DeepSpeed"  # named in the refusal of a TPU slice
 NO_FP8 = ("bf16", "DeepSpeed's JSON has no FP8 switch (FP8 GEMMs live in Transformer Engine modules)")
 PRECISIONS = {"fp8": NO_FP8, "mxfp8": NO_FP8,
+              "int8": ("bf16", "DeepSpeed has no int8 training (AQT's int8 GEMMs are MaxText's)"),
               "bf16-pure": ("bf16", "DeepSpeed's bf16 mode keeps fp32 master weights (16 B/param)")}
 
 

@@ -22,7 +22,8 @@ GPU_ONLY = "Megatron-LM"  # named in the refusal of a TPU slice
 DISPATCHERS = {"alltoall": "--moe-token-dispatcher-type alltoall",
                "deepep": "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep",
                "hybridep": "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep"}
-PRECISIONS = {"bf16-pure": ("bf16", "Megatron-LM keeps fp32 main parameters under --bf16 (16 B/param)")}
+PRECISIONS = {"bf16-pure": ("bf16", "Megatron-LM keeps fp32 main parameters under --bf16 (16 B/param)"),
+              "int8": ("bf16", "Megatron-LM has no int8 training (AQT's int8 GEMMs are MaxText's)")}
 
 
 def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:

@@ -17,7 +17,7 @@ from meshscale.specs.layout import V_SCHEDULES, Layout, split_layers
 from meshscale.specs.model import ModelSpec, load_model
 
 GPU_ONLY = "torchtitan"  # named in the refusal of a TPU slice
-PRECISIONS: dict = {}  # each precision runs as asked
+PRECISIONS = {"int8": ("bf16", "torchtitan has no int8 training (AQT's int8 GEMMs are MaxText's)")}
 # torchao's linear layers each FP8 precision converts to (torchtitan's model converters; float8 is tensor-wise with
 # current scaling, mx block-scaled, its default recipe mxfp8_cublas)
 CONVERTERS = {"fp8": "quantize.linear.float8", "mxfp8": "quantize.linear.mx"}

@@ -26,7 +26,9 @@ from torch import nn
 from meshscale.cost.memory import PRECISIONS
 from meshscale.specs.cluster import is_fp8
 
-RECIPES = tuple(PRECISIONS)  # the names the planner and the cost model use
+# the names the planner and the cost model use, but int8: AQT's int8 training is a TPU recipe (MaxText's), planned
+# and written out (--emit maxtext) but not run by a torch trainer
+RECIPES = tuple(p for p in PRECISIONS if p != "int8")
 # compute capability of the first GPUs with float8 tensor cores (Ada, Hopper), with block-scaled ones (Blackwell)
 FP8_CAPABILITY = {"fp8": (8, 9), "mxfp8": (10, 0)}
 

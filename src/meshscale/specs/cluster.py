@@ -129,6 +129,10 @@ class Software:
     # calibrate measures it where collectives and compute share the cores (gloo on this CPU: 0-0.6 in full
     # calibrations; --quick's three repeats scatter up to 1).
     overlap_efficiency: float = 1.0
+    # Under --precision int8, the layer parts (INT8_PARTS, joined by +) whose GEMMs AQT quantizes in the forward
+    # only, their input gradients in bf16 (MaxText's MLPerf 4.1 branch, enable_tff_quant: attention_out+mlp,
+    # layers/gpt3.py); the rest take int8's forward and input gradient. "": every part takes both.
+    int8_forward_only: str = ""
 
     @property
     def nccl_release(self) -> tuple[int, int]:
@@ -175,6 +179,15 @@ def is_fp8(precision: str) -> bool:
     return precision in ("fp8", "mxfp8")
 
 
+# A layer's GEMMs by the part that runs them (cost/kernels.py layer_gemm_parts)
+INT8_PARTS = ("attention", "attention_out", "mlp", "router", "experts", "shared_experts")
+
+
+def is_quantized(precision: str) -> bool:
+    """Whether the linear layers' GEMMs read 8-bit operands: FP8, or int8 (AQT's, cost/kernels.py)."""
+    return is_fp8(precision) or precision == "int8"
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     name: str
@@ -217,6 +230,10 @@ class ClusterSpec:
     # MXFP8 (OCP microscaling: FP8 elements with a power-of-two scale for every 32) GEMMs on block-scaled tensor
     # cores run at this share of the tensor-wise FP8 rate; 0: no MXFP8 units, and --precision mxfp8 is refused.
     mxfp8_gemm_share: float = 0.0
+    # Dense int8 peak, OP/s per device (datasheets); 0: no int8 data, and --precision int8 is refused. Int8
+    # GEMMs run at `int8_gemm_speedup` times the bf16 rate where a scan measured it (0: the peaks' ratio).
+    peak_flops_int8: float = 0.0
+    int8_gemm_speedup: float = 0.0
     software: Software = Software()
     # Measured on the machine in hand by `meshscale calibrate` (runtime/measure/calibrate.py); presets leave them
     # empty. cost/kernels.py uses the rates, cost/overhead.py the operator and collective figures.
@@ -297,6 +314,10 @@ class ClusterSpec:
             raise UserError(f"cluster {self.name}: attention_efficiency must be in [0, 1] (0: matmul_efficiency)")
         if self.fp8_gemm_speedup < 1:
             raise UserError(f"cluster {self.name}: fp8_gemm_speedup must be >= 1 (FP8 GEMMs over bf16 ones)")
+        if not (self.peak_flops_int8 >= 0 and self.int8_gemm_speedup >= 0):
+            raise UserError(f"cluster {self.name}: peak_flops_int8 (OP/s; 0: no int8 data) and int8_gemm_speedup (over "
+                            f"bf16 GEMMs; 0: the peaks' ratio) must be >= 0, got {self.peak_flops_int8!r} and "
+                            f"{self.int8_gemm_speedup!r}")
         if not 0 <= self.mxfp8_gemm_share <= 1:
             raise UserError(f"cluster {self.name}: mxfp8_gemm_share must be in [0, 1] (MXFP8 GEMMs' share of the "
                             f"tensor-wise FP8 rate; 0: no MXFP8 units), got {self.mxfp8_gemm_share!r}")
@@ -364,6 +385,9 @@ class ClusterSpec:
         if not re.fullmatch(r"\d+\.\d+", str(sw.nccl)):
             raise UserError(f"cluster {self.name}: [software] nccl must be an NCCL release as \"major.minor\" (e.g. "
                             f"\"2.27\"), got {sw.nccl!r}")
+        if not set(filter(None, sw.int8_forward_only.split("+"))) <= set(INT8_PARTS):
+            raise UserError(f"cluster {self.name}: [software] int8_forward_only must name layer parts joined by + "
+                            f"({', '.join(INT8_PARTS)}), or be empty, got {sw.int8_forward_only!r}")
         if not sw.moe_imbalance >= 1:
             raise UserError(f"cluster {self.name}: [software] moe_imbalance must be >= 1 (the busiest expert-parallel "
                             f"rank's tokens over the balanced share; 1: balanced), got {sw.moe_imbalance!r}")
@@ -402,6 +426,10 @@ class ClusterSpec:
         if is_fp8(precision) and not self.peak_flops_fp8:
             raise UserError(f"cluster {self.name}: no FP8 data (peak_flops_fp8 is 0: {self.accelerator} has no FP8 "
                             "matrix units on record); use --precision bf16, or a cluster file giving peak_flops_fp8")
+        if precision == "int8" and not self.peak_flops_int8:
+            raise UserError(f"cluster {self.name}: no int8 data (peak_flops_int8 is 0: int8 training is planned on "
+                            "TPUs, whose datasheets give an int8 peak); use --precision bf16, or a cluster file giving "
+                            "peak_flops_int8")
         if precision == "mxfp8" and not self.mxfp8_gemm_share:
             raise UserError(f"cluster {self.name}: no MXFP8 data (mxfp8_gemm_share is 0: {self.accelerator} has no "
                             "block-scaled FP8 matrix units on record; NVIDIA's came with Blackwell); use --precision "
@@ -409,24 +437,31 @@ class ClusterSpec:
         if self.software.fp8_param_gather and not is_fp8(precision):
             raise UserError(f"cluster {self.name}: [software] fp8_param_gather gathers FP8 parameters; it needs "
                             f"--precision fp8 or mxfp8, got {precision}: drop it or change the precision")
+        if self.software.int8_forward_only and precision != "int8":
+            raise UserError(f"cluster {self.name}: [software] int8_forward_only says which parts AQT quantizes; it "
+                            f"needs --precision int8, got {precision}: drop it or change the precision")
 
     def peak_flops(self, precision: str) -> float:
         peak = {"bf16": self.peak_flops_bf16, "fp8": self.peak_flops_fp8 or self.peak_flops_bf16,
-                "fp32": self.peak_flops_fp32 or self.peak_flops_bf16 / 2}
+                "fp32": self.peak_flops_fp32 or self.peak_flops_bf16 / 2, "int8": self.peak_flops_int8}
         return peak.get("fp8" if is_fp8(precision) else precision, self.peak_flops_bf16)
 
     def gemm_peak(self, precision: str) -> float:
         """The peak the linear layers' GEMMs run against (matmul_efficiency of it at best): FP8 GEMMs at the
-        measured speed-up over bf16 ones, within the fp8 peak; MXFP8 ones at their share of that."""
+        measured speed-up over bf16 ones, within the fp8 peak; MXFP8 ones at their share of that; int8 ones (the
+        forward and input gradient, kernels.linear_pass_seconds) at their measured speed-up, else the int8 peak."""
         if is_fp8(precision):
             fp8 = min(self.peak_flops("fp8"), self.peak_flops_bf16 * self.fp8_gemm_speedup)
             return fp8 * self.mxfp8_gemm_share if precision == "mxfp8" else fp8
+        if precision == "int8" and self.int8_gemm_speedup:
+            return self.peak_flops_bf16 * self.int8_gemm_speedup
         return self.peak_flops(precision)
 
     def bf16_work_peak(self, precision: str) -> float:
-        """The peak of the work FP8 recipes keep in bf16: the attention core (Transformer Engine's fp8_dpa is
-        off by default) and the output head (Megatron-Core's output layer is not a Transformer Engine module)."""
-        return self.peak_flops("bf16" if is_fp8(precision) else precision)
+        """The peak of the work 8-bit recipes keep in bf16: the attention core (Transformer Engine's fp8_dpa is
+        off by default; AQT quantizes the projections' dot_generals) and the output head (Megatron-Core's output
+        layer is not a Transformer Engine module; MaxText reads the logits off the embedding with a plain dot)."""
+        return self.peak_flops("bf16" if is_quantized(precision) else precision)
 
     @property
     def fp8_scaling(self) -> str:
@@ -501,7 +536,8 @@ def _mi300(name, accel, hbm, hbm_bw) -> ClusterSpec:
                 host_bandwidth=55 * GB)
 
 
-def _tpu(name, accel, bf16, hbm, hbm_bw, ici_axis, dcn, torus, price, host, eff=0.90, mxu=128) -> ClusterSpec:
+def _tpu(name, accel, bf16, int8, hbm, hbm_bw, ici_axis, dcn, torus, price, host, eff=0.90, mxu=128,
+         int8_speedup=0.0) -> ClusterSpec:
     # ICI figure per torus axis with wraparound (two links, both directions), as the scaling book's W_ici.
     # What an ICI collective reaches of it, and a hop's latency: the book's profiles on v5e (Part 3, "Sharded
     # Matrices", worked problem on an AllGather over a 4-chip axis): 34 MB in 680 us where the link rate gives
@@ -521,10 +557,11 @@ def _tpu(name, accel, bf16, hbm, hbm_bw, ici_axis, dcn, torus, price, host, eff=
     # matmuls carry fused epilogues that bare one has not.
     # Software: MaxText shards with FSDP (zero=3: one reduce per layer, whatever the framework); for zero 0-2 XLA
     # combines all-reduces up to a threshold we have no published figure for: Megatron-Core's buckets stand in.
-    # No FP8: the docs give these chips a bf16 peak and an Int8 one (integer MXU arithmetic), none for FP8.
+    # No FP8: the docs give these chips a bf16 peak and an int8 one (integer MXU arithmetic), none for FP8. Int8
+    # matmuls are taken to reach the same fraction of their peak as bf16 ones: no int8 scan is on record.
     tiers = (Tier("ici", _prod(torus), ici_axis, 2e-6, 0.83), Tier("dcn", 0, dcn, 10e-6, 0.495))
     return ClusterSpec(name=name, accelerator=accel, peak_flops_bf16=bf16, peak_flops_fp8=0.0,
-                       peak_flops_fp32=bf16 / 2, hbm_bytes=hbm, hbm_bandwidth=hbm_bw, matmul_efficiency=eff,
+                       peak_flops_fp32=bf16 / 2, peak_flops_int8=int8, int8_gemm_speedup=int8_speedup, hbm_bytes=hbm, hbm_bandwidth=hbm_bw, matmul_efficiency=eff,
                        tiers=tiers, torus=torus, default_devices=_prod(torus), price_per_device_hour=price,
                        gemm_tile=(mxu, mxu), software=Software(framework="megatron-core"), host_bandwidth=host)
 
@@ -665,22 +702,24 @@ PRESETS: dict[str, ClusterSpec] = {
     # chip-hour on demand. Its matmuls do not run near peak as v5e's do: a bf16 8192^3 jax.lax.dot_general took
     # 1,510.9 us of device time in a profiler trace, 727.7 TFLOP/s, 0.79 of peak (yangwhale/gpu-tpu-pedia
     # tpu/v7_perf results_trace_test.csv, 2026-02-11; 0.75 timed from Python at 4096 x 8192 x 8192, findings.md),
-    # so 0.79 is its ceiling here, not v5e's 0.90.
-    "tpu-v6e": _tpu("tpu-v6e", "TPU v6e", 918e12, 32 * GiB, 1.64e12, 1.8e11, 12.5e9, (16, 16), 2.7, 32e9, eff=0.79,
-                    mxu=256),
+    # so 0.79 is its ceiling here, not v5e's 0.90. Int8 matmuls do not reach twice that: the same repository's
+    # Python-timed scan (results_v6e.csv, 2026-02-09) ran 8192^3 in 1,645.7 us in bf16 and 973.9 in int8; less the
+    # 134.8 us the bf16 one spent beyond its traced device time, int8 runs 1.80x bf16 (0.71 of its peak).
+    "tpu-v6e": _tpu("tpu-v6e", "TPU v6e", 918e12, 1836e12, 32 * GiB, 1.64e12, 1.8e11, 12.5e9, (16, 16), 2.7, 32e9,
+                    eff=0.79, mxu=256, int8_speedup=1.80),
     # TPU v5p (Cloud TPU docs, scaling book Part 2): 4.59e14 bf16, 9.18e14 int8, 95 GiB HBM at 2.765 TB/s,
     # ICI 9e10 B/s bidirectional per link, so 1.8e11 per torus axis with wraparound (the book's W_ici);
     # pods of up to 8960 chips, 16x16x16 = 4096 per slice here; DCN 6.25e9 B/s per chip (Cloud TPU v5p docs:
     # "data center network bandwidth per chip, 50 Gbps").
-    "tpu-v5p": _tpu("tpu-v5p", "TPU v5p", 4.59e14, 95 * GiB, 2.765e12, 1.8e11, 6.25e9,
+    "tpu-v5p": _tpu("tpu-v5p", "TPU v5p", 4.59e14, 9.18e14, 95 * GiB, 2.765e12, 1.8e11, 6.25e9,
                     (16, 16, 16), 4.2, 1.5e10),
     # TPU v5e: 1.97e14 bf16, 3.94e14 int8, 16 GiB HBM at 8.1e11 B/s, 2D torus 16x16, ICI 4.5e10 per link
     # bidirectional (9e10 per axis with wraparound), DCN 3.125e9 per chip (Cloud TPU v5e docs: "data center
     # network bandwidth per Pod, 6.4 Tbps" over its 256 chips).
-    "tpu-v5e": _tpu("tpu-v5e", "TPU v5e", 1.97e14, 16 * GiB, 8.1e11, 9e10, 3.125e9, (16, 16), 1.2, 1.5e10),
-    # TPU v4: 2.75e14 bf16, 32 GiB HBM at 1.2e12 B/s, 3D torus up to 16x16x16 (4096), ICI 4.5e10 per link
-    # bidirectional (9e10 per axis), DCN ~6.25e9 per chip.
-    "tpu-v4": _tpu("tpu-v4", "TPU v4", 2.75e14, 32 * GiB, 1.2e12, 9e10, 6.25e9, (16, 16, 16), 3.2, 16e9),
+    "tpu-v5e": _tpu("tpu-v5e", "TPU v5e", 1.97e14, 3.94e14, 16 * GiB, 8.1e11, 9e10, 3.125e9, (16, 16), 1.2, 1.5e10),
+    # TPU v4: 2.75e14 bf16 and as many int8 OP/s (the docs give both 275 T), 32 GiB HBM at 1.2e12 B/s, 3D torus
+    # up to 16x16x16 (4096), ICI 4.5e10 per link bidirectional (9e10 per axis), DCN ~6.25e9 per chip.
+    "tpu-v4": _tpu("tpu-v4", "TPU v4", 2.75e14, 2.75e14, 32 * GiB, 1.2e12, 9e10, 6.25e9, (16, 16, 16), 3.2, 16e9),
     # This machine: 2 AMD EPYC cores, 23 GB RAM, torch CPU kernels, gloo over loopback TCP, one core per rank.
     # fp32: measured 3.3-3.5e10 FLOP/s for single-thread torch GEMMs from 512x64x176 (tiny's shapes) to
     # 1024^3 (2026-11-23); bf16 has no native CPU GEMM here, rough 1e10. gloo all_reduce over loopback,

@@ -109,6 +109,9 @@ def world_from_env() -> int | None:
 def resolve(cfg: TrainConfig, world: int) -> Resolved:
     """Every pre-launch check. `world` is the number of processes that will run the job."""
 
+    if cfg.precision == "int8":
+        raise UserError("--precision int8 is AQT's int8 training, which MaxText runs on TPUs: meshscale plans it "
+                        "(predict/plan --precision int8, --emit maxtext) but trains in torch; use --precision bf16")
     if cfg.precision not in RECIPES:
         raise UserError(f"--precision must be one of {', '.join(RECIPES)}, got {cfg.precision!r}")
     for key in ("steps", "global_batch", "nproc", "nnodes", "log_every"):
