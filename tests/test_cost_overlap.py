@@ -61,6 +61,23 @@ def test_tp_comm_overlap_hides_sp_collectives_behind_their_gemms():
     assert on.comm and all(0 <= e["exposed_s"] <= e["time_s"] for e in on.comm)
 
 
+def test_collective_matmul_of_the_all_gathers_alone_leaves_the_reduce_scatters_exposed():
+    """tp_overlap_scatters = false (XLA's --xla_tpu_decompose_all_gather_einsum without its reduce-scatter twin):
+    the all-gathers hide behind their GEMMs as under tp_comm_overlap, the reduce-scatters show in full; the TPU
+    presets run SP's backward reduce-scatter beside the weight gradients (XLA's async collective fusions)."""
+    both, ops_both = run("tp=8,sp=true,mbs=1", 8, 4, tp_comm_overlap=True)
+    gathers, ops = run("tp=8,sp=true,mbs=1", 8, 4, tp_comm_overlap=True, tp_overlap_scatters=False)
+    assert ops["tp", "all_gather"]["exposed_s"] == ops_both["tp", "all_gather"]["exposed_s"]
+    scatters = [e for e in gathers.comm if e["axis"] == "tp" and e["collective"] == "reduce_scatter"]
+    assert scatters and all(e["exposed_s"] == e["time_s"] > 0 for e in scatters)
+    assert both.step_time_s < gathers.step_time_s
+    assert all(load_cluster(n).software.tp_wgrad_overlap for n in ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e"))
+    # on a TPU slice every framework compiles through XLA, so both switches stand under any of them
+    assert load_cluster("tpu-v5p").with_software(framework="torch", tp_comm_overlap=True).software.tp_wgrad_overlap
+    with pytest.raises(UserError, match="tp_wgrad_overlap is Megatron-LM's"):
+        H100.with_software(framework="torch", tp_wgrad_overlap=True)
+
+
 def test_sp_input_gradient_reduce_scatter_hides_behind_the_weight_gradient():
     def reduce_scatters(pred):  # {overlap class as run: entry}
         return {e["overlap"]: e for e in pred.comm if e["axis"] == "tp" and e["collective"] == "reduce_scatter"}

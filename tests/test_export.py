@@ -234,9 +234,11 @@ def test_int8_reaches_maxtext_as_aqt_and_the_gpu_frameworks_as_bf16():
     model, layout = load_model("llama3-8b"), Layout.parse("dp=64,zero=3,mbs=1,recompute=full")
     out = emit("maxtext", model, load_cluster("tpu-v5p"), layout, 64, "int8", steps=10)
     assert 'quantization: "int8"' in out.config and not out.changes
-    tff = load_cluster("tpu-v5p").with_software(int8_forward_only="attention_out+mlp")
-    assert any("attention_out+mlp in the forward only" in n for n in
-               emit("maxtext", model, tff, layout, 64, "int8", steps=10).notes)
+    tff = load_cluster("tpu-v5p").with_software(int8_forward_only="attention_out+mlp", tp_comm_overlap=True,
+                                                tp_overlap_scatters=False)
+    notes = emit("maxtext", model, tff, layout, 64, "int8", steps=10).notes
+    assert any("attention_out+mlp in the forward only" in n for n in notes)
+    assert any("TP's all-gathers alone" in n for n in notes)
     h100 = dataclasses.replace(load_cluster("h100-80gb"), peak_flops_int8=1979e12)
     for framework in ("megatron", "torchtitan", "deepspeed"):
         got = emit(framework, model, h100, Layout.parse("dp=8,zero=1,mbs=1"), 64, "int8", steps=10)

@@ -63,7 +63,8 @@ def test_sigterm_saves_every_rank_and_the_same_command_resumes_bit_exact(tmp_pat
     clean, _ = _start(tmp_path, "clean", *run, "--timeout", "10", fault="slowsave@step=39,rank=1,seconds=14")
     code, _, err = _finish(clean)
     assert code == 0 and err == "", err  # before: "hang: ... stopped after --timeout 10 s"
-    assert _rows(tmp_path / "clean.jsonl")[-1]["checkpoint_save_s"] >= 14
+    # rank 0 logs the save as it waited for rank 1's, less however much later than rank 1 it began: over --timeout
+    assert _rows(tmp_path / "clean.jsonl")[-1]["checkpoint_save_s"] > 10
 
     proc, tag = _start(tmp_path, "preempted", *run, fault="slow@step=0,rank=1,factor=4")
     _wait_for_rows(proc, tmp_path / "preempted.jsonl", 3)

@@ -679,14 +679,17 @@ def _tensor_parallel_floor(model: ModelSpec, cluster: ClusterSpec, devices: int,
     # minimal is floored at none's count: its rebuilt collectives differ with SP (re-gathers only under it)
     layout = Layout(dp=ep, tp=tp, sp=True, ep=ep, recompute="none" if recompute == "minimal" else recompute)
     sw = cluster.software
-    hidden = {Overlap.GEMM: sw.tp_comm_overlap, Overlap.WGRAD: sw.tp_comm_overlap or sw.tp_wgrad_overlap}
+
+    def hidden(op) -> bool:
+        return (op.overlap == Overlap.WGRAD and sw.tp_wgrad_overlap
+                or op.overlap in (Overlap.GEMM, Overlap.WGRAD) and comm.tp_decomposed(sw, op.collective))
     # a byte of an all-gather or reduce-scatter at no less than half an all-reduce's byte: NVLS all-reduces
     # (cost/collectives.py) beat the ring's all-gather + reduce-scatter pair that SP splits them into
     half_ar = bandwidth_seconds(cluster, devices, "all_reduce", 1.0, tp, 1) / 2
     return sum(op.bytes * min(half_ar, bandwidth_seconds(cluster, devices, op.collective, 1.0, tp, 1))
                for op in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, fewest, False, False, 1, 0,
                                                   fewest if model.is_moe else 0, sw.framework)
-               if op.collective != "all_reduce" and not hidden.get(op.overlap, False))
+               if op.collective != "all_reduce" and not hidden(op))
 
 
 def context_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, fewest: int,

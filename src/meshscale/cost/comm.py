@@ -538,6 +538,12 @@ def sm_share(cluster: ClusterSpec, axis: str, link: Link | None = None, collecti
     return min(1.0, blocks / cluster.compute_units)
 
 
+def tp_decomposed(sw, collective: str) -> bool:
+    """Whether [software] splits a TP all-gather or reduce-scatter into steps behind the GEMM it feeds or
+    follows (tp_comm_overlap; its reduce-scatters only with tp_overlap_scatters)."""
+    return sw.tp_comm_overlap and (collective == "all_gather" or sw.tp_overlap_scatters)
+
+
 def userbuffers(sw) -> bool:
     """Whether TP's all-gathers and reduce-scatters run on Transformer Engine's userbuffers (Megatron-Core's
     --tp-comm-overlap) rather than NCCL."""

@@ -390,27 +390,24 @@ def column_parallel_share(model: ModelSpec, layout: Layout) -> float:
 
 
 def gemm_pass_seconds(cluster: ClusterSpec, gemms: tuple, peak: float, dtype_bytes: int,
-                      operand_bytes: int = 0, grad_bytes: int = 0,
-                      wgrad_peak: float = 0.0) -> tuple[float, float, float]:
+                      operand_bytes: int = 0, grad_bytes: int = 0) -> tuple[float, float, float]:
     """(forward, input gradient, weight gradient) of a list of forward GEMMs: dX = dY W^T is (m, k, n) and
     dW = X^T dY is (k, n, m) (Narayanan et al. 2021 sec. 5.1: backward is twice the forward). A grouped GEMM's
     forward and input gradient (tokens as M) run at the grouped_gemm_efficiency of its tokens per group (FP8
     operands: DeepGEMM's table, else GROUPED_BF16_EFFICIENCY); its weight gradient (tokens as K) at
     GROUPED_WGRAD_EFFICIENCY's, and (`grad_bytes` > 0) no less than its memory traffic when it accumulates into
-    the weight's gradient in place, every micro-batch (`expert_wgrad_traffic`). A `wgrad_peak` runs the weight
-    gradient against that peak on `dtype_bytes` operands (int8 recipes keep it in bf16)."""
+    the weight's gradient in place, every micro-batch (`expert_wgrad_traffic`)."""
     forward_table = GROUPED_GEMM_EFFICIENCY if (operand_bytes or dtype_bytes) == 1 else GROUPED_BF16_EFFICIENCY
-    w_peak, w_operands = (wgrad_peak, dtype_bytes) if wgrad_peak else (peak, operand_bytes)
     f = b = w = 0.0
     for g in gemms:
         slow = 1.0 / grouped_gemm_efficiency(g.m, forward_table) if g.grouped else 1.0
         f += gemm_seconds(cluster, g.m, g.n, g.k, peak, dtype_bytes, g.batch, operand_bytes) * slow
         b += gemm_seconds(cluster, g.m, g.k, g.n, peak, dtype_bytes, g.batch, operand_bytes) * slow
-        wgrad = gemm_seconds(cluster, g.k, g.n, g.m, w_peak, dtype_bytes, g.batch, w_operands)
+        wgrad = gemm_seconds(cluster, g.k, g.n, g.m, peak, dtype_bytes, g.batch, operand_bytes)
         if g.grouped:
             wgrad /= grouped_gemm_efficiency(g.m, GROUPED_WGRAD_EFFICIENCY)
         if g.grouped and grad_bytes:
-            wgrad = max(wgrad, expert_wgrad_traffic(cluster, g, w_operands or dtype_bytes, grad_bytes))
+            wgrad = max(wgrad, expert_wgrad_traffic(cluster, g, operand_bytes or dtype_bytes, grad_bytes))
         w += wgrad
     return f, b, w
 
@@ -605,35 +602,37 @@ def mla_up_projections(model: ModelSpec, tp: int, tokens: float) -> tuple:
 
 
 def linear_pass_seconds(cluster: ClusterSpec, gemms: tuple, precision: str, grad_bytes: int = 0,
-                        int8_input_grad: bool = True) -> tuple[float, float, float]:
+                        int8_backward: bool = True) -> tuple[float, float, float]:
     """`gemm_pass_seconds` of a layer's linear GEMMs under `precision`: FP8 GEMMs read FP8 operands and write
-    bf16; int8 ones (AQT's int8 config) run the forward and (`int8_input_grad`) the input gradient on int8
-    operands, with their quantization (`int8_quantize_seconds`), and the weight gradient in bf16."""
+    bf16; int8 ones (AQT's) run the forward and (`int8_backward`) both gradients on int8 operands, with their
+    quantization (`int8_quantize_seconds`), else the gradients in bf16."""
     dtype_bytes = PRECISIONS[precision]["compute"]
     operand_bytes = 1 if is_quantized(precision) else dtype_bytes
-    bf16_peak = cluster.bf16_work_peak(precision)
-    wgrad_peak = bf16_peak if precision == "int8" else 0.0
     f, b, w = gemm_pass_seconds(cluster, gemms, cluster.gemm_peak(precision), dtype_bytes, operand_bytes,
-                                grad_bytes, wgrad_peak)
+                                grad_bytes)
     if precision != "int8":
         return f, b, w
-    quantize_f, quantize_b = int8_quantize_seconds(cluster, gemms)
-    if not int8_input_grad:
-        b, quantize_b = gemm_pass_seconds(cluster, gemms, bf16_peak, dtype_bytes)[1], 0.0
-    return f + quantize_f, b + quantize_b, w
+    quantize = int8_quantize_seconds(cluster, gemms)
+    if not int8_backward:
+        _, b, w = gemm_pass_seconds(cluster, gemms, cluster.bf16_work_peak(precision), dtype_bytes, 0, grad_bytes)
+        quantize = (quantize[0], 0.0, 0.0)
+    return f + quantize[0], b + quantize[1], w + quantize[2]
 
 
-def int8_quantize_seconds(cluster: ClusterSpec, gemms: tuple) -> tuple[float, float]:
-    """(forward, input gradient) memory traffic of AQT's int8 dot_generals (google/aqt, aqt/jax/v2; MaxText's
-    quantization=int8 config: config_v3 with fwd_bits = dlhs_bits = 8, drhs in bf16). Each dot quantizes both
-    its operands as it runs, per channel along the contraction: the forward X (m x k) and W (k x n), the input
-    gradient dY (m x n) and W again along n. Calibration (AbsMaxCalibration) reads each operand once, 2 bytes
-    an element; XLA fuses the scale, round and cast into the dot's operand fetch (conv input fusion), which then
-    reads bf16, 1 byte more than the int8 operand `gemm_seconds` counts: 3 bytes an element."""
+def int8_quantize_seconds(cluster: ClusterSpec, gemms: tuple) -> tuple[float, float, float]:
+    """(forward, input gradient, weight gradient) memory traffic of AQT's int8 dot_generals (google/aqt,
+    aqt/jax/v2). MaxText's quantization=int8 (layers/quantizations.py, config_v3) quantizes all three: fwd_bits
+    and dlhs_bits 8, and drhs_bits 8 whenever quantization_local_shard_count is not 0 (its default, -1, takes the
+    slice count: pyconfig.py). Each dot quantizes both its operands per channel along its contraction as it runs:
+    the forward X (m x k) and W (k x n), the input gradient dY (m x n) and W, the weight gradient X and dY.
+    Calibration (AbsMaxCalibration) reads each operand once, 2 bytes an element; XLA fuses the scale, round and
+    cast into the dot's operand fetch (conv input fusion), which then reads bf16, 1 byte more than the int8
+    operand `gemm_seconds` counts: 3 bytes an element."""
     per_byte = 3 / cluster.achieved_hbm_bandwidth
     f = sum(g.batch * (g.m * g.k + g.k * g.n) for g in gemms) * per_byte
     b = sum(g.batch * (g.m * g.n + g.k * g.n) for g in gemms) * per_byte
-    return f, b
+    w = sum(g.batch * (g.m * g.k + g.m * g.n) for g in gemms) * per_byte
+    return f, b, w
 
 
 @lru_cache(maxsize=65536)
@@ -649,10 +648,10 @@ def _layer_kernels(model: ModelSpec, cluster: ClusterSpec, tp: int, cp: int, ep:
     grad_bytes = grad_accumulator_bytes(cluster, precision)
     forward_only = set(cluster.software.int8_forward_only.split("+"))
     f, b, w = 0.0, 0.0, 0.0
-    for input_grad in (True, False):
-        chosen = tuple(g for name, part in parts.items() if (name not in forward_only) == input_grad for g in part)
+    for int8_backward in (True, False):
+        chosen = tuple(g for name, part in parts.items() if (name not in forward_only) == int8_backward for g in part)
         if chosen:
-            passes = linear_pass_seconds(cluster, chosen, precision, grad_bytes, input_grad)
+            passes = linear_pass_seconds(cluster, chosen, precision, grad_bytes, int8_backward)
             f, b, w = f + passes[0], b + passes[1], w + passes[2]
     if is_fp8(precision):
         cast_f, cast_b = fp8_cast_seconds(cluster, gemms, precision)

@@ -235,7 +235,7 @@ def _rank_ledger(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: i
             t = comm.expert_dispatch_time(cluster, op.bytes, op.calls, size, link, model.experts, model.top_k)
         else:
             t = comm.collective_time(op.collective, op.bytes, op.calls, size, link)
-        overlap = _hides(op.overlap, sw, layout, m)
+        overlap = _hides(op, sw, layout, m)
         # the compute each overlap class hides behind (FSDP: its share of all compute); _shown: what shows anyway
         windows = {Overlap.ATTENTION: attention_s, Overlap.BACKWARD: backward_mb,
                    Overlap.EACH_BACKWARD: backward_mb * m, Overlap.FORWARD: forward_mb,
@@ -411,15 +411,16 @@ def matrix_params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
     return params_on_rank(model, layout, rank) - lookup
 
 
-def _hides(overlap: Overlap, sw, layout: Layout, m: int) -> Overlap:
+def _hides(op, sw, layout: Layout, m: int) -> Overlap:
     """A collective's overlap class (cost/comm.py) as it runs: NONE where the [software] switch is off."""
+    overlap = op.overlap
     if overlap == Overlap.WGRAD and not sw.tp_wgrad_overlap:
         overlap = Overlap.GEMM
     on = {Overlap.ATTENTION: True, Overlap.BACKWARD: sw.grad_reduce_overlap,
           Overlap.EACH_BACKWARD: sw.grad_reduce_overlap, Overlap.FORWARD: sw.param_gather_overlap,
           Overlap.FSDP: sw.fsdp_prefetch,
           Overlap.OTHER_MICROBATCH: (sw.ep_comm_overlap or layout.schedule == "dualpipev") and m > 1,
-          Overlap.GEMM: sw.tp_comm_overlap, Overlap.WGRAD: True}
+          Overlap.GEMM: comm.tp_decomposed(sw, op.collective), Overlap.WGRAD: True}
     return overlap if on.get(overlap, False) else Overlap.NONE
 
 

@@ -108,7 +108,7 @@ def emit(framework: str, model: ModelSpec, cluster: ClusterSpec, layout: Layout,
     job = Job(model, cluster, chosen, global_batch, runs_in, steps, data)
     return Emitted(framework, asked.layout, best.layout, changes, module.render(job), best,
                    asked.step_time_s if changes else None, module.notes(job) + model_notes(model, framework)
-                   + kernel_notes(cluster))
+                   + kernel_notes(cluster) + overlap_notes(cluster, framework))
 
 
 def model_notes(model: ModelSpec, framework: str) -> list[str]:
@@ -131,6 +131,15 @@ def kernel_notes(cluster: ClusterSpec) -> list[str]:
     chosen = [f"{key} = {getattr(sw, key)!r}" for key in KERNEL_CHOICES if getattr(sw, key) != getattr(default, key)]
     return [f"the prediction assumed [software] {', '.join(chosen)}; the config does not choose kernels, so the "
             f"run matches it only with the same ones installed and selected"] if chosen else []
+
+
+def overlap_notes(cluster: ClusterSpec, framework: str) -> list[str]:
+    """What the prediction assumed of TP's overlap that no emitted switch selects."""
+    sw = cluster.software
+    if not sw.tp_comm_overlap or sw.tp_overlap_scatters:
+        return []
+    return [f"the prediction split TP's all-gathers alone behind their GEMMs ([software] tp_overlap_scatters = "
+            f"false, XLA's collective matmul); no {framework} switch written here splits them so"]
 
 
 def best_expressible(framework, model, cluster, devices, global_batch, precision, options) -> Prediction | None:

@@ -115,7 +115,7 @@ def render(job: Job) -> str:
                "weight_dtype": "bfloat16" if job.precision == "bf16-pure" else "float32"}
     if is_fp8(job.precision):  # MXFP8 (Blackwell only) through Transformer Engine's recipe
         values["quantization"] = "fp8" if job.precision == "fp8" else "te_mxfp8"
-    elif job.precision == "int8":  # AQT: int8 forward and input-gradient GEMMs
+    elif job.precision == "int8":  # AQT: the linear layers' GEMMs in int8
         values["quantization"] = "int8"
     values |= {"dataset_type": "synthetic"} if not job.data else {"dataset_type": "hf", "hf_path": job.data}
     header = (f"# meshscale: {model.name}, {job.global_batch} x {model.seq} tokens a step on {lay.devices} x "
@@ -159,7 +159,7 @@ def notes(job: Job) -> list[str]:
         out.append(f"MaxText: {job.model.name}'s chunked attention (Llama 4's) needs a decoder_block of its own; "
                    "the config gives its shapes only")
     if job.precision == "int8" and job.cluster.software.int8_forward_only:
-        out.append(f"MaxText: quantization=int8 quantizes every part's input gradient too; the prediction took "
+        out.append(f"MaxText: quantization=int8 quantizes every part's gradients too; the prediction took "
                    f"{job.cluster.software.int8_forward_only} in the forward only (enable_tff_quant of its MLPerf 4.1 "
                    "branch), which main has no switch for")
     return out

@@ -32,6 +32,9 @@ class Software:
     param_gather_overlap: bool = True  # ZeRO-1/2 parameter all-gather runs during the next forward
     fsdp_prefetch: bool = True  # ZeRO-3 gathers the next unit while the current one computes
     tp_comm_overlap: bool = False  # TP/SP all-gather and reduce-scatter split into chunks behind their GEMMs
+    # With tp_comm_overlap, the reduce-scatters are split too (Megatron-Core's userbuffers, torch's async TP);
+    # false: the all-gathers alone, as XLA's collective matmul under --xla_tpu_decompose_all_gather_einsum
+    tp_overlap_scatters: bool = True
     # With SP, the reduce-scatter of the column-parallel layers' input gradient runs while their weight
     # gradient is computed (Megatron-LM since 2022 without --tp-comm-overlap: core/tensor_parallel/layers.py,
     # LinearWithGradAccumulationAndAsyncCommunication.backward); off as torch's DTensor TP and our runtime run
@@ -130,8 +133,8 @@ class Software:
     # calibrations; --quick's three repeats scatter up to 1).
     overlap_efficiency: float = 1.0
     # Under --precision int8, the layer parts (INT8_PARTS, joined by +) whose GEMMs AQT quantizes in the forward
-    # only, their input gradients in bf16 (MaxText's MLPerf 4.1 branch, enable_tff_quant: attention_out+mlp,
-    # layers/gpt3.py); the rest take int8's forward and input gradient. "": every part takes both.
+    # only, their gradients in bf16 (MaxText's MLPerf 4.1 branch, enable_tff_quant: attention_out+mlp,
+    # layers/gpt3.py); the rest run all three passes in int8. "": every part does.
     int8_forward_only: str = ""
 
     @property
@@ -165,6 +168,9 @@ FRAMEWORK_FP8_SCALING = {"megatron-core": "delayed", "torch": "current", "deepsp
 FRAMEWORK_BUCKETS = {"megatron-core": (40e6, 1e6), "torch": (25 * 2**20 / 4, 0.0), "deepspeed": (5e8, 0.0)}
 # [software] switches only some frameworks have: (those frameworks, where the switch comes from). Megatron-
 # DeepSpeed trains with Megatron-LM's TP layers, so framework = "deepspeed" has their weight-gradient overlap.
+# On a TPU slice every framework compiles through XLA, which has both TP overlaps (XLA_SWITCHES): its collective
+# matmul and its async collective fusions.
+XLA_SWITCHES = ("tp_comm_overlap", "tp_wgrad_overlap")
 FRAMEWORK_SWITCHES = {
     "fp8_param_gather": (("megatron-core",), "Megatron-Core's (--fp8-param-gather)"),
     "moe_permute_fusion": (("megatron-core",), "Megatron-Core's (--moe-permute-fusion)"),
@@ -356,7 +362,8 @@ class ClusterSpec:
                             f"got {sw.cuda_graphs!r} with {sw.framework}")
         for knob, (frameworks, source) in FRAMEWORK_SWITCHES.items():
             value = getattr(sw, knob)
-            if value is not False and (value is not True or sw.framework not in frameworks):
+            xla = self.torus and knob in XLA_SWITCHES
+            if value is not False and (value is not True or sw.framework not in frameworks and not xla):
                 allowed = " or ".join(f'"{f}"' for f in frameworks)
                 raise UserError(f"cluster {self.name}: [software] {knob} is {source}: true or false with framework = "
                                 f"{allowed}, got {value!r} with {sw.framework}")
@@ -448,8 +455,8 @@ class ClusterSpec:
 
     def gemm_peak(self, precision: str) -> float:
         """The peak the linear layers' GEMMs run against (matmul_efficiency of it at best): FP8 GEMMs at the
-        measured speed-up over bf16 ones, within the fp8 peak; MXFP8 ones at their share of that; int8 ones (the
-        forward and input gradient, kernels.linear_pass_seconds) at their measured speed-up, else the int8 peak."""
+        measured speed-up over bf16 ones, within the fp8 peak; MXFP8 ones at their share of that; int8 ones
+        kernels.linear_pass_seconds) at their measured speed-up over bf16 ones, else the int8 peak."""
         if is_fp8(precision):
             fp8 = min(self.peak_flops("fp8"), self.peak_flops_bf16 * self.fp8_gemm_speedup)
             return fp8 * self.mxfp8_gemm_share if precision == "mxfp8" else fp8
@@ -536,6 +543,9 @@ def _mi300(name, accel, hbm, hbm_bw) -> ClusterSpec:
                 host_bandwidth=55 * GB)
 
 
+XLA = Software(framework="megatron-core", tp_wgrad_overlap=True)  # TPU software as _tpu's comment says
+
+
 def _tpu(name, accel, bf16, int8, hbm, hbm_bw, ici_axis, dcn, torus, price, host, eff=0.90, mxu=128,
          int8_speedup=0.0) -> ClusterSpec:
     # ICI figure per torus axis with wraparound (two links, both directions), as the scaling book's W_ici.
@@ -557,13 +567,17 @@ def _tpu(name, accel, bf16, int8, hbm, hbm_bw, ici_axis, dcn, torus, price, host
     # matmuls carry fused epilogues that bare one has not.
     # Software: MaxText shards with FSDP (zero=3: one reduce per layer, whatever the framework); for zero 0-2 XLA
     # combines all-reduces up to a threshold we have no published figure for: Megatron-Core's buckets stand in.
+    # XLA runs collectives as async fusions its scheduler places beside independent work (MaxText's configs set
+    # --xla_tpu_enable_async_collective_fusion), so SP's backward reduce-scatter runs beside the weight-gradient
+    # matmuls it does not feed (tp_wgrad_overlap).
     # No FP8: the docs give these chips a bf16 peak and an int8 one (integer MXU arithmetic), none for FP8. Int8
-    # matmuls are taken to reach the same fraction of their peak as bf16 ones: no int8 scan is on record.
+    # matmuls reach the same fraction of their peak as bf16 ones where no int8 scan is on record (v6e's below).
     tiers = (Tier("ici", _prod(torus), ici_axis, 2e-6, 0.83), Tier("dcn", 0, dcn, 10e-6, 0.495))
     return ClusterSpec(name=name, accelerator=accel, peak_flops_bf16=bf16, peak_flops_fp8=0.0,
-                       peak_flops_fp32=bf16 / 2, peak_flops_int8=int8, int8_gemm_speedup=int8_speedup, hbm_bytes=hbm, hbm_bandwidth=hbm_bw, matmul_efficiency=eff,
+                       peak_flops_fp32=bf16 / 2, peak_flops_int8=int8, int8_gemm_speedup=int8_speedup, hbm_bytes=hbm,
+                       hbm_bandwidth=hbm_bw, matmul_efficiency=eff,
                        tiers=tiers, torus=torus, default_devices=_prod(torus), price_per_device_hour=price,
-                       gemm_tile=(mxu, mxu), software=Software(framework="megatron-core"), host_bandwidth=host)
+                       gemm_tile=(mxu, mxu), software=XLA, host_bandwidth=host)
 
 
 # matmul_efficiency: the fraction of the dense peak the best-shaped bf16 GEMM sustains, the ceiling of the
