@@ -45,7 +45,7 @@ class Run:
     torus: tuple = ()  # TPU: the ICI slice the run was given, where smaller than the preset's (DCN between them)
     precision: str = "bf16"
     # The measured span also holds an evaluation of as many sequences as the step trains, in forward passes of
-    # `eval_batch` sequences (0: none), predicted as their forward passes (Prediction.forward_s)
+    # `eval_batch` sequences (0: none): `evaluation_seconds`
     eval_batch: int = 0
 
     @property

@@ -456,7 +456,7 @@ class ClusterSpec:
     def gemm_peak(self, precision: str) -> float:
         """The peak the linear layers' GEMMs run against (matmul_efficiency of it at best): FP8 GEMMs at the
         measured speed-up over bf16 ones, within the fp8 peak; MXFP8 ones at their share of that; int8 ones
-        kernels.linear_pass_seconds) at their measured speed-up over bf16 ones, else the int8 peak."""
+        (kernels.linear_pass_seconds) at their measured speed-up over bf16 ones, else at the int8 peak."""
         if is_fp8(precision):
             fp8 = min(self.peak_flops("fp8"), self.peak_flops_bf16 * self.fp8_gemm_speedup)
             return fp8 * self.mxfp8_gemm_share if precision == "mxfp8" else fp8
@@ -574,10 +574,10 @@ def _tpu(name, accel, bf16, int8, hbm, hbm_bw, ici_axis, dcn, torus, price, host
     # matmuls reach the same fraction of their peak as bf16 ones where no int8 scan is on record (v6e's below).
     tiers = (Tier("ici", _prod(torus), ici_axis, 2e-6, 0.83), Tier("dcn", 0, dcn, 10e-6, 0.495))
     return ClusterSpec(name=name, accelerator=accel, peak_flops_bf16=bf16, peak_flops_fp8=0.0,
-                       peak_flops_fp32=bf16 / 2, peak_flops_int8=int8, int8_gemm_speedup=int8_speedup, hbm_bytes=hbm,
-                       hbm_bandwidth=hbm_bw, matmul_efficiency=eff,
-                       tiers=tiers, torus=torus, default_devices=_prod(torus), price_per_device_hour=price,
-                       gemm_tile=(mxu, mxu), software=XLA, host_bandwidth=host)
+                       peak_flops_fp32=bf16 / 2, peak_flops_int8=int8, int8_gemm_speedup=int8_speedup,
+                       hbm_bytes=hbm, hbm_bandwidth=hbm_bw, matmul_efficiency=eff, tiers=tiers, torus=torus,
+                       default_devices=_prod(torus), price_per_device_hour=price, gemm_tile=(mxu, mxu), software=XLA,
+                       host_bandwidth=host)
 
 
 # matmul_efficiency: the fraction of the dense peak the best-shaped bf16 GEMM sustains, the ceiling of the
