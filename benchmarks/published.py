@@ -176,7 +176,7 @@ MAXTEXT_V4 = [("22B", (48, 6144, 24, 24576), 16, 128, (156, 152, 149, 146)),
               ("52B", (32, 12288, 32, 49152), 10, 384, (154, 162))]
 # Slice shapes (Cloud TPU docs: v4 and v5p slices are 4x4x4 cubes, the longest axis last; v5e-256 is 16x16)
 SLICES = {64: (4, 4, 4), 128: (4, 4, 8), 192: (4, 4, 12), 256: (4, 8, 8), 512: (8, 8, 8), 1024: (8, 8, 16),
-          2048: (8, 16, 16), 4096: (16, 16, 16), 6144: (16, 16, 24)}
+          1536: (8, 12, 16), 2048: (8, 16, 16), 4096: (16, 16, 16), 6144: (16, 16, 24)}
 
 
 def maxtext_run(name, model, cluster, slice_chips, slices, tp, pdb, remat, tflops, attention, flash=True) -> Run:
@@ -447,18 +447,21 @@ def mlperf_runs():
 # 12288, 96 heads, GeLU MLP of 49152, biases, LayerNorm, learned positions, logits off the embedding, vocab
 # 50304, seq 2048; causal splash attention (attention=flash); quantization=int8 (AQT in all three passes:
 # cost/kernels.py int8_quantize_seconds). v5p: ici_data x ici_fsdp x ici_tensor on one slice (v4.0's remat
-# save_dot_except_logits keeps what `minimal` keeps), LIBTPU_INIT_ARGS with --xla_tpu_decompose_all_gather_einsum
+# save_dot_except_logits keeps what `minimal` keeps; save_dot_except_logits_ffn1 and v4.1's save_dot_except_mlpwi
+# all but the MLP's first matmul's output, `minimal_mlp`), LIBTPU_INIT_ARGS with --xla_tpu_decompose_all_gather_einsum
 # and not its reduce-scatter twin (XLA's collective matmul for the all-gathers alone: [software] tp_comm_overlap,
 # tp_overlap_scatters false). Trillium: FSDP over each v6e-256 slice, the slices data-parallel over DCN,
 # enable_tff_quant (the attention output projection and the MLP quantize their forward only: [software]
 # int8_forward_only). Measured: the median over the three results of each block's median span (block_start to
 # block_stop) over its steps. A block ends with an evaluation of 24,567 sequences (early_stop_check logs
 # block_stop after it), as many as the block trains (50,331,648 tokens), at eval_per_device_batch_size 1
-# (`eval_batch`: one sequence a chip). The v4.0 v5p-2048 and v5p-3072 runs and v4.1's v5p-4096 keep all but the
-# MLP's first matmul (save_dot_except_logits_ffn1, save_dot_except_mlpwi), which no layout word says: left out.
+# (`eval_batch`: one sequence a chip).
 # (system, preset, chips, slices, GBS, tp, ici data-parallel replicas, remat, seconds a step)
 MLPERF_MAXTEXT = [("v5p-1024 (v4.0)", "tpu-v5p", 512, 1, 2048, 8, 1, "full", 285.777 / 12),
+                  ("v5p-2048 (v4.0)", "tpu-v5p", 1024, 1, 2048, 8, 8, "minimal_mlp", 141.762 / 12),
+                  ("v5p-3072 (v4.0)", "tpu-v5p", 1536, 1, 3072, 8, 12, "minimal_mlp", 95.608 / 8),
                   ("v5p-12288 (v4.0)", "tpu-v5p", 6144, 1, 6144, 8, 16, "minimal", 23.87 / 4),
+                  ("v5p-4096 (v4.1)", "tpu-v5p", 2048, 1, 4096, 8, 4, "minimal_mlp", 67.4905 / 6),
                   ("v5p-8192 (v4.1)", "tpu-v5p", 4096, 1, 4096, 8, 16, "minimal", 37.0615 / 6),
                   ("v5p-12288 (v4.1)", "tpu-v5p", 6144, 1, 6144, 8, 16, "minimal", 23.965 / 4),
                   ("trillium-512 (v4.1)", "tpu-v6e", 512, 2, 1536, 1, 1, "full", 253.7885 / 16),

@@ -153,6 +153,39 @@ def test_minimal_recompute_keeps_every_matmul_output_and_reruns_no_matmul():
     assert "tp=1 and cp=1" in trainer_refusal(Layout.parse("tp=2,recompute=minimal", 8), load_model("tiny"))
 
 
+def test_minimal_mlp_recompute_reruns_the_mlps_first_matmul_too():
+    """recompute=minimal_mlp (MaxText's save_dot_except_mlpwi) keeps what minimal keeps but the MLP's first matmul
+    output (gate and up), which backward reruns: that GEMM's forward, and its FLOPs in the hardware count. plan does
+    not search it, the trainer refuses it in one line, MaxText takes it by name."""
+    from meshscale.cost.kernels import Gemm, layer_passes, linear_pass_seconds
+    from meshscale.plan.search import parse_fix
+
+    model, v5p = load_model("llama3-8b"), load_cluster("tpu-v5p")
+    first = (2 if model.gated_mlp else 1) * model.ffn
+    minimal, mlp = (activation_bytes_per_layer(model, Layout(tp=4, recompute=r), 1, True)
+                    for r in ("minimal", "minimal_mlp"))
+    assert minimal - mlp == 2 * first / 4
+    shape, tokens = Layout(tp=4, mbs=2, recompute="minimal"), 2 * model.seq
+    rerun = linear_pass_seconds(v5p, (Gemm(tokens, first / 4, model.hidden),), "bf16")[0]
+    passes = {r: layer_passes(model, v5p, Layout(tp=4, mbs=2, recompute=r), False, "bf16")
+              for r in ("minimal", "minimal_mlp")}
+    assert passes["minimal_mlp"].backward - passes["minimal"].backward == pytest.approx(rerun) and rerun > 0
+    assert (passes["minimal_mlp"].forward, passes["minimal_mlp"].weight) == (passes["minimal"].forward,
+                                                                             passes["minimal"].weight)
+    pred = {r: predict(model, v5p, Layout.parse(f"dp=64,zero=3,tp=4,sp=true,mbs=4,recompute={r}", 256), 256)
+            for r in ("minimal", "minimal_mlp")}
+    tokens_per_step = 256 * model.seq
+    extra = pred["minimal_mlp"].hardware_flops_per_step - pred["minimal"].hardware_flops_per_step
+    assert extra == pytest.approx(2 * model.hidden * first * model.layers * tokens_per_step)
+    assert pred["minimal_mlp"].step_time_s > pred["minimal"].step_time_s
+    assert shape.reruns("core_attn") and Layout(recompute="minimal_mlp").reruns("core_attn")
+    assert "save_dot_except_mlpwi" in trainer_refusal(Layout.parse("dp=8,recompute=minimal_mlp", 8), load_model("tiny"))
+    with pytest.raises(UserError, match="plan does not search recompute=minimal_mlp"):
+        parse_fix("recompute=minimal_mlp")
+    with pytest.raises(UserError, match="recompute=minimal_mlp is built for dense models"):
+        check_against(Layout.parse("dp=8,ep=8,recompute=minimal_mlp", 8), load_model("mixtral-8x7b"), 8)
+
+
 def test_moe_layers_keep_each_routed_copy_of_a_token():
     """Each extra expert a token is routed to keeps that expert's SwiGLU activations (6 B per expert-ffn
     element) and two hidden-wide copies of the token (the permuted input of the first GEMM, whole on each TP

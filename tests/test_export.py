@@ -358,6 +358,10 @@ def test_minimal_recompute_is_maxtexts_policy_and_the_nearest_elsewhere():
     yaml = pytest.importorskip("yaml", reason="pyyaml is not installed (pip install '.[test]')")
     out, _, _ = emitted("maxtext", CASES[9])
     assert yaml.safe_load(out.config)["remat_policy"] == "minimal" and not out.changes
+    model, cluster, layout, batch, precision = CASES[9]
+    kept_but_mlp = emit("maxtext", load_model(model), load_cluster(cluster),
+                        Layout.parse(layout.replace("minimal", "minimal_mlp")), batch, precision, steps=10)
+    assert yaml.safe_load(kept_but_mlp.config)["remat_policy"] == "save_dot_except_mlpwi"
     nearest = {"megatron": "selective", "torchtitan": "op", "deepspeed": "full"}
     for framework, recompute in nearest.items():
         out, _, _ = emitted(framework, CASES[10])

@@ -20,7 +20,7 @@ from functools import lru_cache
 
 from meshscale.cost import collectives
 from meshscale.specs.cluster import FRAMEWORK_BUCKETS, ClusterSpec, Software
-from meshscale.specs.layout import Layout, kv_heads_per_rank
+from meshscale.specs.layout import KEEPS_MATMULS, Layout, kv_heads_per_rank
 from meshscale.specs.model import ModelSpec
 from meshscale.specs.placement import sends_per_rank
 
@@ -183,11 +183,11 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
         layout.dispatch_split == layout.tp
     sp_moe = moe_layers if chunked else 0
     calls -= sp_moe * (2 + (layout.recompute == "full") + ("moe" in modules)) * m
-    # recompute=minimal keeps the weight matmuls' outputs (JAX's checkpoint_dots_with_no_batch_dims, MaxText's
-    # "minimal") and rebuilds the rest the backward reads: each region's input, gathered again under SP for its
-    # weight gradient, and in a two-region layer the sum the first region hands the second, whose norm reads it
-    # (reduce-scattered again under SP, all-reduced again without)
-    rebuilt = layout.recompute == "minimal"
+    # recompute=minimal (and minimal_mlp) keeps the weight matmuls' outputs (JAX's
+    # checkpoint_dots_with_no_batch_dims, MaxText's "minimal") and rebuilds the rest the backward reads: each region's
+    # input, gathered again under SP for its weight gradient, and in a two-region layer the sum the first region
+    # hands the second, whose norm reads it (reduce-scattered again under SP, all-reduced again without)
+    rebuilt = layout.recompute in KEEPS_MATMULS
     regathers = (regions - sp_moe) * m if rebuilt and layout.sp else 0
     resums = (n_layers - fused) * m if rebuilt else 0
     kv_calls = 2 * n_layers * m if layout.tp > model.kv_heads else 0

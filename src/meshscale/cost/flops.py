@@ -103,20 +103,23 @@ def op_recomputed_matmuls(model: ModelSpec) -> tuple:
 
 @lru_cache(maxsize=1024)
 def recompute_flops_per_token(model: ModelSpec, recompute: str, layers: range) -> float:
-    """Extra forward work per token. Full: the whole layer again; selective: only the attention core
-    (Korthikanti et al. 2022, arXiv:2205.05198, sec. 5); op: every other matmul; Megatron-Core's modules
-    (Layout.recompute_modules): the attention core, a dense MLP, a MoE layer, its shared experts."""
+    """Extra forward work per token. Full: the whole layer again; selective and minimal: only the attention core
+    (Korthikanti et al. 2022, arXiv:2205.05198, sec. 5); minimal_mlp: that and the MLP's first matmul; op: every
+    other matmul; Megatron-Core's modules (Layout.recompute_modules): the attention core, a dense MLP, a MoE
+    layer, its shared experts."""
     if recompute == "full":
         return sum(layer_flops(model, i, model.seq) for i in layers)
     if recompute == "op":
         return len(layers) * 2.0 * sum(i * o for i, o in op_recomputed_matmuls(model))
+    # minimal_mlp: minimal's attention core and the MLP's first matmul (dense layers: specs.layout.check_against)
+    first = 2.0 * model.hidden * (2 if model.gated_mlp else 1) * model.ffn if recompute == "minimal_mlp" else 0.0
     modules = Layout(recompute=recompute).recompute_modules
     up = 0.0
     if "mla_up_proj" in modules:  # DeepSeek-V2 sec. 2.1.2: latent q and kv up to the heads
         v = model.v_head_dim or model.head_dim
         up = 2.0 * model.heads * (model.q_lora_rank * (model.head_dim + model.rope_head_dim)
                                   + model.kv_lora_rank * (model.head_dim + v))
-    return sum(up + _module_mlp_flops(model, i, modules)
+    return sum(up + first + _module_mlp_flops(model, i, modules)
                + (attention_core_flops(model, model.seq, layer=i) if "core_attn" in modules else 0.0)
                for i in layers)
 

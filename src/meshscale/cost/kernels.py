@@ -557,8 +557,9 @@ def loss_seconds(cluster: ClusterSpec, logits: float) -> tuple[float, float]:
 def layer_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, moe: bool, precision: str) -> Passes:
     """One transformer layer (a MoE one when `moe`), one micro-batch; under fp8 its linear layers' GEMMs in
     FP8 with their operands' casts. Recompute's forward work runs again inside B: the whole layer (full), the
-    attention core (selective, or core_attn among Megatron-Core's modules), every other matmul (op), or the
-    GEMMs of the modules named (step.elementwise_seconds counts their memory-bound kernels)."""
+    attention core (selective, minimal, or core_attn among Megatron-Core's modules; minimal_mlp with the MLP's
+    first matmul), every other matmul (op), or the GEMMs of the modules named (step.elementwise_seconds counts
+    their memory-bound kernels)."""
     f, b, w, core_f, core_b = _layer_kernels(model, cluster, layout.tp, layout.cp, layout.ep, layout.etp, layout.mbs,
                                              moe, precision)
     tokens = layout.mbs * model.seq / layout.cp
@@ -569,6 +570,9 @@ def layer_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, moe: bo
                                  precision)[0]
     elif layout.recompute_modules - {"core_attn"}:
         b += _module_gemms_forward(model, cluster, layout, tokens, moe, precision)
+    elif layout.recompute == "minimal_mlp":  # a dense layer (specs.layout.check_against): the MLP's first matmul
+        first = layer_gemm_parts(model, _sample_layer(model, moe), layout, tokens)["mlp"][:1]
+        b += linear_pass_seconds(cluster, first, precision)[0]
     rerun_core = core_f if layout.reruns("core_attn") else 0.0
     return Passes(f + core_f, b + core_b + rerun_core, w, core_f + core_b + rerun_core)
 

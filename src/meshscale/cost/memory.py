@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from meshscale.cost.flops import block_matmuls
-from meshscale.specs.layout import REBUILDS_LAYER, Layout, kv_heads_per_rank
+from meshscale.specs.layout import KEEPS_MATMULS, REBUILDS_LAYER, Layout, kv_heads_per_rank
 from meshscale.specs.placement import chunk_ranges, head_rank, layout_ends, rank_layers
 from meshscale.specs.model import ModelSpec
 
@@ -194,8 +194,10 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, 
     if layout.recompute == "op":  # the block's input, the saved matmul outputs and the attention output (tp=1)
         saved = block_matmuls(model)[0::2]
         return 2 * tokens * (h + sum(o for _, o in saved) + model.heads * model.head_dim)
-    if layout.recompute == "minimal":
-        return 2 * tokens * minimal_saved_elements(model, t, layout.sp, eager)
+    if layout.recompute in KEEPS_MATMULS:
+        # minimal_mlp reruns the MLP's first matmul: its output is not kept
+        rerun = (2 if model.gated_mlp else 1) * model.ffn / t if layout.recompute == "minimal_mlp" else 0.0
+        return 2 * tokens * (minimal_saved_elements(model, t, layout.sp, eager) - rerun)
     kv = kv_heads_per_rank(model.kv_heads, t) * t * model.head_dim  # replicated KV heads count on every rank
     # Attention block: qkv input 2h, Q 2h(q width), K and V 2kv each, out-proj input 2h, dropout mask h.
     q = model.heads * model.head_dim

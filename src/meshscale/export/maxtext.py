@@ -25,8 +25,9 @@ MODEL_NAMES = {"llama2-7b": "llama2-7b", "llama2-13b": "llama2-13b", "llama2-70b
                "qwen3-235b-a22b": "qwen3-235b-a22b", "gpt-oss-120b": "gpt-oss-120b"}
 # remat_policy: MaxText's policies from fastest (saves most) to slowest; 'minimal_with_context' keeps every
 # matmul output and the attention context, the nearest to recompute=none; 'minimal' (checkpoint_dots_with_no_
-# batch_dims) keeps the matmul outputs backward reads and reruns the attention, recompute=minimal
-REMAT = {"none": "minimal_with_context", "minimal": "minimal", "full": "full"}
+# batch_dims) keeps the matmul outputs backward reads and reruns the attention, recompute=minimal;
+# 'save_dot_except_mlpwi' keeps them but the MLP's first, recompute=minimal_mlp
+REMAT = {"none": "minimal_with_context", "minimal": "minimal", "minimal_mlp": "save_dot_except_mlpwi", "full": "full"}
 
 
 def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:

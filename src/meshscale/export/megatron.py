@@ -13,7 +13,7 @@ from meshscale.cost.comm import bucket_params
 from meshscale.errors import UserError
 from meshscale.export import Job, Shape, change
 from meshscale.specs.cluster import is_fp8
-from meshscale.specs.layout import RECOMPUTE_MODULES, Layout, split_layers
+from meshscale.specs.layout import KEEPS_MATMULS, RECOMPUTE_MODULES, Layout, split_layers
 from meshscale.specs.model import ModelSpec
 
 GPU_ONLY = "Megatron-LM"  # named in the refusal of a TPU slice
@@ -39,7 +39,7 @@ def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
     if layout.recompute == "op":
         layout = change(layout, changes, "Megatron-LM recomputes whole layers or named modules, not every other "
                                          "matmul", recompute="full")
-    if layout.recompute == "minimal":
+    if layout.recompute in KEEPS_MATMULS:
         layout = change(layout, changes, "Megatron-LM keeps the linear layers' inputs, not their outputs: its "
                                          "attention-core recompute is the nearest", recompute="selective")
     return layout, changes

@@ -13,7 +13,7 @@ import tomllib
 from meshscale.cost.comm import bucket_params
 from meshscale.errors import UserError
 from meshscale.export import Job, Shape, change
-from meshscale.specs.layout import V_SCHEDULES, Layout, split_layers
+from meshscale.specs.layout import KEEPS_MATMULS, V_SCHEDULES, Layout, split_layers
 from meshscale.specs.model import ModelSpec, load_model
 
 GPU_ONLY = "torchtitan"  # named in the refusal of a TPU slice
@@ -51,7 +51,7 @@ def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
                                  sp=True)
     if layout.offload:
         layout = change(layout, changes, "torchtitan keeps activations on the device", offload=0)
-    if layout.recompute == "minimal":
+    if layout.recompute in KEEPS_MATMULS:
         nearest = "op" if layout.tp == 1 and layout.cp == 1 else "full"
         layout = change(layout, changes, "torchtitan's op-level policy keeps every other matmul's output, not each "
                                          "one's (and runs at tp=1, cp=1)", recompute=nearest)

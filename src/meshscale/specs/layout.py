@@ -24,10 +24,13 @@ from meshscale.specs.model import trainer_lacks
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb", "zbv", "dualpipev")
 # none; selective (the attention core); full (the whole block); op (torchtitan's: every other matmul's output
 # kept); minimal (every weight matmul's output kept, the attention core and the element-wise work rerun: MaxText's
-# remat_policy "minimal", JAX's checkpoint_dots_with_no_batch_dims).
-RECOMPUTE = ("none", "selective", "full", "op", "minimal")
+# remat_policy "minimal", JAX's checkpoint_dots_with_no_batch_dims); minimal_mlp (minimal's, but for the MLP's first
+# matmul, rerun too: MaxText's save_dot_except_mlpwi, and its save_dot_except_logits_ffn1 before).
+RECOMPUTE = ("none", "selective", "full", "op", "minimal", "minimal_mlp")
 # The modes under which backward rebuilds a layer's forward at a time (its transient activations at the peak).
-REBUILDS_LAYER = ("full", "op", "minimal")
+REBUILDS_LAYER = ("full", "op", "minimal", "minimal_mlp")
+# The modes that keep the weight matmuls' outputs and rerun the rest (JAX's policies)
+KEEPS_MATMULS = ("minimal", "minimal_mlp")
 # Megatron-Core's --recompute-modules (transformer_config.py recompute_modules): the parts of a layer whose
 # forward backward runs again from the input they keep; `recompute=mlp+layernorm` names several. core_attn alone
 # is Korthikanti et al.'s selective recompute, written `selective`.
@@ -118,7 +121,7 @@ class Layout:
     def recompute_modules(self) -> frozenset:
         """The RECOMPUTE_MODULES whose forward backward runs again: selective's and minimal's attention core,
         or those the list names; none for none, full (the whole layer) and op (every other matmul)."""
-        if self.recompute in ("selective", "minimal"):
+        if self.recompute == "selective" or self.recompute in KEEPS_MATMULS:
             return frozenset({"core_attn"})
         return frozenset() if self.recompute in RECOMPUTE else frozenset(self.recompute.split("+"))
 
@@ -325,9 +328,9 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
         # its every-other-matmul rule would count routed experts' and TP/CP collectives' calls
         raise UserError(f"layout: recompute=op is built for dense models at tp=1 and cp=1 ({model.name}, tp={t}, "
                         f"cp={layout.cp}); use recompute=selective or full")
-    if layout.recompute == "minimal" and not minimal_recompute_built(model):
-        raise UserError(f"layout: recompute=minimal is built for dense models without MLA ({model.name}); use "
-                        "recompute=selective or full")
+    if layout.recompute in KEEPS_MATMULS and not minimal_recompute_built(model):
+        raise UserError(f"layout: recompute={layout.recompute} is built for dense models without MLA ({model.name}); "
+                        "use recompute=selective or full")
     if layout.ep > 1:
         if not model.is_moe:
             raise UserError(f"layout: ep={layout.ep} needs a mixture-of-experts model; {model.name} is dense, so "
@@ -458,6 +461,9 @@ def trainer_refusal(layout: Layout, model) -> str | None:
     if layout.recompute not in RECOMPUTE:
         return (f"recompute={layout.recompute} is Megatron-Core's module recompute, which predict costs and "
                 "--emit megatron writes; the trainer runs recompute none, selective, full, op or minimal")
+    if layout.recompute == "minimal_mlp":
+        return ("recompute=minimal_mlp is MaxText's save_dot_except_mlpwi, which predict costs and --emit maxtext "
+                "writes; the trainer runs recompute none, selective, full, op or minimal")
     if layout.recompute == "minimal" and (layout.tp > 1 or layout.cp > 1):
         # its policy keeps matmul outputs; under TP a row-parallel one is a partial sum before its reduction
         return "recompute=minimal is built in the trainer at tp=1 and cp=1; use recompute=selective or full"
