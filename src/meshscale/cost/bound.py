@@ -34,8 +34,9 @@ from meshscale.specs.layout import RECOMPUTE, REBUILDS_LAYER, ZERO_BUBBLE_SCHEDU
 from meshscale.specs.model import ModelSpec
 from meshscale.specs.placement import layer_counts, rank_chunks, sends_per_rank, stage_owner
 
-# The recompute modes the planner searches (op is torchtitan's policy for predict and train, with its own rules)
-RECOMPUTE_MODES = tuple(r for r in RECOMPUTE if r not in ("op", "minimal_mlp"))  # the modes plan searches
+# The recompute modes the planner searches (op is torchtitan's policy for predict and train, with its own rules;
+# minimal_mlp MaxText's, for predict and --emit maxtext)
+RECOMPUTE_MODES = tuple(r for r in RECOMPUTE if r not in ("op", "minimal_mlp"))
 REBUILT_MODES = [i for i, r in enumerate(RECOMPUTE_MODES) if r in REBUILDS_LAYER]  # their indices
 
 
