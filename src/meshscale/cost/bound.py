@@ -28,7 +28,8 @@ from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busie
                                    zero_copy_bytes)
 from meshscale.cost.pipeline import head_on_chain, schedule_bubble, v_tail
 from meshscale.cost.step import (chunk_kinds, elementwise_per_token, elementwise_scaled, grad_reduce_bytes,
-                                 param_gather_bytes, rank_kinds, rank_moe_layers, slowest_of, unpad_waits)
+                                 param_gather_bytes, rank_kinds, rank_moe_layers, running_overlap, slowest_of,
+                                 unpad_waits)
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import RECOMPUTE, REBUILDS_LAYER, ZERO_BUBBLE_SCHEDULES, Layout
 from meshscale.specs.model import ModelSpec
@@ -680,17 +681,13 @@ def _tensor_parallel_floor(model: ModelSpec, cluster: ClusterSpec, devices: int,
     # minimal is floored at none's count: its rebuilt collectives differ with SP (re-gathers only under it)
     layout = Layout(dp=ep, tp=tp, sp=True, ep=ep, recompute="none" if recompute == "minimal" else recompute)
     sw = cluster.software
-
-    def hidden(op) -> bool:
-        return (op.overlap == Overlap.WGRAD and sw.tp_wgrad_overlap
-                or op.overlap in (Overlap.GEMM, Overlap.WGRAD) and comm.tp_decomposed(sw, op.collective))
     # a byte of an all-gather or reduce-scatter at no less than half an all-reduce's byte: NVLS all-reduces
     # (cost/collectives.py) beat the ring's all-gather + reduce-scatter pair that SP splits them into
     half_ar = bandwidth_seconds(cluster, devices, "all_reduce", 1.0, tp, 1) / 2
     return sum(op.bytes * min(half_ar, bandwidth_seconds(cluster, devices, op.collective, 1.0, tp, 1))
                for op in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, fewest, False, False, 1, 0,
                                                   fewest if model.is_moe else 0, sw.framework)
-               if op.collective != "all_reduce" and not hidden(op))
+               if op.collective != "all_reduce" and running_overlap(op, sw, layout, 1) == Overlap.NONE)
 
 
 def context_parallel_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, fewest: int,

@@ -194,10 +194,8 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, 
     if layout.recompute == "op":  # the block's input, the saved matmul outputs and the attention output (tp=1)
         saved = block_matmuls(model)[0::2]
         return 2 * tokens * (h + sum(o for _, o in saved) + model.heads * model.head_dim)
-    if layout.recompute in KEEPS_MATMULS:
-        # minimal_mlp reruns the MLP's first matmul: its output is not kept
-        rerun = (2 if model.gated_mlp else 1) * model.ffn / t if layout.recompute == "minimal_mlp" else 0.0
-        return 2 * tokens * (minimal_saved_elements(model, t, layout.sp, eager) - rerun)
+    if layout.recompute in KEEPS_MATMULS:  # minimal_mlp reruns the MLP's first matmul: its output is not kept
+        return 2 * tokens * minimal_saved_elements(model, t, layout.sp, eager, layout.recompute == "minimal")
     kv = kv_heads_per_rank(model.kv_heads, t) * t * model.head_dim  # replicated KV heads count on every rank
     # Attention block: qkv input 2h, Q 2h(q width), K and V 2kv each, out-proj input 2h, dropout mask h.
     q = model.heads * model.head_dim
@@ -230,14 +228,14 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, 
     return per_token * tokens
 
 
-def minimal_saved_elements(model: ModelSpec, tp: int, sp: bool, eager: bool) -> float:
+def minimal_saved_elements(model: ModelSpec, tp: int, sp: bool, eager: bool, mlp_in: bool = True) -> float:
     """Elements per token one layer keeps under recompute=minimal: its input, and the weight matmuls' outputs
-    backward reads (q, k, v and the MLP's first, split by TP; a sequential block's attention projection, which
-    rebuilds the second norm's input, split by SP). That is what JAX's partial evaluation (MaxText) and a compiled
-    graph's partitioner keep; eager torch's selective checkpoint keeps each output its policy saves, so also the
-    down projection's and a parallel block's attention projection's."""
+    backward reads (q, k, v and, where `mlp_in`, the MLP's first, split by TP; a sequential block's attention
+    projection, which rebuilds the second norm's input, split by SP). That is what JAX's partial evaluation
+    (MaxText) and a compiled graph's partitioner keep; eager torch's selective checkpoint keeps each output its
+    policy saves, so also the down projection's and a parallel block's attention projection's."""
     stream = 3 if eager else 1 + (not model.parallel_residual)  # the input, attention projection, down
-    first = (2 if model.gated_mlp else 1) * model.ffn
+    first = (2 if model.gated_mlp else 1) * model.ffn if mlp_in else 0.0
     qkv = model.heads * model.head_dim / tp + 2 * kv_heads_per_rank(model.kv_heads, tp) * model.head_dim
     return stream * model.hidden / (tp if sp else 1) + qkv + first / tp
 

@@ -235,7 +235,7 @@ def _rank_ledger(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: i
             t = comm.expert_dispatch_time(cluster, op.bytes, op.calls, size, link, model.experts, model.top_k)
         else:
             t = comm.collective_time(op.collective, op.bytes, op.calls, size, link)
-        overlap = _hides(op, sw, layout, m)
+        overlap = running_overlap(op, sw, layout, m)
         # the compute each overlap class hides behind (FSDP: its share of all compute); _shown: what shows anyway
         windows = {Overlap.ATTENTION: attention_s, Overlap.BACKWARD: backward_mb,
                    Overlap.EACH_BACKWARD: backward_mb * m, Overlap.FORWARD: forward_mb,
@@ -411,7 +411,7 @@ def matrix_params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
     return params_on_rank(model, layout, rank) - lookup
 
 
-def _hides(op, sw, layout: Layout, m: int) -> Overlap:
+def running_overlap(op, sw, layout: Layout, m: int) -> Overlap:
     """A collective's overlap class (cost/comm.py) as it runs: NONE where the [software] switch is off."""
     overlap = op.overlap
     if overlap == Overlap.WGRAD and not sw.tp_wgrad_overlap:
@@ -425,7 +425,7 @@ def _hides(op, sw, layout: Layout, m: int) -> Overlap:
 
 
 def _shown(overlap: Overlap, t: float, calls: int, tp: int, m: int) -> float:
-    """The part of a collective of `t` seconds that shows behind however much compute (see `_hides`):
+    """The part of a collective of `t` seconds that shows behind however much compute (see `running_overlap`):
     - attention: CP ring steps hide behind the attention blocks they feed, all of them;
     - backward, each_backward, forward: gradient buckets behind the (last) backward, the ZeRO-1/2 gather
       behind the next forward: the last (first) bucket shows;
