@@ -430,15 +430,33 @@ MLPERF_GPT3 = [
     ("NVIDIA eos-dfw_n1452 (v4.1)", "H100", "h100-80gb", 11616, 2904, 4, 6, 8, 1, True, 0.921)]
 
 
+# MLPerf Training v3.1 (training_results_v3.1, 2023-11), NeMo 23.09: the same settings without FP8 parameters
+# (no FP8_PARAMS then) or CUDA graphs; TP4 PP8 and custom.yaml's default interleaving, 12 chunks of one layer
+# (INTERLEAVED_PIPELINE unset); FlashAttention-2 (the Dockerfile installs flash-attn 2.0.8, and Transformer
+# Engine at its 09ba842 runs flash-attn whenever it can: its preference for cuDNN on sm90 came in v1.2). Measured: the median of the three results' train_step_timing medians; batch and
+# data-parallel size from each log's global_batch_size and gradient_accumulation_steps (eos_n64 ran 2,048, not
+# its config's 3,072).
+MLPERF_GPT3_2023 = [
+    ("NVIDIA eos_n64 (v3.1)", "H100", "h100-80gb", 512, 2048, 4, 8, 12, 1, False, 11.054),
+    ("NVIDIA eos_n96 (v3.1)", "H100", "h100-80gb", 768, 3072, 4, 8, 12, 1, False, 11.075),
+    ("NVIDIA eos-dfw_n512 (v3.1)", "H100", "h100-80gb", 4096, 2048, 4, 8, 12, 1, False, 1.608),
+    ("NVIDIA eos-dfw_n768 (v3.1)", "H100", "h100-80gb", 6144, 3072, 4, 8, 12, 1, False, 1.615),
+    ("NVIDIA eos-dfw_n1024 (v3.1)", "H100", "h100-80gb", 8192, 4096, 4, 8, 12, 1, False, 1.619),
+    ("NVIDIA eos-dfw_n1280 (v3.1)", "H100", "h100-80gb", 10240, 2560, 4, 8, 12, 1, False, 0.926),
+    ("NVIDIA eos-dfw_n1344 (v3.1)", "H100", "h100-80gb", 10752, 2688, 4, 8, 12, 1, False, 0.930),
+    ("Azure ND_H100_v5_n1344 (v3.1)", "H100", "h100-80gb", 10752, 2688, 4, 8, 12, 1, False, 0.945)]
+
+
 def mlperf_runs():
-    for system, hardware, cluster, gpus, gbs, tp, pp, vp, mbs, graphs, seconds in MLPERF_GPT3:
-        model = gpt3("gpt3-175b", 96, 12288, 96)
-        model = replace(model, vocab=nemo_vocab(model.vocab, tp))
-        layout = f"dp={gpus // (tp * pp)},zero=1,tp={tp},sp=true,pp={pp},vpp={vp},schedule=interleaved,mbs={mbs}"
-        software = replace(MEGATRON_CORE, tp_comm_overlap=True, grad_reduce_fp32=False, fp8_param_gather=True,
-                           cuda_graphs=graphs)
-        yield Run("MLPerf Training GPT-3", f"{system} 175B fp8", model, cluster, layout, gpus, gbs, seconds,
-                  hardware, software, precision="fp8")
+    for rows, fp8_params, attention in ((MLPERF_GPT3, True, "platform"), (MLPERF_GPT3_2023, False, "fa2")):
+        for system, hardware, cluster, gpus, gbs, tp, pp, vp, mbs, graphs, seconds in rows:
+            model = gpt3("gpt3-175b", 96, 12288, 96)
+            model = replace(model, vocab=nemo_vocab(model.vocab, tp))
+            layout = f"dp={gpus // (tp * pp)},zero=1,tp={tp},sp=true,pp={pp},vpp={vp},schedule=interleaved,mbs={mbs}"
+            software = replace(MEGATRON_CORE, tp_comm_overlap=True, grad_reduce_fp32=False,
+                               fp8_param_gather=fp8_params, cuda_graphs=graphs, attention_kernel=attention)
+            yield Run("MLPerf Training GPT-3", f"{system} 175B fp8", model, cluster, layout, gpus, gbs, seconds,
+                      hardware, software, precision="fp8")
 
 
 # Google's MLPerf Training GPT-3 175B runs, v4.0 (mlcommons/training_results_v4.0, 2024-06: MaxText at f586e43f)
@@ -720,14 +738,16 @@ def summary(errors: list[float]) -> tuple[float, float, float, float]:
 def data_parallel_series() -> list[list[tuple]]:
     """Runs that differ only in their data-parallel size (the same source, model, cluster, software, precision,
     per-device layout and batch: each device does the same work), as lists of (devices, measured s, predicted
-    s, name) by device count: what the step loses as replicas are added, measured and predicted."""
+    s, name) by device count: what the step loses as replicas are added, measured and predicted. A series spans
+    1.5x the devices at least: over less (MLPerf's 10,240 and 10,752 GPUs, a fifteenth of a doubling) a 1%
+    difference between two clusters reads as 15% a doubling."""
     groups: dict = {}
     for run, layout, pred, real, _ in rows():
         per_device = re.sub(r"(^|,)(dp|shard)=\d+", "", run.layout)
         key = (run.source, run.model, run.cluster, run.software, run.precision, per_device,
                run.batch / layout.dp)
         groups.setdefault(key, []).append((run.devices, real, pred, run.name))
-    return [sorted(g) for g in groups.values() if len({d for d, *_ in g}) > 1]
+    return [sorted(g) for g in groups.values() if max(d for d, *_ in g) >= 1.5 * min(d for d, *_ in g)]
 
 
 def per_doubling(series: list[tuple]) -> tuple[float, float]:
