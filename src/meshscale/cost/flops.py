@@ -112,7 +112,7 @@ def recompute_flops_per_token(model: ModelSpec, recompute: str, layers: range) -
     if recompute == "op":
         return len(layers) * 2.0 * sum(i * o for i, o in op_recomputed_matmuls(model))
     # minimal_mlp: minimal's attention core and the MLP's first matmul (dense layers: specs.layout.check_against)
-    first = 2.0 * model.hidden * (2 if model.gated_mlp else 1) * model.ffn if recompute == "minimal_mlp" else 0.0
+    first = 2.0 * model.hidden * model.mlp_in_width if recompute == "minimal_mlp" else 0.0
     modules = Layout(recompute=recompute).recompute_modules
     up = 0.0
     if "mla_up_proj" in modules:  # DeepSeek-V2 sec. 2.1.2: latent q and kv up to the heads

@@ -616,11 +616,11 @@ def linear_pass_seconds(cluster: ClusterSpec, gemms: tuple, precision: str, grad
                                 grad_bytes)
     if precision != "int8":
         return f, b, w
-    quantize = int8_quantize_seconds(cluster, gemms)
-    if not int8_backward:
-        _, b, w = gemm_pass_seconds(cluster, gemms, cluster.bf16_work_peak(precision), dtype_bytes, 0, grad_bytes)
-        quantize = (quantize[0], 0.0, 0.0)
-    return f + quantize[0], b + quantize[1], w + quantize[2]
+    qf, qb, qw = int8_quantize_seconds(cluster, gemms)
+    if int8_backward:
+        return f + qf, b + qb, w + qw
+    _, b, w = gemm_pass_seconds(cluster, gemms, cluster.bf16_work_peak(precision), dtype_bytes, 0, grad_bytes)
+    return f + qf, b, w
 
 
 def int8_quantize_seconds(cluster: ClusterSpec, gemms: tuple) -> tuple[float, float, float]:

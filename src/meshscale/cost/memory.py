@@ -235,7 +235,7 @@ def minimal_saved_elements(model: ModelSpec, tp: int, sp: bool, eager: bool, mlp
     (MaxText) and a compiled graph's partitioner keep; eager torch's selective checkpoint keeps each output its
     policy saves, so also the down projection's and a parallel block's attention projection's."""
     stream = 3 if eager else 1 + (not model.parallel_residual)  # the input, attention projection, down
-    first = (2 if model.gated_mlp else 1) * model.ffn if mlp_in else 0.0
+    first = model.mlp_in_width if mlp_in else 0.0
     qkv = model.heads * model.head_dim / tp + 2 * kv_heads_per_rank(model.kv_heads, tp) * model.head_dim
     return stream * model.hidden / (tp if sp else 1) + qkv + first / tp
 

@@ -139,6 +139,11 @@ class ModelSpec:
     def mlp_matrices(self) -> int:
         return 3 if self.gated_mlp else 2
 
+    @property
+    def mlp_in_width(self) -> int:
+        """The output width of the dense MLP's first matmul: gate and up side by side where it is gated."""
+        return (2 if self.gated_mlp else 1) * self.ffn
+
     def attention_window(self, i: int) -> int:
         """Layer i's attention window (0: all positions): the sliding window, except every full_attention_every-th
         layer (Gemma 2 and GPT-OSS alternate, Gemma 3 has one full layer in 6)."""
