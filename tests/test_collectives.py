@@ -152,6 +152,19 @@ def test_network_hops_cost_more_than_nvlink_hops():
     assert t_out > 2 * t_in
 
 
+def test_a_ring_of_sends_across_nodes_steps_at_one_nics_rate():
+    """Context parallelism's K,V ring over two H100 nodes, two ranks in each (tp=4, cp=4): the pairs that cross
+    the nodes send through one NIC each (~48 GB/s), so a 1 GB step takes ~21 ms, not the 96 GB/s the group's
+    two NICs a node give a ring collective; inside one node the sends keep NVLink's rate."""
+    h100 = load_cluster("h100-80gb")
+    across = comm.group_link(h100, 16, 4, 4).fabric
+    inside = comm.group_link(h100, 8, 2, 4).fabric
+    assert (across.ppn, across.nodes, round(across.busbw)) == (2, 2, 96)
+    assert collectives.seconds("send_recv", across, 1e9, 0) == pytest.approx(1 / across.net_busbw, rel=1e-9)
+    assert collectives.seconds("send_recv", inside, 1e9, 0) == pytest.approx(1 / inside.busbw, rel=1e-9)
+    assert inside.busbw > 5 * across.net_busbw
+
+
 def test_a_tree_between_few_domains_sends_less_through_the_network_than_a_ring():
     """NCCL's double binary tree: the busiest domain sends its whole buffer on 2 domains, 1.5x on 3, 2x from 4 on,
     whatever the ranks inside, where a ring's ranks each send 2(n-1)/n of it. NCCL's tuner still costs a tree

@@ -368,10 +368,17 @@ def seconds(collective: str, fabric: Fabric, nbytes: float, calls: int = 1) -> f
     if collective == "all_to_all":
         return all_to_all_seconds(fabric, nbytes, calls)
     if collective == "send_recv":
-        return nbytes / (fabric.busbw * 1e9) + calls * _p2p_latency(fabric)
+        return nbytes / (_p2p_busbw(fabric) * 1e9) + calls * _p2p_latency(fabric)
     if calls == 0:
         return wire_factor(collective, fabric.ranks) * nbytes / max(o[4] for o in options(collective, fabric))
     return calls * best(collective, fabric, nbytes / calls)[0]
+
+
+def _p2p_busbw(fabric: Fabric) -> float:
+    """A send/recv's rate: the ring's bus bandwidth inside one domain; across domains the pair that crosses
+    them moves through one rank's NIC (NCCL's p2p channels to a remote peer share its nearest NIC), and a ring
+    of sends (context parallelism's K,V blocks) steps together, so every step waits for that pair."""
+    return (fabric.net_busbw or fabric.busbw) if fabric.nodes > 1 else fabric.busbw
 
 
 def _p2p_latency(fabric: Fabric) -> float:
