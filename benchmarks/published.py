@@ -433,9 +433,9 @@ MLPERF_GPT3 = [
 # MLPerf Training v3.1 (training_results_v3.1, 2023-11), NeMo 23.09: the same settings without FP8 parameters
 # (no FP8_PARAMS then) or CUDA graphs; TP4 PP8 and custom.yaml's default interleaving, 12 chunks of one layer
 # (INTERLEAVED_PIPELINE unset); FlashAttention-2 (the Dockerfile installs flash-attn 2.0.8, and Transformer
-# Engine at its 09ba842 runs flash-attn whenever it can: its preference for cuDNN on sm90 came in v1.2). Measured: the median of the three results' train_step_timing medians; batch and
-# data-parallel size from each log's global_batch_size and gradient_accumulation_steps (eos_n64 ran 2,048, not
-# its config's 3,072).
+# Engine at its 09ba842 runs flash-attn whenever it can: its preference for cuDNN on sm90 came in v1.2).
+# Measured: the median of the three results' train_step_timing medians; batch and data-parallel size from each
+# log's global_batch_size and gradient_accumulation_steps (eos_n64 ran 2,048, not its config's 3,072).
 MLPERF_GPT3_2023 = [
     ("NVIDIA eos_n64 (v3.1)", "H100", "h100-80gb", 512, 2048, 4, 8, 12, 1, False, 11.054),
     ("NVIDIA eos_n96 (v3.1)", "H100", "h100-80gb", 768, 3072, 4, 8, 12, 1, False, 11.075),
