@@ -423,6 +423,7 @@ def nemo_runs():
 MLPERF_GPT3 = [
     ("NVIDIA b200_n8_preview (v4.1)", "B200", "b200", 64, 2048, 4, 8, 6, 2, True, 36.23),
     ("NVIDIA eos_n32 (v4.1)", "H100", "h100-80gb", 256, 2048, 4, 8, 6, 2, False, 18.37),
+    ("NVIDIA eos_n64 (v4.0)", "H100", "h100-80gb", 512, 2304, 4, 8, 4, 2, False, 10.98),  # its log's batch
     ("NVIDIA eos_n64 (v4.1)", "H100", "h100-80gb", 512, 2048, 4, 8, 6, 2, False, 9.50),
     ("Oracle 1536xBM.GPU.H100.8 (v4.1)", "H100", "h100-80gb", 1536, 3072, 4, 8, 4, 2, False, 5.17),
     ("Oracle 3072xBM.GPU.H100.8 (v4.1)", "H100", "h100-80gb", 3072, 3072, 4, 8, 4, 2, False, 3.05),
