@@ -376,8 +376,9 @@ def seconds(collective: str, fabric: Fabric, nbytes: float, calls: int = 1) -> f
 
 def _p2p_busbw(fabric: Fabric) -> float:
     """A send/recv's rate: the ring's bus bandwidth inside one domain; across domains the pair that crosses
-    them moves through one rank's NIC (NCCL's p2p channels to a remote peer share its nearest NIC), and a ring
-    of sends (context parallelism's K,V blocks) steps together, so every step waits for that pair."""
+    them moves through one rank's NIC (NCCL's p2p channels to a remote peer share its nearest NIC), and the
+    group's sends step together (context parallelism's K,V ring, a pipeline's stage-to-stage sends in 1F1B's
+    steady state), so every step waits for that pair."""
     return (fabric.net_busbw or fabric.busbw) if fabric.nodes > 1 else fabric.busbw
 
 
