@@ -111,6 +111,11 @@ def emit(framework: str, model: ModelSpec, cluster: ClusterSpec, layout: Layout,
                    + kernel_notes(cluster) + overlap_notes(cluster, framework))
 
 
+def no_int8(framework: str) -> tuple[str, str]:
+    """A GPU framework's PRECISIONS entry for int8: it writes bf16, and why."""
+    return "bf16", f"{framework} has no int8 training (AQT's int8 GEMMs are MaxText's)"
+
+
 def model_notes(model: ModelSpec, framework: str) -> list[str]:
     """What of the model the emitted config cannot carry, whatever the framework."""
     if model.causal:

@@ -8,14 +8,14 @@ all-to-all over heads, not ring attention) are set in the model's code, so a con
 import json
 
 from meshscale.cost.comm import bucket_params
-from meshscale.export import Job, change
+from meshscale.export import Job, change, no_int8
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import ModelSpec
 
 GPU_ONLY = "DeepSpeed"  # named in the refusal of a TPU slice
 NO_FP8 = ("bf16", "DeepSpeed's JSON has no FP8 switch (FP8 GEMMs live in Transformer Engine modules)")
 PRECISIONS = {"fp8": NO_FP8, "mxfp8": NO_FP8,
-              "int8": ("bf16", "DeepSpeed has no int8 training (AQT's int8 GEMMs are MaxText's)"),
+              "int8": no_int8(GPU_ONLY),
               "bf16-pure": ("bf16", "DeepSpeed's bf16 mode keeps fp32 master weights (16 B/param)")}
 
 

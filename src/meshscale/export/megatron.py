@@ -11,7 +11,7 @@ import shlex
 
 from meshscale.cost.comm import bucket_params
 from meshscale.errors import UserError
-from meshscale.export import Job, Shape, change
+from meshscale.export import Job, Shape, change, no_int8
 from meshscale.specs.cluster import is_fp8
 from meshscale.specs.layout import KEEPS_MATMULS, RECOMPUTE_MODULES, Layout, split_layers
 from meshscale.specs.model import ModelSpec
@@ -23,7 +23,7 @@ DISPATCHERS = {"alltoall": "--moe-token-dispatcher-type alltoall",
                "deepep": "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep",
                "hybridep": "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep"}
 PRECISIONS = {"bf16-pure": ("bf16", "Megatron-LM keeps fp32 main parameters under --bf16 (16 B/param)"),
-              "int8": ("bf16", "Megatron-LM has no int8 training (AQT's int8 GEMMs are MaxText's)")}
+              "int8": no_int8(GPU_ONLY)}
 
 
 def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:

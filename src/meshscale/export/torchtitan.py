@@ -12,12 +12,12 @@ import tomllib
 
 from meshscale.cost.comm import bucket_params
 from meshscale.errors import UserError
-from meshscale.export import Job, Shape, change
+from meshscale.export import Job, Shape, change, no_int8
 from meshscale.specs.layout import KEEPS_MATMULS, V_SCHEDULES, Layout, split_layers
 from meshscale.specs.model import ModelSpec, load_model
 
 GPU_ONLY = "torchtitan"  # named in the refusal of a TPU slice
-PRECISIONS = {"int8": ("bf16", "torchtitan has no int8 training (AQT's int8 GEMMs are MaxText's)")}
+PRECISIONS = {"int8": no_int8(GPU_ONLY)}
 # torchao's linear layers each FP8 precision converts to (torchtitan's model converters; float8 is tensor-wise with
 # current scaling, mx block-scaled, its default recipe mxfp8_cublas)
 CONVERTERS = {"fp8": "quantize.linear.float8", "mxfp8": "quantize.linear.mx"}

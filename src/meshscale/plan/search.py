@@ -63,8 +63,8 @@ def parse_fix(text: str) -> dict:
 
 
 def _check_fixable(key: str, value) -> None:
-    """The values plan searches: zero 0-3, other degrees from 1, schedules and recompute modes but op and
-    minimal_mlp."""
+    """The values plan searches: zero 0-3, other degrees from 1, schedules, and the recompute modes the bound
+    covers (bound.RECOMPUTE_MODES: not op or minimal_mlp)."""
     if key in ("schedule", "recompute"):
         choices = SCHEDULES if key == "schedule" else RECOMPUTE
         if key == "recompute" and ("+" in value or value in RECOMPUTE_MODULES):  # predict's, not the search's
@@ -72,7 +72,7 @@ def _check_fixable(key: str, value) -> None:
                             "full or minimal, and predict the module list with --layout")
         if value not in choices:
             raise UserError(f"--fix: unknown {key} {value!r}; choose one of {', '.join(choices)}")
-        if value in ("op", "minimal_mlp"):  # torchtitan's and MaxText's policies, for predict (and train, op)
+        if key == "recompute" and value not in bound.RECOMPUTE_MODES:  # torchtitan's and MaxText's policies
             raise UserError(f"--fix: plan does not search recompute={value}; fix none, selective, full or minimal")
     elif key != "sp" and not (0 <= value <= 3 if key == "zero" else value >= 1):
         raise UserError(f"--fix: {key} must be a whole number {'0-3' if key == 'zero' else '>= 1'}, got {value}")
