@@ -662,18 +662,21 @@ def pred_category(cluster, run) -> str:
     return bands.category(cluster, run.model, run.precision)
 
 
-def errors_by_category() -> dict[str, list[float]]:
-    """Signed errors (predicted / measured - 1) per error-band category (cost/bands.py)."""
+def errors_by_category(pipelined: bool = False) -> dict[str, list[float]]:
+    """Signed errors (predicted / measured - 1) per error-band category (cost/bands.py), of the pipelined runs
+    (pp > 1) alone where `pipelined`."""
     out: dict = {}
-    for run, _, pred, real, p in rows():
-        out.setdefault(p.band["category"], []).append(pred / real - 1)
+    for run, layout, pred, real, p in rows():
+        if layout.pp > 1 or not pipelined:
+            out.setdefault(p.band["category"], []).append(pred / real - 1)
     return out
 
 
-def computed_bands() -> dict[str, tuple]:
-    """What cost/bands.py's BANDS must hold: per category (runs, median, p90, mean signed), to 0.01%."""
+def computed_bands(pipelined: bool = False) -> dict[str, tuple]:
+    """What cost/bands.py's BANDS (PIPELINED, where `pipelined`) must hold: per category (runs, median, p90, mean
+    signed), to 0.01%."""
     out = {}
-    for key, errs in sorted(errors_by_category().items()):
+    for key, errs in sorted(errors_by_category(pipelined).items()):
         med, p90, _, bias = summary(errs)
         out[key] = (len(errs), med, p90, bias)
     return out
@@ -703,20 +706,22 @@ def wrapped(table: dict) -> str:
 
 
 def write_bands(path: str) -> None:
-    """Rewrite the written part of cost/bands.py from the current model (SOURCE, BANDS, REPLICA_GROWTH, COVERAGE,
-    CP_FEWEST_TOKENS and HOST_WAIT_MOST)."""
+    """Rewrite the written part of cost/bands.py from the current model (SOURCE, BANDS, PIPELINED, REPLICA_GROWTH,
+    COVERAGE, CP_FEWEST_TOKENS and HOST_WAIT_MOST)."""
     text = open(path).read()
     head, rest = text.split("SOURCE = ", 1)
     _, tail = rest.split("# --- end of written part", 1)
     table = computed_bands()
     body = "".join(f"    {k!r}: {v!r},\n" for k, v in table.items())
+    piped = "".join(f"    {k!r}: {v!r},\n" for k, v in computed_bands(pipelined=True).items())
     source = (f"benchmarks/published.py --write-bands, {sum(v[0] for v in table.values())} published runs "
               f"up to 2024, {datetime.date.today().isoformat()}")
     growth = computed_replica_growth()
     coverage, fewest, host = computed_coverage()
     open(path, "w").write(f"{head}SOURCE = {source!r}\n# \"hardware kind precision\": (runs, median |error|, "
                           f"p90 |error|, mean signed error)\nBANDS: dict[str, tuple[int, float, float, float]] = "
-                          f"{{\n{body}}}\n# runs differing only in data-parallel size: (series, median step growth a "
+                          f"{{\n{body}}}\n# the same of each category's pipelined runs (pp > 1)\nPIPELINED: dict[str, tuple[int, "
+                          f"float, float, float]] = {{\n{piped}}}\n# runs differing only in data-parallel size: (series, median step growth a "
                           f"doubling, measured, predicted)\nREPLICA_GROWTH: tuple[int, float, float] = {growth!r}\n"
                           f"# mechanisms the runs rest on (`mechanisms`): how many runs used each; the fewest tokens a "
                           f"context-parallel rank held\nCOVERAGE: dict[str, int] = {{\n{wrapped(coverage)}\n}}\n"
@@ -819,9 +824,11 @@ def print_runs(text: str) -> int:
 
 def print_table() -> None:
     by_category: dict = {}
+    by_pipelining: dict = {}
     for run, layout, pred, real, p in rows():
         err = pred / real - 1
         by_category.setdefault(p.band["category"], []).append(err)
+        by_pipelining.setdefault(p.band["category"], ([], []))[layout.pp == 1].append(err)
         fit = "" if p.fits else "  (does not fit)"
         print(f"{run.source:28s} {run.name:18s} {run.devices:6d} {str(layout):62s} predicted {pred:8.3f} s  "
               f"measured {real:8.3f} s  {err:+6.1%}{fit}")
@@ -834,6 +841,12 @@ def print_table() -> None:
         print(f"| {key} | {len(errs)} | {med:.1%} | {p90:.1%} | {worst:.1%} | {bias:+.1%} |")
     med, p90, worst, bias = summary(everything)
     print(f"| all | {len(everything)} | {med:.1%} | {p90:.1%} | {worst:.1%} | {bias:+.1%} |")
+    print("\n| category | pipelined runs | median abs error | mean signed | other runs | median abs error | mean signed |"
+          "\n|---|---|---|---|---|---|---|")
+    for key, (piped, flat) in sorted(by_pipelining.items()):
+        if piped and flat:
+            (pm, _, _, pb), (fm, _, _, fb) = summary(piped), summary(flat)
+            print(f"| {key} | {len(piped)} | {pm:.1%} | {pb:+.1%} | {len(flat)} | {fm:.1%} | {fb:+.1%} |")
 
 
 if __name__ == "__main__":

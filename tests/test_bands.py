@@ -4,8 +4,8 @@ model, and predict, plan and scale carry their category's band, in words and in 
 import json
 
 from meshscale.cost import predict
-from meshscale.cost.bands import (BANDS, COVERAGE, CP_FEWEST_TOKENS, HOST_WAIT_MOST, REPLICA_GROWTH, SOURCE, band,
-                                  band_text, category, unvalidated, unvalidated_text)
+from meshscale.cost.bands import (BANDS, COVERAGE, CP_FEWEST_TOKENS, FEW_RUNS, HOST_WAIT_MOST, PIPELINED,
+                                  REPLICA_GROWTH, SOURCE, band, band_text, category, unvalidated, unvalidated_text)
 from meshscale.specs.cluster import load_cluster
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import load_model
@@ -18,6 +18,7 @@ def test_stored_bands_equal_what_the_script_computes_now():
     `PYTHONPATH=src python benchmarks/published.py --write-bands` and commit the table with the change."""
     computed = load_published().computed_bands()
     assert computed == BANDS
+    assert load_published().computed_bands(pipelined=True) == PIPELINED
     assert load_published().computed_replica_growth() == REPLICA_GROWTH
     assert load_published().computed_coverage() == (COVERAGE, CP_FEWEST_TOKENS, HOST_WAIT_MOST)
     assert sum(runs for runs, *_ in BANDS.values()) == len(list(load_published().runs()))
@@ -75,6 +76,26 @@ def test_predict_plan_scale_print_and_emit_the_band():
     r = cli("scale", *args[:4], "--devices", "8,16", "--global-batch-tokens", str(64 * 8192))
     assert "error band: A100 dense bf16" in r.stdout
     assert f"in {series} published series" in r.stdout and f"{measured:+.1%} per doubling" in r.stdout
+
+
+def test_a_pipelined_layout_carries_its_categorys_pipelined_band():
+    """A pipelined layout's band adds the band its category's pipelined runs earned (they err apart from the
+    others, docs/accuracy.md), in words and in JSON; a flat layout, or a category with fewer than FEW_RUNS
+    pipelined runs, adds none."""
+    a100, model = load_cluster("a100-80gb"), load_model("llama3-70b")
+    piped = band(a100, model, "bf16", Layout.parse("dp=2,tp=8,pp=4,mbs=1", 64))
+    runs, median, p90, bias = PIPELINED["A100 dense bf16"]
+    assert runs >= FEW_RUNS and piped["pipelined"] == {"runs": runs, "median_abs_error": median,
+                                                        "p90_abs_error": p90, "mean_signed_error": bias}
+    assert f"its {runs} pipelined runs: median {median:.1%}, p90 {p90:.1%}, bias {bias:+.1%}" in band_text(piped)
+    flat = band(a100, model, "bf16", Layout.parse("dp=8,tp=8,mbs=1", 64))
+    assert flat["pipelined"] is None and "pipelined" not in band_text(flat)
+    few = [k for k, (n, *_) in PIPELINED.items() if n < FEW_RUNS and k.startswith("H100 dense bf16")]
+    assert few and band(load_cluster("h100-80gb"), model, "bf16", Layout.parse("tp=8,pp=8", 64))["pipelined"] is None
+    r = cli("predict", "--model", "llama3-70b", "--cluster", "a100-80gb", "--devices", "64", "--global-batch", "64",
+            "--layout", "dp=2,tp=8,pp=4,mbs=1", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["band"]["pipelined"]["runs"] == runs
 
 
 def test_a_layout_resting_on_what_no_validation_run_used_says_so():

@@ -1,7 +1,8 @@
 """Error bands: how far `predict` was from the measured step times of benchmarks/published.py's validation
 set, per category (hardware x dense/MoE x precision): the median and 90th percentile of |error| and the mean
 signed error (negative: predicted too fast). Every predict, plan and scale figure carries its category's band;
-`scale` also says how the step grew, measured and predicted, where the set's runs differ only in data parallelism.
+`scale` also says how the step grew, measured and predicted, where the set's runs differ only in data parallelism;
+a pipelined layout also carries the band of its category's pipelined runs, which the set shows to err apart.
 A band covers the mechanisms the set's runs used: a layout resting on one no run used (a zero-bubble V schedule,
 context-parallel chunks shorter than any run's, a step spent largely waiting on the host) is predicted by terms the
 set never judged, and says so.
@@ -33,6 +34,16 @@ BANDS: dict[str, tuple[int, float, float, float]] = {
     'TPU v5p dense bf16': (16, 0.117, 0.1829, -0.0767),
     'TPU v5p dense int8': (7, 0.0649, 0.0733, 0.0055),
     'TPU v6e dense int8': (4, 0.0754, 0.0832, -0.0766),
+}
+# the same of each category's pipelined runs (pp > 1)
+PIPELINED: dict[str, tuple[int, float, float, float]] = {
+    'A100 dense bf16': (18, 0.0749, 0.1007, -0.0711),
+    'B200 dense fp8': (1, 0.0355, 0.0355, -0.0355),
+    'H100 MoE bf16': (2, 0.0552, 0.0865, -0.0552),
+    'H100 dense bf16': (2, 0.0344, 0.0568, -0.0344),
+    'H100 dense fp8': (23, 0.0314, 0.1015, -0.0318),
+    'H800 MoE bf16': (1, 0.0245, 0.0245, -0.0245),
+    'H800 MoE fp8': (1, 0.0243, 0.0243, -0.0243),
 }
 # runs differing only in data-parallel size: (series, median step growth a doubling, measured, predicted)
 REPLICA_GROWTH: tuple[int, float, float] = (29, 0.021, 0.0022)
@@ -80,6 +91,16 @@ def mechanisms(layout: Layout) -> tuple[str, ...]:
     return tuple(out)
 
 
+def pipelined(key: str, layout: Layout | None) -> dict | None:
+    """The band of the category's pipelined runs (PIPELINED) for a pipelined layout, where it has FEW_RUNS or
+    more: the set's pipelined runs err apart from its others (docs/accuracy.md, "Pipelined runs"), so the
+    category's band alone would hide that."""
+    runs, median, p90, bias = PIPELINED.get(key, (0, None, None, None))
+    if layout is None or layout.pp == 1 or runs < FEW_RUNS:
+        return None
+    return {"runs": runs, "median_abs_error": median, "p90_abs_error": p90, "mean_signed_error": bias}
+
+
 def unvalidated(layout: Layout, seq: int, host_share: float = 0.0) -> list[str]:
     """The layout's mechanisms that no run of the validation set used, context-parallel chunks shorter than
     the shortest any run had (ring attention's steps then cost what no run measured), and a wait on the host
@@ -99,12 +120,13 @@ def band(cluster: ClusterSpec, model: ModelSpec, precision: str, layout: Layout 
          host_share: float = 0.0) -> dict:
     """The band a prediction carries: its category, and the runs, median, p90 and mean signed error that
     category earned (runs 0 and None elsewhere where the validation set has none); with `layout` (and the share
-    of the step its devices wait on their host), what of it the set never used (`unvalidated`)."""
+    of the step its devices wait on their host), what of it the set never used (`unvalidated`) and, for a
+    pipelined one, the band of the category's pipelined runs (`pipelined`; None otherwise)."""
     key = category(cluster, model, precision)
     runs, median, p90, bias = BANDS.get(key, (0, None, None, None))
     return {"category": key, "runs": runs, "median_abs_error": median, "p90_abs_error": p90,
             "mean_signed_error": bias, "unvalidated": unvalidated(layout, model.seq, host_share) if layout else [],
-            "source": SOURCE}
+            "pipelined": pipelined(key, layout), "source": SOURCE}
 
 
 def unvalidated_text(b: dict) -> str:
@@ -138,9 +160,12 @@ def band_text(b: dict) -> str:
         return f"{b['category']}: no validation runs in this category; accuracy unknown"
     runs = f"{b['runs']} run{'s' if b['runs'] > 1 else ''}"
     few = "; too few runs to trust" if b["runs"] < FEW_RUNS else ""
+    pp = b.get("pipelined")
+    pp = (f"; its {pp['runs']} pipelined runs: median {pp['median_abs_error']:.1%}, p90 {pp['p90_abs_error']:.1%}, "
+          f"bias {pp['mean_signed_error']:+.1%}") if pp else ""
     return (f"{b['category']}, {runs}: median {b['median_abs_error']:.1%}, p90 {b['p90_abs_error']:.1%}, "
             f"bias {b['mean_signed_error']:+.1%} ({'too fast' if b['mean_signed_error'] < 0 else 'too slow'} "
-            f"on average{few})")
+            f"on average{few}){pp}")
 
 
 def measured_range(predicted: float, b: dict, rate: bool = False) -> tuple[float, float] | None:
