@@ -720,9 +720,10 @@ def write_bands(path: str) -> None:
     coverage, fewest, host = computed_coverage()
     open(path, "w").write(f"{head}SOURCE = {source!r}\n# \"hardware kind precision\": (runs, median |error|, "
                           f"p90 |error|, mean signed error)\nBANDS: dict[str, tuple[int, float, float, float]] = "
-                          f"{{\n{body}}}\n# the same of each category's pipelined runs (pp > 1)\nPIPELINED: dict[str, tuple[int, "
-                          f"float, float, float]] = {{\n{piped}}}\n# runs differing only in data-parallel size: (series, median step growth a "
-                          f"doubling, measured, predicted)\nREPLICA_GROWTH: tuple[int, float, float] = {growth!r}\n"
+                          f"{{\n{body}}}\n# the same of each category's pipelined runs (pp > 1)\nPIPELINED: "
+                          f"dict[str, tuple[int, float, float, float]] = {{\n{piped}}}\n# runs differing only in "
+                          f"data-parallel size: (series, median step growth a doubling, measured, predicted)\n"
+                          f"REPLICA_GROWTH: tuple[int, float, float] = {growth!r}\n"
                           f"# mechanisms the runs rest on (`mechanisms`): how many runs used each; the fewest tokens a "
                           f"context-parallel rank held\nCOVERAGE: dict[str, int] = {{\n{wrapped(coverage)}\n}}\n"
                           f"CP_FEWEST_TOKENS: int = {fewest!r}\n# the largest share of its step any run's devices "
@@ -841,8 +842,8 @@ def print_table() -> None:
         print(f"| {key} | {len(errs)} | {med:.1%} | {p90:.1%} | {worst:.1%} | {bias:+.1%} |")
     med, p90, worst, bias = summary(everything)
     print(f"| all | {len(everything)} | {med:.1%} | {p90:.1%} | {worst:.1%} | {bias:+.1%} |")
-    print("\n| category | pipelined runs | median abs error | mean signed | other runs | median abs error | mean signed |"
-          "\n|---|---|---|---|---|---|---|")
+    print("\n| category | pipelined runs | median abs error | mean signed | other runs | median abs error "
+          "| mean signed |\n|---|---|---|---|---|---|---|")
     for key, (piped, flat) in sorted(by_pipelining.items()):
         if piped and flat:
             (pm, _, _, pb), (fm, _, _, fb) = summary(piped), summary(flat)
