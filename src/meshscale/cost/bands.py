@@ -95,9 +95,13 @@ def pipelined(key: str, layout: Layout | None) -> dict | None:
     """The band of the category's pipelined runs (PIPELINED) for a pipelined layout, where it has FEW_RUNS or
     more: the set's pipelined runs err apart from its others (docs/accuracy.md, "Pipelined runs"), so the
     category's band alone would hide that."""
-    runs, median, p90, bias = PIPELINED.get(key, (0, None, None, None))
-    if layout is None or layout.pp == 1 or runs < FEW_RUNS:
-        return None
+    entry = _entry(PIPELINED, key)
+    return entry if layout is not None and layout.pp > 1 and entry["runs"] >= FEW_RUNS else None
+
+
+def _entry(table: dict, key: str) -> dict:
+    """A stored table's row as a band states it (runs 0 and None elsewhere where the table has none)."""
+    runs, median, p90, bias = table.get(key, (0, None, None, None))
     return {"runs": runs, "median_abs_error": median, "p90_abs_error": p90, "mean_signed_error": bias}
 
 
@@ -123,9 +127,8 @@ def band(cluster: ClusterSpec, model: ModelSpec, precision: str, layout: Layout 
     of the step its devices wait on their host), what of it the set never used (`unvalidated`) and, for a
     pipelined one, the band of the category's pipelined runs (`pipelined`; None otherwise)."""
     key = category(cluster, model, precision)
-    runs, median, p90, bias = BANDS.get(key, (0, None, None, None))
-    return {"category": key, "runs": runs, "median_abs_error": median, "p90_abs_error": p90,
-            "mean_signed_error": bias, "unvalidated": unvalidated(layout, model.seq, host_share) if layout else [],
+    return {"category": key, **_entry(BANDS, key),
+            "unvalidated": unvalidated(layout, model.seq, host_share) if layout else [],
             "pipelined": pipelined(key, layout), "source": SOURCE}
 
 
@@ -160,12 +163,15 @@ def band_text(b: dict) -> str:
         return f"{b['category']}: no validation runs in this category; accuracy unknown"
     runs = f"{b['runs']} run{'s' if b['runs'] > 1 else ''}"
     few = "; too few runs to trust" if b["runs"] < FEW_RUNS else ""
-    pp = b.get("pipelined")
-    pp = (f"; its {pp['runs']} pipelined runs: median {pp['median_abs_error']:.1%}, p90 {pp['p90_abs_error']:.1%}, "
-          f"bias {pp['mean_signed_error']:+.1%}") if pp else ""
-    return (f"{b['category']}, {runs}: median {b['median_abs_error']:.1%}, p90 {b['p90_abs_error']:.1%}, "
-            f"bias {b['mean_signed_error']:+.1%} ({'too fast' if b['mean_signed_error'] < 0 else 'too slow'} "
+    pp = f"; its {b['pipelined']['runs']} pipelined runs: {_spread(b['pipelined'])}" if b.get("pipelined") else ""
+    return (f"{b['category']}, {runs}: {_spread(b)} ({'too fast' if b['mean_signed_error'] < 0 else 'too slow'} "
             f"on average{few}){pp}")
+
+
+def _spread(entry: dict) -> str:
+    """`median 3.0%, p90 10.2%, bias +0.4%` of a band's row."""
+    return (f"median {entry['median_abs_error']:.1%}, p90 {entry['p90_abs_error']:.1%}, "
+            f"bias {entry['mean_signed_error']:+.1%}")
 
 
 def measured_range(predicted: float, b: dict, rate: bool = False) -> tuple[float, float] | None:
