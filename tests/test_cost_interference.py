@@ -132,3 +132,13 @@ def test_the_planners_bound_stays_below_predict_on_a_calibrated_cluster():
     assert len(costed) > 100 and any("cp=" in pred.layout for _, pred in costed)
     assert all(b <= pred.step_time_s * (1 + 1e-9) for b, pred in costed), \
         max(costed, key=lambda bp: bp[0] / bp[1].step_time_s)
+
+
+def test_a_send_chain_longer_than_a_ranks_own_sends_slows_nothing():
+    """Few micro-batches through many chunks: the chain of boundary sends that shows (every rank's) outlasts
+    what this rank sends in all, so none of its sends hides and its send kernels slow no compute."""
+    model = load_model("gpt3-175b")
+    layout = Layout.parse("dp=8,zero=1,tp=4,sp=true,pp=8,vpp=12,schedule=interleaved,mbs=1", 256)
+    send = next(e for e in predict(model, H100, layout, 64).comm if e["collective"] == "send_recv")
+    assert send["exposed_s"] > send["time_s"]
+    assert send["interference_s"] == 0.0

@@ -247,8 +247,9 @@ def _rank_ledger(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: i
             hidden_by, shown = _p2p_hidden_by(layout, sw, t, m * lead), t / op.calls * _chain_crossings(layout)
         exposed = exposed_seconds(t, hidden_by, shown, sw.overlap_efficiency)
         # the compute it hides behind runs on the SMs its kernels leave: that compute takes longer by the hidden
-        # time x their share (critical path: it slows passes, and so the bubble, wherever it lands)
-        interference = (t - exposed) * comm.sm_share(cluster, op.axis, link, op.collective)
+        # time x their share (critical path: it slows passes, and so the bubble, wherever it lands). A send chain
+        # can show more than this rank's own sends take (every rank's boundary is on it): then none of them hides.
+        interference = max(t - exposed, 0.0) * comm.sm_share(cluster, op.axis, link, op.collective)
         if op.collective == "all_gather" and op.overlap == Overlap.FSDP and _copies_out(sw):
             interference += 2 * op.bytes / cluster.achieved_hbm_bandwidth  # on the compute stream
         if op.collective == "reduce_scatter" and op.axis in ("dp", "edp"):
