@@ -456,8 +456,21 @@ MLPERF_GPT3_2023 = [
     ("Azure ND_H100_v5_n1344 (v3.1)", "H100", "h100-80gb", 10752, 2688, 4, 8, 12, 1, False, 0.945)]
 
 
+# MLPerf Training v3.0 (training_results_v3.0, 2023-06): NVIDIA's and NVIDIA+CoreWeave's one submission (identical
+# configs, PyTorch 23.04, NeMo 1.17): the v3.1 settings but for the kernel Transformer Engine release_v0.8 ran,
+# FlashAttention v1 (requirements.txt: flash_attn==1.0.5; TE 0.8's DotProductAttention takes it from compute
+# capability 8.0 up). Measured: the median of the three results' train_step_timing medians (no block's span).
+MLPERF_GPT3_V30 = [
+    ("NVIDIA dgxh100_n64 (v3.0)", "H100", "h100-80gb", 512, 2048, 4, 8, 12, 1, False, 12.074),
+    ("NVIDIA dgxh100_n96 (v3.0)", "H100", "h100-80gb", 768, 3072, 4, 8, 12, 1, False, 12.127),
+    ("CoreWeave hgxh100_n96 (v3.0)", "H100", "h100-80gb", 768, 3072, 4, 8, 12, 1, False, 12.305),
+    ("CoreWeave hgxh100_n192 (v3.0)", "H100", "h100-80gb", 1536, 3072, 4, 8, 12, 1, False, 6.340),
+    ("CoreWeave hgxh100_n448 (v3.0)", "H100", "h100-80gb", 3584, 2688, 4, 8, 12, 1, False, 2.600)]
+
+
 def mlperf_runs():
-    for rows, fp8_params, attention in ((MLPERF_GPT3, True, "platform"), (MLPERF_GPT3_2023, False, "fa2")):
+    for rows, fp8_params, attention in ((MLPERF_GPT3, True, "platform"), (MLPERF_GPT3_2023, False, "fa2"),
+                                        (MLPERF_GPT3_V30, False, "fa1")):
         for system, hardware, cluster, gpus, gbs, tp, pp, vp, mbs, graphs, seconds in rows:
             model = gpt3("gpt3-175b", 96, 12288, 96)
             model = replace(model, vocab=nemo_vocab(model.vocab, tp))

@@ -269,12 +269,14 @@ def test_bad_bucket_knobs_are_one_line(tmp_path, software, needle):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("software, needle", [({"attention_kernel": "fa2"}, "fa2 and fa-triton on an NVIDIA cluster"),
-                                              ({"attention_unpad": True}, "attention_unpad is flash-attn's")])
-def test_other_attention_kernels_are_nvidia_ones(tmp_path, software, needle):
+@pytest.mark.parametrize("base, software, needle", [
+    ("tpu-v5p", {"attention_kernel": "fa2"}, "fa2 and fa-triton on an NVIDIA cluster"),
+    ("tpu-v5p", {"attention_unpad": True}, "attention_unpad is flash-attn's"),
+    ("b200", {"attention_kernel": "fa1"}, "fa1 on ampere or hopper), got 'fa1' with gpu_arch blackwell")])
+def test_other_attention_kernels_are_nvidia_ones(tmp_path, base, software, needle):
     path = tmp_path / "c.json"
-    path.write_text(json.dumps({"base": "tpu-v5p", "software": software}))
-    with pytest.raises(UserError, match=needle) as e:
+    path.write_text(json.dumps({"base": base, "software": software}))
+    with pytest.raises(UserError, match=re.escape(needle)) as e:
         load_cluster(str(path))
     assert "\n" not in str(e.value)
 

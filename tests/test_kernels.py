@@ -481,3 +481,20 @@ def test_a_fused_loss_reads_the_logits_and_metric_cross_entropies_add_to_its_for
     composer = with_software(h100, fused_cross_entropy=True, metric_cross_entropies=2)
     assert loss_seconds(composer, logits) == pytest.approx((30 * logits / hbm, 4 * logits / hbm))
     assert loss_seconds(with_software(h100, metric_cross_entropies=1), logits)[0] == pytest.approx(52 * logits / hbm)
+
+
+def test_flashattention_v1_runs_at_its_figures_share_of_flashattention_2():
+    """FlashAttention v1 (flash-attn 1.x, Transformer Engine 0.x) beside FlashAttention-2 in Dao 2023's figures:
+    on A100 69 against 155 TFLOP/s at 2k causal (fig. 4d), on H100 108 against 265 (fig. 7d) and 128 against 320
+    not causal (fig. 7b); at head dim 64 its own panels' ratio (H100 136 against 108 at 2k causal)."""
+    a100, h100 = CLUSTERS[0], CLUSTERS[1]
+
+    def seconds(cluster, kernel, seq=2048, causal=True, head_dim=128):
+        return attention_seconds(with_software(cluster, attention_kernel=kernel), 1e12, seq,
+                                 cluster.peak_flops_bf16, causal, head_dim=head_dim)
+
+    assert seconds(a100, "fa2") / seconds(a100, "fa1") == pytest.approx(69 / 155)
+    assert seconds(h100, "fa2") / seconds(h100, "fa1") == pytest.approx(108 / 265)
+    assert seconds(h100, "fa2", causal=False) / seconds(h100, "fa1", causal=False) == pytest.approx(128 / 320)
+    assert seconds(h100, "fa1", 65536) / seconds(h100, "fa2", 65536) == pytest.approx(328 / 137)
+    assert seconds(h100, "fa1") / seconds(h100, "fa1", head_dim=64) == pytest.approx(136 / 108)

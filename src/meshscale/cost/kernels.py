@@ -150,6 +150,17 @@ FA2_H100_D64 = ((512, 215, 141), (1024, 254, 192), (2048, 274, 232), (4096, 288,
                 (16384, 296, 284))
 FA2_H100_D128 = ((512, 248, 163), (1024, 294, 221), (2048, 320, 265), (4096, 326, 294), (8192, 335, 308),
                  (16384, 338, 328))
+# FlashAttention (v1, flash-attn 1.x; Transformer Engine before 1.0 ran it from Ampere on) beside FlashAttention-2 in
+# the same figures, head dims 128 and 64 (Dao 2023 figs. 4 and 7, the "FlashAttention" bars of assets/flash2_a100_
+# fwd_bwd_benchmark.png and flash2_h100_fwd_bwd_benchmark.png): only its ratio to FlashAttention-2's bars is taken,
+# onto FlashAttention-2's rate. On H100 it runs its Ampere kernels, 0.40-0.44 as fast from 2k, 0.49-0.60 below.
+FA1_A100 = ((512, 76, 55), (1024, 72, 62), (2048, 76, 69), (4096, 80, 76), (8192, 82, 80), (16384, 83, 83))
+FA1_A100_D64 = ((512, 91, 58), (1024, 92, 70), (2048, 104, 77), (4096, 108, 87), (8192, 110, 92),
+                (16384, 110, 97))
+FA1_H100 = ((512, 127, 98), (1024, 127, 109), (2048, 128, 108), (4096, 131, 126), (8192, 137, 135),
+            (16384, 139, 137))
+FA1_H100_D64 = ((512, 157, 104), (1024, 159, 123), (2048, 161, 136), (4096, 161, 138), (8192, 166, 149),
+                (16384, 168, 156))
 # Larger heads on Hopper, as benchmarks/kernel_scan.py measured them on this workplace's H200 (2026-11-29,
 # benchmarks/data/kernel_scan_h200_2026-11-29.json: torch 2.11's SDPA, cuDNN 9.19 and the flash back end, 32k tokens
 # a call of a 4,096-wide layer's heads, forward + backward TFLOP/s counted as the papers do, 2 s^2 (d_qk + d_v) a
@@ -188,7 +199,9 @@ HEAD_DIM_TABLES = {
                              **_against_128(SCAN_CUDNN_H200)},
     ("hopper", "fa2"): {(64, 64): (FA2_H100_D64, FA2_H100_D128), **_against_128(SCAN_FA2_H200)},
     ("ampere", "fa-triton"): {(64, 64): (FA_TRITON_A100_D64, FA_TRITON_A100)},
-    ("hopper", "fa-triton"): {(64, 64): (FA_TRITON_A100_D64, FA_TRITON_A100)}}
+    ("hopper", "fa-triton"): {(64, 64): (FA_TRITON_A100_D64, FA_TRITON_A100)},
+    ("ampere", "fa1"): {(64, 64): (FA1_A100_D64, FA1_A100)},
+    ("hopper", "fa1"): {(64, 64): (FA1_H100_D64, FA1_H100)}}
 # FlashAttention-2 has no Blackwell kernels and runs its Ampere ones there: Azure's AI-benchmarking-guide ran
 # flash-attention's benchmark_flash_attention.py (its first seq-8192 case: not causal, batch 2) on both and
 # measured 373.9 TFLOP/s on GB200 (Azure_Results/ND_GB200_v6_results.md) and 327.9 on H100 (ND_H100_v5): 1.140x,
@@ -214,11 +227,14 @@ def _loglinear(rows: tuple, seq: float, extend_below: bool = False) -> tuple:
 
 def kernel_speed(arch: str, kernel: str, seq: float, causal: bool) -> float:
     """The [software] attention_kernel's rate over the platform's at `seq`: FlashAttention-2's sustained rate
-    over cuDNN's off Ampere (Blackwell: Hopper's, times FA2_BLACKWELL), times the Triton kernel's over
-    FlashAttention-2's."""
+    over cuDNN's off Ampere (Blackwell: Hopper's, times FA2_BLACKWELL), times the Triton kernel's or
+    FlashAttention v1's over FlashAttention-2's."""
     speed, col = 1.0, 1 if causal else 0  # the tables' columns: (not causal, causal)
     if kernel == "fa-triton":
         speed *= _loglinear(FA_TRITON_A100, seq)[col] / _loglinear(FA2_A100, seq)[col]
+    if kernel == "fa1":
+        v1, v2 = (FA1_A100, FA2_A100) if arch == "ampere" else (FA1_H100, FA2_H100_D128)
+        speed *= _loglinear(v1, seq)[col] / _loglinear(v2, seq)[col]
     if kernel != "platform" and arch != "ampere":
         cudnn = _loglinear(ATTENTION_SHAPES["hopper"], seq)[col] * HOPPER_SUSTAINED
         speed *= _loglinear(FA2_H100, seq)[col] / cudnn * (FA2_BLACKWELL if arch == "blackwell" else 1.0)

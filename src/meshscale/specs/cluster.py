@@ -79,7 +79,8 @@ class Software:
     low_precision_norm: bool = False
     # The fused attention kernel: "platform", the presets' rate (cuDNN through Transformer Engine on Hopper and
     # Blackwell, FlashAttention-2 on Ampere); "fa2", FlashAttention-2 (flash-attn 2.x, torch's SDPA flash backend);
-    # "fa-triton", the 2022 Triton FlashAttention (llm-foundry's attn_impl: triton). Rates: cost/kernels.py.
+    # "fa1", FlashAttention v1 (flash-attn 1.x, Transformer Engine's before 1.0; Ampere and Hopper only); "fa-triton",
+    # the 2022 Triton FlashAttention (llm-foundry's attn_impl: triton). Rates: cost/kernels.py.
     # What ran on Hopper: torch's SDPA tried FlashAttention-2 first until 2.11 (cuDNN last, opt-in after 2.5's
     # bugs, pytorch#138522), cuDNN first from 2.11 (sdp_utils.cpp check_prefer_cudnn_attention, cuDNN >= 9.15);
     # NeMo's launcher set NVTE_FUSED_ATTN=0 from 2024-02 to 2024-08, so Transformer Engine ran FlashAttention-2.
@@ -150,7 +151,7 @@ class Software:
         return self.framework == "torch"
 
 
-ATTENTION_KERNELS = ("platform", "fa2", "fa-triton")
+ATTENTION_KERNELS = ("platform", "fa2", "fa1", "fa-triton")
 # Each framework's tensor-wise FP8 scaling: Megatron-Core's --fp8-recipe defaults to delayed (arguments.py), as
 # DeepSpeed's Transformer Engine layers do (TE's default recipe); torchao's float8 training scales dynamically,
 # from the tensor's current amax (torchao.float8 Float8LinearConfig, tensorwise).
@@ -370,11 +371,13 @@ class ClusterSpec:
         if sw.fp8_scaling not in ("", "delayed", "current"):
             raise UserError(f"cluster {self.name}: [software] fp8_scaling must be delayed or current (leave it out "
                             f"for {sw.framework}'s, {FRAMEWORK_FP8_SCALING[sw.framework]}), got {sw.fp8_scaling!r}")
+        archs = ("ampere", "hopper") if sw.attention_kernel == "fa1" else ("ampere", "hopper", "blackwell")
         if sw.attention_kernel not in ATTENTION_KERNELS or (sw.attention_kernel != "platform" and
-                                                            self.gpu_arch not in ("ampere", "hopper", "blackwell")):
+                                                            self.gpu_arch not in archs):
             raise UserError(f"cluster {self.name}: [software] attention_kernel must be one of "
                             f"{', '.join(ATTENTION_KERNELS)} (fa2 and fa-triton on an NVIDIA cluster from Ampere on, "
-                            f"gpu_arch ampere, hopper or blackwell), got {sw.attention_kernel!r}")
+                            f"gpu_arch ampere, hopper or blackwell; fa1 on ampere or hopper), got "
+                            f"{sw.attention_kernel!r} with gpu_arch {self.gpu_arch or 'unset'}")
         if sw.attention_unpad and not self.gpu_arch:
             raise UserError(f"cluster {self.name}: [software] attention_unpad is flash-attn's (bert_padding around its "
                             "varlen kernel) on an NVIDIA cluster (gpu_arch set); drop it")
