@@ -1,6 +1,7 @@
 """The seeds' worked numbers (shared/seeds/001, 003, 004), reproduced by the cost model."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -104,3 +105,13 @@ def test_tpu_slices_are_cube_multiples_shaped_for_the_innermost_group():
         assert math.prod(dims) == devices and all(d % 4 == 0 and d <= 16 for d in dims)
     assert comm.torus_shape(V5P, 256, 8)[0] == 8  # the group fills the first axis
     assert comm.torus_shape(load_cluster("tpu-v5e"), 64, 1) == (8, 8)  # v5e: powers of two, 2D
+
+
+def test_a_group_takes_whole_axes_of_a_given_slice_in_any_order():
+    """JAX's create_device_mesh lays the tensor axis on whichever whole physical axes multiply to its size: on a
+    4x4x8 slice, 8-way TP is the ring of 8 (one axis, with wraparound), not a 4-ring and half of another, and
+    the 16-way FSDP group beside it gets the two 4-rings."""
+    sliced = replace(V5P, torus=(4, 4, 8), tiers=(replace(V5P.tiers[0], size=128), V5P.tiers[1]))
+    assert comm.torus_shape(sliced, 128, 8) == (8, 4, 4)
+    assert comm.group_link(sliced, 128, 8, 1).raw_bandwidth == V5P.tiers[0].bandwidth
+    assert comm.group_link(sliced, 128, 16, 8).raw_bandwidth == 2 * V5P.tiers[0].bandwidth

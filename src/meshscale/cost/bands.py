@@ -31,8 +31,8 @@ BANDS: dict[str, tuple[int, float, float, float]] = {
     'H800 MoE fp8': (1, 0.0243, 0.0243, -0.0243),
     'TPU v4 dense bf16': (7, 0.0495, 0.0685, -0.0516),
     'TPU v5e dense bf16': (24, 0.05, 0.1331, -0.0421),
-    'TPU v5p dense bf16': (16, 0.117, 0.1829, -0.0767),
-    'TPU v5p dense int8': (7, 0.0649, 0.0733, 0.0055),
+    'TPU v5p dense bf16': (16, 0.0982, 0.1829, -0.0593),
+    'TPU v5p dense int8': (7, 0.0651, 0.0731, 0.0056),
     'TPU v6e dense int8': (4, 0.0754, 0.0832, -0.0766),
 }
 # the same of each category's pipelined runs (pp > 1)

@@ -338,11 +338,14 @@ def slice_dims(torus: tuple, chips: int, inner: int) -> tuple:
     """Dims of a slice of `chips`, each at most the torus's: a 3D slice of 64 chips or more is made of 4x4x4
     cubes (Cloud TPU v4/v5p system architecture: slice shapes are multiples of 4 on every axis, and the optical
     switches close each axis into a ring, Jouppi et al. 2023 sec. 2); others are powers of two (v5e's 2x2 to
-    16x16). Preferred: a shape whose leading axes the innermost group of `inner` chips fills exactly (a mesh
-    puts a group on whole axes when the slice allows it), then the most cubic; () if none."""
+    16x16). Preferred: a shape whose leading axes the innermost group of `inner` chips fills exactly, then the
+    most cubic; () if none. The dims come in any order of the slice's axes: JAX's create_device_mesh
+    (mesh_utils._create_device_mesh_for_nd_torus) lays each logical axis, the most communicating first, on
+    whichever whole physical axes multiply to its size, so 8-way TP on a 4x4x8 slice gets the ring of 8."""
     cube = len(torus) == 3 and chips >= 64
     lengths = [[d for d in range(1, top + 1) if (d % 4 == 0 if cube else d & (d - 1) == 0)] for top in torus]
-    shapes = [dims for dims in itertools.product(*lengths) if math.prod(dims) == chips]
+    shapes = {order for dims in itertools.product(*lengths) if math.prod(dims) == chips
+              for order in itertools.permutations(dims)}
     if not shapes:
         return ()
 
