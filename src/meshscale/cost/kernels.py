@@ -153,7 +153,7 @@ FA2_H100_D128 = ((512, 248, 163), (1024, 294, 221), (2048, 320, 265), (4096, 326
 # FlashAttention (v1, flash-attn 1.x; Transformer Engine before 1.0 ran it from Ampere on) beside FlashAttention-2 in
 # the same figures, head dims 128 and 64 (Dao 2023 figs. 4 and 7, the "FlashAttention" bars of assets/flash2_a100_
 # fwd_bwd_benchmark.png and flash2_h100_fwd_bwd_benchmark.png): only its ratio to FlashAttention-2's bars is taken,
-# onto FlashAttention-2's rate. On H100 it runs its Ampere kernels, 0.40-0.44 as fast from 2k, 0.49-0.60 below.
+# onto FlashAttention-2's rate. On H100 it runs its Ampere kernels, 0.40-0.44 as fast from 2k, 0.43-0.60 below.
 FA1_A100 = ((512, 76, 55), (1024, 72, 62), (2048, 76, 69), (4096, 80, 76), (8192, 82, 80), (16384, 83, 83))
 FA1_A100_D64 = ((512, 91, 58), (1024, 92, 70), (2048, 104, 77), (4096, 108, 87), (8192, 110, 92),
                 (16384, 110, 97))
