@@ -484,6 +484,32 @@ def mlperf_runs():
                       hardware, software, precision="fp8")
 
 
+# MLPerf Training v4.1's Llama 2 70B LoRA (training_results_v4.1, 2024-11, closed division; NeMo 24.09): rank-16
+# adapters with dropout 0.1 beside each layer's QKV and output projections (megatron_gpt_peft_tuning_config.yaml),
+# the base frozen in FP8 (FP8, fp8_params), sequences packed to 8,192 tokens attending across the whole pack
+# (packed_sequence_return_cu_seqlen false), micro-batch 1, SP with TP, TP overlap, cuDNN attention in bf16
+# (FP8_DPA=0; the runs with FP8 attention, and all of v4.0's, whose config_common sets FP8_DPA=1, are left out: the
+# model has no FP8 attention kernel), per-layer CUDA graphs where LAYER_CUDA_GRAPH=1. Measured: the median of the
+# ten results' last "throughput" (samples a second over the training steps alone: custom_callbacks.py times
+# each batch), the global batch (each log's global_batch_size) over it. (system, hardware, preset, GPUs, GBS,
+# TP, CP, CUDA graphs, samples a second)
+MLPERF_LORA = [
+    ("NVIDIA h200_ngc24.09 (v4.1)", "H200", "h200", 8, 8, 1, 2, False, 2.4718),
+    ("Azure ND_H200_v5_n64 (v4.1)", "H200", "h200", 512, 64, 4, 2, True, 112.333),
+    ("NVIDIA eos_n8_ngc24.09 (v4.1)", "H100", "h100-80gb", 64, 8, 4, 2, True, 14.797),
+    ("NVIDIA eos_n128_ngc24.09 (v4.1)", "H100", "h100-80gb", 1024, 128, 4, 2, True, 235.115)]
+
+
+def mlperf_lora_runs():
+    for system, hardware, cluster, gpus, gbs, tp, cp, graphs, samples_per_s in MLPERF_LORA:
+        base = load_model("llama2-70b").with_seq(8192)
+        model = replace(base, vocab=nemo_vocab(base.vocab, tp), lora_rank=16, lora_dropout=0.1)
+        layout = f"dp={gpus // (tp * cp)},zero=1,tp={tp},sp={str(tp > 1).lower()},cp={cp},mbs=1"
+        software = replace(MEGATRON_CORE, tp_comm_overlap=True, cuda_graphs=graphs)
+        yield Run("MLPerf Training Llama 2 70B LoRA", f"{system} r16 fp8", model, cluster, layout, gpus, gbs,
+                  gbs / samples_per_s, hardware, software, precision="fp8")
+
+
 # Google's MLPerf Training GPT-3 175B runs, v4.0 (mlcommons/training_results_v4.0, 2024-06: MaxText at f586e43f)
 # and v4.1 (training_results_v4.1, 2024-11: the mlperf/4.1 branch the submission holds as maxtext_fork), closed
 # division, each with the cloud-tpu-*.sh or v5p-*.sh that launches it. Their gpt3-175b config: 96 layers of
@@ -643,6 +669,7 @@ def runs():
     yield from nemo_runs()
     yield from nemo_long_sequence_runs()
     yield from mlperf_runs()
+    yield from mlperf_lora_runs()
     yield from mlperf_maxtext_runs()
     yield from mosaic_runs()
 

@@ -78,7 +78,9 @@ def memory_plot(pred, path: str) -> None:
     mem = pred.memory_per_device_bytes
     fig, ax = plt.subplots(figsize=(5, 5))
     bottom = 0.0
-    for key in ("params", "grads", "optimizer", "activations", "gathered"):
+    for key in ("frozen", "params", "grads", "optimizer", "activations", "gathered"):
+        if key == "frozen" and not mem.get(key):  # LoRA's frozen weights alone
+            continue
         ax.bar(0, mem[key] / 1e9, bottom=bottom, label=f"{key} {mem[key] / 1e9:,.1f} GB", width=0.5)
         bottom += mem[key] / 1e9
     ax.axhline(pred.hbm_bytes / 1e9, color="red", linestyle="--", label=f"HBM {pred.hbm_bytes / 1e9:,.0f} GB")

@@ -6,7 +6,7 @@ import math
 from rich.table import Table
 
 from meshscale.commands.counts import binary_count, decimal_amount, positive_number
-from meshscale.commands.predict import add_restart_argument, json_line, model_at_seq
+from meshscale.commands.predict import add_model_arguments, add_restart_argument, json_line, model_at_seq
 from meshscale.commands.progress import progress
 from meshscale.commands.report import make_console
 from meshscale.cost.bands import band_text
@@ -20,7 +20,7 @@ from meshscale.specs.cluster import load_cluster
 
 
 def add_arguments(p):
-    p.add_argument("--model", required=True, help="preset name, meshscale JSON/TOML, or HF config.json")
+    add_model_arguments(p)
     p.add_argument("--tokens", required=True, type=decimal_amount, help="tokens to train on, e.g. 15T or 2e12")
     p.add_argument("--deadline-days", required=True, type=positive_number, help="wall-clock days the run may take")
     p.add_argument("--cluster", required=True, action="append", metavar="NAME[:PRICE[:MTBF]]",

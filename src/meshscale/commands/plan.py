@@ -5,8 +5,9 @@ import shlex
 
 from rich.table import Table
 
-from meshscale.commands.predict import (add_batch_arguments, add_emit_arguments, add_goodput_arguments, goodput_line,
-                                        goodput_of, json_line, print_emitted, resolve_inputs)
+from meshscale.commands.predict import (add_batch_arguments, add_emit_arguments, add_goodput_arguments,
+                                        add_model_arguments, goodput_line, goodput_of, json_line, print_emitted,
+                                        resolve_inputs)
 from meshscale.commands.progress import progress
 from meshscale.commands.report import band_cell, footnotes, make_console
 from meshscale.cost.bands import band_text
@@ -18,7 +19,7 @@ from meshscale.specs.layout import Layout, trainer_refusal
 
 
 def add_arguments(p):
-    p.add_argument("--model", required=True, help="preset name, meshscale JSON/TOML, or HF config.json")
+    add_model_arguments(p)
     p.add_argument("--cluster", required=True, help="preset name or JSON/TOML ClusterSpec")
     p.add_argument("--devices", type=int, help="device count (default: the cluster preset's)")
     add_batch_arguments(p)

@@ -2,6 +2,7 @@
 
 import json
 import sys
+from dataclasses import replace
 
 from meshscale import SCHEMA_VERSION
 from meshscale.commands.counts import binary_count, positive_number, seconds, whole_number
@@ -25,9 +26,17 @@ def add_arguments(p):
     add_goodput_arguments(p)
 
 
+def add_model_arguments(p):
+    """--model and what is trained of it (--lora)."""
+    p.add_argument("--model", required=True, help="preset name, meshscale JSON/TOML, or HF config.json")
+    p.add_argument("--lora", metavar="RANK[:MODULES[:DROPOUT]]",
+                   help="LoRA fine-tuning: the model frozen, rank-RANK adapters trained beside its attention "
+                        "(default), mlp or all matrices, e.g. 16 or 16:all:0.1")
+
+
 def add_step_arguments(p):
     """What names one step: model, cluster, devices, layout, batch, precision (predict and simulate)."""
-    p.add_argument("--model", required=True, help="preset name, meshscale JSON/TOML, or HF config.json")
+    add_model_arguments(p)
     p.add_argument("--cluster", required=True, help="preset name or JSON/TOML ClusterSpec")
     p.add_argument("--devices", type=int, help="device count (default: the cluster preset's)")
     p.add_argument("--layout", required=True, help="e.g. tp=8,pp=4,dp=16,zero=1 (dp fills the rest)")
@@ -96,10 +105,26 @@ def add_batch_arguments(p):
     p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
 
 
+def with_lora(model, text: str | None):
+    """`model` under --lora RANK[:MODULES[:DROPOUT]] (ModelSpec's lora_rank, lora_modules, lora_dropout)."""
+    if text is None:
+        return model
+    rank, modules, dropout, *extra = text.split(":") + ["", ""]
+    try:
+        rank, dropout = int(rank), float(dropout) if dropout else model.lora_dropout
+    except ValueError:
+        rank = 0
+    if rank <= 0 or any(extra):
+        raise UserError(f"--lora {text!r}: give RANK[:MODULES[:DROPOUT]], a positive rank, then attention, mlp or "
+                        "all, then a dropout in [0, 1), e.g. 16 or 16:all:0.1")
+    return replace(model, lora_rank=rank, lora_modules=modules or model.lora_modules, lora_dropout=dropout)
+
+
 def model_at_seq(args):
-    """--model, at --seq when given; a Hugging Face config's own length is its max_position_embeddings, which
-    can be far longer than anyone trains at (131,072 for Llama 3.1), so using it is said on stderr."""
-    model = load_model(args.model)
+    """--model (under --lora), at --seq when given; a Hugging Face config's own length is its
+    max_position_embeddings, which can be far longer than anyone trains at (131,072 for Llama 3.1), so using it
+    is said on stderr."""
+    model = with_lora(load_model(args.model), args.lora)
     if args.seq is None:
         if is_hf_model(args.model):
             print(f"meshscale: note: sequence length {model.seq:,} tokens, the config's max_position_embeddings; "

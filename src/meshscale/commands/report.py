@@ -40,7 +40,7 @@ def print_prediction(pred, console: Console | None = None) -> None:
     console = console or make_console()
     console.print(f"[bold]{pred.model}[/] on {pred.devices} x {pred.cluster}, layout [bold]{pred.layout}[/], "
                   f"{pred.global_batch} x {pred.seq} tokens per step, {pred.microbatches} micro-batch(es) "
-                  f"per DP rank, {pred.precision}")
+                  f"per DP rank, {pred.precision}" + (f", {pred.trained}" if pred.trained != "all" else ""))
     t = Table(title="step time", title_justify="left")
     t.add_column("part"), t.add_column("time", justify="right"), t.add_column("share", justify="right")
     rows = [("compute", pred.compute_s)]
@@ -67,8 +67,8 @@ def print_prediction(pred, console: Console | None = None) -> None:
     mem = pred.memory_per_device_bytes
     m = Table(title=f"memory per device (HBM {si_bytes(pred.hbm_bytes, 2)})", title_justify="left")
     m.add_column("kind"), m.add_column("bytes", justify="right")
-    for k in ("params", "grads", "optimizer", "activations", "gathered"):
-        if mem.get(k) or k != "gathered":  # gathered: ZeRO-3's unsharded units, FSDP layouts only
+    for k in ("frozen", "params", "grads", "optimizer", "activations", "gathered"):
+        if mem.get(k) or k not in ("gathered", "frozen"):  # ZeRO-3's unsharded units; LoRA's frozen weights
             m.add_row(k, si_bytes(mem[k], 2))
     m.add_row("[bold]total[/]", f"[bold]{si_bytes(mem['total'], 2)}[/] "
               + ("fits" if pred.fits else "[red]DOES NOT FIT[/]"))

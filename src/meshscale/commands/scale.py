@@ -1,7 +1,7 @@
 """`meshscale scale`: the best layout and its throughput, cost and energy across device counts."""
 
 from meshscale.commands.counts import binary_count
-from meshscale.commands.predict import add_goodput_arguments, json_line, model_at_seq
+from meshscale.commands.predict import add_goodput_arguments, add_model_arguments, json_line, model_at_seq
 from meshscale.commands.progress import progress
 from meshscale.commands.report import band_cell, footnotes
 from meshscale.cost.bands import band_text, replica_growth, replica_growth_text
@@ -12,7 +12,7 @@ from meshscale.specs.cluster import load_cluster
 
 
 def add_arguments(p):
-    p.add_argument("--model", required=True, help="preset name, meshscale JSON/TOML, or HF config.json")
+    add_model_arguments(p)
     p.add_argument("--cluster", required=True, help="preset name or JSON/TOML ClusterSpec")
     p.add_argument("--devices", required=True, help="increasing counts, 64,128,256, or a doubling range 64..16384")
     batch = p.add_mutually_exclusive_group(required=True)

@@ -25,7 +25,7 @@ from meshscale.cost.comm import Overlap
 from meshscale.cost.kernels import Passes, attention_core_seconds, head_passes, layer_passes, mtp_passes
 from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busiest_rank, expert_params_on_rank,
                                    fsdp_gathered, held_layers, params_on_rank, rebuilt_layer_bytes, root_params_on_rank,
-                                   zero_copy_bytes)
+                                   trained_params_on_rank, zero_copy_bytes)
 from meshscale.cost.pipeline import head_on_chain, schedule_bubble, v_tail
 from meshscale.cost.step import (chunk_kinds, elementwise_per_token, elementwise_scaled, grad_reduce_bytes,
                                  param_gather_bytes, rank_kinds, rank_moe_layers, running_overlap, slowest_of,
@@ -93,6 +93,7 @@ class Placements:
     # the rank holding the most parameters (memory.busiest_rank): what the memory bound charges
     params: np.ndarray  # its parameters, less the routed experts under EP (those reduce over their own group)
     experts: np.ndarray  # its routed expert parameters under EP (0 without)
+    trained: np.ndarray  # its parameters the optimizer updates: `params`, or LoRA's adapters
     # The time bound's data-parallel floor, valid on whichever rank predict's step waits for: the fewest dense
     # parameters, root parameters and dense parameters outside the root of any rank, and each rank's (dense
     # parameters, root parameters, chunks) for its gradient buckets.
@@ -102,6 +103,9 @@ class Placements:
     ranks: tuple
     fewest_moe: np.ndarray  # the fewest MoE layers any rank runs (its EP all-to-alls)
     fewest_experts: np.ndarray  # the fewest routed expert parameters any rank holds under EP (0 without)
+    # the parameters each rank reduces the gradients of (its dense ones, or LoRA's adapters), and the fewest
+    trained_ranks: tuple
+    fewest_trained: np.ndarray
 
 
 def placements(model: ModelSpec, shape: "Shape") -> Placements:
@@ -124,11 +128,16 @@ def _placements(model: ModelSpec, tp: int, ep: int, etp: int, pp: int, schedules
     fewest_moe = np.array([min(rank_moe_layers(model, lay, r) for r in range(pp)) for lay in layouts])
     fewest_experts = np.array([min(expert_params_on_rank(model, lay, r) for r in range(pp)) if ep > 1 else 0.0
                                for lay in layouts])
-    for a in (params, experts, v_shaped, fewest_params, fewest_root, fewest_blocks, fewest_moe, fewest_experts):
+    trained_ranks = tuple(tuple(trained_params_on_rank(model, lay, r) for r in range(pp)) if model.lora else
+                          tuple(p for p, _, _ in each) for lay, each in zip(layouts, ranks))
+    trained = np.array([each[r] for each, r in zip(trained_ranks, busy)]) if model.lora else params
+    fewest_trained = np.array([min(each) for each in trained_ranks])
+    for a in (params, experts, v_shaped, fewest_params, fewest_root, fewest_blocks, fewest_moe, fewest_experts,
+              trained, fewest_trained):
         a.flags.writeable = False
     counts = tuple(layer_counts(model.layers, pp, lay.stages, lay.v_shaped, model.mtp_layers) for lay in layouts)
-    return Placements(layouts, v_shaped, counts, params, experts, fewest_params, fewest_root, fewest_blocks, ranks,
-                      fewest_moe, fewest_experts)
+    return Placements(layouts, v_shaped, counts, params, experts, trained, fewest_params, fewest_root, fewest_blocks,
+                      ranks, fewest_moe, fewest_experts, trained_ranks, fewest_trained)
 
 
 @dataclass
@@ -161,8 +170,14 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
     v_shaped, dense, experts = place.v_shaped[k_i], place.params[k_i], place.experts[k_i]
     copies = np.array([zero_copy_bytes(precision, stage) for stage in range(4)])[z]
     edp = tp * cp * dp // (ep * etp)  # the experts' replicas (Layout.edp)
-    static = sum(b * (dense / np.where(z >= stage, shard, 1) + experts / np.where(z >= stage, edp, 1))
-                 for b, stage in ((bytes_["params"], 3), (bytes_["grads"], 2), (bytes_["optimizer"] + copies, 1)))
+
+    def held(params, expert_params, stage):
+        return params / np.where(z >= stage, shard, 1) + expert_params / np.where(z >= stage, edp, 1)
+    # under LoRA the adapters are weights beside the frozen ones, and alone have gradients and optimizer state
+    adapters, trained_experts = (place.trained[k_i], 0.0) if model.lora else (0.0, experts)
+    static = bytes_["params"] * held(dense + adapters, experts, 3) + sum(
+        b * held(place.trained[k_i], trained_experts, stage)
+        for b, stage in ((bytes_["grads"], 2), (bytes_["optimizer"] + copies, 1)))
     if dp * cp > 1:  # ZeRO-3's unsharded units (memory.fsdp_gathered)
         root_held = cluster.software.holds_fsdp_root
         gathered = np.array([sum(fsdp_gathered(model, tp, ep, etp, pp, lay.stages, lay.v_shaped, (), root_held))
@@ -248,8 +263,9 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
                 for n in {min(o) for o in owned}}
     comm_floor = np.array([tp_floor[min(o)] for o in owned])  # per schedule x recompute
     send_floor = np.array([pipeline_floor(*args, lay) for lay in placed.layouts])
-    # per row, the fewest parameters any rank reduces over dp*cp, its root unit's and the rest's
-    p_k, root_k, blocks = placed.fewest_params[k_i], placed.fewest_root[k_i], placed.fewest_blocks[k_i]
+    # per row, the fewest parameters any rank reduces the gradients of over dp*cp, and the fewest it holds in its
+    # root unit and in the rest (what ZeRO-3 gathers)
+    p_k, root_k, blocks = placed.fewest_trained[k_i], placed.fewest_root[k_i], placed.fewest_blocks[k_i]
 
     def per_byte(collective):  # seconds per byte over each row's shard group
         full, hybrid = (bandwidth_seconds(cluster, shape.devices, collective, 1.0, g, tp)
@@ -266,7 +282,8 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
     sends = np.maximum(send_floor[k_i] - m * lead, 0.0)
     if dp * cp > 1:  # what the hidden ZeRO-0-2 traffic takes from the compute it hides behind
         buckets = np.array([min(comm.grad_buckets(cluster.software, p, dp * cp, r == 0, chunks)
-                                for r, (p, _, chunks) in enumerate(each)) for each in placed.ranks])[k_i]
+                                for r, (p, (_, _, chunks)) in enumerate(zip(trained, each)))
+                            for trained, each in zip(placed.trained_ranks, placed.ranks)])[k_i]
         sends = sends + data_parallel_interference(cluster, z, m, buckets, compute - forward, forward,
                                                    np.where(z == 0, ar, rs) * grad_reduce_bytes(
                                                        cluster.software, precision) * p_k, ag * update * p_k)
@@ -301,7 +318,8 @@ def step_time_bound(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: 
             window = np.maximum(compute, busy)  # where hosts stretch the passes, predict's longer
             hides = np.minimum(window, cluster.software.overlap_efficiency * fsdp * (1 - 1 / calls))
             on_path = on_path + np.where(z == 3, comm.sm_share(cluster, "dp") * hides, 0.0)
-    off_path = off_path + expert_data_parallel_floor(cluster, shape, z, placed.fewest_experts[k_i], m,
+    reduced_experts = 0.0 if model.lora else placed.fewest_experts[k_i]  # frozen experts: nothing to reduce
+    off_path = off_path + expert_data_parallel_floor(cluster, shape, z, reduced_experts, m,
                                                      compute - forward, precision)
     # or, where hosts may be slower than their devices: their floor of compute (or the FSDP traffic that hides
     # behind it, if longer) and bubble, the critical path beside it, and ZeRO-1/2's gather; less what a negative

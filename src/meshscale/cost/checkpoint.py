@@ -15,7 +15,7 @@ master (bf16-pure) the 16-bit weights themselves are saved, with their 16-bit mo
 
 from dataclasses import replace
 
-from meshscale.cost.memory import PRECISIONS, busiest_rank, params_on_rank
+from meshscale.cost.memory import PRECISIONS, busiest_rank, trained_params_on_rank
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import ModelSpec
 
@@ -30,10 +30,12 @@ def bytes_per_param(precision: str) -> int:
 
 
 def checkpoint_bytes(model: ModelSpec, layout: Layout, precision: str = "bf16") -> tuple[float, float]:
-    """(bytes the busiest device writes, bytes the whole job writes) for one checkpoint."""
+    """(bytes the busiest device writes, bytes the whole job writes) for one checkpoint: under LoRA the adapters
+    and their optimizer state alone (the frozen base is the checkpoint the run started from; NeMo and HF PEFT save
+    the adapters)."""
     per_param = bytes_per_param(precision)
-    total = model.param_count() * per_param
+    total = model.trained_param_count() * per_param
     # A TP rank's share of its stage, experts counted whole: EP splits them over ep of the dp*cp ranks, whose
     # dp*cp/ep replicas then share the writing; everything else is shared by all dp*cp replicas.
-    held = params_on_rank(model, replace(layout, ep=1, etp=0), busiest_rank(model, layout))
+    held = trained_params_on_rank(model, replace(layout, ep=1, etp=0), busiest_rank(model, layout))
     return held * per_param / (layout.dp * layout.cp), total

@@ -84,24 +84,28 @@ def grad_buckets(sw: Software, params: float, dp: int, first_stage: bool = True,
 
 def data_parallel_ops(zero: int, params: float, m: int, param_bytes: int, units: int,
                       root_params: float = 0.0, pipelined: bool = False, grad_bytes: int = 4,
-                      update_bytes: int = 4, buckets: int = 1, all_reduced: bool = False) -> list[CommOp]:
+                      update_bytes: int = 4, buckets: int = 1, all_reduced: bool = False,
+                      trained: float | None = None) -> list[CommOp]:
     """The data-parallel family per optimizer step (the contract's rule, in one place).
-    params: parameters on the rank; m: micro-batches per DP rank; gradients travel in `grad_bytes` per
+    params: parameters on the rank; trained: those of them the optimizer updates (default all; LoRA's adapters),
+    whose gradients are reduced and, under ZeRO-1/2, updated values gathered, where ZeRO-3 gathers every
+    parameter; m: micro-batches per DP rank; gradients travel in `grad_bytes` per
     parameter (fp32 unless [software] grad_reduce_fp32 is off), ZeRO-1/2's updated parameters in
     `update_bytes` ([software] param_gather_fp32), ZeRO-3's gathered ones in `param_bytes`;
     units: FSDP wrapping units (layers + root); root_params: those in the root unit (embedding, final norm,
     head); pipelined: inside a pipeline schedule (pp > 1); buckets: DDP/ZeRO-1/2's gradient buckets
     (`grad_buckets`), each one launch of each collective; all_reduced: ZeRO-1 whose gradients are all-reduced
     (DeepSpeed's BF16_Optimizer, step.bf16_optimizer)."""
-    grads = grad_bytes * params
+    trained = params if trained is None else trained
+    grads = grad_bytes * trained
     if zero == 0:  # DDP: one all-reduce after the last micro-batch (no_sync before)
         return [CommOp("all_reduce", grads, buckets, Overlap.BACKWARD)]
     if zero == 1:  # reduce-scatter the gradient once; all-gather the updated params
         return [CommOp("all_reduce" if all_reduced else "reduce_scatter", grads, buckets, Overlap.BACKWARD),
-                CommOp("all_gather", update_bytes * params, buckets, Overlap.FORWARD)]
+                CommOp("all_gather", update_bytes * trained, buckets, Overlap.FORWARD)]
     if zero == 2:  # nobody holds a full gradient: reduce-scatter every micro-batch
         return [CommOp("reduce_scatter", grads * m, buckets * m, Overlap.EACH_BACKWARD),
-                CommOp("all_gather", update_bytes * params, buckets, Overlap.FORWARD)]
+                CommOp("all_gather", update_bytes * trained, buckets, Overlap.FORWARD)]
     blocks = params - root_params
     if pipelined:
         # FSDP2 inside torch's pipeline stages (measured on torch 2.13): the stage defers gradient sync and

@@ -71,9 +71,20 @@ def forward_flops_per_token(model: ModelSpec, seq: int) -> float:
     return sum(layer_flops(model, i, seq) for i in range(model.layers)) + logits_flops(model) + mtp_flops(model, seq)
 
 
+def adapter_flops(model: ModelSpec) -> float:
+    """Per token, forward: the LoRA adapters' two low-rank matmuls beside each adapted matrix, every layer."""
+    return 2.0 * model.layers * model.adapter_params()
+
+
 def model_flops_per_step(model: ModelSpec, tokens: int) -> float:
-    """Forward + backward, no recomputation: the numerator of MFU (Chowdhery et al. 2022, PaLM, app. B)."""
-    return 3.0 * forward_flops_per_token(model, model.seq) * tokens
+    """Forward + backward, no recomputation: the numerator of MFU (Chowdhery et al. 2022, PaLM, app. B). Under
+    LoRA the frozen weights take no gradient (Hu et al. 2021, sec. 4.2), so backward is the input gradients
+    (the forward's matmuls once more, the attention core's twice) and the adapters' weight gradients."""
+    forward = forward_flops_per_token(model, model.seq) + adapter_flops(model)
+    if not model.lora:
+        return 3.0 * forward * tokens
+    core = sum(attention_core_flops(model, model.seq, layer=i) for i in range(model.layers))
+    return (2.0 * forward + core + adapter_flops(model)) * tokens
 
 
 def six_pt(model: ModelSpec, tokens: int) -> float:

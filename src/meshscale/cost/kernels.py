@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from meshscale.cost import flops
-from meshscale.cost.memory import PRECISIONS
+from meshscale.cost.memory import PRECISIONS, adapter_widths
 from meshscale.specs.cluster import ClusterSpec, is_fp8, is_quantized
 from meshscale.specs.layout import Layout, kv_heads_per_rank
 from meshscale.specs.model import ModelSpec
@@ -469,11 +469,13 @@ def fp8_cast_bytes(cluster: ClusterSpec, precision: str, both_ways: bool = True)
     return 3 + (1 if transpose else 0) + (2 if cluster.fp8_scaling == "current" else 0)
 
 
-def fp8_cast_seconds(cluster: ClusterSpec, gemms: tuple, precision: str) -> tuple[float, float]:
+def fp8_cast_seconds(cluster: ClusterSpec, gemms: tuple, precision: str,
+                     frozen: bool = False) -> tuple[float, float]:
     """(forward, backward) memory traffic of FP8 GEMMs' operands (Transformer Engine's quantize kernels): in
-    forward each GEMM's bf16 input, in backward its output gradient, both read both ways (`fp8_cast_bytes`).
-    The weights' casts, once per step, are left out."""
-    per_byte = fp8_cast_bytes(cluster, precision) / cluster.achieved_hbm_bandwidth
+    forward each GEMM's bf16 input, in backward its output gradient, both read both ways (`fp8_cast_bytes`), but
+    one way where the weights are `frozen` (no weight gradient reads them). The weights' casts, once per step,
+    are left out."""
+    per_byte = fp8_cast_bytes(cluster, precision, not frozen) / cluster.achieved_hbm_bandwidth
     f = sum(g.batch * g.m * g.k for g in gemms) * per_byte
     b = sum(g.batch * g.m * g.n for g in gemms) * per_byte
     return f, b
@@ -537,7 +539,7 @@ def head_passes(model: ModelSpec, cluster: ClusterSpec, tp: int, cp: int, mbs: i
     f, b, w = gemm_pass_seconds(cluster, (Gemm(tokens, model.vocab / tp, model.hidden),),
                                 cluster.bf16_work_peak(precision), PRECISIONS[precision]["compute"])
     loss_f, loss_b = loss_seconds(cluster, tokens * model.vocab / tp)
-    return Passes(f + loss_f, b + loss_b, w)
+    return Passes(f + loss_f, b + loss_b, 0.0 if model.lora else w)
 
 
 @lru_cache(maxsize=65536)
@@ -674,12 +676,33 @@ def _layer_kernels(model: ModelSpec, cluster: ClusterSpec, tp: int, cp: int, ep:
             passes = linear_pass_seconds(cluster, chosen, precision, grad_bytes, int8_backward)
             f, b, w = f + passes[0], b + passes[1], w + passes[2]
     if is_fp8(precision):
-        cast_f, cast_b = fp8_cast_seconds(cluster, gemms, precision)
+        cast_f, cast_b = fp8_cast_seconds(cluster, gemms, precision, model.lora)
         f, b = f + cast_f, b + cast_b
     if moe:  # routing's memory-bound kernels, forward and (their gradients) backward
         routing = routing_seconds(model, cluster, tokens, PRECISIONS[precision]["compute"])
         f, b = f + routing, b + routing
+    if model.lora:  # the frozen weights take no gradient; the adapters run beside them
+        a_f, a_b, w = adapter_seconds(model, cluster, tp, tokens, PRECISIONS[precision]["compute"])
+        f, b = f + a_f, b + a_b
     return (f, b, w, *attention_core_seconds(model, cluster, layout, tokens, precision))
+
+
+def adapter_seconds(model: ModelSpec, cluster: ClusterSpec, tp: int, tokens: float,
+                    act_bytes: int) -> tuple[float, float, float]:
+    """(forward, input gradient, weight gradient) of one layer's LoRA adapters on a rank for `tokens`, as memory
+    traffic. A rank-r matmul does about r FLOPs a byte it moves, far under any accelerator's ridge point, so each
+    of an adapter's six GEMMs (A and B; forward, input and weight gradients) takes its activations' bytes at the
+    achieved HBM rate and a launch's fixed time. The adapter's output is added to its matrix's (read two, write
+    one), and its input gradient to the matrix's. Its dropout is element-wise work the layer stores for
+    (memory.adapter_saved_elements), charged with the rest (step.elementwise_seconds)."""
+    f = b = w = 0.0
+    for i, o in adapter_widths(model, tp):
+        f += act_bytes * (i + o) + 3 * act_bytes * o
+        b += act_bytes * (o + i) + 3 * act_bytes * i
+        w += act_bytes * (o + i)
+    launches = 2 * len(model.lora_matrices()) * cluster.gemm_kernel_overhead_s
+    per_byte = tokens / cluster.achieved_hbm_bandwidth
+    return f * per_byte + launches, b * per_byte + launches, w * per_byte + launches
 
 
 # The permute and unpermute's share of the achieved HBM rate, forward and backward, by [software]

@@ -35,14 +35,16 @@ class Memory:
     optimizer: float
     activations: float
     gathered: float = 0.0  # ZeRO-3: the unsharded units beside the shards (`fsdp_gathered`)
+    frozen: float = 0.0  # LoRA: the frozen weights, which no update reads or writes (`params` is the adapters)
 
     @property
     def total(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations + self.gathered
+        return self.params + self.grads + self.optimizer + self.activations + self.gathered + self.frozen
 
     def to_dict(self) -> dict:
         return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer,
-                "activations": self.activations, "gathered": self.gathered, "total": self.total}
+                "activations": self.activations, "gathered": self.gathered, "frozen": self.frozen,
+                "total": self.total}
 
 
 def params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
@@ -51,6 +53,40 @@ def params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
     split by ep and etp (Megatron-Core's expert tensor parallelism, Liu et al. 2025)."""
     return params_per_rank(model, layout.tp, layout.ep, layout.expert_tp, layout.pp, layout.stages,
                            layout.v_shaped, layout_ends(layout))[rank]
+
+
+def trained_params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
+    """Of `params_on_rank`, those the optimizer updates (and whose gradients data parallelism reduces): all of
+    them, or under LoRA the adapters of the rank's layers."""
+    return trained_per_rank(model, layout.tp, layout.ep, layout.expert_tp, layout.pp, layout.stages,
+                            layout.v_shaped, layout_ends(layout))[rank]
+
+
+@lru_cache(maxsize=4096)
+def trained_per_rank(model: ModelSpec, tp: int, ep: int, etp: int, pp: int, chunks: int, v_shaped: bool,
+                     ends: tuple = ()) -> tuple:
+    """`trained_params_on_rank` of every pipeline rank. A LoRA adapter is split over TP as its matrix
+    (kernels.adapter_seconds), so a rank holds 1/tp of its layers' adapters."""
+    if not model.lora:
+        return params_per_rank(model, tp, ep, etp, pp, chunks, v_shaped, ends)
+    owned = (rank_layers(model.layers, pp, chunks, v_shaped, rank, model.mtp_layers, ends) for rank in range(pp))
+    return tuple(len(layers) * model.adapter_params() / tp for layers in owned)
+
+
+def adapter_widths(model: ModelSpec, tp: int) -> tuple:
+    """(input, output) widths of each LoRA adapter on a rank: beside a column-parallel matrix (QKV, gate and
+    up) it reads the whole input and writes the rank's columns, beside a row-parallel one (output and down
+    projections) it reads the rank's rows and writes the whole output (NeMo's ParallelLinearAdapter)."""
+    # ModelSpec.lora_matrices lists each module's column-parallel matrix first
+    return tuple((i, o / tp) if n % 2 == 0 else (i / tp, o) for n, (i, o) in enumerate(model.lora_matrices()))
+
+
+def adapter_saved_elements(model: ModelSpec, tp: int) -> float:
+    """Elements (2-byte ones; a 1-byte mask counts 1/2) a layer's LoRA adapters keep for backward per token
+    beyond what their matrices' inputs already are: with dropout, each adapter's dropped-out input and its mask;
+    A's rank-r output always."""
+    dropout = 1.5 if model.lora_dropout else 0.0
+    return sum(dropout * i + model.lora_rank for i, _ in adapter_widths(model, tp))
 
 
 def root_params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
@@ -224,8 +260,27 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, tokens: float, 
     unsplit = (10 if model.biases else 8) * h - (4 * h if "layernorm" in modules else 0)
     # the scores' softmax output (2 bytes), and with dropout its mask (1) and output (2)
     scores = (5 if model.biases else 2) * model.heads * s if "core_attn" not in modules and not fused_attention else 0
-    per_token = unsplit / (t if layout.sp else 1) + (attn_split + mlp_split + scores) / t + routing
-    return per_token * tokens
+    # LoRA: frozen matrices' inputs, kept for nothing but their weight gradients
+    frozen_unsplit, frozen_split = _frozen_inputs(model, "layernorm" in modules, "mlp" in modules)
+    per_token = ((unsplit - frozen_unsplit) / (t if layout.sp else 1)
+                 + (attn_split + mlp_split - frozen_split + scores) / t + routing)
+    return (per_token + 2 * adapter_saved_elements(model, t)) * tokens
+
+
+def _frozen_inputs(model: ModelSpec, norms_rerun: bool, mlp_rerun: bool) -> tuple[float, float]:
+    """Bytes per token, (TP-unsplit, TP-split), that LoRA's frozen matrices need not keep: their inputs, which
+    only a weight gradient reads (Transformer Engine's Linear and LayerNormLinear save the input only when the
+    weight requires a gradient): the two norms' outputs (QKV's and the MLP's first matrix's inputs) and a dense
+    MLP's down-projection input, unless an adapter without dropout reads that same input in backward. The
+    output projection's input stays: it is the attention's output, which the attention core's backward reads."""
+    if not model.lora:
+        return 0.0, 0.0
+    bare = not model.lora_dropout  # an adapter without dropout keeps its matrix's input for its A's gradient
+    adapted = {"attention": (True, False), "mlp": (False, True), "all": (True, True)}[model.lora_modules]
+    keeps_qkv, keeps_mlp = (bare and a for a in adapted)
+    norms = 0.0 if norms_rerun else 2 * model.hidden * ((not keeps_qkv) + (not keeps_mlp))
+    down = 0.0 if keeps_mlp or mlp_rerun or model.is_moe else 2 * model.ffn
+    return norms, down
 
 
 def minimal_saved_elements(model: ModelSpec, tp: int, sp: bool, eager: bool, mlp_in: bool = True) -> float:
@@ -315,12 +370,15 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
     bytes_ = PRECISIONS[precision]
     rank = busiest_rank(model, layout)
     p, e = params_on_rank(model, layout, rank), expert_params_on_rank(model, layout, rank)
-    # ZeRO/FSDP shard over the ranks holding the same parameters (or a hybrid-sharding group of them)
+    # ZeRO/FSDP shard over the ranks holding the same parameters (or a hybrid-sharding group of them); under
+    # LoRA the frozen weights have no gradient or optimizer state, and the adapters (`trained`) have all three
     shard, expert_shard = layout.shard_size, layout.edp
-    params = zero_held(p, e, layout.zero, 3, shard, expert_shard) * bytes_["params"]
-    grads = zero_held(p, e, layout.zero, 2, shard, expert_shard) * bytes_["grads"]
-    optimizer = zero_held(p, e, layout.zero, 1, shard, expert_shard) * (bytes_["optimizer"]
-                                                                       + zero_copy_bytes(precision, layout.zero))
+    trained, trained_experts = trained_params_on_rank(model, layout, rank), (0.0 if model.lora else e)
+    params = zero_held(trained, trained_experts, layout.zero, 3, shard, expert_shard) * bytes_["params"]
+    frozen = zero_held(p, e, layout.zero, 3, shard, expert_shard) * bytes_["params"] if model.lora else 0.0
+    grads = zero_held(trained, trained_experts, layout.zero, 2, shard, expert_shard) * bytes_["grads"]
+    optimizer = zero_held(trained, trained_experts, layout.zero, 1, shard, expert_shard) * (
+        bytes_["optimizer"] + zero_copy_bytes(precision, layout.zero))
     gathered = 0.0
     if layout.fsdp:  # the unsharded units beside the shards, in the compute dtype
         gathered = sum(fsdp_gathered(model, layout.tp, layout.ep, layout.expert_tp, layout.pp, layout.stages,
@@ -341,7 +399,8 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
     rebuilt = (rebuilt_layer_bytes(model, layout.tp, layout.sp, tokens, fused_attention, eager) * scale
                if layout.recompute in REBUILDS_LAYER else 0.0)
     acts += max(rebuilt, logits)
-    return Memory(params=params, grads=grads, optimizer=optimizer, activations=acts, gathered=gathered)
+    return Memory(params=params, grads=grads, optimizer=optimizer, activations=acts, gathered=gathered,
+                  frozen=frozen)
 
 
 def rebuilt_layer_bytes(model: ModelSpec, tp: int, sp: bool, tokens: float, fused_attention: bool,

@@ -41,6 +41,7 @@ MLP_HOST = (10.5, 20.8)  # a SwiGLU MLP (a MoE layer's shared experts add one)
 ROUTER_HOST = (15.5, 18.1)  # a MoE layer's top-k router with its auxiliary loss
 ROOT_HOST = (83.6, 42.9)  # embedding, final norm, output layer, vocab-parallel cross-entropy
 LINEAR_HOST, NORM_HOST = 3.2, 2.1  # one ColumnParallelLinear, one RMSNorm forward
+LORA_ADAPTER_HOST = (2 * LINEAR_HOST, 2 * LINEAR_HOST)  # a LoRA adapter: its A and B, two parallel linears
 # The MoE block: a MoE layer less its attention (a dense layer less its MLP).
 MOE_BLOCK_HOST = tuple(m - d + p for m, d, p in zip(LAYER_HOST[True], LAYER_HOST[False], MLP_HOST))
 # What each --recompute-modules entry runs again in backward, in the same units: the attention core (one call
@@ -59,6 +60,7 @@ def layer_host(model: ModelSpec, moe: bool, graphs: bool = False) -> tuple[float
         eager = tuple(b - r for b, r in zip(MOE_BLOCK_HOST, ROUTER_HOST)) if moe else (0.0, 0.0)
         return eager[0] + LINEAR_HOST, eager[1] + LINEAR_HOST
     parts = [LAYER_HOST[moe]] + [MLA_EXTRA_HOST] * model.uses_mla + [MLP_HOST] * (moe and model.shared_experts > 0)
+    parts += [LORA_ADAPTER_HOST] * len(model.lora_matrices())
     return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
 

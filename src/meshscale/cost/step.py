@@ -13,8 +13,9 @@ from meshscale.cost import bands, comm, critical, flops, overhead
 from meshscale.cost.comm import CommOp, Overlap
 from meshscale.cost.checkpoint import ADAM_MOMENTS, checkpoint_bytes
 from meshscale.cost.kernels import Passes, column_parallel_share, counted_seconds, grad_accumulator_bytes, kernel_shape
-from meshscale.cost.memory import (PRECISIONS, Memory, activation_bytes_per_layer, expert_params_on_rank,
-                                   memory_per_device, params_on_rank, root_params_on_rank)
+from meshscale.cost.memory import (PRECISIONS, Memory, activation_bytes_per_layer, adapter_saved_elements,
+                                   expert_params_on_rank, memory_per_device, params_on_rank, root_params_on_rank,
+                                   trained_params_on_rank)
 from meshscale.cost.pipeline import bubble_ratio
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
@@ -76,6 +77,7 @@ class Prediction:
     # the slowest rank's passes, which every rank's last)
     host_wait_s: float = 0.0  # of compute_s, the device waiting for the host that issues its kernels (GPUs)
     forward_s: float = 0.0  # of compute_s, the forward passes: what evaluating the same batch computes
+    trained: str = "all"  # what the step trains: every parameter, or "LoRA rank r on <modules>" (ModelSpec)
 
     @property
     def kernels_s(self) -> float:
@@ -165,7 +167,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         memory_per_device_bytes=mem.to_dict(), comm=[dict(e.__dict__) for e in led.entries],
         bound=bound if fits else "memory", regime=regime(model, cluster, layout, n_tokens),
         checkpoint_bytes_per_device=ckpt_device, checkpoint_bytes_total=ckpt_total,
-        band=bands.band(cluster, model, precision, layout, host_wait_s / step), comm_rank=led.rank)
+        band=bands.band(cluster, model, precision, layout, host_wait_s / step), comm_rank=led.rank,
+        trained=f"LoRA rank {model.lora_rank} on {model.lora_modules}" if model.lora else "all")
 
 
 @dataclass
@@ -201,18 +204,21 @@ def _rank_ledger(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: i
     def buckets(n):  # the framework's gradient buckets for n parameters ([software] framework, grad_bucket_params)
         return comm.grad_buckets(sw, n, layout.dp * layout.cp, first, chunks)
 
+    # the dense parameters whose gradients are reduced: all but the routed experts, or LoRA's adapters
+    trained = trained_params_on_rank(model, layout, rank) - (0.0 if model.lora else experts)
     if layout.dp * layout.cp > 1:
         ops += _on("dp", comm.data_parallel_ops(layout.zero, params - experts, m, act_bytes, n_layers + 1,
                                                 root_params_on_rank(model, layout, rank), layout.pp > 1, grad_bytes,
-                                                update_bytes, buckets(params - experts),
-                                                bf16_optimizer(sw, layout.zero, precision)))
-        ops += _on("dp_replicate", comm.replica_ops(layout.zero, params - experts, m, n_layers + 1, layout.shard_size,
-                                                    layout.replicas, layout.pp > 1, grad_bytes,
-                                                    buckets(params - experts)))
+                                                update_bytes, buckets(trained),
+                                                bf16_optimizer(sw, layout.zero, precision), trained))
+        ops += _on("dp_replicate", comm.replica_ops(layout.zero, trained, m, n_layers + 1, layout.shard_size,
+                                                    layout.replicas, layout.pp > 1, grad_bytes, buckets(trained)))
     if experts and layout.edp > 1:
         units = moe_layers * expert_units_per_layer(model, layout, sw) + 1  # zero=3's FSDP units (+ a root)
-        ops += _on("edp", comm.data_parallel_ops(layout.zero, experts, m, act_bytes, units, 0.0, layout.pp > 1,
-                                                 grad_bytes, update_bytes, buckets(experts)))
+        expert_ops = comm.data_parallel_ops(layout.zero, experts, m, act_bytes, units, 0.0, layout.pp > 1,
+                                            grad_bytes, update_bytes, buckets(experts),
+                                            trained=0.0 if model.lora else None)
+        ops += _on("edp", [op for op in expert_ops if op.bytes])  # frozen experts: ZeRO-3's gathers alone
     crossings = comm.pipeline_sends(layout, rank) if layout.pp > 1 else 0
     ops += _on("tp", comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, first, last, m, crossings,
                                               moe_layers, sw.framework))
@@ -535,7 +541,8 @@ def rank_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: in
     passes = sum((_kind_passes(model, cluster, layout, kinds[c], precision)
                   for c in rank_chunks(layout.pp, layout.stages, layout.v_shaped, rank)), Passes())
     if bf16_optimizer(cluster.software, layout.zero, precision):  # its fp32 copies, every backward
-        copy = BF16_OPTIMIZER_COPY_BYTES * params_on_rank(model, layout, rank) / cluster.achieved_hbm_bandwidth
+        trained = trained_params_on_rank(model, layout, rank)
+        copy = BF16_OPTIMIZER_COPY_BYTES * trained / cluster.achieved_hbm_bandwidth
         passes = passes + Passes(backward=copy)
     if autocast_casts(cluster.software, layout.zero, precision):
         cast = AUTOCAST_CAST_BYTES * matrix_params_on_rank(model, layout, rank) / cluster.achieved_hbm_bandwidth
@@ -663,12 +670,15 @@ def _elementwise_per_token(model: ModelSpec, fused: bool, fused_elementwise: boo
     activation_bytes_per_layer scaled to one byte); eager ones move what eager_forward_elements counts; an
     unfused attention core's softmax and dropout move what `score_elements` counts; `unpad` adds
     `unpad_elements`."""
-    stored = activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute="selective"), 1)
+    # LoRA's frozen matrices run the element-wise kernels of the matrices they are (though they keep less for
+    # backward), and each adapter's dropout those of what it keeps
+    base, adapters = replace(model, lora_rank=0), 2 * adapter_saved_elements(model, tp)
+    stored = activation_bytes_per_layer(base, Layout(tp=tp, sp=sp, recompute="selective"), 1) + adapters
     passes = 3 + (1 if recompute in REBUILDS_LAYER else 0)
-    forward = stored if fused_elementwise else eager_forward_elements(model, tp, sp, low_precision_norm)
+    forward = stored if fused_elementwise else eager_forward_elements(model, tp, sp, low_precision_norm) + adapters
     # recompute modules (Megatron-Core's) write again, and read once, what they no longer keep
     modules = Layout(recompute=recompute).recompute_modules | {"core_attn"}
-    rerun = stored - activation_bytes_per_layer(model, Layout(tp=tp, sp=sp, recompute="+".join(modules)), 1)
+    rerun = stored - adapters - activation_bytes_per_layer(base, Layout(tp=tp, sp=sp, recompute="+".join(modules)), 1)
     moved = forward * passes + rerun + (0.0 if fused else score_elements(model, tp, recompute))
     return moved + (unpad_elements(model, tp, recompute) if unpad else 0.0)
 

@@ -82,6 +82,9 @@ def emit(framework: str, model: ModelSpec, cluster: ClusterSpec, layout: Layout,
                         "--emit maxtext")
     if steps <= 0:
         raise UserError(f"--steps must be positive, got {steps}")
+    if model.lora:
+        raise UserError(f"--emit {framework}: the configs meshscale writes train every parameter; LoRA (lora_rank "
+                        f"{model.lora_rank}) is costed by predict and plan, not emitted; drop --lora to emit")
     asked = predict(model, cluster, layout, global_batch, precision)
     changes = []
     runs_in = precision

@@ -2,7 +2,7 @@
 
 from meshscale.cost import bands, critical
 from meshscale.cost.comm import group_link
-from meshscale.cost.memory import PRECISIONS, params_on_rank
+from meshscale.cost.memory import PRECISIONS, params_on_rank, trained_params_on_rank
 from meshscale.plan.search import Plan, fastest_where, search_within
 from meshscale.specs.layout import Layout
 from meshscale.units import si_bytes
@@ -98,10 +98,14 @@ def _dominant(pred) -> str:
 def _pure_dp(model, cluster, devices, batch, precision, capacity, per_device, headroom, plan) -> str:
     b = PRECISIONS[precision]
     per_param = b["params"] + b["grads"] + b["optimizer"]
-    state = model.param_count() * per_param
+    # under LoRA the frozen weights hold their value alone; gradients and optimizer state are the adapters'
+    frozen = model.param_count() if model.lora else 0
+    state = frozen * b["params"] + model.trained_param_count() * per_param
     if state > capacity:
-        return (f"Pure DP is rejected for memory: every replica holds params + grads + optimizer = {si_bytes(state)} "
-                f"({per_param} B/param) against {si_bytes(capacity)} usable HBM per device.")
+        held = "the frozen weights + the adapters' params, grads and optimizer" if model.lora else \
+            f"params + grads + optimizer ({per_param} B/param)"
+        return (f"Pure DP is rejected for memory: every replica holds {held} = {si_bytes(state)} "
+                f"against {si_bytes(capacity)} usable HBM per device.")
     if batch % devices:
         return f"Pure DP cannot split {batch} sequences over {devices} devices (it needs dp to divide the batch)."
     # the best replicated layout (every device a whole copy, zero=0), with the plan's other fixed values
@@ -191,11 +195,13 @@ def _across_nodes(model, layout, win, batch, precision) -> str:
                      f"leaving a {win.bubble_fraction:.1%} bubble")
     if layout.zero:
         b = PRECISIONS[precision]
-        p = params_on_rank(model, layout, 0)
-        full = p * (b["params"] + b["grads"] + b["optimizer"])
+        p, trained = params_on_rank(model, layout, 0), trained_params_on_rank(model, layout, 0)
+        adapters = trained if model.lora else 0.0  # LoRA's, beside the frozen weights
+        full = (p + adapters) * b["params"] + trained * (b["grads"] + b["optimizer"])
         mem = win.memory_per_device_bytes
+        state = mem["params"] + mem["grads"] + mem["optimizer"] + mem["frozen"]
         parts.append(f"ZeRO-{layout.zero} over dp*cp = {layout.dp * layout.cp} ranks cuts the model state from "
-                     f"{si_bytes(full)} to {si_bytes(mem['params'] + mem['grads'] + mem['optimizer'])} per device")
+                     f"{si_bytes(full)} to {si_bytes(state)} per device")
     if layout.cp > 1:
         parts.append(f"CP={layout.cp} splits each {model.seq}-token sequence so {batch} sequences cover "
                      f"{layout.dp * layout.cp} data-parallel ranks")

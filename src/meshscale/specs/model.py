@@ -13,6 +13,7 @@ from meshscale.specs.loading import build, hash_once, read_spec_file
 
 
 MLPS = ("swiglu", "geglu", "gelu", "gelu-erf", "relu2")
+LORA_MODULES = ("attention", "mlp", "all")  # NeMo's PEFT target_modules (nemo/collections/nlp/parts/peft_config.py)
 NORMS = ("", "layernorm", "rmsnorm")
 GATED_MLPS = ("swiglu", "geglu")  # gate, up and down matrices; the others have up and down
 
@@ -75,6 +76,13 @@ class ModelSpec:
     # [norm(h); norm(embedding of the next token)] from 2h to h, runs one more layer like the model's last and the
     # shared output head and loss; it trains beside the main model and sits with the head's pipeline rank.
     mtp_layers: int = 0
+    # LoRA fine-tuning (Hu et al. 2021, arXiv:2106.09685, sec. 4): every weight frozen, and beside each matrix W
+    # (out x in) of `lora_modules` a trained B A of rank `lora_rank` (B: out x r, A: r x in), y = W x + B A x.
+    # "attention": the fused QKV and the output projection (NeMo's target "attention"); "mlp": a dense layer's
+    # MLP matrices (gate and up fused, down); "all": both. 0: every parameter trains.
+    lora_rank: int = 0
+    lora_modules: str = "attention"
+    lora_dropout: float = 0.0  # dropout on each adapter's input (HF PEFT's default 0; MLPerf's LoRA runs 0.1)
 
     __hash__ = hash_once
 
@@ -116,11 +124,35 @@ class ModelSpec:
                                 f"got {self.capacity_factor}")
         elif self.top_k or self.shared_experts:
             raise UserError(f"model {self.name}: top_k/shared_experts need experts > 0")
+        self._validate_lora()
+
+    def _validate_lora(self):
+        if self.lora_rank < 0:
+            raise UserError(f"model {self.name}: lora_rank must be >= 0 (0: every parameter trains), "
+                            f"got {self.lora_rank}")
+        if self.lora_modules not in LORA_MODULES:
+            raise UserError(f"model {self.name}: lora_modules must be one of {', '.join(LORA_MODULES)}, "
+                            f"got {self.lora_modules!r}")
+        if not 0 <= self.lora_dropout < 1:
+            raise UserError(f"model {self.name}: lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if not self.lora_rank:
+            return
+        if self.uses_mla or self.mtp_layers:
+            raise UserError(f"model {self.name}: LoRA is costed on ordinary attention without MTP modules; "
+                            "this model has multi-head latent attention or MTP (set lora_rank to 0)")
+        if self.is_moe and self.lora_modules != "attention":
+            raise UserError(f"model {self.name}: LoRA adapters on MoE experts are not costed; "
+                            "use lora_modules = \"attention\"")
 
     # ---- shape helpers -------------------------------------------------------------------
     @property
     def is_moe(self) -> bool:
         return self.experts > 0
+
+    @property
+    def lora(self) -> bool:
+        """Whether this is a LoRA fine-tuning: the base frozen, only the adapters train."""
+        return self.lora_rank > 0
 
     @property
     def uses_mla(self) -> bool:
@@ -215,6 +247,24 @@ class ModelSpec:
             return self.param_count()
         idle = (self.experts - self.top_k) * self.expert_params()
         return self.param_count() - self.moe_layers * idle
+
+    def lora_matrices(self) -> tuple:
+        """The (in, out) widths of each layer's matrices that carry a LoRA adapter (`lora_modules`), none
+        without LoRA."""
+        if not self.lora:
+            return ()
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attention = ((self.hidden, q + 2 * kv), (q, self.hidden))
+        mlp = ((self.hidden, self.mlp_in_width), (self.ffn, self.hidden))
+        return {"attention": attention, "mlp": mlp, "all": attention + mlp}[self.lora_modules]
+
+    def adapter_params(self) -> int:
+        """One layer's LoRA adapter parameters: r x (in + out) for each adapted matrix."""
+        return sum(self.lora_rank * (i + o) for i, o in self.lora_matrices())
+
+    def trained_param_count(self) -> int:
+        """The parameters the optimizer updates: the adapters under LoRA, else all of them."""
+        return self.layers * self.adapter_params() if self.lora else self.param_count()
 
     def with_seq(self, seq: int) -> "ModelSpec":
         return replace(self, seq=seq)
@@ -324,6 +374,8 @@ RUNTIME_ROPE_SCALINGS = ("linear", "llama3")
 
 def trainer_lacks(spec: ModelSpec) -> str | None:
     """What of `spec` the runtime model does not build (it is planned all the same), or None."""
+    if spec.lora:
+        return "LoRA adapters (lora_rank; it trains every parameter)"
     if spec.uses_mla:
         return "multi-head latent attention (MLA)"
     if spec.mtp_layers:
