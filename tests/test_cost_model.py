@@ -270,7 +270,9 @@ def test_prediction_json_fields_and_sanity():
     d = predict(load_model("llama3-8b"), H100, Layout.parse("tp=8,mbs=1,recompute=full", 64), 512).to_dict()
     for key in ("step_time_s", "mfu", "tokens_per_s", "model_flops_per_step", "bubble_fraction", "fits"):
         assert key in d
-    assert set(d["memory_per_device_bytes"]) == {"params", "grads", "optimizer", "activations", "gathered", "total"}
+    assert set(d["memory_per_device_bytes"]) == {"params", "grads", "optimizer", "activations", "gathered", "frozen",
+                                                 "total"}
+    assert d["trained"] == "all" and d["memory_per_device_bytes"]["frozen"] == 0
     for e in d["comm"]:
         assert {"axis", "collective", "bytes", "time_s", "exposed_s", "tier"} <= set(e)
         assert 0 <= e["exposed_s"] <= e["time_s"] + 1e-12
