@@ -60,7 +60,7 @@ def test_planning_side_never_imports_torch_and_predict_not_even_numpy():
     (["--global-batch-tokens", "4X"], "is not a positive count"),
     (["--steps", "-1"], "is not a positive whole number"),
     (["--lora", "0"], "--lora '0': give RANK[:MODULES[:DROPOUT]]"),
-    (["--lora", "16:ffn"], "lora_modules must be one of attention, mlp, all"),
+    (["--lora", "16:ffn"], "lora_modules must be one of attention, qkv, mlp, all"),
     (["--lora", "16:all:1.5"], "lora_dropout must be in [0, 1)"),
     (["--model", "mixtral-8x7b", "--lora", "16:mlp"], "adapters on MoE experts are not costed"),
 ])

@@ -29,6 +29,13 @@ def test_adapters_count_rank_times_in_plus_out_beside_each_adapted_matrix():
     fc1, fc2 = LLAMA.hidden + 2 * LLAMA.ffn, LLAMA.ffn + LLAMA.hidden
     assert both.adapter_params() == LORA.adapter_params() + 16 * (fc1 + fc2)
     assert LLAMA.trained_param_count() == LLAMA.param_count()
+    # NeMo's default target: the fused QKV alone, column-parallel, keeping the norm's output its A reads
+    qkv = replace(LORA, lora_modules="qkv", lora_dropout=0.0)
+    assert qkv.adapter_params() == 16 * (LLAMA.hidden + q + 2 * kv)
+    shape = Layout(tp=8, dp=8, mbs=1)
+    lean, attention = (predict(m, H100, shape, 64, "fp8") for m in (qkv, replace(qkv, lora_modules="attention")))
+    assert lean.memory_per_device_bytes["grads"] < attention.memory_per_device_bytes["grads"]
+    assert lean.step_time_s < attention.step_time_s
 
 
 def test_the_frozen_weights_take_no_gradient():

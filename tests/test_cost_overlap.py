@@ -61,6 +61,26 @@ def test_tp_comm_overlap_hides_sp_collectives_behind_their_gemms():
     assert on.comm and all(0 <= e["exposed_s"] <= e["time_s"] for e in on.comm)
 
 
+def test_the_qkv_gather_runs_alone_where_megatron_disables_its_overlap():
+    """tp_overlap_disable_qkv (Megatron-Core's tp_comm_overlap_disable_qkv): each layer's forward all-gather before
+    its QKV projection shows in full, every micro-batch; the other all-gathers stay behind their GEMMs. Only
+    Megatron-Core has the switch."""
+    def gathers(pred):  # {overlap class: entry}
+        return {e["overlap"]: e for e in pred.comm if e["axis"] == "tp" and e["collective"] == "all_gather"}
+
+    on, _ = run("tp=8,sp=true,mbs=1", 8, 4, tp_comm_overlap=True)
+    alone, _ = run("tp=8,sp=true,mbs=1", 8, 4, tp_comm_overlap=True, tp_overlap_disable_qkv=True)
+    before, after = gathers(on), gathers(alone)
+    assert set(before) == {"gemm"} and set(after) == {"gemm", "none"}
+    qkv = after["none"]
+    assert qkv["calls"] == MODEL.layers * 4 and qkv["exposed_s"] == qkv["time_s"] > 0
+    assert qkv["calls"] + after["gemm"]["calls"] == before["gemm"]["calls"]
+    assert after["gemm"]["exposed_s"] == pytest.approx(after["gemm"]["time_s"] / 8)
+    assert alone.step_time_s > on.step_time_s
+    with pytest.raises(UserError, match="tp_overlap_disable_qkv is Megatron-Core's"):
+        H100.with_software(framework="torch", tp_overlap_disable_qkv=True)
+
+
 def test_collective_matmul_of_the_all_gathers_alone_leaves_the_reduce_scatters_exposed():
     """tp_overlap_scatters = false (XLA's --xla_tpu_decompose_all_gather_einsum without its reduce-scatter twin):
     the all-gathers hide behind their GEMMs as under tp_comm_overlap, the reduce-scatters show in full; the TPU

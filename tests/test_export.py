@@ -454,6 +454,18 @@ def test_kernels_the_prediction_assumed_are_named_beside_the_config():
     assert "attention_kernel = 'fa2', attention_unpad = True, metric_cross_entropies = 2" in notes[0]
 
 
+def test_a_qkv_gather_run_alone_is_a_note_beside_the_megatron_arguments():
+    """tp_overlap_disable_qkv is a field of Megatron-Core's config with no command-line switch: the emitted
+    arguments overlap every TP all-gather, and a note says the prediction ran the QKV one alone."""
+    h100, model, layout = load_cluster("h100-80gb"), load_model("llama3-8b"), Layout.parse("tp=8,sp=true,mbs=1")
+    overlapped = h100.with_software(tp_comm_overlap=True)
+    assert not emit("megatron", model, overlapped, layout, 64, "bf16", steps=10).notes
+    alone = emit("megatron", model, overlapped.with_software(tp_overlap_disable_qkv=True), layout, 64, "bf16",
+                 steps=10)
+    assert "--tp-comm-overlap" in alone.config
+    assert len(alone.notes) == 1 and "QKV projection's all-gather alone" in alone.notes[0]
+
+
 def test_attention_without_a_causal_mask_is_a_note_in_every_framework():
     """Every framework's decoder masks causally: a model with causal = false gets its config and a note saying the
     run does about half the attention work predicted."""

@@ -31,7 +31,7 @@ def add_model_arguments(p):
     p.add_argument("--model", required=True, help="preset name, meshscale JSON/TOML, or HF config.json")
     p.add_argument("--lora", metavar="RANK[:MODULES[:DROPOUT]]",
                    help="LoRA fine-tuning: the model frozen, rank-RANK adapters trained beside its attention "
-                        "(default), mlp or all matrices, e.g. 16 or 16:all:0.1")
+                        "(QKV and output projection; the default), qkv, mlp or all matrices, e.g. 16 or 16:all:0.1")
 
 
 def add_step_arguments(p):
@@ -115,8 +115,8 @@ def with_lora(model, text: str | None):
     except ValueError:
         rank = 0
     if rank <= 0 or any(extra):
-        raise UserError(f"--lora {text!r}: give RANK[:MODULES[:DROPOUT]], a positive rank, then attention, mlp or "
-                        "all, then a dropout in [0, 1), e.g. 16 or 16:all:0.1")
+        raise UserError(f"--lora {text!r}: give RANK[:MODULES[:DROPOUT]], a positive rank, then attention, qkv, "
+                        "mlp or all, then a dropout in [0, 1), e.g. 16 or 16:all:0.1")
     return replace(model, lora_rank=rank, lora_modules=modules or model.lora_modules, lora_dropout=dropout)
 
 

@@ -704,7 +704,8 @@ def _tensor_parallel_floor(model: ModelSpec, cluster: ClusterSpec, devices: int,
     half_ar = bandwidth_seconds(cluster, devices, "all_reduce", 1.0, tp, 1) / 2
     return sum(op.bytes * min(half_ar, bandwidth_seconds(cluster, devices, op.collective, 1.0, tp, 1))
                for op in comm.tensor_parallel_ops(model, layout, tokens, act_bytes, fewest, False, False, 1, 0,
-                                                  fewest if model.is_moe else 0, sw.framework)
+                                                  fewest if model.is_moe else 0, sw.framework,
+                                                  sw.tp_overlap_disable_qkv)
                if op.collective != "all_reduce" and running_overlap(op, sw, layout, 1) == Overlap.NONE)
 
 

@@ -139,7 +139,7 @@ def replica_ops(zero: int, params: float, m: int, units: int, shard: int, replic
 
 def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, n_layers: int,
                         first: bool, last: bool, m: int, crossings: int = 0, moe_layers: int = 0,
-                        framework: str = "torch") -> list[CommOp]:
+                        framework: str = "torch", qkv_alone: bool = False) -> list[CommOp]:
     """Megatron TP (Shoeybi et al. 2019, sec. 3; Korthikanti et al. 2022, sec. 4.2.2), per micro-batch of
     `tokens`, as parallel/tensor.py runs it (the ledger measures exactly these bytes).
     Per layer: 2 all-reduces forward (g) + 2 backward (f); with SP each becomes an all-gather +
@@ -161,7 +161,9 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     TP region like a dense MLP (but for Megatron-Core's MLP region under SP with EP, below),
     and its whole router weight sums its gradient over TP (experts*hidden, fp32).
     With tp > kv_heads each layer's replicated K and V weight gradients (fp32) are summed over the ranks
-    sharing the head, every backward; a qk-norm's two weights (head_dim each) over TP, every backward."""
+    sharing the head, every backward; a qk-norm's two weights (head_dim each) over TP, every backward.
+    Under SP with `qkv_alone` ([software] tp_overlap_disable_qkv) each layer's forward all-gather before its QKV
+    projection, and its rerun under full recompute, is an op of its own that nothing hides."""
     if layout.tp == 1:
         return []
     v = tokens * model.hidden * act_bytes
@@ -217,10 +219,13 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
     # forward reduce-scatter; Megatron-Core's LanguageModelEmbedding reduce-scatters only without positions)
     positions = m if first and model.learned_positions else 0
     scatters = calls - dgrad - positions - stopped + resums
-    return [CommOp("all_gather", v * (calls + regathers), calls + regathers, Overlap.GEMM),
-            CommOp("reduce_scatter", v * scatters, scatters, Overlap.GEMM),
-            CommOp("reduce_scatter", v * dgrad, dgrad, Overlap.WGRAD),
-            CommOp("all_reduce", small + v * positions, small_calls + positions, Overlap.NONE)]
+    qkv = n_layers * m * (2 if layout.recompute == "full" else 1) if qkv_alone else 0
+    gathers = calls + regathers - qkv
+    return [CommOp("all_gather", v * gathers, gathers, Overlap.GEMM)] + \
+        ([CommOp("all_gather", v * qkv, qkv, Overlap.NONE)] if qkv else []) + \
+        [CommOp("reduce_scatter", v * scatters, scatters, Overlap.GEMM),
+         CommOp("reduce_scatter", v * dgrad, dgrad, Overlap.WGRAD),
+         CommOp("all_reduce", small + v * positions, small_calls + positions, Overlap.NONE)]
 
 
 def replicated_gradient_sums(weights: tuple, m: int, framework: str) -> tuple[int, float]:

@@ -276,7 +276,8 @@ def _frozen_inputs(model: ModelSpec, norms_rerun: bool, mlp_rerun: bool) -> tupl
     if not model.lora:
         return 0.0, 0.0
     bare = not model.lora_dropout  # an adapter without dropout keeps its matrix's input for its A's gradient
-    adapted = {"attention": (True, False), "mlp": (False, True), "all": (True, True)}[model.lora_modules]
+    adapted = {"attention": (True, False), "qkv": (True, False), "mlp": (False, True),
+               "all": (True, True)}[model.lora_modules]
     keeps_qkv, keeps_mlp = (bare and a for a in adapted)
     norms = 0.0 if norms_rerun else 2 * model.hidden * ((not keeps_qkv) + (not keeps_mlp))
     down = 0.0 if keeps_mlp or mlp_rerun or model.is_moe else 2 * model.ffn

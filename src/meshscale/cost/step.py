@@ -221,7 +221,7 @@ def _rank_ledger(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: i
         ops += _on("edp", [op for op in expert_ops if op.bytes])  # frozen experts: ZeRO-3's gathers alone
     crossings = comm.pipeline_sends(layout, rank) if layout.pp > 1 else 0
     ops += _on("tp", comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, first, last, m, crossings,
-                                              moe_layers, sw.framework))
+                                              moe_layers, sw.framework, sw.tp_overlap_disable_qkv))
     ops += _on("pp", comm.pipeline_ops(model, layout, tokens, act_bytes, m, rank))
     ops += _on("pp", comm.tied_embedding_ops(model, layout, first or last))
     ops += _on("cp", comm.context_parallel_ops(model, layout, tokens, act_bytes, n_layers, m, moe_layers))

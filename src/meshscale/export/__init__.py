@@ -144,10 +144,16 @@ def kernel_notes(cluster: ClusterSpec) -> list[str]:
 def overlap_notes(cluster: ClusterSpec, framework: str) -> list[str]:
     """What the prediction assumed of TP's overlap that no emitted switch selects."""
     sw = cluster.software
-    if not sw.tp_comm_overlap or sw.tp_overlap_scatters:
-        return []
-    return [f"the prediction split TP's all-gathers alone behind their GEMMs ([software] tp_overlap_scatters = "
-            f"false, XLA's collective matmul); no {framework} switch written here splits them so"]
+    notes = []
+    if sw.tp_comm_overlap and not sw.tp_overlap_scatters:
+        notes.append(f"the prediction split TP's all-gathers alone behind their GEMMs ([software] "
+                     f"tp_overlap_scatters = false, XLA's collective matmul); no {framework} switch written here "
+                     f"splits them so")
+    if sw.tp_comm_overlap and sw.tp_overlap_disable_qkv:
+        notes.append(f"the prediction ran each QKV projection's all-gather alone ([software] tp_overlap_disable_qkv, "
+                     f"Megatron-Core's ModelParallelConfig field, no command-line switch); the {framework} run "
+                     f"writes no such setting and overlaps it")
+    return notes
 
 
 def best_expressible(framework, model, cluster, devices, global_batch, precision, options) -> Prediction | None:

@@ -39,6 +39,11 @@ class Software:
     # gradient is computed (Megatron-LM since 2022 without --tp-comm-overlap: core/tensor_parallel/layers.py,
     # LinearWithGradAccumulationAndAsyncCommunication.backward); off as torch's DTensor TP and our runtime run
     tp_wgrad_overlap: bool = False
+    # With tp_comm_overlap, the QKV projection's forward all-gather runs alone before its GEMM, not decomposed
+    # behind it (Megatron-Core's ModelParallelConfig.tp_comm_overlap_disable_qkv: its TE layer gets
+    # ub_overlap_ag=False and gathers with NCCL; NeMo's model.tp_comm_overlap_disable_qkv, which MLPerf's LoRA
+    # configs set, MC_TP_DISABLE_QKV)
+    tp_overlap_disable_qkv: bool = False
     # MoE dispatch/combine all-to-alls of one micro-batch behind another's compute (Megatron-Core
     # `--overlap-moe-expert-parallel-comm`; schedule=dualpipev always does, DeepSeek-V3 sec. 3.2.1)
     ep_comm_overlap: bool = False
@@ -178,6 +183,7 @@ FRAMEWORK_SWITCHES = {
     "ep_comm_overlap": (("megatron-core",), "Megatron-Core's (--overlap-moe-expert-parallel-comm)"),
     "tp_comm_overlap": (("megatron-core", "torch"), "Megatron-Core's (--tp-comm-overlap) and torch's (async TP)"),
     "tp_wgrad_overlap": (("megatron-core", "deepspeed"), "Megatron-LM's (its TP layers' backward)"),
+    "tp_overlap_disable_qkv": (("megatron-core",), "Megatron-Core's (ModelParallelConfig.tp_comm_overlap_disable_qkv)"),
 }
 
 

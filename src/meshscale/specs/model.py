@@ -13,7 +13,7 @@ from meshscale.specs.loading import build, hash_once, read_spec_file
 
 
 MLPS = ("swiglu", "geglu", "gelu", "gelu-erf", "relu2")
-LORA_MODULES = ("attention", "mlp", "all")  # NeMo's PEFT target_modules (nemo/collections/nlp/parts/peft_config.py)
+LORA_MODULES = ("attention", "qkv", "mlp", "all")  # NeMo's PEFT target_modules (nemo/collections/nlp/parts/peft_config.py)
 NORMS = ("", "layernorm", "rmsnorm")
 GATED_MLPS = ("swiglu", "geglu")  # gate, up and down matrices; the others have up and down
 
@@ -78,8 +78,9 @@ class ModelSpec:
     mtp_layers: int = 0
     # LoRA fine-tuning (Hu et al. 2021, arXiv:2106.09685, sec. 4): every weight frozen, and beside each matrix W
     # (out x in) of `lora_modules` a trained B A of rank `lora_rank` (B: out x r, A: r x in), y = W x + B A x.
-    # "attention": the fused QKV and the output projection (NeMo's target "attention"); "mlp": a dense layer's
-    # MLP matrices (gate and up fused, down); "all": both. 0: every parameter trains.
+    # "attention": the fused QKV and the output projection (NeMo's target "attention"); "qkv": the fused QKV alone
+    # (NeMo's attention_qkv, its default target); "mlp": a dense layer's MLP matrices (gate and up fused, down);
+    # "all": attention and mlp. 0: every parameter trains.
     lora_rank: int = 0
     lora_modules: str = "attention"
     lora_dropout: float = 0.0  # dropout on each adapter's input (HF PEFT's default 0; MLPerf's LoRA runs 0.1)
@@ -140,9 +141,9 @@ class ModelSpec:
         if self.uses_mla or self.mtp_layers:
             raise UserError(f"model {self.name}: LoRA is costed on ordinary attention without MTP modules; "
                             "this model has multi-head latent attention or MTP (set lora_rank to 0)")
-        if self.is_moe and self.lora_modules != "attention":
+        if self.is_moe and self.lora_modules not in ("attention", "qkv"):
             raise UserError(f"model {self.name}: LoRA adapters on MoE experts are not costed; "
-                            "use lora_modules = \"attention\"")
+                            "use lora_modules = \"attention\" or \"qkv\"")
 
     # ---- shape helpers -------------------------------------------------------------------
     @property
@@ -256,7 +257,7 @@ class ModelSpec:
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         attention = ((self.hidden, q + 2 * kv), (q, self.hidden))
         mlp = ((self.hidden, self.mlp_in_width), (self.ffn, self.hidden))
-        return {"attention": attention, "mlp": mlp, "all": attention + mlp}[self.lora_modules]
+        return {"attention": attention, "qkv": attention[:1], "mlp": mlp, "all": attention + mlp}[self.lora_modules]
 
     def adapter_params(self) -> int:
         """One layer's LoRA adapter parameters: r x (in + out) for each adapted matrix."""
