@@ -490,10 +490,11 @@ def mlperf_runs():
 # (packed_sequence_return_cu_seqlen false), micro-batch 1, SP with TP, TP overlap but for the QKV projection's
 # all-gather (tp_comm_overlap_disable_qkv, MC_TP_DISABLE_QKV's default in every config but Lambda's), cuDNN
 # attention in bf16 (FP8_DPA=0; the runs with FP8 attention, and all of v4.0's, whose config_common sets
-# FP8_DPA=1, are left out: the model has no FP8 attention kernel), per-layer CUDA graphs where LAYER_CUDA_GRAPH=1. Every submitter's run whose
-# configuration is on record without FP8 attention: its logs' config dump (Lenovo, Oracle: fp8_dot_product_attention
-# 0) or the config file its system name runs (NVIDIA, Azure, Dell's 8 nodes); Dell's 2- and 4-node runs have no
-# config in the submission. Measured: the lower median of the ten results' last "throughput" (samples a second
+# FP8_DPA=1, are left out: the model has no FP8 attention kernel), per-layer CUDA graphs where LAYER_CUDA_GRAPH=1,
+# the adapters' SP all-to-all (LORA_A2A=1, a2a_experimental). Every submitter's run whose configuration is on
+# record without FP8 attention: its logs' config dump (Lenovo, Oracle: fp8_dot_product_attention 0) or the config
+# file its system name runs (NVIDIA, Azure, Dell's 8 nodes); Dell's 2- and 4-node runs have no config in the
+# submission. Measured: the lower median of the ten results' last "throughput" (samples a second
 # over the training steps alone: custom_callbacks.py times each batch), the global batch (each log's
 # global_batch_size) over it. (system, hardware, preset, GPUs, GBS, TP, CP, CUDA graphs, samples a second)
 MLPERF_LORA = [
@@ -515,7 +516,8 @@ def mlperf_lora_runs():
         base = load_model("llama2-70b").with_seq(8192)
         model = replace(base, vocab=nemo_vocab(base.vocab, tp), lora_rank=16, lora_dropout=0.1)
         layout = f"dp={gpus // (tp * cp)},zero=1,tp={tp},sp={str(tp > 1).lower()},cp={cp},mbs=1"
-        software = replace(MEGATRON_CORE, tp_comm_overlap=True, tp_overlap_disable_qkv=True, cuda_graphs=graphs)
+        software = replace(MEGATRON_CORE, tp_comm_overlap=True, tp_overlap_disable_qkv=True, lora_all_to_all=True,
+                           cuda_graphs=graphs)
         yield Run("MLPerf Training Llama 2 70B LoRA", f"{system} r16 fp8", model, cluster, layout, gpus, gbs,
                   gbs / samples_per_s, hardware, software, precision="fp8")
 

@@ -114,3 +114,37 @@ def test_lora_refuses_what_it_does_not_cost_and_the_trainer_says_it_trains_every
     with pytest.raises(UserError, match="multi-head latent attention or MTP"):
         replace(load_model("deepseek-v3"), lora_rank=8)
     assert "LoRA adapters" in trainer_refusal(Layout(dp=2), replace(load_model("tiny"), lora_rank=4))
+
+
+def test_the_adapters_tp_collectives_are_nemos_parallel_adapters():
+    """Beside a column-parallel matrix an adapter gathers its r-wide output and all-reduces B's input gradient
+    (and, without SP, A's h-wide one); beside a row-parallel one it all-reduces twice r-wide and moves its h-wide
+    output to the sequence split: two gathers, or (lora_all_to_all) an all-to-all each way of a rank's share."""
+    from meshscale.cost.comm import lora_adapter_ops
+
+    tokens, layers, m = 4096, 10, 2
+    v, narrow = tokens * LLAMA.hidden * 2, tokens * 16 * 2
+
+    def ops(layout, **kw):
+        return {(op.collective, op.bytes / op.calls): op.calls
+                for op in lora_adapter_ops(LORA, layout, tokens, 2, layers, m, **kw)}
+
+    per = layers * m  # each of the two adapted matrices, every layer and micro-batch
+    assert lora_adapter_ops(LORA, Layout(tp=1, dp=8), tokens, 2, layers, m) == []
+    assert ops(Layout(tp=4, sp=True), all_to_all=True) == {("all_gather", narrow): per,
+                                                          ("all_reduce", narrow): 3 * per,
+                                                          ("all_to_all", v / 4): 2 * per}
+    assert ops(Layout(tp=4, sp=True))[("all_gather", v)] == 2 * per
+    assert ops(Layout(tp=4, sp=True), own_gather=True)[("all_gather", v)] == 3 * per
+    assert ops(Layout(tp=4, sp=True), own_gather=True)[("reduce_scatter", v)] == per
+    no_sp = ops(Layout(tp=4))
+    assert no_sp[("all_reduce", v)] == per and no_sp[("all_gather", v)] == per
+    qkv = {(op.collective, op.bytes / op.calls): op.calls
+           for op in lora_adapter_ops(replace(LORA, lora_modules="qkv"), Layout(tp=4), tokens, 2, layers, m)}
+    assert ("all_gather", v) not in qkv and qkv[("all_reduce", v)] == per
+    # predict shows them on the tp axis, nothing hiding them; only Megatron-Core (NeMo) has the all-to-all switch
+    pred = predict(LORA, H100.with_software(lora_all_to_all=True), Layout(tp=4, sp=True, dp=2, mbs=1), 8, "fp8")
+    a2a = [e for e in pred.comm if e["axis"] == "tp" and e["collective"] == "all_to_all"]
+    assert a2a and a2a[0]["exposed_s"] == a2a[0]["time_s"] > 0
+    with pytest.raises(UserError, match="lora_all_to_all is NeMo's"):
+        H100.with_software(framework="torch", lora_all_to_all=True)

@@ -228,6 +228,42 @@ def tensor_parallel_ops(model: ModelSpec, layout: Layout, tokens: float, act_byt
          CommOp("all_reduce", small + v * positions, small_calls + positions, Overlap.NONE)]
 
 
+def lora_adapter_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, n_layers: int, m: int,
+                     own_gather: bool = False, all_to_all: bool = False) -> list[CommOp]:
+    """The TP collectives of LoRA's adapters, per micro-batch of `tokens`, as NeMo's ParallelLinearAdapter runs
+    them (nemo/collections/nlp/modules/common/megatron/adapters/parallel_adapters.py, v2.0.0; nothing hides
+    them). Beside a column-parallel matrix (QKV, gate/up) A is column-parallel with its r-wide output gathered
+    and B column-parallel, whose input gradient is all-reduced: two r-wide collectives. Without SP, A's input
+    gradient is all-reduced too, the full width. Under SP the adapter reads the gathered norm output Transformer
+    Engine returns, unless (`own_gather`) TP overlap runs without disable_qkv: then it gathers the sequence
+    itself and reduce-scatters its input gradient. Beside a row-parallel matrix (output projection, down) A is
+    row-parallel, its r-wide output all-reduced, and B column-parallel (its input gradient all-reduced); its
+    h-wide output is gathered over TP (without SP, and under SP unless `all_to_all`, where the SP split's
+    backward gathers the sequence again), or under SP with `all_to_all` (a2a_experimental) sent to each rank's
+    sequence slice by an all-to-all each way."""
+    if not model.lora or layout.tp == 1:
+        return []
+    v, narrow = tokens * model.hidden * act_bytes, tokens * model.lora_rank * act_bytes
+    columns = sum(1 for n, _ in enumerate(model.lora_matrices()) if n % 2 == 0) * n_layers * m
+    rows = len(model.lora_matrices()) * n_layers * m - columns
+    wide: dict[str, int] = {}
+    if not layout.sp:
+        wide = {"all_reduce": columns, "all_gather": rows}
+    elif all_to_all:
+        wide = {"all_to_all": 2 * rows}
+    else:
+        wide = {"all_gather": 2 * rows}
+    if layout.sp and own_gather:
+        wide["all_gather"] = wide.get("all_gather", 0) + columns
+        wide["reduce_scatter"] = columns
+    ops = [CommOp("all_gather", narrow * columns, columns, Overlap.NONE),
+           CommOp("all_reduce", narrow * (columns + 2 * rows), columns + 2 * rows, Overlap.NONE)]
+    # an all-to-all from (sequence, h / tp) to (sequence / tp, h) moves a TP rank's share, v / tp
+    ops += [CommOp(kind, calls * (v / layout.tp if kind == "all_to_all" else v), calls, Overlap.NONE)
+            for kind, calls in wide.items() if calls]
+    return ops
+
+
 def replicated_gradient_sums(weights: tuple, m: int, framework: str) -> tuple[int, float]:
     """(calls, bytes) of summing TP-replicated weights' fp32 gradients over TP, `weights` as (count, elements):
     one all-reduce per weight and micro-batch as our runtime does it (an f on each weight); Megatron-Core sums

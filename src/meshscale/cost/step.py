@@ -222,6 +222,9 @@ def _rank_ledger(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: i
     crossings = comm.pipeline_sends(layout, rank) if layout.pp > 1 else 0
     ops += _on("tp", comm.tensor_parallel_ops(model, layout, tokens, act_bytes, n_layers, first, last, m, crossings,
                                               moe_layers, sw.framework, sw.tp_overlap_disable_qkv))
+    ops += _on("tp", comm.lora_adapter_ops(model, layout, tokens, act_bytes, n_layers, m,
+                                           sw.tp_comm_overlap and not sw.tp_overlap_disable_qkv,
+                                           sw.lora_all_to_all))
     ops += _on("pp", comm.pipeline_ops(model, layout, tokens, act_bytes, m, rank))
     ops += _on("pp", comm.tied_embedding_ops(model, layout, first or last))
     ops += _on("cp", comm.context_parallel_ops(model, layout, tokens, act_bytes, n_layers, m, moe_layers))

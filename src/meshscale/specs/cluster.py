@@ -44,6 +44,10 @@ class Software:
     # ub_overlap_ag=False and gathers with NCCL; NeMo's model.tp_comm_overlap_disable_qkv, which MLPerf's LoRA
     # configs set, MC_TP_DISABLE_QKV)
     tp_overlap_disable_qkv: bool = False
+    # Under SP, a LoRA adapter beside a row-parallel matrix sends its output to each TP rank's sequence slice by
+    # an all-to-all each way, where NeMo's ParallelLinearAdapter otherwise gathers it over TP (its
+    # lora_tuning.a2a_experimental; MLPerf's LoRA configs set it, LORA_A2A; cost/comm.py lora_adapter_ops)
+    lora_all_to_all: bool = False
     # MoE dispatch/combine all-to-alls of one micro-batch behind another's compute (Megatron-Core
     # `--overlap-moe-expert-parallel-comm`; schedule=dualpipev always does, DeepSeek-V3 sec. 3.2.1)
     ep_comm_overlap: bool = False
@@ -184,6 +188,7 @@ FRAMEWORK_SWITCHES = {
     "tp_comm_overlap": (("megatron-core", "torch"), "Megatron-Core's (--tp-comm-overlap) and torch's (async TP)"),
     "tp_wgrad_overlap": (("megatron-core", "deepspeed"), "Megatron-LM's (its TP layers' backward)"),
     "tp_overlap_disable_qkv": (("megatron-core",), "Megatron-Core's (ModelParallelConfig.tp_comm_overlap_disable_qkv)"),
+    "lora_all_to_all": (("megatron-core",), "NeMo's on Megatron-Core (lora_tuning.a2a_experimental)"),
 }
 
 

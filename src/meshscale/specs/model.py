@@ -13,7 +13,8 @@ from meshscale.specs.loading import build, hash_once, read_spec_file
 
 
 MLPS = ("swiglu", "geglu", "gelu", "gelu-erf", "relu2")
-LORA_MODULES = ("attention", "qkv", "mlp", "all")  # NeMo's PEFT target_modules (nemo/collections/nlp/parts/peft_config.py)
+# NeMo's PEFT target_modules (nemo/collections/nlp/parts/peft_config.py)
+LORA_MODULES = ("attention", "qkv", "mlp", "all")
 NORMS = ("", "layernorm", "rmsnorm")
 GATED_MLPS = ("swiglu", "geglu")  # gate, up and down matrices; the others have up and down
 
