@@ -63,6 +63,8 @@ def test_planning_side_never_imports_torch_and_predict_not_even_numpy():
     (["--lora", "16:ffn"], "lora_modules must be one of attention, qkv, mlp, all"),
     (["--lora", "16:all:1.5"], "lora_dropout must be in [0, 1)"),
     (["--model", "mixtral-8x7b", "--lora", "16:mlp"], "adapters on MoE experts are not costed"),
+    (["--packed-samples", "4096"], "packed_samples must be a sample length in tokens shorter than the sequence"),
+    (["--model", "gpt-oss-120b", "--packed-samples", "256"], "packed samples are costed for causal attention"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle):
     base = {"--model": "llama2-7b", "--cluster": "h100-80gb", "--layout": "tp=8", "--global-batch": "32"}

@@ -476,6 +476,9 @@ def test_attention_without_a_causal_mask_is_a_note_in_every_framework():
         assert any(n.startswith(f"{framework}'s decoder masks") and "causal = false" in n for n in notes)
     assert not any("causal" in n for n in emit("megatron", load_model("llama3-8b"), h100, layout, 64, "bf16",
                                               steps=10).notes)
+    packed = dataclasses.replace(load_model("llama3-8b"), packed_samples=512)
+    notes = emit("torchtitan", packed, h100, layout, 64, "bf16", steps=10).notes
+    assert len(notes) == 1 and "packed samples of 512 tokens" in notes[0]
 
 
 @pytest.mark.skipif(not installed("megatron.core"), reason="megatron-core is not installed (pip install '.[test]')")

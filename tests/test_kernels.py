@@ -220,6 +220,28 @@ def test_chunked_attention_attends_within_its_chunk_at_the_causal_rate_of_the_ch
         load_model("llama4-scout-17b-16e"), h100, layout, 8192, "bf16")) == pytest.approx(one_chunk)
 
 
+def test_packed_samples_attend_within_themselves_as_causal_blocks():
+    """packed_samples (fine-tuning with sequence packing, THD with cu_seqlens): every layer attends within blocks
+    of the sample's length, each a causal kernel of that length, where the GEMMs still see the whole sequence;
+    the trainer does not build it, and a sliding-window model or a sample no shorter than the sequence is refused
+    with the field's name."""
+    h100, layout = CLUSTERS[1], Layout(mbs=1)
+    base = load_model("llama2-7b").with_seq(4096)
+    packed, sample = replace(base, packed_samples=256), base.with_seq(256)
+    assert all(packed.attention_window(i) == 256 for i in range(packed.layers))
+    assert attention_core_flops(packed, 4096) == pytest.approx(attention_core_flops(sample, 256))
+    one = sum(attention_core_seconds(sample, h100, layout, 256, "bf16"))
+    assert sum(attention_core_seconds(packed, h100, layout, 4096, "bf16")) == pytest.approx(16 * one)
+    assert sum(attention_core_seconds(packed, h100, layout, 4096, "bf16")) < \
+        sum(attention_core_seconds(base, h100, layout, 4096, "bf16")) / 4
+    assert "packed samples" in trainer_lacks(packed)
+    for bad, needle in ((dict(packed_samples=4096), "shorter than the sequence"),
+                        (dict(packed_samples=-1), "shorter than the sequence"),
+                        (dict(packed_samples=256, sliding_window=1024), "without a sliding window")):
+        with pytest.raises(UserError, match=needle):
+            replace(base, **bad)
+
+
 def test_attention_without_a_causal_mask_does_every_block():
     """causal = false (an encoder's attention; MaxText's flash kernel of October 2023): a query attends to all seq
     keys, not (seq + 1) / 2, and the kernel skips no block. On a TPU (no measured shape) the causal kernel computes

@@ -27,11 +27,14 @@ def add_arguments(p):
 
 
 def add_model_arguments(p):
-    """--model and what is trained of it (--lora)."""
+    """--model, what is trained of it (--lora) and on what (--packed-samples)."""
     p.add_argument("--model", required=True, help="preset name, meshscale JSON/TOML, or HF config.json")
     p.add_argument("--lora", metavar="RANK[:MODULES[:DROPOUT]]",
                    help="LoRA fine-tuning: the model frozen, rank-RANK adapters trained beside its attention "
                         "(QKV and output projection; the default), qkv, mlp or all matrices, e.g. 16 or 16:all:0.1")
+    p.add_argument("--packed-samples", type=int, metavar="TOKENS",
+                   help="sequences packed from samples of about TOKENS tokens, each attending within itself "
+                        "(fine-tuning with sequence packing)")
 
 
 def add_step_arguments(p):
@@ -121,18 +124,21 @@ def with_lora(model, text: str | None):
 
 
 def model_at_seq(args):
-    """--model (under --lora), at --seq when given; a Hugging Face config's own length is its
-    max_position_embeddings, which can be far longer than anyone trains at (131,072 for Llama 3.1), so using it
-    is said on stderr."""
+    """--model (under --lora), at --seq when given, packed from --packed-samples; a Hugging Face config's own
+    length is its max_position_embeddings, which can be far longer than anyone trains at (131,072 for Llama 3.1),
+    so using it is said on stderr."""
     model = with_lora(load_model(args.model), args.lora)
     if args.seq is None:
         if is_hf_model(args.model):
             print(f"meshscale: note: sequence length {model.seq:,} tokens, the config's max_position_embeddings; "
                   "pass --seq to plan another", file=sys.stderr)
-        return model
-    if args.seq <= 0:
+    elif args.seq <= 0:
         raise UserError(f"--seq must be positive, got {args.seq}")
-    return model.with_seq(args.seq)
+    else:
+        model = model.with_seq(args.seq)
+    if args.packed_samples is not None:  # ModelSpec says what it accepts
+        model = replace(model, packed_samples=args.packed_samples)
+    return model
 
 
 def resolve_inputs(args):

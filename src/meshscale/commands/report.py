@@ -40,7 +40,8 @@ def print_prediction(pred, console: Console | None = None) -> None:
     console = console or make_console()
     console.print(f"[bold]{pred.model}[/] on {pred.devices} x {pred.cluster}, layout [bold]{pred.layout}[/], "
                   f"{pred.global_batch} x {pred.seq} tokens per step, {pred.microbatches} micro-batch(es) "
-                  f"per DP rank, {pred.precision}" + (f", {pred.trained}" if pred.trained != "all" else ""))
+                  f"per DP rank, {pred.precision}" + (f", {pred.trained}" if pred.trained != "all" else "")
+                  + (f", samples of {pred.packed_samples:,} tokens packed" if pred.packed_samples else ""))
     t = Table(title="step time", title_justify="left")
     t.add_column("part"), t.add_column("time", justify="right"), t.add_column("share", justify="right")
     rows = [("compute", pred.compute_s)]

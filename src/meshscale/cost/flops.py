@@ -38,7 +38,7 @@ def attention_core_flops(model: ModelSpec, seq: int, causal_skip: bool = True, l
     v_dim = (model.v_head_dim or model.head_dim) if model.uses_mla else model.head_dim
     layers = range(model.layers) if layer is None else (layer,)
     skip = causal_skip and model.causal
-    attended = sum(attended_positions(seq, model.attention_window(i), skip, model.chunked_attention)
+    attended = sum(attended_positions(seq, model.attention_window(i), skip, model.attends_in_chunks)
                    for i in layers) / len(layers)
     return 2.0 * model.heads * (qk_dim + v_dim) * attended
 

@@ -766,7 +766,7 @@ def _fused_core_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, 
     peak, dtype_bytes = cluster.bf16_work_peak(precision), PRECISIONS[precision]["compute"]
     core = tokens * flops.attention_core_flops(model, model.seq, True, layer) / layout.tp
     window = model.attention_window(layer)
-    span = window if model.chunked_attention else 2 * window
+    span = window if model.attends_in_chunks else 2 * window
     length, cp = (span, 1) if window and span < model.seq else (model.seq, layout.cp)
     measured = nearest(cluster.attention_rates, (length / cp, model.head_dim))
     if measured and measured_precision(cluster, dtype_bytes):

@@ -78,6 +78,7 @@ class Prediction:
     host_wait_s: float = 0.0  # of compute_s, the device waiting for the host that issues its kernels (GPUs)
     forward_s: float = 0.0  # of compute_s, the forward passes: what evaluating the same batch computes
     trained: str = "all"  # what the step trains: every parameter, or "LoRA rank r on <modules>" (ModelSpec)
+    packed_samples: int = 0  # the packed samples' length, each attending within itself (0: none; ModelSpec)
 
     @property
     def kernels_s(self) -> float:
@@ -168,7 +169,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
         bound=bound if fits else "memory", regime=regime(model, cluster, layout, n_tokens),
         checkpoint_bytes_per_device=ckpt_device, checkpoint_bytes_total=ckpt_total,
         band=bands.band(cluster, model, precision, layout, host_wait_s / step), comm_rank=led.rank,
-        trained=f"LoRA rank {model.lora_rank} on {model.lora_modules}" if model.lora else "all")
+        trained=f"LoRA rank {model.lora_rank} on {model.lora_modules}" if model.lora else "all",
+        packed_samples=model.packed_samples)
 
 
 @dataclass
@@ -253,7 +255,7 @@ def _rank_ledger(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: i
                    Overlap.WGRAD: wgrad_s}
         hidden_by, shown = windows.get(overlap, 0.0), _shown(overlap, t, op.calls, layout.tp, m)
         if op.axis == "pp" and op.collective == "send_recv":  # behind the faster ranks' slack (cost/pipeline.py)
-            hidden_by, shown = _p2p_hidden_by(layout, sw, t, m * lead), t / op.calls * _chain_crossings(layout)
+            hidden_by, shown = _p2p_hidden_by(layout, sw, t, m * lead), t / op.calls * chain_crossings(layout)
         exposed = exposed_seconds(t, hidden_by, shown, sw.overlap_efficiency)
         # the compute it hides behind runs on the SMs its kernels leave: that compute takes longer by the hidden
         # time x their share (critical path: it slows passes, and so the bubble, wherever it lands). A send chain
@@ -583,13 +585,18 @@ def _slowest_and_others(ranks: list, pp: int) -> tuple[Passes, Passes, float]:
 QUEUED = ("gpipe", "interleaved")
 
 
+def queues_sends(layout: Layout, sw) -> bool:
+    """Whether the schedule queues other passes while a send travels and the framework overlaps the sends."""
+    return sw.pp_comm_overlap and layout.schedule in QUEUED
+
+
 def _p2p_hidden_by(layout: Layout, sw, t: float, slack: float) -> float:
     """What the stage-boundary sends of `t` seconds hide behind: all of themselves where the schedule queues
-    other passes and the framework overlaps them, the slowest rank's slack over its neighbours otherwise, nothing
-    where every send blocks its rank (Software.pp_comm_overlap false: the slowest rank waits out its own sends)."""
+    them (`queues_sends`), the slowest rank's slack over its neighbours otherwise, nothing where every send blocks
+    its rank (Software.pp_comm_overlap false: the slowest rank waits out its own sends)."""
     if not sw.pp_comm_overlap:
         return 0.0
-    return t if layout.schedule in QUEUED else slack
+    return t if queues_sends(layout, sw) else slack
 
 
 def _copies_out(sw) -> bool:
@@ -597,7 +604,7 @@ def _copies_out(sw) -> bool:
     return sw.framework == "torch" and sw.fsdp_copy_out
 
 
-def _chain_crossings(layout: Layout) -> int:
+def chain_crossings(layout: Layout) -> int:
     """Stage-boundary sends on the path of the first micro-batch's forward and the last one's backward, which
     nothing hides: every chunk boundary (the V's turn stays on rank p-1)."""
     return 2 * (layout.stages - 1 - (1 if layout.v_shaped else 0))

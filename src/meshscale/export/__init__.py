@@ -121,10 +121,15 @@ def no_int8(framework: str) -> tuple[str, str]:
 
 def model_notes(model: ModelSpec, framework: str) -> list[str]:
     """What of the model the emitted config cannot carry, whatever the framework."""
-    if model.causal:
-        return []
-    return [f"{framework}'s decoder masks attention causally, where {model.name} attends to every position "
-            "(causal = false): the run does about half the attention work the prediction counts"]
+    notes = []
+    if not model.causal:
+        notes.append(f"{framework}'s decoder masks attention causally, where {model.name} attends to every "
+                     "position (causal = false): the run does about half the attention work the prediction counts")
+    if model.packed_samples:
+        notes.append(f"the prediction attends within packed samples of {model.packed_samples} tokens "
+                     f"(packed_samples); the {framework} config packs no data: each sequence attends across itself, "
+                     f"more attention work than predicted")
+    return notes
 
 
 # [software] kernel choices: no emitted config picks a stack's kernels

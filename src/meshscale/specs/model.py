@@ -85,6 +85,12 @@ class ModelSpec:
     lora_rank: int = 0
     lora_modules: str = "attention"
     lora_dropout: float = 0.0  # dropout on each adapter's input (HF PEFT's default 0; MLPerf's LoRA runs 0.1)
+    # Sequence packing (fine-tuning): each sequence holds samples of about this many tokens, each attending only
+    # within itself (Megatron-Core's PackedSeqParams, Transformer Engine's THD format with cu_seqlens; NeMo's packed
+    # SFT and PEFT data). Attention is then causal blocks of this length; every other kernel sees every token.
+    # For samples of varied length give the mean of the squared lengths over the mean length, which the blocks'
+    # attention work follows. 0: a sequence attends across itself (one document, or a pack without boundaries).
+    packed_samples: int = 0
 
     __hash__ = hash_once
 
@@ -111,6 +117,12 @@ class ModelSpec:
             raise UserError(f"model {self.name}: mlp must be one of {', '.join(MLPS)}, got {self.mlp!r}")
         if self.chunked_attention and not self.sliding_window:
             raise UserError(f"model {self.name}: chunked_attention needs sliding_window, the chunk's length")
+        if not 0 <= self.packed_samples < self.seq:
+            raise UserError(f"model {self.name}: packed_samples must be a sample length in tokens shorter than the "
+                            f"sequence ({self.seq}), or 0 for none; got {self.packed_samples}")
+        if self.packed_samples and (self.sliding_window or not self.causal):
+            raise UserError(f"model {self.name}: packed samples are costed for causal attention without a sliding "
+                            f"window; set packed_samples to 0")
         if not self.causal and self.sliding_window:
             raise UserError(f"model {self.name}: a sliding_window looks back only; with causal = false give none")
         if self.norm not in NORMS:
@@ -178,9 +190,17 @@ class ModelSpec:
         """The output width of the dense MLP's first matmul: gate and up side by side where it is gated."""
         return (2 if self.gated_mlp else 1) * self.ffn
 
+    @property
+    def attends_in_chunks(self) -> bool:
+        """Whether a query attends to the earlier positions of its own block (`attention_window` long): Llama 4's
+        chunked attention, or a packed sample."""
+        return self.chunked_attention or self.packed_samples > 0
+
     def attention_window(self, i: int) -> int:
-        """Layer i's attention window (0: all positions): the sliding window, except every full_attention_every-th
-        layer (Gemma 2 and GPT-OSS alternate, Gemma 3 has one full layer in 6)."""
+        """Layer i's attention window (0: all positions): a packed sample's length; else the sliding window, except
+        every full_attention_every-th layer (Gemma 2 and GPT-OSS alternate, Gemma 3 has one full layer in 6)."""
+        if self.packed_samples:
+            return self.packed_samples
         every = self.full_attention_every
         return 0 if every and (i + 1) % every == 0 else self.sliding_window
 
@@ -378,6 +398,8 @@ def trainer_lacks(spec: ModelSpec) -> str | None:
     """What of `spec` the runtime model does not build (it is planned all the same), or None."""
     if spec.lora:
         return "LoRA adapters (lora_rank; it trains every parameter)"
+    if spec.packed_samples:
+        return "packed samples (packed_samples; its attention spans each whole sequence)"
     if spec.uses_mla:
         return "multi-head latent attention (MLA)"
     if spec.mtp_layers:
