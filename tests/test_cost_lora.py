@@ -100,8 +100,9 @@ def test_the_planners_bound_and_memory_are_predicts_under_lora(name, fix):
 
 def test_the_bound_holds_where_lora_leaves_little_but_the_pipeline_sends():
     """Without the frozen weights' gradient traffic little but the stage-boundary sends is left beside compute;
-    the bound's send floor is then what predict shows of them: under interleaving, the chain's alone (it had
-    charged what the slowest rank's lead does not hide, up to 2.6% over predict's step)."""
+    the bound's send floor must then stay under what predict shows of them: under interleaving, which queues
+    other passes behind them, none (it had charged what the slowest rank's lead does not hide, up to 2.6% over
+    predict's step)."""
     model = replace(load_model("llama2-7b").with_seq(4096), lora_rank=8, packed_samples=512)
     found = search(model, H100, 16, 64, "fp8", top=3, fix=parse_fix("tp=1,pp=2,cp=2"), prune=False)
     costed = bounds_and_memory_hold(model, H100, found.pool, 64, "fp8")

@@ -255,7 +255,7 @@ def _rank_ledger(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: i
                    Overlap.WGRAD: wgrad_s}
         hidden_by, shown = windows.get(overlap, 0.0), _shown(overlap, t, op.calls, layout.tp, m)
         if op.axis == "pp" and op.collective == "send_recv":  # behind the faster ranks' slack (cost/pipeline.py)
-            hidden_by, shown = _p2p_hidden_by(layout, sw, t, m * lead), t / op.calls * chain_crossings(layout)
+            hidden_by, shown = _p2p_hidden_by(layout, sw, t, m * lead), t / op.calls * _chain_crossings(layout)
         exposed = exposed_seconds(t, hidden_by, shown, sw.overlap_efficiency)
         # the compute it hides behind runs on the SMs its kernels leave: that compute takes longer by the hidden
         # time x their share (critical path: it slows passes, and so the bubble, wherever it lands). A send chain
@@ -604,7 +604,7 @@ def _copies_out(sw) -> bool:
     return sw.framework == "torch" and sw.fsdp_copy_out
 
 
-def chain_crossings(layout: Layout) -> int:
+def _chain_crossings(layout: Layout) -> int:
     """Stage-boundary sends on the path of the first micro-batch's forward and the last one's backward, which
     nothing hides: every chunk boundary (the V's turn stays on rank p-1)."""
     return 2 * (layout.stages - 1 - (1 if layout.v_shaped else 0))
