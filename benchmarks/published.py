@@ -491,7 +491,8 @@ def mlperf_runs():
 # all-gather (tp_comm_overlap_disable_qkv, MC_TP_DISABLE_QKV's default in every config but Lambda's), cuDNN
 # attention in bf16 (FP8_DPA=0; the runs with FP8 attention, and all of v4.0's, whose config_common sets
 # FP8_DPA=1, are left out: the model has no FP8 attention kernel), per-layer CUDA graphs where LAYER_CUDA_GRAPH=1,
-# the adapters' SP all-to-all (LORA_A2A=1, a2a_experimental). Every submitter's run whose configuration is on
+# the adapters' SP all-to-all (LORA_A2A=1, a2a_experimental), FP8 weights without a cached transpose
+# (fp8_params, disable_parameter_transpose_cache). Every submitter's run whose configuration is on
 # record without FP8 attention: its logs' config dump (Lenovo, Oracle: fp8_dot_product_attention 0) or the config
 # file its system name runs (NVIDIA, Azure, Dell's 8 nodes); Dell's 2- and 4-node runs have no config in the
 # submission. Measured: the lower median of the ten results' last "throughput" (samples a second
@@ -517,7 +518,7 @@ def mlperf_lora_runs():
         model = replace(base, vocab=nemo_vocab(base.vocab, tp), lora_rank=16, lora_dropout=0.1)
         layout = f"dp={gpus // (tp * cp)},zero=1,tp={tp},sp={str(tp > 1).lower()},cp={cp},mbs=1"
         software = replace(MEGATRON_CORE, tp_comm_overlap=True, tp_overlap_disable_qkv=True, lora_all_to_all=True,
-                           cuda_graphs=graphs)
+                           fp8_param_gather=True, disable_parameter_transpose_cache=True, cuda_graphs=graphs)
         yield Run("MLPerf Training Llama 2 70B LoRA", f"{system} r16 fp8", model, cluster, layout, gpus, gbs,
                   gbs / samples_per_s, hardware, software, precision="fp8")
 

@@ -9,7 +9,7 @@ from meshscale.cost.flops import (attended_positions, attention_core_flops, bloc
                                   model_flops_per_step, op_recomputed_matmuls)
 from meshscale.cost.kernels import (Gemm, attention_core_seconds, attention_seconds, counted_seconds, fp8_cast_bytes,
                                     fp8_cast_seconds, gemm_efficiency, gemm_pass_seconds, gemm_seconds,
-                                    int8_quantize_seconds, kernel_shape, layer_gemm_parts, layer_gemms,
+                                    int8_quantize_seconds, kernel_shape, layer_gemm_parts, layer_gemms, layer_passes,
                                     linear_pass_seconds, loss_seconds, microbatch_seconds, ring_merge_seconds)
 from meshscale.cost.step import pipeline_passes
 from meshscale.errors import UserError
@@ -520,3 +520,18 @@ def test_flashattention_v1_runs_at_its_figures_share_of_flashattention_2():
     assert seconds(h100, "fa2", causal=False) / seconds(h100, "fa1", causal=False) == pytest.approx(128 / 320)
     assert seconds(h100, "fa1", 65536) / seconds(h100, "fa2", 65536) == pytest.approx(328 / 137)
     assert seconds(h100, "fa1") / seconds(h100, "fa1", head_dim=64) == pytest.approx(136 / 108)
+
+
+def test_without_a_transpose_cache_every_forward_casts_the_weights_again():
+    """disable_parameter_transpose_cache (Megatron-Core's; MLPerf's LoRA configs): each micro-batch's forward moves
+    every weight of the layer again, a byte read and one written for an FP8 weight's transpose on Hopper, a full
+    quantization both ways for a bf16 one, nothing for FP8 weights on Blackwell; only Megatron-Core has it."""
+    model, shape = load_model("llama2-70b"), Layout(tp=4, mbs=1)
+    weights = sum(g.batch * g.n * g.k for g in layer_gemms(model, 0, shape, model.seq))
+    for name, fp8_weights, per_weight in (("h100-80gb", True, 2), ("h100-80gb", False, 4), ("b200", True, 0)):
+        cluster = load_cluster(name).with_software(fp8_param_gather=fp8_weights)
+        cached, uncached = (layer_passes(model, c, shape, False, "fp8").forward for c in
+                            (cluster, cluster.with_software(disable_parameter_transpose_cache=True)))
+        assert uncached - cached == pytest.approx(per_weight * weights / cluster.achieved_hbm_bandwidth)
+    with pytest.raises(UserError, match="disable_parameter_transpose_cache is Megatron-Core's"):
+        load_cluster("h100-80gb").with_software(framework="torch", disable_parameter_transpose_cache=True)

@@ -469,6 +469,20 @@ def fp8_cast_bytes(cluster: ClusterSpec, precision: str, both_ways: bool = True)
     return 3 + (1 if transpose else 0) + (2 if cluster.fp8_scaling == "current" else 0)
 
 
+def weight_cast_bytes(cluster: ClusterSpec, precision: str) -> float:
+    """Bytes a weight element moves every micro-batch where Transformer Engine caches no FP8 copy of it between
+    micro-batches ([software] disable_parameter_transpose_cache; with the cache, once a step, left out): FP8
+    weights (fp8_param_gather) have only their transpose written where GEMMs take TN operands alone (Hopper: a
+    read and a write of a byte; none on Blackwell, none for MXFP8, whose weights keep both copies); bf16 ones are
+    quantized again both ways (`fp8_cast_bytes`)."""
+    sw = cluster.software
+    if not (is_fp8(precision) and sw.disable_parameter_transpose_cache):
+        return 0.0
+    if sw.fp8_param_gather:
+        return 0.0 if cluster.gpu_arch == "blackwell" or precision == "mxfp8" else 2.0
+    return fp8_cast_bytes(cluster, precision)
+
+
 def fp8_cast_seconds(cluster: ClusterSpec, gemms: tuple, precision: str,
                      frozen: bool = False) -> tuple[float, float]:
     """(forward, backward) memory traffic of FP8 GEMMs' operands (Transformer Engine's quantize kernels): in
@@ -677,7 +691,8 @@ def _layer_kernels(model: ModelSpec, cluster: ClusterSpec, tp: int, cp: int, ep:
             f, b, w = f + passes[0], b + passes[1], w + passes[2]
     if is_fp8(precision):
         cast_f, cast_b = fp8_cast_seconds(cluster, gemms, precision, model.lora)
-        f, b = f + cast_f, b + cast_b
+        weights = sum(g.batch * g.n * g.k for g in gemms) * weight_cast_bytes(cluster, precision)
+        f, b = f + cast_f + weights / cluster.achieved_hbm_bandwidth, b + cast_b
     if moe:  # routing's memory-bound kernels, forward and (their gradients) backward
         routing = routing_seconds(model, cluster, tokens, PRECISIONS[precision]["compute"])
         f, b = f + routing, b + routing

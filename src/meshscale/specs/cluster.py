@@ -74,6 +74,10 @@ class Software:
     # a parameter, not 2; the few bf16 ones (embeddings, norms, biases) are counted at 1 too. Memory is left as
     # is: on Hopper the FP8 weight keeps its transpose for the backward GEMMs, 2 bytes either way. Needs fp8.
     fp8_param_gather: bool = False
+    # Transformer Engine keeps no FP8 copy of a weight from one micro-batch to the next (Megatron-Core's
+    # TransformerConfig.disable_parameter_transpose_cache; MLPerf's LoRA configs set it): every forward casts each
+    # weight again, and on Hopper writes its transpose for the backward GEMMs (cost/kernels.py weight_cast_bytes)
+    disable_parameter_transpose_cache: bool = False
     # How tensor-wise FP8 finds each tensor's scale: "delayed", from an amax history the cast kernel updates as it
     # goes (Transformer Engine's DelayedScaling, Megatron-Core's --fp8-recipe delayed); "current", from the
     # tensor's own amax, one more read of it before the cast (TE's Float8CurrentScaling, torchao's Float8Linear
@@ -183,6 +187,8 @@ FRAMEWORK_BUCKETS = {"megatron-core": (40e6, 1e6), "torch": (25 * 2**20 / 4, 0.0
 XLA_SWITCHES = ("tp_comm_overlap", "tp_wgrad_overlap")
 FRAMEWORK_SWITCHES = {
     "fp8_param_gather": (("megatron-core",), "Megatron-Core's (--fp8-param-gather)"),
+    "disable_parameter_transpose_cache": (("megatron-core",),
+                                          "Megatron-Core's (TransformerConfig.disable_parameter_transpose_cache)"),
     "moe_permute_fusion": (("megatron-core",), "Megatron-Core's (--moe-permute-fusion)"),
     "ep_comm_overlap": (("megatron-core",), "Megatron-Core's (--overlap-moe-expert-parallel-comm)"),
     "tp_comm_overlap": (("megatron-core", "torch"), "Megatron-Core's (--tp-comm-overlap) and torch's (async TP)"),
