@@ -21,7 +21,7 @@ from functools import lru_cache
 from meshscale.cost import collectives
 from meshscale.specs.cluster import FRAMEWORK_BUCKETS, ClusterSpec, Software
 from meshscale.specs.layout import KEEPS_MATMULS, Layout, kv_heads_per_rank
-from meshscale.specs.model import ModelSpec
+from meshscale.specs.model import COLUMN_PARALLEL, ModelSpec
 from meshscale.specs.placement import sends_per_rank
 
 
@@ -244,8 +244,8 @@ def lora_adapter_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes:
     if not model.lora or layout.tp == 1:
         return []
     v, narrow = tokens * model.hidden * act_bytes, tokens * model.lora_rank * act_bytes
-    columns = sum(1 for n, _ in enumerate(model.lora_matrices()) if n % 2 == 0) * n_layers * m
-    rows = len(model.lora_matrices()) * n_layers * m - columns
+    columns = sum(t in COLUMN_PARALLEL for t in model.lora_targets) * n_layers * m
+    rows = len(model.lora_targets) * n_layers * m - columns
     wide: dict[str, int] = {}
     if not layout.sp:
         wide = {"all_reduce": columns, "all_gather": rows}

@@ -12,7 +12,7 @@ from functools import lru_cache
 from meshscale.cost.flops import block_matmuls
 from meshscale.specs.layout import KEEPS_MATMULS, REBUILDS_LAYER, Layout, kv_heads_per_rank
 from meshscale.specs.placement import chunk_ranges, head_rank, layout_ends, rank_layers
-from meshscale.specs.model import ModelSpec
+from meshscale.specs.model import COLUMN_PARALLEL, ModelSpec
 
 # (params, grads, optimizer) bytes per parameter, and the dtype activations and gathered params travel in.
 PRECISIONS = {
@@ -77,8 +77,8 @@ def adapter_widths(model: ModelSpec, tp: int) -> tuple:
     """(input, output) widths of each LoRA adapter on a rank: beside a column-parallel matrix (QKV, gate and
     up) it reads the whole input and writes the rank's columns, beside a row-parallel one (output and down
     projections) it reads the rank's rows and writes the whole output (NeMo's ParallelLinearAdapter)."""
-    # ModelSpec.lora_matrices lists each module's column-parallel matrix first
-    return tuple((i, o / tp) if n % 2 == 0 else (i / tp, o) for n, (i, o) in enumerate(model.lora_matrices()))
+    return tuple((i, o / tp) if target in COLUMN_PARALLEL else (i / tp, o)
+                 for target, (i, o) in zip(model.lora_targets, model.lora_matrices()))
 
 
 def adapter_saved_elements(model: ModelSpec, tp: int) -> float:
@@ -276,11 +276,10 @@ def _frozen_inputs(model: ModelSpec, norms_rerun: bool, mlp_rerun: bool) -> tupl
     if not model.lora:
         return 0.0, 0.0
     bare = not model.lora_dropout  # an adapter without dropout keeps its matrix's input for its A's gradient
-    adapted = {"attention": (True, False), "qkv": (True, False), "mlp": (False, True),
-               "all": (True, True)}[model.lora_modules]
-    keeps_qkv, keeps_mlp = (bare and a for a in adapted)
-    norms = 0.0 if norms_rerun else 2 * model.hidden * ((not keeps_qkv) + (not keeps_mlp))
-    down = 0.0 if keeps_mlp or mlp_rerun or model.is_moe else 2 * model.ffn
+    keeps_qkv, keeps_fc1, keeps_fc2 = (bare and t in model.lora_targets for t in ("linear_qkv", "linear_fc1",
+                                                                                "linear_fc2"))
+    norms = 0.0 if norms_rerun else 2 * model.hidden * ((not keeps_qkv) + (not keeps_fc1))
+    down = 0.0 if keeps_fc2 or mlp_rerun or model.is_moe else 2 * model.ffn
     return norms, down
 
 

@@ -13,8 +13,12 @@ from meshscale.specs.loading import build, hash_once, read_spec_file
 
 
 MLPS = ("swiglu", "geglu", "gelu", "gelu-erf", "relu2")
-# NeMo's PEFT target_modules (nemo/collections/nlp/parts/peft_config.py)
-LORA_MODULES = ("attention", "qkv", "mlp", "all")
+# The matrices each of NeMo's PEFT target_modules adapts, by Megatron-Core's names (nemo/collections/nlp/parts/
+# peft_config.py); linear_qkv and linear_fc1 split their outputs over TP, linear_proj and linear_fc2 their inputs
+LORA_TARGETS = {"attention": ("linear_qkv", "linear_proj"), "qkv": ("linear_qkv",), "mlp": ("linear_fc1", "linear_fc2"),
+                "all": ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")}
+LORA_MODULES = tuple(LORA_TARGETS)
+COLUMN_PARALLEL = ("linear_qkv", "linear_fc1")
 NORMS = ("", "layernorm", "rmsnorm")
 GATED_MLPS = ("swiglu", "geglu")  # gate, up and down matrices; the others have up and down
 
@@ -270,15 +274,17 @@ class ModelSpec:
         idle = (self.experts - self.top_k) * self.expert_params()
         return self.param_count() - self.moe_layers * idle
 
+    @property
+    def lora_targets(self) -> tuple:
+        """The names of each layer's matrices that carry a LoRA adapter (LORA_TARGETS), none without LoRA."""
+        return LORA_TARGETS[self.lora_modules] if self.lora else ()
+
     def lora_matrices(self) -> tuple:
-        """The (in, out) widths of each layer's matrices that carry a LoRA adapter (`lora_modules`), none
-        without LoRA."""
-        if not self.lora:
-            return ()
+        """The (in, out) widths of `lora_targets`, in their order."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        attention = ((self.hidden, q + 2 * kv), (q, self.hidden))
-        mlp = ((self.hidden, self.mlp_in_width), (self.ffn, self.hidden))
-        return {"attention": attention, "qkv": attention[:1], "mlp": mlp, "all": attention + mlp}[self.lora_modules]
+        widths = {"linear_qkv": (self.hidden, q + 2 * kv), "linear_proj": (q, self.hidden),
+                  "linear_fc1": (self.hidden, self.mlp_in_width), "linear_fc2": (self.ffn, self.hidden)}
+        return tuple(widths[t] for t in self.lora_targets)
 
     def adapter_params(self) -> int:
         """One layer's LoRA adapter parameters: r x (in + out) for each adapted matrix."""
