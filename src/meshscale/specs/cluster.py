@@ -667,6 +667,11 @@ PRESETS: dict[str, ClusterSpec] = {
     "a100-80gb": _gpu("a100-80gb", "A100-SXM4-80GB", 312e12, 0.0, 19.5e12, 81920 * MiB, 2.039e12, 0.822,
                       300 * GB, 8, 25 * GB, 1.8, 108, 0.575, nvlink_eff=0.78, gpu_arch="ampere", host_cpu="amd",
                       host_bandwidth=32 * GB),
+    # The datasheet's 40 GB A100 SXM: HBM2 at 1.555 TB/s, the same die, clocks and NVLink3 (DGX A100 320GB: the
+    # same 8 HDR NICs); no price on record.
+    "a100-40gb": _gpu("a100-40gb", "A100-SXM4-40GB", 312e12, 0.0, 19.5e12, 40960 * MiB, 1.555e12, 0.822,
+                      300 * GB, 8, 25 * GB, 0.0, 108, 0.575, nvlink_eff=0.78, gpu_arch="ampere", host_cpu="amd",
+                      host_bandwidth=32 * GB),
     # NVIDIA H100 SXM datasheet: 989 TFLOP/s bf16 dense, 1979 fp8, 67 fp32; 80 GB HBM3 at 3.35 TB/s, 132 SMs
     # (nvidia-smi reports 81559 MiB);
     # DGX H100: NVLink4 900 GB/s bidirectional (450 one way), 8x ConnectX-7 NDR 400 Gb/s (50 GB/s per GPU).
@@ -777,8 +782,8 @@ PRESETS: dict[str, ClusterSpec] = {
 # 1000 W, GB200 1200 W per GPU); TPU v4 170 W mean per chip (Jouppi et al. 2023, ISCA, Table 3). Idle: ~60 W
 # for SXM boards (nvidia-smi power.draw at rest on DGX A100/H100), 90 W for Blackwell, 1/3 of board for TPU v4.
 # TPU v5e/v5p and this machine have no published figure and report no energy.
-POWER_W = {"a100-80gb": (400, 60), "h100-80gb": (700, 60), "h800": (700, 60), "h200": (700, 60), "b200": (1000, 90),
-           "gb200-nvl72": (1200, 90), "tpu-v4": (170, 57)}
+POWER_W = {"a100-80gb": (400, 60), "a100-40gb": (400, 60), "h100-80gb": (700, 60), "h800": (700, 60),
+           "h200": (700, 60), "b200": (1000, 90), "gb200-nvl72": (1200, 90), "tpu-v4": (170, 57)}
 for _name, (_board, _idle) in POWER_W.items():
     PRESETS[_name] = replace(PRESETS[_name], board_power_w=_board, idle_power_w=_idle)
 
