@@ -216,3 +216,15 @@ def test_new_generations_from_their_datasheets():
     assert v6e.tiers[1].bandwidth == 4 * load_cluster("tpu-v5e").tiers[1].bandwidth  # DCN a chip: 12.5e9 B/s
     h800, h100 = load_cluster("h800"), load_cluster("h100-80gb")  # H100 with NVLink at 200 GB/s one way
     assert h800.peak_flops_bf16 == h100.peak_flops_bf16 and h800.tiers[0].bandwidth == h100.tiers[0].bandwidth * 4 / 9
+
+
+def test_the_40gb_a100_differs_from_the_80gb_in_its_hbm_alone():
+    from meshscale.cost import predict
+    small, large = load_cluster("a100-40gb"), load_cluster("a100-80gb")
+    assert small.hbm_bytes == large.hbm_bytes / 2 and small.hbm_bandwidth < large.hbm_bandwidth
+    assert (small.peak_flops_bf16, small.tiers, small.software) == (large.peak_flops_bf16, large.tiers, large.software)
+    model, layout = load_model("llama2-7b"), Layout.parse("dp=8,zero=1,mbs=1", 8)
+    on_small, on_large = predict(model, small, layout, 64), predict(model, large, layout, 64)
+    need = on_small.memory_per_device_bytes["total"]
+    assert need == on_large.memory_per_device_bytes["total"] and small.hbm_bytes < need < large.hbm_bytes
+    assert on_small.step_time_s > on_large.step_time_s  # its memory-bound kernels take longer
