@@ -360,16 +360,16 @@ def bloom_runs():
 
 
 def neox_runs():
-    """Black et al. 2022 (arXiv:2204.06745, sec. 3 and 3.2): GPT-NeoX-20B on twelve Supermicro AS-4124GO-NART
+    """Black et al. 2022 (arXiv:2204.06745, sec. 2.3 and 3): GPT-NeoX-20B on twelve Supermicro AS-4124GO-NART
     servers of 8 A100-SXM4-40GB (NVSwitch inside; four 200 Gb/s HDR HCAs a server, 12.5 GB/s a GPU), PyTorch
     1.10, NCCL 2.10.3, "117 teraFLOPS per GPU". The layout and software are the configs/20B.yml it released
     (EleutherAI/gpt-neox c560814b, 2022-02-10): TP 2 x PP 4 (DeepSpeed's pipeline engine, 1F1B) x DP 12,
     micro-batch 4, 32 micro-batches (1,536 sequences of 2,048), every layer recomputed, fp16 with ZeRO-1 (fp16
     gradients reduced after the backward), no fused attention (its softmax kernel alone). The FLOP count is the
     logger's of that commit (megatron/logging.py get_flops: 6 x every parameter + 60 s h L a token, recompute
-    uncounted): 43.9 s a step, which over the 150,000 steps makes the paper's 1,830 hours. Model: 44 layers,
-    hidden 6144, 64 heads, GeLU MLP of 24,576, vocab 50,432 untied, a quarter of each head rotated, GPT-J's
-    parallel residual, biases."""
+    uncounted): 43.9 s a step, 1,827 hours over the 150,000 steps (summaries of the paper quote 1,830). Model:
+    44 layers, hidden 6144, 64 heads, GeLU MLP of 24,576, vocab 50,432 untied, a quarter of each head rotated,
+    GPT-J's parallel residual, biases."""
     model = ModelSpec(name="gpt-neox-20b", layers=44, hidden=6144, heads=64, ffn=24576, vocab=50432, seq=2048,
                       mlp="gelu", biases=True, parallel_residual=True, rotary_fraction=0.25)
     flops_per_token = 6 * 20_556_201_984 + 60 * model.seq * model.hidden * model.layers
