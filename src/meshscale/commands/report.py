@@ -66,7 +66,8 @@ def print_prediction(pred, console: Console | None = None) -> None:
                       e["tier"], ms(e["time_s"]), ms(e["exposed_s"]), ms(e["interference_s"]))
         console.print(c)
     mem = pred.memory_per_device_bytes
-    m = Table(title=f"memory per device (HBM {si_bytes(pred.hbm_bytes, 2)})", title_justify="left")
+    title = f"memory per device (HBM {si_bytes(pred.hbm_bytes, 2)})"
+    m = Table(title=title, title_justify="left", min_width=len(title))  # the title on one line
     m.add_column("kind"), m.add_column("bytes", justify="right")
     for k in ("frozen", "params", "grads", "optimizer", "activations", "gathered"):
         if mem.get(k) or k not in ("gathered", "frozen"):  # ZeRO-3's unsharded units; LoRA's frozen weights
