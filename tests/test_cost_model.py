@@ -176,6 +176,27 @@ def test_activation_offload_moves_layers_to_host_memory_behind_their_passes():
         predict(model, load_cluster("b200"), layout(8), 64)
 
 
+def test_the_embedding_counted_as_a_layer_moves_one_from_the_first_rank_to_the_last():
+    """embedding_layer (Megatron-Core --account-for-embedding-in-pipeline-split): 80 layers and the embedding
+    cut 9 a rank over 9 ranks, so the first holds 8 and the last, with the head, 9, where the even cut gives
+    the last 8; loss_layer alone cuts as the even cut does. What Megatron-Core cannot cut is one line."""
+    from meshscale.specs.placement import stage_layers
+
+    model = load_model("llama3-70b")
+    even, embedding, loss = (Layout.parse(f"tp=8,pp=9{extra},mbs=1", 72)
+                             for extra in ("", ",embedding_layer=true", ",loss_layer=true"))
+    assert [len(stage_layers(model, even, r)) for r in (0, 8)] == [9, 8]
+    assert [len(stage_layers(model, embedding, r)) for r in (0, 8)] == [8, 9]
+    assert [len(stage_layers(model, loss, r)) for r in range(9)] == [len(stage_layers(model, even, r))
+                                                                     for r in range(9)]
+    assert predict(model, H100, embedding, 72).step_time_s > predict(model, H100, even, 72).step_time_s
+    for bad, match in (("tp=8,pp=8,embedding_layer=true,mbs=1", "81 units"),
+                       ("tp=8,pp=9,first=8,loss_layer=true,mbs=1", "no first or last"),
+                       ("tp=8,embedding_layer=true,mbs=1", "pp > 1")):
+        with pytest.raises(UserError, match=match):
+            predict(model, H100, Layout.parse(bad, 72 if "pp=9" in bad else 64), 72)
+
+
 def test_uneven_first_and_last_pipeline_ranks():
     """first/last (Megatron-Core --decoder-first/last-pipeline-num-layers): the first and last ranks hold that
     many layers and the others share the rest evenly, in predict's compute and memory alike; what cannot be

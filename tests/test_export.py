@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from meshscale.errors import UserError
-from meshscale.export import FRAMEWORKS, adapted, emit
+from meshscale.export import FRAMEWORKS, adapted, emit, read
 from meshscale.specs.cluster import load_cluster
-from meshscale.specs.layout import Layout
+from meshscale.specs.layout import Layout, split_layers
 from meshscale.specs.model import load_model
+from meshscale.specs.placement import chunk_ranges, layout_ends
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).parent.parent
@@ -41,6 +42,8 @@ CASES = [
     ("llama3-8b", "h100-80gb", "dp=8,zero=3,mbs=1,recompute=minimal", 64, "bf16"),
     # uneven first and last pipeline ranks, Megatron-Core's recompute modules, and activation offload
     ("llama3-8b", "h100-80gb", "dp=2,zero=1,tp=2,sp=true,pp=4,first=5,last=11,mbs=1", 64, "bf16"),
+    # the embedding counted as a layer of the cut (Megatron-Core --account-for-embedding-in-pipeline-split)
+    ("llama3-8b", "h100-80gb", "dp=2,zero=1,tp=4,sp=true,pp=3,embedding_layer=true,mbs=1", 48, "bf16"),
     ("llama3-8b", "h100-80gb", "dp=8,zero=1,mbs=1,offload=8", 64, "bf16"),
     ("llama3-8b", "h100-80gb", "dp=8,zero=1,mbs=1,recompute=full,offload=32", 64, "bf16"),
     ("llama3-8b", "h100-80gb", "dp=4,zero=1,tp=2,sp=true,mbs=1,recompute=layernorm+mlp", 64, "bf16"),
@@ -151,6 +154,41 @@ def _number(text: str):
     return text
 
 
+def megatron_cut(config) -> list[int]:
+    """The transformer layers Megatron-Core builds on each pipeline chunk (chunk c: pipeline rank c % pp,
+    virtual stage c // pp), from its own functions: the layout it was given, or its cut rules."""
+    from megatron.core.transformer.enums import LayerType
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+    pp, vpp = config.pipeline_model_parallel_size, config.virtual_pipeline_model_parallel_size or 1
+    spelled = config.pipeline_model_parallel_layout
+    return [spelled.layout[c % pp][c // pp].count(LayerType.decoder) if spelled else
+            get_num_layers_to_build(config, c // pp if vpp > 1 else None, c % pp) for c in range(pp * vpp)]
+
+
+@pytest.mark.skipif(not installed("megatron.core"), reason="megatron-core is not installed (pip install '.[test]')")
+def test_the_cut_is_megatron_cores():
+    """split_layers against Megatron-Core's get_num_layers_to_build: the even cut, the first and last ranks'
+    layers given, the embedding and the loss counted as layers. Where the layers and both counted make whole
+    chunks, the even cut with its leftovers inside is that cut: the layouts that leave the flags out charge it."""
+    import torch
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    for layers, pp, vpp, first, last, embedding, loss in [
+            (32, 4, 1, 0, 0, False, False), (32, 2, 4, 0, 0, False, False), (32, 4, 1, 5, 11, False, False),
+            (32, 2, 2, 14, 18, False, False), (31, 4, 1, 0, 0, True, False), (31, 4, 1, 0, 0, False, True),
+            (126, 16, 4, 0, 0, True, True), (30, 4, 1, 0, 0, True, True), (62, 8, 2, 0, 0, True, True)]:
+        config = TransformerConfig(
+            num_layers=layers, hidden_size=64, num_attention_heads=4, pipeline_model_parallel_size=pp,
+            virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None, pipeline_dtype=torch.bfloat16,
+            num_layers_in_first_pipeline_stage=first or None, num_layers_in_last_pipeline_stage=last or None,
+            account_for_embedding_in_pipeline_split=embedding, account_for_loss_in_pipeline_split=loss)
+        cut = [len(r) for r in split_layers(layers, pp * vpp, 0, pp, first, last, embedding, loss)]
+        assert cut == megatron_cut(config), (layers, pp, vpp, first, last, embedding, loss)
+        if embedding and loss:
+            assert cut == [len(r) for r in split_layers(layers, pp * vpp)]
+
+
 @pytest.mark.skipif(not installed("megatron.core"), reason="megatron-core is not installed (pip install '.[test]')")
 @pytest.mark.parametrize("case", [c for c in CASES if not c[1].startswith("tpu")], ids=lambda c: c[2])
 def test_megatron_core_configs_take_it(case):
@@ -175,6 +213,8 @@ def test_megatron_core_configs_take_it(case):
     if lay.vpp > 1 and "num_layers_per_virtual_pipeline_stage" in args:
         kw["virtual_pipeline_model_parallel_size"] = (
             model.layers // lay.pp // args["num_layers_per_virtual_pipeline_stage"])
+    if "num_virtual_stages_per_pipeline_rank" in args:
+        kw["virtual_pipeline_model_parallel_size"] = args["num_virtual_stages_per_pipeline_rank"]
     if kind is MLATransformerConfig:
         kw.pop("kv_channels", None)
     config = kind(**kw)
@@ -186,6 +226,11 @@ def test_megatron_core_configs_take_it(case):
     assert config.cpu_offloading_num_layers == lay.offload
     if config.recompute_granularity == "selective":
         assert set(config.recompute_modules) == lay.recompute_modules
+    if lay.pp > 1:  # Megatron-Core builds on each chunk the layers the cost model charged it
+        assert megatron_cut(config) == [len(r) for r in chunk_ranges(model.layers, lay.stages, model.mtp_layers,
+                                                                      lay.pp, layout_ends(lay))]
+        back = read("megatron", out.config, asked.devices).layout  # as `check` reads a job's arguments
+        assert (back.embedding_layer, back.loss_layer) == (lay.embedding_layer, lay.loss_layer)
     ddp_names = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
     ddp = DistributedDataParallelConfig(**{k: v for k, v in args.items() if k in ddp_names},
                                         grad_reduce_in_fp32=bool(args.get("accumulate_allreduce_grads_in_fp32")),
@@ -210,7 +255,6 @@ def test_each_fp8_recipe_reaches_each_framework_as_the_cost_model_charged_it():
     """MXFP8 is Megatron-Core's mxfp8 recipe (e4m3 throughout), torchtitan's mx converter and MaxText's te_mxfp8,
     and reads back as mxfp8; DeepSpeed's JSON has none (nearest bf16). Tensor-wise FP8 with current scaling is
     Megatron-Core's tensorwise recipe, delayed scaling its default."""
-    from meshscale.export import read
 
     model, b200, layout = load_model("llama3-8b"), load_cluster("b200"), Layout.parse("dp=8,zero=1,mbs=1")
     out = {f: emit(f, model, b200, layout, 64, "mxfp8", steps=10) for f in ("megatron", "torchtitan", "maxtext",
@@ -535,6 +579,19 @@ def test_megatron_builds_the_attention_the_cost_model_charged():
                                Layout.parse("dp=8,zero=1,pp=16,cp=2,ep=8,mbs=1"), 1024, "bf16", steps=10).config)
     assert qwen["qk_layernorm"] and qwen["rotary_base"] == 1000000 and isinstance(qwen["rotary_base"], int)
     assert not {"window_size", "softmax_type", "add_qkv_bias"} & set(qwen)
+
+
+def test_check_reads_megatrons_pipeline_cut():
+    """`check` takes a job's uneven pipeline ends and its counted embedding and loss from its arguments, so the
+    cut it predicts is the one the job ran."""
+    base = ("--num-layers 30 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096 --micro-batch-size 1 "
+            "--global-batch-size 64 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 ")
+    uneven = read("megatron", base + "--decoder-first-pipeline-num-layers 5 --decoder-last-pipeline-num-layers 11",
+                  64).layout
+    assert (uneven.first, uneven.last, uneven.embedding_layer, uneven.loss_layer) == (5, 11, False, False)
+    counted = read("megatron", base + "--account-for-embedding-in-pipeline-split "
+                   "--account-for-loss-in-pipeline-split --num-virtual-stages-per-pipeline-rank 2", 64).layout
+    assert (counted.first, counted.embedding_layer, counted.loss_layer, counted.vpp) == (0, True, True, 2)
 
 
 def test_megatron_builds_nemotrons_block_and_reads_it_back():

@@ -190,6 +190,22 @@ def test_split_layers_even_with_leftovers_inside():
                 assert max(sizes[0], sizes[-1]) <= min(sizes[1:-1]), (layers, chunks, sizes)
 
 
+def test_the_embedding_and_the_loss_counted_as_layers():
+    """embedding_layer and loss_layer (Megatron-Core's --account-for-embedding/loss-in-pipeline-split): the
+    first or last chunk holds a transformer layer fewer, multi-token prediction modules ride with the loss
+    outside the cut, and each pipeline rank builds the layers the cut gives it."""
+    assert split_layers(7, 2, pp=2, embedding=True) == [range(0, 3), range(3, 7)]
+    assert split_layers(7, 2, pp=2, loss=True) == [range(0, 4), range(4, 7)]
+    assert split_layers(61, 21, 1, 21, embedding=True, loss=True)[-1] == range(59, 61)  # 2 layers + the MTP
+    model = build_model(replace(SPEC, layers=7), seed=0)
+    for text, cut in (("pp=2,mbs=1", [[0, 1, 2, 3], [4, 5, 6]]),
+                      ("pp=2,embedding_layer=true,mbs=1", [[0, 1, 2], [3, 4, 5, 6]])):
+        chunks = [chunk for rank in range(2) for _, chunk in pipeline_chunks(model, Layout.parse(text), rank)]
+        assert [[int(name) for name in chunk.layers] for chunk in chunks] == cut, text
+        assert chunks[0].tok_embeddings is not None and chunks[1].tok_embeddings is None
+        assert chunks[1].output is not None and chunks[0].output is None
+
+
 def test_refusals_name_the_reason():
     assert schedule_refusal(Layout.parse("pp=4,schedule=dualpipev"), 4) == \
         ("schedule=dualpipev needs at least 2*pp = 8 micro-batches per step, got 4; "

@@ -27,7 +27,7 @@ def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
         if degree > 1:
             values: dict[str, object] = {axis: 1, "dp": layout.dp * (degree if axis != "ep" else 1)}
             if axis == "pp":
-                values.update(schedule="1f1b", vpp=1, first=0, last=0)
+                values.update(schedule="1f1b", vpp=1, first=0, last=0, embedding_layer=False, loss_layer=False)
             if layout.shard:
                 values["shard"] = 0
             if axis == "ep" and layout.etp:

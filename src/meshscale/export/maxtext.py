@@ -32,8 +32,9 @@ REMAT = {"none": "minimal_with_context", "minimal": "minimal", "minimal_mlp": "s
 
 def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
     changes: list[str] = []
-    if layout.first or layout.last:
-        layout = change(layout, changes, "MaxText cuts its pipeline evenly", first=0, last=0)
+    if layout.first or layout.last or layout.embedding_layer or layout.loss_layer:
+        layout = change(layout, changes, "MaxText cuts its pipeline evenly", first=0, last=0, embedding_layer=False,
+                        loss_layer=False)
     if layout.pp > 1 and model.layers % layout.stages:
         layout = change(layout, changes, f"MaxText's pipeline needs pp*vpp ({layout.stages}) to divide the "
                                          f"{model.layers} layers", pp=1, vpp=1, schedule="1f1b",

@@ -150,6 +150,10 @@ def _model_arguments(model: ModelSpec, dispatcher: str) -> list[str]:
 
 
 def _pipeline_arguments(model: ModelSpec, lay: Layout) -> list[str]:
+    if lay.embedding_layer or lay.loss_layer:  # check_against has held the cut to Megatron-Core's rules
+        return ((["--account-for-embedding-in-pipeline-split"] if lay.embedding_layer else [])
+                + (["--account-for-loss-in-pipeline-split"] if lay.loss_layer else [])
+                + ([f"--num-virtual-stages-per-pipeline-rank {lay.vpp}"] if lay.vpp > 1 else []))
     if model.layers % lay.stages == 0 and not (model.mtp_layers or lay.first or lay.last):
         return ([f"--num-layers-per-virtual-pipeline-stage {model.layers // lay.stages}"]
                 if lay.vpp > 1 else [])
@@ -269,6 +273,10 @@ def read(text: str, devices: int | None) -> Shape:
     layout = Layout(dp=dp, zero=zero, shard=dp * cp // instances if instances > 1 else 0, tp=tp,
                     sp=bool(args.get("sequence_parallel")), pp=pp, vpp=vpp if pp > 1 else 1,
                     schedule="interleaved" if vpp > 1 else "1f1b", cp=cp,
+                    first=number("decoder_first_pipeline_num_layers", 0) if pp > 1 else 0,
+                    last=number("decoder_last_pipeline_num_layers", 0) if pp > 1 else 0,
+                    embedding_layer=pp > 1 and bool(args.get("account_for_embedding_in_pipeline_split")),
+                    loss_layer=pp > 1 and bool(args.get("account_for_loss_in_pipeline_split")),
                     ep=number("expert_model_parallel_size", 1), mbs=number("micro_batch_size", 1),
                     etp=number("expert_tensor_parallel_size", 0) if number("expert_model_parallel_size", 1) > 1 else 0,
                     recompute={"full": "full", "selective": "selective"}.get(granularity, "none"))

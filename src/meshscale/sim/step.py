@@ -41,7 +41,7 @@ from meshscale.sim import engine
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import Layout, check_against, split_layers
 from meshscale.specs.model import ModelSpec
-from meshscale.specs.placement import stage_owner
+from meshscale.specs.placement import layout_ends, stage_owner
 
 INLINE_AXES = ("tp", "ep", "etp", "cp")
 DATA_AXES = ("dp", "edp")  # dense gradients over dp*cp, routed experts over their own replicas (MoE)
@@ -165,7 +165,7 @@ def _durations(model, cluster, layout, precision, pred, ring):
     send_s = pp_entry["time_s"] / pp_entry["calls"] if pp_entry else 0.0
     fsdp = sum(e["time_s"] for e in pred.comm if e["axis"] in DATA_AXES and e["overlap"] == Overlap.FSDP)
     units = [len(r) for r in split_layers(model.layers, layout.stages, model.mtp_layers, layout.pp,
-                                          layout.first, layout.last)]
+                                          *layout_ends(layout))]
 
     def exposed(factor: float) -> float:  # the inline collectives at `factor` times their time (predict's rule)
         return sum(exposed_seconds(factor * e["time_s"], e["hidden_by_s"], factor * e["shown_s"], efficiency)

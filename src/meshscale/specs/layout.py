@@ -43,8 +43,9 @@ ZERO_BUBBLE_SCHEDULES = ("zb",) + V_SCHEDULES
 _INT_KEYS = ("dp", "zero", "shard", "tp", "pp", "vpp", "first", "last", "cp", "ep", "etp", "mbs", "offload")
 _INT_MINIMA = tuple((key, 0 if key in ("zero", "mbs", "shard", "etp", "offload", "first", "last") else 1)
                     for key in _INT_KEYS)
-_KEY_ORDER = ("dp", "zero", "shard", "tp", "sp", "pp", "vpp", "schedule", "first", "last", "cp", "ep", "etp", "mbs",
-              "recompute", "offload")
+_BOOL_KEYS = ("sp", "embedding_layer", "loss_layer")
+_KEY_ORDER = ("dp", "zero", "shard", "tp", "sp", "pp", "vpp", "schedule", "first", "last", "embedding_layer",
+              "loss_layer", "cp", "ep", "etp", "mbs", "recompute", "offload")
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,11 @@ class Layout:
     # the others sharing the rest evenly; 0: the even cut (`split_layers`)
     first: int = 0
     last: int = 0
+    # the embedding, and the output head with the loss, each counted as one layer of the even cut, so the first
+    # and the last chunk hold one transformer layer fewer (Megatron-Core --account-for-embedding-in-pipeline-split,
+    # --account-for-loss-in-pipeline-split; `split_layers`)
+    embedding_layer: bool = False
+    loss_layer: bool = False
     cp: int = 1  # context parallelism (ring attention)
     ep: int = 1  # expert parallelism, folded over the stage's tp*cp*dp ranks (see the module docstring)
     etp: int = 0  # expert tensor parallelism; 0: tp (Megatron-Core's default for --expert-tensor-parallel-size)
@@ -98,6 +104,9 @@ class Layout:
             raise UserError(f"layout: first={self.first}, last={self.last} set the layers of the first and last "
                             "pipeline ranks as Megatron-Core does: with pp > 1, not a V schedule, and a multiple of "
                             f"vpp={self.vpp} each (a rank's chunks share them evenly)")
+        if (self.embedding_layer or self.loss_layer) and (self.pp == 1 or self.first or self.last):
+            raise UserError("layout: embedding_layer and loss_layer count the embedding and the loss as layers of "
+                            "the pipeline cut: they need pp > 1 and, as in Megatron-Core, no first or last")
         if self.v_shaped and self.vpp == 1:
             object.__setattr__(self, "vpp", 2)
         if self.shard:
@@ -273,16 +282,16 @@ def _module_list(text: str) -> str:
 
 
 def parse_value(key: str, raw: str, what: str = "layout"):
-    """The value of layout key `key` from its text: a whole number, sp a bool, schedule and recompute their
-    lower-case names (which Layout checks)."""
+    """The value of layout key `key` from its text: a whole number, sp and the cut's switches a bool, schedule and
+    recompute their lower-case names (which Layout checks)."""
     if key in _INT_KEYS + ("fsdp",):
         try:
             return int(raw)
         except ValueError:
             raise UserError(f"{what}: {key} must be a whole number, got {raw!r}") from None
-    if key == "sp":
+    if key in _BOOL_KEYS:
         if raw.lower() not in ("true", "false", "1", "0"):
-            raise UserError(f"{what}: sp must be true or false, got {raw!r}")
+            raise UserError(f"{what}: {key} must be true or false, got {raw!r}")
         return raw.lower() in ("true", "1")
     return raw.lower()
 
@@ -305,6 +314,14 @@ def check_against(layout: Layout, model, global_batch: int | None = None) -> Non
             raise UserError(f"layout: first={layout.first}, last={layout.last} leave {middle} of {model.name}'s "
                             f"{model.layers} layers to the other {ranks} pipeline ranks, which must share them "
                             f"evenly over their {ranks * layout.vpp} chunks, at least one each; change first or last")
+    if layout.embedding_layer or layout.loss_layer:
+        units = model.layers + layout.embedding_layer + layout.loss_layer
+        if units % layout.stages or units < 2 * layout.stages:
+            counted = " and ".join(name for name, on in (("the embedding", layout.embedding_layer),
+                                                         ("the loss", layout.loss_layer)) if on)
+            raise UserError(f"layout: {model.name}'s {model.layers} layers and {counted} make {units} units, "
+                            f"which Megatron-Core cuts evenly into pp*vpp = {layout.stages} chunks, at least 2 "
+                            "a chunk; change pp or vpp")
     if layout.stages > model.layers + model.mtp_layers:
         raise UserError(f"layout: pp*vpp = {layout.stages} pipeline chunks but {model.name} has only "
                         f"{model.layers} layers; lower pp or vpp")
@@ -365,8 +382,8 @@ def kv_heads_per_rank(kv_heads: int, tp: int) -> int:
     return max(kv_heads // tp, 1)
 
 
-def split_layers(n_layers: int, n_chunks: int, mtp: int = 0, pp: int = 1, first: int = 0,
-                 last: int = 0) -> list[range]:
+def split_layers(n_layers: int, n_chunks: int, mtp: int = 0, pp: int = 1, first: int = 0, last: int = 0,
+                 embedding: bool = False, loss: bool = False) -> list[range]:
     """Contiguous layer ranges, one per chunk: Megatron's even cut (Narayanan et al. 2021, sec. 2.2), which
     the published step times we hold the cost model against were measured with. Layers left over go to the
     inner chunks first, so the chunks also carrying the embedding or the output head stay lighter. `mtp`
@@ -374,9 +391,12 @@ def split_layers(n_layers: int, n_chunks: int, mtp: int = 0, pp: int = 1, first:
     Core's pipeline layouts place them so: "m" in the last stage), so that chunk may hold none. With `first`
     or `last` (Layout) the first or last of `pp` ranks holds that many layers, shared evenly by its chunks
     (rank r holds chunks r, r + pp, ...), and the other ranks' chunks share the rest evenly, as Megatron-Core's
-    --decoder-first/last-pipeline-num-layers cut. The runtime (parallel/pipeline.py) and the cost model
-    (cost/memory.py) both cut with this function."""
-    units = n_layers + mtp
+    --decoder-first/last-pipeline-num-layers cut. With `embedding` or `loss` the embedding, or the head and
+    the loss, count as one unit of the even cut, in the first or the last chunk (Megatron-Core's
+    get_num_layers_to_build under --account-for-embedding/loss-in-pipeline-split, which leaves the multi-token
+    prediction modules out of the cut and builds them with the loss). The runtime (parallel/pipeline.py) and
+    the cost model (cost/memory.py) both cut with this function."""
+    units = n_layers + embedding + loss if embedding or loss else n_layers + mtp
     if not 1 <= n_chunks <= units:
         raise ValueError(f"cannot cut {n_layers} layers into {n_chunks} pipeline chunks")
     if first or last:
@@ -388,6 +408,8 @@ def split_layers(n_layers: int, n_chunks: int, mtp: int = 0, pp: int = 1, first:
         inner_first = list(range(1, n_chunks - 1)) + [0, n_chunks - 1]
         for i in inner_first[:units % n_chunks]:
             sizes[i] += 1
+        sizes[0] -= embedding
+        sizes[-1] += mtp - loss if embedding or loss else 0
     starts = [sum(sizes[:i]) for i in range(n_chunks)]
     return [range(start, min(start + size, n_layers)) for start, size in zip(starts, sizes)]
 

@@ -27,7 +27,7 @@ def stage_owner(stage: int, pp: int, v_shaped: bool) -> int:
 def rank_layers(layers: int, pp: int, chunks: int, v_shaped: bool, rank: int, mtp: int = 0,
                 ends: tuple = ()) -> tuple:
     """The layers rank `rank` holds, in order, cut as the runtime cuts them (`split_layers`; `mtp` multi-token
-    prediction modules count in the last chunk; `ends`: the layout's (first, last), `layout_ends`)."""
+    prediction modules count in the last chunk; `ends`: `layout_ends`)."""
     ranges = chunk_ranges(layers, chunks, mtp, pp, ends)
     return tuple(i for c in rank_chunks(pp, chunks, v_shaped, rank) for i in ranges[c])
 
@@ -39,8 +39,11 @@ def chunk_ranges(layers: int, chunks: int, mtp: int = 0, pp: int = 1, ends: tupl
 
 
 def layout_ends(layout: Layout) -> tuple:
-    """The layout's (first, last) rank sizes where it sets them, else (): what the placement functions take."""
-    return (layout.first, layout.last) if layout.first or layout.last else ()
+    """How the layout's cut departs from the even one, as `split_layers` takes it after (mtp, pp): its (first,
+    last) rank sizes and (embedding_layer, loss_layer) where it sets any, else (), what the placement functions
+    take."""
+    ends = (layout.first, layout.last, layout.embedding_layer, layout.loss_layer)
+    return ends if any(ends) else ()
 
 
 @lru_cache(maxsize=4096)
