@@ -7,13 +7,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from meshscale.parallel.pipeline import PipelineRunner, pipeline_chunks, schedule_refusal, split_layers
+from meshscale.parallel.pipeline import PipelineRunner, pipeline_chunks, schedule_refusal
 from meshscale.parallel.tensor import apply_tensor_parallel, vocab_parallel_cross_entropy
 from meshscale.parallel.ledger import CommLedger
 from meshscale.runtime.measure.trace import analytic_bubble, chrome_trace, measured_bubble
 from meshscale.models.transformer import build_model
 from meshscale.errors import UserError
-from meshscale.specs.layout import Layout, check_against, trainer_refusal
+from meshscale.specs.layout import Layout, check_against, split_layers, trainer_refusal
 from meshscale.specs.model import PRESETS
 from tests.multirank import run_ranks
 from tests.test_tensor_parallel import ROW_PARALLEL, rel_err

@@ -9,7 +9,7 @@ import json
 
 from meshscale.cost.comm import bucket_params
 from meshscale.export import Job, change, no_int8
-from meshscale.specs.layout import Layout
+from meshscale.specs.layout import EVEN_CUT, Layout
 from meshscale.specs.model import ModelSpec
 
 GPU_ONLY = "DeepSpeed"  # named in the refusal of a TPU slice
@@ -27,7 +27,7 @@ def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
         if degree > 1:
             values: dict[str, object] = {axis: 1, "dp": layout.dp * (degree if axis != "ep" else 1)}
             if axis == "pp":
-                values.update(schedule="1f1b", vpp=1, first=0, last=0, embedding_layer=False, loss_layer=False)
+                values.update(schedule="1f1b", vpp=1, **EVEN_CUT)
             if layout.shard:
                 values["shard"] = 0
             if axis == "ep" and layout.etp:

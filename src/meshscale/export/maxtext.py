@@ -13,8 +13,9 @@ import math
 from meshscale.errors import UserError
 from meshscale.export import Job, change
 from meshscale.specs.cluster import is_fp8
-from meshscale.specs.layout import Layout
+from meshscale.specs.layout import EVEN_CUT, Layout
 from meshscale.specs.model import ModelSpec
+from meshscale.specs.placement import layout_ends
 
 GPU_ONLY = None  # MaxText runs on TPU slices and GPUs alike
 PRECISIONS: dict = {}  # each precision runs as asked
@@ -32,9 +33,8 @@ REMAT = {"none": "minimal_with_context", "minimal": "minimal", "minimal_mlp": "s
 
 def adapt(layout: Layout, model: ModelSpec) -> tuple[Layout, list[str]]:
     changes: list[str] = []
-    if layout.first or layout.last or layout.embedding_layer or layout.loss_layer:
-        layout = change(layout, changes, "MaxText cuts its pipeline evenly", first=0, last=0, embedding_layer=False,
-                        loss_layer=False)
+    if layout_ends(layout):
+        layout = change(layout, changes, "MaxText cuts its pipeline evenly", **EVEN_CUT)
     if layout.pp > 1 and model.layers % layout.stages:
         layout = change(layout, changes, f"MaxText's pipeline needs pp*vpp ({layout.stages}) to divide the "
                                          f"{model.layers} layers", pp=1, vpp=1, schedule="1f1b",

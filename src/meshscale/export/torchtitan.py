@@ -13,9 +13,9 @@ import tomllib
 from meshscale.cost.comm import bucket_params
 from meshscale.errors import UserError
 from meshscale.export import Job, Shape, change, no_int8
-from meshscale.specs.layout import KEEPS_MATMULS, V_SCHEDULES, Layout, split_layers
+from meshscale.specs.layout import KEEPS_MATMULS, V_SCHEDULES, Layout
 from meshscale.specs.model import ModelSpec, load_model
-from meshscale.specs.placement import layout_ends
+from meshscale.specs.placement import chunk_ranges, layout_ends
 
 GPU_ONLY = "torchtitan"  # named in the refusal of a TPU slice
 PRECISIONS = {"int8": no_int8(GPU_ONLY)}
@@ -129,8 +129,8 @@ def notes(job: Job) -> list[str]:
 
 def chunk_modules(model: ModelSpec, layout: Layout) -> list[list[str]]:
     """torchtitan's module names per model chunk: the embedding with the first, norm and head with the last."""
-    chunks = [[f"layers.{i}" for i in r] for r in split_layers(model.layers, layout.stages, 0, layout.pp,
-                                                                *layout_ends(layout))]
+    chunks = [[f"layers.{i}" for i in r] for r in chunk_ranges(model.layers, layout.stages, 0, layout.pp,
+                                                                layout_ends(layout))]
     chunks[0].insert(0, "tok_embeddings")
     chunks[-1] += ["norm", "output"]
     return chunks

@@ -23,8 +23,8 @@ from torch.distributed.pipelining import (
 
 from meshscale.models.transformer import Transformer
 from meshscale.parallel.ledger import record
-from meshscale.specs.layout import Layout, pipeline_refusal, split_layers
-from meshscale.specs.placement import head_rank, layout_ends, rank_chunks, stage_owner
+from meshscale.specs.layout import Layout, pipeline_refusal
+from meshscale.specs.placement import chunk_ranges, head_rank, layout_ends, rank_chunks, stage_owner
 
 try:  # both exist in torch 2.11 and 2.13; guarded so an older torch refuses them instead of failing to import
     from torch.distributed.pipelining import ScheduleDualPipeV, ScheduleZBVZeroBubble
@@ -65,7 +65,7 @@ def pipeline_chunks(model: Transformer, layout: Layout, pp_rank: int) -> list[tu
     their global names) and the embedding / final norm and head where they belong. Apply TP and data
     parallelism to each module afterwards, then hand them to `PipelineRunner`."""
     n_chunks = layout.stages
-    ranges = split_layers(model.spec.layers, n_chunks, 0, layout.pp, *layout_ends(layout))
+    ranges = chunk_ranges(model.spec.layers, n_chunks, 0, layout.pp, layout_ends(layout))
     chunks = []
     for stage in rank_chunks(layout.pp, n_chunks, layout.v_shaped, pp_rank):
         chunk = copy.deepcopy(model)

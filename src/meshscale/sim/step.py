@@ -39,9 +39,9 @@ from meshscale.cost.step import chunk_passes, control_seconds, exposed_seconds, 
 from meshscale.errors import UserError
 from meshscale.sim import engine
 from meshscale.specs.cluster import ClusterSpec
-from meshscale.specs.layout import Layout, check_against, split_layers
+from meshscale.specs.layout import Layout, check_against
 from meshscale.specs.model import ModelSpec
-from meshscale.specs.placement import layout_ends, stage_owner
+from meshscale.specs.placement import chunk_ranges, layout_ends, stage_owner
 
 INLINE_AXES = ("tp", "ep", "etp", "cp")
 DATA_AXES = ("dp", "edp")  # dense gradients over dp*cp, routed experts over their own replicas (MoE)
@@ -164,8 +164,8 @@ def _durations(model, cluster, layout, precision, pred, ring):
     pp_entry = next((e for e in pred.comm if e["axis"] == "pp"), None)
     send_s = pp_entry["time_s"] / pp_entry["calls"] if pp_entry else 0.0
     fsdp = sum(e["time_s"] for e in pred.comm if e["axis"] in DATA_AXES and e["overlap"] == Overlap.FSDP)
-    units = [len(r) for r in split_layers(model.layers, layout.stages, model.mtp_layers, layout.pp,
-                                          *layout_ends(layout))]
+    units = [len(r) for r in chunk_ranges(model.layers, layout.stages, model.mtp_layers, layout.pp,
+                                          layout_ends(layout))]
 
     def exposed(factor: float) -> float:  # the inline collectives at `factor` times their time (predict's rule)
         return sum(exposed_seconds(factor * e["time_s"], e["hidden_by_s"], factor * e["shown_s"], efficiency)

@@ -44,6 +44,9 @@ _INT_KEYS = ("dp", "zero", "shard", "tp", "pp", "vpp", "first", "last", "cp", "e
 _INT_MINIMA = tuple((key, 0 if key in ("zero", "mbs", "shard", "etp", "offload", "first", "last") else 1)
                     for key in _INT_KEYS)
 _BOOL_KEYS = ("sp", "embedding_layer", "loss_layer")
+# The keys that depart from the even cut (`split_layers`), at their defaults: what a framework cutting only
+# evenly changes a layout to
+EVEN_CUT = {"first": 0, "last": 0, "embedding_layer": False, "loss_layer": False}
 _KEY_ORDER = ("dp", "zero", "shard", "tp", "sp", "pp", "vpp", "schedule", "first", "last", "embedding_layer",
               "loss_layer", "cp", "ep", "etp", "mbs", "recompute", "offload")
 
@@ -396,7 +399,8 @@ def split_layers(n_layers: int, n_chunks: int, mtp: int = 0, pp: int = 1, first:
     get_num_layers_to_build under --account-for-embedding/loss-in-pipeline-split, which leaves the multi-token
     prediction modules out of the cut and builds them with the loss). The runtime (parallel/pipeline.py) and
     the cost model (cost/memory.py) both cut with this function."""
-    units = n_layers + embedding + loss if embedding or loss else n_layers + mtp
+    counted = embedding or loss  # Megatron-Core's counted cut leaves the MTP modules out
+    units = n_layers + (embedding + loss if counted else mtp)
     if not 1 <= n_chunks <= units:
         raise ValueError(f"cannot cut {n_layers} layers into {n_chunks} pipeline chunks")
     if first or last:
@@ -408,8 +412,9 @@ def split_layers(n_layers: int, n_chunks: int, mtp: int = 0, pp: int = 1, first:
         inner_first = list(range(1, n_chunks - 1)) + [0, n_chunks - 1]
         for i in inner_first[:units % n_chunks]:
             sizes[i] += 1
-        sizes[0] -= embedding
-        sizes[-1] += mtp - loss if embedding or loss else 0
+        if counted:
+            sizes[0] -= embedding
+            sizes[-1] += mtp - loss
     starts = [sum(sizes[:i]) for i in range(n_chunks)]
     return [range(start, min(start + size, n_layers)) for start, size in zip(starts, sizes)]
 
