@@ -15,6 +15,7 @@ from meshscale.errors import UserError
 from meshscale.cost.overhead import LINEAR_HOST
 from meshscale.cost.step import eager_forward_elements, elementwise_seconds, rank_passes
 from meshscale.plan.search import search
+from meshscale.sim.step import simulate
 from meshscale.specs.cluster import FRAMEWORK_SWITCHES, load_cluster
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import ModelSpec, load_model
@@ -294,6 +295,25 @@ def test_blocking_pipeline_sends_show_in_full():
     assert sends[True]["time_s"] == sends[False]["time_s"]
     assert sends[True]["exposed_s"] < 0.5 * sends[True]["time_s"]
     assert sends[False]["exposed_s"] == pytest.approx(sends[False]["time_s"])
+
+
+def test_deepspeeds_pipeline_receives_block_as_its_sends_do():
+    """DeepSpeed's pipeline engine blocks each rank on its receives as on its sends, whatever pp_comm_overlap
+    says: a rank's stage-boundary traffic is twice Megatron-LM's blocking sends' (a middle rank's four transfers
+    a micro-batch), all of it shows, and the simulator steps through the same, its BF16_Optimizer's gradient
+    copies included."""
+    layout = Layout.parse("tp=2,pp=4,dp=2,zero=1,mbs=1", 16)
+    megatron = with_software(pp_comm_overlap=False)
+    sends = {}
+    for name, cluster in (("megatron", megatron), ("deepspeed", with_software(framework="deepspeed")),
+                          ("deepspeed fp16 grads", with_software(framework="deepspeed", grad_reduce_fp32=False))):
+        pred = predict(MODEL, cluster, layout, 64)
+        sends[name] = next(e for e in pred.comm if e["axis"] == "pp")
+        assert sends[name]["exposed_s"] == pytest.approx(sends[name]["time_s"])
+        assert simulate(MODEL, cluster, layout, 64).step_time_s == pytest.approx(pred.step_time_s, rel=0.01), name
+    for name in ("deepspeed", "deepspeed fp16 grads"):
+        assert (sends[name]["calls"], sends[name]["bytes"]) == (2 * sends["megatron"]["calls"],
+                                                                 2 * sends["megatron"]["bytes"])
 
 
 def test_fsdp2_copies_its_gathered_parameters_out_on_the_compute_stream():

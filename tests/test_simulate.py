@@ -283,6 +283,50 @@ def test_a_rank_that_waited_for_a_core_is_replayed_with_its_own_gaps(tmp_path):
     assert r.gaps.local < 0.6  # the all-rank mean, which alone would under-charge the slow rank
 
 
+def _deepspeed_span(pp: int, m: int, f: float, b: float, send: float) -> float:
+    """DeepSpeed's own TrainSchedule for `pp` stages, each send meeting its receive for `send` seconds on both
+    ranks (blocking NCCL calls, as runtime/pipe/p2p.py issues them): when its last stage is done."""
+    schedule = pytest.importorskip("deepspeed.runtime.pipe.schedule")
+    # command -> (what it does, the stage it meets, relative, what travels) or the seconds it computes
+    does = {"SendActivation": ("send", 1, "act"), "RecvActivation": ("recv", -1, "act"),
+            "SendGrad": ("send", -1, "grad"), "RecvGrad": ("recv", 1, "grad"), "ForwardPass": f, "BackwardPass": b}
+    ops = [[does[type(c).__name__] for cmds in schedule.TrainSchedule(m, pp, i).steps() for c in cmds
+            if type(c).__name__ in does] for i in range(pp)]
+    clock, at = [0.0] * pp, [0] * pp
+    while any(at[i] < len(ops[i]) for i in range(pp)):
+        moved = False
+        for i in range(pp):
+            while at[i] < len(ops[i]):
+                op = ops[i][at[i]]
+                if isinstance(op, float):  # a pass
+                    clock[i], at[i], moved = clock[i] + op, at[i] + 1, True
+                    continue
+                kind, j, what = op[0], i + op[1], op[2]
+                if at[j] == len(ops[j]) or ops[j][at[j]] != ("recv" if kind == "send" else "send", i - j, what):
+                    break  # its partner is not there yet
+                clock[i] = clock[j] = max(clock[i], clock[j]) + send
+                at[i], at[j], moved = at[i] + 1, at[j] + 1, True
+        assert moved, "DeepSpeed's schedule deadlocked"
+    return max(clock)
+
+
+def test_blocking_receives_run_as_deepspeeds_own_schedule():
+    """DeepSpeed's pipeline engine blocks its ranks on every receive as on every send: the engine with
+    receives_block spans DeepSpeed's TrainSchedule within two transfers, where blocking sends alone come short by
+    about two transfers a micro-batch on the middle ranks."""
+    f, b, send = 1.0, 2.0, 0.1
+    for pp in (2, 3, 4, 8):
+        for m in (pp, 2 * pp, 16):
+            def span(**blocks):
+                run = engine.run(rank_orders("1f1b", pp, 1, m), lambda s: s,
+                                 lambda r, s, k, mb: (f if k == "F" else b, 0.0), lambda a, c: send, **blocks)
+                return max(p.end for p in run.passes)
+            deepspeed = _deepspeed_span(pp, m, f, b, send)
+            assert abs(span(blocking=True, receives_block=True) - deepspeed) <= 2 * send + 1e-9, (pp, m)
+            if pp > 2 and m == 16:
+                assert deepspeed - span(blocking=True) > (m - 2) * 2 * send * 0.9, (pp, m)
+
+
 def test_uneven_gpipe_is_the_flow_shop_makespan():
     """Ranks of unequal F, B (the head on the last, a lighter first): GPipe's span is m times the slowest rank's
     F+B plus one F+B of each other rank, which bubble_ratio's longest path gives."""

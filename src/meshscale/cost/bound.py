@@ -809,5 +809,5 @@ def _pipeline_floor(model: ModelSpec, cluster: ClusterSpec, devices: int, layout
     """pipeline_floor for `tokens` per rank and step: the same for every shape with this placement and dp*cp."""
     per_rank = sends_per_rank(layout.pp, layout.stages, layout.v_shaped)
     quietest = min(range(layout.pp), key=per_rank.__getitem__)
-    ops = comm.pipeline_ops(model, layout, tokens, act_bytes, 1, quietest)
+    ops = comm.pipeline_ops(model, layout, tokens, act_bytes, 1, quietest, cluster.software.pipeline_receives_block)
     return sum(bandwidth_seconds(cluster, devices, op.collective, op.bytes, 2, devices // layout.pp) for op in ops)

@@ -1,7 +1,8 @@
 """Every collective a layout issues in one step: its contract bytes, the tier it crosses, its time.
 
 Bytes follow the comm-accounting contract (parallel/ledger.py defines it): per-rank payload per optimizer
-step, a call counting the FULL buffer the collective operates on; send_recv counts sends only. Wire factors
+step, a call counting the FULL buffer the collective operates on; send_recv counts sends only (and the
+receives, where each is a call that blocks its rank: Software.pipeline_receives_block). Wire factors
 such as a ring's 2(n-1)/n are applied to time only.
 
 On GPU clusters (ClusterSpec.gpu_arch) time is NCCL's: cost/collectives.py picks the algorithm and
@@ -282,17 +283,20 @@ def pipeline_sends(layout: Layout, rank: int) -> int:
 
 
 def pipeline_ops(model: ModelSpec, layout: Layout, tokens: float, act_bytes: int, m: int,
-                 rank: int | None = None) -> list[CommOp]:
+                 rank: int | None = None, receives_block: bool = False) -> list[CommOp]:
     """Activations forward and their gradients backward at each stage boundary, from pipeline rank `rank`
     (None: the rank sending most). Each TP rank sends 1/tp of the activation: its SP sequence shard, or
     without SP a slice the receiver all-gathers over TP (Megatron's scatter/gather, Narayanan et al. 2021,
-    sec. 4.1; tensor_parallel_ops counts the gather)."""
+    sec. 4.1; DeepSpeed's engine alike since 0.5.4, pipe/engine.py is_pipe_partitioned and is_grad_partitioned;
+    tensor_parallel_ops counts the gather).
+    Where `receives_block` (Software.pipeline_receives_block) the rank's receives are calls on its stream too:
+    one for each send, since a rank receives across the same boundaries it sends across."""
     if layout.pp == 1:
         return []
     v = tokens * model.hidden * act_bytes / layout.tp
     per_rank = sends_per_rank(layout.pp, layout.stages, layout.v_shaped)
-    sends = (max(per_rank) if rank is None else per_rank[rank]) * m
-    return [CommOp("send_recv", v * sends, sends, Overlap.NONE)]
+    calls = (max(per_rank) if rank is None else per_rank[rank]) * m * (2 if receives_block else 1)
+    return [CommOp("send_recv", v * calls, calls, Overlap.NONE)]
 
 
 def tied_embedding_ops(model: ModelSpec, layout: Layout, holds_an_end: bool) -> list[CommOp]:

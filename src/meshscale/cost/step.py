@@ -227,7 +227,7 @@ def _rank_ledger(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: i
     ops += _on("tp", comm.lora_adapter_ops(model, layout, tokens, act_bytes, n_layers, m,
                                            sw.tp_comm_overlap and not sw.tp_overlap_disable_qkv,
                                            sw.lora_all_to_all))
-    ops += _on("pp", comm.pipeline_ops(model, layout, tokens, act_bytes, m, rank))
+    ops += _on("pp", comm.pipeline_ops(model, layout, tokens, act_bytes, m, rank, sw.pipeline_receives_block))
     ops += _on("pp", comm.tied_embedding_ops(model, layout, first or last))
     ops += _on("cp", comm.context_parallel_ops(model, layout, tokens, act_bytes, n_layers, m, moe_layers))
     ops += _on("ep", comm.expert_parallel_ops(model, layout, tokens, act_bytes, moe_layers, m))
@@ -587,14 +587,14 @@ QUEUED = ("gpipe", "interleaved")
 
 def queues_sends(layout: Layout, sw) -> bool:
     """Whether the schedule queues other passes while a send travels and the framework overlaps the sends."""
-    return sw.pp_comm_overlap and layout.schedule in QUEUED
+    return not sw.pipeline_sends_block and layout.schedule in QUEUED
 
 
 def _p2p_hidden_by(layout: Layout, sw, t: float, slack: float) -> float:
     """What the stage-boundary sends of `t` seconds hide behind: all of themselves where the schedule queues
     them (`queues_sends`), the slowest rank's slack over its neighbours otherwise, nothing where every send blocks
-    its rank (Software.pp_comm_overlap false: the slowest rank waits out its own sends)."""
-    if not sw.pp_comm_overlap:
+    its rank (Software.pipeline_sends_block: the slowest rank waits out its own sends)."""
+    if sw.pipeline_sends_block:
         return 0.0
     return t if queues_sends(layout, sw) else slack
 

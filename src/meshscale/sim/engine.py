@@ -48,13 +48,15 @@ class PipelineRun:
 
 
 def run(orders: tuple, owner, seconds, send, fsdp_share=None, replica: int = 0, before=None,
-        blocking: bool = False) -> PipelineRun:
+        blocking: bool = False, receives_block: bool = False) -> PipelineRun:
     """orders: per rank, (stage, kind, mb) tuples; owner(stage) -> rank; seconds(rank, stage, kind, mb) ->
     (compute, inline collectives); send(from rank, to rank) -> seconds of a stage-boundary send;
     fsdp_share(rank, stage, compute) -> (FSDP traffic seconds of a pass of that compute time, its wrapping
     units) (None: no FSDP); before(rank, stage, kind, mb) -> seconds its rank spends between its previous pass
     and this one, however early the inputs came (None: nothing; a measured trace's replay); blocking: a rank
-    waits out each of its stage-boundary sends before its next pass ([software] pp_comm_overlap false)."""
+    waits out each of its stage-boundary sends before its next pass (Software.pipeline_sends_block);
+    receives_block: and each receive, which starts once both its send has and the rank is free (DeepSpeed's
+    engine, Software.pipeline_receives_block: the transfer meets the receive it waits for)."""
     last_stage = max(a[0] for order in orders for a in order)
     done: dict = {}  # output(...) -> when it was ready
     free = [0.0] * len(orders)
@@ -71,15 +73,15 @@ def run(orders: tuple, owner, seconds, send, fsdp_share=None, replica: int = 0, 
                 deps = inputs(stage, kind, mb, last_stage)
                 if any(d not in done for d in deps):
                     break
+                if before is not None and at[r]:
+                    free[r] += before(r, stage, kind, mb)
                 ready, wait_on = 0.0, None
                 for d in deps:
                     src = owner(d[1])
-                    t = done[d] + (send(src, r) if src != r else 0.0)
+                    t = done[d] if src == r else max(done[d], free[r] if receives_block else 0.0) + send(src, r)
                     if t > ready:
                         ready, wait_on = t, (src if src != r else None)
                 compute, inline = seconds(r, stage, kind, mb)
-                if before is not None and at[r]:
-                    free[r] += before(r, stage, kind, mb)
                 start = max(free[r], ready)
                 waited = max(0.0, ready - free[r])
                 t, gather_wait = start, 0.0

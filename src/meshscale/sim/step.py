@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from meshscale.cost import predict
 from meshscale.cost.comm import Overlap
+from meshscale.cost.kernels import Passes
 from meshscale.cost.overhead import shared_cores
 from meshscale.cost.schedule import inputs, output, pass_seconds, rank_orders
 from meshscale.cost.step import chunk_passes, control_seconds, exposed_seconds, rank_passes
@@ -41,7 +42,7 @@ from meshscale.sim import engine
 from meshscale.specs.cluster import ClusterSpec
 from meshscale.specs.layout import Layout, check_against
 from meshscale.specs.model import ModelSpec
-from meshscale.specs.placement import chunk_ranges, layout_ends, stage_owner
+from meshscale.specs.placement import chunk_ranges, layout_ends, rank_chunks, stage_owner
 
 INLINE_AXES = ("tp", "ep", "etp", "cp")
 DATA_AXES = ("dp", "edp")  # dense gradients over dp*cp, routed experts over their own replicas (MoE)
@@ -118,8 +119,9 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batc
     orders = rank_orders(layout.schedule if layout.pp > 1 else "1f1b", layout.pp, layout.vpp, m)
     owner = lambda stage: stage_owner(stage, layout.pp, layout.v_shaped)  # noqa: E731
     pipelines = _replicas(layout, stragglers, slow_links)
-    blocking = not cluster.software.pp_comm_overlap
-    runs = [engine.run(orders, owner, seconds_for(slow, links), send_for(links), share, i, blocking=blocking)
+    blocks = {"blocking": cluster.software.pipeline_sends_block,
+              "receives_block": cluster.software.pipeline_receives_block}
+    runs = [engine.run(orders, owner, seconds_for(slow, links), send_for(links), share, i, **blocks)
             for i, (_, slow, links) in enumerate(pipelines)]
     last_backward = [[max(p.end for p in run.passes if p.rank == r and p.kind != "F") for r in range(layout.pp)]
                      for run in runs]
@@ -130,7 +132,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batc
     reference = None  # a replica without stragglers, to say how much more the straggling ones wait
     if healthy:
         reference = runs[0] if not pipelines[0][0] else engine.run(orders, owner, seconds_for({}, {}),
-                                                                     send_for({}), share, blocking=blocking)
+                                                                     send_for({}), share, **blocks)
     for i, ((name, _, _), run) in enumerate(zip(pipelines, runs)):
         for r in range(layout.pp):
             mine = [p for p in run.passes if p.rank == r]
@@ -159,6 +161,13 @@ def _durations(model, cluster, layout, precision, pred, ring):
     send_for(slow links) -> the seconds of a stage-boundary send between two ranks, and the FSDP share of a
     pass (None without FSDP); `ring` slows each pipeline rank's data-parallel traffic. Keys are pp ranks."""
     chunk = [chunk_passes(model, cluster, layout, c, precision) for c in range(layout.stages)]
+    # what a rank's passes hold beyond its chunks' (rank_passes: DeepSpeed's bf16 gradient copies, autocast's
+    # weight casts), an equal share on each chunk's pass
+    extra = {}
+    for r in range(layout.pp):
+        mine = rank_chunks(layout.pp, layout.stages, layout.v_shaped, r)
+        extra[r] = (rank_passes(model, cluster, layout, r, precision) - sum((chunk[c] for c in mine), Passes())) \
+            * (1 / len(mine))
     efficiency = cluster.software.overlap_efficiency
     inline = [e for e in pred.comm if e["axis"] in INLINE_AXES]
     pp_entry = next((e for e in pred.comm if e["axis"] == "pp"), None)
@@ -182,7 +191,7 @@ def _durations(model, cluster, layout, precision, pred, ring):
                   + inline_slowing * links.get(r, 1.0) + dp_slowing for r in range(layout.pp)}
 
         def seconds(rank, stage, kind, mb):
-            compute = pass_seconds(chunk[stage], kind)
+            compute = pass_seconds(chunk[stage], kind) + pass_seconds(extra[rank], kind)
             return compute * slow.get(rank, 1.0), serial[rank] * compute / pred.compute_s
         return seconds
 

@@ -55,6 +55,7 @@ class Software:
     # (Megatron-Core --overlap-p2p-communication, added 2023-05 and on by default since 2023-10; torch's
     # pipelining posts them as isend/irecv); false: each send blocks its rank until it lands, as Megatron-LM
     # before 2023 did (p2p_communication.py _communicate waited on every request, then torch.cuda.synchronize()).
+    # DeepSpeed's pipeline engine never overlaps them, whatever this says (`pipeline_sends_block`).
     pp_comm_overlap: bool = True
     # framework torch, zero=3: FSDP2 (fully_shard) copies each gathered parameter out of the all-gather buffer on
     # the compute stream, a read and a write of it (torch's _fsdp_param_group.py wait_for_unshard ->
@@ -156,6 +157,22 @@ class Software:
         """`nccl` as (major, minor)."""
         major, minor = self.nccl.split(".")
         return int(major), int(minor)
+
+    @property
+    def pipeline_receives_block(self) -> bool:
+        """Whether a stage-boundary receive blocks its rank for the transfer, as a send does: DeepSpeed's pipeline
+        engine issues every send and every receive as a stream-ordered NCCL call of its own (runtime/pipe/p2p.py:
+        send is dist.send, recv dist.recv), and its lockstep TrainSchedule (runtime/pipe/schedule.py) pairs each
+        step's send with a neighbour's receive, so a middle rank waits out four transfers a micro-batch. Megatron
+        sends one way while it receives the other in one batch_isend_irecv, and torch's pipelining posts its
+        receives ahead."""
+        return self.framework == "deepspeed"
+
+    @property
+    def pipeline_sends_block(self) -> bool:
+        """Whether a stage-boundary send blocks its rank until it lands: with pp_comm_overlap off, and always under
+        DeepSpeed's pipeline engine (`pipeline_receives_block`)."""
+        return not self.pp_comm_overlap or self.pipeline_receives_block
 
     @property
     def holds_fsdp_root(self) -> bool:
