@@ -1,7 +1,8 @@
 """One optimizer step, simulated pass by pass from the cost model's own pieces.
 
 Every duration comes from cost/: each pass's compute from `chunk_passes` (what `rank_passes` and so
-`predict` sum), each collective's time and overlap class from the Prediction's comm entries:
+`predict` sum, with a share of what `rank_passes` adds to a rank's chunks), each collective's time and overlap
+class from the Prediction's comm entries:
   - TP/SP, EP and CP (exposed_s: what their overlap leaves) run inline: each pass carries its share, in
     proportion to its compute;
   - stage-boundary sends (the pp entry: latency + bytes / bandwidth per send) delay the receiving pass;
