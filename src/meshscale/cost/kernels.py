@@ -513,9 +513,6 @@ class Passes:
         return Passes(self.forward + other.forward, self.backward + other.backward, self.weight + other.weight,
                       self.attention + other.attention, self.host + other.host)
 
-    def __sub__(self, other: "Passes") -> "Passes":
-        return self + other * -1
-
     def __mul__(self, n: float) -> "Passes":
         return Passes(self.forward * n, self.backward * n, self.weight * n, self.attention * n, self.host * n)
 

@@ -545,14 +545,21 @@ def rank_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: in
     kinds = layout_kinds(model, layout)  # chunk_passes of each, the kind looked up once
     passes = sum((_kind_passes(model, cluster, layout, kinds[c], precision)
                   for c in rank_chunks(layout.pp, layout.stages, layout.v_shaped, rank)), Passes())
-    if bf16_optimizer(cluster.software, layout.zero, precision):  # its fp32 copies, every backward
+    return passes + rank_extra_passes(model, cluster, layout, rank, precision)
+
+
+def rank_extra_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: int,
+                      precision: str = "bf16") -> Passes:
+    """What pipeline rank `rank` adds to its chunks' passes each micro-batch, over all its parameters: DeepSpeed's
+    BF16_Optimizer copies of the gradients to fp32 every backward, autocast's casts of the weights."""
+    extra = Passes()
+    if bf16_optimizer(cluster.software, layout.zero, precision):
         trained = trained_params_on_rank(model, layout, rank)
-        copy = BF16_OPTIMIZER_COPY_BYTES * trained / cluster.achieved_hbm_bandwidth
-        passes = passes + Passes(backward=copy)
+        extra = extra + Passes(backward=BF16_OPTIMIZER_COPY_BYTES * trained / cluster.achieved_hbm_bandwidth)
     if autocast_casts(cluster.software, layout.zero, precision):
         cast = AUTOCAST_CAST_BYTES * matrix_params_on_rank(model, layout, rank) / cluster.achieved_hbm_bandwidth
-        passes = passes + Passes(forward=cast, backward=cast)
-    return passes
+        extra = extra + Passes(forward=cast, backward=cast)
+    return extra
 
 
 def pipeline_passes(model: ModelSpec, cluster: ClusterSpec, layout: Layout,

@@ -1,7 +1,7 @@
 """One optimizer step, simulated pass by pass from the cost model's own pieces.
 
 Every duration comes from cost/: each pass's compute from `chunk_passes` (what `rank_passes` and so
-`predict` sum, with a share of what `rank_passes` adds to a rank's chunks), each collective's time and overlap
+`predict` sum, with a share of the rank's `rank_extra_passes`), each collective's time and overlap
 class from the Prediction's comm entries:
   - TP/SP, EP and CP (exposed_s: what their overlap leaves) run inline: each pass carries its share, in
     proportion to its compute;
@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 
 from meshscale.cost import predict
 from meshscale.cost.comm import Overlap
-from meshscale.cost.kernels import Passes
 from meshscale.cost.overhead import shared_cores
 from meshscale.cost.schedule import inputs, output, pass_seconds, rank_orders
-from meshscale.cost.step import chunk_passes, control_seconds, exposed_seconds, rank_passes
+from meshscale.cost.step import (chunk_passes, control_seconds, exposed_seconds, rank_extra_passes,
+                                 rank_passes)
 from meshscale.errors import UserError
 from meshscale.sim import engine
 from meshscale.specs.cluster import ClusterSpec
@@ -162,13 +162,9 @@ def _durations(model, cluster, layout, precision, pred, ring):
     send_for(slow links) -> the seconds of a stage-boundary send between two ranks, and the FSDP share of a
     pass (None without FSDP); `ring` slows each pipeline rank's data-parallel traffic. Keys are pp ranks."""
     chunk = [chunk_passes(model, cluster, layout, c, precision) for c in range(layout.stages)]
-    # what a rank's passes hold beyond its chunks' (rank_passes: DeepSpeed's bf16 gradient copies, autocast's
-    # weight casts), an equal share on each chunk's pass
-    extra = {}
-    for r in range(layout.pp):
-        mine = rank_chunks(layout.pp, layout.stages, layout.v_shaped, r)
-        extra[r] = (rank_passes(model, cluster, layout, r, precision) - sum((chunk[c] for c in mine), Passes())) \
-            * (1 / len(mine))
+    # what a rank adds to its chunks' passes, an equal share on each chunk's pass
+    extra = {r: rank_extra_passes(model, cluster, layout, r, precision)
+             * (1 / len(rank_chunks(layout.pp, layout.stages, layout.v_shaped, r))) for r in range(layout.pp)}
     efficiency = cluster.software.overlap_efficiency
     inline = [e for e in pred.comm if e["axis"] in INLINE_AXES]
     pp_entry = next((e for e in pred.comm if e["axis"] == "pp"), None)
