@@ -39,8 +39,8 @@ def test_large_messages_within_15_percent_of_nccl_tests(curve):
 def test_b200_nodes_reach_their_nvls_and_ring_rates_on_two_clusters():
     """B200's NVLS all-reduce (840 GB/s, the preset's) on one node, and NVLS-tree between two, whose domains each
     send the whole buffer once through their eight NICs, within 1% of both clusters' nccl-tests; the faster
-    fabric's rings and all-gathers within 8% to 64 nodes. (The other fabric's rings lose 15% from 2 to 46 nodes:
-    nccl_curves.py prints it.)"""
+    fabric's rings and all-gathers within 8% to 64 nodes. (The other fabric's rings lose 15% from 2 to 46 nodes, run
+    without its InfiniBand settings: nccl_curves.py prints it and counts it apart.)"""
     by_name = {s.name: nccl_curves.scaling_errors(s) for s in nccl_curves.SCALING}
     for cluster in ("B200 nodes", "B200 DGX Cloud"):
         rows = by_name[f"{cluster}, NCCL's pick with NVLS"][:2]
@@ -74,7 +74,25 @@ def test_a_tree_between_nodes_runs_on_one_channel_a_nic_at_nccls_per_channel_cap
     for name in ("GB200 3 partitions x4, tree", "GB200 3 partitions x8, tree"):
         assert all(abs(err) <= 0.01 for *_, err, _ in by_curve[name])
     ok, points = nccl_curves.within(0.15)  # 177 of 241 before trees ran at these caps
-    assert ok / points >= 0.8, (ok, points)
+    assert ok / points >= 0.85, (ok, points)
+
+
+def test_a_fabric_run_without_its_infiniband_settings_is_counted_apart_beyond_one_node():
+    """DGX Cloud's B200 rings, NVLS and all-gathers were run without the NCCL InfiniBand settings the same team found
+    its other B200 cluster's need (20-25% lost without them): their points between nodes, and only those, are
+    counted apart from the target; its one-node points (NVLink alone) are counted and hold within 2%."""
+    apart = [s for s in nccl_curves.SCALING if s.untuned]
+    assert {s.name for s in apart} == {"B200 DGX Cloud, NCCL's pick with NVLS", "B200 DGX Cloud, ring",
+                                       "B200 DGX Cloud, all-gather"}
+    ok, points = nccl_curves.within(0.15, untuned=True)
+    assert points == sum(1 for s in apart for gpus, _ in s.points if gpus > 8) == 18
+    for series in apart:
+        gpus, _, _, err, _ = nccl_curves.scaling_errors(series)[0]
+        assert gpus == 8 and abs(err) <= 0.02
+    counted, total = nccl_curves.within(0.15)
+    everything = sum(len(c.points) for c in nccl_curves.CURVES) + sum(len(s.points) for s in nccl_curves.SCALING)
+    below_1mib = sum(1 for c in nccl_curves.CURVES for mib, _ in c.points if mib < 1)
+    assert total + points == everything - below_1mib
 
 
 def test_protocol_follows_message_size_as_nccls_tuner():
