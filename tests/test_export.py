@@ -272,6 +272,20 @@ def test_each_fp8_recipe_reaches_each_framework_as_the_cost_model_charged_it():
     assert "fp8_recipe" not in parse_megatron(emit("megatron", model, b200, layout, 64, "fp8", steps=10).config)
 
 
+def test_blockwise_fp8_reaches_megatron_as_its_blockwise_recipe():
+    """Block-scaled FP8 is Megatron-Core's blockwise recipe in e4m3 throughout (DeepSeek-V3's format), and reads
+    back as FP8; torchtitan's float8 converter has no such recipe, which its notes say."""
+    model, layout = load_model("llama3-8b"), Layout.parse("dp=8,zero=1,mbs=1")
+    h100 = load_cluster("h100-80gb").with_software(fp8_scaling="blockwise")
+    out = emit("megatron", model, h100, layout, 64, "fp8", steps=10)
+    args = parse_megatron(out.config)
+    assert (args["fp8"], args["fp8_recipe"]) == ("e4m3", "blockwise")
+    assert read("megatron", out.config, 8).precision == "fp8"
+    assert any("blockwise" in n for n in emit("torchtitan", model, h100, layout, 64, "fp8", steps=10).notes)
+    assert not any("blockwise" in n for n in emit("torchtitan", model, load_cluster("h100-80gb"), layout, 64, "fp8",
+                                                  steps=10).notes)
+
+
 def test_int8_reaches_maxtext_as_aqt_and_the_gpu_frameworks_as_bf16():
     """--precision int8 is MaxText's quantization=int8 on a TPU slice; on a GPU cluster given int8 data, the GPU
     frameworks have no int8 training and write the nearest, bf16."""

@@ -434,7 +434,7 @@ def test_each_fp8_recipe_quantizes_with_its_own_traffic():
     assert fp8_cast_bytes(scaled(h100, "current"), "fp8") == 6 and fp8_cast_bytes(scaled(b200, "current"), "fp8") == 5
     assert fp8_cast_bytes(b200, "mxfp8") == pytest.approx((2 + 2 * 33 / 32) / 0.69)
     assert fp8_cast_bytes(b200, "mxfp8", False) < fp8_cast_bytes(b200, "mxfp8")
-    with pytest.raises(UserError, match="fp8_scaling must be delayed or current"):
+    with pytest.raises(UserError, match="fp8_scaling must be delayed, current or blockwise"):
         scaled(h100, "dynamic")
 
 
@@ -452,6 +452,30 @@ def test_mxfp8_gemms_run_at_their_share_of_fp8_and_quantize_dearer():
     gemms = layer_gemms(model, 0, layout, model.seq)
     fp8_cast, mx_cast = (sum(fp8_cast_seconds(b200, gemms, p)) for p in ("fp8", "mxfp8"))
     assert mx_cast == pytest.approx(fp8_cast * fp8_cast_bytes(b200, "mxfp8") / 3)
+
+
+def test_blockwise_fp8_runs_at_its_measured_share_on_hopper_and_as_mxfp8_on_blackwell():
+    """Block-scaled FP8 (a scale per 128): on Hopper its GEMMs at fp8_block_gemm_share of the tensor-wise rate, read
+    off Transformer Engine's H200 benchmark (about 0.81), its casts a read and two writes with their fp32 scales;
+    the step lands between delayed scaling's and bf16's. Blackwell runs it with MXFP8's kernels. A cluster without
+    the measurement, or torchao (framework torch), refuses it in one line."""
+    h100 = load_cluster("h100-80gb")
+    block = h100.with_software(fp8_scaling="blockwise")
+    assert 0.78 < h100.fp8_block_gemm_share < 0.85
+    assert block.gemm_peak("fp8") == pytest.approx(h100.gemm_peak("fp8") * h100.fp8_block_gemm_share)
+    assert fp8_cast_bytes(block, "fp8") == 2 + 2 * (1 + 1 / 32) and fp8_cast_bytes(block, "fp8", False) == 2 + 33 / 32
+    model, layout = load_model("llama3-8b"), Layout(mbs=1)
+    step = {name: microbatch_seconds(model, c, layout, (0,), False, p).total
+            for name, c, p in (("delayed", h100, "fp8"), ("block", block, "fp8"), ("bf16", h100, "bf16"))}
+    assert step["delayed"] < step["block"] < step["bf16"]
+    b200 = load_cluster("b200")
+    b200_block = b200.with_software(fp8_scaling="blockwise")
+    assert b200_block.fp8_recipe("fp8") == "mxfp8" and b200_block.gemm_peak("fp8") == b200.gemm_peak("mxfp8")
+    assert fp8_cast_bytes(b200_block, "fp8") == fp8_cast_bytes(b200, "mxfp8")
+    with pytest.raises(UserError, match="no FP8 block-scaling data"):
+        load_cluster("mi300x").with_software(fp8_scaling="blockwise").check_precision("fp8")
+    with pytest.raises(UserError, match="Float8BlockScaling, which torchao"):
+        h100.with_software(framework="torch", fp8_scaling="blockwise")
 
 
 def test_fp8_gemms_stage_twice_the_k_and_read_one_byte_operands():

@@ -462,24 +462,32 @@ def fp8_cast_bytes(cluster: ClusterSpec, precision: str, both_ways: bool = True)
     reads 2 bytes and writes 1; where FP8 GEMMs take only TN operands (cuBLAS on Hopper and Ada; Blackwell takes
     every layout, Transformer Engine's is_non_tn_fp8_gemm_supported) it writes the transpose too, 1 more; current
     scaling first reads the tensor for its amax, 2 more. MXFP8 (OCP MX spec v1.0) writes a row-wise and a column-
-    wise copy, each with an 8-bit scale per 32 elements, since a block's scale runs along the GEMM's k."""
-    if precision == "mxfp8":
-        return (2 + (1 + 1 / 32) * (2 if both_ways else 1)) / MX_QUANTIZE_EFFICIENCY
+    wise copy, each with an 8-bit scale per 32 elements, since a block's scale runs along the GEMM's k; blockwise
+    FP8 (Transformer Engine's Float8BlockScaling) likewise, with an fp32 scale per 128, in one pass as delayed
+    scaling's cast."""
+    recipe = cluster.fp8_recipe(precision)
+    copies = 2 if both_ways else 1
+    if recipe == "mxfp8":
+        return (2 + (1 + 1 / 32) * copies) / MX_QUANTIZE_EFFICIENCY
+    if recipe == "blockwise":
+        return 2 + (1 + 4 / 128) * copies
     transpose = both_ways and cluster.gpu_arch != "blackwell"
-    return 3 + (1 if transpose else 0) + (2 if cluster.fp8_scaling == "current" else 0)
+    return 3 + (1 if transpose else 0) + (2 if recipe == "current" else 0)
 
 
 def weight_cast_bytes(cluster: ClusterSpec, precision: str) -> float:
     """Bytes a weight element moves every micro-batch where Transformer Engine caches no FP8 copy of it between
     micro-batches ([software] disable_parameter_transpose_cache; with the cache, once a step, left out): FP8
     weights (fp8_param_gather) have only their transpose written where GEMMs take TN operands alone (Hopper: a
-    read and a write of a byte; none on Blackwell, none for MXFP8, whose weights keep both copies); bf16 ones are
-    quantized again both ways (`fp8_cast_bytes`)."""
+    read and a write of a byte; none on Blackwell, none for MXFP8 or blockwise scaling, whose weights keep both
+    copies: Megatron-Core's fp8_utils gives blockwise ones column-wise storage); bf16 ones are quantized again both
+    ways (`fp8_cast_bytes`)."""
     sw = cluster.software
     if not (is_fp8(precision) and sw.disable_parameter_transpose_cache):
         return 0.0
     if sw.fp8_param_gather:
-        return 0.0 if cluster.gpu_arch == "blackwell" or precision == "mxfp8" else 2.0
+        both_kept = cluster.gpu_arch == "blackwell" or cluster.fp8_recipe(precision) in ("mxfp8", "blockwise")
+        return 0.0 if both_kept else 2.0
     return fp8_cast_bytes(cluster, precision)
 
 

@@ -84,7 +84,9 @@ def arguments(job: Job) -> list[str]:
         args.append("--bf16")
     if job.precision == "mxfp8":  # block-scaled: e4m3 throughout (TransformerConfig refuses hybrid with it)
         args += ["--fp8-format e4m3", "--fp8-recipe mxfp8"]
-    if job.precision == "fp8":
+    if job.precision == "fp8" and job.cluster.fp8_scaling == "blockwise":  # DeepSeek-V3's: e4m3 on all tensors
+        args += ["--fp8-format e4m3", "--fp8-recipe blockwise"]
+    elif job.precision == "fp8":
         args.append("--fp8-format hybrid")  # Transformer Engine's recipe: e4m3 forward, e5m2 gradients
         # current scaling is Megatron-Core's tensorwise recipe; TransformerConfig refuses layernorm and moe_act
         # recompute with delayed scaling

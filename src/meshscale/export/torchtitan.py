@@ -120,11 +120,14 @@ def render(job: Job) -> str:
 
 
 def notes(job: Job) -> list[str]:
-    if job.model.name in FLAVORS:
-        return []
-    return [f"torchtitan has no flavor {job.model.name!r}: register one with its shapes (layers "
-            f"{job.model.layers}, dim {job.model.hidden}, heads {job.model.heads}, kv heads {job.model.kv_heads}) "
-            f"in torchtitan/models/llama3 or name an existing flavor"]
+    out = [] if job.model.name in FLAVORS else [
+        f"torchtitan has no flavor {job.model.name!r}: register one with its shapes (layers {job.model.layers}, dim "
+        f"{job.model.hidden}, heads {job.model.heads}, kv heads {job.model.kv_heads}) in torchtitan/models/llama3 or "
+        f"name an existing flavor"]
+    if job.precision == "fp8" and job.cluster.fp8_recipe(job.precision) == "blockwise":
+        out.append("torchao's float8 converter scales tensor-wise from the current amax: the prediction assumed "
+                   "blockwise scaling, whose GEMMs are slower")
+    return out
 
 
 def chunk_modules(model: ModelSpec, layout: Layout) -> list[list[str]]:

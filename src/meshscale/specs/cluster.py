@@ -79,10 +79,13 @@ class Software:
     # TransformerConfig.disable_parameter_transpose_cache; MLPerf's LoRA configs set it): every forward casts each
     # weight again, and on Hopper writes its transpose for the backward GEMMs (cost/kernels.py weight_cast_bytes)
     disable_parameter_transpose_cache: bool = False
-    # How tensor-wise FP8 finds each tensor's scale: "delayed", from an amax history the cast kernel updates as it
-    # goes (Transformer Engine's DelayedScaling, Megatron-Core's --fp8-recipe delayed); "current", from the
-    # tensor's own amax, one more read of it before the cast (TE's Float8CurrentScaling, torchao's Float8Linear
-    # that torchtitan runs). Unset: the framework's, FRAMEWORK_FP8_SCALING. MXFP8 scales each block of 32 itself.
+    # How FP8 finds each tensor's scale: "delayed", from an amax history the cast kernel updates as it goes
+    # (Transformer Engine's DelayedScaling, Megatron-Core's --fp8-recipe delayed); "current", from the tensor's own
+    # amax, one more read of it before the cast (TE's Float8CurrentScaling, torchao's Float8Linear that torchtitan
+    # runs); "blockwise", a scale for every 1x128 tile of an activation and 128x128 block of a weight (DeepSeek-V3's
+    # fine-grained FP8, sec. 3.3.2; TE's Float8BlockScaling, Megatron-Core's --fp8-recipe blockwise; its GEMMs at
+    # ClusterSpec.fp8_block_gemm_share of the tensor-wise rate). Unset: the framework's, FRAMEWORK_FP8_SCALING.
+    # MXFP8 (--precision mxfp8) scales each block of 32 itself.
     fp8_scaling: str = ""
     # Element-wise work (norms, RoPE, activations, residuals) in fused kernels (Megatron's fused norm and bias-
     # activation kernels, XLA, torch.compile); false: one kernel per operator, as eager PyTorch runs it.
@@ -271,6 +274,9 @@ class ClusterSpec:
     # MXFP8 (OCP microscaling: FP8 elements with a power-of-two scale for every 32) GEMMs on block-scaled tensor
     # cores run at this share of the tensor-wise FP8 rate; 0: no MXFP8 units, and --precision mxfp8 is refused.
     mxfp8_gemm_share: float = 0.0
+    # Block-scaled FP8 GEMMs ([software] fp8_scaling = "blockwise") run at this share of the tensor-wise FP8 rate;
+    # 0: no data, and blockwise scaling is refused.
+    fp8_block_gemm_share: float = 0.0
     # Dense int8 peak, OP/s per device (datasheets); 0: no int8 data, and --precision int8 is refused. Int8
     # GEMMs run at `int8_gemm_speedup` times the bf16 rate where a scan measured it (0: the peaks' ratio).
     peak_flops_int8: float = 0.0
@@ -362,6 +368,9 @@ class ClusterSpec:
         if not 0 <= self.mxfp8_gemm_share <= 1:
             raise UserError(f"cluster {self.name}: mxfp8_gemm_share must be in [0, 1] (MXFP8 GEMMs' share of the "
                             f"tensor-wise FP8 rate; 0: no MXFP8 units), got {self.mxfp8_gemm_share!r}")
+        if not 0 <= self.fp8_block_gemm_share <= 1:
+            raise UserError(f"cluster {self.name}: fp8_block_gemm_share must be in [0, 1] (block-scaled FP8 GEMMs' "
+                            f"share of the tensor-wise FP8 rate; 0: no data), got {self.fp8_block_gemm_share!r}")
         if len(self.gemm_tile) != 2 or min(self.gemm_tile) < 1 or self.compute_units < 0 or self.gemm_k_overhead < 0:
             raise UserError(f"cluster {self.name}: gemm_tile needs two positive sizes; compute_units and "
                             "gemm_k_overhead must be >= 0")
@@ -402,9 +411,14 @@ class ClusterSpec:
                 allowed = " or ".join(f'"{f}"' for f in frameworks)
                 raise UserError(f"cluster {self.name}: [software] {knob} is {source}: true or false with framework = "
                                 f"{allowed}, got {value!r} with {sw.framework}")
-        if sw.fp8_scaling not in ("", "delayed", "current"):
-            raise UserError(f"cluster {self.name}: [software] fp8_scaling must be delayed or current (leave it out "
-                            f"for {sw.framework}'s, {FRAMEWORK_FP8_SCALING[sw.framework]}), got {sw.fp8_scaling!r}")
+        if sw.fp8_scaling not in ("", "delayed", "current", "blockwise"):
+            raise UserError(f"cluster {self.name}: [software] fp8_scaling must be delayed, current or blockwise (leave "
+                            f"it out for {sw.framework}'s, {FRAMEWORK_FP8_SCALING[sw.framework]}), got "
+                            f"{sw.fp8_scaling!r}")
+        if sw.fp8_scaling == "blockwise" and sw.framework == "torch":
+            raise UserError(f"cluster {self.name}: [software] fp8_scaling blockwise is Transformer Engine's "
+                            "Float8BlockScaling, which torchao's float8 training (framework torch) does not run: use "
+                            "current, or framework = \"megatron-core\"")
         archs = ("ampere", "hopper") if sw.attention_kernel == "fa1" else ("ampere", "hopper", "blackwell")
         if sw.attention_kernel not in ATTENTION_KERNELS or (sw.attention_kernel != "platform" and
                                                             self.gpu_arch not in archs):
@@ -474,6 +488,10 @@ class ClusterSpec:
             raise UserError(f"cluster {self.name}: no int8 data (peak_flops_int8 is 0: int8 training is planned on "
                             "TPUs, whose datasheets give an int8 peak); use --precision bf16, or a cluster file giving "
                             "peak_flops_int8")
+        if precision == "fp8" and self.fp8_recipe(precision) == "blockwise" and not self.fp8_block_gemm_share:
+            raise UserError(f"cluster {self.name}: no FP8 block-scaling data (fp8_block_gemm_share is 0: no "
+                            f"measurement of {self.accelerator}'s block-scaled FP8 GEMMs on record); use [software] "
+                            "fp8_scaling delayed or current, or a cluster file giving fp8_block_gemm_share")
         if precision == "mxfp8" and not self.mxfp8_gemm_share:
             raise UserError(f"cluster {self.name}: no MXFP8 data (mxfp8_gemm_share is 0: {self.accelerator} has no "
                             "block-scaled FP8 matrix units on record; NVIDIA's came with Blackwell); use --precision "
@@ -496,7 +514,8 @@ class ClusterSpec:
         (kernels.linear_pass_seconds) at their measured speed-up over bf16 ones, else at the int8 peak."""
         if is_fp8(precision):
             fp8 = min(self.peak_flops("fp8"), self.peak_flops_bf16 * self.fp8_gemm_speedup)
-            return fp8 * self.mxfp8_gemm_share if precision == "mxfp8" else fp8
+            share = {"mxfp8": self.mxfp8_gemm_share, "blockwise": self.fp8_block_gemm_share}
+            return fp8 * share.get(self.fp8_recipe(precision), 1.0)
         if precision == "int8" and self.int8_gemm_speedup:
             return self.peak_flops_bf16 * self.int8_gemm_speedup
         return self.peak_flops(precision)
@@ -509,8 +528,14 @@ class ClusterSpec:
 
     @property
     def fp8_scaling(self) -> str:
-        """Tensor-wise FP8's scaling, [software] fp8_scaling or the framework's."""
+        """FP8's scaling, [software] fp8_scaling or the framework's."""
         return self.software.fp8_scaling or FRAMEWORK_FP8_SCALING[self.software.framework]
+
+    def fp8_recipe(self, precision: str) -> str:
+        """The FP8 recipe the kernels run: "mxfp8", or FP8's scaling ("delayed", "current", "blockwise"). Blackwell
+        runs blockwise scaling with MXFP8's kernels (Transformer Engine emulates it so: its gemm_profiling page)."""
+        blockwise_as_mx = self.fp8_scaling == "blockwise" and self.gpu_arch == "blackwell"
+        return "mxfp8" if precision == "mxfp8" or blockwise_as_mx else self.fp8_scaling
 
     @property
     def achieved_hbm_bandwidth(self) -> float:
@@ -677,6 +702,14 @@ def _tpu(name, accel, bf16, int8, hbm, hbm_bw, ici_axis, dcn, torus, price, host
 # v5 (TransferBench) 55 / 56. Its ND A100 v4 row, 26.3 / 6.3, reads as that VM's and not the DGX A100's (a
 # one-way gap of 4x no datasheet explains): A100 keeps the link's rate.
 MXFP8_GEMM_SHARE = 6.812 / 7.161  # the B300 measurement above: MXFP8 GEMMs at 0.951 of tensor-wise FP8
+# Block-scaled FP8 on Hopper, from the same benchmark's H200 NVL run: Float8BlockScaling's twelve GEMMs took 22.882 ms
+# a layer with their operands quantized in the call (the page has no pre-quantized figure for it: Hopper's cuBLAS
+# takes no 2D-by-2D block-scaled operands). Its quantization moves what delayed scaling's does (a read, a row-wise and
+# a column-wise write, no amax pass) plus an fp32 scale per 128, 4 1/16 bytes an element to 4 (kernels.fp8_cast_bytes),
+# so it takes delayed's measured 2.193 ms x 4.0625 / 4; the GEMMs the rest, 20.65 ms against tensor-wise's 16.785.
+# Hopper presets take it (their tensor cores are the H200's); Blackwell runs blockwise scaling as MXFP8
+# (ClusterSpec.fp8_recipe).
+FP8_BLOCK_GEMM_SHARE = 16.785 / (22.882 - 2.193 * 4.0625 / 4)
 PRESETS: dict[str, ClusterSpec] = {
     # NVIDIA A100 datasheet: 312 TFLOP/s bf16, 19.5 fp32 (156 TF32), no FP8, 80 GB HBM2e at 2.039 TB/s, 108 SMs
     # (nvidia-smi reports 81920 MiB);
@@ -694,21 +727,22 @@ PRESETS: dict[str, ClusterSpec] = {
     # DGX H100: NVLink4 900 GB/s bidirectional (450 one way), 8x ConnectX-7 NDR 400 Gb/s (50 GB/s per GPU).
     "h100-80gb": _gpu("h100-80gb", "H100-SXM5-80GB", 989e12, 1979e12, 67e12, 81559 * MiB, 3.35e12, 0.711,
                       450 * GB, 8, 50 * GB, 2.5, 132, 0.434, gpu_arch="hopper", nvls_bandwidth=480 * GB,
-                      host_bandwidth=51 * GB, fp8_gemm_speedup=1.959),
+                      host_bandwidth=51 * GB, fp8_gemm_speedup=1.959, fp8_block_gemm_share=FP8_BLOCK_GEMM_SHARE),
     # NVIDIA H800 SXM5 (datasheet): H100's compute and HBM with NVLink cut to 400 GB/s bidirectional (200 one
     # way); DeepSeek-AI 2024 (DeepSeek-V3 report sec. 3.1) and DeepEP's README describe its clusters: 8 GPUs on
     # NVSwitch, a ConnectX-7 400 Gb/s (50 GB/s) NIC per GPU, NVLink measured at ~160 GB/s (0.80, H100's
     # fraction). No NVLS or price on record.
     "h800": _gpu("h800", "H800-SXM5-80GB", 989e12, 1979e12, 67e12, 81559 * MiB, 3.35e12, 0.711,
                  200 * GB, 8, 50 * GB, 0.0, 132, 0.434, gpu_arch="hopper", host_bandwidth=64 * GB,
-                 fp8_gemm_speedup=1.959),
+                 fp8_gemm_speedup=1.959, fp8_block_gemm_share=FP8_BLOCK_GEMM_SHARE),
     # NVIDIA H200 datasheet: same compute as H100, 141 GB HBM3e at 4.8 TB/s (nvidia-smi: 143771 MiB); DGX H200
     # has the fabric of DGX H100. benchmarks/kernel_scan.py on this workplace's H200, 2026-11-28
     # (benchmarks/data/kernel_scan_h200.json): a 4 GiB copy 4,253 GB/s of 4,800 (0.89; an add 4,387, 0.91);
     # the one-wave GEMMs 6.2-13.0 us over their tiles and waves, median 8.1 us.
     "h200": _gpu("h200", "H200-SXM-141GB", 989e12, 1979e12, 67e12, 143771 * MiB, 4.8e12, 0.711,
                  450 * GB, 8, 50 * GB, 3.5, 132, 0.434, gpu_arch="hopper", nvls_bandwidth=480 * GB,
-                 fp8_gemm_speedup=1.943, hbm_efficiency=0.89, gemm_kernel_overhead_s=8.1e-6, host_bandwidth=52 * GB),
+                 fp8_gemm_speedup=1.943, hbm_efficiency=0.89, gemm_kernel_overhead_s=8.1e-6, host_bandwidth=52 * GB,
+                 fp8_block_gemm_share=FP8_BLOCK_GEMM_SHARE),
     # NVIDIA B200 (DGX B200 datasheet): 2.25 PFLOP/s bf16 dense, 4.5 fp8, 180 GB HBM3e at 8 TB/s (per GPU of
     # the 1440 GB system), 148 SMs, NVLink5 1.8 TB/s bidirectional (900 one way), 8x ConnectX-7 400 Gb/s.
     "b200": _gpu("b200", "B200-180GB", 2.25e15, 4.5e15, 75e12, 180 * GB, 8e12, 0.640,
