@@ -159,8 +159,8 @@ class Scaling:
 #   cluster (2026-07-11_nccl_collective_scaling_report.md, "Finding 2") found its rings and NVLS need: without them,
 #   4 nodes ran 307 and 302 GB/s against 384 and 351 with them, where SHARP, which bypasses them, did not move;
 #   use3a-ss's rings read 305-335 and its SHARP 544-548. Its ring, NVLS and all-gather series are printed but
-#   counted apart beyond one node (`untuned`): the model is of a tuned fabric. Its forced tree, capped far below the NICs by NCCL's
-#   per-channel rates, is counted.
+#   counted apart beyond one node (`untuned`): the model is of a tuned fabric. Its forced tree, capped far below
+#   the NICs by NCCL's per-channel rates, is counted.
 # Both measure NCCL's tree (NCCL_ALGO=Tree) at 556, 335-339, then 191-196 GB/s from 4 nodes: about half of what
 # a double binary tree through every NIC reaches (cost/collectives.py tree_net_busbw), and NCCL's tuner's cap on
 # these releases: its search's 8 channels, one a NIC, x 2.28's Blackwell tree rates 70, 42.8, 24 GB/s
@@ -229,7 +229,9 @@ def report(c: Curve | Scaling, held: str, rows: list[tuple], unit: str) -> None:
     """Print one curve or series: its header (what was held, its worst error) and a line per point."""
     worst = max(abs(e) for *_, e, _ in rows)
     launch = f", one process for {c.gpus_per_process} GPUs" if c.gpus_per_process > 1 else ""
-    print(f"\n{c.name} ({c.collective}, {held}{launch}, {c.source}): worst {worst:.0%}")
+    untuned = isinstance(c, Scaling) and c.untuned
+    apart = "; set apart between nodes: run without its InfiniBand settings" if untuned else ""
+    print(f"\n{c.name} ({c.collective}, {held}{launch}, {c.source}): worst {worst:.0%}{apart}")
     for x, measured, busbw, err, option in rows:
         print(f"  {x:6d} {unit} measured {measured:7.1f}  model {busbw:7.1f} GB/s  {err:+6.1%}  {option}")
 
