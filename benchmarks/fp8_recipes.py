@@ -7,8 +7,9 @@ attention out, MLP up and down at 16,384 wide; 15,872 tokens) as te.Linear forwa
 after 10 warm-ups, per recipe: with operands quantized in the call ("autocast") and beforehand ("GEMM only",
 BF16 and FP8 current scaling and MXFP8; delayed scaling always quantizes in the call, so its GEMMs are taken as
 current scaling's, the same tensor-wise kernels; block scaling on Hopper was timed in the call alone, and its
-GEMM rate, specs/cluster.py FP8_BLOCK_GEMM_SHARE, is read off that figure: its row checks the arithmetic). Each call quantizes its input both ways (the weight needs a
-gradient, so the input is kept for the weight-gradient GEMM) and its weight one way (the input needs none).
+GEMM rate, specs/cluster.py FP8_BLOCK_GEMM_SHARE, is read off that figure: its row checks the arithmetic). Each
+call quantizes its input both ways (the weight needs a gradient, so the input is kept for the weight-gradient
+GEMM) and its weight one way (the input needs none).
 Measured: per-layer milliseconds as the page prints them, on B300 SXM6 AC and H200 NVL (a 600 W H200: its BF16
 GEMMs run slower than the 700 W SXM the h200 preset is; the ratios and the quantization times are the test).
 
@@ -52,7 +53,7 @@ def layer_ms(preset: str, recipe: str) -> tuple[float, float]:
 
 
 def main() -> None:
-    print(f"{"system":6s} {"recipe":9s} {'autocast ms':>24s} {'GEMM only ms':>24s} {'quantization ms':>26s}")
+    print(f"{'system':6s} {'recipe':9s} {'autocast ms':>24s} {'GEMM only ms':>24s} {'quantization ms':>26s}")
     for (preset, recipe), (auto, gemm_only) in MEASURED.items():
         model_auto, model_gemm = layer_ms(preset, recipe)
         cells = []
