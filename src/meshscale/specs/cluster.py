@@ -510,8 +510,9 @@ class ClusterSpec:
 
     def gemm_peak(self, precision: str) -> float:
         """The peak the linear layers' GEMMs run against (matmul_efficiency of it at best): FP8 GEMMs at the
-        measured speed-up over bf16 ones, within the fp8 peak; MXFP8 ones at their share of that; int8 ones
-        (kernels.linear_pass_seconds) at their measured speed-up over bf16 ones, else at the int8 peak."""
+        measured speed-up over bf16 ones, within the fp8 peak; MXFP8 and block-scaled ones at their share of that
+        (`fp8_recipe`); int8 ones (kernels.linear_pass_seconds) at their measured speed-up over bf16 ones, else at
+        the int8 peak."""
         if is_fp8(precision):
             fp8 = min(self.peak_flops("fp8"), self.peak_flops_bf16 * self.fp8_gemm_speedup)
             share = {"mxfp8": self.mxfp8_gemm_share, "blockwise": self.fp8_block_gemm_share}
