@@ -228,6 +228,26 @@ def test_collectives_command_json(capsys):
     assert [r["algorithm"] for r in rows] == ["nvls/Simple"] * 3
 
 
+def test_an_all_to_all_or_a_ring_s_sends_between_nodes_leave_through_one_rank_s_nic():
+    """Off NCCL (RCCL on MI300X: the alpha-beta model) a group across nodes is a ring only for the ring
+    collectives, which cross a node's boundary at its 8 NICs' rate. Of each rank's all-to-all buffer, 56/64 leaves
+    its node of 8 through its own NIC; a ring's sends (context parallelism's K,V over 2 nodes) step together, each
+    step waiting on the pair that crosses through one NIC. Both as NCCL's p2p does on H100 nodes."""
+    gib, mi300x, h100 = 2**30, load_cluster("mi300x"), load_cluster("h100-80gb")
+    nic, link = mi300x.tiers[-1], comm.group_link(mi300x, 64, 64, 1)
+    seconds = comm.collective_time("all_to_all", gib, 0, 64, link)
+    assert seconds == pytest.approx(56 / 64 * gib / (nic.bandwidth * nic.efficiency))
+    assert seconds > 5 * comm.collective_time("all_gather", gib, 0, 64, link)
+    nccl = comm.collective_time("all_to_all", gib, 0, 64, comm.group_link(h100, 64, 64, 1))
+    assert nccl == pytest.approx(56 / 64 * gib / (h100.tiers[-1].bandwidth * h100.tiers[-1].efficiency), rel=0.1)
+    ring = comm.collective_time("send_recv", gib, 0, 16, comm.group_link(mi300x, 16, 16, 1))
+    assert ring == pytest.approx(gib / (nic.bandwidth * nic.efficiency))
+    nccl_ring = comm.collective_time("send_recv", gib, 0, 16, comm.group_link(h100, 16, 16, 1))
+    assert nccl_ring == pytest.approx(gib / (h100.tiers[-1].bandwidth * h100.tiers[-1].efficiency), rel=0.1)
+    inside = comm.collective_time("send_recv", gib, 0, 8, comm.group_link(mi300x, 8, 8, 1))
+    assert inside < ring / 4  # one node: xGMI
+
+
 def test_collectives_command_names_what_runs(capsys):
     """Each size names NCCL's pick (to set beside NCCL_DEBUG=INFO or force with NCCL_ALGO): across 4 H100 nodes
     the tree with LL128 for 1 MiB, NVLS-tree for 1 GiB; where the link is not NCCL's, the alpha-beta model."""
@@ -236,7 +256,10 @@ def test_collectives_command_names_what_runs(capsys):
     assert lines[1].endswith("algorithm") and lines[2].endswith("tree/LL128")
     assert lines[3].endswith("nvls_tree/Simple")
     assert main(["collectives", "--cluster", "tpu-v5e", "--devices", "256", "--sizes", "1M", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["rows"][0]["algorithm"] == "alpha-beta"
+    out = json.loads(capsys.readouterr().out)
+    assert out["rows"][0]["algorithm"] == "alpha-beta" and out["nccl"] is None  # no NCCL release on a TPU
+    assert main(["collectives", "--cluster", "mi300x", "--devices", "16", "--sizes", "1M"]) == 0
+    assert "of mi300x, alpha-beta model (predicted" in capsys.readouterr().out
     assert main(["collectives", "--cluster", "h100-80gb", "--devices", "12", "--sizes", "1M", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["rows"][0]["algorithm"] == "alpha-beta"  # as comm costs it
 

@@ -46,6 +46,19 @@ def test_fsdp_critical_batch_850_over_three_axes():
     assert critical.dp_critical(V5P.peak_flops_bf16, link.raw_bandwidth) == pytest.approx(850, rel=1e-3)
 
 
+def test_all_to_all_on_a_torus_is_a_quarter_of_an_all_gather_and_set_by_its_longest_ring():
+    """Scaling book Part 3, question 10: on a bidirectional ring an AllToAll takes a quarter of an AllGather of the
+    whole array (here 16/15 of it: the gather's own shard stays). Uniform all-to-all traffic loads a torus's
+    channels by its longest ring alone (Dally & Towles 2004, sec. 3.3.1), so the whole 16x16x16 v5p slice moves a
+    chip's buffer in the time one 16-chip axis does, where three axes would gather 3x faster than one."""
+    ring, whole, b = comm.group_link(V5P, 4096, 16, 1), comm.group_link(V5P, 4096, 4096, 1), 2**30
+    gather = comm.collective_time("all_gather", 16 * b, 0, 16, ring)
+    assert comm.collective_time("all_to_all", b, 0, 16, ring) == pytest.approx(gather / 4 * 16 / 15)
+    assert comm.collective_time("all_to_all", b, 0, 4096, whole) == pytest.approx(
+        comm.collective_time("all_to_all", b, 0, 16, ring))
+    assert whole.bandwidth == pytest.approx(3 * ring.bandwidth)
+
+
 def test_fsdp_tp_critical_235_and_x_opt_1333_for_llama2_13b():
     assert critical.fsdp_tp_critical(4.59e14, L13.ffn, 1.8e11, 1.8e11) == pytest.approx(235, rel=0.01)
     # X_opt = sqrt(B N M_X / (M_Y F)) with M_X = 2, M_Y = 1 as in the seed.

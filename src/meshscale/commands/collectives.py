@@ -24,7 +24,7 @@ def add_arguments(p):
     p.add_argument("--measured", metavar="LOG", help="the saved output of one nccl-tests (or rccl-tests) run: "
                    "each of its sizes printed beside its out-of-place bus bandwidth and the model's error")
     p.add_argument("--json", action="store_true", help="print one JSON object: cluster, devices, collective, nccl "
-                   "(the release modelled) and "
+                   "(the release modelled; null where NCCL is not) and "
                    "rows of {collective, bytes, seconds, busbw_GBps, algorithm} (with --measured also "
                    "measured_busbw_GBps and error, predicted / measured - 1, and the log's "
                    "measured_gpus_per_process and measured_nccl, the release it ran, which the model then takes)")
@@ -99,14 +99,16 @@ def run(args) -> int:
         from meshscale.plots import collective_plot
         collective_plot(rows, f"{collective} on {devices} x {cluster.name}", args.plot,
                         measured.points if measured else ())
+    nccl = cluster.software.nccl if cluster.gpu_arch else None  # TPUs and RCCL's GPUs: the alpha-beta model
     if args.json:
         out = {"schema_version": SCHEMA_VERSION, "cluster": cluster.name, "devices": devices,
-               "collective": collective, "nccl": cluster.software.nccl, "rows": rows}
+               "collective": collective, "nccl": nccl, "rows": rows}
         if measured:
             out.update(measured_gpus_per_process=measured.gpus_per_process, measured_nccl=measured.nccl)
         print(json.dumps(out))
         return 0
-    _print(rows, collective, devices, f"{cluster.name}, NCCL {cluster.software.nccl}", args.measured)
+    _print(rows, collective, devices, f"{cluster.name}, " + (f"NCCL {nccl}" if nccl else "alpha-beta model"),
+           args.measured)
     if measured and measured.gpus_per_process > 1:
         print(_ONE_PROCESS.format(n=measured.gpus_per_process))
     return 0

@@ -15,7 +15,7 @@ with the ring volumes of Patarasuk & Yuan 2009 (all-reduce 2(n-1)/n V, all-gathe
 import itertools
 import math
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from functools import lru_cache
 
@@ -59,6 +59,12 @@ class Link:
     latency: float
     steps: int  # latency steps of one ring pass over the group
     fabric: collectives.Fabric | None = None  # NCCL's view of the group (GPU clusters): collective_time uses it
+    # Alpha-beta groups (no NCCL fabric) whose all-to-alls and sends do not move at the ring's `bandwidth` (0: they
+    # do): an all-to-all sends most of a rank's buffer through its own NIC when the group spans domains, and
+    # crosses a torus at its bisection (`all_to_all_rate`); a ring's sends step together, each step waiting on
+    # the pair that crosses between domains through one rank's NIC (as collectives._p2p_busbw on NCCL's).
+    all_to_all_bandwidth: float = 0.0
+    send_bandwidth: float = 0.0
 
 
 # ---- what is communicated ----------------------------------------------------------------------------
@@ -423,8 +429,13 @@ def group_link(cluster: ClusterSpec, devices: int, size: int, stride: int) -> Li
     k = domain // stride
     bw = min(fast.bandwidth * fast.efficiency, k * slow.bandwidth * slow.efficiency)
     raw = min(fast.bandwidth, k * slow.bandwidth)
-    return _with_fabric(cluster, Link(f"{fast.name}+{slow.name}", bw, raw, slow.latency, size - 1), k,
-                        -(-size // k))
+    # An all-to-all is not a ring: of a rank's buffer, (k-1)/size stays in its domain and (size-k)/size leaves
+    # through the rank's own NIC, both at once (what collectives.all_to_all_seconds does on NCCL's fabric)
+    a2a = all_to_all_rate(size, max((k - 1) / size / (fast.bandwidth * fast.efficiency),
+                                    (size - k) / size / (slow.bandwidth * slow.efficiency)))
+    link = Link(f"{fast.name}+{slow.name}", bw, raw, slow.latency, size - 1, all_to_all_bandwidth=a2a,
+                send_bandwidth=slow.bandwidth * slow.efficiency)
+    return _with_fabric(cluster, link, k, -(-size // k))
 
 
 def _with_fabric(cluster: ClusterSpec, link: Link, ppn: int, nodes: int) -> Link:
@@ -439,7 +450,7 @@ def _with_fabric(cluster: ClusterSpec, link: Link, ppn: int, nodes: int) -> Link
                                 slow.bandwidth * slow.efficiency / 1e9,
                                 fast.bandwidth * fast.efficiency / 1e9 if ppn > 1 and nodes > 1 else 0.0,
                                 host=cluster.host_cpu, nccl=cluster.software.nccl_release)
-    return Link(link.tier, link.bandwidth, link.raw_bandwidth, link.latency, link.steps, fabric)
+    return replace(link, fabric=fabric)
 
 
 def _torus_link(cluster: ClusterSpec, devices: int, size: int, stride: int) -> Link:
@@ -451,27 +462,44 @@ def _torus_link(cluster: ClusterSpec, devices: int, size: int, stride: int) -> L
     if stride >= slice_size:
         return Link(dcn.name, dcn.bandwidth * dcn.efficiency, dcn.bandwidth, dcn.latency, size - 1)
     inside = min(size, slice_size // stride)
-    axes, steps = _axes_spanned(dims, stride, inside)
+    axes, steps, longest = _axes_spanned(dims, stride, inside)
     bw_raw = ici.bandwidth * axes
+    # An all-to-all's uniform traffic under dimension-order routing loads a torus's channels by its longest ring
+    # (Dally & Towles 2004, sec. 3.3.1: k/8 of the injected rate on a bidirectional k-ary n-cube, k/4 on a
+    # mesh): its ICI share of a rank's buffer takes longest x share / (4 x the per-axis bandwidth), the scaling
+    # book's AllToAll on a ring, a quarter of an AllGather of the whole array (Part 3, question 10).
+    ici_per_byte = longest * inside / size / (4 * ici.bandwidth * ici.efficiency)
     if inside < size:  # the group spans slices: DCN between them, `inside` chips per slice share it
         bw = min(bw_raw * ici.efficiency, inside * dcn.bandwidth * dcn.efficiency)
+        dcn_per_byte = (size - inside) / size / (dcn.bandwidth * dcn.efficiency)  # each chip's own share of DCN
         return Link(f"{ici.name}+{dcn.name}", bw, min(bw_raw, inside * dcn.bandwidth), dcn.latency,
-                    steps + size // inside)
-    return Link(ici.name, bw_raw * ici.efficiency, bw_raw, ici.latency, steps)
+                    steps + size // inside, all_to_all_bandwidth=all_to_all_rate(size, max(ici_per_byte, dcn_per_byte)),
+                    send_bandwidth=dcn.bandwidth * dcn.efficiency)
+    return Link(ici.name, bw_raw * ici.efficiency, bw_raw, ici.latency, steps,
+                all_to_all_bandwidth=all_to_all_rate(size, ici_per_byte))
+
+
+def all_to_all_rate(n: int, seconds_per_byte: float) -> float:
+    """Link.all_to_all_bandwidth of a group of `n` whose all-to-all takes `seconds_per_byte` of a rank's buffer:
+    what `collective_time`'s (n-1)/n of the buffer is divided by."""
+    return (n - 1) / n / seconds_per_byte if seconds_per_byte > 0 else 0.0
 
 
 @lru_cache(maxsize=4096)
-def _axes_spanned(dims: tuple, stride: int, size: int) -> tuple[float, int]:
-    """Members are i*stride for i < size, the first dim innermost. Returns (axis weight, ring steps):
-    a fully covered axis counts 1, a partly covered one 1/2."""
-    axes, steps, block = 0.0, 0, 1
+def _axes_spanned(dims: tuple, stride: int, size: int) -> tuple[float, int, float]:
+    """Members are i*stride for i < size, the first dim innermost. Returns (axis weight, ring steps, longest
+    ring): a fully covered axis counts 1, a partly covered one (no wraparound) 1/2; the longest ring is the
+    most members along one axis over its weight."""
+    axes, steps, block, longest = 0.0, 0, 1, 1.0
     for d in dims:
         touched = len({(i * stride // block) % d for i in range(size)})
         if touched > 1:
-            axes += 1.0 if touched == d else 0.5
+            weight = 1.0 if touched == d else 0.5
+            axes += weight
             steps += touched - 1
+            longest = max(longest, touched / weight)
         block *= d
-    return max(axes, 0.5), max(steps, 1)
+    return max(axes, 0.5), max(steps, 1), longest
 
 
 # DeepEP's normal (training) kernels, deepseek-ai/DeepEP README "Performance" (2025-02): on H800, one CX7
@@ -633,6 +661,8 @@ def collective_time(collective: str, nbytes: float, calls: int, n: int, link: Li
     if collective == "all_reduce":
         steps = min(2 * link.steps, 2 * math.ceil(math.log2(n)))
         return 2 * (n - 1) / n * nbytes / bw + calls * steps * alpha
+    if collective == "all_to_all":
+        bw = link.all_to_all_bandwidth or bw
     if collective in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) / n * nbytes / bw + calls * link.steps * alpha
-    return nbytes / bw + calls * alpha  # send_recv: point to point
+    return nbytes / (link.send_bandwidth or bw) + calls * alpha  # send_recv: point to point

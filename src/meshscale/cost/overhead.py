@@ -115,7 +115,8 @@ def measured_link(cluster: ClusterSpec, collective: str, link: Link) -> Link:
         return link
     for kind, latency, bandwidth in cluster.collectives:
         if kind == collective:
-            return replace(link, bandwidth=bandwidth, latency=latency, fabric=None)
+            return replace(link, bandwidth=bandwidth, latency=latency, fabric=None, all_to_all_bandwidth=0.0,
+                           send_bandwidth=0.0)
     return link
 
 
