@@ -197,6 +197,55 @@ def test_fp8_parameters_gather_one_byte_each_and_need_fp8():
         h100.with_software(framework="torch", fp8_param_gather=True)
 
 
+def test_fp8_attention_runs_the_core_at_cudnns_measured_speed_over_bf16():
+    """[software] fp8_attention (Megatron-Core --fp8-dot-product-attention): the attention core's forward and
+    backward take cuDNN's measured FP8 time over its bf16 one (cudnn-frontend's H200 and GB200 scans): on Blackwell
+    faster both ways, on Hopper a faster forward and, causal from 8k, a slower backward (that release's FP8 causal
+    backward nears its unmasked time). Asked of bf16, or of a GPU with no such measurement: one line."""
+    from meshscale.cost.kernels import FP8_ATTENTION_GB200, attention_core_seconds, fp8_attention_speed
+
+    row = next(r for r in FP8_ATTENTION_GB200 if r[0] == 8192)
+    assert fp8_attention_speed("blackwell", 8192, True) == pytest.approx((row[1] / row[2], row[3] / row[4]))
+    forward, backward = fp8_attention_speed("hopper", 8192, True)
+    assert forward > 1.4 and backward < 0.85 and min(fp8_attention_speed("hopper", 8192, False)) > 1.0
+    model, layout = MODEL.with_seq(8192), Layout.parse("dp=8,mbs=1", 8)
+    for name in ("b200", "h100-80gb"):
+        cluster = load_cluster(name)
+        bf16 = attention_core_seconds(model, cluster, layout, 8192, "fp8")
+        fp8 = attention_core_seconds(model, cluster.with_software(fp8_attention=True), layout, 8192, "fp8")
+        speed = fp8_attention_speed(cluster.gpu_arch, 8192, True)
+        assert (bf16[0] / fp8[0], bf16[1] / fp8[1]) == pytest.approx(speed), name
+    b200 = load_cluster("b200")
+    assert predict(model, b200.with_software(fp8_attention=True), layout, 8, "fp8").step_time_s < \
+        predict(model, b200, layout, 8, "fp8").step_time_s
+    with pytest.raises(UserError, match="fp8_attention runs the attention core in FP8; it needs --precision fp8"):
+        predict(model, b200.with_software(fp8_attention=True), layout, 8, "bf16")
+    with pytest.raises(UserError, match="no FP8 attention data"):
+        predict(model, load_cluster("mi300x").with_software(fp8_attention=True), layout, 8, "fp8")
+
+
+def test_lora_input_gradient_scatters_hide_behind_their_dgrad_gemms_with_rs_dgrad_overlap():
+    """Under SP the column-parallel layers' input-gradient reduce-scatter hides behind the weight gradients
+    (tp_wgrad_overlap), which a LoRA's frozen weights do not have; Megatron-Core's --tp-comm-overlap-rs-dgrad
+    pipelines it with its own dgrad GEMM instead, so only its first ring step shows."""
+    model = replace(load_model("llama2-70b").with_seq(8192), lora_rank=16)
+    h100 = load_cluster("h100-80gb").with_software(tp_comm_overlap=True, tp_wgrad_overlap=True)
+    layout = Layout.parse("dp=2,zero=1,tp=4,sp=true,mbs=1", 8)
+
+    def scatters(cluster):  # the TP reduce-scatters the layers' GEMMs and weight gradients could hide
+        pred = predict(model, cluster, layout, 8, "fp8")
+        return pred, [e for e in pred.comm if e["axis"] == "tp" and e["collective"] == "reduce_scatter" and
+                      e["overlap"] != "none"]
+
+    behind_wgrad, before = scatters(h100)
+    pipelined, after = scatters(h100.with_software(tp_overlap_rs_dgrad=True))
+    dgrad = next(e for e in before if e["overlap"] == "wgrad")
+    assert dgrad["exposed_s"] > 0.8 * dgrad["time_s"]  # frozen weights: little weight gradient to hide behind
+    assert [e["overlap"] for e in after] == ["gemm", "gemm"]
+    assert all(e["exposed_s"] == pytest.approx(e["time_s"] / 4) for e in after)  # the first of 4 ring steps
+    assert pipelined.step_time_s < behind_wgrad.step_time_s
+
+
 @pytest.mark.parametrize("knob", sorted(FRAMEWORK_SWITCHES))
 def test_a_switch_a_framework_does_not_have_is_refused_in_one_line(knob):
     """Each framework-specific [software] switch is accepted on with the frameworks that have it and refused,

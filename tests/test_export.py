@@ -524,6 +524,21 @@ def test_a_qkv_gather_run_alone_is_a_note_beside_the_megatron_arguments():
     assert len(alone.notes) == 1 and "QKV projection's all-gather alone" in alone.notes[0]
 
 
+def test_rs_dgrad_overlap_is_a_megatron_switch_and_fp8_attention_a_note():
+    """--tp-comm-overlap-rs-dgrad pipelines the input-gradient reduce-scatters as the prediction ran them (a switch
+    of the recorded Megatron-LM); FP8 attention is a TransformerConfig field with no command-line switch there, so
+    the arguments leave it out and a note says the prediction assumed it."""
+    h100, model, layout = load_cluster("h100-80gb"), load_model("llama3-8b"), Layout.parse("tp=8,sp=true,mbs=1")
+    overlapped = h100.with_software(tp_comm_overlap=True)
+    assert "tp_comm_overlap_rs_dgrad" not in parse_megatron(emit("megatron", model, overlapped, layout, 64, "fp8",
+                                                                 steps=10).config)
+    both = overlapped.with_software(tp_overlap_rs_dgrad=True, fp8_attention=True)
+    got = emit("megatron", model, both, layout, 64, "fp8", steps=10)
+    args = parse_megatron(got.config)
+    assert args["tp_comm_overlap"] and args["tp_comm_overlap_rs_dgrad"]
+    assert any("fp8_attention = True" in n for n in got.notes)
+
+
 def test_attention_without_a_causal_mask_is_a_note_in_every_framework():
     """Every framework's decoder masks causally: a model with causal = false gets its config and a note saying the
     run does about half the attention work predicted."""

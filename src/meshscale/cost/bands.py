@@ -19,14 +19,14 @@ from meshscale.specs.layout import RECOMPUTE, Layout
 from meshscale.specs.model import ModelSpec
 
 # --- written by benchmarks/published.py --write-bands; do not edit by hand -----------------------------
-SOURCE = 'benchmarks/published.py --write-bands, 204 published runs up to 2024, 2026-12-02'
+SOURCE = 'benchmarks/published.py --write-bands, 206 published runs up to 2024, 2026-12-02'
 # "hardware kind precision": (runs, median |error|, p90 |error|, mean signed error)
 BANDS: dict[str, tuple[int, float, float, float]] = {
     'A100 dense bf16': (41, 0.0496, 0.1007, -0.0409),
-    'B200 dense fp8': (1, 0.0355, 0.0355, -0.0355),
+    'B200 dense fp8': (2, 0.0932, 0.1509, -0.0932),
     'H100 MoE bf16': (2, 0.0552, 0.0865, -0.0552),
     'H100 dense bf16': (40, 0.0414, 0.1379, -0.0372),
-    'H100 dense fp8': (55, 0.0398, 0.1118, -0.0303),
+    'H100 dense fp8': (56, 0.0399, 0.1118, -0.0282),
     'H200 dense fp8': (5, 0.0198, 0.1225, -0.0436),
     'H800 MoE bf16': (1, 0.0245, 0.0245, -0.0245),
     'H800 MoE fp8': (1, 0.0243, 0.0243, -0.0243),
@@ -50,10 +50,10 @@ PIPELINED: dict[str, tuple[int, float, float, float]] = {
 REPLICA_GROWTH: tuple[int, float, float] = (31, 0.021, 0.0022)
 # mechanisms the runs rest on (`mechanisms`): how many runs used each; the fewest tokens a context-parallel rank held
 COVERAGE: dict[str, int] = {
-    'cp': 19, 'ep': 4, 'recompute=full': 73, 'recompute=layernorm': 2, 'recompute=minimal': 13,
+    'cp': 20, 'ep': 4, 'recompute=full': 73, 'recompute=layernorm': 2, 'recompute=minimal': 13,
     'recompute=minimal_mlp': 3, 'recompute=mla_up_proj': 2, 'recompute=op': 3, 'recompute=selective': 12,
     'schedule=1f1b': 4, 'schedule=dualpipev': 1, 'schedule=interleaved': 52, 'schedule=zb': 1, 'shard': 43,
-    'zero=1': 73, 'zero=2': 6, 'zero=3': 108,
+    'zero=1': 75, 'zero=2': 6, 'zero=3': 108,
 }
 CP_FEWEST_TOKENS: int = 4096
 # the largest share of its step any run's devices waited on their host (cost/step.py host_wait_s)

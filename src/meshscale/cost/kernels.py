@@ -185,6 +185,35 @@ SCAN_FA2_H200 = {
                  (8192, 272.9, 257.2), (16384, 277.6, 268.0))}
 
 
+# FP8 attention (Transformer Engine's fp8_dpa, [software] fp8_attention) against bf16 on the same GPU and harness:
+# cudnn-frontend's benchmark/sdpa_benchmark_training, results/h200_919_only_cudnn and gb200_919_only_cudnn
+# (llama3.1_*.csv, 2026-02: cuDNN 9.19, batch 1, 64 query and 8 key-value heads of 128), milliseconds:
+# (seq, causal forward bf16, fp8, backward bf16, fp8, not causal forward bf16, fp8, backward bf16, fp8).
+# FP8's forward is 1.4-1.5x bf16's on H200 and 1.2-1.3x on GB200; its causal backward on H200 slows from 8k on
+# (6.39 ms against 5.08 at 8k: near its unmasked time, as if the masked blocks were computed), where GB200's
+# gains 7-16%. Only these ratios are taken, onto the kernels' bf16 rates; the casts into FP8 are not counted.
+FP8_ATTENTION_H200 = ((2048, 0.142, 0.098, 0.464, 0.437, 0.217, 0.158, 0.681, 0.647),
+                      (4096, 0.465, 0.322, 1.450, 1.459, 0.819, 0.565, 2.453, 2.285),
+                      (8192, 1.708, 1.141, 5.083, 6.392, 3.182, 2.149, 9.262, 8.637),
+                      (16384, 6.531, 4.357, 19.002, 29.422, 12.524, 8.335, 35.947, 33.355),
+                      (32768, 25.566, 16.884, 75.688, 118.729, 50.769, 33.120, 153.841, 130.528))
+FP8_ATTENTION_GB200 = ((2048, 0.066, 0.053, 0.206, 0.192, 0.110, 0.085, 0.315, 0.287),
+                       (4096, 0.206, 0.161, 0.607, 0.559, 0.345, 0.276, 1.068, 0.938),
+                       (8192, 0.688, 0.553, 2.097, 1.860, 1.286, 1.050, 3.901, 3.372),
+                       (16384, 2.606, 2.060, 7.845, 6.764, 4.972, 4.001, 15.111, 12.683),
+                       (32768, 10.226, 7.960, 29.863, 25.803, 19.759, 15.848, 58.606, 49.473))
+FP8_ATTENTION = {"hopper": FP8_ATTENTION_H200, "blackwell": FP8_ATTENTION_GB200}
+
+
+def fp8_attention_speed(arch: str, seq: float, causal: bool) -> tuple[float, float]:
+    """(forward, backward) speed of FP8 attention over bf16 at length `seq` (FP8_ATTENTION): log-linear between the
+    measured lengths, flat beyond them."""
+    col = 1 if causal else 5
+    speeds = tuple((r[0], r[col] / r[col + 1], r[col + 2] / r[col + 3]) for r in FP8_ATTENTION[arch])
+    forward, backward = _loglinear(speeds, seq)
+    return forward, backward
+
+
 def _against_128(tables: dict) -> dict:
     """A scan's tables by head dims as (that table, the same scan's 128 table): what `head_dim_speed` divides."""
     return {dims: (rates, tables[128, 128]) for dims, rates in tables.items() if dims != (128, 128)}
@@ -800,9 +829,13 @@ def _fused_core_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, 
     mla = model.uses_mla
     head_dim, v_head_dim = (model.head_dim + model.rope_head_dim, model.v_head_dim) if mla else (model.head_dim, 0)
     total = attention_seconds(cluster, core, length, peak, model.causal, cp, head_dim, v_head_dim)
+    forward, backward = total / 3.5, total * 2.5 / 3.5
+    if cluster.software.fp8_attention and is_fp8(precision):
+        speed_f, speed_b = fp8_attention_speed(cluster.gpu_arch, length / cp, model.causal)
+        forward, backward = forward / speed_f, backward / speed_b
     merge_f = merge_b = 0.0
     if cp > 1:
         queries = tokens * model.heads * model.head_dim / layout.tp
         keys = tokens * kv_heads_per_rank(model.kv_heads, layout.tp) * model.head_dim
         merge_f, merge_b = ring_merge_seconds(cluster, queries, keys, cp)
-    return total / 3.5 + merge_f, total * 2.5 / 3.5 + merge_b
+    return forward + merge_f, backward + merge_b

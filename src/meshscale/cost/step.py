@@ -426,8 +426,8 @@ def matrix_params_on_rank(model: ModelSpec, layout: Layout, rank: int) -> float:
 def running_overlap(op, sw, layout: Layout, m: int) -> Overlap:
     """A collective's overlap class (cost/comm.py) as it runs: NONE where the [software] switch is off."""
     overlap = op.overlap
-    if overlap == Overlap.WGRAD and not sw.tp_wgrad_overlap:
-        overlap = Overlap.GEMM
+    if overlap == Overlap.WGRAD and (not sw.tp_wgrad_overlap or sw.tp_comm_overlap and sw.tp_overlap_rs_dgrad):
+        overlap = Overlap.GEMM  # decomposed behind its own dgrad GEMM where tp_overlap_rs_dgrad pipelines them
     on = {Overlap.ATTENTION: True, Overlap.BACKWARD: sw.grad_reduce_overlap,
           Overlap.EACH_BACKWARD: sw.grad_reduce_overlap, Overlap.FORWARD: sw.param_gather_overlap,
           Overlap.FSDP: sw.fsdp_prefetch,

@@ -134,7 +134,7 @@ def model_notes(model: ModelSpec, framework: str) -> list[str]:
 
 # [software] kernel choices: no emitted config picks a stack's kernels
 KERNEL_CHOICES = ("attention_kernel", "attention_unpad", "low_precision_norm", "fused_cross_entropy",
-                  "metric_cross_entropies")
+                  "metric_cross_entropies", "fp8_attention")
 
 
 def kernel_notes(cluster: ClusterSpec) -> list[str]:

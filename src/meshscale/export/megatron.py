@@ -59,6 +59,8 @@ def arguments(job: Job) -> list[str]:
         args.append("--sequence-parallel")
     if lay.tp > 1 and sw.tp_comm_overlap:
         args.append("--tp-comm-overlap")
+        if lay.sp and sw.tp_overlap_rs_dgrad:
+            args.append("--tp-comm-overlap-rs-dgrad")
     if lay.pp > 1:
         args += _pipeline_arguments(model, lay)
         if lay.schedule == "interleaved" and not sw.pp_comm_overlap:

@@ -39,6 +39,11 @@ class Software:
     # gradient is computed (Megatron-LM since 2022 without --tp-comm-overlap: core/tensor_parallel/layers.py,
     # LinearWithGradAccumulationAndAsyncCommunication.backward); off as torch's DTensor TP and our runtime run
     tp_wgrad_overlap: bool = False
+    # With tp_comm_overlap, the column-parallel layers' input-gradient reduce-scatter under SP is pipelined with the
+    # dgrad GEMM that makes it (Megatron-Core's --tp-comm-overlap-rs-dgrad, TransformerConfig.tp_comm_overlap_rs_dgrad:
+    # Transformer Engine's ub_overlap_rs_dgrad; MLPerf's MC_TP_OVERLAP_RS_DGRAD), not run behind the weight gradients
+    # (tp_wgrad_overlap), which a LoRA's frozen weights do not have
+    tp_overlap_rs_dgrad: bool = False
     # With tp_comm_overlap, the QKV projection's forward all-gather runs alone before its GEMM, not decomposed
     # behind it (Megatron-Core's ModelParallelConfig.tp_comm_overlap_disable_qkv: its TE layer gets
     # ub_overlap_ag=False and gathers with NCCL; NeMo's model.tp_comm_overlap_disable_qkv, which MLPerf's LoRA
@@ -75,6 +80,11 @@ class Software:
     # a parameter, not 2; the few bf16 ones (embeddings, norms, biases) are counted at 1 too. Memory is left as
     # is: on Hopper the FP8 weight keeps its transpose for the backward GEMMs, 2 bytes either way. Needs fp8.
     fp8_param_gather: bool = False
+    # The attention core in FP8 too (Transformer Engine's fp8_dpa: Megatron-Core's TransformerConfig.
+    # fp8_dot_product_attention, NeMo's fp8_dot_product_attention, MLPerf's FP8_DPA=1), on cuDNN's FP8 kernels at
+    # their measured speed over its bf16 ones (cost/kernels.py FP8_ATTENTION); false: FP8 recipes keep it in bf16,
+    # Transformer Engine's default. Needs fp8 or mxfp8, on Hopper or Blackwell.
+    fp8_attention: bool = False
     # Transformer Engine keeps no FP8 copy of a weight from one micro-batch to the next (Megatron-Core's
     # TransformerConfig.disable_parameter_transpose_cache; MLPerf's LoRA configs set it): every forward casts each
     # weight again, and on Hopper writes its transpose for the backward GEMMs (cost/kernels.py weight_cast_bytes)
@@ -185,6 +195,8 @@ class Software:
 
 
 ATTENTION_KERNELS = ("platform", "fa2", "fa1", "fa-triton")
+# GPU generations whose FP8 attention kernels have a measured speed (cost/kernels.py FP8_ATTENTION)
+FP8_ATTENTION_ARCHS = ("hopper", "blackwell")
 # Each framework's tensor-wise FP8 scaling: Megatron-Core's --fp8-recipe defaults to delayed (arguments.py), as
 # DeepSpeed's Transformer Engine layers do (TE's default recipe); torchao's float8 training scales dynamically,
 # from the tensor's current amax (torchao.float8 Float8LinearConfig, tensorwise).
@@ -207,6 +219,7 @@ FRAMEWORK_BUCKETS = {"megatron-core": (40e6, 1e6), "torch": (25 * 2**20 / 4, 0.0
 XLA_SWITCHES = ("tp_comm_overlap", "tp_wgrad_overlap")
 FRAMEWORK_SWITCHES = {
     "fp8_param_gather": (("megatron-core",), "Megatron-Core's (--fp8-param-gather)"),
+    "fp8_attention": (("megatron-core",), "Megatron-Core's (TransformerConfig.fp8_dot_product_attention)"),
     "disable_parameter_transpose_cache": (("megatron-core",),
                                           "Megatron-Core's (TransformerConfig.disable_parameter_transpose_cache)"),
     "moe_permute_fusion": (("megatron-core",), "Megatron-Core's (--moe-permute-fusion)"),
@@ -214,6 +227,7 @@ FRAMEWORK_SWITCHES = {
     "tp_comm_overlap": (("megatron-core", "torch"), "Megatron-Core's (--tp-comm-overlap) and torch's (async TP)"),
     "tp_wgrad_overlap": (("megatron-core", "deepspeed"), "Megatron-LM's (its TP layers' backward)"),
     "tp_overlap_disable_qkv": (("megatron-core",), "Megatron-Core's (ModelParallelConfig.tp_comm_overlap_disable_qkv)"),
+    "tp_overlap_rs_dgrad": (("megatron-core",), "Megatron-Core's (--tp-comm-overlap-rs-dgrad)"),
     "lora_all_to_all": (("megatron-core",), "NeMo's on Megatron-Core (lora_tuning.a2a_experimental)"),
 }
 
@@ -499,6 +513,12 @@ class ClusterSpec:
         if self.software.fp8_param_gather and not is_fp8(precision):
             raise UserError(f"cluster {self.name}: [software] fp8_param_gather gathers FP8 parameters; it needs "
                             f"--precision fp8 or mxfp8, got {precision}: drop it or change the precision")
+        if self.software.fp8_attention and not is_fp8(precision):
+            raise UserError(f"cluster {self.name}: [software] fp8_attention runs the attention core in FP8; it needs "
+                            f"--precision fp8 or mxfp8, got {precision}: drop it or change the precision")
+        if self.software.fp8_attention and self.gpu_arch not in FP8_ATTENTION_ARCHS:
+            raise UserError(f"cluster {self.name}: no FP8 attention data (cuDNN's FP8 attention is measured on Hopper "
+                            f"and Blackwell, not {self.accelerator}); drop [software] fp8_attention")
         if self.software.int8_forward_only and precision != "int8":
             raise UserError(f"cluster {self.name}: [software] int8_forward_only says which parts AQT quantizes; it "
                             f"needs --precision int8, got {precision}: drop it or change the precision")
@@ -523,7 +543,8 @@ class ClusterSpec:
 
     def bf16_work_peak(self, precision: str) -> float:
         """The peak of the work 8-bit recipes keep in bf16: the attention core (Transformer Engine's fp8_dpa is
-        off by default; AQT quantizes the projections' dot_generals) and the output head (Megatron-Core's output
+        off by default, and [software] fp8_attention is costed as its measured speed over bf16's; AQT quantizes the
+        projections' dot_generals) and the output head (Megatron-Core's output
         layer is not a Transformer Engine module; MaxText reads the logits off the embedding with a plain dot)."""
         return self.peak_flops("bf16" if is_quantized(precision) else precision)
 
