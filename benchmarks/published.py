@@ -339,6 +339,25 @@ def mixtral_runs():
                   megatron_core_flops(model, 256) / (64 * tflops), "H100", MEGATRON_CORE)
 
 
+# AI-Hypercomputer/tpu-recipes training/trillium/Mixtral-8x7B-MaxText/README.md at f81bfc9 (2024-10-30): Mixtral 8x7B
+# on one v6e-256 slice, MaxText at 2e1ebad7 (2024-10-29), libtpu 20241028; benchmarks/maxtext_trillium_model_configs.py
+# mixtral_8x7b_dropped (and _int8, quantization int8: AQT in all three passes): FSDP over the 256 chips, 8 sequences
+# of 4,096 a chip, full remat, splash attention, megablox off with capacity_factor 1.25, so layers/linears.py
+# dense_matmul dispatches and combines by GShard's one-hot einsums into buffers of 1.25x an expert's balanced share
+# ([software] moe_dispatcher einsum; the model's capacity_factor). Measured: the step the README shows of each run
+# ("completed step: 19, seconds: 8.409"; int8's step 18, 8.218). Not modelled: use_iota_embed's one-hot embedding
+# matmul (0.7% of the FLOPs).
+TRILLIUM_MIXTRAL = (("bf16", 8.409), ("int8", 8.218))
+
+
+def trillium_mixtral_runs():
+    model = replace(load_model("mixtral-8x7b"), capacity_factor=1.25)
+    for precision, seconds in TRILLIUM_MIXTRAL:
+        yield Run("tpu-recipes Trillium", f"Mixtral 8x7B dropped {precision}", model, "tpu-v6e",
+                  "dp=256,zero=3,mbs=8,recompute=full", 256, 2048, seconds, "TPU v6e",
+                  replace(XLA, moe_dispatcher="einsum"), precision=precision)
+
+
 # Megatron-DeepSpeed: bf16 under DeepSpeed's BF16_Optimizer (ZeRO-0 in the config, partitioned like ZeRO-1;
 # cost/step.py bf16_optimizer), its fp32 gradients all-reduced in buffers of 5e8 elements.
 BLOOM_SOFTWARE = replace(MEGATRON_2021, framework="deepspeed", grad_reduce_fp32=True)
@@ -753,6 +772,7 @@ def runs():
     yield from mlperf_runs()
     yield from mlperf_lora_runs()
     yield from mlperf_maxtext_runs()
+    yield from trillium_mixtral_runs()
     yield from mosaic_runs()
 
 

@@ -40,10 +40,11 @@ def test_imbalance_slows_the_busiest_ranks_experts_and_dispatch():
     assert ep_entry(skew)["bytes"] == ep_entry(even)["bytes"]  # the ledger's bytes are the mean rank's
     assert skew.compute_s > even.compute_s
     tokens = 4096.0
-    routed = [g for g in layer_gemms(MIXTRAL, 0, layout, tokens, 1.5) if g.batch > 1]
+    skewed = with_software(moe_imbalance=1.5).software
+    routed = [g for g in layer_gemms(MIXTRAL, 0, layout, tokens, skewed) if g.batch > 1]
     assert all(g.m == pytest.approx(1.5 * tokens * 2) for g in routed)  # top-2 of 8 experts, one a rank
     # without EP every rank holds every expert: nothing to wait for
-    assert layer_gemms(MIXTRAL, 0, Layout(), tokens, 1.5) == layer_gemms(MIXTRAL, 0, Layout(), tokens)
+    assert layer_gemms(MIXTRAL, 0, Layout(), tokens, skewed) == layer_gemms(MIXTRAL, 0, Layout(), tokens)
 
 
 @pytest.mark.parametrize("n, k", [(4096, 7168), (7168, 2048)])
@@ -158,6 +159,43 @@ def test_bad_moe_knobs_are_one_line(tmp_path, software, needle):
         path.write_text(json.dumps({"base": "tpu-v5p", "software": {"moe_dispatcher": dispatcher}}))
         with pytest.raises(UserError, match="NVIDIA cluster"):
             load_cluster(str(path))
+
+
+def test_gshard_einsum_dispatch_pads_every_expert_to_capacity_and_multiplies_by_its_masks():
+    """GShard's dispatcher (MaxText's dense_matmul with a capacity factor): every expert computes its whole buffer,
+    capacity_factor x its balanced share, and each sequence's tokens go in and out by two GEMMs against one-hot
+    masks of 2 s h (cf k s) FLOPs each, the dispatch mask taking no gradient; no permute. The all-to-alls move the
+    padded buffers. Dropless routing with a capacity drops what is over it, so it caps the busiest rank's share."""
+    from meshscale.cost.kernels import expert_load, layer_gemm_parts
+
+    model = replace(MIXTRAL.with_seq(4096), capacity_factor=1.25)
+    einsum = load_cluster("tpu-v6e").with_software(moe_dispatcher="einsum")
+    layout = Layout.parse("dp=256,zero=3,mbs=8", 256)
+    tokens = 8 * 4096
+    plain = layer_gemm_parts(model, 0, layout, tokens)["experts"]
+    padded = layer_gemm_parts(model, 0, layout, tokens, einsum.software)["experts"]
+    assert [g.m for g in padded[:2]] == pytest.approx([1.25 * g.m for g in plain])
+    dispatch, combine = padded[2:]
+    slots = 1.25 * 2 * 4096
+    flops = 2 * 4096 * 4096 * slots * 8
+    assert 2 * dispatch.m * dispatch.n * dispatch.k * dispatch.batch == pytest.approx(flops)
+    assert 2 * combine.m * combine.n * combine.k * combine.batch == pytest.approx(flops)
+    assert not dispatch.weight_grad and combine.weight_grad
+    f, b, w = gemm_pass_seconds(einsum, (dispatch,), 1e15, 2)
+    assert w == 0 and f > 0 and b > 0
+    masks = 2 * tokens * slots * 2 / einsum.achieved_hbm_bandwidth  # written once each, no permute
+    router = 3 * 4 * tokens * model.experts / einsum.achieved_hbm_bandwidth
+    assert routing_seconds(model, einsum, tokens, 2) == pytest.approx(masks + router)
+    assert expert_load(model, einsum.software, 8) == 1.25
+    skewed = H100.with_software(moe_imbalance=1.5).software
+    assert expert_load(model, skewed, 8) == 1.25 and expert_load(MIXTRAL, skewed, 8) == 1.5
+    assert expert_load(model, skewed, 1) == 1.0
+    ep = Layout.parse("dp=8,ep=8,mbs=1", 8)
+    einsum_h100 = H100.with_software(moe_dispatcher="einsum")
+    assert ep_entry(predict(model, einsum_h100, ep, 8))["time_s"] == pytest.approx(
+        1.25 * ep_entry(predict(model, H100, ep, 8))["time_s"])
+    with pytest.raises(UserError, match="moe_dispatcher = \"einsum\" fills each expert's buffer"):
+        predict(MIXTRAL, einsum_h100, ep, 8)
 
 
 def test_megatron_fsdp_gathers_a_layers_experts_in_one_collective():

@@ -405,6 +405,29 @@ def test_maxtext_keys_are_base_yml_keys(case):
         assert values["num_layers_per_pipeline_stage"] * lay.pp * values["num_pipeline_repeats"] == model.layers
 
 
+def test_gshard_einsum_dispatch_reaches_maxtext_and_megatron_in_the_form_each_has():
+    """MaxText runs GShard's einsum dispatch without megablox, into buffers of its capacity_factor; Megatron-Core
+    has no such dispatcher: its arguments pad the all-to-all's buffers to capacity, and a note says what differs."""
+    yaml = pytest.importorskip("yaml", reason="pyyaml is not installed (pip install '.[test]')")
+    model = dataclasses.replace(load_model("mixtral-8x7b"), capacity_factor=1.25)
+    v6e = load_cluster("tpu-v6e").with_software(moe_dispatcher="einsum")
+    values = yaml.safe_load(emit("maxtext", model, v6e, Layout.parse("dp=256,zero=3,mbs=8,recompute=full"), 2048,
+                                 "bf16", steps=10).config)
+    keys = maxtext_keys()
+    assert values["megablox"] is False and values["capacity_factor"] == 1.25
+    assert keys["megablox"] == "bool" and keys["capacity_factor"] == "float"
+    dropless = load_cluster("tpu-v6e")
+    assert yaml.safe_load(emit("maxtext", load_model("mixtral-8x7b"), dropless,
+                               Layout.parse("dp=256,zero=3,mbs=8,recompute=full"), 2048, "bf16",
+                               steps=10).config)["megablox"] is True
+    h100 = load_cluster("h100-80gb").with_software(moe_dispatcher="einsum")
+    got = emit("megatron", model, h100, Layout.parse("dp=8,zero=1,pp=4,ep=8,mbs=1"), 64, "bf16", steps=10)
+    args = parse_megatron(got.config)
+    assert args["moe_pad_expert_input_to_capacity"] and args["moe_expert_capacity_factor"] == 1.25
+    assert args["moe_token_dispatcher_type"] == "alltoall"
+    assert any("no GShard einsum dispatch" in n for n in got.notes)
+
+
 def _product(xs) -> int:
     out = 1
     for x in xs:

@@ -19,7 +19,7 @@ from meshscale.specs.layout import RECOMPUTE, Layout
 from meshscale.specs.model import ModelSpec
 
 # --- written by benchmarks/published.py --write-bands; do not edit by hand -----------------------------
-SOURCE = 'benchmarks/published.py --write-bands, 206 published runs up to 2024, 2026-12-02'
+SOURCE = 'benchmarks/published.py --write-bands, 208 published runs up to 2024, 2026-12-02'
 # "hardware kind precision": (runs, median |error|, p90 |error|, mean signed error)
 BANDS: dict[str, tuple[int, float, float, float]] = {
     'A100 dense bf16': (41, 0.0496, 0.1007, -0.0409),
@@ -34,6 +34,8 @@ BANDS: dict[str, tuple[int, float, float, float]] = {
     'TPU v5e dense bf16': (24, 0.05, 0.1331, -0.0421),
     'TPU v5p dense bf16': (16, 0.0982, 0.1829, -0.0593),
     'TPU v5p dense int8': (7, 0.0651, 0.0731, 0.0056),
+    'TPU v6e MoE bf16': (1, 0.0254, 0.0254, -0.0254),
+    'TPU v6e MoE int8': (1, 0.2102, 0.2102, -0.2102),
     'TPU v6e dense int8': (4, 0.0754, 0.0832, -0.0766),
 }
 # the same of each category's pipelined runs (pp > 1)
@@ -50,10 +52,10 @@ PIPELINED: dict[str, tuple[int, float, float, float]] = {
 REPLICA_GROWTH: tuple[int, float, float] = (31, 0.021, 0.0022)
 # mechanisms the runs rest on (`mechanisms`): how many runs used each; the fewest tokens a context-parallel rank held
 COVERAGE: dict[str, int] = {
-    'cp': 20, 'ep': 4, 'recompute=full': 73, 'recompute=layernorm': 2, 'recompute=minimal': 13,
+    'cp': 20, 'ep': 4, 'recompute=full': 75, 'recompute=layernorm': 2, 'recompute=minimal': 13,
     'recompute=minimal_mlp': 3, 'recompute=mla_up_proj': 2, 'recompute=op': 3, 'recompute=selective': 12,
     'schedule=1f1b': 4, 'schedule=dualpipev': 1, 'schedule=interleaved': 52, 'schedule=zb': 1, 'shard': 43,
-    'zero=1': 75, 'zero=2': 6, 'zero=3': 108,
+    'zero=1': 75, 'zero=2': 6, 'zero=3': 110,
 }
 CP_FEWEST_TOKENS: int = 4096
 # the largest share of its step any run's devices waited on their host (cost/step.py host_wait_s)

@@ -792,8 +792,8 @@ def _dispatch_rates(model: ModelSpec, cluster: ClusterSpec, devices: int, ep: in
     """Seconds a byte and a call of the EP all-to-alls take (their time is linear in both), as predict costs
     them: the group of ep ranks etp apart (step._axis_group), the [software] dispatcher and routing imbalance."""
     link = overhead.measured_link(cluster, "all_to_all", comm.group_link(cluster, devices, ep, etp))
-    per_byte = comm.expert_dispatch_time(cluster, 1.0, 0, ep, link, model.experts, model.top_k)
-    return per_byte, comm.expert_dispatch_time(cluster, 1.0, 1, ep, link, model.experts, model.top_k) - per_byte
+    per_byte = comm.expert_dispatch_time(cluster, 1.0, 0, ep, link, model)
+    return per_byte, comm.expert_dispatch_time(cluster, 1.0, 1, ep, link, model) - per_byte
 
 
 def pipeline_floor(model: ModelSpec, cluster: ClusterSpec, shape: Shape, act_bytes: int, layout: Layout) -> float:

@@ -20,6 +20,7 @@ from enum import StrEnum
 from functools import lru_cache
 
 from meshscale.cost import collectives
+from meshscale.cost.kernels import expert_load
 from meshscale.specs.cluster import FRAMEWORK_BUCKETS, ClusterSpec, Software
 from meshscale.specs.layout import KEEPS_MATMULS, Layout, kv_heads_per_rank
 from meshscale.specs.model import COLUMN_PARALLEL, ModelSpec
@@ -630,17 +631,18 @@ def userbuffers(sw) -> bool:
     return sw.tp_comm_overlap and sw.framework == "megatron-core"
 
 
-def expert_dispatch_time(cluster: ClusterSpec, nbytes: float, calls: int, n: int, link: Link, experts: int = 0,
-                         top_k: int = 0) -> float:
-    """The EP all-to-alls of the busiest EP rank ([software] moe_imbalance times the mean rank's bytes, which it
-    receives and returns) by the [software] moe_dispatcher (DeepEP's or Hybrid-EP's kernels: the model's
-    `experts` and `top_k` say how many ranks and nodes each token goes to, `deepep_seconds`)."""
+def expert_dispatch_time(cluster: ClusterSpec, nbytes: float, calls: int, n: int, link: Link,
+                         model: ModelSpec) -> float:
+    """The EP all-to-alls of the busiest EP rank (kernels.expert_load times the mean rank's bytes, which it
+    receives and returns: the padded buffers, or the busiest rank's share) by the [software] moe_dispatcher
+    (DeepEP's or Hybrid-EP's kernels: the model's experts and top_k say how many ranks and nodes each token goes
+    to, `deepep_seconds`)."""
     sw = cluster.software
     if sw.moe_dispatcher in DISPATCHERS and n > 1 and nbytes:
-        t = deepep_seconds(nbytes, calls, n, link, cluster, experts, top_k, sw.moe_dispatcher)
+        t = deepep_seconds(nbytes, calls, n, link, cluster, model.experts, model.top_k, sw.moe_dispatcher)
     else:
         t = collective_time("all_to_all", nbytes, calls, n, link)
-    return t * sw.moe_imbalance
+    return t * expert_load(model, sw, n)
 
 
 def nccl_fabric(link: Link, n: int):

@@ -20,7 +20,8 @@ from functools import lru_cache
 
 from meshscale.cost import flops
 from meshscale.cost.memory import PRECISIONS, adapter_widths
-from meshscale.specs.cluster import ClusterSpec, is_fp8, is_quantized
+from meshscale.errors import UserError
+from meshscale.specs.cluster import ClusterSpec, Software, is_fp8, is_quantized
 from meshscale.specs.layout import Layout, kv_heads_per_rank
 from meshscale.specs.model import ModelSpec
 
@@ -352,6 +353,7 @@ class Gemm:
     k: float
     batch: int = 1
     grouped: bool = False  # MoE experts' grouped GEMM: `batch` groups of `m` tokens each
+    weight_grad: bool = True  # False: its k x n operand takes no gradient (GShard's dispatch mask)
 
 
 # A grouped GEMM's throughput beyond what tiles and waves (gemm_seconds) explain, by tokens (M) per group:
@@ -387,21 +389,23 @@ def grouped_gemm_efficiency(tokens_per_group: float, points: tuple = GROUPED_GEM
     return 1.0
 
 
-def layer_gemms(model: ModelSpec, layer: int, layout: Layout, tokens: float, imbalance: float = 1.0) -> tuple:
+def layer_gemms(model: ModelSpec, layer: int, layout: Layout, tokens: float, sw: Software | None = None) -> tuple:
     """The forward GEMMs of one layer on one rank for a micro-batch of `tokens` (after CP), as Megatron shards
     them: QKV and the first MLP matrix (gate and up fused) split their outputs over TP, the output projection
     and the down projection their inputs. MoE: the rank's experts (experts/ep, each split etp ways, column then
     row parallel) each see top_k*tokens*ep*etp/(tp*experts) tokens (balanced routing: the rank's arrivals,
     gathered over ETP, of the tokens each TP rank dispatches, Layout.dispatch_split; Megatron-Core's
-    all-to-all dispatcher, Liu et al. 2025 sec. 3), times `imbalance` on the busiest EP rank when ep > 1
-    ([software] moe_imbalance), as one grouped GEMM; shared experts see every token, split over TP."""
-    return sum(layer_gemm_parts(model, layer, layout, tokens, imbalance).values(), ())
+    all-to-all dispatcher, Liu et al. 2025 sec. 3), times their load under `sw` (`expert_load`: the capacity
+    their buffers are padded to, or the busiest EP rank's imbalance), as one grouped GEMM; shared experts
+    see every token, split over TP. Under GShard's einsum dispatcher each sequence's tokens go into and out of the
+    experts' buffers by two more GEMMs against one-hot masks (`einsum_dispatch`)."""
+    return sum(layer_gemm_parts(model, layer, layout, tokens, sw).values(), ())
 
 
-def layer_gemm_parts(model: ModelSpec, layer: int, layout: Layout, tokens: float, imbalance: float = 1.0) -> dict:
+def layer_gemm_parts(model: ModelSpec, layer: int, layout: Layout, tokens: float, sw: Software | None = None) -> dict:
     """`layer_gemms` by the part that runs them (specs.cluster.INT8_PARTS): attention (the q, k and v projections;
-    MLA's all), attention_out (the output projection), mlp (a dense layer's), and a MoE layer's router, experts and
-    shared_experts."""
+    MLA's all), attention_out (the output projection), mlp (a dense layer's), and a MoE layer's router, experts (with
+    an einsum dispatcher's mask GEMMs, which AQT quantizes alike) and shared_experts."""
     t, h = layout.tp, model.hidden
     attn: dict
     if model.uses_mla:  # low-rank projections, the output's included: one GEMM of the same FLOPs
@@ -414,13 +418,46 @@ def layer_gemm_parts(model: ModelSpec, layer: int, layout: Layout, tokens: float
     if not model.is_moe_layer(layer):
         return {**attn, "mlp": (Gemm(tokens, up * model.ffn / t, h), Gemm(tokens, h, model.ffn / t))}
     local = max(1, model.experts // layout.ep)
-    routed = (tokens * model.top_k * layout.ep * layout.expert_tp / (t * model.experts)
-              * (imbalance if layout.ep > 1 else 1.0))
+    load = expert_load(model, sw, layout.ep) if sw else 1.0
+    routed = tokens * model.top_k * layout.ep * layout.expert_tp / (t * model.experts) * load
     e, f = model.expert_ffn / layout.expert_tp, model.expert_ffn / t * model.shared_experts
     shared = (Gemm(tokens, up * f, h), Gemm(tokens, h, f)) if model.shared_experts else ()
-    return {**attn, "router": (Gemm(tokens, model.experts, h),),
-            "experts": (Gemm(routed, up * e, h, local, True), Gemm(routed, h, e, local, True)),
-            "shared_experts": shared}
+    experts = (Gemm(routed, up * e, h, local, True), Gemm(routed, h, e, local, True))
+    if sw and sw.moe_dispatcher == "einsum":
+        experts += einsum_dispatch(model, layout, tokens)
+    return {**attn, "router": (Gemm(tokens, model.experts, h),), "experts": experts, "shared_experts": shared}
+
+
+def expert_load(model: ModelSpec, sw: Software, ep: int) -> float:
+    """Tokens a rank's experts compute, and its all-to-alls move, over the balanced share: under GShard's einsum
+    dispatcher the whole buffers, the model's capacity_factor; otherwise the busiest expert-parallel rank's
+    [software] moe_imbalance (none without EP), no more than the capacity where routing drops beyond one."""
+    if sw.moe_dispatcher == "einsum":
+        return model.capacity_factor
+    load = sw.moe_imbalance if ep > 1 else 1.0
+    return min(load, model.capacity_factor) if model.capacity_factor else load
+
+
+def check_dispatch(model: ModelSpec, cluster: ClusterSpec) -> None:
+    """GShard's einsum dispatch fills buffers of a capacity: one line where a MoE model has none."""
+    if model.is_moe and cluster.software.moe_dispatcher == "einsum" and not model.capacity_factor:
+        raise UserError(f"cluster {cluster.name}: [software] moe_dispatcher = \"einsum\" fills each expert's buffer "
+                        f"to a capacity, and model {model.name} has none: give it a capacity_factor (MaxText's, e.g. "
+                        "1.25) or use moe_dispatcher = \"alltoall\"")
+
+
+def einsum_dispatch(model: ModelSpec, layout: Layout, tokens: float) -> tuple:
+    """GShard's dispatch and combine (Lepikhin et al. 2020 sec. 2.2; MaxText's dense_matmul with a capacity
+    factor): per sequence of s tokens, an [experts x capacity, s] one-hot dispatch mask times its [s, hidden]
+    tokens ("BSM,BSEC->EBCM"), and back through the combine mask ("EBCM,BSEC->BSM"), an expert's capacity the
+    model's capacity_factor x its balanced share of the s x top_k copies: each 2 s hidden (capacity_factor top_k s)
+    FLOPs a sequence, as dense as any GEMM. The dispatch mask takes no gradient, the combine mask (router
+    probabilities) does. Split over TP along hidden, over CP along the sequence's own s."""
+    slots = model.capacity_factor * model.top_k * model.seq  # experts x capacity per sequence
+    s = model.seq / layout.cp  # this rank's part of each sequence
+    sequences = max(1, round(tokens / s))
+    h = model.hidden / layout.tp
+    return Gemm(slots, h, s, sequences, weight_grad=False), Gemm(s, h, slots, sequences)
 
 
 def column_parallel_share(model: ModelSpec, layout: Layout) -> float:
@@ -448,6 +485,8 @@ def gemm_pass_seconds(cluster: ClusterSpec, gemms: tuple, peak: float, dtype_byt
         slow = 1.0 / grouped_gemm_efficiency(g.m, forward_table) if g.grouped else 1.0
         f += gemm_seconds(cluster, g.m, g.n, g.k, peak, dtype_bytes, g.batch, operand_bytes) * slow
         b += gemm_seconds(cluster, g.m, g.k, g.n, peak, dtype_bytes, g.batch, operand_bytes) * slow
+        if not g.weight_grad:
+            continue
         wgrad = gemm_seconds(cluster, g.k, g.n, g.m, peak, dtype_bytes, g.batch, operand_bytes)
         if g.grouped:
             wgrad /= grouped_gemm_efficiency(g.m, GROUPED_WGRAD_EFFICIENCY)
@@ -651,7 +690,7 @@ def _module_gemms_forward(model: ModelSpec, cluster: ClusterSpec, layout: Layout
     """The forward GEMMs of the recompute modules a layer has (Megatron-Core's --recompute-modules: mlp a dense
     layer's MLP, moe the whole MoE layer with its router and shared experts, shared_experts those alone)."""
     layer = _sample_layer(model, moe)
-    parts = layer_gemm_parts(model, layer, layout, tokens, cluster.software.moe_imbalance)
+    parts = layer_gemm_parts(model, layer, layout, tokens, cluster.software)
     wanted = {"mlp": ("mlp",), "moe": ("router", "experts", "shared_experts"), "shared_experts": ("shared_experts",)}
     names = {p for m in layout.recompute_modules for p in wanted.get(m, ())}
     gemms = tuple(g for name in sorted(names) for g in parts.get(name, ()))
@@ -704,7 +743,7 @@ def int8_quantize_seconds(cluster: ClusterSpec, gemms: tuple) -> tuple[float, fl
     per_byte = 3 / cluster.achieved_hbm_bandwidth
     f = sum(g.batch * (g.m * g.k + g.k * g.n) for g in gemms) * per_byte
     b = sum(g.batch * (g.m * g.n + g.k * g.n) for g in gemms) * per_byte
-    w = sum(g.batch * (g.m * g.k + g.m * g.n) for g in gemms) * per_byte
+    w = sum(g.batch * (g.m * g.k + g.m * g.n) for g in gemms if g.weight_grad) * per_byte
     return f, b, w
 
 
@@ -716,7 +755,7 @@ def _layer_kernels(model: ModelSpec, cluster: ClusterSpec, tp: int, cp: int, ep:
     layout = Layout(tp=tp, cp=cp, ep=ep, etp=etp, dp=ep, mbs=mbs)
     tokens = layout.mbs * model.seq / layout.cp
     layer = _sample_layer(model, moe)
-    parts = layer_gemm_parts(model, layer, layout, tokens, cluster.software.moe_imbalance)
+    parts = layer_gemm_parts(model, layer, layout, tokens, cluster.software)
     gemms = sum(parts.values(), ())
     grad_bytes = grad_accumulator_bytes(cluster, precision)
     forward_only = set(cluster.software.int8_forward_only.split("+"))
@@ -772,7 +811,10 @@ def routing_seconds(model: ModelSpec, cluster: ClusterSpec, tokens: float, dtype
     (cost/overhead.py ROUTER_HOST), not this."""
     router, permute = routing_bytes(model, tokens, dtype_bytes)
     rate = cluster.achieved_hbm_bandwidth
-    return router / rate + permute / (rate * PERMUTE_EFFICIENCY[cluster.software.moe_permute_fusion])
+    sw = cluster.software
+    if sw.moe_dispatcher == "einsum":  # no permute: the dispatch and combine masks, each written once
+        return (router + 2 * tokens * model.capacity_factor * model.top_k * model.seq * dtype_bytes) / rate
+    return router / rate + permute / (rate * PERMUTE_EFFICIENCY[sw.moe_permute_fusion])
 
 
 def routing_bytes(model: ModelSpec, tokens: float, dtype_bytes: int) -> tuple[float, float]:

@@ -12,7 +12,8 @@ from functools import lru_cache
 from meshscale.cost import bands, comm, critical, flops, overhead
 from meshscale.cost.comm import CommOp, Overlap
 from meshscale.cost.checkpoint import ADAM_MOMENTS, checkpoint_bytes
-from meshscale.cost.kernels import Passes, column_parallel_share, counted_seconds, grad_accumulator_bytes, kernel_shape
+from meshscale.cost.kernels import (Passes, check_dispatch, column_parallel_share, counted_seconds,
+                                    grad_accumulator_bytes, kernel_shape)
 from meshscale.cost.memory import (PRECISIONS, Memory, activation_bytes_per_layer, adapter_saved_elements,
                                    expert_params_on_rank, memory_per_device, params_on_rank, root_params_on_rank,
                                    trained_params_on_rank)
@@ -106,6 +107,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     cluster.check_precision(precision)
+    check_dispatch(model, cluster)
     check_against(layout, model, global_batch)
     if layout.offload and not cluster.host_bandwidth:
         raise UserError(f"layout: offload={layout.offload} copies activations to host memory, and cluster "
@@ -243,7 +245,7 @@ def _rank_ledger(model: ModelSpec, cluster: ClusterSpec, layout: Layout, rank: i
         size, stride = _axis_group(layout, op.axis)
         link = overhead.measured_link(cluster, op.collective, comm.group_link(cluster, devices, size, stride))
         if op.axis == "ep":
-            t = comm.expert_dispatch_time(cluster, op.bytes, op.calls, size, link, model.experts, model.top_k)
+            t = comm.expert_dispatch_time(cluster, op.bytes, op.calls, size, link, model)
         else:
             t = comm.collective_time(op.collective, op.bytes, op.calls, size, link)
         overlap = running_overlap(op, sw, layout, m)

@@ -112,6 +112,10 @@ def render(job: Job) -> str:
     if lay.pp > 1:
         values |= {"num_layers_per_pipeline_stage": model.layers // lay.stages,
                    "num_pipeline_repeats": lay.vpp, "num_pipeline_microbatches": job.microbatches}
+    if model.is_moe:  # GShard's einsum dispatch is MaxText's dense path, megablox its dropless one
+        values["megablox"] = job.cluster.software.moe_dispatcher != "einsum"
+        if model.capacity_factor:
+            values["capacity_factor"] = model.capacity_factor
     values |= {"remat_policy": REMAT[lay.recompute],
                "dtype": "float32" if job.precision == "fp32" else "bfloat16",
                "weight_dtype": "bfloat16" if job.precision == "bf16-pure" else "float32"}

@@ -18,8 +18,9 @@ from meshscale.specs.model import ModelSpec
 
 GPU_ONLY = "Megatron-LM"  # named in the refusal of a TPU slice
 # [software] moe_dispatcher as Megatron-Core runs it: NCCL's all-to-all, or DeepEP's or Hybrid-EP's kernels behind the
-# flex dispatcher
+# flex dispatcher (GShard's einsum dispatch, MaxText's, has no twin: the all-to-all padded to capacity, with a note)
 DISPATCHERS = {"alltoall": "--moe-token-dispatcher-type alltoall",
+               "einsum": "--moe-token-dispatcher-type alltoall --moe-pad-expert-input-to-capacity",
                "deepep": "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep",
                "hybridep": "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep"}
 PRECISIONS = {"bf16-pure": ("bf16", "Megatron-LM keeps fp32 main parameters under --bf16 (16 B/param)"),
@@ -228,6 +229,10 @@ def notes(job: Job) -> list[str]:
     why = job.cluster.software.cuda_graphs and _graphs_refused(job.layout)
     out = [f"[software] cuda_graphs is left out: Megatron-Core refuses per-layer CUDA graphs {why}; the "
            f"prediction assumed their shorter host time"] if why else []
+    if job.model.is_moe and job.cluster.software.moe_dispatcher == "einsum":
+        out.append("Megatron-Core has no GShard einsum dispatch ([software] moe_dispatcher einsum, MaxText's without "
+                   "megablox): these arguments dispatch by all-to-all into buffers padded to capacity, without the "
+                   "mask GEMMs the prediction charged")
     if job.model.chunked_attention:
         out.append(f"Megatron-LM has no chunked attention: these arguments give {job.model.name} full attention in "
                    f"every layer, where the prediction attends within chunks of {job.model.sliding_window}")

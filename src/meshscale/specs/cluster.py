@@ -144,7 +144,10 @@ class Software:
     # MoE token dispatch and combine: "alltoall", NCCL's all-to-all (Megatron-Core's alltoall dispatcher);
     # "deepep", DeepEP's NVLink/RDMA-forwarding kernels, or "hybridep", NVIDIA's Hybrid-EP ones in DeepEP (TMA
     # copies on fewer SMs; Megatron-Core's flex dispatcher and its two backends; cost/comm.py deepep_seconds);
-    # these two on NVIDIA clusters only.
+    # these two on NVIDIA clusters only; "einsum", GShard's dense dispatch and combine (Lepikhin et al. 2020 sec.
+    # 2.2): each sequence's tokens multiplied into and out of [experts, capacity] buffers by one-hot masks, as
+    # MaxText's MoE runs without megablox (layers/linears.py dense_matmul); the buffers are the model's
+    # capacity_factor times an expert's balanced share, computed and moved whole whatever the routing.
     moe_dispatcher: str = "alltoall"
     # Tokens the busiest expert-parallel rank receives over the balanced share (>= 1): its experts' GEMMs and its
     # dispatch and combine take that much longer, and the step waits for it. 1: balanced, as vendor benchmarks
@@ -447,9 +450,10 @@ class ClusterSpec:
             raise UserError(f"cluster {self.name}: [software] metric_cross_entropies must be a whole number >= 0, "
                             f"got {sw.metric_cross_entropies!r}")
         deepep = sw.moe_dispatcher in ("deepep", "hybridep")  # DeepEP's kernels, NVIDIA's only
-        if not (sw.moe_dispatcher == "alltoall" or deepep and self.gpu_arch):
-            raise UserError(f"cluster {self.name}: [software] moe_dispatcher must be alltoall, or deepep or hybridep "
-                            f"on an NVIDIA cluster (gpu_arch set), got {sw.moe_dispatcher!r}")
+        if not (sw.moe_dispatcher in ("alltoall", "einsum") or deepep and self.gpu_arch):
+            raise UserError(f"cluster {self.name}: [software] moe_dispatcher must be alltoall or einsum, or deepep or "
+                            f"hybridep on an NVIDIA cluster (gpu_arch set), got {sw.moe_dispatcher!r}")
+
         if sw.moe_dispatcher == "hybridep" and sw.framework != "megatron-core":
             raise UserError(f"cluster {self.name}: [software] moe_dispatcher = \"hybridep\" is Megatron-Core's "
                             f"(--moe-flex-dispatcher-backend hybridep): needs framework = \"megatron-core\", got "
