@@ -453,7 +453,6 @@ class ClusterSpec:
         if not (sw.moe_dispatcher in ("alltoall", "einsum") or deepep and self.gpu_arch):
             raise UserError(f"cluster {self.name}: [software] moe_dispatcher must be alltoall or einsum, or deepep or "
                             f"hybridep on an NVIDIA cluster (gpu_arch set), got {sw.moe_dispatcher!r}")
-
         if sw.moe_dispatcher == "hybridep" and sw.framework != "megatron-core":
             raise UserError(f"cluster {self.name}: [software] moe_dispatcher = \"hybridep\" is Megatron-Core's "
                             f"(--moe-flex-dispatcher-backend hybridep): needs framework = \"megatron-core\", got "
