@@ -438,12 +438,21 @@ def expert_load(model: ModelSpec, sw: Software, ep: int) -> float:
     return min(load, model.capacity_factor) if model.capacity_factor else load
 
 
-def check_dispatch(model: ModelSpec, cluster: ClusterSpec) -> None:
-    """GShard's einsum dispatch fills buffers of a capacity: one line where a MoE model has none."""
+def check_kernels(model: ModelSpec, cluster: ClusterSpec) -> None:
+    """[software] kernel choices the model or the cluster cannot take, in one line: FP8 attention where no scan
+    measured it (FP8_ATTENTION), GShard's einsum dispatch for a MoE model without a capacity to fill."""
+    if cluster.software.fp8_attention and cluster.gpu_arch not in FP8_ATTENTION:
+        raise UserError(f"cluster {cluster.name}: no FP8 attention data (cuDNN's FP8 attention is measured on Hopper "
+                        f"and Blackwell, not {cluster.accelerator}); drop [software] fp8_attention")
     if model.is_moe and cluster.software.moe_dispatcher == "einsum" and not model.capacity_factor:
         raise UserError(f"cluster {cluster.name}: [software] moe_dispatcher = \"einsum\" fills each expert's buffer "
                         f"to a capacity, and model {model.name} has none: give it a capacity_factor (MaxText's, e.g. "
                         "1.25) or use moe_dispatcher = \"alltoall\"")
+
+
+def capacity_slots(model: ModelSpec) -> float:
+    """Experts x capacity of one sequence's buffers: capacity_factor x its top_k copies of every token."""
+    return model.capacity_factor * model.top_k * model.seq
 
 
 def einsum_dispatch(model: ModelSpec, layout: Layout, tokens: float) -> tuple:
@@ -453,7 +462,7 @@ def einsum_dispatch(model: ModelSpec, layout: Layout, tokens: float) -> tuple:
     model's capacity_factor x its balanced share of the s x top_k copies: each 2 s hidden (capacity_factor top_k s)
     FLOPs a sequence, as dense as any GEMM. The dispatch mask takes no gradient, the combine mask (router
     probabilities) does. Split over TP along hidden, over CP along the sequence's own s."""
-    slots = model.capacity_factor * model.top_k * model.seq  # experts x capacity per sequence
+    slots = capacity_slots(model)
     s = model.seq / layout.cp  # this rank's part of each sequence
     sequences = max(1, round(tokens / s))
     h = model.hidden / layout.tp
@@ -813,7 +822,7 @@ def routing_seconds(model: ModelSpec, cluster: ClusterSpec, tokens: float, dtype
     rate = cluster.achieved_hbm_bandwidth
     sw = cluster.software
     if sw.moe_dispatcher == "einsum":  # no permute: the dispatch and combine masks, each written once
-        return (router + 2 * tokens * model.capacity_factor * model.top_k * model.seq * dtype_bytes) / rate
+        return (router + 2 * tokens * capacity_slots(model) * dtype_bytes) / rate
     return router / rate + permute / (rate * PERMUTE_EFFICIENCY[sw.moe_permute_fusion])
 
 

@@ -12,7 +12,7 @@ from functools import lru_cache
 from meshscale.cost import bands, comm, critical, flops, overhead
 from meshscale.cost.comm import CommOp, Overlap
 from meshscale.cost.checkpoint import ADAM_MOMENTS, checkpoint_bytes
-from meshscale.cost.kernels import (Passes, check_dispatch, column_parallel_share, counted_seconds,
+from meshscale.cost.kernels import (Passes, check_kernels, column_parallel_share, counted_seconds,
                                     grad_accumulator_bytes, kernel_shape)
 from meshscale.cost.memory import (PRECISIONS, Memory, activation_bytes_per_layer, adapter_saved_elements,
                                    expert_params_on_rank, memory_per_device, params_on_rank, root_params_on_rank,
@@ -107,7 +107,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     cluster.check_precision(precision)
-    check_dispatch(model, cluster)
+    check_kernels(model, cluster)
     check_against(layout, model, global_batch)
     if layout.offload and not cluster.host_bandwidth:
         raise UserError(f"layout: offload={layout.offload} copies activations to host memory, and cluster "

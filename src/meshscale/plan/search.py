@@ -17,7 +17,7 @@ from operator import itemgetter
 import numpy as np
 
 from meshscale.cost import bound, predict
-from meshscale.cost.kernels import check_dispatch
+from meshscale.cost.kernels import check_kernels
 from meshscale.cost.memory import PRECISIONS
 from meshscale.cost.step import Prediction
 from meshscale.errors import UserError
@@ -160,7 +160,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, devices: int, global_batch: i
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     cluster.check_precision(precision)
-    check_dispatch(model, cluster)
+    check_kernels(model, cluster)
     if (fix or {}).get("recompute") == "minimal" and not minimal_recompute_built(model):
         raise UserError(f"--fix recompute=minimal: it is built for dense models without MLA ({model.name}); fix "
                         "none, selective or full")

@@ -198,8 +198,6 @@ class Software:
 
 
 ATTENTION_KERNELS = ("platform", "fa2", "fa1", "fa-triton")
-# GPU generations whose FP8 attention kernels have a measured speed (cost/kernels.py FP8_ATTENTION)
-FP8_ATTENTION_ARCHS = ("hopper", "blackwell")
 # Each framework's tensor-wise FP8 scaling: Megatron-Core's --fp8-recipe defaults to delayed (arguments.py), as
 # DeepSpeed's Transformer Engine layers do (TE's default recipe); torchao's float8 training scales dynamically,
 # from the tensor's current amax (torchao.float8 Float8LinearConfig, tensorwise).
@@ -519,9 +517,6 @@ class ClusterSpec:
         if self.software.fp8_attention and not is_fp8(precision):
             raise UserError(f"cluster {self.name}: [software] fp8_attention runs the attention core in FP8; it needs "
                             f"--precision fp8 or mxfp8, got {precision}: drop it or change the precision")
-        if self.software.fp8_attention and self.gpu_arch not in FP8_ATTENTION_ARCHS:
-            raise UserError(f"cluster {self.name}: no FP8 attention data (cuDNN's FP8 attention is measured on Hopper "
-                            f"and Blackwell, not {self.accelerator}); drop [software] fp8_attention")
         if self.software.int8_forward_only and precision != "int8":
             raise UserError(f"cluster {self.name}: [software] int8_forward_only says which parts AQT quantizes; it "
                             f"needs --precision int8, got {precision}: drop it or change the precision")
