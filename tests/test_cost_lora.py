@@ -109,6 +109,33 @@ def test_the_bound_holds_where_lora_leaves_little_but_the_pipeline_sends():
     assert any("interleaved" in pred.layout for _, pred in costed)
 
 
+def test_fp8_parameters_hold_a_frozen_weight_in_one_byte_where_no_transpose_is_cached():
+    """MLPerf's Llama 2 70B LoRA configs (fp8_params, disable_parameter_transpose_cache) ran TP1 on 8 H200s and
+    8 B200s: the frozen weights are FP8 alone (69 GB a GPU), not bf16 (138 GB, which fit neither). Hopper's
+    cached transpose, and MXFP8's second layout, are a second byte; the adapters stay in bf16."""
+    layout = Layout.parse("dp=4,zero=1,cp=2,mbs=1", 8)
+
+    def memory(cluster, precision="fp8", **software):
+        return predict(LORA, load_cluster(cluster).with_software(**software), layout, 8,
+                       precision).memory_per_device_bytes
+
+    plain, cached, mlperf = (memory("h200", **sw) for sw in (
+        {}, dict(fp8_param_gather=True), dict(fp8_param_gather=True, disable_parameter_transpose_cache=True)))
+    assert plain["frozen"] == cached["frozen"] == pytest.approx(2 * mlperf["frozen"])
+    assert mlperf["frozen"] == LORA.param_count()  # the base model's weights, a byte each
+    assert mlperf["params"] == plain["params"]  # the adapters: bf16 modules beside Transformer Engine's
+    assert mlperf["total"] < load_cluster("h200").hbm_bytes < plain["total"]
+    assert memory("b200", fp8_param_gather=True)["frozen"] == mlperf["frozen"]  # Blackwell reads either layout
+    assert memory("b200", "mxfp8", fp8_param_gather=True)["frozen"] == plain["frozen"]
+
+
+def test_the_planners_memory_is_predicts_with_fp8_parameters():
+    cluster = H100.with_software(fp8_param_gather=True, disable_parameter_transpose_cache=True)
+    for model in (replace(load_model("llama2-7b").with_seq(4096), lora_rank=8), load_model("llama2-7b")):
+        found = search(model, cluster, 16, 64, "fp8", top=3, fix=parse_fix("tp=1,pp=2"), prune=False)
+        bounds_and_memory_hold(model, cluster, found.pool, 64, "fp8")
+
+
 @pytest.mark.parametrize("fields, needle", [
     (dict(lora_rank=-1), "lora_rank must be >= 0"),
     (dict(lora_rank=8, lora_modules="ffn"), "lora_modules must be one of"),

@@ -25,7 +25,7 @@ from meshscale.cost.comm import Overlap
 from meshscale.cost.kernels import Passes, attention_core_seconds, head_passes, layer_passes, mtp_passes
 from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busiest_rank, expert_params_on_rank,
                                    fsdp_gathered, held_layers, params_on_rank, rebuilt_layer_bytes, root_params_on_rank,
-                                   trained_params_on_rank, zero_copy_bytes)
+                                   trained_params_on_rank, weight_bytes, zero_copy_bytes)
 from meshscale.cost.pipeline import head_on_chain, schedule_bubble, v_tail
 from meshscale.cost.step import (chunk_kinds, elementwise_per_token, elementwise_scaled, grad_reduce_bytes,
                                  param_gather_bytes, queues_sends, rank_kinds, rank_moe_layers, running_overlap,
@@ -175,9 +175,9 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
         return params / np.where(z >= stage, shard, 1) + expert_params / np.where(z >= stage, edp, 1)
     # under LoRA the adapters are weights beside the frozen ones, and alone have gradients and optimizer state
     adapters, trained_experts = (place.trained[k_i], 0.0) if model.lora else (0.0, experts)
-    static = bytes_["params"] * held(dense + adapters, experts, 3) + sum(
-        b * held(place.trained[k_i], trained_experts, stage)
-        for b, stage in ((bytes_["grads"], 2), (bytes_["optimizer"] + copies, 1)))
+    weights = weight_bytes(cluster, precision) * held(dense, experts, 3) + bytes_["params"] * held(adapters, 0.0, 3)
+    static = weights + sum(b * held(place.trained[k_i], trained_experts, stage)
+                           for b, stage in ((bytes_["grads"], 2), (bytes_["optimizer"] + copies, 1)))
     if dp * cp > 1:  # ZeRO-3's unsharded units (memory.fsdp_gathered)
         root_held = cluster.software.holds_fsdp_root
         gathered = np.array([sum(fsdp_gathered(model, tp, ep, etp, pp, lay.stages, lay.v_shaped, (), root_held))

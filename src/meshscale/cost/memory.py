@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from meshscale.cost.flops import block_matmuls
+from meshscale.specs.cluster import ClusterSpec, is_fp8
 from meshscale.specs.layout import KEEPS_MATMULS, REBUILDS_LAYER, Layout, kv_heads_per_rank
 from meshscale.specs.placement import chunk_ranges, head_rank, layout_ends, rank_layers
 from meshscale.specs.model import COLUMN_PARALLEL, ModelSpec
@@ -26,6 +27,20 @@ PRECISIONS = {
     "int8": dict(params=2, grads=2, optimizer=12, compute=2),  # AQT's int8 GEMMs (cost/kernels.py), bf16's state
     "fp32": dict(params=4, grads=4, optimizer=8, compute=4),  # no separate master copy
 }
+
+
+def weight_bytes(cluster: ClusterSpec, precision: str) -> int:
+    """Bytes a weight holds between steps: the precision's, but 1 under FP8 parameters ([software]
+    fp8_param_gather: Transformer Engine's fp8_model_init keeps each weight as an FP8 tensor, the fp32 master being
+    the optimizer's) where no second FP8 copy sits beside it. Hopper's FP8 GEMMs read TN operands alone, so a weight
+    keeps its transpose unless that cache is off (disable_parameter_transpose_cache), and MXFP8 and blockwise weights
+    keep both layouts (as kernels.weight_cast_bytes moves them). A LoRA run's frozen weights are that one byte alone:
+    MLPerf's Llama 2 70B LoRA configs (fp8_params, the cache off) hold 69 GB of them on each GPU of a TP1 layout."""
+    sw = cluster.software
+    if not (sw.fp8_param_gather and is_fp8(precision)):
+        return PRECISIONS[precision]["params"]
+    transposed = cluster.gpu_arch != "blackwell" and not sw.disable_parameter_transpose_cache
+    return 2 if transposed or cluster.fp8_recipe(precision) in ("mxfp8", "blockwise") else 1
 
 
 @dataclass(frozen=True)
@@ -364,7 +379,9 @@ def held_layers(layers: int, pp: int, vpp: int, schedule: str, m: int, mtp: int 
 
 
 def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, precision: str = "bf16",
-                      fused_attention: bool = True, eager: bool = False, root_held: bool = True) -> Memory:
+                      fused_attention: bool = True, eager: bool = False, root_held: bool = True,
+                      weights: int = 0) -> Memory:
+    """What each device holds; `weights`: bytes a weight holds (`weight_bytes`; 0: the precision's)."""
     layout = layout.resolve_mbs(global_batch)
     m = layout.microbatches(global_batch)
     bytes_ = PRECISIONS[precision]
@@ -374,8 +391,11 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
     # LoRA the frozen weights have no gradient or optimizer state, and the adapters (`trained`) have all three
     shard, expert_shard = layout.shard_size, layout.edp
     trained, trained_experts = trained_params_on_rank(model, layout, rank), (0.0 if model.lora else e)
-    params = zero_held(trained, trained_experts, layout.zero, 3, shard, expert_shard) * bytes_["params"]
-    frozen = zero_held(p, e, layout.zero, 3, shard, expert_shard) * bytes_["params"] if model.lora else 0.0
+    # LoRA's adapters are modules of their own beside the FP8 ones, in the precision's dtype
+    weights = weights or bytes_["params"]
+    params = zero_held(trained, trained_experts, layout.zero, 3, shard, expert_shard) * (
+        bytes_["params"] if model.lora else weights)
+    frozen = zero_held(p, e, layout.zero, 3, shard, expert_shard) * weights if model.lora else 0.0
     grads = zero_held(trained, trained_experts, layout.zero, 2, shard, expert_shard) * bytes_["grads"]
     optimizer = zero_held(trained, trained_experts, layout.zero, 1, shard, expert_shard) * (
         bytes_["optimizer"] + zero_copy_bytes(precision, layout.zero))

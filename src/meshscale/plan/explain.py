@@ -2,7 +2,7 @@
 
 from meshscale.cost import bands, critical
 from meshscale.cost.comm import group_link
-from meshscale.cost.memory import PRECISIONS, params_on_rank, trained_params_on_rank
+from meshscale.cost.memory import PRECISIONS, params_on_rank, trained_params_on_rank, weight_bytes
 from meshscale.plan.search import Plan, fastest_where, search_within
 from meshscale.specs.layout import Layout
 from meshscale.units import si_bytes
@@ -45,7 +45,7 @@ def explain(plan: Plan, model, cluster, devices: int, global_batch: int, precisi
     lines.append(_pure_dp(model, cluster, devices, global_batch, precision, capacity, per_device, headroom, plan))
     lines.append(_pure_fsdp(model, cluster, devices, global_batch, precision, headroom, per_device, win, plan))
     lines.append(_why_tp(model, cluster, devices, global_batch, precision, headroom, layout, win, plan))
-    lines.append(_across_nodes(model, layout, win, global_batch, precision))
+    lines.append(_across_nodes(model, cluster, layout, win, global_batch, precision))
     r = win.regime
     if r.get("critical_tokens"):
         lines.append(f"Critical batch: {r['strategy']} is compute-bound above {r['critical_tokens']:,.0f} tokens per "
@@ -96,11 +96,11 @@ def _dominant(pred) -> str:
 
 
 def _pure_dp(model, cluster, devices, batch, precision, capacity, per_device, headroom, plan) -> str:
-    b = PRECISIONS[precision]
-    per_param = b["params"] + b["grads"] + b["optimizer"]
+    b, weights = PRECISIONS[precision], weight_bytes(cluster, precision)
     # under LoRA the frozen weights hold their value alone; gradients and optimizer state are the adapters'
+    per_param = (b["params"] if model.lora else weights) + b["grads"] + b["optimizer"]
     frozen = model.param_count() if model.lora else 0
-    state = frozen * b["params"] + model.trained_param_count() * per_param
+    state = frozen * weights + model.trained_param_count() * per_param
     if state > capacity:
         held = "the frozen weights + the adapters' params, grads and optimizer" if model.lora else \
             f"params + grads + optimizer ({per_param} B/param)"
@@ -188,7 +188,7 @@ def _why_tp(model, cluster, devices, batch, precision, headroom, layout, win, pl
             f"over the fast links.")
 
 
-def _across_nodes(model, layout, win, batch, precision) -> str:
+def _across_nodes(model, cluster, layout, win, batch, precision) -> str:
     parts = []
     if layout.pp > 1:
         parts.append(f"PP={layout.pp} ({layout.schedule}, {win.microbatches} micro-batches) splits the layers, "
@@ -197,7 +197,7 @@ def _across_nodes(model, layout, win, batch, precision) -> str:
         b = PRECISIONS[precision]
         p, trained = params_on_rank(model, layout, 0), trained_params_on_rank(model, layout, 0)
         adapters = trained if model.lora else 0.0  # LoRA's, beside the frozen weights
-        full = (p + adapters) * b["params"] + trained * (b["grads"] + b["optimizer"])
+        full = p * weight_bytes(cluster, precision) + trained * (b["grads"] + b["optimizer"]) + adapters * b["params"]
         mem = win.memory_per_device_bytes
         state = mem["params"] + mem["grads"] + mem["optimizer"] + mem["frozen"]
         parts.append(f"ZeRO-{layout.zero} over dp*cp = {layout.dp * layout.cp} ranks cuts the model state from "

@@ -77,8 +77,9 @@ class Software:
     param_gather_fp32: bool = False
     # FP8 parameters (Megatron-Core --fp8-param-gather, NeMo's fp8_params: Transformer Engine keeps the model's
     # weights as FP8 tensors beside the fp32 master): ZeRO-1/2's all-gather of the updated parameters moves 1 byte
-    # a parameter, not 2; the few bf16 ones (embeddings, norms, biases) are counted at 1 too. Memory is left as
-    # is: on Hopper the FP8 weight keeps its transpose for the backward GEMMs, 2 bytes either way. Needs fp8.
+    # a parameter, not 2; the few bf16 ones (embeddings, norms, biases) are counted at 1 too. A weight holds 1 byte
+    # where no second FP8 copy is kept beside it, else 2 (Hopper's cached transpose; cost/memory.py weight_bytes),
+    # and a LoRA run's frozen weights likewise. Needs fp8.
     fp8_param_gather: bool = False
     # The attention core in FP8 too (Transformer Engine's fp8_dpa: Megatron-Core's TransformerConfig.
     # fp8_dot_product_attention, NeMo's fp8_dot_product_attention, MLPerf's FP8_DPA=1), on cuDNN's FP8 kernels at
