@@ -20,6 +20,8 @@ from meshscale.specs.cluster import FRAMEWORK_SWITCHES, load_cluster
 from meshscale.specs.layout import Layout
 from meshscale.specs.model import ModelSpec, load_model
 
+from boundcheck import bounds_and_memory_hold  # noqa: E402
+
 A100 = load_cluster("a100-80gb")
 MODEL = load_model("llama3-8b")
 
@@ -195,6 +197,42 @@ def test_fp8_parameters_gather_one_byte_each_and_need_fp8():
         predict(MODEL, fp8_params, layout, 16, "bf16")
     with pytest.raises(UserError, match=r"fp8_param_gather is Megatron-Core's \(--fp8-param-gather\)"):
         h100.with_software(framework="torch", fp8_param_gather=True)
+
+
+def test_the_precision_aware_optimizer_keeps_remainders_of_the_master_and_bf16_moments():
+    """Megatron-Core's --use-precision-aware-optimizer (with its distributed optimizer, zero >= 1): the fp32
+    master as 16-bit remainders beside bf16 parameters (fp32 beside FP8 ones), the moments in adam_moments'
+    dtype. Without the distributed optimizer it does not apply; the update moves the smaller state."""
+    layout = Layout.parse("dp=8,zero=1,mbs=1", 8)
+    h100 = load_cluster("h100-80gb")
+
+    def state(precision="bf16", zero1=layout, **software):
+        pred = predict(MODEL, h100.with_software(**software), zero1, 8, precision)
+        return pred.memory_per_device_bytes["optimizer"], pred.optimizer_s
+
+    (plain, plain_s), (aware, _), (bf16, bf16_s) = (state(**sw) for sw in (
+        {}, dict(precision_aware_optimizer=True), dict(precision_aware_optimizer=True, adam_moments="bf16")))
+    assert aware == pytest.approx(plain * 10 / 12) and bf16 == pytest.approx(plain * 6 / 12)
+    assert bf16_s < plain_s
+    fp8_params = state("fp8", precision_aware_optimizer=True, adam_moments="bf16", fp8_param_gather=True)[0]
+    assert fp8_params == pytest.approx(plain * 8 / 12)
+    replicated = Layout.parse("dp=8,mbs=1", 8)
+    assert state(zero1=replicated, precision_aware_optimizer=True)[0] == state(zero1=replicated)[0]
+    for software, needle in ((dict(adam_moments="bf16"), "adam_moments must be fp32, or bf16 with "
+                                                         "precision_aware_optimizer = true"),
+                             (dict(adam_moments="fp16", precision_aware_optimizer=True), "got 'fp16'")):
+        with pytest.raises(UserError, match=needle):
+            h100.with_software(**software)
+    with pytest.raises(UserError, match="precision_aware_optimizer splits a mixed-precision run's fp32 master; "
+                                        "it needs --precision bf16, fp8 or mxfp8, got bf16-pure"):
+        predict(MODEL, h100.with_software(precision_aware_optimizer=True), layout, 8, "bf16-pure")
+
+
+def test_the_planners_memory_is_predicts_under_the_precision_aware_optimizer():
+    cluster = load_cluster("h100-80gb").with_software(precision_aware_optimizer=True, adam_moments="bf16")
+    found = search(MODEL, cluster, 8, 32, top=3, fix={"tp": 1, "pp": 2, "cp": 1}, prune=False)
+    costed = bounds_and_memory_hold(MODEL, cluster, found.pool, 32, "bf16")
+    assert {Layout.parse(pred.layout).zero for _, pred in costed} == {0, 1, 2, 3}
 
 
 def test_fp8_attention_runs_the_core_at_cudnns_measured_speed_over_bf16():

@@ -319,6 +319,17 @@ def test_megatron_gathers_fp8_parameters_where_the_cost_model_charged_one_byte()
     assert "fp8_param_gather" not in parse_megatron(emit("megatron", model, h100, layout, 64, "fp8", steps=10).config)
 
 
+def test_megatron_keeps_the_optimizer_state_the_cost_model_counted():
+    """The precision-aware optimizer and its bf16 moments reach Megatron-LM's flags (checked against its parser's
+    choices) with the distributed optimizer, which it needs; a replicated layout gets neither."""
+    sw = load_cluster("h100-80gb").with_software(precision_aware_optimizer=True, adam_moments="bf16")
+    model = dataclasses.replace(load_model("llama3-8b").with_seq(1024), layers=4)  # small enough to replicate
+    args = parse_megatron(emit("megatron", model, sw, Layout.parse("dp=8,zero=1,mbs=1"), 64, "bf16", steps=10).config)
+    assert args["use_precision_aware_optimizer"] and args["exp_avg_dtype"] == args["exp_avg_sq_dtype"] == "bf16"
+    replicated = parse_megatron(emit("megatron", model, sw, Layout.parse("dp=8,mbs=1"), 64, "bf16", steps=10).config)
+    assert "use_precision_aware_optimizer" not in replicated and "exp_avg_dtype" not in replicated
+
+
 def test_offload_reaches_each_framework_in_the_form_it_has():
     """Megatron-Core offloads fewer than all layers without recompute; DeepSpeed every layer's checkpoint under
     full recompute (cpu_checkpointing); each export keeps the form its framework has and drops the other."""

@@ -24,8 +24,8 @@ from meshscale.cost import comm, overhead
 from meshscale.cost.comm import Overlap
 from meshscale.cost.kernels import Passes, attention_core_seconds, head_passes, layer_passes, mtp_passes
 from meshscale.cost.memory import (PRECISIONS, activation_bytes_per_layer, busiest_rank, expert_params_on_rank,
-                                   fsdp_gathered, held_layers, params_on_rank, rebuilt_layer_bytes, root_params_on_rank,
-                                   trained_params_on_rank, weight_bytes, zero_copy_bytes)
+                                   fsdp_gathered, held_layers, optimizer_bytes, params_on_rank, rebuilt_layer_bytes,
+                                   root_params_on_rank, trained_params_on_rank, weight_bytes, zero_copy_bytes)
 from meshscale.cost.pipeline import head_on_chain, schedule_bubble, v_tail
 from meshscale.cost.step import (chunk_kinds, elementwise_per_token, elementwise_scaled, grad_reduce_bytes,
                                  param_gather_bytes, queues_sends, rank_kinds, rank_moe_layers, running_overlap,
@@ -168,7 +168,8 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
     bytes_ = PRECISIONS[precision]
     place = placements(model, shape)  # the busiest rank of each schedule, its chunks cut as predict cuts them
     v_shaped, dense, experts = place.v_shaped[k_i], place.params[k_i], place.experts[k_i]
-    copies = np.array([zero_copy_bytes(precision, stage) for stage in range(4)])[z]
+    state = np.array([optimizer_bytes(cluster, precision, stage) + zero_copy_bytes(precision, stage)
+                      for stage in range(4)])[z]  # optimizer state a parameter, by ZeRO stage
     edp = tp * cp * dp // (ep * etp)  # the experts' replicas (Layout.edp)
 
     def held(params, expert_params, stage):
@@ -177,7 +178,7 @@ def memory_bytes(model: ModelSpec, cluster: ClusterSpec, shape: Shape, rows: Row
     adapters, trained_experts = (place.trained[k_i], 0.0) if model.lora else (0.0, experts)
     weights = weight_bytes(cluster, precision) * held(dense, experts, 3) + bytes_["params"] * held(adapters, 0.0, 3)
     static = weights + sum(b * held(place.trained[k_i], trained_experts, stage)
-                           for b, stage in ((bytes_["grads"], 2), (bytes_["optimizer"] + copies, 1)))
+                           for b, stage in ((bytes_["grads"], 2), (state, 1)))
     if dp * cp > 1:  # ZeRO-3's unsharded units (memory.fsdp_gathered)
         root_held = cluster.software.holds_fsdp_root
         gathered = np.array([sum(fsdp_gathered(model, tp, ep, etp, pp, lay.stages, lay.v_shaped, (), root_held))

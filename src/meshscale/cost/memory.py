@@ -43,6 +43,18 @@ def weight_bytes(cluster: ClusterSpec, precision: str) -> int:
     return 2 if transposed or cluster.fp8_recipe(precision) in ("mxfp8", "blockwise") else 1
 
 
+def optimizer_bytes(cluster: ClusterSpec, precision: str, zero: int) -> int:
+    """Optimizer-state bytes a parameter holds: the precision's (mixed precision: an fp32 master and two fp32
+    moments, 12), or under Megatron-Core's precision-aware optimizer with its distributed optimizer (zero >= 1)
+    the master as 16-bit remainders beside bf16 parameters (fp32 beside FP8 ones) and the moments in
+    [software] adam_moments: 2 + 8, or 2 + 4 with bf16 moments."""
+    sw = cluster.software
+    if not (sw.precision_aware_optimizer and zero >= 1):
+        return PRECISIONS[precision]["optimizer"]
+    master = 4 if sw.fp8_param_gather and is_fp8(precision) else 2
+    return master + 2 * (2 if sw.adam_moments == "bf16" else 4)
+
+
 @dataclass(frozen=True)
 class Memory:
     params: float
@@ -380,8 +392,9 @@ def held_layers(layers: int, pp: int, vpp: int, schedule: str, m: int, mtp: int 
 
 def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, precision: str = "bf16",
                       fused_attention: bool = True, eager: bool = False, root_held: bool = True,
-                      weights: int = 0) -> Memory:
-    """What each device holds; `weights`: bytes a weight holds (`weight_bytes`; 0: the precision's)."""
+                      weights: int = 0, optimizer: int = 0) -> Memory:
+    """What each device holds; `weights` and `optimizer`: bytes a weight and its optimizer state hold
+    (`weight_bytes`, `optimizer_bytes`; 0: the precision's)."""
     layout = layout.resolve_mbs(global_batch)
     m = layout.microbatches(global_batch)
     bytes_ = PRECISIONS[precision]
@@ -397,8 +410,8 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
         bytes_["params"] if model.lora else weights)
     frozen = zero_held(p, e, layout.zero, 3, shard, expert_shard) * weights if model.lora else 0.0
     grads = zero_held(trained, trained_experts, layout.zero, 2, shard, expert_shard) * bytes_["grads"]
-    optimizer = zero_held(trained, trained_experts, layout.zero, 1, shard, expert_shard) * (
-        bytes_["optimizer"] + zero_copy_bytes(precision, layout.zero))
+    state = zero_held(trained, trained_experts, layout.zero, 1, shard, expert_shard) * (
+        (optimizer or bytes_["optimizer"]) + zero_copy_bytes(precision, layout.zero))
     gathered = 0.0
     if layout.fsdp:  # the unsharded units beside the shards, in the compute dtype
         gathered = sum(fsdp_gathered(model, layout.tp, layout.ep, layout.expert_tp, layout.pp, layout.stages,
@@ -419,7 +432,7 @@ def memory_per_device(model: ModelSpec, layout: Layout, global_batch: int, preci
     rebuilt = (rebuilt_layer_bytes(model, layout.tp, layout.sp, tokens, fused_attention, eager) * scale
                if layout.recompute in REBUILDS_LAYER else 0.0)
     acts += max(rebuilt, logits)
-    return Memory(params=params, grads=grads, optimizer=optimizer, activations=acts, gathered=gathered,
+    return Memory(params=params, grads=grads, optimizer=state, activations=acts, gathered=gathered,
                   frozen=frozen)
 
 

@@ -15,8 +15,8 @@ from meshscale.cost.checkpoint import ADAM_MOMENTS, checkpoint_bytes
 from meshscale.cost.kernels import (Passes, check_kernels, column_parallel_share, counted_seconds,
                                     grad_accumulator_bytes, kernel_shape)
 from meshscale.cost.memory import (PRECISIONS, Memory, activation_bytes_per_layer, adapter_saved_elements,
-                                   expert_params_on_rank, memory_per_device, params_on_rank, root_params_on_rank,
-                                   trained_params_on_rank, weight_bytes)
+                                   expert_params_on_rank, memory_per_device, optimizer_bytes, params_on_rank,
+                                   root_params_on_rank, trained_params_on_rank, weight_bytes)
 from meshscale.cost.pipeline import bubble_ratio
 from meshscale.errors import UserError
 from meshscale.specs.cluster import ClusterSpec
@@ -144,7 +144,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, global_batch
     critical_path += control_seconds(cluster, devices, layout)  # once per step, after the pipeline drains
     mem = memory_per_device(model, layout, global_batch, precision, cluster.fused_attention,
                             eager=not sw.fused_elementwise, root_held=sw.holds_fsdp_root,
-                            weights=weight_bytes(cluster, precision))
+                            weights=weight_bytes(cluster, precision),
+                            optimizer=optimizer_bytes(cluster, precision, layout.zero))
     optimizer_s = optimizer_traffic(cluster, mem, precision) / cluster.achieved_hbm_bandwidth
     optimizer_s += overhead.optimizer_seconds(cluster, layout, led.layers, led.rank in (0, head_rank(layout)))
     step = compute_s + critical_path + bubble_s + dp_exposed + optimizer_s

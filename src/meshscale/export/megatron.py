@@ -97,6 +97,10 @@ def arguments(job: Job) -> list[str]:
             args.append("--fp8-recipe tensorwise")
     if is_fp8(job.precision) and sw.fp8_param_gather and lay.zero >= 1:
         args.append("--fp8-param-gather")
+    if sw.precision_aware_optimizer and lay.zero >= 1:  # it needs the distributed optimizer
+        args.append("--use-precision-aware-optimizer")
+        if sw.adam_moments == "bf16":
+            args += ["--exp-avg-dtype bf16", "--exp-avg-sq-dtype bf16"]
     args.append(f"--data-path {shlex.quote(job.data)}" if job.data else "--mock-data")
     return args
 

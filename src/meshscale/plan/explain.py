@@ -2,7 +2,7 @@
 
 from meshscale.cost import bands, critical
 from meshscale.cost.comm import group_link
-from meshscale.cost.memory import PRECISIONS, params_on_rank, trained_params_on_rank, weight_bytes
+from meshscale.cost.memory import PRECISIONS, optimizer_bytes, params_on_rank, trained_params_on_rank, weight_bytes
 from meshscale.plan.search import Plan, fastest_where, search_within
 from meshscale.specs.layout import Layout
 from meshscale.units import si_bytes
@@ -197,7 +197,8 @@ def _across_nodes(model, cluster, layout, win, batch, precision) -> str:
         b = PRECISIONS[precision]
         p, trained = params_on_rank(model, layout, 0), trained_params_on_rank(model, layout, 0)
         adapters = trained if model.lora else 0.0  # LoRA's, beside the frozen weights
-        full = p * weight_bytes(cluster, precision) + trained * (b["grads"] + b["optimizer"]) + adapters * b["params"]
+        state_bytes = b["grads"] + optimizer_bytes(cluster, precision, layout.zero)
+        full = p * weight_bytes(cluster, precision) + trained * state_bytes + adapters * b["params"]
         mem = win.memory_per_device_bytes
         state = mem["params"] + mem["grads"] + mem["optimizer"] + mem["frozen"]
         parts.append(f"ZeRO-{layout.zero} over dp*cp = {layout.dp * layout.cp} ranks cuts the model state from "

@@ -81,6 +81,15 @@ class Software:
     # where no second FP8 copy is kept beside it, else 2 (Hopper's cached transpose; cost/memory.py weight_bytes),
     # and a LoRA run's frozen weights likewise. Needs fp8.
     fp8_param_gather: bool = False
+    # Megatron-Core's precision-aware optimizer (--use-precision-aware-optimizer; it needs the distributed optimizer,
+    # so it applies at zero >= 1): Transformer Engine's FusedAdam (TE >= 2.1) keeps the fp32 master as the 16 bits its
+    # bf16 parameter lacks (store_param_remainders, on by default: core/optimizer/distrib_optimizer.py's int16
+    # master shard), 2 bytes a parameter, not 4; with FP8 parameters (fp8_param_gather) the master stays fp32.
+    # Needs bf16, fp8 or mxfp8 (a master to split).
+    precision_aware_optimizer: bool = False
+    # The dtype AdamW keeps its two moments in: "fp32", or "bf16" under the precision-aware optimizer
+    # (--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16; DeepSeek-V3 keeps them so, arXiv:2412.19437 sec. 3.3.2).
+    adam_moments: str = "fp32"
     # The attention core in FP8 too (Transformer Engine's fp8_dpa: Megatron-Core's TransformerConfig.
     # fp8_dot_product_attention, NeMo's fp8_dot_product_attention, MLPerf's FP8_DPA=1), on cuDNN's FP8 kernels at
     # their measured speed over its bf16 ones (cost/kernels.py FP8_ATTENTION); false: FP8 recipes keep it in bf16,
@@ -221,6 +230,7 @@ FRAMEWORK_BUCKETS = {"megatron-core": (40e6, 1e6), "torch": (25 * 2**20 / 4, 0.0
 XLA_SWITCHES = ("tp_comm_overlap", "tp_wgrad_overlap")
 FRAMEWORK_SWITCHES = {
     "fp8_param_gather": (("megatron-core",), "Megatron-Core's (--fp8-param-gather)"),
+    "precision_aware_optimizer": (("megatron-core",), "Megatron-Core's (--use-precision-aware-optimizer)"),
     "fp8_attention": (("megatron-core",), "Megatron-Core's (TransformerConfig.fp8_dot_product_attention)"),
     "disable_parameter_transpose_cache": (("megatron-core",),
                                           "Megatron-Core's (TransformerConfig.disable_parameter_transpose_cache)"),
@@ -448,6 +458,10 @@ class ClusterSpec:
         if not sw.metric_cross_entropies >= 0:
             raise UserError(f"cluster {self.name}: [software] metric_cross_entropies must be a whole number >= 0, "
                             f"got {sw.metric_cross_entropies!r}")
+        if sw.adam_moments not in ("fp32", "bf16") or sw.adam_moments == "bf16" and not sw.precision_aware_optimizer:
+            raise UserError(f"cluster {self.name}: [software] adam_moments must be fp32, or bf16 with "
+                            f"precision_aware_optimizer = true (Megatron-Core's --exp-avg-dtype under "
+                            f"--use-precision-aware-optimizer), got {sw.adam_moments!r}")
         deepep = sw.moe_dispatcher in ("deepep", "hybridep")  # DeepEP's kernels, NVIDIA's only
         if not (sw.moe_dispatcher in ("alltoall", "einsum") or deepep and self.gpu_arch):
             raise UserError(f"cluster {self.name}: [software] moe_dispatcher must be alltoall or einsum, or deepep or "
@@ -515,6 +529,10 @@ class ClusterSpec:
         if self.software.fp8_param_gather and not is_fp8(precision):
             raise UserError(f"cluster {self.name}: [software] fp8_param_gather gathers FP8 parameters; it needs "
                             f"--precision fp8 or mxfp8, got {precision}: drop it or change the precision")
+        if self.software.precision_aware_optimizer and precision not in ("bf16", "fp8", "mxfp8"):
+            raise UserError(f"cluster {self.name}: [software] precision_aware_optimizer splits a mixed-precision "
+                            f"run's fp32 master; it needs --precision bf16, fp8 or mxfp8, got {precision}: drop it "
+                            f"or change the precision")
         if self.software.fp8_attention and not is_fp8(precision):
             raise UserError(f"cluster {self.name}: [software] fp8_attention runs the attention core in FP8; it needs "
                             f"--precision fp8 or mxfp8, got {precision}: drop it or change the precision")
