@@ -156,7 +156,7 @@ def test_a_runs_prediction_costs_our_runtime_whatever_the_cluster_files_software
     switches = (*FRAMEWORK_SWITCHES, "cuda_graphs")
     path = tmp_path / "megatron.toml"
     path.write_text('base = "h100-80gb"\n[software]\nmoe_dispatcher = "hybridep"\nfp8_scaling = "delayed"\n'
-                    + "".join(f"{k} = true\n" for k in switches))
+                    'adam_moments = "bf16"\n' + "".join(f"{k} = true\n" for k in switches))
     preset = load_cluster(str(path))
     assert preset.software.fused_elementwise and not preset.software.param_gather_fp32
     assert all(getattr(preset.software, k) for k in switches)
@@ -167,4 +167,5 @@ def test_a_runs_prediction_costs_our_runtime_whatever_the_cluster_files_software
     assert not any(getattr(sw, k) for k in switches)
     assert (preset.software.moe_dispatcher, sw.moe_dispatcher) == ("hybridep", "alltoall")
     assert (preset.fp8_scaling, cluster.fp8_scaling) == ("delayed", "current")
+    assert (preset.software.adam_moments, sw.adam_moments) == ("bf16", "fp32")
     assert cluster.tiers == preset.tiers

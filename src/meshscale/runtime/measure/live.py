@@ -18,14 +18,15 @@ def run_cluster(cfg):
     framework the cluster file's [software] copies: the gradient buckets it cuts (torch DDP's bucket_cap_mb =
     --bucket-mb MiB of fp32 gradient, parallel/data_parallel.grad_buckets), its element-wise operators one
     kernel each unless --compile fuses them, ZeRO-1/2 gathers of the fp32 parameters it keeps under autocast,
-    MoE tokens dispatched by torch's all-to-all, and FP8 scaled from each tensor's current amax (torchao's
-    Float8Linear); none of the other frameworks' switches (FRAMEWORK_SWITCHES, CUDA graphs) or dispatchers
+    MoE tokens dispatched by torch's all-to-all, FP8 scaled from each tensor's current amax (torchao's
+    Float8Linear) and AdamW's moments in fp32; none of the other frameworks' switches (FRAMEWORK_SWITCHES, CUDA graphs) or dispatchers
     (DeepEP's kernels) is something it does."""
     cluster = load_cluster(cfg.cluster)
     params = max(1, int(cfg.bucket_mb * 2**20) // 4)
     others = dict.fromkeys((*FRAMEWORK_SWITCHES, "cuda_graphs"), False)
     return cluster.with_software(framework="torch", grad_bucket_params=params, fused_elementwise=cfg.compile,
-                                 param_gather_fp32=True, moe_dispatcher="alltoall", fp8_scaling="current", **others)
+                                 param_gather_fp32=True, moe_dispatcher="alltoall", fp8_scaling="current",
+                                 adam_moments="fp32", **others)
 
 
 MEASURED = ("loss", "aux_loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "peak_memory_bytes")
