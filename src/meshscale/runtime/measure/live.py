@@ -19,8 +19,8 @@ def run_cluster(cfg):
     --bucket-mb MiB of fp32 gradient, parallel/data_parallel.grad_buckets), its element-wise operators one
     kernel each unless --compile fuses them, ZeRO-1/2 gathers of the fp32 parameters it keeps under autocast,
     MoE tokens dispatched by torch's all-to-all, FP8 scaled from each tensor's current amax (torchao's
-    Float8Linear) and AdamW's moments in fp32; none of the other frameworks' switches (FRAMEWORK_SWITCHES, CUDA graphs) or dispatchers
-    (DeepEP's kernels) is something it does."""
+    Float8Linear) and AdamW's moments in fp32; none of the other frameworks' switches (FRAMEWORK_SWITCHES, CUDA
+    graphs) or dispatchers (DeepEP's kernels) is something it does."""
     cluster = load_cluster(cfg.cluster)
     params = max(1, int(cfg.bucket_mb * 2**20) // 4)
     others = dict.fromkeys((*FRAMEWORK_SWITCHES, "cuda_graphs"), False)
